@@ -1,0 +1,8 @@
+//! HTTP/1.1 protocol logic: pure functions over bytes, no I/O.
+
+pub mod conditional;
+pub mod date;
+pub mod mime;
+pub mod range;
+pub mod request;
+pub mod response;
