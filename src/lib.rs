@@ -7,3 +7,6 @@
 pub mod config;
 pub mod fs;
 pub mod http;
+pub mod metrics;
+pub mod server;
+pub mod shard;
