@@ -7,3 +7,6 @@
 pub mod config;
 pub mod fs;
 pub mod http;
+pub mod plan;
+pub mod steering;
+pub mod topology;
