@@ -55,7 +55,10 @@ pub fn parse_cpulist(input: &str) -> Result<Vec<usize>, CpulistError> {
             return Err(error("empty element".to_string()));
         }
         let (first, last) = match part.split_once('-') {
-            Some((a, b)) => (parse_cpu_id(a).map_err(&error)?, parse_cpu_id(b).map_err(&error)?),
+            Some((a, b)) => (
+                parse_cpu_id(a).map_err(&error)?,
+                parse_cpu_id(b).map_err(&error)?,
+            ),
             None => {
                 let cpu = parse_cpu_id(part).map_err(&error)?;
                 (cpu, cpu)
@@ -666,12 +669,17 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/topology").join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/topology")
+            .join(name)
     }
 
     #[test]
     fn cpulist_parses_ranges_singles_and_whitespace() {
-        assert_eq!(parse_cpulist("0-3,8,10-11\n").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(
+            parse_cpulist("0-3,8,10-11\n").unwrap(),
+            vec![0, 1, 2, 3, 8, 10, 11]
+        );
         assert_eq!(parse_cpulist("5").unwrap(), vec![5]);
         assert_eq!(parse_cpulist(" 2-2 , 0 ").unwrap(), vec![0, 2]);
         assert_eq!(parse_cpulist("3,1,1-2").unwrap(), vec![1, 2, 3]);
@@ -681,7 +689,17 @@ mod tests {
 
     #[test]
     fn cpulist_rejects_garbage_with_reason() {
-        for bad in ["3-1", "a", "1,,2", "1-", "-1", "0x3", "1-2-3", "+1", "99999999999999999999"] {
+        for bad in [
+            "3-1",
+            "a",
+            "1,,2",
+            "1-",
+            "-1",
+            "0x3",
+            "1-2-3",
+            "+1",
+            "99999999999999999999",
+        ] {
             let err = parse_cpulist(bad).unwrap_err();
             assert_eq!(err.input, bad.trim(), "{bad}");
         }
@@ -724,25 +742,49 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[1].irq, 40);
         assert_eq!(lines[1].tokens.last().unwrap(), "eth0-TxRx-0");
-        assert_eq!(lines[2].tokens, vec!["IO-APIC", "16-fasteoi", "ehci_hcd:usb1", "eth1"]);
+        assert_eq!(
+            lines[2].tokens,
+            vec!["IO-APIC", "16-fasteoi", "ehci_hcd:usb1", "eth1"]
+        );
         assert!(parse_interrupts("garbage\n 1: 2 x\n").is_err());
         assert_eq!(parse_interrupts("").unwrap(), Vec::new());
     }
 
     #[test]
     fn irq_names_classify_by_driver_convention() {
-        assert_eq!(classify_irq_name("eth0-TxRx-3", "eth0"), Some((IrqKind::TxRx, Some(3))));
-        assert_eq!(classify_irq_name("eth0-rx-1", "eth0"), Some((IrqKind::Rx, Some(1))));
-        assert_eq!(classify_irq_name("eth0-tx-1", "eth0"), Some((IrqKind::Tx, Some(1))));
-        assert_eq!(classify_irq_name("eth0-7", "eth0"), Some((IrqKind::TxRx, Some(7))));
-        assert_eq!(classify_irq_name("eth0-input.2", "eth0").map(|c| c.0), Some(IrqKind::Other));
-        assert_eq!(classify_irq_name("eth0", "eth0"), Some((IrqKind::Other, None)));
+        assert_eq!(
+            classify_irq_name("eth0-TxRx-3", "eth0"),
+            Some((IrqKind::TxRx, Some(3)))
+        );
+        assert_eq!(
+            classify_irq_name("eth0-rx-1", "eth0"),
+            Some((IrqKind::Rx, Some(1)))
+        );
+        assert_eq!(
+            classify_irq_name("eth0-tx-1", "eth0"),
+            Some((IrqKind::Tx, Some(1)))
+        );
+        assert_eq!(
+            classify_irq_name("eth0-7", "eth0"),
+            Some((IrqKind::TxRx, Some(7)))
+        );
+        assert_eq!(
+            classify_irq_name("eth0-input.2", "eth0").map(|c| c.0),
+            Some(IrqKind::Other)
+        );
+        assert_eq!(
+            classify_irq_name("eth0", "eth0"),
+            Some((IrqKind::Other, None))
+        );
         assert_eq!(classify_irq_name("eth01-TxRx-0", "eth0"), None);
         assert_eq!(
             classify_msi_name("mlx5_comp5@pci:0000:3b:00.0"),
             (IrqKind::TxRx, Some(5))
         );
-        assert_eq!(classify_msi_name("mlx5_async0@pci:0000:3b:00.0"), (IrqKind::Other, None));
+        assert_eq!(
+            classify_msi_name("mlx5_async0@pci:0000:3b:00.0"),
+            (IrqKind::Other, None)
+        );
     }
 
     #[test]
@@ -762,8 +804,14 @@ mod tests {
         assert_eq!((cpu13.package_id, cpu13.core_id), (Some(1), Some(1)));
         assert_eq!(cpu13.siblings, vec![5, 13]);
         assert_eq!(cpu13.numa_node, Some(1));
-        assert_eq!(topo.cpu(8).unwrap().core_key(), topo.cpu(0).unwrap().core_key());
-        assert_ne!(topo.cpu(4).unwrap().core_key(), topo.cpu(0).unwrap().core_key());
+        assert_eq!(
+            topo.cpu(8).unwrap().core_key(),
+            topo.cpu(0).unwrap().core_key()
+        );
+        assert_ne!(
+            topo.cpu(4).unwrap().core_key(),
+            topo.cpu(0).unwrap().core_key()
+        );
         // ens1f0 is the physical NIC on socket 1; docker0 (no device/) and lo are skipped.
         let names: Vec<&str> = topo.nics.iter().map(|nic| nic.name.as_str()).collect();
         assert_eq!(names, vec!["ens1f0"]);
@@ -772,8 +820,11 @@ mod tests {
         assert_eq!(nic.local_cpus, vec![4, 5, 6, 7, 12, 13, 14, 15]);
         assert_eq!(nic.rx_queues, vec![0, 1, 2, 3]);
         // mlx5 names its vectors after the PCI device: found through device/msi_irqs.
-        let queues: Vec<(u32, Option<usize>, IrqKind)> =
-            nic.irqs.iter().map(|irq| (irq.irq, irq.queue, irq.kind)).collect();
+        let queues: Vec<(u32, Option<usize>, IrqKind)> = nic
+            .irqs
+            .iter()
+            .map(|irq| (irq.irq, irq.queue, irq.kind))
+            .collect();
         assert_eq!(
             queues,
             vec![
@@ -794,7 +845,13 @@ mod tests {
         assert_eq!(topo.online_cpus, vec![0, 1, 2, 3]);
         // The process was started under `taskset -c 0-2`.
         assert_eq!(topo.allowed_cpus, vec![0, 1, 2]);
-        assert_eq!(topo.numa_nodes, vec![NumaNode { id: 0, cpus: vec![0, 1, 2, 3] }]);
+        assert_eq!(
+            topo.numa_nodes,
+            vec![NumaNode {
+                id: 0,
+                cpus: vec![0, 1, 2, 3]
+            }]
+        );
         for cpu in &topo.cpus {
             assert_eq!(cpu.siblings, vec![cpu.id], "no SMT in this VM");
             assert_eq!(cpu.numa_node, Some(0));
@@ -819,7 +876,10 @@ mod tests {
         assert_eq!(nic.rx_queues, (0..8).collect::<Vec<_>>());
         assert_eq!(nic.tx_queues, (0..8).collect::<Vec<_>>());
         let rx = nic.rx_queue_irqs();
-        assert_eq!(rx.iter().map(|irq| irq.irq).collect::<Vec<_>>(), (40..48).collect::<Vec<_>>());
+        assert_eq!(
+            rx.iter().map(|irq| irq.irq).collect::<Vec<_>>(),
+            (40..48).collect::<Vec<_>>()
+        );
         assert_eq!(rx[0].name, "eth0-TxRx-0");
         assert_eq!(rx[0].affinity, Some(vec![0]));
         // Some IRQs point at the wrong CPUs (as left by irqbalance or the driver default).
@@ -857,7 +917,10 @@ mod tests {
         assert_eq!(topo.online_cpus, vec![0, 1]);
         assert_eq!(topo.allowed_cpus, vec![0, 1]);
         let cpu1 = topo.cpu(1).unwrap();
-        assert_eq!((cpu1.core_id, cpu1.package_id, cpu1.numa_node), (None, None, None));
+        assert_eq!(
+            (cpu1.core_id, cpu1.package_id, cpu1.numa_node),
+            (None, None, None)
+        );
         assert_eq!(cpu1.siblings, vec![1]);
     }
 
@@ -880,9 +943,16 @@ mod tests {
 
         fs::write(cpu_dir.join("online"), "0\n").unwrap();
         fs::create_dir_all(dir.path().join("proc/self")).unwrap();
-        fs::write(dir.path().join("proc/self/status"), "Cpus_allowed_list:\tx\n").unwrap();
+        fs::write(
+            dir.path().join("proc/self/status"),
+            "Cpus_allowed_list:\tx\n",
+        )
+        .unwrap();
         let msg = Topology::read(dir.path()).unwrap_err().to_string();
-        assert!(msg.contains("proc/self/status") && msg.contains("Cpus_allowed_list"), "{msg}");
+        assert!(
+            msg.contains("proc/self/status") && msg.contains("Cpus_allowed_list"),
+            "{msg}"
+        );
     }
 
     #[test]
