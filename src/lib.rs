@@ -8,5 +8,6 @@ pub mod config;
 pub mod fs;
 pub mod http;
 pub mod plan;
+pub mod shard;
 pub mod steering;
 pub mod topology;
