@@ -63,7 +63,7 @@ fn select_cpus(cfg: &Config, allowed: &[usize]) -> Result<Vec<usize>, ConfigErro
     let chosen: Vec<usize> = match cfg.cpus.as_str() {
         "all" => allowed.to_vec(),
         list => {
-            let wanted = crate::topology::parse_cpu_list(list)
+            let wanted = crate::topology::parse_cpulist(list)
                 .map_err(|e| err("cpus", format!("{list:?}: {e}")))?;
             if let Some(bad) = wanted.iter().find(|c| !allowed.contains(c)) {
                 return Err(err(

@@ -10,6 +10,7 @@ pub mod conn;
 pub mod files;
 mod respond;
 pub mod ring;
+pub mod ring_sys;
 pub mod sched;
 pub mod token;
 
