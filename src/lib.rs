@@ -5,5 +5,6 @@
 //! resolution and O_DIRECT alignment math, `topology`/`plan` decide where shards run.
 
 pub mod config;
+pub mod doctor;
 pub mod fs;
 pub mod http;
