@@ -172,9 +172,10 @@ impl CommandRunner for CapturedRunner {
             )));
         };
         fs::read_to_string(&path).map_err(|_| {
+            let rel = path.strip_prefix(&self.dir).unwrap_or(&path);
             RunError::Unavailable(format!(
-                "{program} runs only with --root / and {} is missing",
-                path.display()
+                "{program} runs only with --root / (no capture {})",
+                rel.display()
             ))
         })
     }
@@ -231,7 +232,9 @@ pub fn read_counters(tree: &Tree, runner: &dyn CommandRunner, iface: &str) -> Sn
         Ok(text) => {
             for (name, v) in super::ethtool::parse_stats(&text) {
                 let lower = name.to_ascii_lowercase();
-                if ETHTOOL_DROP_MARKS.iter().any(|m| lower.contains(m)) {
+                // Many drivers repeat the kernel's own counters (rx_missed_errors): count once.
+                let repeated = SYSFS_DROP_COUNTERS.contains(&lower.as_str());
+                if !repeated && ETHTOOL_DROP_MARKS.iter().any(|m| lower.contains(m)) {
                     snap.counters.insert(format!("ethtool:{name}"), v);
                 }
             }
