@@ -146,7 +146,11 @@ fn virtual_note(nic: &Nic) -> Check {
     Check::new(
         format!("nic.{}", nic.name),
         Status::Ok,
-        format!("virtual ({}), mtu {}", nic.kind, mtu_text(nic.mtu)),
+        if nic.kind == "virtual" {
+            format!("virtual, mtu {}", mtu_text(nic.mtu))
+        } else {
+            format!("virtual ({}), mtu {}", nic.kind, mtu_text(nic.mtu))
+        },
         "-",
         "not a physical port: ring/offload/drop checks skipped, MTU compared with linked interfaces",
     )

@@ -110,6 +110,8 @@ fn fs_kind(magic: u64) -> (&'static str, Status, &'static str) {
 
 fn filesystem(data_root: &Path) -> Check {
     let name = "storage.fs";
+    // "." says nothing in a report; show where it resolved to.
+    let shown = fs::canonicalize(data_root).unwrap_or_else(|_| data_root.to_path_buf());
     let recommended = "ext4 or xfs on local NVMe";
     match rustix::fs::statfs(data_root) {
         Ok(st) => {
@@ -118,9 +120,9 @@ fn filesystem(data_root: &Path) -> Check {
             let magic = st.f_type as u64 & 0xFFFF_FFFF;
             let (kind, status, why) = fs_kind(magic);
             let current = if kind == "unknown" {
-                format!("{} (magic {magic:#x})", data_root.display())
+                format!("{} (magic {magic:#x})", shown.display())
             } else {
-                format!("{} on {kind}", data_root.display())
+                format!("{} on {kind}", shown.display())
             };
             Check::new(name, status, current, recommended, why)
         }
