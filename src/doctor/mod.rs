@@ -37,7 +37,9 @@ pub struct DoctorArgs {
     /// Window over which drop counters are sampled twice, in milliseconds.
     #[arg(long = "sample-ms", default_value_t = 1000)]
     pub sample_ms: u64,
-    /// Document root to probe for O_DIRECT alignment and RWF_DONTCACHE.
+    /// Document root to probe for O_DIRECT alignment and RWF_DONTCACHE (a probe file is
+    /// written in a hidden temporary directory there and removed; read-only roots use an
+    /// existing file).
     #[arg(long = "data-root", default_value = ".")]
     pub data_root: PathBuf,
     /// Registered arena bytes per shard, compared with RLIMIT_MEMLOCK.
@@ -167,12 +169,16 @@ pub fn run_checks(ctx: &DoctorContext) -> Vec<Check> {
 
     let mut checks = sysctl::checks(&ctx.tree);
     checks.push(system::memlock(ctx));
+    let storage = storage::checks(&ctx.data_root);
+    let cpu = [
+        system::transparent_hugepages(&ctx.tree),
+        system::cpu_governor(&ctx.tree),
+        system::irqbalance(&ctx.tree),
+    ];
     let window = ctx.sampler.finish_window(start, ctx.sample);
     checks.extend(nic::checks(ctx, &nics, &first, window));
-    checks.extend(storage::checks(&ctx.data_root));
-    checks.push(system::transparent_hugepages(&ctx.tree));
-    checks.push(system::cpu_governor(&ctx.tree));
-    checks.push(system::irqbalance(&ctx.tree));
+    checks.extend(storage);
+    checks.extend(cpu);
     checks
 }
 

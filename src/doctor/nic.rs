@@ -86,11 +86,13 @@ fn read_nic(tree: &Tree, name: String) -> Nic {
         operstate: tree
             .read(&format!("{dir}/operstate"))
             .unwrap_or_else(|_| "unknown".into()),
-        // A down link reads EINVAL, virtio reads -1: both mean "not reported".
+        // A down link reads EINVAL, virtio reads -1 (some kernels print it as u32): all mean
+        // "not reported".
         speed_mbps: tree
             .read(&format!("{dir}/speed"))
             .ok()
-            .and_then(|s| s.parse::<u64>().ok()),
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|&s| s != u64::from(u32::MAX)),
         tx_queue_len: tree.read_u64(&format!("{dir}/tx_queue_len")).ok(),
         master: tree.link_name(&format!("{dir}/master")),
         members: tree.list(&format!("{dir}/brif")),

@@ -18,12 +18,16 @@ const RWF_DONTCACHE: u32 = 0x80;
 const PROBE_BYTES: usize = 64 << 10;
 /// Alignment assumed when the kernel reports none (pre-6.1 or the filesystem does not say).
 const ALIGN_BYTES_FALLBACK: usize = 4096;
+/// Largest alignment the O_DIRECT probe honours.
+const ALIGN_BYTES_MAX: usize = 1 << 20;
 /// Entries of the data root looked at for an existing file when the probe cannot be written.
 const EXISTING_SCAN_MAX: usize = 256;
 
 /// The data root's checks, in report order.
 pub fn checks(data_root: &Path) -> Vec<Check> {
-    let fs_check = filesystem(data_root);
+    let (fs_check, kind) = filesystem(data_root);
+    // RAM-backed filesystems accept O_DIRECT (6.6+) but keep the data in the page cache.
+    let ram_backed = matches!(kind, "tmpfs" | "ramfs");
     if fs_check.status == Status::Fail {
         return vec![fs_check];
     }
@@ -32,7 +36,7 @@ pub fn checks(data_root: &Path) -> Vec<Check> {
         Ok(probe) => {
             let (align_check, align) = dio_align(&probe);
             checks.push(align_check);
-            let direct = o_direct(&probe, align);
+            let direct = o_direct(&probe, align, ram_backed);
             let direct_ok = direct.status == Status::Ok;
             checks.push(direct);
             checks.push(dontcache(&probe, direct_ok));
@@ -108,7 +112,8 @@ fn fs_kind(magic: u64) -> (&'static str, Status, &'static str) {
     }
 }
 
-fn filesystem(data_root: &Path) -> Check {
+/// The filesystem check and the filesystem's name ("" when unknown or unreadable).
+fn filesystem(data_root: &Path) -> (Check, &'static str) {
     let name = "storage.fs";
     // "." says nothing in a report; show where it resolved to.
     let shown = fs::canonicalize(data_root).unwrap_or_else(|_| data_root.to_path_buf());
@@ -124,14 +129,17 @@ fn filesystem(data_root: &Path) -> Check {
             } else {
                 format!("{} on {kind}", shown.display())
             };
-            Check::new(name, status, current, recommended, why)
+            (Check::new(name, status, current, recommended, why), kind)
         }
-        Err(e) => Check::new(
-            name,
-            Status::Fail,
-            format!("{}: {e}", data_root.display()),
-            "an existing, readable data root",
-            "shardline serves files from here",
+        Err(e) => (
+            Check::new(
+                name,
+                Status::Fail,
+                format!("{}: {e}", data_root.display()),
+                "an existing, readable data root",
+                "shardline serves files from here",
+            ),
+            "",
         ),
     }
 }
@@ -238,7 +246,7 @@ fn dio_align(probe: &Probe) -> (Check, usize) {
 }
 
 /// Opens the probe with O_DIRECT and reads one aligned block into an aligned buffer.
-fn o_direct(probe: &Probe, align: usize) -> Check {
+fn o_direct(probe: &Probe, align: usize, ram_backed: bool) -> Check {
     let name = "storage.o_direct";
     let recommended = "aligned O_DIRECT reads work";
     let why_refused =
@@ -259,12 +267,29 @@ fn o_direct(probe: &Probe, align: usize) -> Check {
             )
         }
     };
-    let align = align.max(512);
+    // A power of two (align_offset needs one), bounded so a garbage statx value cannot make
+    // us allocate much; a real alignment above the bound shows up as a failed read below.
+    let align = align.clamp(512, ALIGN_BYTES_MAX).next_power_of_two();
     // Over-allocate and pick the aligned window: aligned memory without unsafe.
     let mut raw = vec![0u8; align * 2];
     let start = raw.as_ptr().align_offset(align);
-    let buf = &mut raw[start..start + align];
+    let Some(buf) = raw.get_mut(start..start.saturating_add(align)) else {
+        return Check::new(
+            name,
+            Status::Warn,
+            "cannot align a probe buffer",
+            recommended,
+            why_refused,
+        );
+    };
     match rustix::io::pread(&fd, buf, 0) {
+        Ok(n) if ram_backed => Check::new(
+            name,
+            Status::Warn,
+            format!("opens and reads ({n} B), but the data stays in RAM"),
+            recommended,
+            "a RAM-backed filesystem serves O_DIRECT from the page cache: fine for tests, not for 200 GB of packages",
+        ),
         Ok(n) => Check::new(
             name,
             Status::Ok,
@@ -317,7 +342,7 @@ fn dontcache(probe: &Probe, direct_ok: bool) -> Check {
         ),
         (Err(_), false) => (
             Status::Warn,
-            "with O_DIRECT refused too, big files fill the page cache and push out hot data",
+            "without a working O_DIRECT, big files fill the page cache and push out hot data",
         ),
     };
     let current = match result {
@@ -362,6 +387,40 @@ mod tests {
         let checks = checks(Path::new("/nonexistent/shardline-doctor"));
         assert_eq!(checks.len(), 1);
         assert_eq!(checks[0].status, Status::Fail);
+    }
+
+    #[test]
+    fn read_only_roots_use_an_existing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("empty"), b"").unwrap();
+        assert_eq!(existing_file(dir.path()), None);
+        fs::write(dir.path().join("pkg.bin"), b"data").unwrap();
+        assert_eq!(existing_file(dir.path()), Some(dir.path().join("pkg.bin")));
+        // A data root that is a file: no probe, a WARN, no crash.
+        let checks = checks(&dir.path().join("pkg.bin"));
+        assert_eq!(checks.last().unwrap().name, "storage.probe");
+        assert_eq!(checks.last().unwrap().status, Status::Warn);
+    }
+
+    #[test]
+    fn tmpfs_warns_that_o_direct_stays_in_ram() {
+        let shm = Path::new("/dev/shm");
+        if filesystem(shm).1 != "tmpfs" {
+            eprintln!("skipped: /dev/shm is not tmpfs here");
+            return;
+        }
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let checks = checks(dir.path());
+        let direct = checks
+            .iter()
+            .find(|c| c.name == "storage.o_direct")
+            .unwrap();
+        assert_eq!(direct.status, Status::Warn, "{direct:?}");
+        assert!(
+            checks.iter().all(|c| c.status != Status::Fail),
+            "{checks:#?}"
+        );
     }
 
     #[test]
