@@ -2,6 +2,7 @@
 //! shard, wait for SIGTERM/SIGINT, drain, exit.
 
 use std::net::TcpListener;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -114,6 +115,12 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     cfg.validate()?;
     let cpus = shard_cpus(&cfg)?;
     let listeners = bind_group(&cfg, cpus.len())?;
+    if cfg.steering && listeners.len() > 1 {
+        // Every socket is listening, so group index == shard index == listen order.
+        let program = crate::steering::reuseport_cbpf_program(&cpus);
+        crate::shard::ring_sys::attach_reuseport_cbpf(listeners[0].as_fd(), &program)
+            .map_err(|e| ServeError::Runtime(format!("attaching reuseport steering: {e}")))?;
+    }
     let local = listeners[0]
         .local_addr()
         .map_err(|e| ServeError::Runtime(e.to_string()))?;
