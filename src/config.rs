@@ -242,12 +242,20 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match std::fs::metadata(&self.root) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(err("root", format!("{} is not a directory", self.root.display()))),
+            Ok(_) => {
+                return Err(err(
+                    "root",
+                    format!("{} is not a directory", self.root.display()),
+                ))
+            }
             Err(e) => return Err(err("root", format!("{}: {e}", self.root.display()))),
         }
         if let ShardCount::Fixed(n) = self.shards {
             if n == 0 || n > MAX_SHARDS {
-                return Err(err("shards", format!("must be 1..={MAX_SHARDS} or \"auto\"")));
+                return Err(err(
+                    "shards",
+                    format!("must be 1..={MAX_SHARDS} or \"auto\""),
+                ));
             }
         }
         if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes)
@@ -345,23 +353,35 @@ mod tests {
 
     #[test]
     fn root_must_be_a_directory() {
-        let mut c = Config::default();
-        c.root = PathBuf::from("/definitely/not/here");
+        let mut c = Config {
+            root: PathBuf::from("/definitely/not/here"),
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "root");
         c.root = PathBuf::from("/proc/self/status");
-        assert!(c.validate().unwrap_err().message.contains("not a directory"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("not a directory"));
     }
 
     #[test]
     fn relations_are_checked() {
-        let mut c = Config::default();
-        c.tick_budget_bytes = 1000;
+        let c = Config {
+            tick_budget_bytes: 1000,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "tick_budget_bytes");
-        let mut c = Config::default();
-        c.arena_bytes = c.chunk_bytes * 2;
+        let c = Config {
+            arena_bytes: 2 * 512 * 1024,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "arena_bytes");
-        let mut c = Config::default();
-        c.chunk_bytes = 100_000;
+        let c = Config {
+            chunk_bytes: 100_000,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "chunk_bytes");
     }
 

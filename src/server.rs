@@ -187,7 +187,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     );
     let mut signals = signals;
     'wait: loop {
-        for sig in signals.pending() {
+        if let Some(sig) = signals.pending().next() {
             tracing::info!(signal = sig, "shutting down: draining in-flight responses");
             break 'wait;
         }

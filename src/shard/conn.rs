@@ -227,9 +227,10 @@ impl Conn {
     /// Whether a send (head or chunk) is in flight.
     pub fn send_in_flight(&self) -> bool {
         self.head_sending
-            || self.body.as_ref().is_some_and(|b| {
-                b.chunks.iter().any(|c| c.state == ChunkState::Sending)
-            })
+            || self
+                .body
+                .as_ref()
+                .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Sending))
     }
 }
 

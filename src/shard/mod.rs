@@ -184,7 +184,7 @@ impl Shard {
 
             let tick_budget = self.cfg.tick_budget_bytes;
             self.ready.begin_tick();
-            while let Some(c) = self.ready.next() {
+            while let Some(c) = self.ready.next_conn() {
                 if self.visit(c, tick_budget) == Turn::MoreWork {
                     self.ready.push_bulk(c);
                 }
@@ -197,7 +197,8 @@ impl Shard {
             loop {
                 self.batch.clear();
                 let mut batch = std::mem::take(&mut self.batch);
-                self.ring.drain_completions(&mut batch, COMPLETION_BATCH_MAX);
+                self.ring
+                    .drain_completions(&mut batch, COMPLETION_BATCH_MAX);
                 let n = batch.len();
                 for cqe in &batch {
                     self.dispatch(*cqe);
@@ -235,7 +236,9 @@ impl Shard {
     // ---- accept ----------------------------------------------------------------------------
 
     fn arm_accept(&mut self) {
-        if self.accept_armed || self.drain_deadline_ms.is_some() || self.now_ms < self.accept_retry_ms
+        if self.accept_armed
+            || self.drain_deadline_ms.is_some()
+            || self.now_ms < self.accept_retry_ms
         {
             return;
         }
@@ -523,17 +526,24 @@ impl Shard {
                 self.submit_read(c, slot);
                 return;
             }
-            tracing::warn!(shard = self.index, errno = -res, "file read failed; aborting response");
+            tracing::warn!(
+                shard = self.index,
+                errno = -res,
+                "file read failed; aborting response"
+            );
             self.close(c, CloseReason::Abort);
             return;
         }
         let ch = &mut body.chunks[i];
         ch.read_got += res as u32;
         if ch.read_got < ch.read_need {
-            let aligned = (ch.read_file_off + u64::from(ch.read_got)) % body.align == 0;
+            let aligned = (ch.read_file_off + u64::from(ch.read_got)).is_multiple_of(body.align);
             if res == 0 || !aligned {
                 // The file is shorter than promised: it was truncated under us. Never pad.
-                tracing::info!(shard = self.index, "file shrank during a response; aborting");
+                tracing::info!(
+                    shard = self.index,
+                    "file shrank during a response; aborting"
+                );
                 self.close(c, CloseReason::Abort);
                 return;
             }
@@ -791,7 +801,9 @@ impl Shard {
         let now = self.now_ms;
         for c in 0..self.conns.len() {
             let conn = &self.conns[c];
-            if conn.phase == Phase::Open && conn.deadline != Deadline::None && now >= conn.deadline_ms
+            if conn.phase == Phase::Open
+                && conn.deadline != Deadline::None
+                && now >= conn.deadline_ms
             {
                 self.close(c as u32, CloseReason::Timeout);
             }

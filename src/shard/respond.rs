@@ -8,10 +8,10 @@ use super::files::ReadMode;
 use super::{ring, Shard};
 use crate::fs::resolve::resolve_target;
 use crate::http::conditional::{self, Precondition, Validators};
+use crate::http::mime;
 use crate::http::range::{parse_range, ByteRange, RangeOutcome};
 use crate::http::request::{parse_request, Method, Parsed, Request};
 use crate::http::response::{self, Boundary, ContentRange, Head};
-use crate::http::mime;
 
 impl Shard {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
@@ -87,10 +87,12 @@ impl Shard {
                 return self.respond_status(c, status, keep_alive && status < 400);
             }
         };
-        let idx = match self
-            .files
-            .acquire(&mut self.ring, &resolved.rel_path, resolved.wants_dir, self.now_ms)
-        {
+        let idx = match self.files.acquire(
+            &mut self.ring,
+            &resolved.rel_path,
+            resolved.wants_dir,
+            self.now_ms,
+        ) {
             Ok(idx) => idx,
             Err(e) => {
                 if let super::files::OpenError::Other(errno) = e {
@@ -105,8 +107,9 @@ impl Shard {
             etag: f.etag(),
             mtime_secs: f.mtime_secs,
         };
-        let not_modified = conditional::evaluate(req.if_none_match, req.if_modified_since, &validators)
-            == Precondition::NotModified;
+        let not_modified =
+            conditional::evaluate(req.if_none_match, req.if_modified_since, &validators)
+                == Precondition::NotModified;
         let mut outcome = RangeOutcome::Full;
         if !not_modified {
             if let Some(range) = req.range {
@@ -182,7 +185,13 @@ fn plan_body(
     size: u64,
     content_type: &str,
     seed: u64,
-) -> (u16, Option<ContentRange>, u64, VecDeque<Segment>, Option<Boundary>) {
+) -> (
+    u16,
+    Option<ContentRange>,
+    u64,
+    VecDeque<Segment>,
+    Option<Boundary>,
+) {
     let file = |r: ByteRange| Segment::File {
         pos: r.start,
         end: r.end,
@@ -191,7 +200,10 @@ fn plan_body(
         RangeOutcome::Full => {
             let mut segs = VecDeque::new();
             if size > 0 {
-                segs.push_back(file(ByteRange { start: 0, end: size }));
+                segs.push_back(file(ByteRange {
+                    start: 0,
+                    end: size,
+                }));
             }
             (200, None, size, segs, None)
         }
@@ -215,7 +227,8 @@ fn plan_body(
         ),
         RangeOutcome::Multi(ranges) => {
             let boundary = Boundary::new(seed);
-            let Some(len) = response::multipart_length(boundary.as_str(), content_type, &ranges, size)
+            let Some(len) =
+                response::multipart_length(boundary.as_str(), content_type, &ranges, size)
             else {
                 return plan_body(RangeOutcome::Full, size, content_type, seed);
             };

@@ -25,13 +25,18 @@ pub struct Server {
 /// Deterministic content for a test file: byte i = (i * 7 + i / 4093) as u8 (no period that
 /// lines up with 512/4096 alignment, so a misplaced chunk shows).
 pub fn pattern(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i.wrapping_mul(7) + i / 4093) as u8).collect()
+    (0..len)
+        .map(|i| (i.wrapping_mul(7) + i / 4093) as u8)
+        .collect()
 }
 
 /// A temp dir on a real disk (not tmpfs) when possible, so O_DIRECT is exercised.
 pub fn disk_tempdir() -> tempfile::TempDir {
     for base in ["/var/tmp", "."] {
-        if let Ok(d) = tempfile::Builder::new().prefix("shardline-test").tempdir_in(base) {
+        if let Ok(d) = tempfile::Builder::new()
+            .prefix("shardline-test")
+            .tempdir_in(base)
+        {
             return d;
         }
     }
@@ -110,7 +115,9 @@ impl Server {
     /// Sends SIGTERM and waits (bounded) for exit.
     pub fn terminate(&mut self) -> ExitStatus {
         let pid = self.child.id() as i32;
-        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
