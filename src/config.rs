@@ -95,6 +95,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Access log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// Common log format plus bytes, duration, range and shard.
+    Common,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Largest body the network-only diagnostic endpoint will generate.
+pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
+
 /// Every setting of the server; defaults are the documented ones.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -147,6 +160,10 @@ pub struct Config {
     pub symlinks: SymlinkPolicy,
     /// Access log path; empty or absent means off.
     pub access_log: Option<PathBuf>,
+    /// Access log line format.
+    pub access_log_format: AccessLogFormat,
+    /// Serve `GET /__shardline/zero?bytes=N` (zeros from memory, no disk) for network tests.
+    pub diag_endpoint: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Provided receive buffers per shard (power of two).
@@ -180,6 +197,8 @@ impl Default for Config {
             open_file_valid_ms: 1_000,
             symlinks: SymlinkPolicy::Beneath,
             access_log: None,
+            access_log_format: AccessLogFormat::Common,
+            diag_endpoint: false,
             log_format: LogFormat::Text,
             recv_buffers: 1024,
         }

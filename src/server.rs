@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -126,7 +126,8 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Runtime(e.to_string()))?;
     let cfg = Arc::new(cfg);
     let shutdown = Arc::new(AtomicBool::new(false));
-    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
+    let log_epoch = Arc::new(AtomicU64::new(0));
+    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])
         .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, std::io::Result<()>)>();
     let mut handles = Vec::with_capacity(cpus.len());
@@ -140,6 +141,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             listener,
             shutdown: shutdown.clone(),
             metrics,
+            log_epoch: log_epoch.clone(),
         };
         let tx = ready_tx.clone();
         let h = std::thread::Builder::new()
@@ -187,7 +189,12 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     );
     let mut signals = signals;
     'wait: loop {
-        if let Some(sig) = signals.pending().next() {
+        for sig in signals.pending() {
+            if sig == libc::SIGUSR1 {
+                // Log rotation: every shard reopens its access log.
+                log_epoch.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             tracing::info!(signal = sig, "shutting down: draining in-flight responses");
             break 'wait;
         }

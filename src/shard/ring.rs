@@ -219,6 +219,7 @@ pub struct Ring {
     recv: RecvBuffers,
     tx: Vec<Vec<u8>>,
     tx_busy: Vec<bool>,
+    log_in_flight: Option<Vec<u8>>,
     socket_slots: u32,
     file_slots: u32,
     /// Whether SINGLE_ISSUER|DEFER_TASKRUN were accepted by the kernel.
@@ -289,6 +290,7 @@ impl Ring {
             recv,
             tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
             tx_busy: vec![false; cfg.conn_slots],
+            log_in_flight: None,
             socket_slots: cfg.socket_slots,
             file_slots: cfg.file_slots,
             deferred_taskrun,
@@ -537,6 +539,27 @@ impl Ring {
             .user_data(token);
         self.push(e);
         self.close_fixed(socket, close_token);
+    }
+
+    /// Appends `buf` to the log file `fd` (opened O_APPEND); the ring keeps the buffer until
+    /// `log_write_done` hands it back. One log write at a time.
+    pub fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
+        assert!(self.log_in_flight.is_none(), "second log write in flight");
+        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
+        // The Vec's heap block does not move when the Vec is moved into the Option.
+        self.log_in_flight = Some(buf);
+        let e = opcode::Write::new(types::Fd(fd.as_raw_fd()), ptr, len)
+            .offset(u64::MAX)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// The log write completed: its buffer, for reuse.
+    pub fn log_write_done(&mut self) -> Vec<u8> {
+        self.log_in_flight
+            .take()
+            .expect("log write completion without a write")
     }
 
     /// Closes a fixed-file slot (socket or file).
