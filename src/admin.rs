@@ -573,7 +573,7 @@ mod tests {
     #[test]
     fn serves_over_tcp_and_stops_promptly() {
         let shutdown = Arc::new(AtomicBool::new(false));
-        let metrics = vec![Arc::new(ShardMetrics::default()); 2];
+        let metrics = (0..2).map(|_| Arc::new(ShardMetrics::default())).collect();
         let h = start(
             Some("127.0.0.1:0".parse().unwrap()),
             metrics,

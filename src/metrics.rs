@@ -351,9 +351,9 @@ fn valid_name(s: &str) -> bool {
 /// `# TYPE` or `name{label="value",...} value` line; each family has at most one HELP and one
 /// TYPE, and TYPE comes before the family's samples. Used by tests and handy for scripts.
 pub fn parse_exposition(text: &str) -> Result<Vec<Sample>, String> {
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
     let mut types: HashMap<String, String> = HashMap::new();
-    let mut helps: HashMap<String, ()> = HashMap::new();
+    let mut helps: HashSet<String> = HashSet::new();
     let mut samples = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let bad = |why: &str| format!("line {}: {why}: {line:?}", n + 1);
@@ -380,10 +380,8 @@ pub fn parse_exposition(text: &str) -> Result<Vec<Sample>, String> {
                         return Err(bad("TYPE after the family's samples"));
                     }
                 }
-                (Some("HELP"), Some(name), _) => {
-                    if helps.insert(name.into(), ()).is_some() {
-                        return Err(bad("second HELP for a family"));
-                    }
+                (Some("HELP"), Some(name), _) if !helps.insert(name.to_string()) => {
+                    return Err(bad("second HELP for a family"));
                 }
                 _ => {} // other comments are allowed
             }
@@ -665,6 +663,7 @@ mod tests {
             "# TYPE foo counter\nfoo 1",
             "foo_total 1\n# TYPE foo_total counter",
             "# TYPE a gauge\n# TYPE a gauge",
+            "# HELP a x\n# HELP a y",
         ] {
             assert!(parse_exposition(bad).is_err(), "{bad:?} was accepted");
         }
