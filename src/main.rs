@@ -46,6 +46,10 @@ struct ServeArgs {
     /// Write an access log line per response to this file.
     #[arg(long, value_name = "FILE")]
     access_log: Option<PathBuf>,
+    /// Admin listener for /metrics and /healthz [default: 127.0.0.1:9900]; "" turns it off,
+    /// port 0 picks a free port (printed as "shardline: admin at http://ADDR/").
+    #[arg(long, value_name = "ADDR:PORT", overrides_with = "admin")]
+    admin: Option<String>,
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
@@ -82,6 +86,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
     if let Some(v) = args.access_log {
         cfg.access_log = Some(v);
+    }
+    if let Some(v) = args.admin {
+        cfg.admin = v;
     }
     if args.log_json {
         cfg.log_format = LogFormat::Json;

@@ -3,6 +3,7 @@
 
 use std::net::TcpListener;
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -173,6 +174,25 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
         return Err(ServeError::Runtime(msg));
     }
+    // The shards serve; now the admin listener (it reads their metrics, never the reverse).
+    let admin = match crate::admin::start(
+        cfg.admin_addr()?,
+        all_metrics.clone(),
+        shutdown.clone(),
+        PathBuf::from("/proc"),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            shutdown.store(true, Ordering::Relaxed);
+            for h in handles {
+                let _ = h.join();
+            }
+            return Err(ServeError::Config(ConfigError {
+                key: "admin".into(),
+                message: format!("{}: {e}", cfg.admin.trim()),
+            }));
+        }
+    };
     tracing::info!(
         shards = cpus.len(),
         cpus = ?cpus,
@@ -187,6 +207,11 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         if cpus.len() == 1 { "" } else { "s" },
         cpus
     );
+    if let Some(a) = &admin {
+        tracing::info!(admin = %a.local_addr(), "admin listener serving /metrics and /healthz");
+        // After the serving line: tools that take the first "http://" line get the data port.
+        println!("shardline: admin at http://{}/", a.local_addr());
+    }
     let mut signals = signals;
     'wait: loop {
         for sig in signals.pending() {
@@ -208,10 +233,12 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
         std::thread::sleep(Duration::from_millis(MAIN_POLL_MS));
     }
+    // /healthz now answers 503 until the shards have drained and the admin listener stops.
     shutdown.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();
     }
+    drop(admin);
     tracing::info!("shardline stopped");
     Ok(())
 }
