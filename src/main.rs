@@ -27,6 +27,7 @@ enum Command {
 
 /// Flags of `shardline serve`; each overrides the same key of the config file.
 #[derive(Args)]
+#[command(args_override_self = true)]
 struct ServeArgs {
     /// TOML config file (see config/shardline.toml for every key and its default).
     #[arg(long, value_name = "FILE")]
