@@ -12,7 +12,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::{Config, ConfigError, ShardCount};
 use crate::metrics::ShardMetrics;
+use crate::plan::{CpuSelection, PlanError, PlanRequest};
 use crate::shard::{self, ShardParams};
+use crate::topology::Topology;
+use std::path::Path;
 
 /// Listen backlog per shard socket (the kernel caps it at net.core.somaxconn).
 pub const LISTEN_BACKLOG: i32 = 4096;
@@ -43,47 +46,41 @@ impl From<ConfigError> for ServeError {
     }
 }
 
-/// The CPUs the shards run on, one shard each.
+/// The CPUs the shards run on, one shard each: the shard plan (`cpus`, `nic`, `smt`, `shards`)
+/// over the host topology, restricted to the CPUs this process may use. Plan warnings (IRQ
+/// affinity, NUMA placement, irqbalance) are logged.
 pub fn shard_cpus(cfg: &Config) -> Result<Vec<usize>, ConfigError> {
-    let allowed: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
-    select_cpus(cfg, &allowed)
-}
-
-/// Applies the `cpus` and `shards` settings to the CPUs this process may use.
-fn select_cpus(cfg: &Config, allowed: &[usize]) -> Result<Vec<usize>, ConfigError> {
     let err = |key: &str, message: String| ConfigError {
         key: key.into(),
         message,
     };
-    if allowed.is_empty() {
-        return Err(err("cpus", "no CPU is available to this process".into()));
-    }
-    let chosen: Vec<usize> = match cfg.cpus.as_str() {
-        "all" => allowed.to_vec(),
-        list => {
-            let wanted = crate::topology::parse_cpulist(list)
-                .map_err(|e| err("cpus", format!("{list:?}: {e}")))?;
-            if let Some(bad) = wanted.iter().find(|c| !allowed.contains(c)) {
-                return Err(err(
-                    "cpus",
-                    format!("CPU {bad} is not available to this process (allowed: {allowed:?})"),
-                ));
-            }
-            wanted
-        }
+    let mut topo = Topology::read(Path::new("/")).map_err(|e| err("cpus", e.to_string()))?;
+    topo.restrict_to_live_affinity()
+        .map_err(|e| err("cpus", format!("reading this process's CPU affinity: {e}")))?;
+    let request = PlanRequest {
+        cpus: cfg
+            .cpus
+            .parse::<CpuSelection>()
+            .map_err(|e| err("cpus", e.to_string()))?,
+        nic: cfg.nic.clone(),
+        shards: match cfg.shards {
+            ShardCount::Auto => None,
+            ShardCount::Fixed(n) => Some(n),
+        },
+        one_per_core: !cfg.smt,
     };
-    match cfg.shards {
-        ShardCount::Auto => Ok(chosen),
-        ShardCount::Fixed(n) if n <= chosen.len() => Ok(chosen[..n].to_vec()),
-        ShardCount::Fixed(n) => Err(err(
-            "shards",
-            format!("{n} shards but only {} CPUs selected", chosen.len()),
-        )),
+    let plan = crate::plan::plan(&topo, &request).map_err(|e| {
+        let key = match e {
+            PlanError::UnknownNic { .. } | PlanError::NicWithoutLocalCpus { .. } => "nic",
+            PlanError::TooManyShards { .. } | PlanError::ZeroShards => "shards",
+            _ => "cpus",
+        };
+        err(key, e.to_string())
+    })?;
+    for w in &plan.warnings {
+        tracing::warn!("plan: {w}");
     }
+    Ok(plan.cpus())
 }
 
 /// Binds one listener per shard on the same address (SO_REUSEPORT group).

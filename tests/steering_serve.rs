@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 
 fn accepted_per_shard(admin: SocketAddr) -> Vec<(String, f64)> {
     let mut s = std::net::TcpStream::connect(admin).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
@@ -29,7 +30,10 @@ fn accepted_per_shard(admin: SocketAddr) -> Vec<(String, f64)> {
 }
 
 fn count(v: &[(String, f64)], shard: &str) -> f64 {
-    v.iter().find(|(s, _)| s == shard).map(|(_, n)| *n).unwrap_or(0.0)
+    v.iter()
+        .find(|(s, _)| s == shard)
+        .map(|(_, n)| *n)
+        .unwrap_or(0.0)
 }
 
 #[test]
@@ -52,7 +56,9 @@ fn client_on_cpu_k_is_served_by_shard_on_cpu_k() {
         let before = accepted_per_shard(admin);
         let addr = server.addr;
         std::thread::spawn(move || {
-            assert!(core_affinity::set_for_current(core_affinity::CoreId { id: cpu }));
+            assert!(core_affinity::set_for_current(core_affinity::CoreId {
+                id: cpu
+            }));
             for _ in 0..CONNS {
                 let mut s = std::net::TcpStream::connect(addr).unwrap();
                 s.write_all(b"GET /f.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
