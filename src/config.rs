@@ -19,6 +19,8 @@ pub const MAX_PIPELINE_DEPTH: usize = 16;
 pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
 /// Most connections per shard (token slot field and fixed-file table size).
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
+/// Longest completion-batching wait allowed.
+pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
 
@@ -153,6 +155,9 @@ pub struct Config {
     pub keepalive_timeout_ms: u64,
     /// Time a response may make no send progress before the connection is dropped.
     pub send_timeout_ms: u64,
+    /// Longest a shard waits to gather several completions per wake-up (0 = wake per
+    /// completion); bounds the latency it adds.
+    pub wait_batch_usec: u64,
     /// Time in-flight responses get to finish after SIGTERM.
     pub drain_timeout_ms: u64,
     /// Open files cached per shard.
@@ -197,6 +202,7 @@ impl Default for Config {
             header_timeout_ms: 10_000,
             keepalive_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
+            wait_batch_usec: 0,
             drain_timeout_ms: 10_000,
             open_file_cache_entries: 1024,
             open_file_valid_ms: 1_000,
@@ -348,6 +354,12 @@ impl Config {
             if v == 0 {
                 return Err(err(key, "must be greater than 0"));
             }
+        }
+        if self.wait_batch_usec > MAX_WAIT_BATCH_USEC {
+            return Err(err(
+                "wait_batch_usec",
+                format!("must be 0..={MAX_WAIT_BATCH_USEC} (it adds latency to every response)"),
+            ));
         }
         if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
             return Err(err("open_file_cache_entries", "must be 1..=65536"));
