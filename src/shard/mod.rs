@@ -806,6 +806,10 @@ impl Shard {
             let t = Token::new(Op::CancelAccept, 0, 0, 0).encode();
             self.ring.cancel_token(target, t);
         }
+        // Close the listening socket: connections still in its backlog are reset and new ones
+        // refused, instead of waiting unanswered until the process exits. An accept still in
+        // flight holds its own reference to the socket until the cancel above completes.
+        self.listener = None;
         for c in 0..self.conns.len() as u32 {
             let conn = &mut self.conns[c as usize];
             if conn.phase == Phase::Open {
