@@ -513,7 +513,9 @@ impl Shard {
             .position(|ch| ch.slot == slot)
             .expect("read completion for an unknown chunk");
         if res < 0 {
-            if -res == libc::EOPNOTSUPP && body.rw_flags & ring::RWF_DONTCACHE != 0 {
+            // Judged by the chunk, not the body: with several chunks in flight, every read
+            // submitted with RWF_DONTCACHE comes back refused, not only the first.
+            if -res == libc::EOPNOTSUPP && body.chunks[i].source == Source::DontCache {
                 // RWF_DONTCACHE refused by this file system: read buffered from now on.
                 body.rw_flags = 0;
                 body.source = Source::Buffered;
