@@ -678,7 +678,7 @@ fn oversized_heads_get_their_error_even_when_much_more_was_sent() {
         for (size, status) in [(256 * 1024, 431), (64 * 1024, 431)] {
             let big = "x".repeat(size);
             let request = format!("GET /a.txt HTTP/1.1\r\nHost: test\r\nX-Big: {big}\r\n\r\n");
-            let mut s = server.connect();
+            let s = server.connect();
             let mut w = s.try_clone().unwrap();
             // Write from a thread: the server stops reading, so a large write may block.
             let writer = std::thread::spawn(move || {
@@ -697,7 +697,7 @@ fn oversized_heads_get_their_error_even_when_much_more_was_sent() {
     let long = "a".repeat(200 * 1024);
     for round in 0..10 {
         let request = format!("GET /{long} HTTP/1.1\r\nHost: test\r\n\r\n");
-        let mut s = server.connect();
+        let s = server.connect();
         let mut w = s.try_clone().unwrap();
         let writer = std::thread::spawn(move || {
             let _ = w.write_all(request.as_bytes());
