@@ -252,6 +252,8 @@ impl Config {
                 .nth(1)
                 .filter(|_| msg.starts_with("unknown field"))
                 .map(str::to_string)
+                // A bad value: toml points at it; its key is on the same line.
+                .or_else(|| e.span().and_then(|span| key_on_line_of(text, span.start)))
                 .unwrap_or_else(|| origin.display().to_string());
             err(&key, msg.replace('\n', " "))
         })
@@ -382,6 +384,19 @@ impl Config {
     }
 }
 
+/// The bare key of the `key = value` line holding byte `offset` of `text`, if that is what the
+/// line is.
+fn key_on_line_of(text: &str, offset: usize) -> Option<String> {
+    let start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text.get(start..)?.lines().next()?;
+    let key = line.split_once('=')?.0.trim();
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    bare.then(|| key.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +415,17 @@ mod tests {
     }
 
     #[test]
+    fn bad_values_name_their_key() {
+        for (text, key) in [
+            ("chunk_bytes = \"big\"", "chunk_bytes"),
+            ("root = \"/srv\"\nlisten = \"nope\"\n", "listen"),
+            ("zerocopy = \"maybe\"", "zerocopy"),
+        ] {
+            assert_eq!(parse(text).unwrap_err().key, key, "{text}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let e = parse("chunk_size = 3").unwrap_err();
         assert_eq!(e.key, "chunk_size");
@@ -409,6 +435,7 @@ mod tests {
     fn zero_shards_is_refused() {
         let e = parse("shards = 0").unwrap_err();
         assert!(e.message.contains("positive"), "{e}");
+        assert_eq!(e.key, "shards");
         assert_eq!(parse("shards = \"auto\"").unwrap().shards, ShardCount::Auto);
         assert_eq!(parse("shards = 3").unwrap().shards, ShardCount::Fixed(3));
     }
@@ -478,6 +505,6 @@ mod tests {
         assert!(e.message.contains("localhost"), "{e}");
         let c = parse("admin = \"127.0.0.1:8080\"").unwrap();
         assert_eq!(c.validate().unwrap_err().key, "admin");
-        assert_eq!(parse("admin = 9900").unwrap_err().key, "test.toml");
+        assert_eq!(parse("admin = 9900").unwrap_err().key, "admin");
     }
 }

@@ -572,7 +572,9 @@ impl Shard {
             .position(|ch| ch.slot == slot)
             .expect("read completion for an unknown chunk");
         if res < 0 {
-            if -res == libc::EOPNOTSUPP && body.rw_flags & ring::RWF_DONTCACHE != 0 {
+            // Judged by the chunk, not the body: with several chunks in flight, every read
+            // submitted with RWF_DONTCACHE comes back refused, not only the first.
+            if -res == libc::EOPNOTSUPP && body.chunks[i].source == Source::DontCache {
                 // RWF_DONTCACHE refused by this file system: read buffered from now on.
                 body.rw_flags = 0;
                 body.source = Source::Buffered;
@@ -914,6 +916,10 @@ impl Shard {
             let t = Token::new(Op::CancelAccept, 0, 0, 0).encode();
             self.ring.cancel_token(target, t);
         }
+        // Close the listening socket: connections still in its backlog are reset and new ones
+        // refused, instead of waiting unanswered until the process exits. An accept still in
+        // flight holds its own reference to the socket until the cancel above completes.
+        self.listener = None;
         for c in 0..self.conns.len() as u32 {
             let conn = &mut self.conns[c as usize];
             if conn.phase == Phase::Open {
