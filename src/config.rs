@@ -139,6 +139,9 @@ pub struct Config {
     pub pipeline_depth: usize,
     /// Bytes one connection may add per loop tick before yielding.
     pub tick_budget_bytes: usize,
+    /// Bytes of bulk work (reads planned plus chunk sends) one shard adds per loop tick, over
+    /// all connections; bounds how long a tick runs, so a new request waits at most one.
+    pub shard_tick_budget_bytes: usize,
     /// Registered buffer arena per shard.
     pub arena_bytes: usize,
     /// Files at least this large are read with O_DIRECT.
@@ -194,6 +197,7 @@ impl Default for Config {
             chunk_bytes: 512 * 1024,
             pipeline_depth: 4,
             tick_budget_bytes: 1024 * 1024,
+            shard_tick_budget_bytes: 8 * 1024 * 1024,
             arena_bytes: 64 * 1024 * 1024,
             direct_io_min_bytes: 8 * 1024 * 1024,
             zerocopy: ZeroCopy::Auto,
@@ -323,6 +327,12 @@ impl Config {
             return Err(err(
                 "tick_budget_bytes",
                 "must be at least chunk_bytes (a connection must be able to add one chunk a tick)",
+            ));
+        }
+        if self.shard_tick_budget_bytes < self.tick_budget_bytes {
+            return Err(err(
+                "shard_tick_budget_bytes",
+                "must be at least tick_budget_bytes",
             ));
         }
         let slots = self.arena_slots();

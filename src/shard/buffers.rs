@@ -47,9 +47,14 @@ impl ArenaSlots {
     }
 
     /// Takes a slot for `demand`, or None when the caller must wait (see `wait`).
+    ///
+    /// Bulk demand never overtakes a queued bulk waiter: slots freed while connections wait
+    /// are handed to them in FIFO order (`give_back`), so one connection cannot go without a
+    /// chunk while others refill their pipelines.
     pub fn take(&mut self, demand: Demand) -> Option<u16> {
         let floor = match demand {
             Demand::Small => 0,
+            Demand::Bulk if !self.bulk_waiters.is_empty() => return None,
             Demand::Bulk => self.reserve,
         };
         if self.free.len() > floor {
@@ -71,17 +76,21 @@ impl ArenaSlots {
         }
     }
 
-    /// Returns slot `slot` to the free list; yields the connection to wake, if any.
-    pub fn give_back(&mut self, slot: u16) -> Option<u32> {
+    /// Returns slot `slot`. If a connection waits for it, the slot is handed to that
+    /// connection directly (small responses first; bulk only while the reserve is full) and
+    /// `(conn, slot)` is returned: the caller must give it to that connection.
+    pub fn give_back(&mut self, slot: u16) -> Option<(u32, u16)> {
         debug_assert!(!self.free.contains(&slot), "slot {slot} freed twice");
-        self.free.push(slot);
-        assert!(self.free.len() <= self.total);
+        assert!(self.free.len() < self.total);
         if let Some(c) = self.small_waiters.pop_front() {
-            return Some(c);
+            return Some((c, slot));
         }
-        if self.free.len() > self.reserve {
-            return self.bulk_waiters.pop_front();
+        if self.free.len() >= self.reserve {
+            if let Some(c) = self.bulk_waiters.pop_front() {
+                return Some((c, slot));
+            }
         }
+        self.free.push(slot);
         None
     }
 
@@ -119,7 +128,7 @@ mod tests {
     }
 
     #[test]
-    fn waiters_wake_small_first_then_bulk() {
+    fn freed_slots_are_handed_to_waiters_small_first_then_bulk() {
         let mut a = ArenaSlots::new(8);
         let mut held = Vec::new();
         while let Some(s) = a.take(Demand::Small) {
@@ -130,12 +139,35 @@ mod tests {
         a.wait(2, Demand::Small);
         assert_eq!(a.waiting(), 2);
         assert_eq!(a.waits, 3);
-        assert_eq!(a.give_back(held.pop().unwrap()), Some(2));
-        // Bulk waiters wake only once the reserve is refilled.
-        for _ in 0..RESERVED_FOR_SMALL_SLOTS - 1 {
+        let s = held.pop().unwrap();
+        assert_eq!(a.give_back(s), Some((2, s)));
+        // Bulk waiters get a slot only once the reserve is refilled.
+        for _ in 0..RESERVED_FOR_SMALL_SLOTS {
             assert_eq!(a.give_back(held.pop().unwrap()), None);
         }
-        assert_eq!(a.give_back(held.pop().unwrap()), Some(1));
+        let s = held.pop().unwrap();
+        assert_eq!(a.give_back(s), Some((1, s)));
+    }
+
+    #[test]
+    fn bulk_takers_do_not_overtake_waiters() {
+        let mut a = ArenaSlots::new(16);
+        let mut held = Vec::new();
+        while let Some(s) = a.take(Demand::Bulk) {
+            held.push(s);
+        }
+        a.wait(7, Demand::Bulk);
+        a.wait(8, Demand::Bulk);
+        // A slot frees up while the reserve is full: it goes to the first waiter, in order,
+        // and a newcomer cannot take one meanwhile.
+        let s = held.pop().unwrap();
+        assert_eq!(a.give_back(s), Some((7, s)));
+        assert_eq!(a.take(Demand::Bulk), None);
+        let s = held.pop().unwrap();
+        assert_eq!(a.give_back(s), Some((8, s)));
+        let s = held.pop().unwrap();
+        assert_eq!(a.give_back(s), None);
+        assert!(a.take(Demand::Bulk).is_some());
     }
 
     #[test]

@@ -135,6 +135,8 @@ pub struct Body {
     /// The header waits in the tx buffer to be copied in front of the first chunk (a small
     /// file whose header and body leave in one send).
     pub inline_head: bool,
+    /// A small response (one chunk with its header): never waits behind bulk work.
+    pub small: bool,
 }
 
 impl Body {
@@ -184,6 +186,8 @@ pub struct Conn {
     pub status: u16,
     /// Waiting in the arena queue.
     pub waiting_arena: bool,
+    /// An arena slot handed over while waiting; used by the next pump.
+    pub handoff_slot: Option<u16>,
     /// Waiting to re-arm a receive (no provided buffer was free).
     pub recv_retry: bool,
     /// When the current request was parsed (shard clock, µs).
@@ -221,6 +225,7 @@ impl Conn {
             deadline_ms: 0,
             status: 0,
             waiting_arena: false,
+            handoff_slot: None,
             recv_retry: false,
             request_start_us: 0,
             first_byte_sent: false,

@@ -100,6 +100,8 @@ struct Shard {
     open_conns: usize,
     zerocopy: bool,
     last_sweep_ms: u64,
+    /// Bytes of bulk work (reads planned, chunk sends) the shard may still add this tick.
+    shard_budget: TickBudget,
     access_log: Option<access_log::AccessLog>,
     log_epoch: Arc<AtomicU64>,
 }
@@ -173,6 +175,7 @@ impl Shard {
             open_conns: 0,
             zerocopy,
             last_sweep_ms: 0,
+            shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
             log_epoch: p.log_epoch,
             cfg,
@@ -205,8 +208,9 @@ impl Shard {
             self.retry_recvs();
 
             let tick_budget = self.cfg.tick_budget_bytes;
+            self.shard_budget = TickBudget::new(self.cfg.shard_tick_budget_bytes);
             self.ready.begin_tick();
-            while let Some(c) = self.ready.next_conn() {
+            while let Some(c) = self.ready.next_conn(self.shard_budget.has_room()) {
                 if self.visit(c, tick_budget) == Turn::MoreWork {
                     self.ready.push_bulk(c);
                 }
@@ -442,7 +446,9 @@ impl Shard {
             if body.segments.is_empty() || body.chunks.len() >= depth {
                 return Turn::Idle;
             }
-            if !budget.has_room() {
+            // A small response's single chunk is never held back; bulk work stops at the
+            // connection's budget or when the shard's budget for this tick is spent.
+            if !body.inline_head && (!budget.has_room() || !self.shard_budget.has_room()) {
                 return Turn::MoreWork;
             }
             let demand = if body.inline_head {
@@ -450,7 +456,7 @@ impl Shard {
             } else {
                 Demand::Bulk
             };
-            let Some(slot) = self.arena.take(demand) else {
+            let Some(slot) = conn.handoff_slot.take().or_else(|| self.arena.take(demand)) else {
                 if !conn.waiting_arena {
                     conn.waiting_arena = true;
                     self.arena.wait(c, demand);
@@ -525,6 +531,7 @@ impl Shard {
                 }
             }
             budget.charge(chunk.send_len as usize);
+            self.shard_budget.charge(chunk.send_len as usize);
             let reading = chunk.state == ChunkState::Reading;
             body.chunks.push_back(chunk);
             if reading {
@@ -618,7 +625,7 @@ impl Shard {
                 return;
             }
         }
-        self.try_send(c);
+        self.send_soon(c);
     }
 
     // ---- send ------------------------------------------------------------------------------
@@ -660,11 +667,27 @@ impl Shard {
         let last = body.segments.is_empty() && body.chunks.len() == 1;
         let flags = if last { 0 } else { libc::MSG_MORE };
         let zc = self.zerocopy && len as usize >= self.cfg.zerocopy_min_bytes;
+        self.shard_budget.charge(len as usize);
         conn.ops += 1;
         let socket = conn.socket;
         let t = self.token(Op::SendChunk, c, slot);
         self.ring
             .send_arena(slot, off as usize, len as usize, socket, flags, zc, t);
+    }
+
+    /// A chunk became sendable: a small response sends at once; bulk sends wait for the
+    /// connection's turn in the ready queue, under the shard's per-tick budget, so one tick
+    /// never pushes an unbounded amount of data through the socket layer.
+    fn send_soon(&mut self, c: u32) {
+        let small = self.conns[c as usize]
+            .body
+            .as_ref()
+            .is_some_and(|b| b.small);
+        if small {
+            self.try_send(c);
+        } else {
+            self.ready.push_bulk(c);
+        }
     }
 
     fn on_send_head(&mut self, c: u32, res: i32) {
@@ -720,7 +743,7 @@ impl Shard {
                 body.chunks.remove(i);
                 self.chunk_finished(c, slot);
             }
-            self.try_send(c);
+            self.send_soon(c);
             return;
         }
         if cqe.result <= 0 {
@@ -755,22 +778,40 @@ impl Shard {
             body.chunks.remove(i);
             self.chunk_finished(c, slot);
         }
-        self.try_send(c);
+        self.send_soon(c);
     }
 
     /// A chunk's slot is free again: wake a waiter and let this connection plan more.
     fn chunk_finished(&mut self, c: u32, slot: u16) {
-        if let Some(w) = self.arena.give_back(slot) {
-            self.conns[w as usize].waiting_arena = false;
-            self.ready.push_bulk(w);
-        }
+        self.release_slot(slot);
         let conn = &self.conns[c as usize];
         if conn.body.as_ref().is_some_and(|b| !b.segments.is_empty()) {
             self.ready.push_bulk(c);
         }
     }
 
+    /// Returns an arena slot; a waiting connection gets it handed over and is queued.
+    fn release_slot(&mut self, slot: u16) {
+        if let Some((w, s)) = self.arena.give_back(slot) {
+            let conn = &mut self.conns[w as usize];
+            assert!(
+                conn.handoff_slot.is_none(),
+                "second hand-off to a waiting connection"
+            );
+            conn.waiting_arena = false;
+            conn.handoff_slot = Some(s);
+            if conn.body.as_ref().is_some_and(|b| b.inline_head) {
+                self.ready.push_urgent(w);
+            } else {
+                self.ready.push_bulk(w);
+            }
+        }
+    }
+
     fn finish_response(&mut self, c: u32) {
+        if let Some(slot) = self.conns[c as usize].handoff_slot.take() {
+            self.release_slot(slot);
+        }
         let conn = &mut self.conns[c as usize];
         assert!(conn.responding, "finishing a response that was not started");
         if let Some(body) = conn.body.take() {
@@ -849,6 +890,10 @@ impl Shard {
             conn.waiting_arena = false;
             self.arena.forget(c);
         }
+        if let Some(slot) = conn.handoff_slot.take() {
+            self.release_slot(slot);
+        }
+        let conn = &mut self.conns[c as usize];
         if conn.ops > 0 && !conn.cancel_sent {
             conn.cancel_sent = true;
             conn.ops += 1;
@@ -867,10 +912,7 @@ impl Shard {
         // Nothing is in flight: every buffer is ours again.
         if let Some(body) = conn.body.take() {
             for ch in &body.chunks {
-                if let Some(w) = self.arena.give_back(ch.slot) {
-                    self.conns[w as usize].waiting_arena = false;
-                    self.ready.push_bulk(w);
-                }
+                self.release_slot(ch.slot);
             }
             if let Some(f) = body.file {
                 self.files.release(&mut self.ring, f);

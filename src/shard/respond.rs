@@ -216,6 +216,7 @@ impl Shard {
             segments,
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
             inline_head,
+            small: inline_head,
         });
     }
 }
@@ -269,6 +270,7 @@ impl Shard {
             segments: VecDeque::from([Segment::Zero { remaining: n }]),
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
             inline_head: false,
+            small: false,
         });
     }
 }

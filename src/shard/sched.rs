@@ -82,13 +82,15 @@ impl ReadyQueue {
     /// The next connection to visit in this tick: urgent ones first (including those queued
     /// during the tick), then the bulk connections that were queued when the tick began.
     /// The caller re-queues it (`push_bulk`) if it wants another turn.
-    pub fn next_conn(&mut self) -> Option<u32> {
+    /// With `bulk_allowed` false (the shard's budget for this tick is spent) only urgent
+    /// connections are returned; the unvisited bulk ones keep their place at the front.
+    pub fn next_conn(&mut self, bulk_allowed: bool) -> Option<u32> {
         while let Some(c) = self.urgent.pop_front() {
             if std::mem::replace(&mut self.queued[c as usize], false) {
                 return Some(c);
             }
         }
-        while self.bulk_rounds > 0 {
+        while bulk_allowed && self.bulk_rounds > 0 {
             self.bulk_rounds -= 1;
             let c = self.bulk.pop_front()?;
             if std::mem::replace(&mut self.queued[c as usize], false) {
@@ -101,7 +103,7 @@ impl ReadyQueue {
     /// Runs one tick with `visit` deciding each connection's turn.
     pub fn run_tick(&mut self, mut visit: impl FnMut(u32) -> Turn) {
         self.begin_tick();
-        while let Some(c) = self.next_conn() {
+        while let Some(c) = self.next_conn(true) {
             if visit(c) == Turn::MoreWork {
                 self.push_bulk(c);
             }
@@ -208,6 +210,25 @@ mod tests {
         q.run_tick(|c| visit(&mut sims, c, &mut log));
         assert_eq!(log, vec![0, 0, 1, 1, 2, 2]);
         assert_eq!(q.len(), 3, "all still want more");
+    }
+
+    #[test]
+    fn spent_shard_budget_serves_urgent_and_keeps_bulk_order() {
+        let mut q = ReadyQueue::new(8);
+        for c in [1, 2, 3] {
+            q.push_bulk(c);
+        }
+        q.begin_tick();
+        assert_eq!(q.next_conn(true), Some(1));
+        // The shard's budget is spent: bulk waits, a new request is still served.
+        q.push_urgent(5);
+        assert_eq!(q.next_conn(false), Some(5));
+        assert_eq!(q.next_conn(false), None);
+        // Next tick: 2 and 3 come first, before connections queued after them.
+        q.push_bulk(4);
+        q.begin_tick();
+        let order: Vec<u32> = std::iter::from_fn(|| q.next_conn(true)).collect();
+        assert_eq!(order, vec![2, 3, 4]);
     }
 
     #[test]
