@@ -9,7 +9,7 @@
 # worker); every load generator is pinned to CPU 1. Each workload runs against shardline, then
 # against nginx, before the next workload starts. Raw outputs land in perf/out/run/.
 # Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
-# SHARDLINE_PORT (18080), NGINX_PORT (18081), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
+# SHARDLINE_PORT, NGINX_PORT (default: first free from 28080), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -54,7 +54,10 @@ RANGE_LEN=$((100 * 1024 * 1024))
 ((RANGE_LEN > LARGE_BYTES - 2 * 1024 * 1024)) && RANGE_LEN=$((LARGE_BYTES / 2))
 ALIGNED_START=$((1024 * 1024)) UNALIGNED_START=1000
 SERVER_CPU=${BENCH_SERVER_CPU:-0} CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
-SL_PORT=${SHARDLINE_PORT:-18080} NG_PORT=${NGINX_PORT:-18081}
+# Ports: as given, else the first free ones from 28080 up (other people's servers may be running).
+free_port() { local p=$1; while port_busy "$p" || [[ $p == "${2:-}" ]]; do p=$((p + 1)); done; echo "$p"; }
+SL_PORT=${SHARDLINE_PORT:-$(free_port 28080)}
+NG_PORT=${NGINX_PORT:-$(free_port $((SL_PORT + 1)) "$SL_PORT")}
 OUTDIR=$HERE/out ROOT=$HERE/out/root RUN=$HERE/out/run
 LOADGEN=$HERE/loadgen/target/release/loadgen
 NOTES=() FAILURES=()

@@ -41,7 +41,7 @@ mode == "table" {
 }
 mode == "meaning" {
   a = ahead($4, $5, $2)
-  verdict = (a == "tie") ? "within 5% of each other" : (a == "n/a") ? "not measured" : (a == "") ? "context" : a " ahead"
+  verdict = (a == "tie" && $4 + 0 == $5 + 0) ? "equal" : (a == "tie") ? "within 5% of each other" : (a == "n/a") ? "not measured" : (a == "") ? "context" : a " ahead"
   printf "- **%s** (%s): %s This run: shardline %s, nginx %s (%s).\n", $1, \
     ($2 == "info" ? "context, no direction" : $2 " is better"), $7, show($4, $3), show($5, $3), verdict
 }

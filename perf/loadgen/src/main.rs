@@ -79,7 +79,7 @@ impl Verifier {
             self.off += data.len() as u64;
             return;
         }
-        while !data.is_empty() && self.off % 8 != 0 {
+        while !data.is_empty() && !self.off.is_multiple_of(8) {
             if data[0] != stream_byte(self.seed, self.off) {
                 self.bad_at = Some(self.off);
             }
@@ -609,8 +609,15 @@ fn cmd_get(a: &Args) {
     });
     let seed = a.opt_u64("seed");
     let expect_len = a.opt_u64("expect-len");
+    struct Got {
+        status: u16,
+        bytes: u64,
+        ttfb_ms: f64,
+        bad_at: Option<u64>,
+        content_range: Option<String>,
+    }
     let t0 = Instant::now();
-    let r = (|| -> io::Result<(u16, u64, f64, Option<u64>, Option<String>)> {
+    let r = (|| -> io::Result<Got> {
         let mut c = Conn::connect(&addr, READ_BUF, Some(Duration::from_secs(60)))?;
         c.send_get(&path, range, true)?;
         let h = c.read_head()?;
@@ -624,17 +631,23 @@ fn cmd_get(a: &Args) {
                 v.feed(d)
             }
         })?;
-        Ok((
-            h.status,
-            got,
-            ttfb,
-            v.and_then(|v| v.bad_at),
-            h.content_range,
-        ))
+        Ok(Got {
+            status: h.status,
+            bytes: got,
+            ttfb_ms: ttfb,
+            bad_at: v.and_then(|v| v.bad_at),
+            content_range: h.content_range,
+        })
     })();
     let secs = t0.elapsed().as_secs_f64();
     match r {
-        Ok((status, got, ttfb, bad_at, cr)) => {
+        Ok(Got {
+            status,
+            bytes: got,
+            ttfb_ms: ttfb,
+            bad_at,
+            content_range: cr,
+        }) => {
             println!("status={status}");
             println!("bytes={got}");
             println!("secs={secs:.4}");
