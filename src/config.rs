@@ -1,1 +1,379 @@
-//! Configuration (filled in)
+//! Configuration: a TOML file (every key optional) overridden by command-line flags, then
+//! validated into one clear error naming the offending key or path.
+//!
+//! `config/shardline.toml` documents every key with its default and the reason for it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Smallest chunk we allow: below this, per-chunk overhead dominates.
+pub const MIN_CHUNK_BYTES: usize = 64 * 1024;
+/// Largest chunk: one registered buffer must stay well under the 1 GiB iovec limit.
+pub const MAX_CHUNK_BYTES: usize = 16 * 1024 * 1024;
+/// Most chunks one connection may have in flight.
+pub const MAX_PIPELINE_DEPTH: usize = 16;
+/// Most arena slots per shard (buffer indices are u16 and the kernel caps registrations).
+pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
+/// Most connections per shard (token slot field and fixed-file table size).
+pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
+/// Most shards (one per CPU; also the SO_REUSEPORT group size).
+pub const MAX_SHARDS: usize = 1024;
+
+/// How many shards to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardCount {
+    /// One per CPU the process may run on (after the `cpus` selection).
+    Auto,
+    /// Exactly this many.
+    Fixed(usize),
+}
+
+impl<'de> Deserialize<'de> for ShardCount {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(i64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) if n > 0 => Ok(ShardCount::Fixed(n as usize)),
+            Raw::N(n) => Err(serde::de::Error::custom(format!(
+                "must be \"auto\" or a positive number, got {n}"
+            ))),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl std::str::FromStr for ShardCount {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(ShardCount::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(0) => Err("must be \"auto\" or a positive number, got 0".into()),
+            Ok(n) => Ok(ShardCount::Fixed(n)),
+            Err(_) => Err(format!("must be \"auto\" or a positive number, got {s:?}")),
+        }
+    }
+}
+
+/// When to send with SEND_ZC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZeroCopy {
+    /// SEND_ZC for large chunks unless the listener is on loopback (where it always copies).
+    Auto,
+    /// SEND_ZC for every chunk of at least `zerocopy_min_bytes`.
+    On,
+    /// Plain sends.
+    Off,
+}
+
+/// Whether symlinks inside the root are followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SymlinkPolicy {
+    /// Follow symlinks whose target stays beneath the root (RESOLVE_BENEATH); refuse others.
+    Beneath,
+    /// Refuse every symlink (RESOLVE_NO_SYMLINKS).
+    Deny,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Every setting of the server; defaults are the documented ones.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory served.
+    pub root: PathBuf,
+    /// Address the shards listen on (SO_REUSEPORT group).
+    pub listen: SocketAddr,
+    /// Number of shards.
+    pub shards: ShardCount,
+    /// CPU selection: "all", "nic-local" or a list such as "0-3,8".
+    pub cpus: String,
+    /// NIC whose queues the shards follow (for "nic-local" and the plan).
+    pub nic: Option<String>,
+    /// Run one shard per SMT thread instead of one per physical core.
+    pub smt: bool,
+    /// Attach the CBPF program that keeps a connection on the CPU that received it.
+    pub steering: bool,
+    /// Connections one shard holds at most; more are refused with 503.
+    pub max_connections_per_shard: usize,
+    /// Bytes per read/send chunk (one registered buffer).
+    pub chunk_bytes: usize,
+    /// Chunks one connection may have in flight.
+    pub pipeline_depth: usize,
+    /// Bytes one connection may add per loop tick before yielding.
+    pub tick_budget_bytes: usize,
+    /// Registered buffer arena per shard.
+    pub arena_bytes: usize,
+    /// Files at least this large are read with O_DIRECT.
+    pub direct_io_min_bytes: u64,
+    /// SEND_ZC policy.
+    pub zerocopy: ZeroCopy,
+    /// Smallest chunk sent with SEND_ZC.
+    pub zerocopy_min_bytes: usize,
+    /// Most ranges in one multi-range request before it is served whole.
+    pub max_ranges: usize,
+    /// Time a client has to send a complete request head.
+    pub header_timeout_ms: u64,
+    /// Time an idle keep-alive connection is kept.
+    pub keepalive_timeout_ms: u64,
+    /// Time a response may make no send progress before the connection is dropped.
+    pub send_timeout_ms: u64,
+    /// Time in-flight responses get to finish after SIGTERM.
+    pub drain_timeout_ms: u64,
+    /// Open files cached per shard.
+    pub open_file_cache_entries: usize,
+    /// How long a cached open file is trusted before it is checked again.
+    pub open_file_valid_ms: u64,
+    /// Symlink policy.
+    pub symlinks: SymlinkPolicy,
+    /// Access log path; empty or absent means off.
+    pub access_log: Option<PathBuf>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Provided receive buffers per shard (power of two).
+    pub recv_buffers: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            root: PathBuf::from("."),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            shards: ShardCount::Auto,
+            cpus: "all".into(),
+            nic: None,
+            smt: false,
+            steering: true,
+            max_connections_per_shard: 16_384,
+            chunk_bytes: 512 * 1024,
+            pipeline_depth: 4,
+            tick_budget_bytes: 1024 * 1024,
+            arena_bytes: 64 * 1024 * 1024,
+            direct_io_min_bytes: 8 * 1024 * 1024,
+            zerocopy: ZeroCopy::Auto,
+            zerocopy_min_bytes: 64 * 1024,
+            max_ranges: 16,
+            header_timeout_ms: 10_000,
+            keepalive_timeout_ms: 75_000,
+            send_timeout_ms: 60_000,
+            drain_timeout_ms: 10_000,
+            open_file_cache_entries: 1024,
+            open_file_valid_ms: 1_000,
+            symlinks: SymlinkPolicy::Beneath,
+            access_log: None,
+            log_format: LogFormat::Text,
+            recv_buffers: 1024,
+        }
+    }
+}
+
+/// A configuration problem: the key (or path) and what is wrong with it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key or path at fault.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config error: {}: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Parses TOML text; unknown keys and wrong types are errors naming the key.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        toml::from_str::<Config>(text).map_err(|e| {
+            let msg = e.message().to_string();
+            // toml reports unknown fields as "unknown field `x`, expected ..."
+            let key = msg
+                .split('`')
+                .nth(1)
+                .filter(|_| msg.starts_with("unknown field"))
+                .map(str::to_string)
+                .unwrap_or_else(|| origin.display().to_string());
+            err(&key, msg.replace('\n', " "))
+        })
+    }
+
+    /// Reads and parses a config file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err(&path.display().to_string(), e.to_string()))?;
+        Config::from_toml(&text, path)
+    }
+
+    /// Registered arena slots per shard.
+    pub fn arena_slots(&self) -> usize {
+        self.arena_bytes / self.chunk_bytes
+    }
+
+    /// Checks relations between values; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match std::fs::metadata(&self.root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(err("root", format!("{} is not a directory", self.root.display()))),
+            Err(e) => return Err(err("root", format!("{}: {e}", self.root.display()))),
+        }
+        if let ShardCount::Fixed(n) = self.shards {
+            if n == 0 || n > MAX_SHARDS {
+                return Err(err("shards", format!("must be 1..={MAX_SHARDS} or \"auto\"")));
+            }
+        }
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes)
+            || !self.chunk_bytes.is_power_of_two()
+        {
+            return Err(err(
+                "chunk_bytes",
+                format!("must be a power of two in {MIN_CHUNK_BYTES}..={MAX_CHUNK_BYTES}"),
+            ));
+        }
+        if self.pipeline_depth == 0 || self.pipeline_depth > MAX_PIPELINE_DEPTH {
+            return Err(err(
+                "pipeline_depth",
+                format!("must be 1..={MAX_PIPELINE_DEPTH}"),
+            ));
+        }
+        if self.tick_budget_bytes < self.chunk_bytes {
+            return Err(err(
+                "tick_budget_bytes",
+                "must be at least chunk_bytes (a connection must be able to add one chunk a tick)",
+            ));
+        }
+        let slots = self.arena_slots();
+        let needed = self.pipeline_depth + crate::shard::buffers::RESERVED_FOR_SMALL_SLOTS;
+        if slots < needed || slots > MAX_ARENA_SLOTS {
+            return Err(err(
+                "arena_bytes",
+                format!(
+                    "gives {slots} chunks of {} bytes; need {needed}..={MAX_ARENA_SLOTS}",
+                    self.chunk_bytes
+                ),
+            ));
+        }
+        if self.max_connections_per_shard == 0
+            || self.max_connections_per_shard > MAX_CONNECTIONS_PER_SHARD
+        {
+            return Err(err(
+                "max_connections_per_shard",
+                format!("must be 1..={MAX_CONNECTIONS_PER_SHARD}"),
+            ));
+        }
+        if self.max_ranges == 0 {
+            return Err(err("max_ranges", "must be at least 1"));
+        }
+        for (key, v) in [
+            ("header_timeout_ms", self.header_timeout_ms),
+            ("keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("send_timeout_ms", self.send_timeout_ms),
+            ("open_file_valid_ms", self.open_file_valid_ms),
+        ] {
+            if v == 0 {
+                return Err(err(key, "must be greater than 0"));
+            }
+        }
+        if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
+            return Err(err("open_file_cache_entries", "must be 1..=65536"));
+        }
+        if !self.recv_buffers.is_power_of_two() || !(16..=32_768).contains(&self.recv_buffers) {
+            return Err(err("recv_buffers", "must be a power of two in 16..=32768"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.chunk_bytes, 512 * 1024);
+        assert_eq!(c.pipeline_depth, 4);
+        assert_eq!(c.shards, ShardCount::Auto);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = parse("chunk_size = 3").unwrap_err();
+        assert_eq!(e.key, "chunk_size");
+    }
+
+    #[test]
+    fn zero_shards_is_refused() {
+        let e = parse("shards = 0").unwrap_err();
+        assert!(e.message.contains("positive"), "{e}");
+        assert_eq!(parse("shards = \"auto\"").unwrap().shards, ShardCount::Auto);
+        assert_eq!(parse("shards = 3").unwrap().shards, ShardCount::Fixed(3));
+    }
+
+    #[test]
+    fn root_must_be_a_directory() {
+        let mut c = Config::default();
+        c.root = PathBuf::from("/definitely/not/here");
+        assert_eq!(c.validate().unwrap_err().key, "root");
+        c.root = PathBuf::from("/proc/self/status");
+        assert!(c.validate().unwrap_err().message.contains("not a directory"));
+    }
+
+    #[test]
+    fn relations_are_checked() {
+        let mut c = Config::default();
+        c.tick_budget_bytes = 1000;
+        assert_eq!(c.validate().unwrap_err().key, "tick_budget_bytes");
+        let mut c = Config::default();
+        c.arena_bytes = c.chunk_bytes * 2;
+        assert_eq!(c.validate().unwrap_err().key, "arena_bytes");
+        let mut c = Config::default();
+        c.chunk_bytes = 100_000;
+        assert_eq!(c.validate().unwrap_err().key, "chunk_bytes");
+    }
+
+    #[test]
+    fn shipped_config_file_parses_and_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/shardline.toml");
+        let c = Config::from_file(&path).unwrap();
+        let d = Config::default();
+        assert_eq!(c.chunk_bytes, d.chunk_bytes);
+        assert_eq!(c.tick_budget_bytes, d.tick_budget_bytes);
+        assert_eq!(c.arena_bytes, d.arena_bytes);
+        assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
+        assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
+    }
+}

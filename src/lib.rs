@@ -1,9 +1,16 @@
 //! shardline: a shard-per-core io_uring HTTP/1.1 download engine for game-update CDN edges.
 //!
 //! The folder layout is the architecture: `shard/` is the per-core event loop (and the only
-//! place with `unsafe`, in `shard/ring`), `http/` is pure protocol logic, `fs/` is path
-//! resolution and O_DIRECT alignment math, `topology`/`plan` decide where shards run.
+//! place with `unsafe`, in `shard/ring` and `shard/ring_sys`), `http/` is pure protocol logic,
+//! `fs/` is path resolution and O_DIRECT alignment math, `topology`/`plan`/`steering` decide
+//! where shards run and which shard a connection lands on.
 
 pub mod config;
 pub mod fs;
 pub mod http;
+pub mod metrics;
+pub mod plan;
+pub mod server;
+pub mod shard;
+pub mod steering;
+pub mod topology;

@@ -1,1 +1,108 @@
-fn main(){}
+//! The `shardline` command line: parse flags, then hand over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use shardline::config::{Config, LogFormat, ShardCount};
+
+/// shardline: a shard-per-core io_uring HTTP/1.1 download engine for game-update CDN edges.
+#[derive(Parser)]
+#[command(name = "shardline", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a directory over HTTP/1.1 (GET/HEAD, Range, keep-alive) from one shard per CPU.
+    Serve(ServeArgs),
+}
+
+/// Flags of `shardline serve`; each overrides the same key of the config file.
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML config file (see config/shardline.toml for every key and its default).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Directory to serve [default: current directory].
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080]; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Number of shards: "auto" (one per selected CPU) or a number.
+    #[arg(long, value_name = "N|auto")]
+    shards: Option<ShardCount>,
+    /// CPUs to run shards on: "all" or a list such as "0-3,8".
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// Write an access log line per response to this file.
+    #[arg(long, value_name = "FILE")]
+    access_log: Option<PathBuf>,
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let mut cfg = match &args.config {
+        Some(path) => match Config::from_file(path) {
+            Ok(c) => c,
+            Err(e) => return config_error(&e.to_string()),
+        },
+        None => Config::default(),
+    };
+    if let Some(v) = args.root {
+        cfg.root = v;
+    }
+    if let Some(v) = args.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = args.shards {
+        cfg.shards = v;
+    }
+    if let Some(v) = args.cpus {
+        cfg.cpus = v;
+    }
+    if let Some(v) = args.access_log {
+        cfg.access_log = Some(v);
+    }
+    if args.log_json {
+        cfg.log_format = LogFormat::Json;
+    }
+    init_logging(cfg.log_format);
+    match shardline::server::serve(cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(shardline::server::ServeError::Config(e)) => config_error(&e.to_string()),
+        Err(e) => {
+            eprintln!("shardline: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_error(msg: &str) -> ExitCode {
+    eprintln!("shardline: {msg}");
+    ExitCode::from(2)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -1,0 +1,203 @@
+//! Process start-up: plan shards, bind the SO_REUSEPORT group, spawn and pin one thread per
+//! shard, wait for SIGTERM/SIGINT, drain, exit.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::config::{Config, ConfigError, ShardCount};
+use crate::metrics::ShardMetrics;
+use crate::shard::{self, ShardParams};
+
+/// Listen backlog per shard socket (the kernel caps it at net.core.somaxconn).
+pub const LISTEN_BACKLOG: i32 = 4096;
+/// How often the main thread looks for signals and dead shards.
+const MAIN_POLL_MS: u64 = 50;
+
+/// Why serving stopped with an error.
+#[derive(Debug)]
+pub enum ServeError {
+    /// Bad configuration, a busy port, an impossible CPU plan: exit code 2.
+    Config(ConfigError),
+    /// Start-up or runtime failure: exit code 1.
+    Runtime(String),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Config(e) => write!(f, "{e}"),
+            ServeError::Runtime(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl From<ConfigError> for ServeError {
+    fn from(e: ConfigError) -> Self {
+        ServeError::Config(e)
+    }
+}
+
+/// The CPUs the shards run on, one shard each.
+pub fn shard_cpus(cfg: &Config) -> Result<Vec<usize>, ConfigError> {
+    let allowed: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    select_cpus(cfg, &allowed)
+}
+
+/// Applies the `cpus` and `shards` settings to the CPUs this process may use.
+fn select_cpus(cfg: &Config, allowed: &[usize]) -> Result<Vec<usize>, ConfigError> {
+    let err = |key: &str, message: String| ConfigError {
+        key: key.into(),
+        message,
+    };
+    if allowed.is_empty() {
+        return Err(err("cpus", "no CPU is available to this process".into()));
+    }
+    let chosen: Vec<usize> = match cfg.cpus.as_str() {
+        "all" => allowed.to_vec(),
+        list => {
+            let wanted = crate::topology::parse_cpulist(list)
+                .map_err(|e| err("cpus", format!("{list:?}: {e}")))?;
+            if let Some(bad) = wanted.iter().find(|c| !allowed.contains(c)) {
+                return Err(err(
+                    "cpus",
+                    format!("CPU {bad} is not available to this process (allowed: {allowed:?})"),
+                ));
+            }
+            wanted
+        }
+    };
+    match cfg.shards {
+        ShardCount::Auto => Ok(chosen),
+        ShardCount::Fixed(n) if n <= chosen.len() => Ok(chosen[..n].to_vec()),
+        ShardCount::Fixed(n) => Err(err(
+            "shards",
+            format!("{n} shards but only {} CPUs selected", chosen.len()),
+        )),
+    }
+}
+
+/// Binds one listener per shard on the same address (SO_REUSEPORT group).
+pub fn bind_group(cfg: &Config, shards: usize) -> Result<Vec<TcpListener>, ConfigError> {
+    let mut addr = cfg.listen;
+    let mut out = Vec::with_capacity(shards);
+    for _ in 0..shards {
+        let bind_err = |e: std::io::Error| ConfigError {
+            key: "listen".into(),
+            message: format!("{addr}: {e}"),
+        };
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .map_err(bind_err)?;
+        sock.set_reuse_address(true).map_err(bind_err)?;
+        sock.set_reuse_port(true).map_err(bind_err)?;
+        // Accepted sockets inherit TCP_NODELAY: small responses leave at once.
+        sock.set_tcp_nodelay(true).map_err(bind_err)?;
+        sock.bind(&addr.into()).map_err(bind_err)?;
+        sock.listen(LISTEN_BACKLOG).map_err(bind_err)?;
+        let l: TcpListener = sock.into();
+        // Port 0: the first socket picks the port, the rest join it.
+        addr = l.local_addr().map_err(bind_err)?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// Runs the server until SIGTERM/SIGINT and a drain.
+pub fn serve(cfg: Config) -> Result<(), ServeError> {
+    cfg.validate()?;
+    let cpus = shard_cpus(&cfg)?;
+    let listeners = bind_group(&cfg, cpus.len())?;
+    let local = listeners[0]
+        .local_addr()
+        .map_err(|e| ServeError::Runtime(e.to_string()))?;
+    let cfg = Arc::new(cfg);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
+        .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
+    let (ready_tx, ready_rx) = mpsc::channel::<(usize, std::io::Result<()>)>();
+    let mut handles = Vec::with_capacity(cpus.len());
+    let mut all_metrics = Vec::with_capacity(cpus.len());
+    for (index, (listener, &cpu)) in listeners.into_iter().zip(&cpus).enumerate() {
+        let metrics = Arc::new(ShardMetrics::default());
+        all_metrics.push(metrics.clone());
+        let params = ShardParams {
+            index,
+            config: cfg.clone(),
+            listener,
+            shutdown: shutdown.clone(),
+            metrics,
+        };
+        let tx = ready_tx.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("shard-{index}"))
+            .spawn(move || {
+                if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                    tracing::warn!(shard = index, cpu, "could not pin shard thread");
+                }
+                shard::run(params, |r| {
+                    let _ = tx.send((index, r));
+                });
+            })
+            .map_err(|e| ServeError::Runtime(format!("spawning shard thread: {e}")))?;
+        handles.push(h);
+    }
+    drop(ready_tx);
+    let mut failure = None;
+    for _ in 0..handles.len() {
+        match ready_rx.recv() {
+            Ok((_, Ok(()))) => {}
+            Ok((i, Err(e))) => failure = Some(format!("shard {i} failed to start: {e}")),
+            Err(_) => failure = Some("a shard thread died during start-up".into()),
+        }
+    }
+    if let Some(msg) = failure {
+        shutdown.store(true, Ordering::Relaxed);
+        for h in handles {
+            let _ = h.join();
+        }
+        return Err(ServeError::Runtime(msg));
+    }
+    tracing::info!(
+        shards = cpus.len(),
+        cpus = ?cpus,
+        listen = %local,
+        root = %cfg.root.display(),
+        "shardline serving"
+    );
+    println!(
+        "shardline: serving {} at http://{local}/ ({} shard{} on CPU {:?})",
+        cfg.root.display(),
+        cpus.len(),
+        if cpus.len() == 1 { "" } else { "s" },
+        cpus
+    );
+    let mut signals = signals;
+    'wait: loop {
+        for sig in signals.pending() {
+            tracing::info!(signal = sig, "shutting down: draining in-flight responses");
+            break 'wait;
+        }
+        if handles.iter().any(|h| h.is_finished()) {
+            tracing::error!("a shard stopped unexpectedly; shutting down");
+            shutdown.store(true, Ordering::Relaxed);
+            for h in handles {
+                let _ = h.join();
+            }
+            return Err(ServeError::Runtime("a shard stopped unexpectedly".into()));
+        }
+        std::thread::sleep(Duration::from_millis(MAIN_POLL_MS));
+    }
+    shutdown.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    tracing::info!("shardline stopped");
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! One connection's state: the read side (request bytes, the armed receive) and the write side
+//! (the header buffer, the response body as a pipeline of chunks) kept apart, plus flags for
+//! every operation in flight so a connection is never freed while the kernel still acts for it.
+
+use std::collections::VecDeque;
+
+/// Where a connection slot is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Unused slot (on the free list).
+    Free,
+    /// Serving requests.
+    Open,
+    /// Cancelling operations; closed and freed once none is in flight.
+    Closing,
+}
+
+/// Which timer is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// No timer.
+    None,
+    /// A request head must complete by then (slowloris).
+    Header,
+    /// An idle keep-alive connection is closed then.
+    Idle,
+    /// A response must make send progress by then.
+    Send,
+}
+
+/// Why a connection is closed (for counters and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Peer closed or `Connection: close` completed.
+    Normal,
+    /// A timer expired.
+    Timeout,
+    /// Protocol error from the client.
+    ProtocolError,
+    /// Aborted mid-response (file changed, I/O error, reset).
+    Abort,
+    /// Server draining.
+    Drain,
+}
+
+/// State of one chunk in a response's pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkState {
+    /// File read in flight into the slot.
+    Reading,
+    /// Bytes ready, waiting for its turn to send.
+    Ready,
+    /// Send in flight.
+    Sending,
+    /// Fully sent with SEND_ZC; the slot returns with the notification.
+    AwaitNotif,
+}
+
+/// One registered-buffer chunk of a response.
+#[derive(Clone, Copy, Debug)]
+pub struct Chunk {
+    /// Arena slot.
+    pub slot: u16,
+    /// Pipeline state.
+    pub state: ChunkState,
+    /// Offset in the slot of the first byte to send.
+    pub send_off: u32,
+    /// Bytes to send.
+    pub send_len: u32,
+    /// Bytes sent so far.
+    pub sent: u32,
+    /// Where in the slot the file read lands.
+    pub read_buf_off: u32,
+    /// File offset of the read.
+    pub read_file_off: u64,
+    /// Bytes the read asks for.
+    pub read_len: u32,
+    /// Bytes the read must deliver for the chunk to be whole.
+    pub read_need: u32,
+    /// Bytes delivered so far (short reads continue).
+    pub read_got: u32,
+    /// Where the body bytes came from (for counters).
+    pub source: Source,
+}
+
+/// Origin of a chunk's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// O_DIRECT read.
+    Direct,
+    /// RWF_DONTCACHE read.
+    DontCache,
+    /// Buffered read.
+    Buffered,
+    /// Copied from memory (multipart framing).
+    Memory,
+}
+
+/// Body work not yet turned into chunks.
+#[derive(Debug)]
+pub enum Segment {
+    /// File bytes `[pos, end)`.
+    File {
+        /// Next byte to plan.
+        pos: u64,
+        /// End (exclusive).
+        end: u64,
+    },
+    /// Literal bytes (multipart part headers and closing boundary).
+    Mem(Vec<u8>),
+}
+
+/// A response body in progress.
+#[derive(Debug)]
+pub struct Body {
+    /// Open-file cache entry held by this response.
+    pub file: u32,
+    /// Fixed-file index of the file.
+    pub file_fixed: u32,
+    /// Read alignment (1 for buffered).
+    pub align: u64,
+    /// `rw_flags` for reads (RWF_DONTCACHE or 0).
+    pub rw_flags: i32,
+    /// Source label for counters.
+    pub source: Source,
+    /// Body work not yet planned into chunks.
+    pub segments: VecDeque<Segment>,
+    /// Chunks in flight, in send order.
+    pub chunks: VecDeque<Chunk>,
+    /// The header waits in the tx buffer to be copied in front of the first chunk (a small
+    /// file whose header and body leave in one send).
+    pub inline_head: bool,
+}
+
+impl Body {
+    /// Nothing left to plan or send.
+    pub fn is_done(&self) -> bool {
+        self.segments.is_empty() && self.chunks.is_empty()
+    }
+}
+
+/// A connection slot.
+pub struct Conn {
+    /// Bumped each time the slot is reused; tokens carry it.
+    pub generation: u16,
+    /// Life phase.
+    pub phase: Phase,
+    /// Fixed-file index of the socket.
+    pub socket: u32,
+    /// Request bytes received and not yet consumed (pipelined requests wait here).
+    pub rx: Vec<u8>,
+    /// A receive is in flight.
+    pub recv_armed: bool,
+    /// Header buffer bytes not yet sent start here (None: nothing pending).
+    pub head_from: Option<usize>,
+    /// The header buffer send is in flight.
+    pub head_sending: bool,
+    /// Body of the current response, if any.
+    pub body: Option<Body>,
+    /// A response is being sent (head and/or body).
+    pub responding: bool,
+    /// Keep the connection after the current response.
+    pub keep_alive: bool,
+    /// Peer shut its write side.
+    pub peer_closed: bool,
+    /// Operations in flight (recv, sends, reads, cancel, close).
+    pub ops: u32,
+    /// Cancel already submitted while closing.
+    pub cancel_sent: bool,
+    /// Close already submitted.
+    pub close_sent: bool,
+    /// Reason recorded when closing began.
+    pub close_reason: CloseReason,
+    /// Active timer.
+    pub deadline: Deadline,
+    /// When the active timer fires (shard clock, ms).
+    pub deadline_ms: u64,
+    /// Status of the current response (for the log).
+    pub status: u16,
+    /// Waiting in the arena queue.
+    pub waiting_arena: bool,
+    /// Waiting to re-arm a receive (no provided buffer was free).
+    pub recv_retry: bool,
+}
+
+impl Conn {
+    /// An unused slot.
+    pub fn new() -> Conn {
+        Conn {
+            generation: 0,
+            phase: Phase::Free,
+            socket: 0,
+            rx: Vec::new(),
+            recv_armed: false,
+            head_from: None,
+            head_sending: false,
+            body: None,
+            responding: false,
+            keep_alive: true,
+            peer_closed: false,
+            ops: 0,
+            cancel_sent: false,
+            close_sent: false,
+            close_reason: CloseReason::Normal,
+            deadline: Deadline::None,
+            deadline_ms: 0,
+            status: 0,
+            waiting_arena: false,
+            recv_retry: false,
+        }
+    }
+
+    /// Resets the slot for a newly accepted socket (generation is bumped by the caller).
+    pub fn open(&mut self, socket: u32) {
+        assert_eq!(self.phase, Phase::Free);
+        assert_eq!(self.ops, 0, "reusing a slot with operations in flight");
+        let generation = self.generation;
+        let mut rx = std::mem::take(&mut self.rx);
+        rx.clear();
+        *self = Conn::new();
+        self.generation = generation;
+        self.rx = rx;
+        self.phase = Phase::Open;
+        self.socket = socket;
+    }
+
+    /// Whether a send (head or chunk) is in flight.
+    pub fn send_in_flight(&self) -> bool {
+        self.head_sending
+            || self.body.as_ref().is_some_and(|b| {
+                b.chunks.iter().any(|c| c.state == ChunkState::Sending)
+            })
+    }
+}
+
+impl Default for Conn {
+    fn default() -> Self {
+        Conn::new()
+    }
+}

@@ -1,0 +1,466 @@
+//! Per-shard open-file cache: resolve beneath the root, pick the read mode, keep the file in
+//! the ring's fixed-file table, revalidate on a short interval (nginx `open_file_cache`).
+//!
+//! Opens happen synchronously on the shard thread (openat2 + statx + fcntl + one
+//! files-update), only on a cache miss or once per `open_file_valid_ms` per hot file; a hit
+//! costs no syscall. Responses hold a reference, so a file replaced by rename keeps serving
+//! the old version to the responses that started on it.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
+use rustix::io::Errno;
+
+use crate::config::SymlinkPolicy;
+use crate::http::{conditional, date};
+use crate::shard::ring::Ring;
+
+/// File name served for a directory.
+pub const INDEX_FILE: &str = "index.html";
+/// Largest O_DIRECT memory alignment the arena satisfies (slots are page aligned).
+pub const ARENA_ALIGN_BYTES: u32 = 4096;
+
+/// How a file's bytes are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// O_DIRECT with this offset/length alignment: never touches the page cache.
+    Direct {
+        /// Offset and length alignment from statx (or the block device).
+        align: u32,
+    },
+    /// Buffered with RWF_DONTCACHE: pages the read brought in are dropped afterwards.
+    DontCache,
+    /// Plain buffered reads (small, hot files; or where nothing better works).
+    Buffered,
+}
+
+impl ReadMode {
+    /// Label used in logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            ReadMode::Direct { .. } => "direct",
+            ReadMode::DontCache => "dontcache",
+            ReadMode::Buffered => "buffered",
+        }
+    }
+}
+
+/// An open, validated file in the fixed-file table.
+pub struct OpenFile {
+    _fd: OwnedFd,
+    /// Index in the ring's file range.
+    pub fixed: u32,
+    /// Size at open.
+    pub size: u64,
+    /// Inode number (with size and mtime, the ETag).
+    pub ino: u64,
+    /// Modification time, seconds.
+    pub mtime_secs: i64,
+    mtime_nsec: u32,
+    etag: [u8; 48],
+    etag_len: usize,
+    /// `Last-Modified` value.
+    pub last_modified: [u8; 29],
+    /// How to read it.
+    pub mode: ReadMode,
+    /// Path (relative to root) used as the cache key, for revalidation.
+    key: String,
+    /// Path actually opened (differs from key for directory index files).
+    opened: String,
+    validated_ms: u64,
+    refs: u32,
+    /// Replaced on disk; freed when the last response lets go.
+    stale: bool,
+    dev: (u32, u32),
+}
+
+impl OpenFile {
+    /// The strong ETag, quoted.
+    pub fn etag(&self) -> &[u8] {
+        &self.etag[..self.etag_len]
+    }
+    /// The path that was opened, relative to the root (for `Content-Type`).
+    pub fn opened_path(&self) -> &str {
+        &self.opened
+    }
+}
+
+/// Why a file could not be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenError {
+    /// ENOENT/ENOTDIR, a directory without index, or not a regular file: 404.
+    NotFound,
+    /// EACCES/ELOOP/EXDEV (symlink leaving the root) or a refused symlink: 403.
+    Forbidden,
+    /// Every cache entry is held by a response: 503.
+    Busy,
+    /// Anything else (logged): 500.
+    Other(i32),
+}
+
+impl OpenError {
+    /// The HTTP status for this error.
+    pub fn status(self) -> u16 {
+        match self {
+            OpenError::NotFound => 404,
+            OpenError::Forbidden => 403,
+            OpenError::Busy => 503,
+            OpenError::Other(_) => 500,
+        }
+    }
+
+    fn from_errno(e: Errno) -> OpenError {
+        match e {
+            Errno::NOENT | Errno::NOTDIR | Errno::NAMETOOLONG => OpenError::NotFound,
+            Errno::ACCESS | Errno::PERM | Errno::LOOP | Errno::XDEV => OpenError::Forbidden,
+            other => OpenError::Other(other.raw_os_error()),
+        }
+    }
+}
+
+/// Settings of the cache.
+pub struct FileCacheConfig {
+    /// Entries (and fixed-file slots).
+    pub entries: u32,
+    /// Revalidation interval.
+    pub valid_ms: u64,
+    /// Threshold for O_DIRECT.
+    pub direct_io_min_bytes: u64,
+    /// Symlink policy.
+    pub symlinks: SymlinkPolicy,
+    /// Chunk size (an O_DIRECT alignment must divide it).
+    pub chunk_bytes: usize,
+}
+
+/// The per-shard cache.
+pub struct FileCache {
+    root: OwnedFd,
+    cfg: FileCacheConfig,
+    map: HashMap<String, u32>,
+    entries: Vec<Option<OpenFile>>,
+    free: Vec<u32>,
+    clock_hand: usize,
+    modes_logged: HashSet<(u32, u32, &'static str)>,
+    /// Lookups answered from the cache.
+    pub hits: u64,
+    /// Lookups that opened the file.
+    pub misses: u64,
+}
+
+impl FileCache {
+    /// A cache serving files beneath `root`.
+    pub fn new(root: &Path, cfg: FileCacheConfig) -> std::io::Result<FileCache> {
+        let root = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let n = cfg.entries;
+        Ok(FileCache {
+            root,
+            cfg,
+            map: HashMap::with_capacity(n as usize),
+            entries: (0..n).map(|_| None).collect(),
+            free: (0..n).rev().collect(),
+            clock_hand: 0,
+            modes_logged: HashSet::new(),
+            hits: 0,
+            misses: 0,
+        })
+    }
+
+    /// Entry `idx` (must be acquired).
+    pub fn get(&self, idx: u32) -> &OpenFile {
+        self.entries[idx as usize]
+            .as_ref()
+            .expect("file cache entry in use")
+    }
+
+    /// Finds or opens the file for `rel` (a resolved path; `wants_dir` when the URL ended in
+    /// '/') and takes a reference to it.
+    pub fn acquire(
+        &mut self,
+        ring: &mut Ring,
+        rel: &str,
+        wants_dir: bool,
+        now_ms: u64,
+    ) -> Result<u32, OpenError> {
+        let key_owned;
+        let key = if wants_dir {
+            key_owned = format!("{rel}/");
+            key_owned.as_str()
+        } else {
+            rel
+        };
+        if let Some(&idx) = self.map.get(key) {
+            let fresh = {
+                let f = self.get(idx);
+                now_ms.saturating_sub(f.validated_ms) < self.cfg.valid_ms
+            };
+            if fresh || self.still_same(idx) {
+                let f = self.entries[idx as usize].as_mut().expect("mapped entry");
+                if !fresh {
+                    f.validated_ms = now_ms;
+                }
+                f.refs += 1;
+                self.hits += 1;
+                return Ok(idx);
+            }
+            // Changed on disk: drop it from the map; responses holding it keep the old file.
+            self.map.remove(key);
+            self.entries[idx as usize].as_mut().expect("entry").stale = true;
+            self.free_if_unused(ring, idx);
+        }
+        self.misses += 1;
+        let (fd, opened) = self.open_path(rel, wants_dir)?;
+        let idx = self.free_slot(ring).ok_or(OpenError::Busy)?;
+        let file = self.build_entry(fd, idx, key, opened, now_ms)?;
+        ring.register_file(idx, file._fd.as_fd())
+            .map_err(|e| OpenError::Other(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        self.map.insert(key.to_string(), idx);
+        self.entries[idx as usize] = Some(file);
+        self.entries[idx as usize].as_mut().expect("just set").refs = 1;
+        Ok(idx)
+    }
+
+    /// Drops a response's reference.
+    pub fn release(&mut self, ring: &mut Ring, idx: u32) {
+        let f = self.entries[idx as usize].as_mut().expect("released entry");
+        assert!(f.refs > 0, "file cache refcount underflow");
+        f.refs -= 1;
+        self.free_if_unused(ring, idx);
+    }
+
+    /// RWF_DONTCACHE was refused (EOPNOTSUPP): read this file buffered from now on.
+    pub fn demote_to_buffered(&mut self, idx: u32) {
+        let f = self.entries[idx as usize].as_mut().expect("entry");
+        if f.mode == ReadMode::DontCache {
+            f.mode = ReadMode::Buffered;
+            let dev = f.dev;
+            self.log_mode(dev, ReadMode::Buffered, "RWF_DONTCACHE returned EOPNOTSUPP");
+        }
+    }
+
+    /// Cached entries (open files).
+    pub fn len(&self) -> usize {
+        self.entries.iter().filter(|e| e.is_some()).count()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn free_if_unused(&mut self, ring: &mut Ring, idx: u32) {
+        let remove = matches!(&self.entries[idx as usize], Some(f) if f.stale && f.refs == 0);
+        if remove {
+            self.evict(ring, idx);
+        }
+    }
+
+    fn evict(&mut self, ring: &mut Ring, idx: u32) {
+        if let Some(f) = self.entries[idx as usize].take() {
+            if !f.stale {
+                self.map.remove(&f.key);
+            }
+            if let Err(e) = ring.unregister_file(idx) {
+                tracing::warn!(error = %e, "unregistering a fixed file failed");
+            }
+            self.free.push(idx);
+        }
+    }
+
+    fn free_slot(&mut self, ring: &mut Ring) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        // Clock sweep for an entry no response holds.
+        let n = self.entries.len();
+        for _ in 0..n {
+            let i = self.clock_hand;
+            self.clock_hand = (self.clock_hand + 1) % n;
+            if matches!(&self.entries[i], Some(f) if f.refs == 0) {
+                self.evict(ring, i as u32);
+                return self.free.pop();
+            }
+        }
+        None
+    }
+
+    fn resolve_flags(&self) -> ResolveFlags {
+        let mut r = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        if self.cfg.symlinks == SymlinkPolicy::Deny {
+            r |= ResolveFlags::NO_SYMLINKS;
+        }
+        r
+    }
+
+    fn open_at(&self, path: &str) -> Result<OwnedFd, OpenError> {
+        let path = if path.is_empty() { "." } else { path };
+        rustix::fs::openat2(
+            &self.root,
+            path,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+            Mode::empty(),
+            self.resolve_flags(),
+        )
+        .map_err(OpenError::from_errno)
+    }
+
+    /// Opens `rel`, following a directory to its index file.
+    fn open_path(&self, rel: &str, wants_dir: bool) -> Result<(OwnedFd, String), OpenError> {
+        let first = if wants_dir && !rel.is_empty() {
+            format!("{rel}/{INDEX_FILE}")
+        } else {
+            rel.to_string()
+        };
+        let fd = self.open_at(&first)?;
+        let st = rustix::fs::fstat(&fd).map_err(OpenError::from_errno)?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Ok((fd, first)),
+            FileType::Directory => {
+                let index = if first.is_empty() {
+                    INDEX_FILE.to_string()
+                } else {
+                    format!("{first}/{INDEX_FILE}")
+                };
+                let fd = self.open_at(&index)?;
+                let st = rustix::fs::fstat(&fd).map_err(OpenError::from_errno)?;
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
+                    Ok((fd, index))
+                } else {
+                    Err(OpenError::NotFound)
+                }
+            }
+            _ => Err(OpenError::NotFound),
+        }
+    }
+
+    fn still_same(&self, idx: u32) -> bool {
+        let f = self.get(idx);
+        let Ok(fd) = self.open_at(&f.opened) else {
+            return false;
+        };
+        match rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS) {
+            Ok(st) => {
+                st.stx_ino == f.ino
+                    && st.stx_size == f.size
+                    && st.stx_mtime.tv_sec == f.mtime_secs
+                    && st.stx_mtime.tv_nsec == f.mtime_nsec
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn build_entry(
+        &mut self,
+        fd: OwnedFd,
+        fixed: u32,
+        key: &str,
+        opened: String,
+        now_ms: u64,
+    ) -> Result<OpenFile, OpenError> {
+        let st = rustix::fs::statx(
+            &fd,
+            "",
+            AtFlags::EMPTY_PATH,
+            StatxFlags::BASIC_STATS | StatxFlags::DIOALIGN,
+        )
+        .map_err(OpenError::from_errno)?;
+        let dev = (st.stx_dev_major, st.stx_dev_minor);
+        let mode = if st.stx_size >= self.cfg.direct_io_min_bytes {
+            self.large_file_mode(&fd, &st, dev)
+        } else {
+            ReadMode::Buffered
+        };
+        let mut etag = [0u8; 48];
+        let etag_len = conditional::format_etag(
+            st.stx_ino,
+            st.stx_size,
+            st.stx_mtime.tv_sec,
+            st.stx_mtime.tv_nsec,
+            &mut etag,
+        );
+        Ok(OpenFile {
+            _fd: fd,
+            fixed,
+            size: st.stx_size,
+            ino: st.stx_ino,
+            mtime_secs: st.stx_mtime.tv_sec,
+            mtime_nsec: st.stx_mtime.tv_nsec,
+            etag,
+            etag_len,
+            last_modified: date::format_http_date(st.stx_mtime.tv_sec),
+            mode,
+            key: key.to_string(),
+            opened,
+            validated_ms: now_ms,
+            refs: 0,
+            stale: false,
+            dev,
+        })
+    }
+
+    /// O_DIRECT where the file system allows it and its alignment fits the arena; otherwise
+    /// RWF_DONTCACHE (demoted to plain buffered if the kernel refuses it).
+    fn large_file_mode(&mut self, fd: &OwnedFd, st: &rustix::fs::Statx, dev: (u32, u32)) -> ReadMode {
+        let align = dio_alignment(st);
+        let mode = match align {
+            Some(a)
+                if a <= ARENA_ALIGN_BYTES
+                    && (self.cfg.chunk_bytes as u64).is_multiple_of(u64::from(a))
+                    && rustix::fs::fcntl_setfl(fd, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::DIRECT)
+                        .is_ok() =>
+            {
+                ReadMode::Direct { align: a }
+            }
+            _ => ReadMode::DontCache,
+        };
+        let why = match (mode, align) {
+            (ReadMode::Direct { .. }, _) => "O_DIRECT accepted",
+            (_, None) => "file system reports no O_DIRECT alignment and has no block device",
+            _ => "O_DIRECT refused or alignment unusable",
+        };
+        self.log_mode(dev, mode, why);
+        mode
+    }
+
+    fn log_mode(&mut self, dev: (u32, u32), mode: ReadMode, why: &str) {
+        if self.modes_logged.insert((dev.0, dev.1, mode.label())) {
+            tracing::info!(
+                device = format!("{}:{}", dev.0, dev.1),
+                mode = mode.label(),
+                why,
+                "large-file read mode for this file system"
+            );
+        }
+    }
+}
+
+/// O_DIRECT alignment: statx STATX_DIOALIGN, else the block device's logical block size.
+fn dio_alignment(st: &rustix::fs::Statx) -> Option<u32> {
+    if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 && st.stx_dio_offset_align > 0 {
+        let a = st.stx_dio_offset_align.max(st.stx_dio_mem_align);
+        return a.is_power_of_two().then_some(a);
+    }
+    if st.stx_dev_major == 0 {
+        // Virtual file systems (tmpfs, overlay upper on tmpfs...) have no block device.
+        return None;
+    }
+    let base = format!("/sys/dev/block/{}:{}", st.stx_dev_major, st.stx_dev_minor);
+    for p in [
+        format!("{base}/queue/logical_block_size"),
+        format!("{base}/../queue/logical_block_size"),
+    ] {
+        if let Ok(text) = std::fs::read_to_string(&p) {
+            if let Ok(v) = text.trim().parse::<u32>() {
+                if v.is_power_of_two() {
+                    return Some(v);
+                }
+            }
+        }
+    }
+    None
+}

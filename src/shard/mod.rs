@@ -1,0 +1,861 @@
+//! A shard: one pinned thread, one io_uring, one listener, and everything its connections
+//! touch. Shards share nothing mutable; each only writes its own metrics.
+//!
+//! One loop tick: submit and wait (bounded by the timer interval), drain completions into a
+//! bounded batch, dispatch each by its token, run the ready queue round-robin under the per-tick
+//! budget, sweep timers.
+
+pub mod buffers;
+pub mod conn;
+pub mod files;
+mod respond;
+pub mod ring;
+pub mod ring_sys;
+pub mod sched;
+pub mod token;
+
+use std::net::TcpListener;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, ZeroCopy};
+use crate::http::date::DateCache;
+use crate::metrics::ShardMetrics;
+use buffers::{ArenaSlots, Demand};
+use conn::{ChunkState, CloseReason, Conn, Deadline, Phase, Segment, Source};
+use files::{FileCache, FileCacheConfig};
+use ring::{Completion, Ring, RingConfig};
+use sched::{ReadyQueue, TickBudget, Turn};
+use token::{Op, Token};
+
+/// How often timers are checked, and the longest a shard sleeps in the kernel.
+pub const TIMER_SWEEP_MS: u64 = 100;
+/// Most completions handled per batch before the ready queue runs.
+pub const COMPLETION_BATCH_MAX: usize = 4096;
+/// Fixed-file slots beyond the connection cap, so over-cap clients get a quick 503.
+pub const OVERFLOW_SOCKET_SLOTS: u32 = 64;
+/// Back-off after accept fails for lack of descriptors (EMFILE/ENFILE), instead of spinning.
+pub const ACCEPT_BACKOFF_MS: u64 = 100;
+/// Bytes per provided receive buffer.
+pub const RECV_BUFFER_BYTES: usize = 4096;
+/// Canned answer to a connection over the per-shard cap.
+pub static OVER_CAP_RESPONSE: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n";
+
+/// Everything a shard thread needs to start.
+pub struct ShardParams {
+    /// Shard number (also its place in the SO_REUSEPORT group).
+    pub index: usize,
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// This shard's listener (already bound, part of the reuseport group).
+    pub listener: TcpListener,
+    /// Set by the main thread on SIGTERM/SIGINT.
+    pub shutdown: Arc<AtomicBool>,
+    /// This shard's counters.
+    pub metrics: Arc<ShardMetrics>,
+}
+
+/// Builds the shard (ring, arena, caches — after the caller pinned the thread, so memory is
+/// first touched on the right NUMA node) and runs it until drained.
+pub fn run(params: ShardParams, ready: impl FnOnce(std::io::Result<()>)) {
+    match Shard::new(params) {
+        Ok(mut shard) => {
+            ready(Ok(()));
+            if let Err(e) = shard.run_loop() {
+                tracing::error!(shard = shard.index, error = %e, "shard loop failed");
+            }
+        }
+        Err(e) => ready(Err(e)),
+    }
+}
+
+struct Shard {
+    index: usize,
+    cfg: Arc<Config>,
+    ring: Ring,
+    conns: Vec<Conn>,
+    free_conns: Vec<u32>,
+    ready: ReadyQueue,
+    arena: ArenaSlots,
+    files: FileCache,
+    listener: Option<TcpListener>,
+    accept_armed: bool,
+    accept_retry_ms: u64,
+    date: DateCache,
+    metrics: Arc<ShardMetrics>,
+    shutdown: Arc<AtomicBool>,
+    batch: Vec<Completion>,
+    recv_retry: Vec<u32>,
+    started: Instant,
+    now_ms: u64,
+    drain_deadline_ms: Option<u64>,
+    open_conns: usize,
+    zerocopy: bool,
+    last_sweep_ms: u64,
+    scratch: Vec<u8>,
+}
+
+impl Shard {
+    fn new(p: ShardParams) -> std::io::Result<Shard> {
+        let cfg = p.config;
+        let max_conns = cfg.max_connections_per_shard;
+        let arena_slots = cfg.arena_slots();
+        let ring = Ring::new(&RingConfig {
+            sq_entries: 4096,
+            cq_entries: 16384,
+            socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
+            file_slots: cfg.open_file_cache_entries as u32,
+            arena_slots: arena_slots as u16,
+            chunk_bytes: cfg.chunk_bytes,
+            arena_align_bytes: files::ARENA_ALIGN_BYTES as usize,
+            recv_buffers: cfg.recv_buffers as u16,
+            recv_buffer_bytes: RECV_BUFFER_BYTES,
+            conn_slots: max_conns,
+        })?;
+        let files = FileCache::new(
+            &cfg.root,
+            FileCacheConfig {
+                entries: cfg.open_file_cache_entries as u32,
+                valid_ms: cfg.open_file_valid_ms,
+                direct_io_min_bytes: cfg.direct_io_min_bytes,
+                symlinks: cfg.symlinks,
+                chunk_bytes: cfg.chunk_bytes,
+            },
+        )?;
+        let loopback = p.listener.local_addr()?.ip().is_loopback();
+        let zerocopy = match cfg.zerocopy {
+            ZeroCopy::On => true,
+            ZeroCopy::Off => false,
+            // Over loopback SEND_ZC always copies and only adds a completion per send.
+            ZeroCopy::Auto => !loopback,
+        } && ring.probe_supports(ring::opcodes::SEND_ZC);
+        let now = unix_now_secs();
+        Ok(Shard {
+            index: p.index,
+            ring,
+            conns: (0..max_conns).map(|_| Conn::new()).collect(),
+            free_conns: (0..max_conns as u32).rev().collect(),
+            ready: ReadyQueue::new(max_conns),
+            arena: ArenaSlots::new(arena_slots as u16),
+            files,
+            listener: Some(p.listener),
+            accept_armed: false,
+            accept_retry_ms: 0,
+            date: DateCache::new(now),
+            metrics: p.metrics,
+            shutdown: p.shutdown,
+            batch: Vec::with_capacity(COMPLETION_BATCH_MAX),
+            recv_retry: Vec::new(),
+            started: Instant::now(),
+            now_ms: 0,
+            drain_deadline_ms: None,
+            open_conns: 0,
+            zerocopy,
+            last_sweep_ms: 0,
+            scratch: Vec::with_capacity(1024),
+            cfg,
+        })
+    }
+
+    fn run_loop(&mut self) -> std::io::Result<()> {
+        tracing::debug!(
+            shard = self.index,
+            deferred_taskrun = self.ring.deferred_taskrun,
+            zerocopy = self.zerocopy,
+            "shard loop starting"
+        );
+        loop {
+            self.now_ms = self.started.elapsed().as_millis() as u64;
+            self.date.refresh(unix_now_secs());
+            if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
+                self.begin_drain();
+            }
+            if let Some(deadline) = self.drain_deadline_ms {
+                if self.open_conns == 0 && !self.accept_armed {
+                    break;
+                }
+                if self.now_ms >= deadline {
+                    self.close_all(CloseReason::Drain);
+                }
+            }
+            self.arm_accept();
+            self.retry_recvs();
+
+            let tick_budget = self.cfg.tick_budget_bytes;
+            self.ready.begin_tick();
+            while let Some(c) = self.ready.next() {
+                if self.visit(c, tick_budget) == Turn::MoreWork {
+                    self.ready.push_bulk(c);
+                }
+            }
+
+            let busy = !self.ready.is_empty() || !self.recv_retry.is_empty();
+            let wait = if busy { 0 } else { 1 };
+            self.ring
+                .submit_and_wait(wait, Some(Duration::from_millis(TIMER_SWEEP_MS)))?;
+            loop {
+                self.batch.clear();
+                let mut batch = std::mem::take(&mut self.batch);
+                self.ring.drain_completions(&mut batch, COMPLETION_BATCH_MAX);
+                let n = batch.len();
+                for cqe in &batch {
+                    self.dispatch(*cqe);
+                }
+                ShardMetrics::add(&self.metrics.ring_cqes, n as u64);
+                self.batch = batch;
+                if n < COMPLETION_BATCH_MAX {
+                    break;
+                }
+            }
+            self.now_ms = self.started.elapsed().as_millis() as u64;
+            if self.now_ms >= self.last_sweep_ms + TIMER_SWEEP_MS {
+                self.last_sweep_ms = self.now_ms;
+                self.sweep_timers();
+            }
+            ShardMetrics::set(&self.metrics.ring_sqes, self.ring.sqes_pushed);
+            ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters);
+            ShardMetrics::set(&self.metrics.open, self.open_conns as u64);
+            ShardMetrics::set(&self.metrics.arena_waits, self.arena.waits);
+            ShardMetrics::set(&self.metrics.file_cache_hits, self.files.hits);
+            ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
+        }
+        tracing::debug!(shard = self.index, "shard drained");
+        Ok(())
+    }
+
+    fn token(&self, op: Op, c: u32, aux: u16) -> u64 {
+        Token::new(op, c, self.conns[c as usize].generation, aux).encode()
+    }
+
+    // ---- accept ----------------------------------------------------------------------------
+
+    fn arm_accept(&mut self) {
+        if self.accept_armed || self.drain_deadline_ms.is_some() || self.now_ms < self.accept_retry_ms
+        {
+            return;
+        }
+        if let Some(l) = &self.listener {
+            let t = Token::new(Op::Accept, 0, 0, 0).encode();
+            self.ring.accept_multi(l.as_fd(), t);
+            self.accept_armed = true;
+        }
+    }
+
+    fn on_accept(&mut self, cqe: Completion) {
+        if !cqe.more() {
+            self.accept_armed = false;
+        }
+        if cqe.result < 0 {
+            let errno = -cqe.result;
+            if errno != libc::ECANCELED {
+                ShardMetrics::add(&self.metrics.accept_errors, 1);
+                tracing::warn!(shard = self.index, errno, "accept failed; backing off");
+                self.accept_retry_ms = self.now_ms + ACCEPT_BACKOFF_MS;
+            }
+            return;
+        }
+        let socket = cqe.result as u32;
+        let Some(c) = self
+            .free_conns
+            .pop()
+            .filter(|_| self.drain_deadline_ms.is_none())
+        else {
+            ShardMetrics::add(&self.metrics.refused_over_cap, 1);
+            let t = Token::new(Op::Overflow, socket, 0, 0).encode();
+            let tc = Token::new(Op::OverflowClose, socket, 0, 0).encode();
+            self.ring
+                .send_static_then_close(socket, OVER_CAP_RESPONSE, t, tc);
+            return;
+        };
+        ShardMetrics::add(&self.metrics.accepted, 1);
+        self.open_conns += 1;
+        let now = self.now_ms;
+        let header_ms = self.cfg.header_timeout_ms;
+        let conn = &mut self.conns[c as usize];
+        conn.open(socket);
+        conn.deadline = Deadline::Header;
+        conn.deadline_ms = now + header_ms;
+        self.arm_recv(c);
+    }
+
+    // ---- receive ---------------------------------------------------------------------------
+
+    fn arm_recv(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        if conn.recv_armed || conn.phase != Phase::Open || conn.peer_closed {
+            return;
+        }
+        conn.recv_armed = true;
+        conn.ops += 1;
+        let socket = conn.socket;
+        let t = self.token(Op::Recv, c, 0);
+        self.ring.recv(socket, t);
+    }
+
+    fn retry_recvs(&mut self) {
+        if self.recv_retry.is_empty() {
+            return;
+        }
+        for c in std::mem::take(&mut self.recv_retry) {
+            self.conns[c as usize].recv_retry = false;
+            self.arm_recv(c);
+        }
+    }
+
+    fn on_recv(&mut self, c: u32, cqe: Completion) {
+        let conn = &mut self.conns[c as usize];
+        conn.recv_armed = false;
+        conn.ops -= 1;
+        let bid = cqe.buffer_id();
+        if conn.phase != Phase::Open {
+            if let Some(b) = bid {
+                self.ring.recycle_recv(b);
+            }
+            self.maybe_finish_close(c);
+            return;
+        }
+        if cqe.result < 0 {
+            if let Some(b) = bid {
+                self.ring.recycle_recv(b);
+            }
+            match -cqe.result {
+                libc::ENOBUFS => {
+                    ShardMetrics::add(&self.metrics.recv_no_buffers, 1);
+                    if !conn.recv_retry {
+                        conn.recv_retry = true;
+                        self.recv_retry.push(c);
+                    }
+                }
+                libc::ECANCELED => {}
+                _ => self.close(c, CloseReason::Normal),
+            }
+            return;
+        }
+        if cqe.result == 0 {
+            if let Some(b) = bid {
+                self.ring.recycle_recv(b);
+            }
+            conn.peer_closed = true;
+            if !conn.responding {
+                self.close(c, CloseReason::Normal);
+            }
+            return;
+        }
+        let Some(b) = bid else {
+            self.close(c, CloseReason::ProtocolError);
+            return;
+        };
+        let was_empty = conn.rx.is_empty();
+        conn.rx
+            .extend_from_slice(self.ring.recv_data(b, cqe.result as usize));
+        self.ring.recycle_recv(b);
+        if was_empty && !conn.responding {
+            conn.deadline = Deadline::Header;
+            conn.deadline_ms = self.now_ms + self.cfg.header_timeout_ms;
+        }
+        if !conn.responding {
+            self.ready.push_urgent(c);
+        }
+    }
+
+    // ---- the ready queue -------------------------------------------------------------------
+
+    fn visit(&mut self, c: u32, tick_budget: usize) -> Turn {
+        if self.conns[c as usize].phase != Phase::Open {
+            return Turn::Idle;
+        }
+        if !self.conns[c as usize].responding {
+            self.start_request(c);
+        }
+        if self.conns[c as usize].phase == Phase::Open && self.conns[c as usize].responding {
+            let turn = self.pump(c, tick_budget);
+            self.try_send(c);
+            return turn;
+        }
+        Turn::Idle
+    }
+
+    /// Turns body segments into chunk reads, within the budget and the pipeline depth.
+    fn pump(&mut self, c: u32, tick_budget: usize) -> Turn {
+        let depth = self.cfg.pipeline_depth;
+        let chunk_bytes = self.cfg.chunk_bytes;
+        let mut budget = TickBudget::new(tick_budget);
+        loop {
+            let conn = &mut self.conns[c as usize];
+            let Some(body) = conn.body.as_mut() else {
+                return Turn::Idle;
+            };
+            if body.segments.is_empty() || body.chunks.len() >= depth {
+                return Turn::Idle;
+            }
+            if !budget.has_room() {
+                return Turn::MoreWork;
+            }
+            let demand = if body.inline_head {
+                Demand::Small
+            } else {
+                Demand::Bulk
+            };
+            let Some(slot) = self.arena.take(demand) else {
+                if !conn.waiting_arena {
+                    conn.waiting_arena = true;
+                    self.arena.wait(c, demand);
+                }
+                return Turn::Idle;
+            };
+            conn.waiting_arena = false;
+            let body = conn.body.as_mut().expect("checked above");
+            let source = body.source;
+            let mut chunk = conn::Chunk {
+                slot,
+                state: ChunkState::Ready,
+                send_off: 0,
+                send_len: 0,
+                sent: 0,
+                read_buf_off: 0,
+                read_file_off: 0,
+                read_len: 0,
+                read_need: 0,
+                read_got: 0,
+                source,
+            };
+            let seg = body.segments.front_mut().expect("checked above");
+            match seg {
+                Segment::Mem(bytes) => {
+                    let n = bytes.len().min(chunk_bytes);
+                    self.ring.arena_mut(slot)[..n].copy_from_slice(&bytes[..n]);
+                    chunk.send_len = n as u32;
+                    chunk.source = Source::Memory;
+                    bytes.drain(..n);
+                    if bytes.is_empty() {
+                        body.segments.pop_front();
+                    }
+                }
+                Segment::File { pos, end } => {
+                    if body.inline_head {
+                        // Small file: header and body leave in one send from one slot.
+                        let head_len = self.ring.copy_tx_to_arena(c as usize, slot);
+                        let len = (*end - *pos) as usize;
+                        assert!(head_len + len <= chunk_bytes);
+                        chunk.state = ChunkState::Reading;
+                        chunk.send_len = (head_len + len) as u32;
+                        chunk.read_buf_off = head_len as u32;
+                        chunk.read_file_off = *pos;
+                        chunk.read_len = len as u32;
+                        chunk.read_need = len as u32;
+                        body.inline_head = false;
+                        *pos = *end;
+                    } else {
+                        let plan = crate::fs::dio::plan_chunk(*pos, *end, body.align, chunk_bytes);
+                        chunk.state = ChunkState::Reading;
+                        chunk.send_off = plan.skip as u32;
+                        chunk.send_len = plan.send_len as u32;
+                        chunk.read_file_off = plan.read_offset;
+                        chunk.read_len = plan.read_len as u32;
+                        chunk.read_need = (plan.skip + plan.send_len) as u32;
+                        *pos += plan.send_len as u64;
+                    }
+                    if *pos >= *end {
+                        body.segments.pop_front();
+                    }
+                }
+            }
+            budget.charge(chunk.send_len as usize);
+            let reading = chunk.state == ChunkState::Reading;
+            body.chunks.push_back(chunk);
+            if reading {
+                self.submit_read(c, slot);
+            }
+        }
+    }
+
+    fn submit_read(&mut self, c: u32, slot: u16) {
+        let conn = &mut self.conns[c as usize];
+        let body = conn.body.as_ref().expect("reading without a body");
+        let ch = body
+            .chunks
+            .iter()
+            .find(|ch| ch.slot == slot)
+            .expect("chunk for read");
+        let got = ch.read_got;
+        let (buf_off, len, file_off) = (
+            (ch.read_buf_off + got) as usize,
+            (ch.read_len - got) as usize,
+            ch.read_file_off + u64::from(got),
+        );
+        let (file_fixed, rw_flags) = (body.file_fixed, body.rw_flags);
+        conn.ops += 1;
+        let t = self.token(Op::Read, c, slot);
+        self.ring
+            .read_fixed(slot, buf_off, len, file_fixed, file_off, rw_flags, t);
+    }
+
+    fn on_read(&mut self, c: u32, slot: u16, res: i32) {
+        self.ring.arena_done(slot);
+        let conn = &mut self.conns[c as usize];
+        conn.ops -= 1;
+        if conn.phase != Phase::Open {
+            self.maybe_finish_close(c);
+            return;
+        }
+        let body = conn.body.as_mut().expect("read completion without a body");
+        let i = body
+            .chunks
+            .iter()
+            .position(|ch| ch.slot == slot)
+            .expect("read completion for an unknown chunk");
+        if res < 0 {
+            if -res == libc::EOPNOTSUPP && body.rw_flags & ring::RWF_DONTCACHE != 0 {
+                // RWF_DONTCACHE refused by this file system: read buffered from now on.
+                body.rw_flags = 0;
+                body.source = Source::Buffered;
+                body.chunks[i].source = Source::Buffered;
+                let file = body.file;
+                self.files.demote_to_buffered(file);
+                self.submit_read(c, slot);
+                return;
+            }
+            tracing::warn!(shard = self.index, errno = -res, "file read failed; aborting response");
+            self.close(c, CloseReason::Abort);
+            return;
+        }
+        let ch = &mut body.chunks[i];
+        ch.read_got += res as u32;
+        if ch.read_got < ch.read_need {
+            let aligned = (ch.read_file_off + u64::from(ch.read_got)) % body.align == 0;
+            if res == 0 || !aligned {
+                // The file is shorter than promised: it was truncated under us. Never pad.
+                tracing::info!(shard = self.index, "file shrank during a response; aborting");
+                self.close(c, CloseReason::Abort);
+                return;
+            }
+            self.submit_read(c, slot);
+            return;
+        }
+        ch.state = ChunkState::Ready;
+        self.try_send(c);
+    }
+
+    // ---- send ------------------------------------------------------------------------------
+
+    fn try_send(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        if conn.phase != Phase::Open || conn.send_in_flight() {
+            return;
+        }
+        if let Some(from) = conn.head_from {
+            let more = conn.body.as_ref().is_some_and(|b| !b.is_done());
+            let flags = if more { libc::MSG_MORE } else { 0 };
+            conn.head_sending = true;
+            conn.ops += 1;
+            let socket = conn.socket;
+            let t = self.token(Op::SendHead, c, 0);
+            self.ring.send_tx(c as usize, socket, from, flags, t);
+            return;
+        }
+        let Some(body) = conn.body.as_mut() else {
+            self.finish_response(c);
+            return;
+        };
+        let Some(ch) = body
+            .chunks
+            .iter_mut()
+            .find(|ch| ch.state != ChunkState::AwaitNotif)
+        else {
+            if body.segments.is_empty() && body.chunks.is_empty() {
+                self.finish_response(c);
+            }
+            return;
+        };
+        if ch.state != ChunkState::Ready {
+            return;
+        }
+        ch.state = ChunkState::Sending;
+        let (slot, off, len) = (ch.slot, ch.send_off + ch.sent, ch.send_len - ch.sent);
+        let last = body.segments.is_empty() && body.chunks.len() == 1;
+        let flags = if last { 0 } else { libc::MSG_MORE };
+        let zc = self.zerocopy && len as usize >= self.cfg.zerocopy_min_bytes;
+        conn.ops += 1;
+        let socket = conn.socket;
+        let t = self.token(Op::SendChunk, c, slot);
+        self.ring
+            .send_arena(slot, off as usize, len as usize, socket, flags, zc, t);
+    }
+
+    fn on_send_head(&mut self, c: u32, res: i32) {
+        self.ring.tx_done(c as usize);
+        let conn = &mut self.conns[c as usize];
+        conn.ops -= 1;
+        conn.head_sending = false;
+        if conn.phase != Phase::Open {
+            self.maybe_finish_close(c);
+            return;
+        }
+        if res <= 0 {
+            self.close(c, CloseReason::Abort);
+            return;
+        }
+        let from = conn.head_from.expect("head send without pending head") + res as usize;
+        ShardMetrics::add(&self.metrics.bytes_memory, res as u64);
+        let total = self.ring.tx_len(c as usize);
+        conn.head_from = if from < total { Some(from) } else { None };
+        conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
+        self.try_send(c);
+    }
+
+    fn on_send_chunk(&mut self, c: u32, slot: u16, cqe: Completion) {
+        let notification = cqe.is_notification();
+        let more = cqe.more();
+        if notification || !more {
+            // The kernel is done with the buffer: a plain send finished, or SEND_ZC's
+            // notification (or its failure without one) arrived.
+            self.ring.arena_done(slot);
+            self.conns[c as usize].ops -= 1;
+        }
+        let conn = &mut self.conns[c as usize];
+        if conn.phase != Phase::Open {
+            if notification || !more {
+                self.maybe_finish_close(c);
+            }
+            return;
+        }
+        let body = conn.body.as_mut().expect("send completion without a body");
+        let i = body
+            .chunks
+            .iter()
+            .position(|ch| ch.slot == slot)
+            .expect("send completion for an unknown chunk");
+        let ch = &mut body.chunks[i];
+        if notification {
+            if ch.sent < ch.send_len {
+                ch.state = ChunkState::Ready; // partial SEND_ZC: send the rest now
+            } else {
+                body.chunks.remove(i);
+                self.chunk_finished(c, slot);
+            }
+            self.try_send(c);
+            return;
+        }
+        if cqe.result <= 0 {
+            if !more {
+                self.close(c, CloseReason::Abort);
+            } else {
+                ch.state = ChunkState::AwaitNotif;
+                ch.sent = ch.send_len; // nothing more will be sent; wait for the buffer
+                self.close(c, CloseReason::Abort);
+            }
+            return;
+        }
+        ch.sent += cqe.result as u32;
+        let n = cqe.result as u64;
+        let counter = match ch.source {
+            Source::Direct => &self.metrics.bytes_direct,
+            Source::DontCache => &self.metrics.bytes_dontcache,
+            Source::Buffered => &self.metrics.bytes_buffered,
+            Source::Memory => &self.metrics.bytes_memory,
+        };
+        ShardMetrics::add(counter, n);
+        conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
+        if more {
+            ch.state = ChunkState::AwaitNotif;
+        } else if ch.sent < ch.send_len {
+            ch.state = ChunkState::Ready;
+        } else {
+            body.chunks.remove(i);
+            self.chunk_finished(c, slot);
+        }
+        self.try_send(c);
+    }
+
+    /// A chunk's slot is free again: wake a waiter and let this connection plan more.
+    fn chunk_finished(&mut self, c: u32, slot: u16) {
+        if let Some(w) = self.arena.give_back(slot) {
+            self.conns[w as usize].waiting_arena = false;
+            self.ready.push_bulk(w);
+        }
+        let conn = &self.conns[c as usize];
+        if conn.body.as_ref().is_some_and(|b| !b.segments.is_empty()) {
+            self.ready.push_bulk(c);
+        }
+    }
+
+    fn finish_response(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        assert!(conn.responding, "finishing a response that was not started");
+        if let Some(body) = conn.body.take() {
+            assert!(body.chunks.is_empty());
+            self.files.release(&mut self.ring, body.file);
+        }
+        let conn = &mut self.conns[c as usize];
+        conn.responding = false;
+        self.metrics.count_status(conn.status);
+        if !conn.keep_alive || conn.peer_closed || self.drain_deadline_ms.is_some() {
+            self.close(c, CloseReason::Normal);
+            return;
+        }
+        if conn.rx.is_empty() {
+            conn.deadline = Deadline::Idle;
+            conn.deadline_ms = self.now_ms + self.cfg.keepalive_timeout_ms;
+            self.arm_recv(c);
+        } else {
+            // A pipelined request is already here.
+            conn.deadline = Deadline::Header;
+            conn.deadline_ms = self.now_ms + self.cfg.header_timeout_ms;
+            self.ready.push_urgent(c);
+        }
+    }
+
+    // ---- close -----------------------------------------------------------------------------
+
+    fn close(&mut self, c: u32, reason: CloseReason) {
+        let conn = &mut self.conns[c as usize];
+        if conn.phase != Phase::Open {
+            return;
+        }
+        conn.phase = Phase::Closing;
+        conn.close_reason = reason;
+        let counter = match reason {
+            CloseReason::Normal | CloseReason::Drain => &self.metrics.closed_normal,
+            CloseReason::Timeout => &self.metrics.closed_timeout,
+            CloseReason::ProtocolError => &self.metrics.closed_error,
+            CloseReason::Abort => &self.metrics.closed_abort,
+        };
+        ShardMetrics::add(counter, 1);
+        self.ready.remove(c);
+        if conn.waiting_arena {
+            conn.waiting_arena = false;
+            self.arena.forget(c);
+        }
+        if conn.ops > 0 && !conn.cancel_sent {
+            conn.cancel_sent = true;
+            conn.ops += 1;
+            let socket = conn.socket;
+            let t = self.token(Op::Cancel, c, 0);
+            self.ring.cancel_socket(socket, t);
+        }
+        self.maybe_finish_close(c);
+    }
+
+    fn maybe_finish_close(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        if conn.phase != Phase::Closing || conn.ops > 0 || conn.close_sent {
+            return;
+        }
+        // Nothing is in flight: every buffer is ours again.
+        if let Some(body) = conn.body.take() {
+            for ch in &body.chunks {
+                if let Some(w) = self.arena.give_back(ch.slot) {
+                    self.conns[w as usize].waiting_arena = false;
+                    self.ready.push_bulk(w);
+                }
+            }
+            self.files.release(&mut self.ring, body.file);
+        }
+        let conn = &mut self.conns[c as usize];
+        if conn.responding {
+            conn.responding = false;
+            self.metrics.count_status(conn.status);
+        }
+        conn.close_sent = true;
+        conn.ops += 1;
+        if conn.rx.capacity() > 2 * RECV_BUFFER_BYTES {
+            conn.rx = Vec::new();
+        }
+        self.ring.tx_release(c as usize);
+        let socket = conn.socket;
+        let t = self.token(Op::Close, c, 0);
+        self.ring.close_fixed(socket, t);
+    }
+
+    fn on_close(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        conn.ops -= 1;
+        assert_eq!(conn.ops, 0, "operations in flight after close");
+        conn.phase = Phase::Free;
+        conn.generation = conn.generation.wrapping_add(1);
+        self.free_conns.push(c);
+        self.open_conns -= 1;
+    }
+
+    // ---- timers, drain ---------------------------------------------------------------------
+
+    fn sweep_timers(&mut self) {
+        let now = self.now_ms;
+        for c in 0..self.conns.len() {
+            let conn = &self.conns[c];
+            if conn.phase == Phase::Open && conn.deadline != Deadline::None && now >= conn.deadline_ms
+            {
+                self.close(c as u32, CloseReason::Timeout);
+            }
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        self.drain_deadline_ms = Some(self.now_ms + self.cfg.drain_timeout_ms);
+        tracing::info!(shard = self.index, "draining: no new connections");
+        if self.accept_armed {
+            let target = Token::new(Op::Accept, 0, 0, 0).encode();
+            let t = Token::new(Op::CancelAccept, 0, 0, 0).encode();
+            self.ring.cancel_token(target, t);
+        }
+        for c in 0..self.conns.len() as u32 {
+            let conn = &mut self.conns[c as usize];
+            if conn.phase == Phase::Open {
+                if conn.responding {
+                    conn.keep_alive = false;
+                } else {
+                    self.close(c, CloseReason::Drain);
+                }
+            }
+        }
+    }
+
+    fn close_all(&mut self, reason: CloseReason) {
+        for c in 0..self.conns.len() as u32 {
+            self.close(c, reason);
+        }
+    }
+
+    // ---- dispatch --------------------------------------------------------------------------
+
+    fn dispatch(&mut self, cqe: Completion) {
+        let Some(t) = Token::decode(cqe.user_data) else {
+            ShardMetrics::add(&self.metrics.stray_completions, 1);
+            return;
+        };
+        match t.op {
+            Op::Accept => return self.on_accept(cqe),
+            Op::Overflow | Op::OverflowClose | Op::CancelAccept => return,
+            _ => {}
+        }
+        let c = t.slot;
+        let live = self
+            .conns
+            .get(c as usize)
+            .is_some_and(|conn| conn.generation == t.generation && conn.phase != Phase::Free);
+        // Slots are freed only when no operation is in flight, so a mismatch is a bug.
+        assert!(live, "completion {t:?} for a free or reused slot");
+        match t.op {
+            Op::Recv => self.on_recv(c, cqe),
+            Op::SendHead => self.on_send_head(c, cqe.result),
+            Op::Read => self.on_read(c, t.aux, cqe.result),
+            Op::SendChunk => self.on_send_chunk(c, t.aux, cqe),
+            Op::Cancel => {
+                self.conns[c as usize].ops -= 1;
+                self.maybe_finish_close(c);
+            }
+            Op::Close => self.on_close(c),
+            Op::Accept | Op::Overflow | Op::OverflowClose | Op::CancelAccept => unreachable!(),
+        }
+    }
+}
+
+fn unix_now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}

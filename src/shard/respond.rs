@@ -1,0 +1,233 @@
+//! From a parsed request to a planned response: path resolution, the open-file cache,
+//! validators, ranges, and the header — then the body as segments for the chunk pipeline.
+
+use std::collections::VecDeque;
+
+use super::conn::{Body, Deadline, Segment, Source};
+use super::files::ReadMode;
+use super::{ring, Shard};
+use crate::fs::resolve::resolve_target;
+use crate::http::conditional::{self, Precondition, Validators};
+use crate::http::range::{parse_range, ByteRange, RangeOutcome};
+use crate::http::request::{parse_request, Method, Parsed, Request};
+use crate::http::response::{self, ContentRange, Head};
+use crate::http::mime;
+
+impl Shard {
+    /// Parses the next request in the connection's buffer and starts its response, or arms a
+    /// receive when the head is not complete yet.
+    pub(super) fn start_request(&mut self, c: u32) {
+        let rx = std::mem::take(&mut self.conns[c as usize].rx);
+        let consumed = match parse_request(&rx) {
+            Parsed::Partial => 0,
+            Parsed::Rejected(reject) => {
+                self.respond_status(c, reject.status, false);
+                0
+            }
+            Parsed::Complete { request, head_len } => {
+                self.respond(c, &request);
+                head_len
+            }
+        };
+        let conn = &mut self.conns[c as usize];
+        conn.rx = rx;
+        conn.rx.drain(..consumed);
+        if !conn.responding {
+            self.arm_recv(c);
+        }
+    }
+
+    fn begin_response(&mut self, c: u32, status: u16, keep_alive: bool) {
+        let conn = &mut self.conns[c as usize];
+        conn.responding = true;
+        conn.keep_alive = keep_alive;
+        conn.status = status;
+        conn.deadline = Deadline::Send;
+        conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
+    }
+
+    /// A response with no file body (errors, 405, 304-less statuses): header and a short text.
+    pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool) {
+        // A client whose request was malformed may have sent anything after it: close.
+        let keep_alive = keep_alive && self.drain_deadline_ms.is_none();
+        self.begin_response(c, status, keep_alive);
+        let tx = self.ring.tx_mut(c as usize);
+        tx.clear();
+        if status == 405 {
+            let head = Head {
+                status,
+                keep_alive,
+                date: self.date.header_value(),
+                content_length: Some(0),
+                content_type: None,
+                last_modified: None,
+                etag: None,
+                content_range: None,
+                accept_ranges: false,
+                allow: true,
+            };
+            response::write_head(&head, tx);
+        } else {
+            response::write_error(status, keep_alive, self.date.header_value(), tx);
+        }
+        self.conns[c as usize].head_from = Some(0);
+    }
+
+    fn respond(&mut self, c: u32, req: &Request<'_>) {
+        let keep_alive = req.keep_alive && self.drain_deadline_ms.is_none();
+        let resolved = match resolve_target(req.path) {
+            Ok(r) => r,
+            Err(e) => {
+                let status = e.status();
+                return self.respond_status(c, status, keep_alive && status < 400);
+            }
+        };
+        let idx = match self
+            .files
+            .acquire(&mut self.ring, &resolved.rel_path, resolved.wants_dir, self.now_ms)
+        {
+            Ok(idx) => idx,
+            Err(e) => {
+                if let super::files::OpenError::Other(errno) = e {
+                    tracing::warn!(shard = self.index, errno, path = %resolved.rel_path, "open failed");
+                }
+                return self.respond_status(c, e.status(), keep_alive);
+            }
+        };
+        let f = self.files.get(idx);
+        let size = f.size;
+        let validators = Validators {
+            etag: f.etag(),
+            mtime_secs: f.mtime_secs,
+        };
+        let not_modified = conditional::evaluate(req.if_none_match, req.if_modified_since, &validators)
+            == Precondition::NotModified;
+        let mut outcome = RangeOutcome::Full;
+        if !not_modified {
+            if let Some(range) = req.range {
+                let allowed = req
+                    .if_range
+                    .is_none_or(|v| conditional::if_range_allows(v, &validators));
+                if allowed {
+                    outcome = parse_range(range, size, self.cfg.max_ranges);
+                }
+            }
+        }
+        let content_type = mime::content_type_for(f.opened_path().as_bytes());
+        let (status, content_range, body_len, segments, multipart) = if not_modified {
+            (304, None, 0, VecDeque::new(), None)
+        } else {
+            plan_body(outcome, size, content_type, c, self.now_ms)
+        };
+        self.begin_response(c, status, keep_alive);
+        let f = self.files.get(idx);
+        let multipart_type;
+        let head = Head {
+            status,
+            keep_alive,
+            date: self.date.header_value(),
+            content_length: if status == 304 { None } else { Some(body_len) },
+            content_type: match &multipart {
+                Some(boundary) => {
+                    multipart_type = format!("multipart/byteranges; boundary={boundary}");
+                    Some(multipart_type.as_str())
+                }
+                None if status == 416 => None,
+                None => Some(content_type),
+            },
+            last_modified: Some(&f.last_modified),
+            etag: Some(f.etag()),
+            content_range,
+            accept_ranges: true,
+            allow: false,
+        };
+        let tx = self.ring.tx_mut(c as usize);
+        tx.clear();
+        response::write_head(&head, tx);
+        let head_len = tx.len();
+
+        let conn = &mut self.conns[c as usize];
+        if req.method == Method::Head || body_len == 0 {
+            self.files.release(&mut self.ring, idx);
+            conn.head_from = Some(0);
+            return;
+        }
+        let (align, rw_flags, source) = match f.mode {
+            ReadMode::Direct { align } => (u64::from(align), 0, Source::Direct),
+            ReadMode::DontCache => (1, ring::RWF_DONTCACHE, Source::DontCache),
+            ReadMode::Buffered => (1, 0, Source::Buffered),
+        };
+        let inline_head = multipart.is_none()
+            && f.mode == ReadMode::Buffered
+            && head_len as u64 + body_len <= self.cfg.chunk_bytes as u64;
+        conn.head_from = if inline_head { None } else { Some(0) };
+        conn.body = Some(Body {
+            file: idx,
+            file_fixed: self.ring.file_fixed_index(f.fixed),
+            align,
+            rw_flags,
+            source,
+            segments,
+            chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
+            inline_head,
+        });
+    }
+}
+
+/// Status, Content-Range, body length, body segments and multipart boundary for a range
+/// outcome on a file of `size` bytes.
+fn plan_body(
+    outcome: RangeOutcome,
+    size: u64,
+    content_type: &str,
+    conn: u32,
+    now_ms: u64,
+) -> (u16, Option<ContentRange>, u64, VecDeque<Segment>, Option<String>) {
+    let file = |r: ByteRange| Segment::File {
+        pos: r.start,
+        end: r.end,
+    };
+    match outcome {
+        RangeOutcome::Full => {
+            let mut segs = VecDeque::new();
+            if size > 0 {
+                segs.push_back(file(ByteRange { start: 0, end: size }));
+            }
+            (200, None, size, segs, None)
+        }
+        RangeOutcome::Single(r) => (
+            206,
+            Some(ContentRange::Bytes {
+                start: r.start,
+                end_inclusive: r.end - 1,
+                total: size,
+            }),
+            r.end - r.start,
+            VecDeque::from([file(r)]),
+            None,
+        ),
+        RangeOutcome::Unsatisfiable => (
+            416,
+            Some(ContentRange::Unsatisfied { total: size }),
+            0,
+            VecDeque::new(),
+            None,
+        ),
+        RangeOutcome::Multi(ranges) => {
+            // Unique enough per response; never derived from file content.
+            let boundary = format!("{:08x}{:08x}", conn, (now_ms as u32).rotate_left(13) ^ 0x5bd1_e995);
+            let mut segs = VecDeque::with_capacity(ranges.len() * 2 + 1);
+            for r in &ranges {
+                let mut part = Vec::with_capacity(128);
+                response::write_part_header(&boundary, content_type, r.start, r.end - 1, size, &mut part);
+                segs.push_back(Segment::Mem(part));
+                segs.push_back(file(*r));
+            }
+            let mut closing = Vec::with_capacity(64);
+            response::write_closing_boundary(&boundary, &mut closing);
+            segs.push_back(Segment::Mem(closing));
+            let len = response::multipart_length(&boundary, content_type, &ranges, size);
+            (206, None, len, segs, Some(boundary))
+        }
+    }
+}

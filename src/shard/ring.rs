@@ -1,0 +1,639 @@
+//! The ring module: every `unsafe` line of shardline's data path lives here.
+//!
+//! `Ring` owns the io_uring instance *and* every piece of memory the kernel may touch on the
+//! shard's behalf: the registered buffer arena, the provided-buffer ring for receives and the
+//! per-connection header buffers. Callers never hand raw pointers to the kernel; they name a
+//! buffer by index, and the ring tracks which buffers are the kernel's until their completion
+//! is acknowledged (`arena_done`, `tx_done`, `recycle_recv`). Mutating a buffer the kernel owns
+//! is an invariant violation and panics, in release builds too.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+/// Buffer group id of the provided-buffer ring used for receives.
+const RECV_BUFFER_GROUP: u16 = 0;
+/// `RWF_DONTCACHE` (Linux 6.14+); the io-uring crate has no constant for it yet.
+pub const RWF_DONTCACHE: i32 = 0x80;
+/// `io_uring_register` opcode that restricts auto-allocated fixed-file slots to a range.
+const IORING_REGISTER_FILE_ALLOC_RANGE: libc::c_uint = 25;
+
+/// Sizes of everything a ring owns; all of it is allocated in `Ring::new` and never grows.
+#[derive(Clone, Debug)]
+pub struct RingConfig {
+    /// Submission queue entries.
+    pub sq_entries: u32,
+    /// Completion queue entries (should be several times the SQ for multishot ops).
+    pub cq_entries: u32,
+    /// Fixed-file slots reserved for accepted sockets (auto-allocated by accept).
+    pub socket_slots: u32,
+    /// Fixed-file slots for open files, after the socket slots.
+    pub file_slots: u32,
+    /// Registered arena slots.
+    pub arena_slots: u16,
+    /// Bytes per arena slot (one chunk).
+    pub chunk_bytes: usize,
+    /// Alignment of every arena slot (>= the largest O_DIRECT memory alignment we accept).
+    pub arena_align_bytes: usize,
+    /// Provided receive buffers (power of two).
+    pub recv_buffers: u16,
+    /// Bytes per provided receive buffer.
+    pub recv_buffer_bytes: usize,
+    /// Connection slots (one header buffer each).
+    pub conn_slots: usize,
+}
+
+/// One completion, copied out of the CQ so handlers never hold the ring borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct Completion {
+    /// The token the operation was submitted with.
+    pub user_data: u64,
+    /// Result: bytes, a slot index, or a negated errno.
+    pub result: i32,
+    /// CQE flags (`F_MORE`, `F_NOTIF`, buffer id).
+    pub flags: u32,
+}
+
+impl Completion {
+    /// More completions will follow for this submission (multishot, or SEND_ZC's notification).
+    pub fn more(&self) -> bool {
+        cqueue::more(self.flags)
+    }
+    /// This is a SEND_ZC notification: the kernel is done with the buffer.
+    pub fn is_notification(&self) -> bool {
+        cqueue::notif(self.flags)
+    }
+    /// The provided buffer a receive landed in.
+    pub fn buffer_id(&self) -> Option<u16> {
+        cqueue::buffer_select(self.flags)
+    }
+}
+
+/// Anonymous, page-aligned memory mapped for the life of the ring.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded to pages) and touches them from the calling thread, so a pinned
+    /// shard gets memory on its own NUMA node (first touch).
+    fn new(len: usize) -> io::Result<Mapping> {
+        assert!(len > 0);
+        // SAFETY: an anonymous private mapping with no address hint; the kernel picks the
+        // address. The result is checked before use and unmapped only in Drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap null"))?;
+        Ok(Mapping { ptr, len })
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from our own successful mmap; Ring drops the IoUring (and with
+        // it every registration that references this memory) before its Mappings.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The provided-buffer ring: receives pick a buffer only when data arrives, so an idle
+/// keep-alive connection holds no receive memory at all.
+struct RecvBuffers {
+    ring: Mapping,
+    bufs: Mapping,
+    entries: u16,
+    buffer_bytes: usize,
+    /// Our copy of the tail; published to the kernel with a release store.
+    tail: u16,
+    /// Buffer ids currently handed to the application (not in the kernel's ring).
+    lent: Vec<bool>,
+}
+
+impl RecvBuffers {
+    fn new(entries: u16, buffer_bytes: usize) -> io::Result<RecvBuffers> {
+        assert!(entries.is_power_of_two(), "recv_buffers must be a power of two");
+        let ring_len = usize::from(entries) * std::mem::size_of::<types::BufRingEntry>();
+        let ring = Mapping::new(ring_len)?;
+        let bufs = Mapping::new(usize::from(entries) * buffer_bytes)?;
+        Ok(RecvBuffers {
+            ring,
+            bufs,
+            entries,
+            buffer_bytes,
+            tail: 0,
+            lent: vec![true; usize::from(entries)],
+        })
+    }
+
+    fn entry_ptr(&self, index: u16) -> *mut types::BufRingEntry {
+        let mask = self.entries - 1;
+        // SAFETY: index & mask < entries, and the ring mapping holds `entries` entries.
+        unsafe {
+            self.ring
+                .base()
+                .cast::<types::BufRingEntry>()
+                .add(usize::from(index & mask))
+        }
+    }
+
+    /// Gives buffer `bid` back to the kernel.
+    fn provide(&mut self, bid: u16) {
+        let slot = usize::from(bid);
+        assert!(self.lent[slot], "recv buffer {bid} provided twice");
+        self.lent[slot] = false;
+        let addr = self.bufs.base() as u64 + (slot * self.buffer_bytes) as u64;
+        let entry = self.entry_ptr(self.tail);
+        // SAFETY: the entry lies inside our ring mapping; the kernel reads entries only up to
+        // the published tail, and this one is past it until the release store below.
+        unsafe {
+            (*entry).set_addr(addr);
+            (*entry).set_len(self.buffer_bytes as u32);
+            (*entry).set_bid(bid);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field overlays entry 0's reserved bytes inside our mapping; the
+        // kernel reads it concurrently, hence the atomic release store.
+        unsafe {
+            let tail = types::BufRingEntry::tail(self.ring.base().cast::<types::BufRingEntry>());
+            (*(tail as *const AtomicU16)).store(self.tail, Ordering::Release);
+        }
+    }
+
+    fn data(&self, bid: u16, len: usize) -> &[u8] {
+        let slot = usize::from(bid);
+        assert!(slot < usize::from(self.entries) && len <= self.buffer_bytes);
+        assert!(self.lent[slot], "reading recv buffer {bid} the kernel owns");
+        // SAFETY: the kernel wrote `len` bytes into this buffer and handed it to us (it is
+        // marked lent); it will not write again until `provide` returns it.
+        unsafe {
+            std::slice::from_raw_parts(self.bufs.base().add(slot * self.buffer_bytes), len)
+        }
+    }
+}
+
+/// The registered buffer arena: `slots` chunks, each aligned for O_DIRECT.
+struct Arena {
+    mem: Mapping,
+    slot_stride: usize,
+    chunk_bytes: usize,
+    /// True while the kernel may read or write the slot (a read, send or SEND_ZC in flight).
+    kernel_owned: Vec<bool>,
+}
+
+/// A shard's io_uring plus all memory the kernel may touch for it.
+pub struct Ring {
+    // Field order matters: the IoUring is dropped (closing the ring and its registrations)
+    // before the memory it references.
+    uring: IoUring,
+    arena: Arena,
+    recv: RecvBuffers,
+    tx: Vec<Vec<u8>>,
+    tx_busy: Vec<bool>,
+    socket_slots: u32,
+    file_slots: u32,
+    /// Whether SINGLE_ISSUER|DEFER_TASKRUN were accepted by the kernel.
+    pub deferred_taskrun: bool,
+    /// SQEs pushed since start (for metrics).
+    pub sqes_pushed: u64,
+    /// io_uring_enter calls made.
+    pub enters: u64,
+}
+
+impl Ring {
+    /// Builds the ring, registers fixed files, the arena and the receive buffers.
+    pub fn new(cfg: &RingConfig) -> io::Result<Ring> {
+        assert!(cfg.arena_align_bytes.is_power_of_two());
+        assert!(cfg.chunk_bytes % cfg.arena_align_bytes == 0);
+        let (uring, deferred_taskrun) = build_uring(cfg.sq_entries, cfg.cq_entries)?;
+
+        let total_files = cfg.socket_slots + cfg.file_slots;
+        uring.submitter().register_files_sparse(total_files)?;
+        register_file_alloc_range(uring.as_raw_fd(), 0, cfg.socket_slots)?;
+
+        let slot_stride = cfg.chunk_bytes;
+        let mem = Mapping::new(usize::from(cfg.arena_slots) * slot_stride)?;
+        let iovecs: Vec<libc::iovec> = (0..usize::from(cfg.arena_slots))
+            .map(|i| libc::iovec {
+                // SAFETY: in-bounds offset of the arena mapping.
+                iov_base: unsafe { mem.base().add(i * slot_stride) }.cast(),
+                iov_len: cfg.chunk_bytes,
+            })
+            .collect();
+        // SAFETY: every iovec points into `mem`, which the Ring owns and drops only after the
+        // IoUring (whose close unregisters the buffers).
+        unsafe { uring.submitter().register_buffers(&iovecs) }.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "registering a {} MiB buffer arena failed ({e}); raise RLIMIT_MEMLOCK \
+                     (ulimit -l) or lower arena_bytes",
+                    (usize::from(cfg.arena_slots) * slot_stride) >> 20
+                ),
+            )
+        })?;
+        let arena = Arena {
+            mem,
+            slot_stride,
+            chunk_bytes: cfg.chunk_bytes,
+            kernel_owned: vec![false; usize::from(cfg.arena_slots)],
+        };
+
+        let mut recv = RecvBuffers::new(cfg.recv_buffers, cfg.recv_buffer_bytes)?;
+        // SAFETY: the ring mapping stays alive as long as the Ring (dropped after the IoUring);
+        // it is page aligned as the kernel requires.
+        unsafe {
+            uring.submitter().register_buf_ring_with_flags(
+                recv.ring.base() as u64,
+                cfg.recv_buffers,
+                RECV_BUFFER_GROUP,
+                0,
+            )?;
+        }
+        for bid in 0..cfg.recv_buffers {
+            recv.provide(bid);
+        }
+
+        Ok(Ring {
+            uring,
+            arena,
+            recv,
+            tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
+            tx_busy: vec![false; cfg.conn_slots],
+            socket_slots: cfg.socket_slots,
+            file_slots: cfg.file_slots,
+            deferred_taskrun,
+            sqes_pushed: 0,
+            enters: 0,
+        })
+    }
+
+    /// Which io_uring opcodes this kernel supports.
+    pub fn probe_supports(&self, opcode: u8) -> bool {
+        let mut probe = io_uring::Probe::new();
+        self.uring.submitter().register_probe(&mut probe).is_ok() && probe.is_supported(opcode)
+    }
+
+    fn push(&mut self, entry: squeue::Entry) {
+        // SAFETY: every entry built by this module references only memory owned by the Ring
+        // (arena, recv ring, tx buffers) or 'static data, kept alive until its completion.
+        unsafe {
+            if self.uring.submission().push(&entry).is_err() {
+                // SQ full: hand what we have to the kernel and retry once; the SQ is then empty.
+                self.enters += 1;
+                let _ = self.uring.submit();
+                self.uring
+                    .submission()
+                    .push(&entry)
+                    .expect("submission queue full right after submit");
+            }
+        }
+        self.sqes_pushed += 1;
+    }
+
+    /// Arms a multishot accept that places sockets straight into fixed-file slots.
+    pub fn accept_multi(&mut self, listener: BorrowedFd<'_>, token: u64) {
+        let e = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd()))
+            .allocate_file_index(true)
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// Arms one receive on a fixed socket; the kernel picks a provided buffer when data comes.
+    pub fn recv(&mut self, socket: u32, token: u64) {
+        let e = opcode::Recv::new(types::Fixed(socket), std::ptr::null_mut(), 0)
+            .buf_group(RECV_BUFFER_GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// The bytes a receive placed in provided buffer `bid`.
+    pub fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
+        self.recv.data(bid, len)
+    }
+
+    /// Returns provided buffer `bid` to the kernel once its bytes were copied out.
+    pub fn recycle_recv(&mut self, bid: u16) {
+        self.recv.provide(bid);
+    }
+
+    /// Bytes per provided receive buffer.
+    pub fn recv_buffer_bytes(&self) -> usize {
+        self.recv.buffer_bytes
+    }
+
+    /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
+    pub fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
+        assert!(!self.tx_busy[conn], "tx buffer {conn} mutated while the kernel reads it");
+        &mut self.tx[conn]
+    }
+
+    /// Sends `tx[conn][from..]`; the buffer is the kernel's until `tx_done(conn)`.
+    pub fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64) {
+        assert!(!self.tx_busy[conn], "second send from tx buffer {conn}");
+        let buf = &self.tx[conn];
+        assert!(from < buf.len());
+        let len = buf.len() - from;
+        // SAFETY (pointer validity): `from < len`; the Vec is not touched (tx_mut asserts) until
+        // tx_done, so its heap block stays where it is.
+        let ptr = unsafe { buf.as_ptr().add(from) };
+        self.tx_busy[conn] = true;
+        let e = opcode::Send::new(types::Fixed(socket), ptr, len as u32)
+            .flags(flags | libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// The kernel is done with `tx[conn]` (its send completed).
+    pub fn tx_done(&mut self, conn: usize) {
+        assert!(self.tx_busy[conn], "tx_done without a send in flight");
+        self.tx_busy[conn] = false;
+    }
+
+    /// Bytes in connection `conn`'s header buffer.
+    pub fn tx_len(&self, conn: usize) -> usize {
+        self.tx[conn].len()
+    }
+
+    /// Copies connection `conn`'s header buffer to the front of arena slot `slot`; returns
+    /// its length. Neither may be in flight.
+    pub fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
+        assert!(!self.tx_busy[conn]);
+        let n = self.tx[conn].len();
+        let tx = std::mem::take(&mut self.tx[conn]);
+        self.arena_mut(slot)[..n].copy_from_slice(&tx);
+        self.tx[conn] = tx;
+        n
+    }
+
+    /// Releases the heap memory of an idle connection's header buffer.
+    pub fn tx_release(&mut self, conn: usize) {
+        assert!(!self.tx_busy[conn]);
+        self.tx[conn] = Vec::new();
+    }
+
+    /// Arena slot `slot` for writing by the shard (the kernel must not own it).
+    pub fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
+        let i = usize::from(slot);
+        assert!(!self.arena.kernel_owned[i], "arena slot {slot} mutated while in flight");
+        let start = i * self.arena.slot_stride;
+        // SAFETY: in-bounds slot of the arena mapping that no kernel operation uses (asserted).
+        unsafe {
+            std::slice::from_raw_parts_mut(self.arena.mem.base().add(start), self.arena.chunk_bytes)
+        }
+    }
+
+    /// Arena slot `slot` for reading by the shard (the kernel must not own it).
+    pub fn arena(&self, slot: u16) -> &[u8] {
+        let i = usize::from(slot);
+        assert!(!self.arena.kernel_owned[i], "arena slot {slot} read while in flight");
+        let start = i * self.arena.slot_stride;
+        // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
+        unsafe {
+            std::slice::from_raw_parts(self.arena.mem.base().add(start), self.arena.chunk_bytes)
+        }
+    }
+
+    fn arena_ptr(&mut self, slot: u16, offset: usize, len: usize) -> *mut u8 {
+        let i = usize::from(slot);
+        assert!(!self.arena.kernel_owned[i], "arena slot {slot} already in flight");
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.arena.chunk_bytes));
+        self.arena.kernel_owned[i] = true;
+        // SAFETY: bounds asserted above.
+        unsafe { self.arena.mem.base().add(i * self.arena.slot_stride + offset) }
+    }
+
+    /// Reads `len` bytes of fixed file `file` at `file_offset` into arena slot `slot` at
+    /// `buf_offset` (a registered-buffer read). The slot is the kernel's until `arena_done`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_fixed(
+        &mut self,
+        slot: u16,
+        buf_offset: usize,
+        len: usize,
+        file: u32,
+        file_offset: u64,
+        rw_flags: i32,
+        token: u64,
+    ) {
+        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        let ptr = self.arena_ptr(slot, buf_offset, len);
+        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, slot)
+            .offset(file_offset)
+            .rw_flags(rw_flags)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// Sends `len` bytes of arena slot `slot` from `offset`; with `zerocopy`, as SEND_ZC from
+    /// the registered buffer (the slot comes back only with the notification completion).
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_arena(
+        &mut self,
+        slot: u16,
+        offset: usize,
+        len: usize,
+        socket: u32,
+        flags: i32,
+        zerocopy: bool,
+        token: u64,
+    ) {
+        let ptr = self.arena_ptr(slot, offset, len);
+        let flags = flags | libc::MSG_NOSIGNAL;
+        let e = if zerocopy {
+            opcode::SendZc::new(types::Fixed(socket), ptr, len as u32)
+                .buf_index(Some(slot))
+                .flags(flags)
+                .build()
+        } else {
+            opcode::Send::new(types::Fixed(socket), ptr, len as u32)
+                .flags(flags)
+                .build()
+        };
+        self.push(e.user_data(token));
+    }
+
+    /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).
+    pub fn arena_done(&mut self, slot: u16) {
+        let i = usize::from(slot);
+        assert!(self.arena.kernel_owned[i], "arena_done on slot {slot} not in flight");
+        self.arena.kernel_owned[i] = false;
+    }
+
+    /// Sends static bytes (canned responses), optionally linked to a close of the socket.
+    pub fn send_static_then_close(
+        &mut self,
+        socket: u32,
+        bytes: &'static [u8],
+        token: u64,
+        close_token: u64,
+    ) {
+        let e = opcode::Send::new(types::Fixed(socket), bytes.as_ptr(), bytes.len() as u32)
+            .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+            .build()
+            .flags(squeue::Flags::IO_HARDLINK)
+            .user_data(token);
+        self.push(e);
+        self.close_fixed(socket, close_token);
+    }
+
+    /// Closes a fixed-file slot (socket or file).
+    pub fn close_fixed(&mut self, slot: u32, token: u64) {
+        let e = opcode::Close::new(types::Fixed(slot))
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// Cancels every operation in flight on fixed socket `socket`.
+    pub fn cancel_socket(&mut self, socket: u32, token: u64) {
+        let b = types::CancelBuilder::fd(types::Fixed(socket)).all();
+        let e = opcode::AsyncCancel2::new(b).build().user_data(token);
+        self.push(e);
+    }
+
+    /// Cancels the operation submitted with `target`.
+    pub fn cancel_token(&mut self, target: u64, token: u64) {
+        let e = opcode::AsyncCancel::new(target).build().user_data(token);
+        self.push(e);
+    }
+
+    /// Places an open file in fixed-file slot `index` (relative to the file range).
+    pub fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
+        assert!(index < self.file_slots);
+        self.uring
+            .submitter()
+            .register_files_update(self.socket_slots + index, &[fd.as_raw_fd()])?;
+        Ok(())
+    }
+
+    /// Empties fixed-file slot `index` (relative to the file range).
+    pub fn unregister_file(&mut self, index: u32) -> io::Result<()> {
+        assert!(index < self.file_slots);
+        self.uring
+            .submitter()
+            .register_files_update(self.socket_slots + index, &[-1])?;
+        Ok(())
+    }
+
+    /// The absolute fixed-file index of file slot `index`.
+    pub fn file_fixed_index(&self, index: u32) -> u32 {
+        self.socket_slots + index
+    }
+
+    /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
+    pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
+        self.enters += 1;
+        let res = match timeout {
+            Some(t) if want > 0 => {
+                let ts = types::Timespec::new()
+                    .sec(t.as_secs())
+                    .nsec(t.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.uring.submitter().submit_with_args(want, &args)
+            }
+            _ => self.uring.submitter().submit_and_wait(want),
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves up to `max` completions into `out` (bounded batch; handlers never reap the ring).
+    pub fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
+        let mut cq = self.uring.completion();
+        cq.sync();
+        for cqe in cq.by_ref().take(max) {
+            out.push(Completion {
+                user_data: cqe.user_data(),
+                result: cqe.result(),
+                flags: cqe.flags(),
+            });
+        }
+    }
+}
+
+fn build_uring(sq: u32, cq: u32) -> io::Result<(IoUring, bool)> {
+    let deferred = IoUring::builder()
+        .setup_cqsize(cq)
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_coop_taskrun()
+        .setup_submit_all()
+        .build(sq);
+    match deferred {
+        Ok(r) => Ok((r, true)),
+        // Older kernels (< 6.1) refuse DEFER_TASKRUN: fall back to a plain ring.
+        Err(_) => Ok((IoUring::builder().setup_cqsize(cq).build(sq)?, false)),
+    }
+}
+
+fn register_file_alloc_range(ring_fd: RawFd, offset: u32, len: u32) -> io::Result<()> {
+    let range = io_uring_file_index_range {
+        off: offset,
+        len,
+        resv: 0,
+    };
+    // SAFETY: the argument struct lives on this stack frame for the duration of the call; the
+    // kernel copies it and keeps no reference.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            ring_fd,
+            IORING_REGISTER_FILE_ALLOC_RANGE,
+            &range as *const io_uring_file_index_range,
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[allow(non_camel_case_types)]
+struct io_uring_file_index_range {
+    off: u32,
+    len: u32,
+    resv: u64,
+}
+
+/// Opcode numbers, for probing support.
+pub mod opcodes {
+    /// SEND_ZC.
+    pub const SEND_ZC: u8 = io_uring::opcode::SendZc::CODE;
+    /// Multishot-capable ACCEPT.
+    pub const ACCEPT: u8 = io_uring::opcode::Accept::CODE;
+}
