@@ -4,10 +4,13 @@
 # perf/bench.sh: shardline against the nginx anchor (perf/nginx.conf), side by side, in one run.
 #
 #   perf/bench.sh [--quick] [--large-gib N | --large-mib N] [--duration-s N] [--out FILE]
+#                 [--validate]
 #
 # Both servers serve the same fixtures from perf/out/root, each pinned to CPU 0 (one shard, one
 # worker); every load generator is pinned to CPU 1. Each workload runs against shardline, then
 # against nginx, before the next workload starts. Raw outputs land in perf/out/run/.
+# --validate also runs perf/validate-no-reclaim.sh (profile, reclaim counters, syscall mix of both
+# servers) at the end and appends its output to the report.
 # Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
 # SHARDLINE_PORT, NGINX_PORT (default: first free from 28080), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
 set -euo pipefail
@@ -19,12 +22,12 @@ source "$HERE/lib.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
 usage() {
-  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/shellcheck|SC2317/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
   exit "${1:-0}"
 }
 
 BENCH_ARGS=("$@")
-QUICK=0 LARGE_MIB='' DURATION_S='' OUT=''
+QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0
 while (($#)); do
   case $1 in
     --quick) QUICK=1; shift ;;
@@ -32,6 +35,7 @@ while (($#)); do
     --large-mib) LARGE_MIB=$2; shift 2 ;;
     --duration-s) DURATION_S=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --validate) VALIDATE=1; shift ;;
     -h | --help) usage 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; usage 2 ;;
   esac
@@ -200,8 +204,8 @@ stop_server() { # stop_server sl|ng: SIGTERM, then check the exit status
     failure "${NAME[$s]} had already exited (status $rc) when the run ended"
     return
   fi
-  if ! kill_group "$pg" 10; then
-    failure "${NAME[$s]} did not exit within 10 s of SIGTERM; killed it"
+  if ! kill_group "$pg" 20; then
+    failure "${NAME[$s]} did not exit within 20 s of SIGTERM; killed it"
   fi
   reap "$pg" || rc=$?
   if ((rc != 0)); then failure "${NAME[$s]} exited with status $rc on SIGTERM (expected 0)"; fi
@@ -438,6 +442,14 @@ report() {
     [[ -s $OUTDIR/nginx/error.log ]] && echo "- nginx error.log: $(wc -l <"$OUTDIR/nginx/error.log") lines, e.g. \`$(head -n 1 "$OUTDIR/nginx/error.log" | cut -c1-200)\`"
     echo "- Bulk: max gap between two reads of one response: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector)."
     echo "- Raw outputs of every client and both server logs: \`perf/out/run/\`."
+    if [[ -s $RUN/validate.txt ]]; then
+      echo
+      echo "## perf/validate-no-reclaim.sh (same run, servers still up)"
+      echo
+      echo '```'
+      grep -v '^\[' "$RUN/validate.txt"
+      echo '```'
+    fi
   } >"$OUT"
   cat "$OUT"
 }
@@ -497,6 +509,13 @@ for w in bulk rate range pagecache idle; do
     "w_$w" "$s"
   done
 done
+if ((VALIDATE)); then
+  log "perf/validate-no-reclaim.sh against both servers"
+  "$HERE/validate-no-reclaim.sh" --url "http://127.0.0.1:${PORT[sl]}/large.bin" \
+    --pid "$(serving_pid "${PG[sl]}")" --client-cpus "$CLIENT_CPU" --seconds 10 --strace-seconds 5 \
+    --compare-nginx --nginx-port "${PORT[ng]}" --nginx-pid "$(serving_pid "${PG[ng]}")" \
+    >"$RUN/validate.txt" 2>&1 || true
+fi
 stop_server sl
 stop_server ng
 log "workloads took $((SECONDS - T0)) s"
