@@ -130,14 +130,28 @@ perf record -q -e cpu-clock -a -g -o "$WORK/perf.data" -- sleep "$SECONDS_N" >/d
 for n in "${names[@]}"; do after[$n]=$(vmstat_get "$n"); done
 [[ -n $URL ]] && end_load
 
-perf report -i "$WORK/perf.data" --stdio --no-children --sort sym -g none --percent-limit 0 \
+perf report -i "$WORK/perf.data" --stdio --no-children --sort comm,sym -g none --percent-limit 0 \
   >"$WORK/self.txt" 2>/dev/null || true
 perf report -i "$WORK/perf.data" --stdio --children --sort sym -g none --percent-limit 0 \
   >"$WORK/children.txt" 2>/dev/null || true
+perf report -i "$WORK/perf.data" --stdio --no-children --sort comm -g none \
+  >"$WORK/comms.txt" 2>/dev/null || true
 reclaim_re='shrink_|reclaim'
-read -r kernel_pct reclaim_self_pct < <(awk -v re="$reclaim_re" '
-  $1 ~ /%$/ && $2 == "[k]" { p = $1; sub(/%/, "", p); k += p; if ($3 ~ re) r += p }
-  END { printf "%.3f %.3f\n", k, r }' "$WORK/self.txt")
+# self.txt lines: "PCT  COMM...  [k]|[.]  SYMBOL...". Kernel samples = [k] samples outside the
+# idle task (swapper), so an idle machine does not dilute the reclaim share.
+awk -v re="$reclaim_re" '
+  $1 ~ /%$/ {
+    for (i = 2; i <= NF && $i != "[k]" && $i != "[.]"; i++) ;
+    if (i > NF) next
+    comm = $2; for (j = 3; j < i; j++) comm = comm " " $j
+    sym = $(i + 1); p = $1; sub(/%/, "", p)
+    if ($i == "[k]" && comm != "swapper") { k += p; ksym[sym] += p; if (sym ~ re) r += p }
+  }
+  END {
+    printf "%.3f %.3f\n", k, r > "/dev/stderr"
+    for (s in ksym) printf "%.2f %s\n", ksym[s], s
+  }' "$WORK/self.txt" 2>"$WORK/kernel-share.txt" | sort -rn >"$WORK/kernel-syms.txt"
+read -r kernel_pct reclaim_self_pct <"$WORK/kernel-share.txt"
 read -r reclaim_incl_pct reclaim_incl_sym < <(awk -v re="$reclaim_re" '
   $1 ~ /%$/ && $3 == "[k]" && $4 ~ re { p = $1; sub(/%/, "", p); if (p + 0 > m) { m = p + 0; s = $4 } }
   END { printf "%.3f %s\n", m, (s == "" ? "-" : s) }' "$WORK/children.txt")
@@ -147,11 +161,20 @@ incl_share=$(share "$reclaim_incl_pct")
 
 echo "== reclaim counters over ${SECONDS_N} s (/proc/vmstat, system-wide)"
 for n in "${names[@]}"; do printf '  %-16s +%s\n' "$n" $((after[$n] - before[$n])); done
-echo "== kernel profile (perf record -e cpu-clock -a -g, ${SECONDS_N} s): kernel = ${kernel_pct}% of all samples"
+echo "== kernel profile (perf record -e cpu-clock -a -g, ${SECONDS_N} s)"
+echo "  samples by command: $(awk '$1 ~ /%$/ && n++ < 6 { printf "%s%s %s", (n > 1 ? ", " : ""), $2, $1 }' "$WORK/comms.txt")"
+echo "  kernel time outside the idle task: ${kernel_pct}% of all samples"
 echo "  reclaim functions ($reclaim_re), self time: ${self_share}% of kernel samples"
 echo "  largest inclusive reclaim function: $reclaim_incl_sym, ${incl_share}% of kernel samples"
-echo "  top kernel symbols (self):"
-awk '$1 ~ /%$/ && $2 == "[k]" && n++ < 12 { print "    " $1 "  " $3 }' "$WORK/self.txt"
+echo "  top kernel symbols (self, % of all samples):"
+awk 'n++ < 12 { printf "    %6.2f%%  %s\n", $1, $2 }' "$WORK/kernel-syms.txt"
+perf report -i "$WORK/perf.data" --stdio --no-children --pid "$PID" --sort dso,sym -g none \
+  >"$WORK/server.txt" 2>/dev/null || true
+echo "  top symbols of the server (pid $PID, all its threads; self, % of all samples):"
+awk '$1 ~ /%$/ && n++ < 12 { $1 = sprintf("    %7s ", $1); print }' "$WORK/server.txt"
+if awk -v k="$kernel_pct" 'BEGIN { exit !(k < 1) }'; then
+  echo "  WARNING: almost no kernel samples outside the idle task: was the load running?"
+fi
 
 verdict=PASS reasons=()
 if ((after[pgscan_direct] > before[pgscan_direct])); then verdict=FAIL reasons+=("pgscan_direct grew by $((after[pgscan_direct] - before[pgscan_direct]))"); fi
