@@ -271,9 +271,13 @@ w_rate() {
     V[$s.rate_client_pct]=$(calc "100 * ($k1 - $k0) / ($dur / 1e6)")
     V[$s.rate_server_pct]=$(calc "100 * ($c1 - $c0) / ($dur / 1e6)")
   fi
-  local e
-  e=$(($(kv "$f" wrk_err_connect) + $(kv "$f" wrk_err_read) + $(kv "$f" wrk_err_write) + $(kv "$f" wrk_err_status) + $(kv "$f" wrk_err_timeout))) 2>/dev/null || e='?'
-  [[ $e == 0 ]] || note "${NAME[$s]} small-file rate: wrk errors connect/read/write/status/timeout = $(kv "$f" wrk_err_connect)/$(kv "$f" wrk_err_read)/$(kv "$f" wrk_err_write)/$(kv "$f" wrk_err_status)/$(kv "$f" wrk_err_timeout)"
+  local k errs='' nerr=0 v
+  for k in connect read write status timeout; do
+    v=$(kv "$f" "wrk_err_$k")
+    errs="$errs${errs:+/}${v:-?}"
+    [[ ${v:-0} == 0 ]] || nerr=1
+  done
+  ((nerr == 0)) || note "${NAME[$s]} small-file rate: wrk errors connect/read/write/status/timeout = $errs"
   log "${NAME[$s]} small-file rate: ${V[$s.rate_rps]:-?} req/s, ${V[$s.rate_cpu_us]:-?} CPU us/req"
 }
 
