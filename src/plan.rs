@@ -427,7 +427,7 @@ fn nic_warnings(
     let shard_count = shards.len();
     if topo.irqbalance_running {
         warnings.push(
-            "irqbalance is running: it rewrites IRQ affinity every 10 s and will undo scripts/irq-affinity.sh; stop it (systemctl disable --now irqbalance) or ban the shard CPUs (IRQBALANCE_BANNED_CPULIST)"
+            "irqbalance is running: it rewrites IRQ affinity every 10 s and will undo scripts/irq-affinity.sh; stop it (systemctl disable --now irqbalance) or exclude the queue IRQs (IRQBALANCE_ARGS=\"--banirq=N ...\")"
                 .to_string(),
         );
     }
@@ -444,10 +444,9 @@ fn nic_warnings(
         ));
     } else if !queues.is_empty() && queues.len() < shard_count {
         warnings.push(format!(
-            "{name} has only {} RX queues for {shard_count} shards: shards {}-{} own no queue, so no packets arrive on their CPUs and CPU steering sends them no connections; raise the queue count (`ethtool -L {name} combined {shard_count}`)",
+            "{name} has only {} RX queue(s) for {shard_count} shards: shard(s) {} own no queue, so no packets arrive on their CPUs and CPU steering sends them no connections; raise the queue count (`ethtool -L {name} combined {shard_count}`)",
             queues.len(),
-            queues.len(),
-            shard_count - 1
+            format_cpulist(&(queues.len()..shard_count).collect::<Vec<_>>())
         ));
     }
     // Every queue IRQ (TX-only vectors too) should fire on the CPU of the shard owning its queue.
@@ -772,7 +771,7 @@ mod tests {
         );
         // 4 queues for 8 shards: shards 4-7 own none.
         assert!(
-            has_warning(&plan, "shards 4-7 own no queue"),
+            has_warning(&plan, "shard(s) 4-7 own no queue"),
             "{:?}",
             plan.warnings
         );
@@ -897,7 +896,10 @@ mod tests {
         assert_eq!(plan.shards[1].irq, None);
         assert_eq!(plan.shards[2].nic_queue, None);
         assert!(has_warning(&plan, "no queue IRQs of ens3"));
-        assert!(has_warning(&plan, "ens3 has only 2 RX queues for 3 shards"));
+        assert!(has_warning(
+            &plan,
+            "ens3 has only 2 RX queue(s) for 3 shards: shard(s) 2 own"
+        ));
     }
 
     #[test]

@@ -956,7 +956,7 @@ mod tests {
     }
 
     #[test]
-    fn live_affinity_is_a_subset_of_something() {
+    fn live_affinity_restricts_allowed_cpus() {
         // The live mask is never empty for a running thread.
         let live = live_affinity_cpus().unwrap();
         assert!(!live.is_empty());

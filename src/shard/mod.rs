@@ -95,7 +95,6 @@ struct Shard {
     open_conns: usize,
     zerocopy: bool,
     last_sweep_ms: u64,
-    scratch: Vec<u8>,
 }
 
 impl Shard {
@@ -155,7 +154,6 @@ impl Shard {
             open_conns: 0,
             zerocopy,
             last_sweep_ms: 0,
-            scratch: Vec::with_capacity(1024),
             cfg,
         })
     }
@@ -224,6 +222,10 @@ impl Shard {
         }
         tracing::debug!(shard = self.index, "shard drained");
         Ok(())
+    }
+
+    fn metrics_requests(&self) -> u64 {
+        self.ring.sqes_pushed
     }
 
     fn token(&self, op: Op, c: u32, aux: u16) -> u64 {
@@ -310,6 +312,9 @@ impl Shard {
         conn.recv_armed = false;
         conn.ops -= 1;
         let bid = cqe.buffer_id();
+        if let Some(b) = bid {
+            self.ring.claim_recv(b);
+        }
         if conn.phase != Phase::Open {
             if let Some(b) = bid {
                 self.ring.recycle_recv(b);

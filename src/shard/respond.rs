@@ -10,7 +10,7 @@ use crate::fs::resolve::resolve_target;
 use crate::http::conditional::{self, Precondition, Validators};
 use crate::http::range::{parse_range, ByteRange, RangeOutcome};
 use crate::http::request::{parse_request, Method, Parsed, Request};
-use crate::http::response::{self, ContentRange, Head};
+use crate::http::response::{self, Boundary, ContentRange, Head};
 use crate::http::mime;
 
 impl Shard {
@@ -35,6 +35,11 @@ impl Shard {
         if !conn.responding {
             self.arm_recv(c);
         }
+    }
+
+    /// Seed for a multipart boundary: differs per shard, connection and moment.
+    fn boundary_seed(&self, c: u32) -> u64 {
+        (self.index as u64) << 48 ^ u64::from(c) << 24 ^ self.now_ms ^ self.metrics_requests()
     }
 
     fn begin_response(&mut self, c: u32, status: u16, keep_alive: bool) {
@@ -117,21 +122,17 @@ impl Shard {
         let (status, content_range, body_len, segments, multipart) = if not_modified {
             (304, None, 0, VecDeque::new(), None)
         } else {
-            plan_body(outcome, size, content_type, c, self.now_ms)
+            plan_body(outcome, size, content_type, self.boundary_seed(c))
         };
         self.begin_response(c, status, keep_alive);
         let f = self.files.get(idx);
-        let multipart_type;
         let head = Head {
             status,
             keep_alive,
             date: self.date.header_value(),
             content_length: if status == 304 { None } else { Some(body_len) },
             content_type: match &multipart {
-                Some(boundary) => {
-                    multipart_type = format!("multipart/byteranges; boundary={boundary}");
-                    Some(multipart_type.as_str())
-                }
+                Some(boundary) => Some(boundary.content_type()),
                 None if status == 416 => None,
                 None => Some(content_type),
             },
@@ -180,9 +181,8 @@ fn plan_body(
     outcome: RangeOutcome,
     size: u64,
     content_type: &str,
-    conn: u32,
-    now_ms: u64,
-) -> (u16, Option<ContentRange>, u64, VecDeque<Segment>, Option<String>) {
+    seed: u64,
+) -> (u16, Option<ContentRange>, u64, VecDeque<Segment>, Option<Boundary>) {
     let file = |r: ByteRange| Segment::File {
         pos: r.start,
         end: r.end,
@@ -214,19 +214,28 @@ fn plan_body(
             None,
         ),
         RangeOutcome::Multi(ranges) => {
-            // Unique enough per response; never derived from file content.
-            let boundary = format!("{:08x}{:08x}", conn, (now_ms as u32).rotate_left(13) ^ 0x5bd1_e995);
+            let boundary = Boundary::new(seed);
+            let Some(len) = response::multipart_length(boundary.as_str(), content_type, &ranges, size)
+            else {
+                return plan_body(RangeOutcome::Full, size, content_type, seed);
+            };
             let mut segs = VecDeque::with_capacity(ranges.len() * 2 + 1);
             for r in &ranges {
                 let mut part = Vec::with_capacity(128);
-                response::write_part_header(&boundary, content_type, r.start, r.end - 1, size, &mut part);
+                response::write_part_header(
+                    boundary.as_str(),
+                    content_type,
+                    r.start,
+                    r.end - 1,
+                    size,
+                    &mut part,
+                );
                 segs.push_back(Segment::Mem(part));
                 segs.push_back(file(*r));
             }
             let mut closing = Vec::with_capacity(64);
-            response::write_closing_boundary(&boundary, &mut closing);
+            response::write_closing_boundary(boundary.as_str(), &mut closing);
             segs.push_back(Segment::Mem(closing));
-            let len = response::multipart_length(&boundary, content_type, &ranges, size);
             (206, None, len, segs, Some(boundary))
         }
     }

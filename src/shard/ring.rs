@@ -181,6 +181,13 @@ impl RecvBuffers {
         }
     }
 
+    /// The kernel handed buffer `bid` to us with a completion.
+    fn claim(&mut self, bid: u16) {
+        let slot = usize::from(bid);
+        assert!(!self.lent[slot], "recv buffer {bid} claimed twice");
+        self.lent[slot] = true;
+    }
+
     fn data(&self, bid: u16, len: usize) -> &[u8] {
         let slot = usize::from(bid);
         assert!(slot < usize::from(self.entries) && len <= self.buffer_bytes);
@@ -316,7 +323,6 @@ impl Ring {
     pub fn accept_multi(&mut self, listener: BorrowedFd<'_>, token: u64) {
         let e = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd()))
             .allocate_file_index(true)
-            .flags(libc::SOCK_CLOEXEC)
             .build()
             .user_data(token);
         self.push(e);
@@ -330,6 +336,12 @@ impl Ring {
             .flags(squeue::Flags::BUFFER_SELECT)
             .user_data(token);
         self.push(e);
+    }
+
+    /// Takes ownership of provided buffer `bid` named by a receive completion; it stays ours
+    /// until `recycle_recv`.
+    pub fn claim_recv(&mut self, bid: u16) {
+        self.recv.claim(bid);
     }
 
     /// The bytes a receive placed in provided buffer `bid`.
