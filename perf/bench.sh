@@ -4,13 +4,14 @@
 # perf/bench.sh: shardline against the nginx anchor (perf/nginx.conf), side by side, in one run.
 #
 #   perf/bench.sh [--quick] [--large-gib N | --large-mib N] [--duration-s N] [--out FILE]
-#                 [--validate]
+#                 [--validate] [--nice N]
 #
 # Both servers serve the same fixtures from perf/out/root, each pinned to CPU 0 (one shard, one
 # worker); every load generator is pinned to CPU 1. Each workload runs against shardline, then
 # against nginx, before the next workload starts. Raw outputs land in perf/out/run/.
 # --validate also runs perf/validate-no-reclaim.sh (profile, reclaim counters, syscall mix of both
-# servers) at the end and appends its output to the report.
+# servers) at the end and appends its output to the report. --nice N runs both servers and every
+# load generator at that nice level (e.g. -10 on a host shared with other work; default 0).
 # Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
 # SHARDLINE_PORT, NGINX_PORT (default: first free from 28080), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
 set -euo pipefail
@@ -27,7 +28,7 @@ usage() {
 }
 
 BENCH_ARGS=("$@")
-QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0
+QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0 NICE=0
 while (($#)); do
   case $1 in
     --quick) QUICK=1; shift ;;
@@ -36,6 +37,7 @@ while (($#)); do
     --duration-s) DURATION_S=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --validate) VALIDATE=1; shift ;;
+    --nice) NICE=$2; shift 2 ;;
     -h | --help) usage 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; usage 2 ;;
   esac
@@ -50,6 +52,7 @@ else
 fi
 [[ $LARGE_MIB =~ ^[0-9]+$ && $LARGE_MIB -ge 16 ]] || die "the large file must be at least 16 MiB"
 [[ $DURATION_S =~ ^[0-9]+$ && $DURATION_S -ge 2 ]] || die "--duration-s wants an integer >= 2"
+[[ $NICE =~ ^-?[0-9]+$ ]] || die "--nice wants an integer"
 LARGE_BYTES=$((LARGE_MIB * 1024 * 1024))
 SMALL_BYTES=1024
 LARGE_SEED=1 SMALL_SEED=2
@@ -76,7 +79,7 @@ LAST_PID=''
 spawn() { # spawn CPU OUTFILE CMD...: background, pinned, own process group
   local cpu=$1 outfile=$2
   shift 2
-  setsid taskset -c "$cpu" "$@" >"$outfile" 2>&1 </dev/null &
+  setsid taskset -c "$cpu" nice -n "$NICE" "$@" >"$outfile" 2>&1 </dev/null &
   LAST_PID=$!
   GROUPS_LIVE[$LAST_PID]=1
 }
@@ -154,7 +157,13 @@ kv() { # kv FILE KEY: the value of KEY=... in FILE, empty when absent
 calc() { awk "BEGIN { x = $1; printf \"%.6f\", x }" 2>/dev/null; }
 median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 max_of() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | tail -n 1; }
-group_cpu_s() { "$LOADGEN" cpu --pgid "$1" | sed -n 's/^cpu_s=//p'; }
+# group_stats PGID: GROUP_CPU_S (utime+stime) and GROUP_WAIT_S (run-queue wait) of a group.
+group_stats() {
+  local out
+  out=$("$LOADGEN" cpu --pgid "$1")
+  GROUP_CPU_S=$(sed -n 's/^cpu_s=//p' <<<"$out")
+  GROUP_WAIT_S=$(sed -n 's/^runqueue_wait_s=//p' <<<"$out")
+}
 # CHILD_CPU_S=user+sys of every child this shell has reaped so far. Not a $(...) function:
 # `times` in a subshell would report the subshell's children (none).
 children_cpu() {
@@ -192,8 +201,8 @@ ensure_up() {
   local s=$1 rc=0
   alive "${PG[$s]}" && return 0
   reap "${PG[$s]}" || rc=$?
-  failure "${NAME[$s]} exited (status $rc) before workload '$2'; restarted it. Log tail: $(tail -n 3 "$RUN/$s-server.log" | tr '\n' ' ')"
-  cp "$RUN/$s-server.log" "$RUN/$s-server.crash-before-$2.log" 2>/dev/null || true
+  failure "${NAME[$s]} exited (status $rc) before workload '$2'; restarted it. Log tail: $(tail -n 3 "$RUN/$s-server.log" | sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ')"
+  cp "$RUN/$s-server.log" "$RUN/$s-server.exited-at-${2%% *}.log" 2>/dev/null || true
   start_server "$s"
 }
 
@@ -235,15 +244,20 @@ w_bulk() {
   pt=$LAST_PID
   reap "$pb" || failure "${NAME[$s]} bulk client exited non-zero ($(tail -n 1 "$fb"))"
   reap "$pt" || failure "${NAME[$s]} ttfb client exited non-zero ($(tail -n 1 "$ft"))"
-  local bps bytes cpu win ccpu
+  local bps bytes cpu win ccpu wait_s
   bps=$(kv "$fb" bytes_per_s) bytes=$(kv "$fb" window_bytes) cpu=$(kv "$fb" server_cpu_s)
   win=$(kv "$fb" window_s) ccpu=$(kv "$fb" client_cpu_s)
   [[ -n $bps ]] && V[$s.bulk_gbs]=$(calc "$bps / 1e9")
   [[ -n $bytes && -n $cpu && $bytes != 0 ]] && V[$s.bulk_cpu_gib]=$(calc "$cpu / ($bytes / 1073741824)")
   [[ -n $win && -n $ccpu ]] && V[$s.bulk_client_pct]=$(calc "100 * $ccpu / $win")
   [[ -n $win && -n $cpu ]] && V[$s.bulk_server_pct]=$(calc "100 * $cpu / $win")
+  wait_s=$(kv "$fb" server_runqueue_wait_s)
+  [[ -n $win && -n $wait_s ]] && V[$s.bulk_wait_pct]=$(calc "100 * $wait_s / $win")
   V[$s.bulk_errors]=$(kv "$fb" errors)
   V[$s.bulk_gap_ms]=$(kv "$fb" max_read_gap_ms)
+  V[$s.bulk_conn_min]=$(kv "$fb" conn_mb_per_s_min)
+  V[$s.bulk_jain]=$(kv "$fb" jain_fairness)
+  V[$s.ttfb_over5]=$(kv "$ft" over_5ms)
   V[$s.ttfb_p50]=$(kv "$ft" ttfb_p50_ms)
   V[$s.ttfb_p99]=$(kv "$ft" ttfb_p99_ms)
   V[$s.ttfb_max]=$(kv "$ft" ttfb_max_ms)
@@ -257,19 +271,22 @@ w_bulk() {
 
 # 3: 64 keep-alive connections on the 1 KiB file.
 w_rate() {
-  local s=$1 f=$RUN/$1-rate.txt c0 c1 k0 k1 req dur
+  local s=$1 f=$RUN/$1-rate.txt c0 c1 k0 k1 w0 w1 req dur
   children_cpu
-  c0=$(group_cpu_s "${PG[$s]}") k0=$CHILD_CPU_S
+  group_stats "${PG[$s]}"
+  c0=$GROUP_CPU_S w0=$GROUP_WAIT_S k0=$CHILD_CPU_S
   run_client "$f" wrk -t1 -c"$RATE_CONNS" -d"${DURATION_S}s" --timeout 10s -s "$HERE/wrk-summary.lua" \
     "http://127.0.0.1:${PORT[$s]}/small.bin" || failure "${NAME[$s]} wrk exited non-zero"
   children_cpu
-  c1=$(group_cpu_s "${PG[$s]}") k1=$CHILD_CPU_S
+  group_stats "${PG[$s]}"
+  c1=$GROUP_CPU_S w1=$GROUP_WAIT_S k1=$CHILD_CPU_S
   req=$(kv "$f" wrk_requests) dur=$(kv "$f" wrk_duration_us)
   if [[ -n $req && -n $dur && $req != 0 ]]; then
     V[$s.rate_rps]=$(calc "$req / ($dur / 1e6)")
     V[$s.rate_cpu_us]=$(calc "($c1 - $c0) * 1e6 / $req")
     V[$s.rate_client_pct]=$(calc "100 * ($k1 - $k0) / ($dur / 1e6)")
     V[$s.rate_server_pct]=$(calc "100 * ($c1 - $c0) / ($dur / 1e6)")
+    V[$s.rate_wait_pct]=$(calc "100 * ($w1 - $w0) / ($dur / 1e6)")
   fi
   local k errs='' nerr=0 v
   for k in connect read write status timeout; do
@@ -363,20 +380,30 @@ report() {
       "utime+stime of the server's processes (nginx: master + worker + its thread pool) per GiB sent in the same window: the cost of the data path, and the number loopback cannot hide."
     fmt_row "1 Bulk: server CPU %" info %.0f bulk_server_pct bulk_server_pct "" \
       "Server CPU time over the window as a share of one CPU; near 100 means the server's one core was the limit."
+    fmt_row "1 Bulk: server run-queue wait % (sum over threads)" info %.0f bulk_wait_pct bulk_wait_pct "" \
+      "Time the server's threads were runnable but waiting for a CPU (schedstat), as a share of the window: other work on the host taking CPU $SERVER_CPU. Above a few %, the latency rows measure the host more than the server."
     fmt_row "1 Bulk: load-generator CPU %" info %.0f bulk_client_pct bulk_client_pct "" \
       "CPU use of the bulk client on CPU $CLIENT_CPU; near 100 means the client, not the server, set the throughput."
+    fmt_row "1 Bulk: slowest connection (MB/s)" higher %.2f bulk_conn_min bulk_conn_min "" \
+      "Throughput of the slowest of the $BULK_CONNS connections over the window: a starved connection shows here."
+    fmt_row "1 Bulk: fairness (Jain index)" higher %.3f bulk_jain bulk_jain "" \
+      "Jain's index of per-connection throughput: 1 = every connection got the same share, 0.01 = one connection got everything."
     fmt_row "2 Small under bulk: TTFB p50 (ms)" lower %.3f ttfb_p50 ttfb_p50 "" \
       "Median time from connect() to the first response byte of a 1 KiB GET on a fresh connection, $TTFB_RATE/s, while the bulk load runs."
     fmt_row "2 Small under bulk: TTFB p99 (ms)" lower %.3f ttfb_p99 ttfb_p99 "sl<=5;ratio<=0.25" \
       "99th percentile of the same: the field report's 0.412 s vs 0.003 s case (one bulk connection holding the loop)."
     fmt_row "2 Small under bulk: TTFB max (ms)" lower %.3f ttfb_max ttfb_max "" \
       "Worst small request seen during the bulk window."
+    fmt_row "2 Small under bulk: requests over 5 ms" lower %.0f ttfb_over5 ttfb_over5 "" \
+      "How many of the ${V[sl.ttfb_n]:-?} (shardline) / ${V[ng.ttfb_n]:-?} (nginx) small requests took longer than the 5 ms target to their first byte."
     fmt_row "3 Small-file rate: requests/s" higher %.0f rate_rps rate_rps "ratio>=1.3" \
       "1 KiB GETs per second over $RATE_CONNS keep-alive connections (wrk -t1 on CPU $CLIENT_CPU)."
     fmt_row "3 Small-file rate: server CPU us per request" lower %.1f rate_cpu_us rate_cpu_us "" \
       "Server CPU time per request in that run; meaningful even when the single wrk thread is the bottleneck."
     fmt_row "3 Small-file rate: server CPU %" info %.0f rate_server_pct rate_server_pct "" \
       "Server CPU time as a share of one CPU during the run."
+    fmt_row "3 Small-file rate: server run-queue wait % (sum over threads)" info %.0f rate_wait_pct rate_wait_pct "" \
+      "As for bulk: time the server waited for CPU $SERVER_CPU behind other work."
     fmt_row "3 Small-file rate: load-generator CPU %" info %.0f rate_client_pct rate_client_pct "" \
       "CPU use of wrk; near 100 means requests/s is client-bound and only the CPU-per-request row compares the servers."
     fmt_row "4 Range: aligned 100 MiB (MB/s)" higher %.0f range_a range_a "" \
@@ -421,7 +448,7 @@ report() {
     echo "- Load generators pinned to CPU $CLIENT_CPU: \`perf/loadgen\` (std-only Rust) and $WRK_VERSION; everything over 127.0.0.1"
     echo "- Fixtures on $fs (\`perf/out/root\`): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB), small.bin $SMALL_BYTES bytes, deterministic pseudo-random content; every ranged and full GET is verified byte for byte"
     echo "- Durations: bulk ${DURATION_S} s with $BULK_CONNS connections, measured over [$WARMUP_S s, $DURATION_S s); small probe $TTFB_RATE/s on fresh connections inside that window; small-file rate ${DURATION_S} s with $RATE_CONNS connections; Range: $RANGE_REPS x (aligned + unaligned) of $RANGE_LEN bytes; idle: $IDLE_CONNS connections"
-    echo "- Page cache dropped before workloads 1, 4 (each GET) and 5: $DROP_OK"
+    echo "- Page cache dropped before workloads 1, 4 (each GET) and 5: $DROP_OK; nice level of servers and clients: $NICE"
     echo
     echo "| Workload / metric | Better | shardline | nginx | shardline / nginx | Ahead | Target (issue 4) |"
     echo "|---|---|---:|---:|---:|---|---|"
@@ -441,10 +468,10 @@ report() {
     for n in "${NOTES[@]}"; do echo "- $n"; done
     for s in sl ng; do
       n=$(grep -ciE 'panic|error|warn' "$RUN/$s-server.log" 2>/dev/null || true)
-      [[ ${n:-0} == 0 ]] || echo "- ${NAME[$s]} log: $n lines matching panic/error/warn, e.g. \`$(grep -iE 'panic|error|warn' "$RUN/$s-server.log" | head -n 1 | cut -c1-200)\`"
+      [[ ${n:-0} == 0 ]] || echo "- ${NAME[$s]} log: $n lines matching panic/error/warn, e.g. \`$(grep -iE 'panic|error|warn' "$RUN/$s-server.log" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200)\`"
     done
     [[ -s $OUTDIR/nginx/error.log ]] && echo "- nginx error.log: $(wc -l <"$OUTDIR/nginx/error.log") lines, e.g. \`$(head -n 1 "$OUTDIR/nginx/error.log" | cut -c1-200)\`"
-    echo "- Bulk: max gap between two reads of one response: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector)."
+    echo "- Bulk: longest pause between two reads on one connection: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector; on a busy host it includes the client's own scheduling delays)."
     echo "- Raw outputs of every client and both server logs: \`perf/out/run/\`."
     if [[ -s $RUN/validate.txt ]]; then
       echo
@@ -511,6 +538,12 @@ for w in bulk rate range pagecache idle; do
     ensure_up "$s" "$w"
     log "workload $w: ${NAME[$s]}"
     "w_$w" "$s"
+    if ! alive "${PG[$s]}"; then
+      # Died during the workload: say so (status 0 = someone sent it SIGTERM), restart, retry once.
+      ensure_up "$s" "$w (died during it; retried once)"
+      log "workload $w: ${NAME[$s]} (retry)"
+      "w_$w" "$s"
+    fi
   done
 done
 if ((VALIDATE)); then

@@ -177,6 +177,32 @@ fn group_cpu_s(pgid: u32) -> f64 {
     ticks as f64 / clk_tck()
 }
 
+/// Seconds the threads of process group `pgid` spent waiting on a run queue (runnable but not
+/// running: /proc/PID/task/TID/schedstat, second field). On a shared host this is the time other
+/// work took from the server; on a dedicated one it stays near zero.
+fn group_wait_s(pgid: u32) -> f64 {
+    let mut ns: u64 = 0;
+    for (pid, g, _) in proc_stats() {
+        if g != pgid {
+            continue;
+        }
+        let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in rd.flatten() {
+            let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                continue;
+            };
+            ns += s
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    ns as f64 / 1e9
+}
+
 fn self_cpu_s() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
@@ -198,6 +224,7 @@ fn fd_count(pid: u32) -> Option<u64> {
 fn cmd_cpu(a: &Args) {
     let pgid = a.u64("pgid") as u32;
     println!("cpu_s={:.3}", group_cpu_s(pgid));
+    println!("runqueue_wait_s={:.3}", group_wait_s(pgid));
 }
 
 // ---------------------------------------------------------------- HTTP client
@@ -381,6 +408,8 @@ struct BulkShared {
     max_gap_us: AtomicU64,
     measuring: AtomicBool,
     first_error: Mutex<Option<String>>,
+    /// Body bytes per connection (worker), for the fairness figures.
+    per_conn: Vec<AtomicU64>,
 }
 
 fn cmd_bulk(a: &Args) {
@@ -398,29 +427,45 @@ fn cmd_bulk(a: &Args) {
         max_gap_us: AtomicU64::new(0),
         measuring: AtomicBool::new(false),
         first_error: Mutex::new(None),
+        per_conn: (0..conns).map(|_| AtomicU64::new(0)).collect(),
     });
-    for _ in 0..conns {
+    for k in 0..conns {
         let sh = sh.clone();
         let path = path.clone();
         thread::Builder::new()
             .stack_size(256 * 1024)
-            .spawn(move || bulk_worker(addr, &path, expect_len, &sh))
+            .spawn(move || bulk_worker(k, addr, &path, expect_len, &sh))
             .expect("spawn");
     }
     let t_start = Instant::now();
     thread::sleep(Duration::from_secs_f64(warmup));
     sh.measuring.store(true, Ordering::SeqCst);
+    // Time and byte counters first, CPU after: a /proc scan can wait for the CPU behind 100
+    // busy workers, and that wait must not fall between the byte snapshot and the clock.
+    let t0 = Instant::now();
     let b0 = sh.bytes.load(Ordering::SeqCst);
     let r0 = sh.responses.load(Ordering::SeqCst);
+    let pc0: Vec<u64> = sh
+        .per_conn
+        .iter()
+        .map(|a| a.load(Ordering::SeqCst))
+        .collect();
     let c0 = pgid.map(group_cpu_s);
+    let w0 = pgid.map(group_wait_s);
     let me0 = self_cpu_s();
-    let t0 = Instant::now();
     let end = t_start + Duration::from_secs_f64(duration);
     thread::sleep(end.saturating_duration_since(Instant::now()));
     let secs = t0.elapsed().as_secs_f64();
     let b1 = sh.bytes.load(Ordering::SeqCst);
     let r1 = sh.responses.load(Ordering::SeqCst);
+    let mut pc: Vec<f64> = sh
+        .per_conn
+        .iter()
+        .zip(&pc0)
+        .map(|(a, b0)| (a.load(Ordering::SeqCst) - b0) as f64)
+        .collect();
     let c1 = pgid.map(group_cpu_s);
+    let w1 = pgid.map(group_wait_s);
     let me1 = self_cpu_s();
     let bytes = b1 - b0;
     println!("window_s={secs:.3}");
@@ -435,7 +480,24 @@ fn cmd_bulk(a: &Args) {
     if let (Some(c0), Some(c1)) = (c0, c1) {
         println!("server_cpu_s={:.3}", c1 - c0);
     }
+    if let (Some(w0), Some(w1)) = (w0, w1) {
+        println!("server_runqueue_wait_s={:.3}", w1 - w0);
+    }
     println!("client_cpu_s={:.3}", me1 - me0);
+    // Fairness between connections over the window: slowest, median and fastest connection,
+    // and Jain's index (1 = all equal, 1/n = one connection got everything).
+    pc.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if !pc.is_empty() {
+        let mbps = |b: f64| b / secs / 1e6;
+        println!("conn_mb_per_s_min={:.2}", mbps(pc[0]));
+        println!("conn_mb_per_s_p50={:.2}", mbps(pct(&pc, 50.0)));
+        println!("conn_mb_per_s_max={:.2}", mbps(pc[pc.len() - 1]));
+        let sum: f64 = pc.iter().sum();
+        let sq: f64 = pc.iter().map(|x| x * x).sum();
+        if sq > 0.0 {
+            println!("jain_fairness={:.3}", sum * sum / (pc.len() as f64 * sq));
+        }
+    }
     if let Some(e) = sh.first_error.lock().unwrap().as_ref() {
         println!("first_error={e}");
     }
@@ -444,7 +506,7 @@ fn cmd_bulk(a: &Args) {
     exit(0);
 }
 
-fn bulk_worker(addr: SocketAddr, path: &str, expect_len: Option<u64>, sh: &BulkShared) {
+fn bulk_worker(k: usize, addr: SocketAddr, path: &str, expect_len: Option<u64>, sh: &BulkShared) {
     let mut conn: Option<Conn> = None;
     loop {
         let r = (|| -> io::Result<()> {
@@ -470,6 +532,7 @@ fn bulk_worker(addr: SocketAddr, path: &str, expect_len: Option<u64>, sh: &BulkS
             let mut last = Instant::now();
             c.read_body(len, |d| {
                 sh.bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
+                sh.per_conn[k].fetch_add(d.len() as u64, Ordering::Relaxed);
                 let now = Instant::now();
                 if sh.measuring.load(Ordering::Relaxed) {
                     let gap = (now - last).as_micros() as u64;
@@ -509,7 +572,7 @@ fn cmd_ttfb(a: &Args) {
     thread::sleep(Duration::from_secs_f64(delay));
     let n = (rate * duration).floor().max(1.0) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate);
-    let (tx, rx) = mpsc::channel::<Result<f64, String>>();
+    let (tx, rx) = mpsc::channel::<(u64, Result<Timing, String>)>();
     let start = Instant::now();
     let mut handles = Vec::new();
     for i in 0..n {
@@ -519,22 +582,30 @@ fn cmd_ttfb(a: &Args) {
         let path = path.clone();
         handles.push(thread::spawn(move || {
             let r = one_small(addr, &path, seed, expect_len).map_err(|e| e.to_string());
-            let _ = tx.send(r);
+            let _ = tx.send((i, r));
         }));
     }
     drop(tx);
     for h in handles {
         let _ = h.join();
     }
+    let mut all: Vec<(u64, Result<Timing, String>)> = rx.into_iter().collect();
+    all.sort_by_key(|(i, _)| *i);
     let mut ms = Vec::new();
     let mut errors = 0u64;
     let mut first_error = None;
-    for r in rx {
+    // Request order, for looking at when the slow ones happened: "i:connect_ms/ttfb_ms".
+    let mut samples = Vec::new();
+    for (i, r) in &all {
         match r {
-            Ok(v) => ms.push(v),
+            Ok(t) => {
+                ms.push(t.ttfb_ms);
+                samples.push(format!("{i}:{:.2}/{:.2}", t.connect_ms, t.ttfb_ms));
+            }
             Err(e) => {
                 errors += 1;
-                first_error.get_or_insert(e);
+                samples.push(format!("{i}:error"));
+                first_error.get_or_insert(e.clone());
             }
         }
     }
@@ -544,12 +615,20 @@ fn cmd_ttfb(a: &Args) {
     println!("errors={errors}");
     if !ms.is_empty() {
         println!("ttfb_p50_ms={:.3}", pct(&ms, 50.0));
+        println!("ttfb_p90_ms={:.3}", pct(&ms, 90.0));
         println!("ttfb_p99_ms={:.3}", pct(&ms, 99.0));
         println!("ttfb_max_ms={:.3}", ms[ms.len() - 1]);
+        println!("over_5ms={}", ms.iter().filter(|&&v| v > 5.0).count());
     }
     if let Some(e) = first_error {
         println!("first_error={e}");
     }
+    println!("samples={}", samples.join(" "));
+}
+
+struct Timing {
+    connect_ms: f64,
+    ttfb_ms: f64,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -564,9 +643,10 @@ fn one_small(
     path: &str,
     seed: Option<u64>,
     expect_len: Option<u64>,
-) -> io::Result<f64> {
+) -> io::Result<Timing> {
     let t0 = Instant::now();
     let mut c = Conn::connect(&addr, HEAD_MAX, Some(Duration::from_secs(10)))?;
+    let connect_ms = t0.elapsed().as_secs_f64() * 1000.0;
     c.send_get(path, None, false)?;
     let h = c.read_head()?;
     let ttfb = (h.first_byte - t0).as_secs_f64() * 1000.0;
@@ -588,7 +668,10 @@ fn one_small(
     if let Some(at) = v.and_then(|v| v.bad_at) {
         return Err(bad(&format!("body differs from the fixture at byte {at}")));
     }
-    Ok(ttfb)
+    Ok(Timing {
+        connect_ms,
+        ttfb_ms: ttfb,
+    })
 }
 
 // ---------------------------------------------------------------- get
