@@ -95,6 +95,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Access log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// Common log format plus bytes, duration, range and shard.
+    Common,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Largest body the network-only diagnostic endpoint will generate.
+pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
+
 /// Every setting of the server; defaults are the documented ones.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -147,6 +160,10 @@ pub struct Config {
     pub symlinks: SymlinkPolicy,
     /// Access log path; empty or absent means off.
     pub access_log: Option<PathBuf>,
+    /// Access log line format.
+    pub access_log_format: AccessLogFormat,
+    /// Serve `GET /__shardline/zero?bytes=N` (zeros from memory, no disk) for network tests.
+    pub diag_endpoint: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Provided receive buffers per shard (power of two).
@@ -180,6 +197,8 @@ impl Default for Config {
             open_file_valid_ms: 1_000,
             symlinks: SymlinkPolicy::Beneath,
             access_log: None,
+            access_log_format: AccessLogFormat::Common,
+            diag_endpoint: false,
             log_format: LogFormat::Text,
             recv_buffers: 1024,
         }
@@ -242,12 +261,20 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match std::fs::metadata(&self.root) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(err("root", format!("{} is not a directory", self.root.display()))),
+            Ok(_) => {
+                return Err(err(
+                    "root",
+                    format!("{} is not a directory", self.root.display()),
+                ))
+            }
             Err(e) => return Err(err("root", format!("{}: {e}", self.root.display()))),
         }
         if let ShardCount::Fixed(n) = self.shards {
             if n == 0 || n > MAX_SHARDS {
-                return Err(err("shards", format!("must be 1..={MAX_SHARDS} or \"auto\"")));
+                return Err(err(
+                    "shards",
+                    format!("must be 1..={MAX_SHARDS} or \"auto\""),
+                ));
             }
         }
         if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes)
@@ -345,23 +372,35 @@ mod tests {
 
     #[test]
     fn root_must_be_a_directory() {
-        let mut c = Config::default();
-        c.root = PathBuf::from("/definitely/not/here");
+        let mut c = Config {
+            root: PathBuf::from("/definitely/not/here"),
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "root");
         c.root = PathBuf::from("/proc/self/status");
-        assert!(c.validate().unwrap_err().message.contains("not a directory"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("not a directory"));
     }
 
     #[test]
     fn relations_are_checked() {
-        let mut c = Config::default();
-        c.tick_budget_bytes = 1000;
+        let c = Config {
+            tick_budget_bytes: 1000,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "tick_budget_bytes");
-        let mut c = Config::default();
-        c.arena_bytes = c.chunk_bytes * 2;
+        let c = Config {
+            arena_bytes: 2 * 512 * 1024,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "arena_bytes");
-        let mut c = Config::default();
-        c.chunk_bytes = 100_000;
+        let c = Config {
+            chunk_bytes: 100_000,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "chunk_bytes");
     }
 

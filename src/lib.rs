@@ -6,6 +6,7 @@
 //! where shards run and which shard a connection lands on.
 
 pub mod config;
+pub mod doctor;
 pub mod fs;
 pub mod http;
 pub mod metrics;

@@ -18,6 +18,11 @@ struct Cli {
 enum Command {
     /// Serve a directory over HTTP/1.1 (GET/HEAD, Range, keep-alive) from one shard per CPU.
     Serve(ServeArgs),
+    /// Print the shard plan: shard -> CPU -> core -> NUMA node -> NIC queue/IRQ, with warnings.
+    Plan(shardline::plan::PlanArgs),
+    /// Check this host (sysctls, NIC rings/offloads/MTU/drops, memlock, O_DIRECT) for the
+    /// traps that masquerade as slow storage or a slow network.
+    Doctor(shardline::doctor::DoctorArgs),
 }
 
 /// Flags of `shardline serve`; each overrides the same key of the config file.
@@ -50,6 +55,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Plan(args) => shardline::plan::run_plan_cli(&args),
+        Command::Doctor(args) => shardline::doctor::run_doctor_cli(&args),
     }
 }
 

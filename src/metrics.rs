@@ -75,7 +75,10 @@ counters! {
 impl ShardMetrics {
     /// Adds `v` to a counter (single writer: load + store is enough and cheaper than RMW).
     pub fn add(counter: &AtomicU64, v: u64) {
-        counter.store(counter.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(v),
+            Ordering::Relaxed,
+        );
     }
 
     /// Sets a gauge.

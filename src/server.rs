@@ -2,7 +2,8 @@
 //! shard, wait for SIGTERM/SIGINT, drain, exit.
 
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -114,12 +115,19 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     cfg.validate()?;
     let cpus = shard_cpus(&cfg)?;
     let listeners = bind_group(&cfg, cpus.len())?;
+    if cfg.steering && listeners.len() > 1 {
+        // Every socket is listening, so group index == shard index == listen order.
+        let program = crate::steering::reuseport_cbpf_program(&cpus);
+        crate::shard::ring_sys::attach_reuseport_cbpf(listeners[0].as_fd(), &program)
+            .map_err(|e| ServeError::Runtime(format!("attaching reuseport steering: {e}")))?;
+    }
     let local = listeners[0]
         .local_addr()
         .map_err(|e| ServeError::Runtime(e.to_string()))?;
     let cfg = Arc::new(cfg);
     let shutdown = Arc::new(AtomicBool::new(false));
-    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
+    let log_epoch = Arc::new(AtomicU64::new(0));
+    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])
         .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, std::io::Result<()>)>();
     let mut handles = Vec::with_capacity(cpus.len());
@@ -133,6 +141,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             listener,
             shutdown: shutdown.clone(),
             metrics,
+            log_epoch: log_epoch.clone(),
         };
         let tx = ready_tx.clone();
         let h = std::thread::Builder::new()
@@ -181,6 +190,11 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     let mut signals = signals;
     'wait: loop {
         for sig in signals.pending() {
+            if sig == libc::SIGUSR1 {
+                // Log rotation: every shard reopens its access log.
+                log_epoch.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             tracing::info!(signal = sig, "shutting down: draining in-flight responses");
             break 'wait;
         }

@@ -405,14 +405,22 @@ impl FileCache {
 
     /// O_DIRECT where the file system allows it and its alignment fits the arena; otherwise
     /// RWF_DONTCACHE (demoted to plain buffered if the kernel refuses it).
-    fn large_file_mode(&mut self, fd: &OwnedFd, st: &rustix::fs::Statx, dev: (u32, u32)) -> ReadMode {
+    fn large_file_mode(
+        &mut self,
+        fd: &OwnedFd,
+        st: &rustix::fs::Statx,
+        dev: (u32, u32),
+    ) -> ReadMode {
         let align = dio_alignment(st);
         let mode = match align {
             Some(a)
                 if a <= ARENA_ALIGN_BYTES
                     && (self.cfg.chunk_bytes as u64).is_multiple_of(u64::from(a))
-                    && rustix::fs::fcntl_setfl(fd, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::DIRECT)
-                        .is_ok() =>
+                    && rustix::fs::fcntl_setfl(
+                        fd,
+                        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::DIRECT,
+                    )
+                    .is_ok() =>
             {
                 ReadMode::Direct { align: a }
             }
