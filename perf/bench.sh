@@ -558,13 +558,16 @@ stop_server ng
 log "workloads took $((SECONDS - T0)) s"
 
 report
-if ((!QUICK)) && [[ $OUT == "$HERE/RESULTS.md" ]] && grep -q '<!-- bench:begin -->' "$HERE/README.md" 2>/dev/null; then
-  # Keep the table in perf/README.md current (between the bench:begin/end markers).
-  sed -n '/^| Workload/,/^$/p' "$OUT" >"$RUN/table.md"
-  awk -v table="$RUN/table.md" '
-    /<!-- bench:begin -->/ { print; while ((getline l < table) > 0) print l; skip = 1; next }
-    /<!-- bench:end -->/ { skip = 0 }
-    !skip' "$HERE/README.md" >"$RUN/README.new" && cp "$RUN/README.new" "$HERE/README.md"
+if ((!QUICK)) && [[ $OUT == "$HERE/RESULTS.md" ]]; then
+  # Keep the table in perf/README.md and README.md current (between the bench:begin/end markers).
+  sed -n '/^| Workload/,/^$/p' "$OUT" | sed '/^$/d' >"$RUN/table.md"
+  for readme in "$HERE/README.md" "$REPO/README.md"; do
+    grep -q '<!-- bench:begin -->' "$readme" 2>/dev/null || continue
+    awk -v table="$RUN/table.md" '
+      /<!-- bench:begin -->/ { print; while ((getline l < table) > 0) print l; close(table); skip = 1; next }
+      /<!-- bench:end -->/ { skip = 0 }
+      !skip' "$readme" >"$RUN/README.new" && cp "$RUN/README.new" "$readme"
+  done
 fi
 
 rc=0
