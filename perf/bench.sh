@@ -427,7 +427,7 @@ report() {
     fmt_row "5 Page cache: allocstall delta" lower %.0f pc_allocstall pc_allocstall "sl==0" \
       "Sum of allocstall_* growth: allocations that stalled for reclaim."
     fmt_row "6 Idle: server RSS before (KiB)" lower %.0f idle_rss0 idle_rss0 "" \
-      "VmRSS of the serving process (shardline; the nginx worker) before the idle connections."
+      "VmRSS of the serving process (shardline; the nginx worker) before the idle connections; shardline's registered buffer arena (config arena_bytes, 64 MiB per shard by default) is allocated and pinned at start-up, so it is here from the first second."
     fmt_row "6 Idle: server RSS with $IDLE_CONNS idle (KiB)" lower %.0f idle_rss1 idle_rss1 "" \
       "VmRSS with $IDLE_CONNS keep-alive connections open, each after one 1 KiB request, then idle for 1 s."
     fmt_row "6 Idle: RSS per idle connection (KiB)" lower %.2f idle_kib_per_conn idle_kib_per_conn "" \
