@@ -22,6 +22,9 @@ pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
 
+/// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
+
 /// How many shards to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardCount {
@@ -168,6 +171,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Provided receive buffers per shard (power of two).
     pub recv_buffers: usize,
+    /// Admin listener address (`/metrics`, `/healthz`); empty means off.
+    pub admin: String,
 }
 
 impl Default for Config {
@@ -201,6 +206,7 @@ impl Default for Config {
             diag_endpoint: false,
             log_format: LogFormat::Text,
             recv_buffers: 1024,
+            admin: DEFAULT_ADMIN.into(),
         }
     }
 }
@@ -250,6 +256,20 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| err(&path.display().to_string(), e.to_string()))?;
         Config::from_toml(&text, path)
+    }
+
+    /// The admin listener's address; `None` when `admin` is empty (off).
+    pub fn admin_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        let v = self.admin.trim();
+        if v.is_empty() {
+            return Ok(None);
+        }
+        v.parse().map(Some).map_err(|_| {
+            err(
+                "admin",
+                format!("{v:?} is not an ADDRESS:PORT (use \"\" to turn the admin listener off)"),
+            )
+        })
     }
 
     /// Registered arena slots per shard.
@@ -335,6 +355,17 @@ impl Config {
         if !self.recv_buffers.is_power_of_two() || !(16..=32_768).contains(&self.recv_buffers) {
             return Err(err("recv_buffers", "must be a power of two in 16..=32768"));
         }
+        if let Some(admin) = self.admin_addr()? {
+            if admin.ip() == self.listen.ip()
+                && admin.port() == self.listen.port()
+                && admin.port() != 0
+            {
+                return Err(err(
+                    "admin",
+                    format!("{admin} is also the data listener (listen)"),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -414,5 +445,27 @@ mod tests {
         assert_eq!(c.arena_bytes, d.arena_bytes);
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
+        assert_eq!(c.admin, d.admin);
+    }
+
+    #[test]
+    fn admin_address_is_checked() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            c.admin_addr().unwrap(),
+            Some("127.0.0.1:9900".parse().unwrap())
+        );
+        let c = parse("admin = \"\"").unwrap();
+        assert_eq!(c.admin_addr().unwrap(), None);
+        c.validate().unwrap();
+        let c = parse("admin = \"[::1]:0\"").unwrap();
+        assert_eq!(c.admin_addr().unwrap(), Some("[::1]:0".parse().unwrap()));
+        let c = parse("admin = \"localhost\"").unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "admin");
+        assert!(e.message.contains("localhost"), "{e}");
+        let c = parse("admin = \"127.0.0.1:8080\"").unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "admin");
+        assert_eq!(parse("admin = 9900").unwrap_err().key, "test.toml");
     }
 }

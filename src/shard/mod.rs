@@ -241,6 +241,10 @@ impl Shard {
                 log.maybe_flush(&mut self.ring, t, self.now_ms, force);
             }
             ShardMetrics::set(&self.metrics.ring_sqes, self.ring.sqes_pushed);
+            ShardMetrics::set(
+                &self.metrics.chunks_in_flight,
+                (self.cfg.arena_slots() - self.arena.free_count()) as u64,
+            );
             ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters);
             ShardMetrics::set(&self.metrics.open, self.open_conns as u64);
             ShardMetrics::set(&self.metrics.arena_waits, self.arena.waits);
@@ -252,7 +256,9 @@ impl Shard {
     }
 
     /// Records a time-to-first-byte sample.
-    fn observe_ttfb(&self, _us: u64) {}
+    fn observe_ttfb(&self, us: u64) {
+        self.metrics.ttfb.observe(us);
+    }
 
     fn metrics_requests(&self) -> u64 {
         self.ring.sqes_pushed

@@ -617,7 +617,24 @@ impl Ring {
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.uring.submitter().submit_with_args(want, &args)
             }
-            _ => self.uring.submitter().submit_and_wait(want),
+            None if want > 0 => self.uring.submitter().submit_and_wait(want),
+            _ => {
+                // With DEFER_TASKRUN, completions of socket operations are queued as task work
+                // that only an enter with GETEVENTS runs; the crate's submit() adds that flag
+                // only when the kernel advertises IORING_SQ_TASKRUN. A busy loop (want == 0)
+                // must still reap them, or a new request waits until the shard goes idle.
+                let pending = self.uring.submission().len() as u32;
+                // SAFETY: no argument pointer is passed; the SQ entries were pushed by `push`,
+                // whose memory invariants hold until their completions.
+                unsafe {
+                    self.uring.submitter().enter::<libc::sigset_t>(
+                        pending,
+                        0,
+                        io_uring::EnterFlags::GETEVENTS.bits(),
+                        None,
+                    )
+                }
+            }
         };
         match res {
             Ok(_) => Ok(()),

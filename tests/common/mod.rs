@@ -65,7 +65,7 @@ impl Server {
         cmd.arg("serve")
             .arg("--root")
             .arg(root)
-            .args(["--listen", "127.0.0.1:0", "--shards", "1"])
+            .args(["--listen", "127.0.0.1:0", "--shards", "1", "--admin", ""])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -233,4 +233,63 @@ pub fn read_to_eof(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     Ok(out)
+}
+
+/// Starts `shardline serve` like `Server::start` but with the admin listener on an ephemeral
+/// loopback port (`--admin 127.0.0.1:0`); returns the server and the admin address, read from
+/// the `shardline: admin at http://ADDR/` line the server prints after its serving line.
+pub fn start_with_admin(root: &Path, extra: &[&str]) -> (Server, SocketAddr) {
+    let stderr_path = std::env::temp_dir().join(format!(
+        "shardline-test-{}-admin-{}.log",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let stderr = std::fs::File::create(&stderr_path).expect("stderr log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardline"))
+        .arg("serve")
+        .arg("--root")
+        .arg(root)
+        .args(["--listen", "127.0.0.1:0", "--shards", "1"])
+        .args(["--admin", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn shardline");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            let admin = line.starts_with("shardline: admin at ");
+            if let Some(rest) = line.split("http://").nth(1) {
+                let addr = rest.split('/').next().unwrap_or("").to_string();
+                let _ = tx.send((admin, addr));
+            }
+        }
+    });
+    let mut addr = None;
+    let mut admin = None;
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    while addr.is_none() || admin.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((true, a)) => admin = Some(a.parse().expect("admin address")),
+            Ok((false, a)) => addr = Some(a.parse().expect("listening address")),
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                panic!("shardline did not start with an admin listener:\n{log}");
+            }
+        }
+    }
+    let server = Server {
+        child,
+        addr: addr.unwrap(),
+        root: root.to_path_buf(),
+        stderr_path,
+        _dir: None,
+    };
+    (server, admin.unwrap())
 }
