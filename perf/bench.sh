@@ -133,6 +133,7 @@ ensure_tools() {
     missing+=(util-linux)
   command -v pgrep >/dev/null || missing+=(procps)
   command -v ss >/dev/null || missing+=(iproute2)
+  command -v curl >/dev/null || missing+=(curl)
   ((${#missing[@]} == 0)) && return 0
   [[ $(id -u) == 0 ]] || die "missing ${missing[*]}; run as root (or install them) first"
   log "installing: ${missing[*]} (apt-get)"
@@ -171,6 +172,18 @@ children_cpu() {
   CHILD_CPU_S=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } print s }' "$RUN/.times")
 }
 
+# metrics_snap FILE: shardline's /metrics (admin listener), when it has one.
+SL_ADMIN=''
+metrics_snap() {
+  [[ -n $SL_ADMIN ]] || return 0
+  curl -s --max-time 3 "$SL_ADMIN/metrics" >"$1" 2>/dev/null || rm -f "$1"
+}
+# metrics_delta BEFORE AFTER: "name{labels} delta" of every shard="all" counter that moved.
+metrics_delta() {
+  awk 'FNR == 1 { f++ } /^#/ || !/shard="all"/ { next }
+       f == 1 { b[$1] = $2; next } { d = $2 - b[$1]; if (d != 0) print $1, d }' "$1" "$2"
+}
+
 declare -A V=()   # V[sl.key] / V[ng.key]: measured values (empty = failed to measure)
 declare -A PORT=([sl]=$SL_PORT [ng]=$NG_PORT)
 declare -A NAME=([sl]=shardline [ng]=nginx)
@@ -182,7 +195,7 @@ start_server() { # start_server sl|ng
   port_busy "${PORT[$s]}" && die "port ${PORT[$s]} is in use (set SHARDLINE_PORT / NGINX_PORT)"
   if [[ $s == sl ]]; then
     spawn "$SERVER_CPU" "$log" "$SL_BIN" serve --root "$ROOT" --listen "127.0.0.1:${PORT[sl]}" \
-      --shards 1 --cpus "$SERVER_CPU"
+      --shards 1 --cpus "$SERVER_CPU" "${SL_EXTRA[@]}"
   else
     render_nginx_conf "$HERE/nginx.conf" "$OUTDIR/nginx" "$ROOT" "${PORT[ng]}" "$SERVER_CPU"
     spawn "$SERVER_CPU" "$log" nginx -p "$OUTDIR/nginx" -c "$OUTDIR/nginx/nginx.conf"
@@ -193,7 +206,10 @@ start_server() { # start_server sl|ng
     die "${NAME[$s]} did not start listening on port ${PORT[$s]} (log: $log)"
   fi
   sleep 0.2
-  log "${NAME[$s]} up: pgid ${PG[$s]}, serving pid $(serving_pid "${PG[$s]}"), port ${PORT[$s]}"
+  if [[ $s == sl ]]; then
+    SL_ADMIN=$(sed -n 's|.*admin at \(http://[0-9.:]*\).*|\1|p' "$log" | head -n 1)
+  fi
+  log "${NAME[$s]} up: pgid ${PG[$s]}, serving pid $(serving_pid "${PG[$s]}"), port ${PORT[$s]}${SL_ADMIN:+, admin $SL_ADMIN}"
 }
 
 # ensure_up sl|ng WORKLOAD: restart a server that died, and say so.
@@ -231,6 +247,7 @@ run_client() { # run_client OUTFILE CMD...: pinned to the client CPU, waited for
 w_bulk() {
   local s=$1 port=${PORT[$1]} fb=$RUN/$1-bulk.txt ft=$RUN/$1-ttfb.txt pb pt ttfb_s
   drop_caches || true
+  [[ $s == sl ]] && metrics_snap "$RUN/sl-metrics-before-bulk.txt"
   ttfb_s=$(calc "$DURATION_S - $WARMUP_S - 0.5")
   spawn "$CLIENT_CPU" "$fb" "$LOADGEN" bulk --addr "127.0.0.1:$port" --path /large.bin \
     --conns "$BULK_CONNS" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --pgid "${PG[$s]}" \
@@ -244,6 +261,7 @@ w_bulk() {
   pt=$LAST_PID
   reap "$pb" || failure "${NAME[$s]} bulk client exited non-zero ($(tail -n 1 "$fb"))"
   reap "$pt" || failure "${NAME[$s]} ttfb client exited non-zero ($(tail -n 1 "$ft"))"
+  [[ $s == sl ]] && metrics_snap "$RUN/sl-metrics-after-bulk.txt"
   local bps bytes cpu win ccpu wait_s
   bps=$(kv "$fb" bytes_per_s) bytes=$(kv "$fb" window_bytes) cpu=$(kv "$fb" server_cpu_s)
   win=$(kv "$fb" window_s) ccpu=$(kv "$fb" client_cpu_s)
@@ -472,6 +490,19 @@ report() {
     done
     [[ -s $OUTDIR/nginx/error.log ]] && echo "- nginx error.log: $(wc -l <"$OUTDIR/nginx/error.log") lines, e.g. \`$(head -n 1 "$OUTDIR/nginx/error.log" | cut -c1-200)\`"
     echo "- Bulk: longest pause between two reads on one connection: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector; on a busy host it includes the client's own scheduling delays)."
+    if [[ -s $RUN/sl-metrics-before-bulk.txt && -s $RUN/sl-metrics-after-bulk.txt ]]; then
+      metrics_delta "$RUN/sl-metrics-before-bulk.txt" "$RUN/sl-metrics-after-bulk.txt" >"$RUN/sl-metrics-bulk-delta.txt"
+      echo "- shardline's own counters (/metrics) over workloads 1+2, per GiB it sent: $(awk '
+        { n = $1; sub(/\{.*/, "", n); v[$1] = $2; if (n == "shardline_bytes_sent_total") bytes += $2 }
+        END {
+          gib = bytes / 1073741824; if (gib <= 0) { print "no bytes counted"; exit }
+          printf "%.2f GiB sent", gib
+          split("shardline_ring_enters_total shardline_ring_sqes_total shardline_ring_cqes_total shardline_arena_waits_total", k, " ")
+          for (i = 1; i <= 4; i++) { key = k[i] "{shard=\"all\"}"; name = k[i]; sub(/^shardline_/, "", name); sub(/_total$/, "", name)
+            printf ", %s %.0f/GiB", name, v[key] / gib }
+          for (key in v) if (key ~ /closed_total|responses_total|accept_errors|recv_no_buffers|stray/) { s = key; sub(/^shardline_/, "", s); sub(/,?shard="all"/, "", s); sub(/\{\}/, "", s); printf ", %s +%d", s, v[key] }
+        }' "$RUN/sl-metrics-bulk-delta.txt")."
+    fi
     echo "- Raw outputs of every client and both server logs: \`perf/out/run/\`."
     if [[ -s $RUN/validate.txt ]]; then
       echo
@@ -512,6 +543,10 @@ else
 fi
 "$SL_BIN" serve --help 2>&1 | grep -q -- '--root' ||
   die "$SL_BIN does not implement 'serve --root ...' yet; to check the harness alone: SHARDLINE_BIN=perf/nginx-as-shardline.sh $0 --quick"
+# Newer engines open an admin listener (/metrics) on a fixed port by default; ask for a free one so
+# that another shardline on the host cannot make ours fail, and read its counters.
+SL_EXTRA=()
+[[ $("$SL_BIN" serve --help 2>&1) == *--admin* ]] && SL_EXTRA=(--admin 127.0.0.1:0)
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 (($(ulimit -n) > IDLE_CONNS + 1000)) || die "ulimit -n is $(ulimit -n): too low for $IDLE_CONNS connections"
