@@ -209,7 +209,9 @@ start_server() { # start_server sl|ng
   if [[ $s == sl ]]; then
     SL_ADMIN=$(sed -n 's|.*admin at \(http://[0-9.:]*\).*|\1|p' "$log" | head -n 1)
   fi
-  log "${NAME[$s]} up: pgid ${PG[$s]}, serving pid $(serving_pid "${PG[$s]}"), port ${PORT[$s]}${SL_ADMIN:+, admin $SL_ADMIN}"
+  local admin=''
+  [[ $s == sl && -n $SL_ADMIN ]] && admin=", admin $SL_ADMIN"
+  log "${NAME[$s]} up: pgid ${PG[$s]}, serving pid $(serving_pid "${PG[$s]}"), port ${PORT[$s]}$admin"
 }
 
 # ensure_up sl|ng WORKLOAD: restart a server that died, and say so.
@@ -489,6 +491,9 @@ report() {
       [[ ${n:-0} == 0 ]] || echo "- ${NAME[$s]} log: $n lines matching panic/error/warn, e.g. \`$(grep -iE 'panic|error|warn' "$RUN/$s-server.log" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200)\`"
     done
     [[ -s $OUTDIR/nginx/error.log ]] && echo "- nginx error.log: $(wc -l <"$OUTDIR/nginx/error.log") lines, e.g. \`$(head -n 1 "$OUTDIR/nginx/error.log" | cut -c1-200)\`"
+    if awk -v a="${V[sl.bulk_wait_pct]:-0}" -v b="${V[ng.bulk_wait_pct]:-0}" 'BEGIN { exit !(a > 5 || b > 5) }'; then
+      echo "- **Busy host**: during the bulk window the servers' threads waited for CPU $SERVER_CPU (run queue) ${V[sl.bulk_wait_pct]:-?}% (shardline) and ${V[ng.bulk_wait_pct]:-?}% (nginx, summed over its 17 threads) of the time: other work was running there. Latency rows (2) and throughput figures are inflated by it; CPU per GiB and per request are the steadiest comparisons. Rerun on an idle host (or with \`--nice -10\`) before reading the latency targets."
+    fi
     echo "- Bulk: longest pause between two reads on one connection: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector; on a busy host it includes the client's own scheduling delays)."
     if [[ -s $RUN/sl-metrics-before-bulk.txt && -s $RUN/sl-metrics-after-bulk.txt ]]; then
       metrics_delta "$RUN/sl-metrics-before-bulk.txt" "$RUN/sl-metrics-after-bulk.txt" >"$RUN/sl-metrics-bulk-delta.txt"
