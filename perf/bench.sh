@@ -492,7 +492,7 @@ report() {
     done
     [[ -s $OUTDIR/nginx/error.log ]] && echo "- nginx error.log: $(wc -l <"$OUTDIR/nginx/error.log") lines, e.g. \`$(head -n 1 "$OUTDIR/nginx/error.log" | cut -c1-200)\`"
     if awk -v a="${V[sl.bulk_wait_pct]:-0}" -v b="${V[ng.bulk_wait_pct]:-0}" 'BEGIN { exit !(a > 5 || b > 5) }'; then
-      echo "- **Busy host**: during the bulk window the servers' threads waited for CPU $SERVER_CPU (run queue) ${V[sl.bulk_wait_pct]:-?}% (shardline) and ${V[ng.bulk_wait_pct]:-?}% (nginx, summed over its 17 threads) of the time: other work was running there. Latency rows (2) and throughput figures are inflated by it; CPU per GiB and per request are the steadiest comparisons. Rerun on an idle host (or with \`--nice -10\`) before reading the latency targets."
+      echo "- **Busy host**: during the bulk window the servers' threads waited for CPU $SERVER_CPU (run queue) $(printf %.0f "${V[sl.bulk_wait_pct]:-0}")% (shardline) and $(printf %.0f "${V[ng.bulk_wait_pct]:-0}")% (nginx, summed over its worker and thread-pool threads) of the time: other work was running there. Latency rows (2) and throughput figures are inflated by it; CPU per GiB and per request are the steadiest comparisons. Rerun on an idle host (or with \`--nice -10\`) before reading the latency targets."
     fi
     echo "- Bulk: longest pause between two reads on one connection: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector; on a busy host it includes the client's own scheduling delays)."
     if [[ -s $RUN/sl-metrics-before-bulk.txt && -s $RUN/sl-metrics-after-bulk.txt ]]; then
