@@ -395,7 +395,7 @@ report() {
   git -C "$REPO" diff --quiet HEAD 2>/dev/null || sl_rev="$sl_rev (+ uncommitted changes)"
   {
     fmt_row "1 Bulk: throughput (GB/s)" higher %.2f bulk_gbs bulk_gbs "ratio>=1.0" \
-      "Body bytes per second received by $BULK_CONNS keep-alive clients downloading large.bin in a loop, over the steady-state window; over loopback the receiving client (one CPU) bounds it, so a tie is expected."
+      "Body bytes per second received by $BULK_CONNS keep-alive clients downloading large.bin in a loop, over the steady-state window; bounded by the client's one CPU over loopback or by the disk (both servers read large files O_DIRECT; see the disk baseline above), so a tie is expected when both reach that bound."
     fmt_row "1 Bulk: server CPU s per GiB" lower %.3f bulk_cpu_gib bulk_cpu_gib "ratio<=0.8" \
       "utime+stime of the server's processes (nginx: master + worker + its thread pool) per GiB sent in the same window: the cost of the data path, and the number loopback cannot hide."
     fmt_row "1 Bulk: server CPU %" info %.0f bulk_server_pct bulk_server_pct "" \
@@ -469,6 +469,7 @@ report() {
     echo "- Fixtures on $fs (\`perf/out/root\`): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB), small.bin $SMALL_BYTES bytes, deterministic pseudo-random content; every ranged and full GET is verified byte for byte"
     echo "- Durations: bulk ${DURATION_S} s with $BULK_CONNS connections, measured over [$WARMUP_S s, $DURATION_S s); small probe $TTFB_RATE/s on fresh connections inside that window; small-file rate ${DURATION_S} s with $RATE_CONNS connections; Range: $RANGE_REPS x (aligned + unaligned) of $RANGE_LEN bytes; idle: $IDLE_CONNS connections"
     echo "- Page cache dropped before workloads 1, 4 (each GET) and 5: $DROP_OK; nice level of servers and clients: $NICE"
+    echo "- Disk baseline: one O_DIRECT reader of large.bin with 512 KiB reads (dd iflag=direct, cold cache): ${DISK_MBS:-?} MB/s; bulk and Range figures near it are disk-bound"
     echo
     echo "| Workload / metric | Better | shardline | nginx | shardline / nginx | Ahead | Target (issue 4) |"
     echo "|---|---|---:|---:|---:|---|---|"
@@ -569,6 +570,13 @@ make_fixture large.bin "$LARGE_BYTES" "$LARGE_SEED"
 make_fixture small.bin "$SMALL_BYTES" "$SMALL_SEED"
 [[ $(stat -f -c %T "$ROOT") == tmpfs ]] && note "the fixtures are on tmpfs: O_DIRECT and page-cache rows mean nothing"
 if drop_caches; then DROP_OK=yes; else DROP_OK="no (not permitted: cold-cache and residency rows are not meaningful)"; note "cannot drop the page cache"; fi
+
+# What the disk gives one O_DIRECT reader (512 KiB reads, like both servers' chunks): the bulk and
+# Range rows cannot go faster than the disk when the file is read O_DIRECT from a cold cache.
+drop_caches || true
+DISK_MBS=$(dd if="$ROOT/large.bin" of=/dev/null bs=512k count=$((LARGE_MIB > 1024 ? 2048 : LARGE_MIB * 2)) iflag=direct 2>&1 |
+  awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^copied,?$/) s = $(i + 1); if (s > 0) printf "%.0f", $1 / s / 1e6 }')
+log "disk: one O_DIRECT reader, 512 KiB reads: ${DISK_MBS:-?} MB/s"
 
 T0=$SECONDS
 start_server sl
