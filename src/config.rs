@@ -19,6 +19,8 @@ pub const MAX_PIPELINE_DEPTH: usize = 16;
 pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
 /// Most connections per shard (token slot field and fixed-file table size).
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
+/// Longest completion-batching wait allowed.
+pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
 
@@ -153,6 +155,9 @@ pub struct Config {
     pub keepalive_timeout_ms: u64,
     /// Time a response may make no send progress before the connection is dropped.
     pub send_timeout_ms: u64,
+    /// Longest a shard waits to gather several completions per wake-up (0 = wake per
+    /// completion); bounds the latency it adds.
+    pub wait_batch_usec: u64,
     /// Time in-flight responses get to finish after SIGTERM.
     pub drain_timeout_ms: u64,
     /// Open files cached per shard.
@@ -197,6 +202,7 @@ impl Default for Config {
             header_timeout_ms: 10_000,
             keepalive_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
+            wait_batch_usec: 0,
             drain_timeout_ms: 10_000,
             open_file_cache_entries: 1024,
             open_file_valid_ms: 1_000,
@@ -246,6 +252,8 @@ impl Config {
                 .nth(1)
                 .filter(|_| msg.starts_with("unknown field"))
                 .map(str::to_string)
+                // A bad value: toml points at it; its key is on the same line.
+                .or_else(|| e.span().and_then(|span| key_on_line_of(text, span.start)))
                 .unwrap_or_else(|| origin.display().to_string());
             err(&key, msg.replace('\n', " "))
         })
@@ -349,6 +357,12 @@ impl Config {
                 return Err(err(key, "must be greater than 0"));
             }
         }
+        if self.wait_batch_usec > MAX_WAIT_BATCH_USEC {
+            return Err(err(
+                "wait_batch_usec",
+                format!("must be 0..={MAX_WAIT_BATCH_USEC} (it adds latency to every response)"),
+            ));
+        }
         if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
             return Err(err("open_file_cache_entries", "must be 1..=65536"));
         }
@@ -370,6 +384,19 @@ impl Config {
     }
 }
 
+/// The bare key of the `key = value` line holding byte `offset` of `text`, if that is what the
+/// line is.
+fn key_on_line_of(text: &str, offset: usize) -> Option<String> {
+    let start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text.get(start..)?.lines().next()?;
+    let key = line.split_once('=')?.0.trim();
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    bare.then(|| key.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,6 +415,17 @@ mod tests {
     }
 
     #[test]
+    fn bad_values_name_their_key() {
+        for (text, key) in [
+            ("chunk_bytes = \"big\"", "chunk_bytes"),
+            ("root = \"/srv\"\nlisten = \"nope\"\n", "listen"),
+            ("zerocopy = \"maybe\"", "zerocopy"),
+        ] {
+            assert_eq!(parse(text).unwrap_err().key, key, "{text}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let e = parse("chunk_size = 3").unwrap_err();
         assert_eq!(e.key, "chunk_size");
@@ -397,6 +435,7 @@ mod tests {
     fn zero_shards_is_refused() {
         let e = parse("shards = 0").unwrap_err();
         assert!(e.message.contains("positive"), "{e}");
+        assert_eq!(e.key, "shards");
         assert_eq!(parse("shards = \"auto\"").unwrap().shards, ShardCount::Auto);
         assert_eq!(parse("shards = 3").unwrap().shards, ShardCount::Fixed(3));
     }
@@ -466,6 +505,6 @@ mod tests {
         assert!(e.message.contains("localhost"), "{e}");
         let c = parse("admin = \"127.0.0.1:8080\"").unwrap();
         assert_eq!(c.validate().unwrap_err().key, "admin");
-        assert_eq!(parse("admin = 9900").unwrap_err().key, "test.toml");
+        assert_eq!(parse("admin = 9900").unwrap_err().key, "admin");
     }
 }

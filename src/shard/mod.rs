@@ -33,6 +33,8 @@ use token::{Op, Token};
 
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
+/// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
+pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
 pub const COMPLETION_BATCH_MAX: usize = 4096;
 /// Fixed-file slots beyond the connection cap, so over-cap clients get a quick 503.
@@ -211,9 +213,18 @@ impl Shard {
             }
 
             let busy = !self.ready.is_empty() || !self.recv_retry.is_empty();
-            let wait = if busy { 0 } else { 1 };
-            self.ring
-                .submit_and_wait(wait, Some(Duration::from_millis(TIMER_SWEEP_MS)))?;
+            if busy {
+                self.ring.submit_and_wait(0, None)?;
+            } else {
+                let batch = (self.cfg.wait_batch_usec > 0).then(|| {
+                    (
+                        WAIT_BATCH_COMPLETIONS,
+                        Duration::from_micros(self.cfg.wait_batch_usec),
+                    )
+                });
+                self.ring
+                    .submit_and_wait_batched(Duration::from_millis(TIMER_SWEEP_MS), batch)?;
+            }
             loop {
                 self.batch.clear();
                 let mut batch = std::mem::take(&mut self.batch);
@@ -561,7 +572,9 @@ impl Shard {
             .position(|ch| ch.slot == slot)
             .expect("read completion for an unknown chunk");
         if res < 0 {
-            if -res == libc::EOPNOTSUPP && body.rw_flags & ring::RWF_DONTCACHE != 0 {
+            // Judged by the chunk, not the body: with several chunks in flight, every read
+            // submitted with RWF_DONTCACHE comes back refused, not only the first.
+            if -res == libc::EOPNOTSUPP && body.chunks[i].source == Source::DontCache {
                 // RWF_DONTCACHE refused by this file system: read buffered from now on.
                 body.rw_flags = 0;
                 body.source = Source::Buffered;
@@ -903,6 +916,10 @@ impl Shard {
             let t = Token::new(Op::CancelAccept, 0, 0, 0).encode();
             self.ring.cancel_token(target, t);
         }
+        // Close the listening socket: connections still in its backlog are reset and new ones
+        // refused, instead of waiting unanswered until the process exits. An accept still in
+        // flight holds its own reference to the socket until the cancel above completes.
+        self.listener = None;
         for c in 0..self.conns.len() as u32 {
             let conn = &mut self.conns[c as usize];
             if conn.phase == Phase::Open {

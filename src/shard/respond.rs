@@ -26,7 +26,7 @@ impl Shard {
         let consumed = match parsed {
             Parsed::Partial => 0,
             Parsed::Rejected(reject) => {
-                self.respond_status(c, reject.status, false);
+                self.respond_status(c, reject.status, false, false);
                 0
             }
             Parsed::Complete { request, head_len } => {
@@ -86,8 +86,9 @@ impl Shard {
         conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
     }
 
-    /// A response with no file body (errors, 405, 304-less statuses): header and a short text.
-    pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool) {
+    /// A response with no file body (errors, 405, 304-less statuses): header and a short text,
+    /// or only the header when answering a HEAD request.
+    pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
         // A client whose request was malformed may have sent anything after it: close.
         let keep_alive = keep_alive && self.drain_deadline_ms.is_none();
         self.begin_response(c, status, keep_alive);
@@ -107,6 +108,8 @@ impl Shard {
                 allow: true,
             };
             response::write_head(&head, tx);
+        } else if head {
+            response::write_error_head(status, keep_alive, self.date.header_value(), tx);
         } else {
             response::write_error(status, keep_alive, self.date.header_value(), tx);
         }
@@ -115,6 +118,7 @@ impl Shard {
 
     fn respond(&mut self, c: u32, req: &Request<'_>) {
         let keep_alive = req.keep_alive && self.drain_deadline_ms.is_none();
+        let head_only = req.method == Method::Head;
         if self.cfg.diag_endpoint && req.path == DIAG_ZERO_PATH {
             return self.respond_zero(c, req, keep_alive);
         }
@@ -122,7 +126,7 @@ impl Shard {
             Ok(r) => r,
             Err(e) => {
                 let status = e.status();
-                return self.respond_status(c, status, keep_alive && status < 400);
+                return self.respond_status(c, status, keep_alive && status < 400, head_only);
             }
         };
         let idx = match self.files.acquire(
@@ -136,7 +140,7 @@ impl Shard {
                 if let super::files::OpenError::Other(errno) = e {
                     tracing::warn!(shard = self.index, errno, path = %resolved.rel_path, "open failed");
                 }
-                return self.respond_status(c, e.status(), keep_alive);
+                return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
         let f = self.files.get(idx);
@@ -233,7 +237,7 @@ impl Shard {
     /// `GET /__shardline/zero?bytes=N`: N zero bytes from the arena, no disk I/O.
     fn respond_zero(&mut self, c: u32, req: &Request<'_>, keep_alive: bool) {
         let Some(n) = zero_bytes_param(req.query) else {
-            return self.respond_status(c, 400, false);
+            return self.respond_status(c, 400, false, req.method == Method::Head);
         };
         self.begin_response(c, 200, keep_alive);
         let head = Head {

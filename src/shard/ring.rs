@@ -606,6 +606,43 @@ impl Ring {
         self.socket_slots + index
     }
 
+    /// Submits queued SQEs and waits for completions until `timeout`.
+    ///
+    /// With `batch` (and a kernel with IORING_FEAT_MIN_TIMEOUT, 6.12+) the wait gathers up to
+    /// `batch.0` completions for at most `batch.1`, then returns as soon as one is there: one
+    /// wake-up per batch of completions instead of one per completion, for at most that much
+    /// added latency.
+    pub fn submit_and_wait_batched(
+        &mut self,
+        timeout: Duration,
+        batch: Option<(usize, Duration)>,
+    ) -> io::Result<()> {
+        match batch {
+            Some((want, min_wait)) if self.uring.params().is_feature_min_timeout() => {
+                self.enters += 1;
+                let ts = types::Timespec::new()
+                    .sec(timeout.as_secs())
+                    .nsec(timeout.subsec_nanos());
+                let args = types::SubmitArgs::new()
+                    .timespec(&ts)
+                    .min_wait_usec(min_wait.as_micros() as u32);
+                match self.uring.submitter().submit_with_args(want, &args) {
+                    Ok(_) => Ok(()),
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                        ) =>
+                    {
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => self.submit_and_wait(1, Some(timeout)),
+        }
+    }
+
     /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
     pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.enters += 1;
