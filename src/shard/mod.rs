@@ -309,11 +309,8 @@ impl Shard {
             return;
         }
         let socket = cqe.result as u32;
-        let Some(c) = self
-            .free_conns
-            .pop()
-            .filter(|_| self.drain_deadline_ms.is_none())
-        else {
+        let draining = self.drain_deadline_ms.is_some();
+        let Some(c) = (!draining).then(|| self.free_conns.pop()).flatten() else {
             ShardMetrics::add(&self.metrics.refused_over_cap, 1);
             let t = Token::new(Op::Overflow, socket, 0, 0).encode();
             let tc = Token::new(Op::OverflowClose, socket, 0, 0).encode();
@@ -610,6 +607,17 @@ impl Shard {
             return;
         }
         ch.state = ChunkState::Ready;
+        // The bytes are only good if the file did not change while they were read.
+        if let Some(file) = body.file {
+            if !self.files.unchanged_since_open(file) {
+                tracing::info!(
+                    shard = self.index,
+                    "file changed during a response; aborting"
+                );
+                self.close(c, CloseReason::Abort);
+                return;
+            }
+        }
         self.try_send(c);
     }
 
