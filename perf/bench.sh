@@ -1,0 +1,636 @@
+#!/usr/bin/env bash
+# SC2317: the workload functions are called indirectly ("w_$w"), which shellcheck cannot see.
+# shellcheck disable=SC2317
+# perf/bench.sh: shardline against the nginx anchor (perf/nginx.conf), side by side, in one run.
+#
+#   perf/bench.sh [--quick] [--large-gib N | --large-mib N] [--duration-s N] [--out FILE]
+#                 [--validate] [--nice N]
+#
+# Both servers serve the same fixtures from perf/out/root, each pinned to CPU 0 (one shard, one
+# worker); every load generator is pinned to CPU 1. Each workload runs against shardline, then
+# against nginx, before the next workload starts. Raw outputs land in perf/out/run/.
+# --validate also runs perf/validate-no-reclaim.sh (profile, reclaim counters, syscall mix of both
+# servers) at the end and appends its output to the report. --nice N runs both servers and every
+# load generator at that nice level (e.g. -10 on a host shared with other work; default 0).
+# Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
+# SHARDLINE_PORT, NGINX_PORT (default: first free from 28080), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+export PATH="$PATH:/usr/sbin:/sbin"
+
+usage() {
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/shellcheck|SC2317/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
+  exit "${1:-0}"
+}
+
+BENCH_ARGS=("$@")
+QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0 NICE=0
+while (($#)); do
+  case $1 in
+    --quick) QUICK=1; shift ;;
+    --large-gib) LARGE_MIB=$(($2 * 1024)); shift 2 ;;
+    --large-mib) LARGE_MIB=$2; shift 2 ;;
+    --duration-s) DURATION_S=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --validate) VALIDATE=1; shift ;;
+    --nice) NICE=$2; shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) echo "bench.sh: unknown argument $1" >&2; usage 2 ;;
+  esac
+done
+
+if ((QUICK)); then
+  : "${LARGE_MIB:=64}" "${DURATION_S:=2}" "${OUT:=$HERE/out/quick.md}"
+  WARMUP_S=0.5 RANGE_REPS=1 IDLE_CONNS=10000
+else
+  : "${LARGE_MIB:=2048}" "${DURATION_S:=15}" "${OUT:=$HERE/RESULTS.md}"
+  WARMUP_S=3 RANGE_REPS=3 IDLE_CONNS=10000
+fi
+[[ $LARGE_MIB =~ ^[0-9]+$ && $LARGE_MIB -ge 16 ]] || die "the large file must be at least 16 MiB"
+[[ $DURATION_S =~ ^[0-9]+$ && $DURATION_S -ge 2 ]] || die "--duration-s wants an integer >= 2"
+[[ $NICE =~ ^-?[0-9]+$ ]] || die "--nice wants an integer"
+LARGE_BYTES=$((LARGE_MIB * 1024 * 1024))
+SMALL_BYTES=1024
+LARGE_SEED=1 SMALL_SEED=2
+BULK_CONNS=100 RATE_CONNS=64 TTFB_RATE=50
+RANGE_LEN=$((100 * 1024 * 1024))
+((RANGE_LEN > LARGE_BYTES - 2 * 1024 * 1024)) && RANGE_LEN=$((LARGE_BYTES / 2))
+ALIGNED_START=$((1024 * 1024)) UNALIGNED_START=1000
+SERVER_CPU=${BENCH_SERVER_CPU:-0} CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
+# Ports: as given, else the first free ones from 28080 up (other people's servers may be running).
+free_port() { local p=$1; while port_busy "$p" || [[ $p == "${2:-}" ]]; do p=$((p + 1)); done; echo "$p"; }
+SL_PORT=${SHARDLINE_PORT:-$(free_port 28080)}
+NG_PORT=${NGINX_PORT:-$(free_port $((SL_PORT + 1)) "$SL_PORT")}
+OUTDIR=$HERE/out ROOT=$HERE/out/root RUN=$HERE/out/run
+LOADGEN=$HERE/loadgen/target/release/loadgen
+NOTES=() FAILURES=()
+note() { NOTES+=("$*"); log "note: $*"; }
+failure() { FAILURES+=("$*"); log "FAILURE: $*"; }
+
+# ------------------------------------------------------------------ processes we start
+# Every process is started with setsid, so its pid is its process group; cleanup kills groups.
+declare -A GROUPS_LIVE=()
+LAST_PID=''
+
+spawn() { # spawn CPU OUTFILE CMD...: background, pinned, own process group
+  local cpu=$1 outfile=$2
+  shift 2
+  setsid taskset -c "$cpu" nice -n "$NICE" "$@" >"$outfile" 2>&1 </dev/null &
+  LAST_PID=$!
+  GROUPS_LIVE[$LAST_PID]=1
+}
+
+reap() { # reap PID: wait for it; returns its exit status
+  local rc=0
+  wait "$1" || rc=$?
+  unset "GROUPS_LIVE[$1]"
+  return "$rc"
+}
+
+alive() { # alive PID: exists and is not a zombie
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  [[ ${s%% *} != Z ]]
+}
+
+kill_group() { # kill_group PGID [GRACE_S]: TERM, wait up to GRACE_S, then KILL
+  local pg=$1 grace=${2:-5} i
+  pgrep -g "$pg" >/dev/null 2>&1 || return 0
+  kill -TERM -- "-$pg" 2>/dev/null || true
+  for ((i = 0; i < grace * 10; i++)); do
+    pgrep -g "$pg" 2>/dev/null | while read -r p; do alive "$p" && echo x; done | grep -q . || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$pg" 2>/dev/null || true
+  return 1
+}
+
+cleanup() {
+  local rc=$? pg
+  trap - EXIT INT TERM
+  set +e
+  for pg in "${!GROUPS_LIVE[@]}"; do
+    kill_group "$pg" 3
+    wait "$pg" 2>/dev/null
+  done
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ------------------------------------------------------------------ tools
+ensure_tools() {
+  local missing=() p
+  command -v nginx >/dev/null || missing+=(nginx)
+  command -v wrk >/dev/null || missing+=(wrk)
+  { command -v fincore && command -v taskset && command -v setsid && command -v chrt; } >/dev/null ||
+    missing+=(util-linux)
+  command -v pgrep >/dev/null || missing+=(procps)
+  command -v ss >/dev/null || missing+=(iproute2)
+  command -v curl >/dev/null || missing+=(curl)
+  ((${#missing[@]} == 0)) && return 0
+  [[ $(id -u) == 0 ]] || die "missing ${missing[*]}; run as root (or install them) first"
+  log "installing: ${missing[*]} (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 || log "apt-get update failed; trying the cached lists"
+  for p in "${missing[@]}"; do
+    if [[ $p == nginx ]]; then
+      apt-get install -y -qq nginx-light >&2 || apt-get install -y -qq nginx >&2 || die "cannot install nginx"
+    else
+      apt-get install -y -qq "$p" >&2 || die "cannot install $p"
+    fi
+  done
+  # For perf/validate-no-reclaim.sh; the bench itself runs without them.
+  command -v perf >/dev/null && command -v strace >/dev/null ||
+    apt-get install -y -qq linux-perf strace >&2 || log "linux-perf/strace not installed (only validate-no-reclaim.sh needs them)"
+}
+
+# ------------------------------------------------------------------ helpers
+kv() { # kv FILE KEY: the value of KEY=... in FILE, empty when absent
+  sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1
+}
+calc() { awk "BEGIN { x = $1; printf \"%.6f\", x }" 2>/dev/null; }
+median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
+max_of() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | tail -n 1; }
+# group_stats PGID: GROUP_CPU_S (utime+stime) and GROUP_WAIT_S (run-queue wait) of a group.
+group_stats() {
+  local out
+  out=$("$LOADGEN" cpu --pgid "$1")
+  GROUP_CPU_S=$(sed -n 's/^cpu_s=//p' <<<"$out")
+  GROUP_WAIT_S=$(sed -n 's/^runqueue_wait_s=//p' <<<"$out")
+}
+# CHILD_CPU_S=user+sys of every child this shell has reaped so far. Not a $(...) function:
+# `times` in a subshell would report the subshell's children (none).
+children_cpu() {
+  times >"$RUN/.times"
+  CHILD_CPU_S=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } print s }' "$RUN/.times")
+}
+
+# metrics_snap FILE: shardline's /metrics (admin listener), when it has one.
+SL_ADMIN=''
+metrics_snap() {
+  [[ -n $SL_ADMIN ]] || return 0
+  curl -s --max-time 3 "$SL_ADMIN/metrics" >"$1" 2>/dev/null || rm -f "$1"
+}
+# metrics_delta BEFORE AFTER: "name{labels} delta" of every shard="all" counter that moved.
+metrics_delta() {
+  awk 'FNR == 1 { f++ } /^#/ || !/shard="all"/ { next }
+       f == 1 { b[$1] = $2; next } { d = $2 - b[$1]; if (d != 0) print $1, d }' "$1" "$2"
+}
+
+declare -A V=()   # V[sl.key] / V[ng.key]: measured values (empty = failed to measure)
+declare -A PORT=([sl]=$SL_PORT [ng]=$NG_PORT)
+declare -A NAME=([sl]=shardline [ng]=nginx)
+declare -A PG=()  # process group (leader pid) of each running server
+
+# ------------------------------------------------------------------ servers
+start_server() { # start_server sl|ng
+  local s=$1 log=$RUN/$1-server.log
+  port_busy "${PORT[$s]}" && die "port ${PORT[$s]} is in use (set SHARDLINE_PORT / NGINX_PORT)"
+  if [[ $s == sl ]]; then
+    spawn "$SERVER_CPU" "$log" "$SL_BIN" serve --root "$ROOT" --listen "127.0.0.1:${PORT[sl]}" \
+      --shards 1 --cpus "$SERVER_CPU" "${SL_EXTRA[@]}"
+  else
+    render_nginx_conf "$HERE/nginx.conf" "$OUTDIR/nginx" "$ROOT" "${PORT[ng]}" "$SERVER_CPU"
+    spawn "$SERVER_CPU" "$log" nginx -p "$OUTDIR/nginx" -c "$OUTDIR/nginx/nginx.conf"
+  fi
+  PG[$s]=$LAST_PID
+  if ! wait_port "${PORT[$s]}" "${PG[$s]}" 15; then
+    tail -n 20 "$log" >&2 || true
+    die "${NAME[$s]} did not start listening on port ${PORT[$s]} (log: $log)"
+  fi
+  sleep 0.2
+  if [[ $s == sl ]]; then
+    SL_ADMIN=$(sed -n 's|.*admin at \(http://[0-9.:]*\).*|\1|p' "$log" | head -n 1)
+  fi
+  local admin=''
+  [[ $s == sl && -n $SL_ADMIN ]] && admin=", admin $SL_ADMIN"
+  log "${NAME[$s]} up: pgid ${PG[$s]}, serving pid $(serving_pid "${PG[$s]}"), port ${PORT[$s]}$admin"
+}
+
+# ensure_up sl|ng WORKLOAD: restart a server that died, and say so.
+ensure_up() {
+  local s=$1 rc=0
+  alive "${PG[$s]}" && return 0
+  reap "${PG[$s]}" || rc=$?
+  failure "${NAME[$s]} exited (status $rc) before workload '$2'; restarted it. Log tail: $(tail -n 3 "$RUN/$s-server.log" | sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ')"
+  cp "$RUN/$s-server.log" "$RUN/$s-server.exited-at-${2%% *}.log" 2>/dev/null || true
+  start_server "$s"
+}
+
+stop_server() { # stop_server sl|ng: SIGTERM, then check the exit status
+  local s=$1 pg=${PG[$1]} rc=0
+  if ! alive "$pg"; then
+    reap "$pg" || rc=$?
+    failure "${NAME[$s]} had already exited (status $rc) when the run ended"
+    return
+  fi
+  if ! kill_group "$pg" 20; then
+    failure "${NAME[$s]} did not exit within 20 s of SIGTERM; killed it"
+  fi
+  reap "$pg" || rc=$?
+  if ((rc != 0)); then failure "${NAME[$s]} exited with status $rc on SIGTERM (expected 0)"; fi
+  log "${NAME[$s]} stopped (status $rc)"
+}
+
+# ------------------------------------------------------------------ workloads
+run_client() { # run_client OUTFILE CMD...: pinned to the client CPU, waited for; status returned
+  spawn "$CLIENT_CPU" "$@"
+  reap "$LAST_PID"
+}
+
+# 1 + 2: bulk download by 100 connections; 1 KiB requests on fresh connections meanwhile.
+w_bulk() {
+  local s=$1 port=${PORT[$1]} fb=$RUN/$1-bulk.txt ft=$RUN/$1-ttfb.txt pb pt ttfb_s
+  drop_caches || true
+  # The 1 KiB file is a hot manifest, as on an edge: warm it (page cache and the server's open
+  # file) so the first probe measures the server, not one cold read queued behind 100 O_DIRECT
+  # streams on the disk.
+  cat "$ROOT/small.bin" >/dev/null
+  run_client "$RUN/$s-warm-small.txt" "$LOADGEN" get --addr "127.0.0.1:$port" --path /small.bin \
+    --seed "$SMALL_SEED" --expect-len "$SMALL_BYTES" || failure "${NAME[$s]}: warm-up GET of small.bin failed"
+  [[ $s == sl ]] && metrics_snap "$RUN/sl-metrics-before-bulk.txt"
+  ttfb_s=$(calc "$DURATION_S - $WARMUP_S - 0.5")
+  spawn "$CLIENT_CPU" "$fb" "$LOADGEN" bulk --addr "127.0.0.1:$port" --path /large.bin \
+    --conns "$BULK_CONNS" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --pgid "${PG[$s]}" \
+    --expect-len "$LARGE_BYTES"
+  pb=$LAST_PID
+  # SCHED_FIFO so the prober is never queued behind the 100 bulk client threads on the same CPU:
+  # what it measures is the server's delay, not the client's.
+  spawn "$CLIENT_CPU" "$ft" "${CHRT[@]}" "$LOADGEN" ttfb --addr "127.0.0.1:$port" --path /small.bin \
+    --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$WARMUP_S" --seed "$SMALL_SEED" \
+    --expect-len "$SMALL_BYTES"
+  pt=$LAST_PID
+  reap "$pb" || failure "${NAME[$s]} bulk client exited non-zero ($(tail -n 1 "$fb"))"
+  reap "$pt" || failure "${NAME[$s]} ttfb client exited non-zero ($(tail -n 1 "$ft"))"
+  [[ $s == sl ]] && metrics_snap "$RUN/sl-metrics-after-bulk.txt"
+  local bps bytes cpu win ccpu wait_s
+  bps=$(kv "$fb" bytes_per_s) bytes=$(kv "$fb" window_bytes) cpu=$(kv "$fb" server_cpu_s)
+  win=$(kv "$fb" window_s) ccpu=$(kv "$fb" client_cpu_s)
+  [[ -n $bps ]] && V[$s.bulk_gbs]=$(calc "$bps / 1e9")
+  [[ -n $bytes && -n $cpu && $bytes != 0 ]] && V[$s.bulk_cpu_gib]=$(calc "$cpu / ($bytes / 1073741824)")
+  [[ -n $win && -n $ccpu ]] && V[$s.bulk_client_pct]=$(calc "100 * $ccpu / $win")
+  [[ -n $win && -n $cpu ]] && V[$s.bulk_server_pct]=$(calc "100 * $cpu / $win")
+  wait_s=$(kv "$fb" server_runqueue_wait_s)
+  [[ -n $win && -n $wait_s ]] && V[$s.bulk_wait_pct]=$(calc "100 * $wait_s / $win")
+  V[$s.bulk_errors]=$(kv "$fb" errors)
+  V[$s.bulk_gap_ms]=$(kv "$fb" max_read_gap_ms)
+  V[$s.bulk_conn_min]=$(kv "$fb" conn_mb_per_s_min)
+  V[$s.bulk_jain]=$(kv "$fb" jain_fairness)
+  V[$s.ttfb_over5]=$(kv "$ft" over_5ms)
+  V[$s.ttfb_p50]=$(kv "$ft" ttfb_p50_ms)
+  V[$s.ttfb_p99]=$(kv "$ft" ttfb_p99_ms)
+  V[$s.ttfb_max]=$(kv "$ft" ttfb_max_ms)
+  V[$s.ttfb_n]=$(kv "$ft" ok)
+  local be te
+  be=$(kv "$fb" errors) te=$(kv "$ft" errors)
+  [[ ${be:-0} == 0 ]] || note "${NAME[$s]} bulk: $be request errors (first: $(kv "$fb" first_error))"
+  [[ ${te:-0} == 0 ]] || note "${NAME[$s]} small-under-bulk: $te of $(kv "$ft" requests) requests failed (first: $(kv "$ft" first_error))"
+  log "${NAME[$s]} bulk: ${V[$s.bulk_gbs]:-?} GB/s, ${V[$s.bulk_cpu_gib]:-?} CPU s/GiB; ttfb p50/p99/max ${V[$s.ttfb_p50]:-?}/${V[$s.ttfb_p99]:-?}/${V[$s.ttfb_max]:-?} ms"
+}
+
+# 3: 64 keep-alive connections on the 1 KiB file.
+w_rate() {
+  local s=$1 f=$RUN/$1-rate.txt c0 c1 k0 k1 w0 w1 req dur
+  children_cpu
+  group_stats "${PG[$s]}"
+  c0=$GROUP_CPU_S w0=$GROUP_WAIT_S k0=$CHILD_CPU_S
+  run_client "$f" wrk -t1 -c"$RATE_CONNS" -d"${DURATION_S}s" --timeout 10s -s "$HERE/wrk-summary.lua" \
+    "http://127.0.0.1:${PORT[$s]}/small.bin" || failure "${NAME[$s]} wrk exited non-zero"
+  children_cpu
+  group_stats "${PG[$s]}"
+  c1=$GROUP_CPU_S w1=$GROUP_WAIT_S k1=$CHILD_CPU_S
+  req=$(kv "$f" wrk_requests) dur=$(kv "$f" wrk_duration_us)
+  if [[ -n $req && -n $dur && $req != 0 ]]; then
+    V[$s.rate_rps]=$(calc "$req / ($dur / 1e6)")
+    V[$s.rate_cpu_us]=$(calc "($c1 - $c0) * 1e6 / $req")
+    V[$s.rate_client_pct]=$(calc "100 * ($k1 - $k0) / ($dur / 1e6)")
+    V[$s.rate_server_pct]=$(calc "100 * ($c1 - $c0) / ($dur / 1e6)")
+    V[$s.rate_wait_pct]=$(calc "100 * ($w1 - $w0) / ($dur / 1e6)")
+  fi
+  local k errs='' nerr=0 v
+  for k in connect read write status timeout; do
+    v=$(kv "$f" "wrk_err_$k")
+    errs="$errs${errs:+/}${v:-?}"
+    [[ ${v:-0} == 0 ]] || nerr=1
+  done
+  ((nerr == 0)) || note "${NAME[$s]} small-file rate: wrk errors connect/read/write/status/timeout = $errs"
+  log "${NAME[$s]} small-file rate: ${V[$s.rate_rps]:-?} req/s, ${V[$s.rate_cpu_us]:-?} CPU us/req"
+}
+
+# 4: 100 MiB ranges at an aligned (1 MiB) and an unaligned (1000) offset, cold cache each time.
+w_range() {
+  local s=$1 rep f kind start a=() u=() ra=() ru=() mb
+  for ((rep = 1; rep <= RANGE_REPS; rep++)); do
+    for kind in aligned unaligned; do
+      start=$ALIGNED_START
+      [[ $kind == unaligned ]] && start=$UNALIGNED_START
+      f=$RUN/$s-range-$kind-$rep.txt
+      drop_caches || true
+      run_client "$f" "$LOADGEN" get --addr "127.0.0.1:${PORT[$s]}" --path /large.bin \
+        --range "$start-$((start + RANGE_LEN - 1))" --seed "$LARGE_SEED" ||
+        failure "${NAME[$s]} $kind Range GET failed: $(kv "$f" error)"
+      mb=$(kv "$f" mb_per_s)
+      if [[ $kind == aligned ]]; then a+=("$mb") ra+=("$(resident_bytes "$ROOT/large.bin")")
+      else u+=("$mb") ru+=("$(resident_bytes "$ROOT/large.bin")"); fi
+    done
+  done
+  V[$s.range_a]=$(median "${a[@]}")
+  V[$s.range_u]=$(median "${u[@]}")
+  [[ -n ${V[$s.range_a]} && -n ${V[$s.range_u]} ]] && V[$s.range_ratio]=$(calc "${V[$s.range_u]} / ${V[$s.range_a]}")
+  V[$s.range_res_a]=$(max_of "${ra[@]}")
+  V[$s.range_res_u]=$(max_of "${ru[@]}")
+  log "${NAME[$s]} range: aligned ${V[$s.range_a]:-?} MB/s, unaligned ${V[$s.range_u]:-?} MB/s, resident after ${V[$s.range_res_a]:-?}/${V[$s.range_res_u]:-?} B"
+}
+
+# 5: one full download of the large file from a cold cache; page cache and reclaim counters.
+w_pagecache() {
+  local s=$1 f=$RUN/$1-full.txt d0 k0 a0
+  drop_caches || true
+  d0=$(vmstat_get pgscan_direct) k0=$(vmstat_get pgscan_kswapd) a0=$(vmstat_get allocstall)
+  run_client "$f" "$LOADGEN" get --addr "127.0.0.1:${PORT[$s]}" --path /large.bin \
+    --seed "$LARGE_SEED" --expect-len "$LARGE_BYTES" ||
+    failure "${NAME[$s]} full download failed: $(kv "$f" error)"
+  V[$s.pc_direct]=$(($(vmstat_get pgscan_direct) - d0))
+  V[$s.pc_kswapd]=$(($(vmstat_get pgscan_kswapd) - k0))
+  V[$s.pc_allocstall]=$(($(vmstat_get allocstall) - a0))
+  V[$s.pc_resident]=$(resident_bytes "$ROOT/large.bin")
+  V[$s.pc_mbs]=$(kv "$f" mb_per_s)
+  log "${NAME[$s]} full download: ${V[$s.pc_mbs]:-?} MB/s, resident ${V[$s.pc_resident]:-?} B, pgscan_direct +${V[$s.pc_direct]}"
+}
+
+# 6: 10 000 keep-alive connections, each after one request, then idle.
+w_idle() {
+  local s=$1 f=$RUN/$1-idle.txt
+  run_client "$f" "$LOADGEN" idle --addr "127.0.0.1:${PORT[$s]}" --path /small.bin \
+    --conns "$IDLE_CONNS" --pid "$(serving_pid "${PG[$s]}")" --settle-s 1 ||
+    failure "${NAME[$s]} idle client exited non-zero"
+  local r0 r1 f0 f1 est open
+  r0=$(kv "$f" rss_before_kib) r1=$(kv "$f" rss_after_kib) f0=$(kv "$f" fd_before) f1=$(kv "$f" fd_after)
+  est=$(kv "$f" conns_established) open=$(kv "$f" conns_still_open)
+  [[ $r0 =~ ^[0-9]+$ ]] && V[$s.idle_rss0]=$r0
+  [[ $r1 =~ ^[0-9]+$ ]] && V[$s.idle_rss1]=$r1
+  [[ $r0 =~ ^[0-9]+$ && $r1 =~ ^[0-9]+$ && ${est:-0} != 0 ]] && V[$s.idle_kib_per_conn]=$(calc "($r1 - $r0) / $est")
+  [[ $f0 =~ ^[0-9]+$ ]] && V[$s.idle_fd0]=$f0
+  [[ $f1 =~ ^[0-9]+$ ]] && V[$s.idle_fd1]=$f1
+  V[$s.idle_open]=$open
+  [[ $est == "$IDLE_CONNS" ]] || note "${NAME[$s]} idle: only ${est:-0} of $IDLE_CONNS connections established (first error: $(kv "$f" first_error))"
+  [[ $open == "$est" ]] || note "${NAME[$s]} idle: ${open:-?} of ${est:-?} connections were still open after $(kv "$f" open_s) s + 1 s idle"
+  sleep 1 # let the server close 10 000 sockets before the next measurement
+  log "${NAME[$s]} idle: RSS $r0 -> $r1 KiB, fds $f0 -> $f1, $open/$est open"
+}
+
+# ------------------------------------------------------------------ report
+fmt_row() { # fmt_row LABEL BETTER FORMAT SLKEY NGKEY TARGET MEANING
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${V[sl.$4]:-}" "${V[ng.$5]:-}" "$6" "$7"
+}
+
+report() {
+  local kernel cpu_model end_load sl_rev fs
+  kernel=$(uname -r)
+  cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  end_load=$(cut -d' ' -f1-3 /proc/loadavg)
+  fs=$(findmnt -no FSTYPE -T "$ROOT" 2>/dev/null || stat -f -c %T "$ROOT")
+  sl_rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$REPO" diff --quiet HEAD 2>/dev/null || sl_rev="$sl_rev (+ uncommitted changes)"
+  {
+    fmt_row "1 Bulk: throughput (GB/s)" higher %.2f bulk_gbs bulk_gbs "ratio>=1.0" \
+      "Body bytes per second received by $BULK_CONNS keep-alive clients downloading large.bin in a loop, over the steady-state window; bounded by the client's one CPU over loopback or by the disk (both servers read large files O_DIRECT; see the disk baseline above), so a tie is expected when both reach that bound."
+    fmt_row "1 Bulk: server CPU s per GiB" lower %.3f bulk_cpu_gib bulk_cpu_gib "ratio<=0.8" \
+      "utime+stime of the server's processes (nginx: master + worker + its thread pool) per GiB sent in the same window: the cost of the data path, and the number loopback cannot hide."
+    fmt_row "1 Bulk: server CPU %" info %.0f bulk_server_pct bulk_server_pct "" \
+      "Server CPU time over the window as a share of one CPU; near 100 means the server's one core was the limit."
+    fmt_row "1 Bulk: server run-queue wait % (sum over threads)" info %.0f bulk_wait_pct bulk_wait_pct "" \
+      "Time the server's threads were runnable but waiting for a CPU (schedstat), as a share of the window: other work on the host taking CPU $SERVER_CPU. Above a few %, the latency rows measure the host more than the server."
+    fmt_row "1 Bulk: load-generator CPU %" info %.0f bulk_client_pct bulk_client_pct "" \
+      "CPU use of the bulk client on CPU $CLIENT_CPU; near 100 means the client, not the server, set the throughput."
+    fmt_row "1 Bulk: slowest connection (MB/s)" higher %.2f bulk_conn_min bulk_conn_min "" \
+      "Throughput of the slowest of the $BULK_CONNS connections over the window: a starved connection shows here."
+    fmt_row "1 Bulk: fairness (Jain index)" higher %.3f bulk_jain bulk_jain "" \
+      "Jain's index of per-connection throughput: 1 = every connection got the same share, 0.01 = one connection got everything."
+    fmt_row "2 Small under bulk: TTFB p50 (ms)" lower %.3f ttfb_p50 ttfb_p50 "" \
+      "Median time from connect() to the first response byte of a 1 KiB GET on a fresh connection, $TTFB_RATE/s, while the bulk load runs."
+    fmt_row "2 Small under bulk: TTFB p99 (ms)" lower %.3f ttfb_p99 ttfb_p99 "sl<=5;ratio<=0.25" \
+      "99th percentile of the same: the field report's 0.412 s vs 0.003 s case (one bulk connection holding the loop)."
+    fmt_row "2 Small under bulk: TTFB max (ms)" lower %.3f ttfb_max ttfb_max "" \
+      "Worst small request seen during the bulk window."
+    fmt_row "2 Small under bulk: requests over 5 ms" lower %.0f ttfb_over5 ttfb_over5 "" \
+      "How many of the ${V[sl.ttfb_n]:-?} (shardline) / ${V[ng.ttfb_n]:-?} (nginx) small requests took longer than the 5 ms target to their first byte."
+    fmt_row "3 Small-file rate: requests/s" higher %.0f rate_rps rate_rps "ratio>=1.3" \
+      "1 KiB GETs per second over $RATE_CONNS keep-alive connections (wrk -t1 on CPU $CLIENT_CPU)."
+    fmt_row "3 Small-file rate: server CPU us per request" lower %.1f rate_cpu_us rate_cpu_us "" \
+      "Server CPU time per request in that run; meaningful even when the single wrk thread is the bottleneck."
+    fmt_row "3 Small-file rate: server CPU %" info %.0f rate_server_pct rate_server_pct "" \
+      "Server CPU time as a share of one CPU during the run."
+    fmt_row "3 Small-file rate: server run-queue wait % (sum over threads)" info %.0f rate_wait_pct rate_wait_pct "" \
+      "As for bulk: time the server waited for CPU $SERVER_CPU behind other work."
+    fmt_row "3 Small-file rate: load-generator CPU %" info %.0f rate_client_pct rate_client_pct "" \
+      "CPU use of wrk; near 100 means requests/s is client-bound and only the CPU-per-request row compares the servers."
+    fmt_row "4 Range: aligned 100 MiB (MB/s)" higher %.0f range_a range_a "" \
+      "One GET of bytes $ALIGNED_START-$((ALIGNED_START + RANGE_LEN - 1)) from a cold page cache, median of $RANGE_REPS."
+    fmt_row "4 Range: unaligned 100 MiB (MB/s)" higher %.0f range_u range_u "" \
+      "Same length starting at byte $UNALIGNED_START (not a multiple of any block size): what a player seeking in a file sends."
+    fmt_row "4 Range: unaligned / aligned" higher %.3f range_ratio range_ratio "sl>=0.95" \
+      "Each server's own unaligned/aligned speed ratio; 1.0 means an unaligned start costs nothing (the field report saw 892 vs 41 MB/s with nginx O_DIRECT)."
+    fmt_row "4 Range: large.bin resident after aligned (bytes)" lower %.0f range_res_a range_res_a "sl==0" \
+      "Page-cache bytes of large.bin (fincore) right after the aligned ranged GET (cache dropped before it)."
+    fmt_row "4 Range: large.bin resident after unaligned (bytes)" lower %.0f range_res_u range_res_u "sl==0" \
+      "The same after the unaligned GET: buffered head/tail reads leave pages behind."
+    fmt_row "5 Page cache: full download (MB/s)" higher %.0f pc_mbs pc_mbs "" \
+      "One client downloading all of large.bin from a cold cache; body verified byte for byte."
+    fmt_row "5 Page cache: large.bin resident after (bytes)" lower %.0f pc_resident pc_resident "sl==0" \
+      "Bytes of the 'read once' file left in the page cache after the full download: each is a page something else lost."
+    fmt_row "5 Page cache: pgscan_direct delta" lower %.0f pc_direct pc_direct "sl==0" \
+      "Pages scanned by direct reclaim during the download (system-wide /proc/vmstat): allocations that had to reclaim synchronously."
+    fmt_row "5 Page cache: pgscan_kswapd delta" lower %.0f pc_kswapd pc_kswapd "" \
+      "Pages scanned by kswapd (background reclaim) in the same interval; system-wide, so other work on the host shows here too."
+    fmt_row "5 Page cache: allocstall delta" lower %.0f pc_allocstall pc_allocstall "sl==0" \
+      "Sum of allocstall_* growth: allocations that stalled for reclaim."
+    fmt_row "6 Idle: server RSS before (KiB)" lower %.0f idle_rss0 idle_rss0 "" \
+      "VmRSS of the serving process (shardline; the nginx worker) before the idle connections; shardline's registered buffer arena (config arena_bytes, 64 MiB per shard by default) is allocated and pinned at start-up, so it is here from the first second."
+    fmt_row "6 Idle: server RSS with $IDLE_CONNS idle (KiB)" lower %.0f idle_rss1 idle_rss1 "" \
+      "VmRSS with $IDLE_CONNS keep-alive connections open, each after one 1 KiB request, then idle for 1 s."
+    fmt_row "6 Idle: RSS per idle connection (KiB)" lower %.2f idle_kib_per_conn idle_kib_per_conn "" \
+      "The difference divided by the connections: user-space memory each idle connection costs (kernel socket buffers are not in RSS)."
+    fmt_row "6 Idle: server fds before" info %.0f idle_fd0 idle_fd0 "" \
+      "Open file descriptors of the serving process before."
+    fmt_row "6 Idle: server fds with $IDLE_CONNS idle" info %.0f idle_fd1 idle_fd1 "" \
+      "The same with the connections open; io_uring direct descriptors (fixed-file table) are not in /proc/PID/fd, so shardline may show none of them."
+  } >"$RUN/rows.tsv"
+
+  {
+    echo "# shardline vs nginx (field-report anchor): side-by-side benchmark"
+    echo
+    if ((QUICK)); then echo "**Quick mode** (harness check only: tiny file, ~${DURATION_S} s workloads; the numbers mean little)."; echo; fi
+    echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/bench.sh ${BENCH_ARGS[*]}\`"
+    echo "- Host: kernel $kernel, CPU \"$cpu_model\" x $(nproc), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM; load average at start $START_LOAD, at end $end_load (other work on the host adds noise)"
+    echo "- Servers pinned to CPU $SERVER_CPU: shardline \`$SL_BIN\` (commit $sl_rev, \`serve --shards 1 --cpus $SERVER_CPU\`, default config); $NGINX_VERSION with \`perf/nginx.conf\` (1 worker)"
+    echo "- Load generators pinned to CPU $CLIENT_CPU: \`perf/loadgen\` (std-only Rust) and $WRK_VERSION; everything over 127.0.0.1"
+    echo "- Fixtures on $fs (\`perf/out/root\`): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB), small.bin $SMALL_BYTES bytes, deterministic pseudo-random content; every ranged and full GET is verified byte for byte"
+    echo "- Durations: bulk ${DURATION_S} s with $BULK_CONNS connections, measured over [$WARMUP_S s, $DURATION_S s); small probe $TTFB_RATE/s on fresh connections inside that window; small-file rate ${DURATION_S} s with $RATE_CONNS connections; Range: $RANGE_REPS x (aligned + unaligned) of $RANGE_LEN bytes; idle: $IDLE_CONNS connections"
+    echo "- Page cache dropped before workloads 1, 4 (each GET) and 5: $DROP_OK; nice level of servers and clients: $NICE"
+    echo "- Disk baseline: one O_DIRECT reader of large.bin with 512 KiB reads (dd iflag=direct, cold cache): ${DISK_MBS:-?} MB/s; bulk and Range figures near it are disk-bound"
+    echo
+    echo "| Workload / metric | Better | shardline | nginx | shardline / nginx | Ahead | Target (issue 4) |"
+    echo "|---|---|---:|---:|---:|---|---|"
+    awk -F'\t' -f "$HERE/report-rows.awk" -v mode=table "$RUN/rows.tsv"
+    echo
+    echo "\"Ahead\" names the server ahead by more than 5% (\"tie\" within 5%); \"Better\" is the direction of each row: higher or lower is better, \"info\" rows are context. Ratios are shardline divided by nginx."
+    echo
+    echo "## What each row means"
+    echo
+    awk -F'\t' -f "$HERE/report-rows.awk" -v mode=meaning "$RUN/rows.tsv"
+    echo
+    echo "## Notes from this run"
+    echo
+    if ((${#FAILURES[@]} + ${#NOTES[@]} == 0)); then echo "- No request errors, no failed verification, both servers started and stopped cleanly."; fi
+    local n
+    for n in "${FAILURES[@]}"; do echo "- **FAILURE**: $n"; done
+    for n in "${NOTES[@]}"; do echo "- $n"; done
+    for s in sl ng; do
+      n=$(grep -ciE 'panic|error|warn' "$RUN/$s-server.log" 2>/dev/null || true)
+      [[ ${n:-0} == 0 ]] || echo "- ${NAME[$s]} log: $n lines matching panic/error/warn, e.g. \`$(grep -iE 'panic|error|warn' "$RUN/$s-server.log" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200)\`"
+    done
+    [[ -s $OUTDIR/nginx/error.log ]] && echo "- nginx error.log: $(wc -l <"$OUTDIR/nginx/error.log") lines, e.g. \`$(head -n 1 "$OUTDIR/nginx/error.log" | cut -c1-200)\`"
+    if awk -v a="${V[sl.bulk_wait_pct]:-0}" -v b="${V[ng.bulk_wait_pct]:-0}" 'BEGIN { exit !(a > 5 || b > 5) }'; then
+      echo "- **Busy host**: during the bulk window the servers' threads waited for CPU $SERVER_CPU (run queue) $(printf %.0f "${V[sl.bulk_wait_pct]:-0}")% (shardline) and $(printf %.0f "${V[ng.bulk_wait_pct]:-0}")% (nginx, summed over its worker and thread-pool threads) of the time: other work was running there. Latency rows (2) and throughput figures are inflated by it; CPU per GiB and per request are the steadiest comparisons. Rerun on an idle host (or with \`--nice -10\`) before reading the latency targets."
+    fi
+    echo "- Bulk: longest pause between two reads on one connection: shardline ${V[sl.bulk_gap_ms]:-?} ms, nginx ${V[ng.bulk_gap_ms]:-?} ms (a stall detector; on a busy host it includes the client's own scheduling delays)."
+    if [[ -s $RUN/sl-metrics-before-bulk.txt && -s $RUN/sl-metrics-after-bulk.txt ]]; then
+      metrics_delta "$RUN/sl-metrics-before-bulk.txt" "$RUN/sl-metrics-after-bulk.txt" >"$RUN/sl-metrics-bulk-delta.txt"
+      echo "- shardline's own counters (/metrics) over workloads 1+2, per GiB it sent: $(awk '
+        { n = $1; sub(/\{.*/, "", n); v[$1] = $2; if (n == "shardline_bytes_sent_total") bytes += $2 }
+        END {
+          gib = bytes / 1073741824; if (gib <= 0) { print "no bytes counted"; exit }
+          printf "%.2f GiB sent", gib
+          split("shardline_ring_enters_total shardline_ring_sqes_total shardline_ring_cqes_total shardline_arena_waits_total", k, " ")
+          for (i = 1; i <= 4; i++) { key = k[i] "{shard=\"all\"}"; name = k[i]; sub(/^shardline_/, "", name); sub(/_total$/, "", name)
+            printf ", %s %.0f/GiB", name, v[key] / gib }
+          for (key in v) if (key ~ /closed_total|responses_total|accept_errors|recv_no_buffers|stray/) { s = key; sub(/^shardline_/, "", s); sub(/,?shard="all"/, "", s); sub(/\{\}/, "", s); printf ", %s +%d", s, v[key] }
+        }' "$RUN/sl-metrics-bulk-delta.txt")."
+    fi
+    echo "- Raw outputs of every client and both server logs: \`perf/out/run/\`."
+    if [[ -s $RUN/validate.txt ]]; then
+      echo
+      echo "## perf/validate-no-reclaim.sh (same run, servers still up)"
+      echo
+      echo '```'
+      grep -v '^\[' "$RUN/validate.txt"
+      echo '```'
+    fi
+  } >"$OUT"
+  cat "$OUT"
+}
+
+# ------------------------------------------------------------------ main
+START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+ensure_tools
+[[ $(nginx -V 2>&1) == *--with-threads* ]] || die "this nginx lacks thread pools (--with-threads); 'aio threads' needs them"
+NGINX_VERSION=$(nginx -v 2>&1 | sed 's/^nginx version: //')
+WRK_VERSION=$({ wrk -v 2>&1 || true; } | awk 'NR == 1 { print "wrk " $2 }')
+command -v cargo >/dev/null || die "cargo is needed to build perf/loadgen (and shardline)"
+(($(nproc) >= 2)) || { CLIENT_CPU=$SERVER_CPU; log "one CPU only: clients share it with the servers"; }
+if [[ $(id -u) == 0 ]] && chrt -f 10 true 2>/dev/null; then CHRT=(chrt -f 10); else CHRT=(); fi
+
+mkdir -p "$ROOT" "$RUN"
+rm -f "$RUN"/*
+chmod 755 "$OUTDIR" "$ROOT"
+
+log "building perf/loadgen"
+cargo build --release --quiet --manifest-path "$HERE/loadgen/Cargo.toml"
+if [[ -n ${SHARDLINE_BIN:-} ]]; then
+  SL_BIN=$(command -v "$SHARDLINE_BIN" || true)
+  [[ -n $SL_BIN ]] || die "SHARDLINE_BIN=$SHARDLINE_BIN is not executable"
+  [[ $SL_BIN == /* ]] || SL_BIN=$PWD/$SL_BIN
+else
+  log "building shardline (cargo build --release)"
+  (cd "$REPO" && cargo build --release --quiet)
+  SL_BIN=$REPO/target/release/shardline
+fi
+"$SL_BIN" serve --help 2>&1 | grep -q -- '--root' ||
+  die "$SL_BIN does not implement 'serve --root ...' yet; to check the harness alone: SHARDLINE_BIN=perf/nginx-as-shardline.sh $0 --quick"
+# Newer engines open an admin listener (/metrics) on a fixed port by default; ask for a free one so
+# that another shardline on the host cannot make ours fail, and read its counters.
+SL_EXTRA=()
+[[ $("$SL_BIN" serve --help 2>&1) == *--admin* ]] && SL_EXTRA=(--admin 127.0.0.1:0)
+
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+(($(ulimit -n) > IDLE_CONNS + 1000)) || die "ulimit -n is $(ulimit -n): too low for $IDLE_CONNS connections"
+
+make_fixture() { # make_fixture NAME BYTES SEED
+  local f=$ROOT/$1 stamp=$OUTDIR/fixture-$1.stamp
+  if [[ -f $f && $(stat -c %s "$f") == "$2" && $(cat "$stamp" 2>/dev/null) == "$2 $3" ]]; then return; fi
+  log "creating $1 ($2 bytes)"
+  rm -f "$f" "$stamp"
+  "$LOADGEN" gen --path "$f" --size "$2" --seed "$3" >/dev/null
+  chmod 644 "$f"
+  echo "$2 $3" >"$stamp"
+}
+make_fixture large.bin "$LARGE_BYTES" "$LARGE_SEED"
+make_fixture small.bin "$SMALL_BYTES" "$SMALL_SEED"
+[[ $(stat -f -c %T "$ROOT") == tmpfs ]] && note "the fixtures are on tmpfs: O_DIRECT and page-cache rows mean nothing"
+if drop_caches; then DROP_OK=yes; else DROP_OK="no (not permitted: cold-cache and residency rows are not meaningful)"; note "cannot drop the page cache"; fi
+
+# What the disk gives one O_DIRECT reader (512 KiB reads, like both servers' chunks): the bulk and
+# Range rows cannot go faster than the disk when the file is read O_DIRECT from a cold cache.
+drop_caches || true
+DISK_MBS=$(dd if="$ROOT/large.bin" of=/dev/null bs=512k count=$((LARGE_MIB > 1024 ? 2048 : LARGE_MIB * 2)) iflag=direct 2>&1 |
+  awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^copied,?$/) s = $(i + 1); if (s > 0) printf "%.0f", $1 / s / 1e6 }')
+log "disk: one O_DIRECT reader, 512 KiB reads: ${DISK_MBS:-?} MB/s"
+
+T0=$SECONDS
+start_server sl
+start_server ng
+for w in bulk rate range pagecache idle; do
+  for s in sl ng; do
+    ensure_up "$s" "$w"
+    log "workload $w: ${NAME[$s]}"
+    "w_$w" "$s"
+    if ! alive "${PG[$s]}"; then
+      # Died during the workload: say so (status 0 = someone sent it SIGTERM), restart, retry once.
+      ensure_up "$s" "$w (died during it; retried once)"
+      log "workload $w: ${NAME[$s]} (retry)"
+      "w_$w" "$s"
+    fi
+  done
+done
+if ((VALIDATE)); then
+  log "perf/validate-no-reclaim.sh against both servers"
+  "$HERE/validate-no-reclaim.sh" --url "http://127.0.0.1:${PORT[sl]}/large.bin" \
+    --pid "$(serving_pid "${PG[sl]}")" --client-cpus "$CLIENT_CPU" --seconds 10 --strace-seconds 5 \
+    --compare-nginx --nginx-port "${PORT[ng]}" --nginx-pid "$(serving_pid "${PG[ng]}")" \
+    >"$RUN/validate.txt" 2>&1 || true
+fi
+stop_server sl
+stop_server ng
+log "workloads took $((SECONDS - T0)) s"
+
+report
+if ((!QUICK)) && [[ $OUT == "$HERE/RESULTS.md" ]]; then
+  # Keep the table in perf/README.md and README.md current (between the bench:begin/end markers).
+  sed -n '/^| Workload/,/^$/p' "$OUT" | sed '/^$/d' >"$RUN/table.md"
+  for readme in "$HERE/README.md" "$REPO/README.md"; do
+    grep -q '<!-- bench:begin -->' "$readme" 2>/dev/null || continue
+    awk -v table="$RUN/table.md" '
+      /<!-- bench:begin -->/ { print; while ((getline l < table) > 0) print l; close(table); skip = 1; next }
+      /<!-- bench:end -->/ { skip = 0 }
+      !skip' "$readme" >"$RUN/README.new" && cp "$RUN/README.new" "$readme"
+  done
+fi
+
+rc=0
+unparsed=$(awk -F'\t' '$4 == "" || $5 == "" { print "  " $1 }' "$RUN/rows.tsv")
+if [[ -n $unparsed ]]; then
+  log "numbers that failed to parse or measure:"
+  printf '%s\n' "$unparsed" >&2
+  rc=1
+fi
+if ((${#FAILURES[@]})); then log "${#FAILURES[@]} failure(s), see the Notes section of $OUT"; rc=1; fi
+log "wrote $OUT"
+exit "$rc"

@@ -1,0 +1,66 @@
+# shellcheck shell=bash
+# Helpers shared by perf/bench.sh, perf/validate-no-reclaim.sh and perf/nginx-as-shardline.sh.
+# Sourced, never run.
+
+log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# cpu_mask 0 -> 1, 1 -> 10, 3 -> 1000: the bitmask nginx's worker_cpu_affinity wants.
+cpu_mask() {
+  local cpu=$1 mask=1 i
+  for ((i = 0; i < cpu; i++)); do mask="${mask}0"; done
+  printf '%s\n' "$mask"
+}
+
+# render_nginx_conf TEMPLATE PREFIX ROOT PORT CPU: writes PREFIX/nginx.conf from the anchor.
+render_nginx_conf() {
+  local template=$1 prefix=$2 root=$3 port=$4 cpu=$5 mask
+  mask=$(cpu_mask "$cpu")
+  mkdir -p "$prefix/tmp"
+  sed -e "s|@PREFIX@|$prefix|g" -e "s|@ROOT@|$root|g" -e "s|@PORT@|$port|g" \
+      -e "s|@CPU_MASK@|$mask|g" "$template" > "$prefix/nginx.conf"
+}
+
+# port_busy PORT: true when something listens on 127.0.0.1:PORT (or any address) already.
+port_busy() {
+  ss -ltnH "sport = :$1" 2>/dev/null | grep -q .
+}
+
+# wait_port PORT PID SECONDS: until PORT accepts connections; fails when PID dies or time is up.
+wait_port() {
+  local port=$1 pid=$2 secs=$3 i
+  for ((i = 0; i < secs * 20; i++)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# serving_pid PGID: the process that does the serving in a group we started: the leader's
+# (last) child when it has one (nginx master -> worker), else the leader (shardline).
+serving_pid() {
+  local child
+  child=$(pgrep -P "$1" 2>/dev/null | tail -n 1 || true)
+  printf '%s\n' "${child:-$1}"
+}
+
+# vmstat_get NAME: one counter from /proc/vmstat; "allocstall" sums every allocstall_* line.
+vmstat_get() {
+  if [[ $1 == allocstall ]]; then
+    awk '/^allocstall/ { s += $2 } END { print s + 0 }' /proc/vmstat
+  else
+    awk -v k="$1" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }' /proc/vmstat
+  fi
+}
+
+# drop_caches: empties the page cache when permitted; returns 1 when not.
+drop_caches() {
+  sync
+  { echo 1 > /proc/sys/vm/drop_caches; } 2>/dev/null
+}
+
+# resident_bytes FILE: bytes of FILE in the page cache.
+resident_bytes() {
+  fincore --bytes --noheadings --output RES "$1" 2>/dev/null | awk '{ print $1 + 0 }'
+}
