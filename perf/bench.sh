@@ -91,24 +91,7 @@ reap() { # reap PID: wait for it; returns its exit status
   return "$rc"
 }
 
-alive() { # alive PID: exists and is not a zombie
-  local s
-  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  s=${s##*) }
-  [[ ${s%% *} != Z ]]
-}
-
-kill_group() { # kill_group PGID [GRACE_S]: TERM, wait up to GRACE_S, then KILL
-  local pg=$1 grace=${2:-5} i
-  pgrep -g "$pg" >/dev/null 2>&1 || return 0
-  kill -TERM -- "-$pg" 2>/dev/null || true
-  for ((i = 0; i < grace * 10; i++)); do
-    pgrep -g "$pg" 2>/dev/null | while read -r p; do alive "$p" && echo x; done | grep -q . || return 0
-    sleep 0.1
-  done
-  kill -KILL -- "-$pg" 2>/dev/null || true
-  return 1
-}
+# alive and kill_group come from lib.sh.
 
 cleanup() {
   local rc=$? pg
@@ -152,10 +135,7 @@ ensure_tools() {
 }
 
 # ------------------------------------------------------------------ helpers
-kv() { # kv FILE KEY: the value of KEY=... in FILE, empty when absent
-  sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1
-}
-calc() { awk "BEGIN { x = $1; printf \"%.6f\", x }" 2>/dev/null; }
+# kv and calc come from lib.sh.
 median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 max_of() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | tail -n 1; }
 # group_stats PGID: GROUP_CPU_S (utime+stime) and GROUP_WAIT_S (run-queue wait) of a group.

@@ -64,3 +64,46 @@ drop_caches() {
 resident_bytes() {
   fincore --bytes --noheadings --output RES "$1" 2>/dev/null | awk '{ print $1 + 0 }'
 }
+
+# alive PID: exists and is not a zombie.
+alive() {
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  [[ ${s%% *} != Z ]]
+}
+
+# kill_group PGID [GRACE_S]: TERM the process group, wait up to GRACE_S, then KILL; returns 1
+# when it had to KILL.
+kill_group() {
+  local pg=$1 grace=${2:-5} i
+  pgrep -g "$pg" >/dev/null 2>&1 || return 0
+  kill -TERM -- "-$pg" 2>/dev/null || true
+  for ((i = 0; i < grace * 10; i++)); do
+    pgrep -g "$pg" 2>/dev/null | while read -r p; do alive "$p" && echo x; done | grep -q . || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$pg" 2>/dev/null || true
+  return 1
+}
+
+# kv FILE KEY: the value of KEY=... in FILE (loadgen and wrk-summary.lua output), empty when absent.
+kv() {
+  sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1
+}
+
+# calc EXPR: awk arithmetic, 6 decimals; empty when EXPR does not evaluate.
+calc() { awk "BEGIN { x = $1; printf \"%.6f\", x }" 2>/dev/null; }
+
+# ensure_fixture LOADGEN DIR STAMPDIR NAME BYTES SEED: DIR/NAME holds BYTES bytes of the
+# deterministic stream SEED (loadgen gen); reused when its size and stamp match.
+ensure_fixture() {
+  local loadgen=$1 dir=$2 stampdir=$3 name=$4 bytes=$5 seed=$6
+  local f=$dir/$name stamp=$stampdir/fixture-$name.stamp
+  if [[ -f $f && $(stat -c %s "$f") == "$bytes" && $(cat "$stamp" 2>/dev/null) == "$bytes $seed" ]]; then return 0; fi
+  log "creating $name ($bytes bytes)"
+  rm -f "$f" "$stamp"
+  "$loadgen" gen --path "$f" --size "$bytes" --seed "$seed" >/dev/null
+  chmod 644 "$f"
+  echo "$bytes $seed" >"$stamp"
+}

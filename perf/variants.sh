@@ -1,0 +1,660 @@
+#!/usr/bin/env bash
+# perf/variants.sh: shardline against itself under config variants, in one run.
+#
+#   perf/variants.sh [--quick] [--out FILE]
+#
+# 1. steering = true vs false (issue 5): 2 shards on CPUs 0,1; two load generators, one pinned to
+#    each CPU with half the connections; bulk and small-file rate, per-shard accepted connections,
+#    and a locality probe (connections from a client on CPU k: share accepted by shard k).
+# 2. zerocopy = "off" vs "on" (issue 4): 1 shard on CPU 0, clients on CPU 1; bulk and small under
+#    bulk, plus a perf profile of the shard thread under bulk (share of _copy_from_iter).
+# 3. wait_batch_usec = 0 / 50 / 200 and shard_tick_budget_bytes = 8 / 2 / 64 MiB (1 shard, CPU 0).
+# Each comparison runs twice, interleaved (A B A B, A B C A B C), a fresh server per run, so the
+# run-to-run noise is in the table next to the difference. Writes perf/VARIANTS.md (--quick:
+# perf/out/variants-quick.md, 64 MiB file, ~2 s workloads, a harness check); raw outputs in
+# perf/out/variants/. Exit status 1 when a number did not parse, a client saw errors or wrong
+# bytes, or shardline did not exit 0 on SIGTERM.
+# Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
+# SHARDLINE_PORT (default: the first free port from 28180).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+export PATH="$PATH:/usr/sbin:/sbin"
+
+usage() {
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
+  exit "${1:-0}"
+}
+
+ARGS=("$@")
+QUICK=0 OUT=''
+while (($#)); do
+  case $1 in
+    --quick) QUICK=1; shift ;;
+    --out) [[ $# -ge 2 ]] || usage 2; OUT=$2; shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) echo "variants.sh: unknown argument $1" >&2; usage 2 ;;
+  esac
+done
+
+if ((QUICK)); then
+  LARGE_MIB=64 DURATION_S=2 WARMUP_S=0.5 PROBE_CONNS=32
+  : "${OUT:=$HERE/out/variants-quick.md}"
+else
+  LARGE_MIB=2048 DURATION_S=10 WARMUP_S=2.5 PROBE_CONNS=64
+  : "${OUT:=$HERE/VARIANTS.md}"
+fi
+REPS=2
+LARGE_BYTES=$((LARGE_MIB * 1024 * 1024)) SMALL_BYTES=1024
+LARGE_SEED=1 SMALL_SEED=2 # the same fixtures as perf/bench.sh
+BULK_CONNS=100 RATE_CONNS=64 TTFB_RATE=50
+SERVER_CPU=0 CLIENT_CPU=1 BOTH_CPUS=0,1
+OUTDIR=$HERE/out ROOT=$HERE/out/root RUN=$HERE/out/variants
+LOADGEN=$HERE/loadgen/target/release/loadgen
+free_port() { local p=$1; while port_busy "$p"; do p=$((p + 1)); done; echo "$p"; }
+
+FAILURES=() NOTES=()
+failure() { FAILURES+=("$*"); log "FAILURE: $*"; }
+note() { NOTES+=("$*"); log "note: $*"; }
+
+# ------------------------------------------------------------------ processes we start
+# Each one is started with setsid (its pid is its process group) and stopped by group on exit,
+# Ctrl-C, SIGTERM or SIGHUP: servers, load generators and perf alike.
+declare -A GROUPS_LIVE=()
+LAST_PID=''
+spawn() { # spawn CPULIST OUTFILE CMD...: background, pinned, own process group
+  local cpus=$1 outfile=$2
+  shift 2
+  setsid taskset -c "$cpus" "$@" >"$outfile" 2>&1 </dev/null &
+  LAST_PID=$!
+  GROUPS_LIVE[$LAST_PID]=1
+}
+reap() { # reap PID: wait for it; returns its exit status
+  local rc=0
+  wait "$1" || rc=$?
+  unset "GROUPS_LIVE[$1]"
+  return "$rc"
+}
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+  local rc=$? pg
+  trap - EXIT INT TERM HUP
+  set +e
+  for pg in "${!GROUPS_LIVE[@]}"; do
+    kill_group "$pg" 3
+    wait "$pg" 2>/dev/null
+  done
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+# ------------------------------------------------------------------ shardline
+SL_PG='' SL_ADMIN='' SL_LOG=''
+# start_sl TAG CONFIG SHARDS CPULIST: one shardline (the process pinned to CPULIST, its shards on
+# the same CPUs), config file CONFIG, admin listener on a free loopback port.
+start_sl() {
+  local tag=$1 cfg=$2 shards=$3 cpus=$4 i
+  SL_LOG=$RUN/$tag.server.log
+  port_busy "$PORT" && die "port $PORT is in use (set SHARDLINE_PORT)"
+  spawn "$cpus" "$SL_LOG" "$SL_BIN" serve --config "$cfg" --root "$ROOT" \
+    --listen "127.0.0.1:$PORT" --shards "$shards" --cpus "$cpus" --admin 127.0.0.1:0
+  SL_PG=$LAST_PID
+  if ! wait_port "$PORT" "$SL_PG" 15; then
+    tail -n 20 "$SL_LOG" >&2 || true
+    die "shardline ($tag) did not start listening on port $PORT (log: $SL_LOG)"
+  fi
+  SL_ADMIN=''
+  for ((i = 0; i < 100; i++)); do
+    SL_ADMIN=$(sed -n 's|.*admin at \(http://[0-9.:]*\).*|\1|p' "$SL_LOG" | head -n 1)
+    [[ -z $SL_ADMIN ]] || break
+    sleep 0.05
+  done
+  [[ -n $SL_ADMIN ]] || failure "$tag: shardline printed no admin address; per-shard counters are missing"
+}
+# stop_sl TAG: SIGTERM, which must end in exit status 0 within 20 s; log warnings are noted.
+stop_sl() {
+  local tag=$1 rc=0 n
+  if ! alive "$SL_PG"; then
+    reap "$SL_PG" || rc=$?
+    failure "$tag: shardline had exited (status $rc) before the end of its runs; log: $(tail -n 2 "$SL_LOG" | tr '\n' ' ')"
+    return
+  fi
+  kill_group "$SL_PG" 20 || failure "$tag: shardline did not exit within 20 s of SIGTERM; killed it"
+  reap "$SL_PG" || rc=$?
+  ((rc == 0)) || failure "$tag: shardline exited with status $rc on SIGTERM (expected 0)"
+  n=$(grep -ciE 'panic|error|warn' "$SL_LOG" || true)
+  ((${n:-0} == 0)) || note "$tag: server log has $n lines matching panic/error/warn, e.g. \`$(grep -iE 'panic|error|warn' "$SL_LOG" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-160)\`"
+}
+
+metrics_snap() { # metrics_snap FILE: shardline's /metrics, empty file when unavailable
+  : >"$1"
+  [[ -n $SL_ADMIN ]] || return 0
+  curl -s --max-time 3 "$SL_ADMIN/metrics" >"$1" 2>/dev/null || : >"$1"
+}
+# mdelta BEFORE AFTER NAME SHARD: growth of counter NAME{shard="SHARD"} (SHARD = 0, 1, all);
+# empty when either snapshot lacks it.
+mdelta() {
+  awk -v key="$3{shard=\"$4\"}" 'FNR == 1 { f++ } $1 == key { v[f] = $2; seen[f] = 1 }
+    END { if (seen[1] && seen[2]) printf "%.0f\n", v[2] - v[1] }' "$1" "$2"
+}
+sum_sent() { # sum_sent BEFORE AFTER: bytes_sent_total growth over every source, shard "all"
+  awk 'FNR == 1 { f++ } /^shardline_bytes_sent_total\{/ && /shard="all"/ { s[f] += $2 }
+    END { printf "%.0f\n", s[2] - s[1] }' "$1" "$2"
+}
+
+# ------------------------------------------------------------------ workloads
+declare -A R=() # R[TAG.metric]: one run's value; TAG = section.variant.rep
+
+# bulk TAG "CPU..." TTFB: 100 keep-alive connections download large.bin in a loop, split evenly
+# over one loadgen per listed CPU; with TTFB=1, 50/s 1 KiB GETs on fresh connections meanwhile
+# (SCHED_FIFO prober on CPU_CLIENT, as in bench.sh). Server CPU comes from each loadgen's own
+# window, [warm-up, end), which they share to within milliseconds.
+bulk() {
+  local tag=$1 ttfb=$3 cpu f pids=() files=() per ft='' pt='' ttfb_s
+  local -a cpus
+  read -ra cpus <<<"$2"
+  per=$((BULK_CONNS / ${#cpus[@]}))
+  if ((ttfb)); then
+    spawn "$CLIENT_CPU" "$RUN/$tag.warm.txt" "$LOADGEN" get --addr "127.0.0.1:$PORT" --path /small.bin \
+      --seed "$SMALL_SEED" --expect-len "$SMALL_BYTES"
+    reap "$LAST_PID" || failure "$tag: warm-up GET of small.bin failed: $(kv "$RUN/$tag.warm.txt" error)"
+  fi
+  metrics_snap "$RUN/$tag.bulk.m0"
+  for cpu in "${cpus[@]}"; do
+    f=$RUN/$tag.bulk-cpu$cpu.txt
+    spawn "$cpu" "$f" "$LOADGEN" bulk --addr "127.0.0.1:$PORT" --path /large.bin --conns "$per" \
+      --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --pgid "$SL_PG" --expect-len "$LARGE_BYTES"
+    pids+=("$LAST_PID") files+=("$f")
+  done
+  if ((ttfb)); then
+    ft=$RUN/$tag.ttfb.txt
+    ttfb_s=$(calc "$DURATION_S - $WARMUP_S - 0.5")
+    spawn "$CLIENT_CPU" "$ft" "${CHRT[@]}" "$LOADGEN" ttfb --addr "127.0.0.1:$PORT" --path /small.bin \
+      --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$WARMUP_S" --seed "$SMALL_SEED" \
+      --expect-len "$SMALL_BYTES"
+    pt=$LAST_PID
+  fi
+  for cpu in "${!pids[@]}"; do
+    reap "${pids[$cpu]}" || failure "$tag: bulk client exited non-zero ($(tail -n 1 "${files[$cpu]}"))"
+  done
+  [[ -z $pt ]] || reap "$pt" || failure "$tag: ttfb client exited non-zero ($(tail -n 1 "$ft"))"
+  metrics_snap "$RUN/$tag.bulk.m1"
+  # Aggregate: bytes/s add up; the server's CPU rate is the same process seen by every loadgen.
+  local line
+  line=$(for f in "${files[@]}"; do
+    printf '%s %s %s %s %s\n' "$(kv "$f" bytes_per_s)" "$(kv "$f" server_cpu_s)" "$(kv "$f" window_s)" \
+      "$(kv "$f" server_runqueue_wait_s)" "$(kv "$f" errors)"
+  done | awk '{ if ($1 == "" || $2 == "" || $3 == "" || $3 <= 0) bad = 1; else { bps += $1; cpu += $2 / $3; w += $4 / $3 } e += $5; n++ }
+    END { if (bad || !n || bps <= 0) print "- - - -", e + 0; else printf "%.6f %.6f %.3f %.3f %d\n", bps / 1e9, (cpu / n) / (bps / 1073741824), 100 * cpu / n, 100 * w / n, e }')
+  read -r "R[$tag.gbs]" "R[$tag.cpu_gib]" "R[$tag.server_pct]" "R[$tag.wait_pct]" "R[$tag.bulk_errors]" <<<"$line"
+  local k
+  for k in gbs cpu_gib server_pct wait_pct; do [[ ${R[$tag.$k]} != - ]] || R[$tag.$k]=''; done
+  ((${R[$tag.bulk_errors]:-0} == 0)) ||
+    failure "$tag: bulk clients counted ${R[$tag.bulk_errors]} errors (first: $(kv "${files[0]}" first_error))"
+  if [[ -n $ft ]]; then
+    R[$tag.p50]=$(kv "$ft" ttfb_p50_ms) R[$tag.p99]=$(kv "$ft" ttfb_p99_ms) R[$tag.max]=$(kv "$ft" ttfb_max_ms)
+    [[ $(kv "$ft" errors) == 0 ]] || failure "$tag: $(kv "$ft" errors) small requests failed (first: $(kv "$ft" first_error))"
+  fi
+  # shardline's own counters over the whole run (warm-up and drain included): per GiB it sent.
+  local m0=$RUN/$tag.bulk.m0 m1=$RUN/$tag.bulk.m1 sent
+  if [[ -s $m0 && -s $m1 ]]; then
+    sent=$(sum_sent "$m0" "$m1")
+    if ((sent > 0)); then
+      R[$tag.cqes_gib]=$(calc "$(mdelta "$m0" "$m1" shardline_ring_cqes_total all) * 1073741824 / $sent")
+      R[$tag.enters_gib]=$(calc "$(mdelta "$m0" "$m1" shardline_ring_enters_total all) * 1073741824 / $sent")
+    fi
+    R[$tag.bulk_acc]="$(mdelta "$m0" "$m1" shardline_connections_accepted_total 0)/$(mdelta "$m0" "$m1" shardline_connections_accepted_total 1)"
+  fi
+  log "$tag bulk: ${R[$tag.gbs]:-?} GB/s, ${R[$tag.cpu_gib]:-?} CPU s/GiB${ft:+, TTFB p50 ${R[$tag.p50]:-?} p99 ${R[$tag.p99]:-?} ms}, accepted ${R[$tag.bulk_acc]:-?}"
+}
+
+# rate TAG "CPU...": 64 keep-alive connections GET small.bin, one wrk -t1 per listed CPU with an
+# even share of them; requests/s (sum) and server CPU µs per request.
+rate() {
+  local tag=$1 cpu f k pids=() files=() per c0 c1 m0 m1
+  m0=$RUN/$tag.rate.m0 m1=$RUN/$tag.rate.m1
+  local -a cpus
+  read -ra cpus <<<"$2"
+  per=$((RATE_CONNS / ${#cpus[@]}))
+  metrics_snap "$m0"
+  c0=$(kv <("$LOADGEN" cpu --pgid "$SL_PG") cpu_s)
+  for cpu in "${cpus[@]}"; do
+    f=$RUN/$tag.rate-cpu$cpu.txt
+    spawn "$cpu" "$f" wrk -t1 -c"$per" -d"${DURATION_S}s" --timeout 10s -s "$HERE/wrk-summary.lua" \
+      "http://127.0.0.1:$PORT/small.bin"
+    pids+=("$LAST_PID") files+=("$f")
+  done
+  for cpu in "${!pids[@]}"; do
+    reap "${pids[$cpu]}" || failure "$tag: wrk exited non-zero ($(tail -n 1 "${files[$cpu]}"))"
+  done
+  c1=$(kv <("$LOADGEN" cpu --pgid "$SL_PG") cpu_s)
+  metrics_snap "$m1"
+  local line
+  line=$(for f in "${files[@]}"; do
+    printf '%s %s' "$(kv "$f" wrk_requests)" "$(kv "$f" wrk_duration_us)"
+    for k in connect read write status timeout; do printf ' %s' "$(kv "$f" "wrk_err_$k")"; done
+    echo
+  done | awk -v c0="$c0" -v c1="$c1" '{ if (NF < 7 || $2 <= 0) bad = 1; else { req += $1; rps += $1 / ($2 / 1e6) } for (i = 3; i <= NF; i++) e += $i }
+    END { if (bad || req <= 0 || c0 == "" || c1 == "") print "- -", e + 0; else printf "%.1f %.3f %d\n", rps, (c1 - c0) * 1e6 / req, e }' 2>/dev/null ||
+    echo "- - 1")
+  read -r "R[$tag.rps]" "R[$tag.us_req]" "R[$tag.rate_errors]" <<<"$line"
+  [[ ${R[$tag.rps]} != - ]] || R[$tag.rps]=''
+  [[ ${R[$tag.us_req]} != - ]] || R[$tag.us_req]=''
+  ((${R[$tag.rate_errors]:-0} == 0)) || failure "$tag: wrk counted ${R[$tag.rate_errors]} socket/status errors"
+  [[ -s $m0 && -s $m1 ]] &&
+    R[$tag.rate_acc]="$(mdelta "$m0" "$m1" shardline_connections_accepted_total 0)/$(mdelta "$m0" "$m1" shardline_connections_accepted_total 1)"
+  log "$tag rate: ${R[$tag.rps]:-?} req/s, ${R[$tag.us_req]:-?} CPU us/req, accepted ${R[$tag.rate_acc]:-?}"
+}
+
+# locality TAG: for k in 0 1, PROBE_CONNS connections (one request each) from a loadgen pinned to
+# CPU k; the % of them that shard k accepted. Steering should make it 100; a hash, about 50.
+locality() {
+  local tag=$1 k f m0 m1 hit=0 all=0 a0 a1 detail=''
+  for k in 0 1; do
+    f=$RUN/$tag.probe-cpu$k.txt m0=$RUN/$tag.probe$k.m0 m1=$RUN/$tag.probe$k.m1
+    metrics_snap "$m0"
+    spawn "$k" "$f" "$LOADGEN" idle --addr "127.0.0.1:$PORT" --path /small.bin --conns "$PROBE_CONNS" --settle-s 0
+    reap "$LAST_PID" || failure "$tag: locality probe from CPU $k exited non-zero"
+    [[ $(kv "$f" errors) == 0 ]] || failure "$tag: locality probe from CPU $k: $(kv "$f" errors) errors ($(kv "$f" first_error))"
+    metrics_snap "$m1"
+    a0=$(mdelta "$m0" "$m1" shardline_connections_accepted_total 0)
+    a1=$(mdelta "$m0" "$m1" shardline_connections_accepted_total 1)
+    [[ -n $a0 && -n $a1 ]] || return 0
+    if ((k == 0)); then hit=$((hit + a0)); else hit=$((hit + a1)); fi
+    all=$((all + a0 + a1))
+    detail="$detail${detail:+, }CPU $k: $a0/$a1"
+  done
+  ((all > 0)) && R[$tag.local]=$(calc "100 * $hit / $all")
+  R[$tag.local_detail]=$detail
+  log "$tag locality: ${R[$tag.local]:-?}% on the client CPU's shard ($detail)"
+}
+
+# profile TAG: perf record -e cpu-clock -g of the shard-0 thread while 100 connections download
+# large.bin (client on CPU_CLIENT); the self share of each symbol, and of _copy_from_iter.
+profile() {
+  local tag=$1 f data rep
+  f=$RUN/$tag.bulk-prof.txt data=$RUN/$tag.perf.data rep=$RUN/$tag.perf-report.txt
+  local pb tid='' t secs
+  spawn "$CLIENT_CPU" "$f" "$LOADGEN" bulk --addr "127.0.0.1:$PORT" --path /large.bin --conns "$BULK_CONNS" \
+    --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --expect-len "$LARGE_BYTES"
+  pb=$LAST_PID
+  sleep "$WARMUP_S"
+  for t in /proc/"$SL_PG"/task/*; do
+    [[ $(cat "$t/comm" 2>/dev/null) == shard-0 ]] && tid=${t##*/}
+  done
+  secs=$(calc "$DURATION_S - $WARMUP_S - 0.5")
+  if [[ -n $tid ]]; then
+    spawn "$CLIENT_CPU" "$RUN/$tag.perf-record.log" perf record -e cpu-clock -g -t "$tid" -o "$data" -- sleep "$secs"
+    reap "$LAST_PID" || note "$tag: perf record exited non-zero ($(tail -n 1 "$RUN/$tag.perf-record.log"))"
+  else
+    note "$tag: no shard-0 thread found in shardline's process; no profile"
+  fi
+  reap "$pb" || failure "$tag: bulk client (profile run) exited non-zero"
+  [[ -s $data ]] || return 0
+  perf report -i "$data" --stdio --no-children --sort symbol -g none --percent-limit 0.5 2>/dev/null |
+    grep -E '^ +[0-9.]+%' >"$rep" || true
+  # Lines: "  8.72%  [k] _copy_from_iter ..." (perf may append columns after the symbol).
+  R[$tag.copy_share]=$(awk '$3 == "_copy_from_iter" { sub(/%/, "", $1); print $1; f = 1 } END { if (!f) print 0 }' "$rep")
+  R[$tag.samples]=$(perf report -i "$data" --stdio --no-children --sort symbol -g none 2>/dev/null |
+    sed -n 's/^# Samples: \([0-9.]*[KM]*\).*/\1/p' | head -n 1)
+  R[$tag.top]=$(head -n 10 "$rep" | awk '{ printf "%s`%s` %s", (NR > 1 ? ", " : ""), $3, $1 }')
+  log "$tag profile: _copy_from_iter ${R[$tag.copy_share]}% of shard-0 samples (${R[$tag.samples]:-?})"
+}
+
+# ------------------------------------------------------------------ sections
+declare -A VARIANTS=([steer]="on off" [zc]="off on" [wb]="0 50 200" [tb]="8M 2M 64M")
+declare -A SECTION_LOAD=()
+config_for() { # config_for SECTION VARIANT: writes the variant's config file, prints its path
+  local f=$RUN/cfg-$1-$2.toml
+  case $1.$2 in
+    steer.on) echo 'steering = true' ;;
+    steer.off) echo 'steering = false' ;;
+    zc.*) echo "zerocopy = \"$2\"" ;;
+    wb.*) echo "wait_batch_usec = $2" ;;
+    tb.*) echo "shard_tick_budget_bytes = $((${2%M} * 1024 * 1024))" ;;
+  esac >"$f"
+  echo "$f"
+}
+
+run_section() { # run_section SECTION: every variant REPS times, interleaved
+  local sec=$1 rep v tag cfg
+  SECTION_LOAD[$sec]=$(cut -d' ' -f1-3 /proc/loadavg)
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for v in ${VARIANTS[$sec]}; do
+      tag=$sec.$v.$rep
+      cfg=$(config_for "$sec" "$v")
+      if [[ $sec == steer ]]; then
+        start_sl "$tag" "$cfg" 2 "$BOTH_CPUS"
+        bulk "$tag" "0 1" 0
+        rate "$tag" "0 1"
+        locality "$tag"
+      else
+        start_sl "$tag" "$cfg" 1 "$SERVER_CPU"
+        bulk "$tag" "$CLIENT_CPU" 1
+      fi
+      stop_sl "$tag"
+    done
+  done
+  if [[ $sec == zc ]]; then
+    if command -v perf >/dev/null && perf --version >/dev/null 2>&1; then
+      for v in off on; do
+        tag=zc.$v.prof
+        start_sl "$tag" "$(config_for zc "$v")" 1 "$SERVER_CPU"
+        profile "$tag"
+        stop_sl "$tag"
+      done
+    else
+      note "perf is not installed (apt-get install linux-perf): no profile of the shard thread"
+    fi
+  fi
+}
+
+# ------------------------------------------------------------------ report
+declare -A VERDICT=() # VERDICT[SECTION.metric.variant] = better | worse | noise (vs the default)
+TABLE='' MEANINGS=''
+# row SECTION METRIC LABEL BETTER FORMAT MEANING: one table row over the section's variants,
+# every run shown ("run 1 / run 2"), the difference of each variant's mean from the first
+# (default) variant's, and whether it is beyond the run-to-run noise.
+row() {
+  local sec=$1 key=$2 label=$3 better=$4 fmt=$5 meaning=$6 v rep vals out
+  vals=''
+  for v in ${VARIANTS[$sec]}; do
+    local runs=''
+    for ((rep = 1; rep <= REPS; rep++)); do runs="$runs ${R[$sec.$v.$rep.$key]:-n/a}"; done
+    vals="$vals$v$runs"$'\n'
+  done
+  out=$(awk -v better="$better" -v fmt="$fmt" '
+    function num(x) { return x ~ /^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$/ }
+    function show(x) { return num(x) ? sprintf(fmt, x) : x }
+    function abs(x) { return x < 0 ? -x : x }
+    NF { n++; name[n] = $1; cell = ""; cnt = 0; s = 0; lo[n] = ""; hi[n] = ""
+         for (i = 2; i <= NF; i++) {
+           cell = cell (i > 2 ? " / " : "") show($i)
+           if (num($i)) { x = $i + 0; s += x; cnt++; if (lo[n] == "" || x < lo[n]) lo[n] = x; if (hi[n] == "" || x > hi[n]) hi[n] = x }
+           else miss[n] = 1
+         }
+         cells = cells (n > 1 ? "<br>" : "") "**" $1 "**: " cell
+         mean[n] = cnt ? s / cnt : ""
+         spread[n] = (cnt > 1 && mean[n] != 0) ? 100 * (hi[n] - lo[n]) / abs(mean[n]) : 0 }
+    END {
+      d = ""; v = ""; words = ""
+      for (k = 2; k <= n; k++) {
+        if (better == "info") break
+        if (mean[1] == "" || mean[k] == "" || miss[1] || miss[k] || mean[1] == 0) {
+          d = d (d == "" ? "" : "<br>") name[k] ": n/a"; v = v " " name[k] ":na"
+          words = words (words == "" ? "" : "; ") name[k] ": not measured"; continue
+        }
+        pct = 100 * (mean[k] - mean[1]) / abs(mean[1])
+        sp = spread[1] > spread[k] ? spread[1] : spread[k]
+        overlap = !(lo[k] > hi[1] || hi[k] < lo[1])
+        if (overlap || abs(pct) <= sp) cls = "noise"
+        else cls = ((better == "higher") == (pct > 0)) ? "better" : "worse"
+        d = d (d == "" ? "" : "<br>") sprintf("%s: %+.1f%%", name[k], pct) (cls == "noise" ? " (noise)" : " **" cls "**")
+        v = v " " name[k] ":" cls
+        words = words (words == "" ? "" : "; ") sprintf("%s is %.1f%% %s than %s (means)", name[k], abs(pct), pct > 0 ? "higher" : "lower", name[1]) \
+          (cls == "noise" ? sprintf(", within noise: the runs %s and the run-to-run spread is up to %.0f%%", overlap ? "overlap" : "are closer than that spread", sp) \
+                          : sprintf(", beyond the run-to-run spread (up to %.0f%%): %s", sp, cls))
+      }
+      if (better == "info") { d = "—"; words = "" }
+      printf "%s\t%s\t%s\t%s\n", cells, d, v, words
+    }' <<<"$vals")
+  local cellstr diff verd words pair
+  IFS=$'\t' read -r cellstr diff verd words <<<"$out"
+  for pair in $verd; do VERDICT[$sec.$key.${pair%%:*}]=${pair#*:}; done
+  TABLE+="| ${SECTION_TITLE[$sec]} | $label | $better | $cellstr | $diff |"$'\n'
+  local dir="$better is better"
+  [[ $better == info ]] && dir="context, no direction"
+  MEANINGS+="- **${SECTION_TITLE[$sec]}: $label** ($dir): $meaning${words:+ This run: $words.}"$'\n'
+}
+declare -A SECTION_TITLE=([steer]="1 Steering (2 shards)" [zc]="2 SEND_ZC (1 shard)" [wb]="3a wait_batch_usec (1 shard)" [tb]="3b shard_tick_budget_bytes (1 shard)")
+
+verdict_of() { echo "${VERDICT[$1]:-na}"; }
+mean_of() { # mean_of SECTION VARIANT METRIC
+  local rep vals=()
+  for ((rep = 1; rep <= REPS; rep++)); do vals+=("${R[$1.$2.$rep.$3]:-}"); done
+  printf '%s\n' "${vals[@]}" | awk '/^-?[0-9.]+$/ { s += $1; n++ } END { if (n) printf "%.6f\n", s / n }'
+}
+# default_runs METRIC: the 6 runs of the default single-shard config (zerocopy off = auto on
+# loopback, wait_batch_usec 0, shard budget 8 MiB) from sections 2, 3a and 3b: min-max, spread.
+default_runs() {
+  local k rep vals=()
+  for k in zc.off wb.0 tb.8M; do
+    for ((rep = 1; rep <= REPS; rep++)); do vals+=("${R[$k.$rep.$1]:-}"); done
+  done
+  printf '%s\n' "${vals[@]}" | awk -v fmt="$2" '/^-?[0-9.]+$/ { x = $1 + 0; s += x; n++; if (n == 1 || x < lo) lo = x; if (n == 1 || x > hi) hi = x }
+    END { if (n) printf "%d runs, " fmt " to " fmt " (spread %.0f%% of the mean)\n", n, lo, hi, 100 * (hi - lo) / (s / n) }'
+}
+
+report() {
+  local kernel cpu_model end_load sl_rev
+  kernel=$(uname -r)
+  cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  end_load=$(cut -d' ' -f1-3 /proc/loadavg)
+  sl_rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || sl_rev="$sl_rev (+ uncommitted changes)"
+
+  row steer gbs "Bulk: throughput (GB/s)" higher %.3f \
+    "Body bytes/s received by $BULK_CONNS keep-alive connections downloading large.bin in a loop: two loadgens, pinned to CPU 0 and CPU 1, $((BULK_CONNS / 2)) connections each, over the steady-state window [$WARMUP_S s, $DURATION_S s); the clients share both CPUs with the two shards."
+  row steer cpu_gib "Bulk: server CPU s per GiB" lower %.3f \
+    "utime+stime of shardline (both shards) per GiB sent in that window: the cost of the data path with and without a connection staying on the CPU whose client sent its SYN."
+  row steer bulk_acc "Bulk: accepted per shard (shard 0 / shard 1)" info %s \
+    "shardline_connections_accepted_total growth per shard over the bulk run (/metrics): both loadgens open the same number of connections, so the split is even either way; which shard got which client's connections is the locality row."
+  row steer rps "Small-file rate: requests/s" higher %.0f \
+    "1 KiB GETs per second over $RATE_CONNS keep-alive connections: two wrk -t1 -c$((RATE_CONNS / 2)), one pinned to each CPU."
+  row steer us_req "Small-file rate: server CPU µs per request" lower %.2f \
+    "shardline's CPU time per request in that run (both shards)."
+  row steer rate_acc "Small-file rate: accepted per shard (shard 0 / shard 1)" info %s \
+    "Accepted connections per shard during the small-file run."
+  row steer local "Locality: % of connections accepted by the shard on the client's CPU" higher %.0f \
+    "$PROBE_CONNS connections from a loadgen pinned to CPU 0, then $PROBE_CONNS from one pinned to CPU 1 (over loopback a SYN is processed on the sender's CPU): the share accepted by the shard on that same CPU. Steering's promise is 100; SO_REUSEPORT's hash gives about 50."
+  row steer wait_pct "Bulk: server run-queue wait % (per CPU window)" info %.0f \
+    "Time shardline's threads were runnable but waiting for a CPU, over the window: here mostly the load generators sharing both CPUs, so not a busy-host signal in this section."
+
+  row zc gbs "Bulk: throughput (GB/s)" higher %.3f \
+    "$BULK_CONNS connections from CPU $CLIENT_CPU download large.bin (O_DIRECT reads on the server) from the shard on CPU $SERVER_CPU; the client's CPU or the disk usually bounds it."
+  row zc cpu_gib "Bulk: server CPU s per GiB" lower %.3f \
+    "shardline's CPU time per GiB sent: what SEND_ZC is meant to lower."
+  row zc p50 "Small under bulk: TTFB p50 (ms)" lower %.3f \
+    "Median connect()-to-first-byte of $TTFB_RATE/s 1 KiB GETs on fresh connections during the bulk load (SCHED_FIFO prober on CPU $CLIENT_CPU)."
+  row zc p99 "Small under bulk: TTFB p99 (ms)" lower %.3f \
+    "99th percentile of the same (about $(calc "($DURATION_S - $WARMUP_S - 0.5) * $TTFB_RATE" | cut -d. -f1) samples per run, so p99 rests on the 3-4 slowest)."
+  row zc cqes_gib "Bulk: io_uring completions per GiB" info %.0f \
+    "shardline_ring_cqes_total per GiB sent (whole run): with SEND_ZC each chunk send completes twice (result + notification), so this shows that ZC really was in use."
+  row zc wait_pct "Bulk: server run-queue wait %" info %.0f \
+    "Time the shard waited for CPU $SERVER_CPU behind other work; above a few % the host was busy and latency rows are inflated."
+
+  row wb cpu_gib "Bulk: server CPU s per GiB" lower %.3f \
+    "shardline's CPU time per GiB sent: batching is meant to lower it by waking the shard fewer times."
+  row wb gbs "Bulk: throughput (GB/s)" higher %.3f \
+    "Aggregate throughput of the same run."
+  row wb enters_gib "Bulk: io_uring_enter calls per GiB" info %.0f \
+    "shardline_ring_enters_total per GiB sent (whole run): the wake-ups batching is meant to save."
+  row wb p99 "Small under bulk: TTFB p99 (ms)" lower %.3f \
+    "99th percentile connect()-to-first-byte of the 1 KiB probe during bulk: what the added wait may cost."
+  row wb p50 "Small under bulk: TTFB p50 (ms)" lower %.3f \
+    "Median of the same."
+  row wb wait_pct "Bulk: server run-queue wait %" info %.0f \
+    "Busy-host signal, as above."
+
+  row tb p99 "Small under bulk: TTFB p99 (ms)" lower %.3f \
+    "99th percentile connect()-to-first-byte of the 1 KiB probe during bulk: a smaller per-tick budget should let a new request in sooner."
+  row tb p50 "Small under bulk: TTFB p50 (ms)" lower %.3f \
+    "Median of the same."
+  row tb gbs "Bulk: throughput (GB/s)" higher %.3f \
+    "Aggregate throughput: a budget too small would starve the link with short ticks."
+  row tb cpu_gib "Bulk: server CPU s per GiB" lower %.3f \
+    "CPU per GiB: more ticks per GiB cost more io_uring_enter calls."
+  row tb enters_gib "Bulk: io_uring_enter calls per GiB" info %.0f \
+    "shardline_ring_enters_total per GiB sent (whole run)."
+  row tb wait_pct "Bulk: server run-queue wait %" info %.0f \
+    "Busy-host signal, as above."
+
+  # ---- conclusions, from the verdicts
+  local s_steer s_zc s_wb s_tb copy copy_on cpu_off cpu_on saved top_off top_on k
+  local steer_any=''
+  for k in gbs cpu_gib rps us_req; do
+    case $(verdict_of "steer.$k.off") in
+      better) steer_any="$steer_any${steer_any:+, }off better on $k" ;;
+      worse) steer_any="$steer_any${steer_any:+, }on better on $k" ;;
+    esac
+  done
+  local loc_on loc_off
+  loc_on=$(mean_of steer on local) loc_off=$(mean_of steer off local)
+  s_steer="Steering does what it promises: connections from a client on CPU k landed on shard k $(printf %.0f "${loc_on:-0}")% of the time with \`steering = true\`, $(printf %.0f "${loc_off:-0}")% without (the kernel's hash). "
+  if [[ -z $steer_any ]]; then
+    s_steer+="Throughput, CPU per GiB, requests/s and CPU per request did not differ beyond the run-to-run noise on this 2-core loopback box. The numbers neither support nor refute steering here; keep the default \`steering = true\`: it costs nothing measurable, and its benefit needs what this box lacks (see below)."
+  else
+    s_steer+="Beyond the run-to-run noise: $steer_any (two runs each; rerun before acting on it). Where \"on better\", the numbers support the default \`steering = true\`; an \"off better\" would need a look at what steering costs (the BPF program runs once per SYN, not per packet)."
+  fi
+
+  copy=${R[zc.off.prof.copy_share]:-} copy_on=${R[zc.on.prof.copy_share]:-}
+  cpu_off=$(mean_of zc off cpu_gib) cpu_on=$(mean_of zc on cpu_gib)
+  top_off=${R[zc.off.prof.top]:-} top_on=${R[zc.on.prof.top]:-}
+  s_zc="On loopback the kernel copies SEND_ZC's pages anyway (../shared/FACTS.md; the kernel's msg_zerocopy documentation: packets looped to a local socket incur a deferred copy, skb_copy_ubufs, so that an unread socket cannot hold the sender's pages indefinitely), so \`zerocopy = \"on\"\` can only add its costs here: pinning pages, the notification CQE per send (completions per GiB above), and holding each buffer until that notification. "
+  case $(verdict_of zc.cpu_gib.on) in
+    worse) s_zc+="Measured: ZC on costs more CPU per GiB than off (${cpu_on:-?} vs ${cpu_off:-?} s/GiB), beyond noise. " ;;
+    better) s_zc+="Measured: ZC on cost less CPU per GiB than off (${cpu_on:-?} vs ${cpu_off:-?} s/GiB), beyond noise, which loopback should not allow: look at the profile before trusting it. " ;;
+    *) s_zc+="Measured: CPU per GiB ${cpu_on:-?} (on) vs ${cpu_off:-?} (off) s/GiB, within noise. " ;;
+  esac
+  if [[ -n $copy && -n $cpu_off ]]; then
+    saved=$(calc "$cpu_off * $copy / 100")
+    s_zc+="With zerocopy off, \`_copy_from_iter\` (the copy of each send into socket buffers) took $copy% of the shard thread's samples under bulk (perf, ${R[zc.off.prof.samples]:-?} samples), about $(printf %.3f "$saved") of its ${cpu_off} CPU s/GiB. On a NIC with scatter-gather DMA that copy is what SEND_ZC removes, so it would save roughly that share, less the notification cost; the share is a floor, since on loopback the shard thread also runs the receiving side's softirq work, which a NIC host does not. "
+  fi
+  s_zc+="Default supported: keep \`zerocopy = \"auto\"\`: off on loopback, where these numbers show it cannot win, and on for real NICs, where the copy it removes is the share above of the shard's CPU at bulk. Confirm on a NIC host with this script's section 2 against a remote client (the sign of the CPU-per-GiB difference should flip)."
+
+  local wb_cpu50 wb_cpu200 wb_p50 wb_p200
+  wb_cpu50=$(verdict_of wb.cpu_gib.50) wb_cpu200=$(verdict_of wb.cpu_gib.200)
+  wb_p50=$(verdict_of wb.p99.50) wb_p200=$(verdict_of wb.p99.200)
+  s_wb="io_uring_enter per GiB: $(printf %.0f "$(mean_of wb 0 enters_gib)") (0), $(printf %.0f "$(mean_of wb 50 enters_gib)") (50 µs), $(printf %.0f "$(mean_of wb 200 enters_gib)") (200 µs). CPU s/GiB vs 0: 50 µs $wb_cpu50, 200 µs $wb_cpu200; TTFB p99 vs 0: 50 µs $wb_p50, 200 µs $wb_p200 (better / worse = beyond noise). "
+  if [[ $wb_cpu50 == better || $wb_cpu200 == better ]] && [[ $wb_p50 != worse || $wb_p200 != worse ]]; then
+    s_wb+="Batching lowered CPU per GiB beyond noise; a non-zero default is supported where the TTFB p99 did not get worse (prefer the smaller value that wins)."
+  else
+    s_wb+="Batching did not lower CPU per GiB beyond noise here, so the numbers support keeping the default \`wait_batch_usec = 0\` (off): it adds up to that wait to every idle wake-up and buys nothing measurable on this box. A shard that wakes for every completion at many Gbit/s (real NIC, many connections per shard) may differ: rerun there."
+  fi
+
+  local tb_p2 tb_p64 tb_g2 tb_g64
+  tb_p2=$(verdict_of tb.p99.2M) tb_p64=$(verdict_of tb.p99.64M) tb_g2=$(verdict_of tb.gbs.2M) tb_g64=$(verdict_of tb.gbs.64M)
+  s_tb="vs 8 MiB: TTFB p99 2 MiB $tb_p2, 64 MiB $tb_p64; GB/s 2 MiB $tb_g2, 64 MiB $tb_g64 (better / worse = beyond noise). "
+  if [[ $tb_p2 == better && $tb_g2 != worse ]]; then
+    s_tb+="2 MiB gave a lower TTFB p99 at no measurable throughput cost: the numbers lean to a smaller default; confirm with a longer run before changing it."
+  elif [[ $tb_p64 == worse || $tb_p2 == better ]]; then
+    s_tb+="A larger budget hurt (or a smaller one helped) TTFB, as designed; 8 MiB keeps throughput, so the numbers support the default \`shard_tick_budget_bytes = 8388608\`."
+  elif [[ $tb_g2 == worse ]]; then
+    s_tb+="2 MiB cost throughput and bought no TTFB: the numbers support the default 8 MiB over a smaller one."
+  else
+    s_tb+="No difference beyond noise in either direction: the numbers do not distinguish 2, 8 and 64 MiB on this box (one shard's tick here rarely holds 8 MiB of sends: at ~1 GB/s that is 8 ms of a whole link). Keep the default \`shard_tick_budget_bytes = 8388608\`; the budget matters where one shard feeds a fast NIC."
+  fi
+
+  {
+    echo "# shardline against itself: config variants"
+    echo
+    if ((QUICK)); then echo "**Quick mode** (harness check only: 64 MiB file, ~${DURATION_S} s workloads; the numbers mean little)."; echo; fi
+    echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/variants.sh ${ARGS[*]}\`; shardline \`$SL_BIN\` (commit $sl_rev)"
+    echo "- Host: kernel $kernel, CPU \"$cpu_model\" x $(nproc), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM"
+    echo "- **Load average** (1/5/15 min) before the workloads: $START_LOAD; after: $end_load; at the start of each section: steering ${SECTION_LOAD[steer]:-?}, SEND_ZC ${SECTION_LOAD[zc]:-?}, wait_batch ${SECTION_LOAD[wb]:-?}, tick budget ${SECTION_LOAD[tb]:-?}. This host has 2 CPUs and is shared with other work: a load above ~1 before we start means someone else's processes took CPU time during these runs."
+    echo "- Fixtures (\`perf/out/root\`, made as perf/bench.sh makes them): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB, served with O_DIRECT), small.bin $SMALL_BYTES bytes; every small response and every bulk Content-Length is checked"
+    echo "- Each workload ${DURATION_S} s, measured over [$WARMUP_S s, $DURATION_S s); $BULK_CONNS bulk connections, $RATE_CONNS small-file connections, TTFB probe $TTFB_RATE/s; every variant run $REPS times, interleaved (A B A B / A B C A B C), a fresh shardline per run, config file with only the one key changed (\`perf/out/variants/cfg-*.toml\`)"
+    echo "- Section 1: \`--shards 2 --cpus 0,1\`, clients on both CPUs; sections 2-3: \`--shards 1 --cpus $SERVER_CPU\`, clients on CPU $CLIENT_CPU; everything over 127.0.0.1"
+    echo
+    echo "Each cell lists every run of a variant (run 1 / run 2); \"Δ vs default\" compares each variant's mean with the first (default) variant's; **better**/**worse** only when the two variants' runs do not overlap and the difference exceeds the larger run-to-run spread, otherwise \"(noise)\". Two runs per variant make this a coarse filter, not a significance test."
+    echo
+    echo "| Comparison | Metric | Better | Runs (run 1 / run 2) | Δ vs default |"
+    echo "|---|---|---|---|---|"
+    printf '%s' "$TABLE"
+    echo
+    echo "Default single-shard config, measured 6 times across sections 2, 3a and 3b (zerocopy off = auto on loopback, wait_batch_usec 0, 8 MiB budget): bulk GB/s $(default_runs gbs %.3f); CPU s/GiB $(default_runs cpu_gib %.3f); TTFB p99 ms $(default_runs p99 %.2f). That spread is this host's noise floor for the rows above."
+    echo
+    echo "## What each row means"
+    echo
+    printf '%s' "$MEANINGS"
+    echo
+    echo "## Conclusions: which default the numbers support"
+    echo
+    echo "1. **Steering** (\`steering\`, default true). $s_steer"
+    echo "2. **SEND_ZC** (\`zerocopy\`, default auto). $s_zc"
+    echo "3. **Completion batching** (\`wait_batch_usec\`, default 0). $s_wb"
+    echo "4. **Shard tick budget** (\`shard_tick_budget_bytes\`, default 8 MiB). $s_tb"
+    echo
+    echo "## What a 2-core loopback box can and cannot show"
+    echo
+    echo "- **Steering.** Here the \"CPU that received the packet\" is simply the client's CPU (loopback processes a SYN in the sender's softirq), so the locality row shows the BPF program works. What steering buys on a real edge cannot show: there are no NIC RSS queues and IRQs to align with (the work steering saves is the cross-core hop from the CPU that took the interrupt to the shard's CPU, and the cache lines of the socket bouncing between them), no second NUMA node (no remote-memory socket buffers or cross-socket interconnect traffic), and with 2 CPUs shared by clients and server, any saving is within the noise of the load generators' scheduling. On a many-core NIC host with RSS and \`scripts/irq-affinity.sh\` applied, one would expect steering on to show lower CPU per GiB and per request (no cross-core softirq-to-shard hand-off, no remote wake-ups), flatter per-shard CPU, and lower tail latency, growing with the core count and doubling down across NUMA nodes."
+    echo "- **SEND_ZC.** Loopback always copies (above), so here ZC can only cost; its saving needs a NIC with scatter-gather DMA. The profile share above is the estimate to check there."
+    echo "- **Batching and tick budget.** One shard and one client CPU over loopback run far below a fast NIC's rates, so the shard rarely has many completions to gather or 8 MiB of sends in one tick; differences that only show at tens of Gbit/s per shard do not show here."
+    echo
+    echo "## Profile of the shard thread under bulk (perf record -e cpu-clock -g, self time)"
+    echo
+    if [[ -n $top_off ]]; then
+      echo "- zerocopy off (${R[zc.off.prof.samples]:-?} samples): $top_off"
+      echo "- zerocopy on (${R[zc.on.prof.samples]:-?} samples; \`_copy_from_iter\` ${copy_on:-?}%): $top_on"
+      echo "- Full reports: \`perf/out/variants/zc.*.prof.perf-report.txt\`."
+    else
+      echo "- No profile (see notes)."
+    fi
+    echo
+    echo "## Notes from this run"
+    echo
+    if ((${#FAILURES[@]} + ${#NOTES[@]} == 0)); then echo "- No request errors, no failed verification; every shardline started and exited 0 on SIGTERM."; fi
+    local n
+    for n in "${FAILURES[@]}"; do echo "- **FAILURE**: $n"; done
+    for n in "${NOTES[@]}"; do echo "- $n"; done
+    local loc='' t
+    for t in steer.on.1 steer.off.1 steer.on.2 steer.off.2; do loc="$loc${loc:+; }${t%.*} run ${t##*.}: ${R[$t.local_detail]:-?}"; done
+    echo "- Locality probe detail (connections accepted by shard 0/shard 1 from each client CPU): $loc."
+    echo "- Raw outputs (loadgen, wrk, /metrics snapshots, server logs, perf data): \`perf/out/variants/\`."
+  } >"$OUT"
+  cat "$OUT"
+}
+
+# ------------------------------------------------------------------ main
+for t in taskset setsid pgrep ss curl wrk; do command -v "$t" >/dev/null || die "$t is needed (perf/bench.sh installs it)"; done
+command -v cargo >/dev/null || die "cargo is needed to build perf/loadgen and shardline"
+(($(nproc) >= 2)) || die "variants.sh needs CPUs 0 and 1"
+if [[ $(id -u) == 0 ]] && chrt -f 10 true 2>/dev/null; then CHRT=(chrt -f 10); else CHRT=(); fi
+mkdir -p "$ROOT" "$RUN"
+rm -f "$RUN"/*
+chmod 755 "$OUTDIR" "$ROOT"
+
+log "building perf/loadgen"
+cargo build --release --quiet --manifest-path "$HERE/loadgen/Cargo.toml"
+if [[ -n ${SHARDLINE_BIN:-} ]]; then
+  SL_BIN=$(command -v "$SHARDLINE_BIN" || true)
+  [[ -n $SL_BIN ]] || die "SHARDLINE_BIN=$SHARDLINE_BIN is not executable"
+  [[ $SL_BIN == /* ]] || SL_BIN=$PWD/$SL_BIN
+else
+  log "building shardline (cargo build --release)"
+  (cd "$REPO" && cargo build --release --quiet)
+  SL_BIN=$REPO/target/release/shardline
+fi
+"$SL_BIN" serve --help 2>&1 | grep -q -- '--admin' || die "$SL_BIN has no 'serve --admin': too old for variants.sh"
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+ensure_fixture "$LOADGEN" "$ROOT" "$OUTDIR" large.bin "$LARGE_BYTES" "$LARGE_SEED"
+ensure_fixture "$LOADGEN" "$ROOT" "$OUTDIR" small.bin "$SMALL_BYTES" "$SMALL_SEED"
+[[ $(stat -f -c %T "$ROOT") == tmpfs ]] && note "the fixtures are on tmpfs: O_DIRECT is refused there, so bulk reads are buffered"
+PORT=${SHARDLINE_PORT:-$(free_port 28180)}
+
+START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+log "load average before: $START_LOAD"
+T0=$SECONDS
+for sec in steer zc wb tb; do
+  log "section $sec: variants ${VARIANTS[$sec]}"
+  run_section "$sec"
+done
+log "workloads took $((SECONDS - T0)) s; load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+report >/dev/null
+log "wrote $OUT"
+rc=0
+unparsed=$(grep -E '^\| ' "$OUT" | grep -E 'n/a' | cut -d'|' -f2-3 || true)
+if [[ -n $unparsed ]]; then
+  log "numbers that failed to parse or measure:"
+  printf '%s\n' "$unparsed" >&2
+  rc=1
+fi
+if ((${#FAILURES[@]})); then log "${#FAILURES[@]} failure(s), see the Notes section of $OUT"; rc=1; fi
+exit "$rc"
