@@ -209,9 +209,10 @@ bulk() {
       R[$tag.cqes_gib]=$(calc "$(mdelta "$m0" "$m1" shardline_ring_cqes_total all) * 1073741824 / $sent")
       R[$tag.enters_gib]=$(calc "$(mdelta "$m0" "$m1" shardline_ring_enters_total all) * 1073741824 / $sent")
     fi
-    R[$tag.bulk_acc]="$(mdelta "$m0" "$m1" shardline_connections_accepted_total 0)/$(mdelta "$m0" "$m1" shardline_connections_accepted_total 1)"
+    ((${#cpus[@]} < 2)) ||
+      R[$tag.bulk_acc]="$(mdelta "$m0" "$m1" shardline_connections_accepted_total 0)/$(mdelta "$m0" "$m1" shardline_connections_accepted_total 1)"
   fi
-  log "$tag bulk: ${R[$tag.gbs]:-?} GB/s, ${R[$tag.cpu_gib]:-?} CPU s/GiB${ft:+, TTFB p50 ${R[$tag.p50]:-?} p99 ${R[$tag.p99]:-?} ms}, accepted ${R[$tag.bulk_acc]:-?}"
+  log "$tag bulk: ${R[$tag.gbs]:-?} GB/s, ${R[$tag.cpu_gib]:-?} CPU s/GiB${ft:+, TTFB p50 ${R[$tag.p50]:-?} p99 ${R[$tag.p99]:-?} ms}${R[$tag.bulk_acc]:+, accepted ${R[$tag.bulk_acc]}}"
 }
 
 # rate TAG "CPU...": 64 keep-alive connections GET small.bin, one wrk -t1 per listed CPU with an
@@ -514,7 +515,7 @@ report() {
   fi
 
   copy=${R[zc.off.prof.copy_share]:-} copy_on=${R[zc.on.prof.copy_share]:-}
-  cpu_off=$(mean_of zc off cpu_gib) cpu_on=$(mean_of zc on cpu_gib)
+  cpu_off=$(printf %.3f "$(mean_of zc off cpu_gib)") cpu_on=$(printf %.3f "$(mean_of zc on cpu_gib)")
   top_off=${R[zc.off.prof.top]:-} top_on=${R[zc.on.prof.top]:-}
   s_zc="On loopback the kernel copies SEND_ZC's pages anyway (../shared/FACTS.md; the kernel's msg_zerocopy documentation: packets looped to a local socket incur a deferred copy, skb_copy_ubufs, so that an unread socket cannot hold the sender's pages indefinitely), so \`zerocopy = \"on\"\` can only add its costs here: pinning pages, the notification CQE per send (completions per GiB above), and holding each buffer until that notification. "
   case $(verdict_of zc.cpu_gib.on) in
@@ -528,14 +529,20 @@ report() {
   fi
   s_zc+="Default supported: keep \`zerocopy = \"auto\"\`: off on loopback, where these numbers show it cannot win, and on for real NICs, where the copy it removes is the share above of the shard's CPU at bulk. Confirm on a NIC host with this script's section 2 against a remote client (the sign of the CPU-per-GiB difference should flip)."
 
-  local wb_cpu50 wb_cpu200 wb_p50 wb_p200
-  wb_cpu50=$(verdict_of wb.cpu_gib.50) wb_cpu200=$(verdict_of wb.cpu_gib.200)
-  wb_p50=$(verdict_of wb.p99.50) wb_p200=$(verdict_of wb.p99.200)
-  s_wb="io_uring_enter per GiB: $(printf %.0f "$(mean_of wb 0 enters_gib)") (0), $(printf %.0f "$(mean_of wb 50 enters_gib)") (50 µs), $(printf %.0f "$(mean_of wb 200 enters_gib)") (200 µs). CPU s/GiB vs 0: 50 µs $wb_cpu50, 200 µs $wb_cpu200; TTFB p99 vs 0: 50 µs $wb_p50, 200 µs $wb_p200 (better / worse = beyond noise). "
-  if [[ $wb_cpu50 == better || $wb_cpu200 == better ]] && [[ $wb_p50 != worse || $wb_p200 != worse ]]; then
-    s_wb+="Batching lowered CPU per GiB beyond noise; a non-zero default is supported where the TTFB p99 did not get worse (prefer the smaller value that wins)."
+  local u wins='' lat=''
+  s_wb="io_uring_enter per GiB (means): $(printf %.0f "$(mean_of wb 0 enters_gib)") at 0, $(printf %.0f "$(mean_of wb 50 enters_gib)") at 50 µs, $(printf %.0f "$(mean_of wb 200 enters_gib)") at 200 µs. Against 0 (better / worse = beyond noise):"
+  for u in 50 200; do
+    s_wb+=" $u µs: CPU s/GiB $(verdict_of "wb.cpu_gib.$u"), GB/s $(verdict_of "wb.gbs.$u"), TTFB p50 $(verdict_of "wb.p50.$u"), p99 $(verdict_of "wb.p99.$u");"
+    if [[ $(verdict_of "wb.cpu_gib.$u") == better && $(verdict_of "wb.p50.$u") != worse && $(verdict_of "wb.p99.$u") != worse ]]; then
+      wins="$wins${wins:+ and }$u µs"
+    fi
+    [[ $(verdict_of "wb.p50.$u") != worse && $(verdict_of "wb.p99.$u") != worse ]] || lat="$lat${lat:+ and }$u µs"
+  done
+  s_wb=${s_wb%;}". "
+  if [[ -n $wins ]]; then
+    s_wb+="Batching at $wins lowered CPU per GiB beyond noise without a worse small-request latency: the numbers support a non-zero default (the smaller value that wins); rerun once more before changing it."
   else
-    s_wb+="Batching did not lower CPU per GiB beyond noise here, so the numbers support keeping the default \`wait_batch_usec = 0\` (off): it adds up to that wait to every idle wake-up and buys nothing measurable on this box. A shard that wakes for every completion at many Gbit/s (real NIC, many connections per shard) may differ: rerun there."
+    s_wb+="Batching did not lower CPU per GiB beyond noise, so the numbers support keeping the default \`wait_batch_usec = 0\` (off)${lat:+; it also cost small-request latency beyond noise at $lat (a waiting shard sits out up to the wait before it looks at a new request)}. A shard that wakes for nearly every completion at many Gbit/s (real NIC, thousands of connections per shard) may gain where this box cannot show it: rerun there."
   fi
 
   local tb_p2 tb_p64 tb_g2 tb_g64
