@@ -302,6 +302,9 @@ profile() {
     grep -E '^ +[0-9.]+%' >"$rep" || true
   # Lines: "  8.72%  [k] _copy_from_iter ..." (perf may append columns after the symbol).
   R[$tag.copy_share]=$(awk '$3 == "_copy_from_iter" { sub(/%/, "", $1); print $1; f = 1 } END { if (!f) print 0 }' "$rep")
+  # The loopback's deferred copy of zerocopy pages (skb_copy_ubufs and the memcpy it calls).
+  R[$tag.ubufs_share]=$(awk '$3 ~ /^(skb_copy_ubufs|__pi_memcpy|__memcpy|memcpy|memcpy_orig)$/ { sub(/%/, "", $1); s += $1 }
+    END { printf "%.2f\n", s }' "$rep")
   R[$tag.samples]=$(perf report -i "$data" --stdio --no-children --sort symbol -g none 2>/dev/null |
     sed -n 's/^# Samples: \([0-9.]*[KM]*\).*/\1/p' | head -n 1)
   R[$tag.top]=$(head -n 10 "$rep" | awk '{ printf "%s`%s` %s", (NR > 1 ? ", " : ""), $3, $1 }')
@@ -526,6 +529,9 @@ report() {
   if [[ -n $copy && -n $cpu_off ]]; then
     saved=$(calc "$cpu_off * $copy / 100")
     s_zc+="With zerocopy off, \`_copy_from_iter\` (the copy of each send into socket buffers) took $copy% of the shard thread's samples under bulk (perf, ${R[zc.off.prof.samples]:-?} samples), about $(printf %.3f "$saved") of its ${cpu_off} CPU s/GiB. On a NIC with scatter-gather DMA that copy is what SEND_ZC removes, so it would save roughly that share, less the notification cost; the share is a floor, since on loopback the shard thread also runs the receiving side's softirq work, which a NIC host does not. "
+  fi
+  if [[ -n $copy_on ]]; then
+    s_zc+="The profiles show where the copy goes with ZC on: \`_copy_from_iter\` falls from ${copy:-?}% to $copy_on% of the shard's samples while the loopback's deferred copy (\`skb_copy_ubufs\` and its memcpy) rises from ${R[zc.off.prof.ubufs_share]:-?}% to ${R[zc.on.prof.ubufs_share]:-?}%: the same bytes are still copied, now with page allocation and notification on top. "
   fi
   s_zc+="Default supported: keep \`zerocopy = \"auto\"\`: off on loopback, where these numbers show it cannot win, and on for real NICs, where the copy it removes is the share above of the shard's CPU at bulk. Confirm on a NIC host with this script's section 2 against a remote client (the sign of the CPU-per-GiB difference should flip)."
 
