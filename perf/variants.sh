@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # perf/variants.sh: shardline against itself under config variants, in one run.
 #
-#   perf/variants.sh [--quick] [--out FILE]
+#   perf/variants.sh [--quick] [--out FILE] [--report-only]
 #
 # 1. steering = true vs false (issue 5): 2 shards on CPUs 0,1; two load generators, one pinned to
 #    each CPU with half the connections; bulk and small-file rate, per-shard accepted connections,
@@ -13,7 +13,8 @@
 # run-to-run noise is in the table next to the difference. Writes perf/VARIANTS.md (--quick:
 # perf/out/variants-quick.md, 64 MiB file, ~2 s workloads, a harness check); raw outputs in
 # perf/out/variants/. Exit status 1 when a number did not parse, a client saw errors or wrong
-# bytes, or shardline did not exit 0 on SIGTERM.
+# bytes, or shardline did not exit 0 on SIGTERM. --report-only rewrites the report from the last
+# run's numbers (perf/out/variants/results.sh) without running anything.
 # Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
 # SHARDLINE_PORT (default: the first free port from 28180).
 set -euo pipefail
@@ -30,10 +31,11 @@ usage() {
 }
 
 ARGS=("$@")
-QUICK=0 OUT=''
+QUICK=0 OUT='' REPORT_ONLY=0
 while (($#)); do
   case $1 in
     --quick) QUICK=1; shift ;;
+    --report-only) REPORT_ONLY=1; shift ;;
     --out) [[ $# -ge 2 ]] || usage 2; OUT=$2; shift 2 ;;
     -h | --help) usage 0 ;;
     *) echo "variants.sh: unknown argument $1" >&2; usage 2 ;;
@@ -396,14 +398,21 @@ row() {
         }
         pct = 100 * (mean[k] - mean[1]) / abs(mean[1])
         sp = spread[1] > spread[k] ? spread[1] : spread[k]
-        overlap = !(lo[k] > hi[1] || hi[k] < lo[1])
-        if (overlap || abs(pct) <= sp) cls = "noise"
-        else cls = ((better == "higher") == (pct > 0)) ? "better" : "worse"
-        d = d (d == "" ? "" : "<br>") sprintf("%s: %+.1f%%", name[k], pct) (cls == "noise" ? " (noise)" : " **" cls "**")
+        # gap: distance between the closest runs of the two variants (0 when they overlap), as a
+        # % of the default variant mean; it must exceed the larger within-variant spread to count.
+        gap = lo[k] > hi[1] ? lo[k] - hi[1] : (hi[k] < lo[1] ? lo[1] - hi[k] : 0)
+        gap = 100 * gap / abs(mean[1])
+        dir = ((better == "higher") == (pct > 0)) ? "better" : "worse"
+        if (gap == 0) cls = "noise"
+        else if (gap <= sp) cls = "lean-" dir
+        else cls = dir
+        d = d (d == "" ? "" : "<br>") sprintf("%s: %+.1f%%", name[k], pct) \
+          (cls == "noise" ? " (noise)" : (cls ~ /^lean/ ? " (" dir "? separate runs, small margin)" : " **" cls "**"))
         v = v " " name[k] ":" cls
         words = words (words == "" ? "" : "; ") sprintf("%s is %.1f%% %s than %s (means)", name[k], abs(pct), pct > 0 ? "higher" : "lower", name[1]) \
-          (cls == "noise" ? sprintf(", within noise: the runs %s and the run-to-run spread is up to %.0f%%", overlap ? "overlap" : "are closer than that spread", sp) \
-                          : sprintf(", beyond the run-to-run spread (up to %.0f%%): %s", sp, cls))
+          (cls == "noise" ? sprintf(", within noise: the runs overlap (run-to-run spread up to %.0f%%)", sp) : \
+           cls ~ /^lean/ ? sprintf(", a lean, not a result: every run of %s is %s than every run of %s, but the gap between the closest runs (%.1f%%) is within the run-to-run spread (up to %.0f%%)", name[k], dir, name[1], gap, sp) : \
+           sprintf(", %s beyond noise: the closest runs are %.1f%% apart, more than the run-to-run spread (up to %.0f%%)", dir, gap, sp))
       }
       if (better == "info") { d = "—"; words = "" }
       printf "%s\t%s\t%s\t%s\n", cells, d, v, words
@@ -439,9 +448,8 @@ report() {
   local kernel cpu_model end_load sl_rev
   kernel=$(uname -r)
   cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-  end_load=$(cut -d' ' -f1-3 /proc/loadavg)
-  sl_rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-  git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || sl_rev="$sl_rev (+ uncommitted changes)"
+  end_load=$END_LOAD
+  sl_rev=$SL_REV
 
   row steer gbs "Bulk: throughput (GB/s)" higher %.3f \
     "Body bytes/s received by $BULK_CONNS keep-alive connections downloading large.bin in a loop: two loadgens, pinned to CPU 0 and CPU 1, $((BULK_CONNS / 2)) connections each, over the steady-state window [$WARMUP_S s, $DURATION_S s); the clients share both CPUs with the two shards."
@@ -470,6 +478,8 @@ report() {
     "99th percentile of the same (about $(calc "($DURATION_S - $WARMUP_S - 0.5) * $TTFB_RATE" | cut -d. -f1) samples per run, so p99 rests on the 3-4 slowest)."
   row zc cqes_gib "Bulk: io_uring completions per GiB" info %.0f \
     "shardline_ring_cqes_total per GiB sent (whole run): with SEND_ZC each chunk send completes twice (result + notification), so this shows that ZC really was in use."
+  row zc server_pct "Bulk: server CPU % of its core" info %.0f \
+    "shardline's CPU time over the window as a share of CPU $SERVER_CPU: near 100 means the shard, not the client or the disk, set the throughput."
   row zc wait_pct "Bulk: server run-queue wait %" info %.0f \
     "Time the shard waited for CPU $SERVER_CPU behind other work; above a few % the host was busy and latency rows are inflated."
 
@@ -500,82 +510,111 @@ report() {
     "Busy-host signal, as above."
 
   # ---- conclusions, from the verdicts
-  local s_steer s_zc s_wb s_tb copy copy_on cpu_off cpu_on saved top_off top_on k
-  local steer_any=''
+  local s_steer s_zc s_wb s_tb copy copy_on cpu_off cpu_on saved top_off top_on k v
+  local steer_strong='' steer_lean='' steer_cpu_req=''
+  declare -A MNAME=([gbs]="bulk GB/s" [cpu_gib]="bulk CPU s/GiB" [rps]="requests/s" [us_req]="CPU µs/request" [p50]="TTFB p50" [p99]="TTFB p99")
   for k in gbs cpu_gib rps us_req; do
-    case $(verdict_of "steer.$k.off") in
-      better) steer_any="$steer_any${steer_any:+, }off better on $k" ;;
-      worse) steer_any="$steer_any${steer_any:+, }on better on $k" ;;
+    v=$(verdict_of "steer.$k.off")
+    # The verdict is off's against on; say it as what steering (on) does.
+    case $v in
+      worse) steer_strong+="${steer_strong:+, }on better on ${MNAME[$k]}" ;;
+      better) steer_strong+="${steer_strong:+, }off better on ${MNAME[$k]}" ;;
+      lean-worse) steer_lean+="${steer_lean:+, }on better on ${MNAME[$k]}" ;;
+      lean-better) steer_lean+="${steer_lean:+, }off better on ${MNAME[$k]}" ;;
     esac
+    [[ $k == us_req && ($v == worse || $v == lean-worse) ]] && steer_cpu_req=1
   done
   local loc_on loc_off
   loc_on=$(mean_of steer on local) loc_off=$(mean_of steer off local)
   s_steer="Steering does what it promises: connections from a client on CPU k landed on shard k $(printf %.0f "${loc_on:-0}")% of the time with \`steering = true\`, $(printf %.0f "${loc_off:-0}")% without (the kernel's hash). "
-  if [[ -z $steer_any ]]; then
-    s_steer+="Throughput, CPU per GiB, requests/s and CPU per request did not differ beyond the run-to-run noise on this 2-core loopback box. The numbers neither support nor refute steering here; keep the default \`steering = true\`: it costs nothing measurable, and its benefit needs what this box lacks (see below)."
+  if [[ -z $steer_strong$steer_lean ]]; then
+    s_steer+="Throughput, CPU per GiB, requests/s and CPU per request did not differ beyond the run-to-run noise on this 2-core loopback box: the numbers neither support nor refute steering here. Keep the default \`steering = true\`: it costs nothing measurable, and its benefit needs what this box lacks (see below)."
   else
-    s_steer+="Beyond the run-to-run noise: $steer_any (two runs each; rerun before acting on it). Where \"on better\", the numbers support the default \`steering = true\`; an \"off better\" would need a look at what steering costs (the BPF program runs once per SYN, not per packet)."
+    s_steer+="${steer_strong:+Beyond noise: $steer_strong. }${steer_lean:+Leans (every run of one variant beyond every run of the other, by less than the spread): $steer_lean. }"
+    if [[ -n $steer_cpu_req ]]; then
+      s_steer+="Lower CPU per request with steering is what its mechanism predicts even here: without it, the loopback softirq on the client's CPU hands half the requests to the shard on the other CPU (a cross-CPU wake-up per request, and the socket's cache lines moving between cores); with it, softirq, shard and client stay on one CPU. That is the same hop RSS plus steering saves on a NIC host. "
+    fi
+    if [[ $steer_strong$steer_lean == *"off better"* ]]; then
+      s_steer+="Where off came out ahead, look at what steering costs before trusting the default (the BPF program runs once per SYN, not per packet, so it should cost nothing). "
+    fi
+    s_steer+="The numbers support the default \`steering = true\`; bulk rows within noise are expected on this box (below)."
   fi
 
   copy=${R[zc.off.prof.copy_share]:-} copy_on=${R[zc.on.prof.copy_share]:-}
   cpu_off=$(printf %.3f "$(mean_of zc off cpu_gib)") cpu_on=$(printf %.3f "$(mean_of zc on cpu_gib)")
   top_off=${R[zc.off.prof.top]:-} top_on=${R[zc.on.prof.top]:-}
-  s_zc="On loopback the kernel copies SEND_ZC's pages anyway (../shared/FACTS.md; the kernel's msg_zerocopy documentation: packets looped to a local socket incur a deferred copy, skb_copy_ubufs, so that an unread socket cannot hold the sender's pages indefinitely), so \`zerocopy = \"on\"\` can only add its costs here: pinning pages, the notification CQE per send (completions per GiB above), and holding each buffer until that notification. "
+  s_zc="On loopback the kernel copies SEND_ZC's pages anyway (../shared/FACTS.md; the kernel's msg_zerocopy documentation: packets looped to a local socket incur a deferred copy, skb_copy_ubufs, so that an unread socket cannot hold the sender's pages indefinitely), so \`zerocopy = \"on\"\` can only add its costs here: the notification CQE per send (completions per GiB above), the deferred copy's page allocations, and each buffer held until its notification. "
   case $(verdict_of zc.cpu_gib.on) in
-    worse) s_zc+="Measured: ZC on costs more CPU per GiB than off (${cpu_on:-?} vs ${cpu_off:-?} s/GiB), beyond noise. " ;;
-    better) s_zc+="Measured: ZC on cost less CPU per GiB than off (${cpu_on:-?} vs ${cpu_off:-?} s/GiB), beyond noise, which loopback should not allow: look at the profile before trusting it. " ;;
-    *) s_zc+="Measured: CPU per GiB ${cpu_on:-?} (on) vs ${cpu_off:-?} (off) s/GiB, within noise. " ;;
+    worse) s_zc+="Measured: ZC on costs more CPU per GiB than off ($cpu_on vs $cpu_off s/GiB), beyond noise$(if [[ $(verdict_of zc.gbs.on) == worse ]]; then echo ", and moves fewer GB/s"; fi). " ;;
+    better) s_zc+="Measured: ZC on cost less CPU per GiB than off ($cpu_on vs $cpu_off s/GiB), beyond noise, which loopback should not allow: look at the profile before trusting it. " ;;
+    *) s_zc+="Measured: CPU per GiB $cpu_on (on) vs $cpu_off (off) s/GiB ($(verdict_of zc.cpu_gib.on)). " ;;
   esac
-  if [[ -n $copy && -n $cpu_off ]]; then
+  if [[ -n $copy && $cpu_off != 0.000 ]]; then
     saved=$(calc "$cpu_off * $copy / 100")
-    s_zc+="With zerocopy off, \`_copy_from_iter\` (the copy of each send into socket buffers) took $copy% of the shard thread's samples under bulk (perf, ${R[zc.off.prof.samples]:-?} samples), about $(printf %.3f "$saved") of its ${cpu_off} CPU s/GiB. On a NIC with scatter-gather DMA that copy is what SEND_ZC removes, so it would save roughly that share, less the notification cost; the share is a floor, since on loopback the shard thread also runs the receiving side's softirq work, which a NIC host does not. "
+    s_zc+="With zerocopy off, \`_copy_from_iter\` (the copy of each send into socket buffers) took $copy% of the shard thread's samples under bulk (perf, ${R[zc.off.prof.samples]:-?} samples), about $(printf %.3f "$saved") of its $cpu_off CPU s/GiB. On a NIC with scatter-gather DMA that copy is what SEND_ZC removes, so it would save roughly $(printf %.2f "$saved") CPU s/GiB, less the notification cost. "
+    local extra per_send
+    extra=$(calc "$(mean_of zc on cqes_gib) - $(mean_of zc off cqes_gib)")
+    if awk -v e="$extra" 'BEGIN { exit !(e > 100) }'; then
+      per_send=$(calc "$saved / $extra * 1e6")
+      s_zc+="That cost is one extra completion per send: ZC on added $(printf %.0f "$extra") completions per GiB, so each send's copy it saves is worth about $(printf %.0f "$per_send") µs of CPU, against a notification that costs one more completion to handle (on the order of a microsecond: an estimate, since on loopback the notification cannot be separated from the deferred copy): the net saving on a NIC should be close to the full copy share. "
+    fi
+    s_zc+="As a share the saving would be larger there: on loopback the shard's CPU also includes the receiving socket's softirq work, which a NIC host does not do. "
   fi
   if [[ -n $copy_on ]]; then
     s_zc+="The profiles show where the copy goes with ZC on: \`_copy_from_iter\` falls from ${copy:-?}% to $copy_on% of the shard's samples while the loopback's deferred copy (\`skb_copy_ubufs\` and its memcpy) rises from ${R[zc.off.prof.ubufs_share]:-?}% to ${R[zc.on.prof.ubufs_share]:-?}%: the same bytes are still copied, now with page allocation and notification on top. "
   fi
-  s_zc+="Default supported: keep \`zerocopy = \"auto\"\`: off on loopback, where these numbers show it cannot win, and on for real NICs, where the copy it removes is the share above of the shard's CPU at bulk. Confirm on a NIC host with this script's section 2 against a remote client (the sign of the CPU-per-GiB difference should flip)."
+  s_zc+="Default supported: keep \`zerocopy = \"auto\"\` (off on loopback, where these numbers show it can only lose; on elsewhere, where the copy it removes is the share above of the shard's CPU at bulk). Confirm on a NIC host with section 2 against a remote client: the sign of the CPU-per-GiB difference should flip."
 
-  local u wins='' lat=''
-  s_wb="io_uring_enter per GiB (means): $(printf %.0f "$(mean_of wb 0 enters_gib)") at 0, $(printf %.0f "$(mean_of wb 50 enters_gib)") at 50 µs, $(printf %.0f "$(mean_of wb 200 enters_gib)") at 200 µs. Against 0 (better / worse = beyond noise):"
+  local u wins='' lat='' latlean=''
+  s_wb="io_uring_enter per GiB (means): $(printf %.0f "$(mean_of wb 0 enters_gib)") at 0, $(printf %.0f "$(mean_of wb 50 enters_gib)") at 50 µs, $(printf %.0f "$(mean_of wb 200 enters_gib)") at 200 µs. Against 0:"
   for u in 50 200; do
     s_wb+=" $u µs: CPU s/GiB $(verdict_of "wb.cpu_gib.$u"), GB/s $(verdict_of "wb.gbs.$u"), TTFB p50 $(verdict_of "wb.p50.$u"), p99 $(verdict_of "wb.p99.$u");"
-    if [[ $(verdict_of "wb.cpu_gib.$u") == better && $(verdict_of "wb.p50.$u") != worse && $(verdict_of "wb.p99.$u") != worse ]]; then
-      wins="$wins${wins:+ and }$u µs"
+    if [[ $(verdict_of "wb.cpu_gib.$u") == better && $(verdict_of "wb.p50.$u") != *worse && $(verdict_of "wb.p99.$u") != *worse ]]; then
+      wins+="${wins:+ and }$u µs"
     fi
-    [[ $(verdict_of "wb.p50.$u") != worse && $(verdict_of "wb.p99.$u") != worse ]] || lat="$lat${lat:+ and }$u µs"
+    if [[ $(verdict_of "wb.p50.$u") == worse || $(verdict_of "wb.p99.$u") == worse ]]; then lat+="${lat:+ and }$u µs"
+    elif [[ $(verdict_of "wb.p50.$u") == lean-worse || $(verdict_of "wb.p99.$u") == lean-worse ]]; then latlean+="${latlean:+ and }$u µs"; fi
   done
   s_wb=${s_wb%;}". "
   if [[ -n $wins ]]; then
     s_wb+="Batching at $wins lowered CPU per GiB beyond noise without a worse small-request latency: the numbers support a non-zero default (the smaller value that wins); rerun once more before changing it."
   else
-    s_wb+="Batching did not lower CPU per GiB beyond noise, so the numbers support keeping the default \`wait_batch_usec = 0\` (off)${lat:+; it also cost small-request latency beyond noise at $lat (a waiting shard sits out up to the wait before it looks at a new request)}. A shard that wakes for nearly every completion at many Gbit/s (real NIC, thousands of connections per shard) may gain where this box cannot show it: rerun there."
+    s_wb+="Batching did not lower CPU per GiB beyond noise, so the numbers support keeping the default \`wait_batch_usec = 0\` (off)${lat:+; it also cost small-request latency beyond noise at $lat}${latlean:+; latency leans worse at $latlean}. A small request on a fresh connection needs several wake-ups (accept, the request's recv, its send), and with batching an otherwise idle shard waits up to the batch time at each before it looks at the completion; that is how 50 µs can add more than 50 µs to the median. A shard that wakes for nearly every completion at many Gbit/s (real NIC, thousands of connections per shard) may gain where this box cannot show it: rerun there."
   fi
 
   local tb_p2 tb_p64 tb_g2 tb_g64
   tb_p2=$(verdict_of tb.p99.2M) tb_p64=$(verdict_of tb.p99.64M) tb_g2=$(verdict_of tb.gbs.2M) tb_g64=$(verdict_of tb.gbs.64M)
-  s_tb="vs 8 MiB: TTFB p99 2 MiB $tb_p2, 64 MiB $tb_p64; GB/s 2 MiB $tb_g2, 64 MiB $tb_g64 (better / worse = beyond noise). "
-  if [[ $tb_p2 == better && $tb_g2 != worse ]]; then
-    s_tb+="2 MiB gave a lower TTFB p99 at no measurable throughput cost: the numbers lean to a smaller default; confirm with a longer run before changing it."
-  elif [[ $tb_p64 == worse || $tb_p2 == better ]]; then
-    s_tb+="A larger budget hurt (or a smaller one helped) TTFB, as designed; 8 MiB keeps throughput, so the numbers support the default \`shard_tick_budget_bytes = 8388608\`."
+  s_tb="Against 8 MiB: TTFB p99 2 MiB $tb_p2, 64 MiB $tb_p64; GB/s 2 MiB $tb_g2, 64 MiB $tb_g64. "
+  if [[ $tb_p2 == better && $tb_g2 != *worse ]]; then
+    s_tb+="2 MiB gave a lower TTFB p99 beyond noise at no measurable throughput cost: the numbers point to a smaller default; confirm with a longer run before changing it."
+  elif [[ $tb_p64 == worse ]]; then
+    s_tb+="A 64 MiB budget hurt TTFB p99 beyond noise, as the budget's design predicts, while 2 MiB bought nothing measurable: the numbers support the default \`shard_tick_budget_bytes = 8388608\`."
   elif [[ $tb_g2 == worse ]]; then
-    s_tb+="2 MiB cost throughput and bought no TTFB: the numbers support the default 8 MiB over a smaller one."
+    s_tb+="2 MiB cost throughput beyond noise and bought no TTFB: the numbers support the default 8 MiB over a smaller one."
   else
-    s_tb+="No difference beyond noise in either direction: the numbers do not distinguish 2, 8 and 64 MiB on this box (one shard's tick here rarely holds 8 MiB of sends: at ~1 GB/s that is 8 ms of a whole link). Keep the default \`shard_tick_budget_bytes = 8388608\`; the budget matters where one shard feeds a fast NIC."
+    s_tb+="No difference beyond noise: the numbers do not distinguish 2, 8 and 64 MiB on this box, where TTFB p99 is dominated by the host's scheduling (the default config's own p99 ranged $(default_runs p99 %.2f | sed 's/ (spread.*//; s/^[0-9]* runs, //') ms over six runs). Keep the default \`shard_tick_budget_bytes = 8388608\`; the budget matters where one shard feeds a fast NIC and a tick can really hold tens of MiB of sends."
   fi
 
+  # Stall detector and fairness over each section's bulk runs (every loadgen output).
+  local sec stalls='' f
+  for sec in steer zc wb tb; do
+    stalls+="${stalls:+; }${SECTION_TITLE[$sec]#* }: $(for f in "$RUN/$sec".*.bulk-cpu*.txt; do
+      [[ -e $f ]] && printf '%s %s %s\n' "$(kv "$f" max_read_gap_ms)" "$(kv "$f" conn_mb_per_s_min)" "$(kv "$f" jain_fairness)"
+    done | awk '$1 != "" { if ($1 > g) g = $1; if (m == "" || $2 < m) m = $2; if (j == "" || $3 < j) j = $3 }
+      END { printf "longest pause %.0f ms, slowest connection %.2f MB/s, lowest Jain index %.3f", g, m, j }')"
+  done
   {
     echo "# shardline against itself: config variants"
     echo
     if ((QUICK)); then echo "**Quick mode** (harness check only: 64 MiB file, ~${DURATION_S} s workloads; the numbers mean little)."; echo; fi
-    echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/variants.sh ${ARGS[*]}\`; shardline \`$SL_BIN\` (commit $sl_rev)"
+    echo "- Date: $RESULT_DATE; command: \`perf/variants.sh${RESULT_ARGS[*]:+ ${RESULT_ARGS[*]}}\`; shardline \`$SL_BIN\` (commit $sl_rev)"
     echo "- Host: kernel $kernel, CPU \"$cpu_model\" x $(nproc), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM"
     echo "- **Load average** (1/5/15 min) before the workloads: $START_LOAD; after: $end_load; at the start of each section: steering ${SECTION_LOAD[steer]:-?}, SEND_ZC ${SECTION_LOAD[zc]:-?}, wait_batch ${SECTION_LOAD[wb]:-?}, tick budget ${SECTION_LOAD[tb]:-?}. This host has 2 CPUs and is shared with other work: a load above ~1 before we start means someone else's processes took CPU time during these runs."
     echo "- Fixtures (\`perf/out/root\`, made as perf/bench.sh makes them): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB, served with O_DIRECT), small.bin $SMALL_BYTES bytes; every small response and every bulk Content-Length is checked"
     echo "- Each workload ${DURATION_S} s, measured over [$WARMUP_S s, $DURATION_S s); $BULK_CONNS bulk connections, $RATE_CONNS small-file connections, TTFB probe $TTFB_RATE/s; every variant run $REPS times, interleaved (A B A B / A B C A B C), a fresh shardline per run, config file with only the one key changed (\`perf/out/variants/cfg-*.toml\`)"
     echo "- Section 1: \`--shards 2 --cpus 0,1\`, clients on both CPUs; sections 2-3: \`--shards 1 --cpus $SERVER_CPU\`, clients on CPU $CLIENT_CPU; everything over 127.0.0.1"
     echo
-    echo "Each cell lists every run of a variant (run 1 / run 2); \"Δ vs default\" compares each variant's mean with the first (default) variant's; **better**/**worse** only when the two variants' runs do not overlap and the difference exceeds the larger run-to-run spread, otherwise \"(noise)\". Two runs per variant make this a coarse filter, not a significance test."
+    echo "Each cell lists every run of a variant (run 1 / run 2); \"Δ vs default\" compares each variant's mean with the first (default) variant's; **better**/**worse** only when every run of one variant is beyond every run of the other and the gap between the closest runs exceeds the larger run-to-run spread (the spread of a variant is its (max - min) / mean); \"better?\"/\"worse?\" when the runs separate by less than that spread (a lean, worth a rerun, not a result); otherwise \"(noise)\". With two runs per variant, two variants that do not differ at all still separate completely 1 time in 3 by chance: this is a coarse filter, not a significance test."
     echo
     echo "| Comparison | Metric | Better | Runs (run 1 / run 2) | Δ vs default |"
     echo "|---|---|---|---|---|"
@@ -589,6 +628,8 @@ report() {
     echo
     echo "## Conclusions: which default the numbers support"
     echo
+    echo "Verdicts against the default: better / worse = beyond noise as defined above; lean-better / lean-worse = every run separate, by less than the run-to-run spread; noise = the runs overlap."
+    echo
     echo "1. **Steering** (\`steering\`, default true). $s_steer"
     echo "2. **SEND_ZC** (\`zerocopy\`, default auto). $s_zc"
     echo "3. **Completion batching** (\`wait_batch_usec\`, default 0). $s_wb"
@@ -596,7 +637,7 @@ report() {
     echo
     echo "## What a 2-core loopback box can and cannot show"
     echo
-    echo "- **Steering.** Here the \"CPU that received the packet\" is simply the client's CPU (loopback processes a SYN in the sender's softirq), so the locality row shows the BPF program works. What steering buys on a real edge cannot show: there are no NIC RSS queues and IRQs to align with (the work steering saves is the cross-core hop from the CPU that took the interrupt to the shard's CPU, and the cache lines of the socket bouncing between them), no second NUMA node (no remote-memory socket buffers or cross-socket interconnect traffic), and with 2 CPUs shared by clients and server, any saving is within the noise of the load generators' scheduling. On a many-core NIC host with RSS and \`scripts/irq-affinity.sh\` applied, one would expect steering on to show lower CPU per GiB and per request (no cross-core softirq-to-shard hand-off, no remote wake-ups), flatter per-shard CPU, and lower tail latency, growing with the core count and doubling down across NUMA nodes."
+    echo "- **Steering.** Here the \"CPU that received the packet\" is simply the client's CPU (loopback processes a SYN in the sender's softirq), so the locality row shows the BPF program works. What steering buys on a real edge cannot show: there are no NIC RSS queues and IRQs to align with (the work steering saves is the cross-core hop from the CPU that took the interrupt to the shard's CPU, and the cache lines of the socket bouncing between them), no second NUMA node (no remote-memory socket buffers or cross-socket interconnect traffic), and with 2 CPUs shared by clients and server, the bulk rows are set by the load generators' scheduling. What can show is the one hop loopback does have: without steering, the softirq on the client's CPU hands half the connections to the shard on the other CPU (a cross-CPU wake-up per request), which is why CPU per request is the row to watch here. On a many-core NIC host with RSS and \`scripts/irq-affinity.sh\` applied, one would expect steering on to show lower CPU per GiB and per request (no cross-core softirq-to-shard hand-off, no remote wake-ups), flatter per-shard CPU, and lower tail latency, growing with the core count and doubling down across NUMA nodes."
     echo "- **SEND_ZC.** Loopback always copies (above), so here ZC can only cost; its saving needs a NIC with scatter-gather DMA. The profile share above is the estimate to check there."
     echo "- **Batching and tick budget.** One shard and one client CPU over loopback run far below a fast NIC's rates, so the shard rarely has many completions to gather or 8 MiB of sends in one tick; differences that only show at tens of Gbit/s per shard do not show here."
     echo
@@ -619,12 +660,23 @@ report() {
     local loc='' t
     for t in steer.on.1 steer.off.1 steer.on.2 steer.off.2; do loc="$loc${loc:+; }${t%.*} run ${t##*.}: ${R[$t.local_detail]:-?}"; done
     echo "- Locality probe detail (connections accepted by shard 0/shard 1 from each client CPU): $loc."
+    echo "- Bulk stall detector and fairness (worst over each section's runs; a pause is the longest gap between two reads on one connection, which on a busy 2-CPU host includes the client's own scheduling delays): $stalls."
+    echo "- The profile uses cpu-clock in a VM: time with interrupts disabled (softirq work, spinlock sections) is attributed to the point where they are re-enabled, hence the large \`_raw_spin_unlock_irqrestore\`; shares are of all the shard thread's samples."
     echo "- Raw outputs (loadgen, wrk, /metrics snapshots, server logs, perf data): \`perf/out/variants/\`."
   } >"$OUT"
   cat "$OUT"
 }
 
 # ------------------------------------------------------------------ main
+if ((REPORT_ONLY)); then
+  [[ -s $RUN/results.sh ]] || die "no $RUN/results.sh: run perf/variants.sh first"
+  # shellcheck source=/dev/null
+  source "$RUN/results.sh"
+  [[ ${RESULT_QUICK:-} == "$QUICK" ]] || die "the last run was $( ((RESULT_QUICK)) && echo "--quick" || echo "a full run"): pass the same mode"
+  report >/dev/null
+  log "wrote $OUT (from $RUN/results.sh)"
+  exit 0
+fi
 for t in taskset setsid pgrep ss curl wrk; do command -v "$t" >/dev/null || die "$t is needed (perf/bench.sh installs it)"; done
 command -v cargo >/dev/null || die "cargo is needed to build perf/loadgen and shardline"
 (($(nproc) >= 2)) || die "variants.sh needs CPUs 0 and 1"
@@ -644,6 +696,9 @@ else
   (cd "$REPO" && cargo build --release --quiet)
   SL_BIN=$REPO/target/release/shardline
 fi
+SL_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || SL_REV="$SL_REV (+ uncommitted changes)"
+[[ -z ${SHARDLINE_BIN:-} ]] || SL_REV="unknown (SHARDLINE_BIN)"
 "$SL_BIN" serve --help 2>&1 | grep -q -- '--admin' || die "$SL_BIN has no 'serve --admin': too old for variants.sh"
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 ensure_fixture "$LOADGEN" "$ROOT" "$OUTDIR" large.bin "$LARGE_BYTES" "$LARGE_SEED"
@@ -658,7 +713,12 @@ for sec in steer zc wb tb; do
   log "section $sec: variants ${VARIANTS[$sec]}"
   run_section "$sec"
 done
-log "workloads took $((SECONDS - T0)) s; load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+END_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+log "workloads took $((SECONDS - T0)) s; load average after: $END_LOAD"
+# Everything the report needs, so that --report-only can rebuild it.
+RESULT_QUICK=$QUICK RESULT_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+RESULT_ARGS=("${ARGS[@]}")
+declare -p R SECTION_LOAD FAILURES NOTES START_LOAD END_LOAD SL_BIN SL_REV RESULT_QUICK RESULT_DATE RESULT_ARGS >"$RUN/results.sh"
 
 report >/dev/null
 log "wrote $OUT"
