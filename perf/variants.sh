@@ -53,6 +53,9 @@ REPS=2
 LARGE_BYTES=$((LARGE_MIB * 1024 * 1024)) SMALL_BYTES=1024
 LARGE_SEED=1 SMALL_SEED=2 # the same fixtures as perf/bench.sh
 BULK_CONNS=100 RATE_CONNS=64 TTFB_RATE=50
+# The verified ranged GET that rides along every bulk run: unaligned start, a size one connection's
+# share of the bulk throughput finishes within the run.
+VERIFY_START=$((LARGE_BYTES / 3 + 1000)) VERIFY_BYTES=$(((QUICK ? 4 : 32) * 1024 * 1024))
 SERVER_CPU=0 CLIENT_CPU=1 BOTH_CPUS=0,1
 OUTDIR=$HERE/out ROOT=$HERE/out/root RUN=$HERE/out/variants
 LOADGEN=$HERE/loadgen/target/release/loadgen
@@ -168,6 +171,13 @@ bulk() {
     reap "$LAST_PID" || failure "$tag: warm-up GET of small.bin failed: $(kv "$RUN/$tag.warm.txt" error)"
   fi
   metrics_snap "$RUN/$tag.bulk.m0"
+  # One more connection, verified byte for byte: an unaligned ranged GET through the same bulk
+  # path while the 100 others run (a buffer reused before the kernel is done with it, with
+  # SEND_ZC say, would show here as wrong bytes).
+  local fv=$RUN/$tag.verify.txt pv
+  spawn "${cpus[0]}" "$fv" "$LOADGEN" get --addr "127.0.0.1:$PORT" --path /large.bin \
+    --range "$VERIFY_START-$((VERIFY_START + VERIFY_BYTES - 1))" --seed "$LARGE_SEED"
+  pv=$LAST_PID
   for cpu in "${cpus[@]}"; do
     f=$RUN/$tag.bulk-cpu$cpu.txt
     spawn "$cpu" "$f" "$LOADGEN" bulk --addr "127.0.0.1:$PORT" --path /large.bin --conns "$per" \
@@ -186,6 +196,7 @@ bulk() {
     reap "${pids[$cpu]}" || failure "$tag: bulk client exited non-zero ($(tail -n 1 "${files[$cpu]}"))"
   done
   [[ -z $pt ]] || reap "$pt" || failure "$tag: ttfb client exited non-zero ($(tail -n 1 "$ft"))"
+  if reap "$pv"; then R[$tag.verified]=1; else failure "$tag: verified ranged GET during bulk failed: $(kv "$fv" error)"; fi
   metrics_snap "$RUN/$tag.bulk.m1"
   # Aggregate: bytes/s add up; the server's CPU rate is the same process seen by every loadgen.
   local line
@@ -510,7 +521,7 @@ report() {
     "Busy-host signal, as above."
 
   # ---- conclusions, from the verdicts
-  local s_steer s_zc s_wb s_tb copy copy_on cpu_off cpu_on saved top_off top_on k v
+  local s_steer s_zc s_wb s_tb copy copy_on cpu_off cpu_on saved top_off top_on k v t
   local steer_strong='' steer_lean='' steer_cpu_req=''
   declare -A MNAME=([gbs]="bulk GB/s" [cpu_gib]="bulk CPU s/GiB" [rps]="requests/s" [us_req]="CPU µs/request" [p50]="TTFB p50" [p99]="TTFB p99")
   for k in gbs cpu_gib rps us_req; do
@@ -534,10 +545,17 @@ report() {
     if [[ -n $steer_cpu_req ]]; then
       s_steer+="Lower CPU per request with steering is what its mechanism predicts even here: without it, the loopback softirq on the client's CPU hands half the requests to the shard on the other CPU (a cross-CPU wake-up per request, and the socket's cache lines moving between cores); with it, softirq, shard and client stay on one CPU. That is the same hop RSS plus steering saves on a NIC host. "
     fi
-    if [[ $steer_strong$steer_lean == *"off better"* ]]; then
-      s_steer+="Where off came out ahead, look at what steering costs before trusting the default (the BPF program runs once per SYN, not per packet, so it should cost nothing). "
+    if [[ $steer_strong == *"off better"* ]]; then
+      s_steer+="Where off came out ahead beyond noise, these numbers do not support steering on that row. Steering costs one BPF program run per SYN and nothing per packet, so an effect of that size is more likely the scheduling of the load generators on the two shared CPUs than steering itself; rerun before reading it as a cost. The default stays \`steering = true\` for what it does on a NIC host (below), not because of this box's numbers."
+    elif [[ $steer_strong == *"on better"* ]]; then
+      s_steer+="The numbers support the default \`steering = true\`."
+    else
+      if [[ $steer_lean == *"off better"* ]]; then
+        s_steer+="Only leans, no result, and they point both ways; keep the default \`steering = true\` for what it does on a NIC host (below)."
+      else
+        s_steer+="Only leans, no result, all towards the default \`steering = true\`; keep it, for that and for what it does on a NIC host (below)."
+      fi
     fi
-    s_steer+="The numbers support the default \`steering = true\`; bulk rows within noise are expected on this box (below)."
   fi
 
   copy=${R[zc.off.prof.copy_share]:-} copy_on=${R[zc.on.prof.copy_share]:-}
@@ -563,36 +581,62 @@ report() {
   if [[ -n $copy_on ]]; then
     s_zc+="The profiles show where the copy goes with ZC on: \`_copy_from_iter\` falls from ${copy:-?}% to $copy_on% of the shard's samples while the loopback's deferred copy (\`skb_copy_ubufs\` and its memcpy) rises from ${R[zc.off.prof.ubufs_share]:-?}% to ${R[zc.on.prof.ubufs_share]:-?}%: the same bytes are still copied, now with page allocation and notification on top. "
   fi
+  case $(verdict_of zc.p50.on) in
+    better | lean-better) s_zc+="One difference this data does not explain: the small-request TTFB p50 was lower with ZC on ($(printf %.3f "$(mean_of zc on p50)") vs $(printf %.3f "$(mean_of zc off p50)") ms, $(verdict_of zc.p50.on)); small responses never use SEND_ZC (below zerocopy_min_bytes), so it is an effect of the bulk sends around them, and it does not outweigh $(printf %.0f "$(calc "100 * ($cpu_on - $cpu_off) / $cpu_off")")% more CPU per GiB. " ;;
+  esac
   s_zc+="Default supported: keep \`zerocopy = \"auto\"\` (off on loopback, where these numbers show it can only lose; on elsewhere, where the copy it removes is the share above of the shard's CPU at bulk). Confirm on a NIC host with section 2 against a remote client: the sign of the CPU-per-GiB difference should flip."
 
-  local u wins='' lat='' latlean=''
-  s_wb="io_uring_enter per GiB (means): $(printf %.0f "$(mean_of wb 0 enters_gib)") at 0, $(printf %.0f "$(mean_of wb 50 enters_gib)") at 50 µs, $(printf %.0f "$(mean_of wb 200 enters_gib)") at 200 µs. Against 0:"
+  # Batching and tick budget: list every verdict that is not noise, then pick the sentence.
+  local u strong lean wins='' cpuw='' lat='' ent0 ent200
+  verdict_lists() { # verdict_lists SECTION VARIANT...: STRONG and LEAN, "50 µs: CPU s/GiB worse, ..."
+    local sec=$1 v m x
+    shift
+    STRONG='' LEAN=''
+    for v in "$@"; do
+      for m in cpu_gib gbs p50 p99; do
+        x=$(verdict_of "$sec.$m.$v")
+        case $x in
+          better | worse) STRONG+="${STRONG:+; }${VLABEL[$v]} $x on ${MNAME[$m]}" ;;
+          lean-*) LEAN+="${LEAN:+; }${VLABEL[$v]} ${x#lean-} on ${MNAME[$m]}" ;;
+        esac
+      done
+    done
+  }
+  declare -A VLABEL=([50]="50 µs" [200]="200 µs" [2M]="2 MiB" [64M]="64 MiB")
+  verdict_lists wb 50 200
+  strong=$STRONG lean=$LEAN
+  ent0=$(mean_of wb 0 enters_gib) ent200=$(mean_of wb 200 enters_gib)
+  s_wb="io_uring_enter per GiB (means): $(printf %.0f "$ent0") at 0, $(printf %.0f "$(mean_of wb 50 enters_gib)") at 50 µs, $(printf %.0f "$ent200") at 200 µs. Against 0, beyond noise: ${strong:-nothing}${lean:+; leans: $lean}. "
   for u in 50 200; do
-    s_wb+=" $u µs: CPU s/GiB $(verdict_of "wb.cpu_gib.$u"), GB/s $(verdict_of "wb.gbs.$u"), TTFB p50 $(verdict_of "wb.p50.$u"), p99 $(verdict_of "wb.p99.$u");"
     if [[ $(verdict_of "wb.cpu_gib.$u") == better && $(verdict_of "wb.p50.$u") != *worse && $(verdict_of "wb.p99.$u") != *worse ]]; then
-      wins+="${wins:+ and }$u µs"
+      wins+="${wins:+ and }${VLABEL[$u]}"
     fi
-    if [[ $(verdict_of "wb.p50.$u") == worse || $(verdict_of "wb.p99.$u") == worse ]]; then lat+="${lat:+ and }$u µs"
-    elif [[ $(verdict_of "wb.p50.$u") == lean-worse || $(verdict_of "wb.p99.$u") == lean-worse ]]; then latlean+="${latlean:+ and }$u µs"; fi
+    [[ $(verdict_of "wb.cpu_gib.$u") != worse ]] || cpuw+="${cpuw:+ and }${VLABEL[$u]}"
+    [[ $(verdict_of "wb.p50.$u") != worse && $(verdict_of "wb.p99.$u") != worse ]] || lat+="${lat:+ and }${VLABEL[$u]}"
   done
-  s_wb=${s_wb%;}". "
   if [[ -n $wins ]]; then
     s_wb+="Batching at $wins lowered CPU per GiB beyond noise without a worse small-request latency: the numbers support a non-zero default (the smaller value that wins); rerun once more before changing it."
   else
-    s_wb+="Batching did not lower CPU per GiB beyond noise, so the numbers support keeping the default \`wait_batch_usec = 0\` (off)${lat:+; it also cost small-request latency beyond noise at $lat}${latlean:+; latency leans worse at $latlean}. A small request on a fresh connection needs several wake-ups (accept, the request's recv, its send), and with batching an otherwise idle shard waits up to the batch time at each before it looks at the completion; that is how 50 µs can add more than 50 µs to the median. A shard that wakes for nearly every completion at many Gbit/s (real NIC, thousands of connections per shard) may gain where this box cannot show it: rerun there."
+    if [[ -n $cpuw ]]; then
+      s_wb+="Batching fewer wake-ups did not buy CPU: at $cpuw CPU per GiB went up beyond noise although io_uring_enter calls fell (this data does not show why; the min-wait timer armed on each wait is one candidate). "
+    else
+      s_wb+="Batching did not lower CPU per GiB beyond noise. "
+    fi
+    [[ -z $lat ]] || s_wb+="It cost small-request latency beyond noise at $lat: a small request on a fresh connection needs several wake-ups (accept, the request's recv, its send), and with batching a shard with little to do waits up to the batch time at each before it looks at the completion, which is how a 50 µs batch can add more than 50 µs to one small request. "
+    s_wb+="The numbers support keeping the default \`wait_batch_usec = 0\` (off). A shard that wakes for nearly every completion at many Gbit/s (real NIC, thousands of connections per shard) may gain where this box cannot show it: rerun there before turning it on."
   fi
 
-  local tb_p2 tb_p64 tb_g2 tb_g64
-  tb_p2=$(verdict_of tb.p99.2M) tb_p64=$(verdict_of tb.p99.64M) tb_g2=$(verdict_of tb.gbs.2M) tb_g64=$(verdict_of tb.gbs.64M)
-  s_tb="Against 8 MiB: TTFB p99 2 MiB $tb_p2, 64 MiB $tb_p64; GB/s 2 MiB $tb_g2, 64 MiB $tb_g64. "
-  if [[ $tb_p2 == better && $tb_g2 != *worse ]]; then
+  verdict_lists tb 2M 64M
+  strong=$STRONG lean=$LEAN
+  s_tb="Against 8 MiB, beyond noise: ${strong:-nothing}${lean:+; leans: $lean}. "
+  if [[ $(verdict_of tb.p99.2M) == better && $(verdict_of tb.gbs.2M) != *worse ]]; then
     s_tb+="2 MiB gave a lower TTFB p99 beyond noise at no measurable throughput cost: the numbers point to a smaller default; confirm with a longer run before changing it."
-  elif [[ $tb_p64 == worse ]]; then
-    s_tb+="A 64 MiB budget hurt TTFB p99 beyond noise, as the budget's design predicts, while 2 MiB bought nothing measurable: the numbers support the default \`shard_tick_budget_bytes = 8388608\`."
-  elif [[ $tb_g2 == worse ]]; then
-    s_tb+="2 MiB cost throughput beyond noise and bought no TTFB: the numbers support the default 8 MiB over a smaller one."
+  elif [[ -z $strong$lean ]]; then
+    s_tb+="The numbers do not distinguish 2, 8 and 64 MiB on this box, where TTFB p99 is dominated by the host's scheduling (the default config's own p99 ranged $(default_runs p99 %.2f | sed 's/ (spread.*//; s/^[0-9]* runs, //') ms over six runs). Keep the default \`shard_tick_budget_bytes = 8388608\`; the budget matters where one shard feeds a fast NIC and a tick can really hold tens of MiB of sends."
+  elif [[ "$strong; $lean" != *better* ]]; then
+    s_tb+="Every difference that shows, strong or lean, goes against the alternative, none against 8 MiB: the numbers support the default \`shard_tick_budget_bytes = 8388608\`, weakly where only leans show (TTFB p99 here is dominated by the host's scheduling: the default config's own p99 ranged $(default_runs p99 %.2f | sed 's/ (spread.*//; s/^[0-9]* runs, //') ms over six runs)."
   else
-    s_tb+="No difference beyond noise: the numbers do not distinguish 2, 8 and 64 MiB on this box, where TTFB p99 is dominated by the host's scheduling (the default config's own p99 ranged $(default_runs p99 %.2f | sed 's/ (spread.*//; s/^[0-9]* runs, //') ms over six runs). Keep the default \`shard_tick_budget_bytes = 8388608\`; the budget matters where one shard feeds a fast NIC and a tick can really hold tens of MiB of sends."
+    s_tb+="The differences point both ways: the numbers do not single out a better value than the default 8 MiB on this box; keep it, and rerun where one shard feeds a fast NIC."
   fi
 
   # Stall detector and fairness over each section's bulk runs (every loadgen output).
@@ -637,7 +681,7 @@ report() {
     echo
     echo "## What a 2-core loopback box can and cannot show"
     echo
-    echo "- **Steering.** Here the \"CPU that received the packet\" is simply the client's CPU (loopback processes a SYN in the sender's softirq), so the locality row shows the BPF program works. What steering buys on a real edge cannot show: there are no NIC RSS queues and IRQs to align with (the work steering saves is the cross-core hop from the CPU that took the interrupt to the shard's CPU, and the cache lines of the socket bouncing between them), no second NUMA node (no remote-memory socket buffers or cross-socket interconnect traffic), and with 2 CPUs shared by clients and server, the bulk rows are set by the load generators' scheduling. What can show is the one hop loopback does have: without steering, the softirq on the client's CPU hands half the connections to the shard on the other CPU (a cross-CPU wake-up per request), which is why CPU per request is the row to watch here. On a many-core NIC host with RSS and \`scripts/irq-affinity.sh\` applied, one would expect steering on to show lower CPU per GiB and per request (no cross-core softirq-to-shard hand-off, no remote wake-ups), flatter per-shard CPU, and lower tail latency, growing with the core count and doubling down across NUMA nodes."
+    echo "- **Steering.** Here the \"CPU that received the packet\" is simply the client's CPU (loopback processes a SYN in the sender's softirq), so the locality row shows the BPF program works. What steering buys on a real edge cannot show: there are no NIC RSS queues and IRQs to align with (the work steering saves is the cross-core hop from the CPU that took the interrupt to the shard's CPU, and the cache lines of the socket bouncing between them), no second NUMA node (no remote-memory socket buffers or cross-socket interconnect traffic), and with 2 CPUs shared by clients and server, the bulk rows are set by the load generators' scheduling. What can show is the one hop loopback does have: without steering, the softirq on the client's CPU hands half the connections to the shard on the other CPU (a cross-CPU wake-up per request), which is why CPU per request is the row to watch here. And loopback adds an effect a NIC host does not have: steering puts each connection's client on the same CPU as its shard, so the two take turns on one core, which can cost or help bulk throughput here for reasons that have nothing to do with NIC queues. On a many-core NIC host with RSS and \`scripts/irq-affinity.sh\` applied, one would expect steering on to show lower CPU per GiB and per request (no cross-core softirq-to-shard hand-off, no remote wake-ups), flatter per-shard CPU, and lower tail latency, growing with the core count and doubling down across NUMA nodes."
     echo "- **SEND_ZC.** Loopback always copies (above), so here ZC can only cost; its saving needs a NIC with scatter-gather DMA. The profile share above is the estimate to check there."
     echo "- **Batching and tick budget.** One shard and one client CPU over loopback run far below a fast NIC's rates, so the shard rarely has many completions to gather or 8 MiB of sends in one tick; differences that only show at tens of Gbit/s per shard do not show here."
     echo
@@ -657,9 +701,15 @@ report() {
     local n
     for n in "${FAILURES[@]}"; do echo "- **FAILURE**: $n"; done
     for n in "${NOTES[@]}"; do echo "- $n"; done
-    local loc='' t
+    local loc=''
     for t in steer.on.1 steer.off.1 steer.on.2 steer.off.2; do loc="$loc${loc:+; }${t%.*} run ${t##*.}: ${R[$t.local_detail]:-?}"; done
     echo "- Locality probe detail (connections accepted by shard 0/shard 1 from each client CPU): $loc."
+    local nver=0 nbulk=0
+    for t in "${!R[@]}"; do
+      [[ $t == *.gbs ]] && nbulk=$((nbulk + 1))
+      [[ $t == *.verified ]] && nver=$((nver + 1))
+    done
+    echo "- Wrong bytes: each of the $nbulk bulk runs carried one extra connection with a ranged GET of $VERIFY_BYTES bytes from offset $VERIFY_START (unaligned), checked byte for byte against the fixture: $nver verified$( ((nver == nbulk)) && echo ", none failed" || echo "; see the failures above"). The small-request probe checks every 1 KiB body; the 100 bulk connections check Content-Length only."
     echo "- Bulk stall detector and fairness (worst over each section's runs; a pause is the longest gap between two reads on one connection, which on a busy 2-CPU host includes the client's own scheduling delays): $stalls."
     echo "- The profile uses cpu-clock in a VM: time with interrupts disabled (softirq work, spinlock sections) is attributed to the point where they are re-enabled, hence the large \`_raw_spin_unlock_irqrestore\`; shares are of all the shard thread's samples."
     echo "- Raw outputs (loadgen, wrk, /metrics snapshots, server logs, perf data): \`perf/out/variants/\`."
