@@ -137,6 +137,13 @@ stop_sl() {
   ((${n:-0} == 0)) || note "$tag: server log has $n lines matching panic/error/warn, e.g. \`$(grep -iE 'panic|error|warn' "$SL_LOG" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-160)\`"
 }
 
+# steal_ticks: "CPU0 CPU1" steal ticks from /proc/stat: time the hypervisor ran something else
+# while our vCPU had work (a whole-CPU stall that no in-guest counter shows).
+steal_ticks() {
+  awk '$1 == "cpu0" || $1 == "cpu1" { printf "%s%s", (n++ ? " " : ""), $9 } END { print "" }' /proc/stat
+}
+CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+
 metrics_snap() { # metrics_snap FILE: shardline's /metrics, empty file when unavailable
   : >"$1"
   [[ -n $SL_ADMIN ]] || return 0
@@ -171,6 +178,8 @@ bulk() {
     reap "$LAST_PID" || failure "$tag: warm-up GET of small.bin failed: $(kv "$RUN/$tag.warm.txt" error)"
   fi
   metrics_snap "$RUN/$tag.bulk.m0"
+  local st0 st1 t_run=$SECONDS
+  st0=$(steal_ticks)
   # One more connection, verified byte for byte: an unaligned ranged GET through the same bulk
   # path while the 100 others run (a buffer reused before the kernel is done with it, with
   # SEND_ZC say, would show here as wrong bytes).
@@ -198,6 +207,11 @@ bulk() {
   [[ -z $pt ]] || reap "$pt" || failure "$tag: ttfb client exited non-zero ($(tail -n 1 "$ft"))"
   if reap "$pv"; then R[$tag.verified]=1; else failure "$tag: verified ranged GET during bulk failed: $(kv "$fv" error)"; fi
   metrics_snap "$RUN/$tag.bulk.m1"
+  st1=$(steal_ticks)
+  R[$tag.steal]=$(paste <(tr ' ' '\n' <<<"$st0") <(tr ' ' '\n' <<<"$st1") |
+    awk -v hz="$CLK_TCK" -v s="$((SECONDS - t_run))" '{ p = 100 * ($2 - $1) / hz / (s > 0 ? s : 1); printf "%s%.0f", (NR > 1 ? "/" : ""), p }')
+  R[$tag.jain]=$(for f in "${files[@]}"; do kv "$f" jain_fairness; done | awk '$1 != "" && (m == "" || $1 + 0 < m + 0) { m = $1 } END { print m }')
+  R[$tag.conn_min]=$(for f in "${files[@]}"; do kv "$f" conn_mb_per_s_min; done | awk '$1 != "" && (m == "" || $1 + 0 < m + 0) { m = $1 } END { print m }')
   # Aggregate: bytes/s add up; the server's CPU rate is the same process seen by every loadgen.
   local line
   line=$(for f in "${files[@]}"; do
@@ -476,6 +490,10 @@ report() {
     "Accepted connections per shard during the small-file run."
   row steer local "Locality: % of connections accepted by the shard on the client's CPU" higher %.0f \
     "$PROBE_CONNS connections from a loadgen pinned to CPU 0, then $PROBE_CONNS from one pinned to CPU 1 (over loopback a SYN is processed on the sender's CPU): the share accepted by the shard on that same CPU. Steering's promise is 100; SO_REUSEPORT's hash gives about 50."
+  row steer jain "Bulk: fairness (Jain index, worse of the two loadgens)" higher %.3f \
+    "Jain's index of per-connection throughput over each loadgen's $((BULK_CONNS / 2)) connections (1 = all equal), the lower of the two. Without steering a loadgen's connections are split by hash between a shard on its own CPU and one on the other CPU, and the two shards carry unequal numbers of connections, so its connections get unequal shares; with steering each shard serves exactly one loadgen."
+  row steer conn_min "Bulk: slowest connection (MB/s)" higher %.2f \
+    "Throughput of the slowest of the $BULK_CONNS connections over the window."
   row steer wait_pct "Bulk: server run-queue wait % (per CPU window)" info %.0f \
     "Time shardline's threads were runnable but waiting for a CPU, over the window: here mostly the load generators sharing both CPUs, so not a busy-host signal in this section."
 
@@ -643,7 +661,7 @@ report() {
   local sec stalls='' f
   for sec in steer zc wb tb; do
     stalls+="${stalls:+; }${SECTION_TITLE[$sec]#* }: $(for f in "$RUN/$sec".*.bulk-cpu*.txt; do
-      [[ -e $f ]] && printf '%s %s %s\n' "$(kv "$f" max_read_gap_ms)" "$(kv "$f" conn_mb_per_s_min)" "$(kv "$f" jain_fairness)"
+      if [[ -e $f ]]; then printf '%s %s %s\n' "$(kv "$f" max_read_gap_ms)" "$(kv "$f" conn_mb_per_s_min)" "$(kv "$f" jain_fairness)"; fi
     done | awk '$1 != "" { if ($1 > g) g = $1; if (m == "" || $2 < m) m = $2; if (j == "" || $3 < j) j = $3 }
       END { printf "longest pause %.0f ms, slowest connection %.2f MB/s, lowest Jain index %.3f", g, m, j }')"
   done
@@ -711,6 +729,23 @@ report() {
     done
     echo "- Wrong bytes: each of the $nbulk bulk runs carried one extra connection with a ranged GET of $VERIFY_BYTES bytes from offset $VERIFY_START (unaligned), checked byte for byte against the fixture: $nver verified$( ((nver == nbulk)) && echo ", none failed" || echo "; see the failures above"). The small-request probe checks every 1 KiB body; the 100 bulk connections check Content-Length only."
     echo "- Bulk stall detector and fairness (worst over each section's runs; a pause is the longest gap between two reads on one connection, which on a busy 2-CPU host includes the client's own scheduling delays): $stalls."
+    local steals='' sec2
+    for sec2 in steer zc wb tb; do
+      steals+="${steals:+; }${SECTION_TITLE[$sec2]#* }: $(for t in "${!R[@]}"; do
+        if [[ $t == "$sec2".*.steal ]]; then printf '%s %s\n' "${t%.steal}" "${R[$t]}"; fi
+      done | sort | awk '{ split($2, a, "/"); if (a[1] + 0 > m0) m0 = a[1] + 0; if (a[2] + 0 > m1) m1 = a[2] + 0; if (a[1] + 0 >= 5 || a[2] + 0 >= 5) hi = hi (hi ? ", " : "") $1 " " $2 }
+        END { printf "up to %d%% (CPU 0) / %d%% (CPU 1)%s", m0, m1, hi ? " (runs at 5% or more: " hi ")" : "" }')"
+    done
+    local stalls2='' ft2 tg
+    for ft2 in "$RUN"/*.ttfb.txt; do
+      [[ -e $ft2 ]] || continue
+      tg=${ft2##*/} tg=${tg%.ttfb.txt}
+      stalls2+=$(sed -n 's/^samples=//p' "$ft2" | tr ' ' '\n' | awk -F'[:/]' -v tag="$tg" -v st="${R[$tg.steal]:-?}" -v rate="$TTFB_RATE" -v w="$WARMUP_S" '
+        $3 + 0 > 50 { n++; if ($3 + 0 > m) { m = $3 + 0; at = $1 } }
+        END { if (n) printf "%s%s: %d over 50 ms, worst %.0f ms (request #%d, sent %.1f s into the run; steal CPU 0/1 over the run %s%%)", "; ", tag, n, m, at, w + at / rate, st }')
+    done
+    echo "- Small-request stalls (requests over 50 ms to first byte; a run of them sent 20 ms apart that all got their first byte at about the same moment means the shard did not run for that long): ${stalls2#; }${stalls2:-none}."
+    echo "- Hypervisor steal (/proc/stat: time this VM's CPU 0 / CPU 1 had work but the host ran something else; a stall no in-guest counter shows) per bulk run: $steals."
     echo "- The profile uses cpu-clock in a VM: time with interrupts disabled (softirq work, spinlock sections) is attributed to the point where they are re-enabled, hence the large \`_raw_spin_unlock_irqrestore\`; shares are of all the shard thread's samples."
     echo "- Raw outputs (loadgen, wrk, /metrics snapshots, server logs, perf data): \`perf/out/variants/\`."
   } >"$OUT"
