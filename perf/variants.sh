@@ -472,7 +472,7 @@ default_runs() {
 report() {
   local kernel cpu_model end_load sl_rev
   kernel=$(uname -r)
-  cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
   end_load=$END_LOAD
   sl_rev=$SL_REV
 
