@@ -560,6 +560,9 @@ report() {
     s_steer+="Throughput, CPU per GiB, requests/s and CPU per request did not differ beyond the run-to-run noise on this 2-core loopback box: the numbers neither support nor refute steering here. Keep the default \`steering = true\`: it costs nothing measurable, and its benefit needs what this box lacks (see below)."
   else
     s_steer+="${steer_strong:+Beyond noise: $steer_strong. }${steer_lean:+Leans (every run of one variant beyond every run of the other, by less than the spread): $steer_lean. }"
+    if [[ $steer_lean == *"off better"* && $steer_strong != *"off better"* ]]; then
+      s_steer+="A lean towards off is within what loopback's own side effect can do: with steering each client shares its core with the shard that serves it (see below). "
+    fi
     if [[ -n $steer_cpu_req ]]; then
       s_steer+="Lower CPU per request with steering is what its mechanism predicts even here: without it, the loopback softirq on the client's CPU hands half the requests to the shard on the other CPU (a cross-CPU wake-up per request, and the socket's cache lines moving between cores); with it, softirq, shard and client stay on one CPU. That is the same hop RSS plus steering saves on a NIC host. "
     fi
@@ -636,7 +639,11 @@ report() {
     s_wb+="Batching at $wins lowered CPU per GiB beyond noise without a worse small-request latency: the numbers support a non-zero default (the smaller value that wins); rerun once more before changing it."
   else
     if [[ -n $cpuw ]]; then
-      s_wb+="Batching fewer wake-ups did not buy CPU: at $cpuw CPU per GiB went up beyond noise although io_uring_enter calls fell (this data does not show why; the min-wait timer armed on each wait is one candidate). "
+      local fell=''
+      for u in 50 200; do
+        if awk -v a="$(mean_of wb "$u" enters_gib)" -v b="$ent0" 'BEGIN { exit !(a != "" && b != "" && a + 0 < 0.95 * b) }'; then fell+="${fell:+ and }${VLABEL[$u]}"; fi
+      done
+      s_wb+="Batching did not buy CPU: at $cpuw CPU per GiB went up beyond noise; io_uring_enter calls per GiB fell by more than 5% ${fell:+only }at ${fell:-neither value}, so on this box the shard does not wake often enough for fewer wake-ups to pay (this data does not show where the extra CPU goes; the min-wait timer armed on each wait is one candidate). "
     else
       s_wb+="Batching did not lower CPU per GiB beyond noise. "
     fi
