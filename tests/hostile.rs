@@ -60,6 +60,7 @@ impl Fixture {
         let big = pattern(BIG_LEN);
         std::fs::write(root.join("small.txt"), &small).unwrap();
         std::fs::write(root.join("big.bin"), &big).unwrap();
+        std::fs::write(root.join("empty.bin"), b"").unwrap();
         std::fs::create_dir(root.join("sub")).unwrap();
         std::fs::write(root.join("sub/inner.txt"), b"inner\n").unwrap();
         // Same name as the canary, but inside: what a directory symlink inside the root finds.
@@ -664,6 +665,13 @@ fn oversized_heads_methods_and_versions() {
         Row::raw("HTTP/1.10", "GET / HTTP/1.10\r\nHost: test\r\n\r\n", 400, Close),
         Row::raw("lowercase version", "GET / http/1.1\r\nHost: test\r\n\r\n", 400, Close),
         Row::raw("TLS client hello", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03zzzz\r\n\r\n", 400, Close),
+        Row::raw(
+            "HTTP/1.0 keep-alive",
+            "GET /small.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            200,
+            KeepAlive,
+        )
+        .body(&small),
         Row::raw("HEAD", "HEAD /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", 200, KeepAlive)
             .header("content-length", "1000"),
     ];
@@ -734,6 +742,11 @@ fn hostile_ranges() {
         r("past the end", "/small.txt", "bytes=1000-", 416).header("content-range", "bytes */1000"),
         r("zero suffix", "/small.txt", "bytes=-0", 416),
         r("one satisfiable of many", "/small.txt", "bytes=5000-,0-1", 206).body(&small[..2]),
+        Row::get("empty file", "/empty.bin", "", 200, KeepAlive)
+            .header("content-length", "0")
+            .body(b""),
+        r("range on empty file", "/empty.bin", "bytes=0-0", 416).header("content-range", "bytes */0"),
+        r("suffix on empty file", "/empty.bin", "bytes=-5", 416),
         Row::get(
             "If-Range mismatch",
             "/small.txt",
@@ -1409,5 +1422,158 @@ fn overwritten_in_place_mid_transfer_never_mixes_versions() {
         "the response switched to the new content at byte {bad:?} (of {} received)",
         body.len()
     );
+    health(&mut server, &fx).unwrap();
+}
+
+// ---- more connection-level shapes --------------------------------------------------------------
+
+#[test]
+fn pipelined_valid_then_invalid_answers_in_order_then_closes() {
+    let _g = serial();
+    let fx = Fixture::new();
+    let mut server = fx.serve("");
+    let mut s = server.connect();
+    let burst = b"GET /small.txt HTTP/1.1\r\nHost: t\r\n\r\n\
+                  GET /sub/inner.txt HTTP/1.1\r\nHost: t\r\n\r\n\
+                  GET /small.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc\
+                  GET /link_abs HTTP/1.1\r\nHost: t\r\n\r\n";
+    s.write_all(burst).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let a = read_response(&mut r, false).unwrap();
+    assert_eq!((a.status, &a.body), (200, &fx.small));
+    let b = read_response(&mut r, false).unwrap();
+    assert_eq!((b.status, &b.body[..]), (200, &b"inner\n"[..]));
+    let c = read_response(&mut r, false).unwrap();
+    assert_eq!(c.status, 400);
+    let mut rest = r.buffer().to_vec();
+    rest.extend(wait_closed(&mut s, CLOSE_WAIT).expect("not closed after the 400"));
+    assert!(rest.is_empty(), "answered past the bad request: {:?}", String::from_utf8_lossy(&rest));
+    health(&mut server, &fx).unwrap();
+}
+
+#[test]
+fn half_closed_client_gets_the_whole_response() {
+    let _g = serial();
+    let fx = Fixture::new();
+    let mut server = fx.serve("");
+    let mut s = server.connect();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let resp = read_response(&mut r, false).unwrap();
+    assert_eq!(resp.status, 200);
+    assert!(resp.body == fx.big, "body differs");
+    assert!(wait_closed(&mut s, CLOSE_WAIT).is_some_and(|b| b.is_empty()));
+    health(&mut server, &fx).unwrap();
+}
+
+#[test]
+fn head_split_into_one_byte_segments_is_served() {
+    let _g = serial();
+    let fx = Fixture::new();
+    let mut server = fx.serve("");
+    let mut s = server.connect();
+    s.set_nodelay(true).unwrap();
+    for b in b"GET /small.txt HTTP/1.1\r\nHost: t\r\nRange: bytes=10-19\r\n\r\n" {
+        s.write_all(std::slice::from_ref(b)).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let resp = read_response(&mut BufReader::new(s), false).unwrap();
+    assert_eq!((resp.status, &resp.body[..]), (206, &fx.small[10..20]));
+    health(&mut server, &fx).unwrap();
+}
+
+#[test]
+fn open_file_cache_exhaustion_is_a_503_and_recovers() {
+    let _g = serial();
+    let fx = Fixture::new();
+    std::fs::write(fx.root.join("big2.bin"), &fx.big).unwrap();
+    let mut server = fx.serve("open_file_cache_entries = 2\nsend_timeout_ms = 30000\n");
+    // Two slow downloads hold both entries.
+    let (s1, len1, b1) = start_slow_download(&server, "/big.bin", 64 * 1024);
+    let (s2, len2, b2) = start_slow_download(&server, "/big2.bin", 64 * 1024);
+    let r = get(&server, "/small.txt", &[]);
+    eprintln!("third file while both entries are held: {}", r.status);
+    assert!(
+        r.status == 503 || (r.status == 200 && r.body == fx.small),
+        "third file: {}",
+        r.status
+    );
+    // The held downloads finish byte-exact; then the cache serves everything again.
+    for (mut s, len, mut body, want) in [(s1, len1, b1, &fx.big), (s2, len2, b2, &fx.big)] {
+        let mut buf = vec![0u8; 256 * 1024];
+        while body.len() < len {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "EOF after {}", body.len());
+            body.extend_from_slice(&buf[..n]);
+        }
+        assert!(body == *want, "held download differs");
+    }
+    health(&mut server, &fx).unwrap();
+}
+
+/// A client that reads a trickle keeps making "send progress", so the send timeout never
+/// fires; while it does, its chunks hold registered arena slots. A handful of such clients
+/// must not stop everyone else's large downloads.
+#[test]
+fn trickle_readers_do_not_starve_other_large_downloads() {
+    let _g = serial();
+    let fx = Fixture::new();
+    // 16 slots of 512 KiB, 4 of them reserved for small responses; 4 chunks per connection.
+    // The default send timeout (60 s): the trickle keeps up "progress" well inside it.
+    let mut server = fx.serve("arena_bytes = 8388608\npipeline_depth = 4\n");
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let mut s = small_window_client(server.addr);
+            s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // 160 KB/s: the big file would take minutes.
+                let mut buf = [0u8; 16 * 1024];
+                while !stop.load(Ordering::Relaxed) {
+                    if matches!(s.read(&mut buf), Ok(0) | Err(_)) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // Unhindered, this download takes well under a second even in a debug build.
+    let t = Instant::now();
+    let limit = Duration::from_secs(10);
+    let mut s = server.connect();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = Vec::with_capacity(BIG_LEN + 1024);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut eof = false;
+    while body.len() < BIG_LEN + 200 && t.elapsed() < limit {
+        s.set_read_timeout(Some(limit.saturating_sub(t.elapsed()).max(Duration::from_millis(1)))).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => {
+                eof = true;
+                break;
+            }
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    let head_end = body.windows(4).position(|w| w == b"\r\n\r\n").map_or(0, |p| p + 4);
+    let got = body.len() - head_end;
+    eprintln!("a normal {BIG_LEN}-byte download beside 3 trickle readers: {got} body bytes in {took:?} (eof {eof})");
+    assert!(
+        got >= BIG_LEN,
+        "normal download got {got} of {BIG_LEN} bytes in {took:?} beside 3 trickle readers \
+         (eof {eof}); log:\n{}",
+        server.log()
+    );
+    assert_eq!(first_mismatch(&body[head_end..], &fx.big), None);
     health(&mut server, &fx).unwrap();
 }
