@@ -12,9 +12,7 @@
 
 use shardline::fs::resolve::{resolve_target, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
 use shardline::http::range::{parse_range, RangeOutcome};
-use shardline::http::request::{
-    parse_request, Parsed, MAX_HEAD_BYTES, MAX_REQUEST_LINE_BYTES,
-};
+use shardline::http::request::{parse_request, Parsed, MAX_HEAD_BYTES, MAX_REQUEST_LINE_BYTES};
 
 /// Splits a `range_parser` input into (file length, max_ranges, header value).
 pub fn split_range_input(data: &[u8]) -> (u64, usize, &[u8]) {
@@ -42,9 +40,19 @@ pub fn check_request_input(data: &[u8]) {
     let full = parse_request(data);
     match full {
         Parsed::Complete { request, head_len } => {
-            assert!(head_len > 0 && head_len <= data.len(), "head_len {head_len}");
-            assert!(head_len <= MAX_HEAD_BYTES, "head_len {head_len} over the limit");
-            assert_eq!(request.path.first(), Some(&b'/'), "path must start with '/'");
+            assert!(
+                head_len > 0 && head_len <= data.len(),
+                "head_len {head_len}"
+            );
+            assert!(
+                head_len <= MAX_HEAD_BYTES,
+                "head_len {head_len} over the limit"
+            );
+            assert_eq!(
+                request.path.first(),
+                Some(&b'/'),
+                "path must start with '/'"
+            );
             assert!(
                 !request.path.iter().any(|&b| b == b'?' || b == b'#'),
                 "query or fragment left in the path"
@@ -65,7 +73,10 @@ pub fn check_request_input(data: &[u8]) {
             );
         }
         Parsed::Partial => {
-            assert!(data.len() <= MAX_HEAD_BYTES, "over-long input still Partial");
+            assert!(
+                data.len() <= MAX_HEAD_BYTES,
+                "over-long input still Partial"
+            );
         }
     }
     // A few prefixes, chosen from the data so every input exercises different cuts.
@@ -82,7 +93,10 @@ pub fn check_request_input(data: &[u8]) {
             (Parsed::Partial, _) => true,
             (a, b) => a == b,
         };
-        assert!(consistent, "prefix {k} of {n}: {p:?} but whole input: {full:?}");
+        assert!(
+            consistent,
+            "prefix {k} of {n}: {p:?} but whole input: {full:?}"
+        );
     }
 }
 
@@ -100,7 +114,11 @@ pub fn check_range_input(data: &[u8]) {
         }
         RangeOutcome::Multi(rs) => {
             assert!(rs.len() >= 2, "Multi with {} part(s)", rs.len());
-            assert!(rs.len() <= max_ranges, "{} parts over max {max_ranges}", rs.len());
+            assert!(
+                rs.len() <= max_ranges,
+                "{} parts over max {max_ranges}",
+                rs.len()
+            );
             let mut sum: u64 = 0;
             for r in &rs {
                 assert!(r.start < r.end, "empty part {r:?}");
@@ -136,7 +154,11 @@ pub fn check_path_input(data: &[u8]) {
                 !seg.is_empty() && seg != "." && seg != "..",
                 "bad segment {seg:?} in {p:?}"
             );
-            assert!(seg.len() <= MAX_SEGMENT_BYTES, "segment of {} bytes", seg.len());
+            assert!(
+                seg.len() <= MAX_SEGMENT_BYTES,
+                "segment of {} bytes",
+                seg.len()
+            );
         }
     } else {
         assert!(r.wants_dir, "the root must be a directory request");
@@ -144,7 +166,10 @@ pub fn check_path_input(data: &[u8]) {
     // Beneath the root, judged by an independent model: decode once, walk the segments, and
     // if the depth ever goes below the root the resolver must have refused the path.
     if model_escapes(data) {
-        panic!("{:?} climbs above the root but resolved to {p:?}", String::from_utf8_lossy(data));
+        panic!(
+            "{:?} climbs above the root but resolved to {p:?}",
+            String::from_utf8_lossy(data)
+        );
     }
     let again = reencode(p);
     let r2 = resolve_target(again.as_bytes()).expect("a resolved path resolves again");
@@ -158,7 +183,9 @@ fn model_escapes(raw: &[u8]) -> bool {
     let mut i = 0;
     while i < raw.len() {
         if raw[i] == b'%' {
-            let hex = raw.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let hex = raw
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
             match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                 Some(b) if !hex.is_some_and(|h| h.starts_with('+')) => decoded.push(b),
                 _ => return false,

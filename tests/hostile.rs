@@ -106,10 +106,9 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn has_canary(resp: &Response, trailing: &[u8]) -> bool {
     contains(&resp.body, CANARY_MARK)
         || contains(trailing, CANARY_MARK)
-        || resp
-            .headers
-            .iter()
-            .any(|(n, v)| contains(n.as_bytes(), CANARY_MARK) || contains(v.as_bytes(), CANARY_MARK))
+        || resp.headers.iter().any(|(n, v)| {
+            contains(n.as_bytes(), CANARY_MARK) || contains(v.as_bytes(), CANARY_MARK)
+        })
 }
 
 /// Reads until EOF or reset (both mean "closed"), within `limit`. Returns the bytes that came
@@ -127,10 +126,17 @@ fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
         match s.read(&mut buf) {
             Ok(0) => return Some(got),
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted
+                ) =>
+            {
                 return Some(got)
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return None,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return None
+            }
             Err(e) => panic!("read: {e}"),
         }
     }
@@ -145,9 +151,14 @@ fn health(server: &mut Server, fx: &Fixture) -> Result<(), String> {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /small.txt HTTP/1.1\r\nHost: health\r\nConnection: close\r\n\r\n")
         .map_err(|e| format!("health write: {e}"))?;
-    let r = read_response(&mut BufReader::new(s), false).map_err(|e| format!("health read: {e}"))?;
+    let r =
+        read_response(&mut BufReader::new(s), false).map_err(|e| format!("health read: {e}"))?;
     if r.status != 200 || r.body != fx.small {
-        return Err(format!("health GET gave {} with {} bytes", r.status, r.body.len()));
+        return Err(format!(
+            "health GET gave {} with {} bytes",
+            r.status,
+            r.body.len()
+        ));
     }
     Ok(())
 }
@@ -178,7 +189,9 @@ fn cpu_time(pid: u32) -> Duration {
 }
 
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// TCP state (the `st` column of /proc/net/tcp) of the server's end of the connection between
@@ -327,7 +340,10 @@ fn check_multipart(resp: &Response, file: &[u8], parts: &[(usize, usize)]) -> Re
     }
     let close = format!("\r\n--{boundary}--\r\n");
     if rest != close.as_bytes() {
-        return Err(format!("after the parts: {:?}", String::from_utf8_lossy(rest)));
+        return Err(format!(
+            "after the parts: {:?}",
+            String::from_utf8_lossy(rest)
+        ));
     }
     Ok(())
 }
@@ -382,7 +398,10 @@ fn run_row(server: &mut Server, fx: &Fixture, row: &Row) -> Result<(), String> {
         },
         After::KeepAlive => {
             let next = b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n";
-            match s.write_all(next).and_then(|_| read_response(&mut reader, false)) {
+            match s
+                .write_all(next)
+                .and_then(|_| read_response(&mut reader, false))
+            {
                 Ok(r) if r.status == 200 && r.body == fx.small => {}
                 Ok(r) => errors.push(format!("next request on the connection: {}", r.status)),
                 Err(e) => errors.push(format!("next request on the connection: {e}")),
@@ -476,25 +495,74 @@ fn traversal_and_symlinks_never_leave_the_root() {
             400,
             Close,
         ),
-        Row::get("double encoded", "/%252e%252e/canary.txt", "", 404, KeepAlive),
-        Row::get("double encoded 2", "/%25%32%65%25%32%65/canary.txt", "", 404, KeepAlive),
+        Row::get(
+            "double encoded",
+            "/%252e%252e/canary.txt",
+            "",
+            404,
+            KeepAlive,
+        ),
+        Row::get(
+            "double encoded 2",
+            "/%25%32%65%25%32%65/canary.txt",
+            "",
+            404,
+            KeepAlive,
+        ),
         Row::get("outside name", "/canary.txt", "", 404, KeepAlive),
         Row::get("normalised inside", "/sub/../small.txt", "", 200, KeepAlive).body(&small),
         Row::get("dot segment", "/./small.txt", "", 200, KeepAlive).body(&small),
-        Row::get("pct dot inside", "/sub/%2e%2e/small.txt", "", 200, KeepAlive).body(&small),
-        Row::get("dotdot in query", "/small.txt?../../canary.txt", "", 200, KeepAlive)
-            .body(&small),
-        Row::get("dotdot in fragment", "/small.txt#/../../canary.txt", "", 200, KeepAlive)
-            .body(&small),
+        Row::get(
+            "pct dot inside",
+            "/sub/%2e%2e/small.txt",
+            "",
+            200,
+            KeepAlive,
+        )
+        .body(&small),
+        Row::get(
+            "dotdot in query",
+            "/small.txt?../../canary.txt",
+            "",
+            200,
+            KeepAlive,
+        )
+        .body(&small),
+        Row::get(
+            "dotdot in fragment",
+            "/small.txt#/../../canary.txt",
+            "",
+            200,
+            KeepAlive,
+        )
+        .body(&small),
         Row::get("file as directory", "/small.txt/", "", 404, KeepAlive),
         Row::get("root without index", "/", "", 404, KeepAlive),
         Row::get("symlink out relative", "/link_out", "", 403, KeepAlive),
         Row::get("symlink out absolute", "/link_abs", "", 403, KeepAlive),
-        Row::get("dir symlink out", "/link_dir_out/canary.txt", "", 403, KeepAlive),
-        Row::get("dir symlink to /", "/link_root_abs/etc/passwd", "", 403, KeepAlive),
+        Row::get(
+            "dir symlink out",
+            "/link_dir_out/canary.txt",
+            "",
+            403,
+            KeepAlive,
+        ),
+        Row::get(
+            "dir symlink to /",
+            "/link_root_abs/etc/passwd",
+            "",
+            403,
+            KeepAlive,
+        ),
         Row::get("symlink in", "/link_in", "", 200, KeepAlive).body(&small),
-        Row::get("dir symlink in", "/link_dir_in/canary.txt", "", 200, KeepAlive)
-            .body(b"inside the root\n"),
+        Row::get(
+            "dir symlink in",
+            "/link_dir_in/canary.txt",
+            "",
+            200,
+            KeepAlive,
+        )
+        .body(b"inside the root\n"),
     ];
     run_matrix(&mut server, &fx, &rows);
 }
@@ -619,8 +687,20 @@ fn oversized_heads_methods_and_versions() {
             Close,
         ),
         Row::get("path over PATH_MAX", &"/a".repeat(2100), "", 414, Close),
-        Row::get("segment over NAME_MAX", &format!("/{}", "a".repeat(256)), "", 414, Close),
-        Row::get("one big field", "/small.txt", &format!("X-Big: {}\r\n", "b".repeat(17_000)), 431, Close),
+        Row::get(
+            "segment over NAME_MAX",
+            &format!("/{}", "a".repeat(256)),
+            "",
+            414,
+            Close,
+        ),
+        Row::get(
+            "one big field",
+            "/small.txt",
+            &format!("X-Big: {}\r\n", "b".repeat(17_000)),
+            431,
+            Close,
+        ),
         Row::get("head over 16 KiB", "/small.txt", &big_fields, 431, Close),
         Row::get("64 fields", "/small.txt", &fields(63), 200, KeepAlive).body(&small),
         Row::get("65 fields", "/small.txt", &fields(64), 431, Close),
@@ -645,26 +725,116 @@ fn oversized_heads_methods_and_versions() {
             Close,
         )
         .header("allow", "GET, HEAD"),
-        Row::raw("PUT", "PUT /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", 405, Close),
-        Row::raw("DELETE", "DELETE /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", 405, Close),
-        Row::raw("PATCH", "PATCH /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", 405, Close),
-        Row::raw("OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: test\r\n\r\n", 405, Close),
-        Row::raw("TRACE", "TRACE / HTTP/1.1\r\nHost: test\r\n\r\n", 405, Close),
-        Row::raw("CONNECT", "CONNECT test:443 HTTP/1.1\r\nHost: test\r\n\r\n", 405, Close),
-        Row::raw("unknown method", "BREW /pot HTTP/1.1\r\nHost: test\r\n\r\n", 501, Close),
-        Row::raw("lowercase get", "get /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", 501, Close),
-        Row::raw("long method", format!("{} / HTTP/1.1\r\nHost: test\r\n\r\n", "M".repeat(5000)), 501, Close),
-        Row::raw("bad method byte", "G@T / HTTP/1.1\r\nHost: test\r\n\r\n", 400, Close),
+        Row::raw(
+            "PUT",
+            "PUT /small.txt HTTP/1.1\r\nHost: test\r\n\r\n",
+            405,
+            Close,
+        ),
+        Row::raw(
+            "DELETE",
+            "DELETE /small.txt HTTP/1.1\r\nHost: test\r\n\r\n",
+            405,
+            Close,
+        ),
+        Row::raw(
+            "PATCH",
+            "PATCH /small.txt HTTP/1.1\r\nHost: test\r\n\r\n",
+            405,
+            Close,
+        ),
+        Row::raw(
+            "OPTIONS *",
+            "OPTIONS * HTTP/1.1\r\nHost: test\r\n\r\n",
+            405,
+            Close,
+        ),
+        Row::raw(
+            "TRACE",
+            "TRACE / HTTP/1.1\r\nHost: test\r\n\r\n",
+            405,
+            Close,
+        ),
+        Row::raw(
+            "CONNECT",
+            "CONNECT test:443 HTTP/1.1\r\nHost: test\r\n\r\n",
+            405,
+            Close,
+        ),
+        Row::raw(
+            "unknown method",
+            "BREW /pot HTTP/1.1\r\nHost: test\r\n\r\n",
+            501,
+            Close,
+        ),
+        Row::raw(
+            "lowercase get",
+            "get /small.txt HTTP/1.1\r\nHost: test\r\n\r\n",
+            501,
+            Close,
+        ),
+        Row::raw(
+            "long method",
+            format!("{} / HTTP/1.1\r\nHost: test\r\n\r\n", "M".repeat(5000)),
+            501,
+            Close,
+        ),
+        Row::raw(
+            "bad method byte",
+            "G@T / HTTP/1.1\r\nHost: test\r\n\r\n",
+            400,
+            Close,
+        ),
         Row::raw("HTTP/0.9", "GET /\r\n", 400, Close),
         Row::raw("HTTP/0.9 file", "GET /small.txt\r\n\r\n", 400, Close),
-        Row::raw("HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, Close),
-        Row::raw("HTTP/2.0 line", "GET / HTTP/2.0\r\nHost: test\r\n\r\n", 505, Close),
-        Row::raw("HTTP/1.2", "GET / HTTP/1.2\r\nHost: test\r\n\r\n", 505, Close),
-        Row::raw("HTTP/3.0", "GET / HTTP/3.0\r\nHost: test\r\n\r\n", 505, Close),
-        Row::raw("HTTP/0.9 version", "GET / HTTP/0.9\r\nHost: test\r\n\r\n", 505, Close),
-        Row::raw("HTTP/1.10", "GET / HTTP/1.10\r\nHost: test\r\n\r\n", 400, Close),
-        Row::raw("lowercase version", "GET / http/1.1\r\nHost: test\r\n\r\n", 400, Close),
-        Row::raw("TLS client hello", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03zzzz\r\n\r\n", 400, Close),
+        Row::raw(
+            "HTTP/2 preface",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            505,
+            Close,
+        ),
+        Row::raw(
+            "HTTP/2.0 line",
+            "GET / HTTP/2.0\r\nHost: test\r\n\r\n",
+            505,
+            Close,
+        ),
+        Row::raw(
+            "HTTP/1.2",
+            "GET / HTTP/1.2\r\nHost: test\r\n\r\n",
+            505,
+            Close,
+        ),
+        Row::raw(
+            "HTTP/3.0",
+            "GET / HTTP/3.0\r\nHost: test\r\n\r\n",
+            505,
+            Close,
+        ),
+        Row::raw(
+            "HTTP/0.9 version",
+            "GET / HTTP/0.9\r\nHost: test\r\n\r\n",
+            505,
+            Close,
+        ),
+        Row::raw(
+            "HTTP/1.10",
+            "GET / HTTP/1.10\r\nHost: test\r\n\r\n",
+            400,
+            Close,
+        ),
+        Row::raw(
+            "lowercase version",
+            "GET / http/1.1\r\nHost: test\r\n\r\n",
+            400,
+            Close,
+        ),
+        Row::raw(
+            "TLS client hello",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03zzzz\r\n\r\n",
+            400,
+            Close,
+        ),
         Row::raw(
             "HTTP/1.0 keep-alive",
             "GET /small.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
@@ -672,8 +842,13 @@ fn oversized_heads_methods_and_versions() {
             KeepAlive,
         )
         .body(&small),
-        Row::raw("HEAD", "HEAD /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", 200, KeepAlive)
-            .header("content-length", "1000"),
+        Row::raw(
+            "HEAD",
+            "HEAD /small.txt HTTP/1.1\r\nHost: test\r\n\r\n",
+            200,
+            KeepAlive,
+        )
+        .header("content-length", "1000"),
     ];
     run_matrix(&mut server, &fx, &rows);
 }
@@ -688,27 +863,68 @@ fn hostile_ranges() {
     let big = fx.big.clone();
     let small = fx.small.clone();
     let r = |name: &str, path: &str, range: &str, status: u16| {
-        Row::get(name, path, &format!("Range: {range}\r\n"), status, KeepAlive)
+        Row::get(
+            name,
+            path,
+            &format!("Range: {range}\r\n"),
+            status,
+            KeepAlive,
+        )
     };
     let rows = vec![
-        r("overflow last", "/big.bin", "bytes=0-18446744073709551615", 206)
-            .header("content-range", format!("bytes 0-{}/{n}", n - 1))
-            .body(&big),
-        r("overflow last + 1", "/big.bin", "bytes=0-18446744073709551616", 206)
-            .header("content-range", format!("bytes 0-{}/{n}", n - 1))
-            .body(&big),
-        r("overflow first", "/big.bin", "bytes=18446744073709551615-", 416)
-            .header("content-range", format!("bytes */{n}")),
-        r("overflow first + 1", "/big.bin", "bytes=18446744073709551616-", 416)
-            .header("content-range", format!("bytes */{n}")),
-        r("overflow suffix", "/big.bin", "bytes=-18446744073709551616", 206)
-            .header("content-range", format!("bytes 0-{}/{n}", n - 1))
-            .body(&big),
-        r("huge digits", "/small.txt", "bytes=0-99999999999999999999999999999999", 206)
-            .body(&small),
-        r("unaligned across chunks", "/big.bin", "bytes=524287-1572865", 206)
-            .header("content-range", format!("bytes 524287-1572865/{n}"))
-            .body(&big[524_287..=1_572_865]),
+        r(
+            "overflow last",
+            "/big.bin",
+            "bytes=0-18446744073709551615",
+            206,
+        )
+        .header("content-range", format!("bytes 0-{}/{n}", n - 1))
+        .body(&big),
+        r(
+            "overflow last + 1",
+            "/big.bin",
+            "bytes=0-18446744073709551616",
+            206,
+        )
+        .header("content-range", format!("bytes 0-{}/{n}", n - 1))
+        .body(&big),
+        r(
+            "overflow first",
+            "/big.bin",
+            "bytes=18446744073709551615-",
+            416,
+        )
+        .header("content-range", format!("bytes */{n}")),
+        r(
+            "overflow first + 1",
+            "/big.bin",
+            "bytes=18446744073709551616-",
+            416,
+        )
+        .header("content-range", format!("bytes */{n}")),
+        r(
+            "overflow suffix",
+            "/big.bin",
+            "bytes=-18446744073709551616",
+            206,
+        )
+        .header("content-range", format!("bytes 0-{}/{n}", n - 1))
+        .body(&big),
+        r(
+            "huge digits",
+            "/small.txt",
+            "bytes=0-99999999999999999999999999999999",
+            206,
+        )
+        .body(&small),
+        r(
+            "unaligned across chunks",
+            "/big.bin",
+            "bytes=524287-1572865",
+            206,
+        )
+        .header("content-range", format!("bytes 524287-1572865/{n}"))
+        .body(&big[524_287..=1_572_865]),
         r("last byte", "/big.bin", "bytes=-1", 206).body(&big[n - 1..]),
         r(
             "multi unsorted",
@@ -716,14 +932,34 @@ fn hostile_ranges() {
             "bytes=5000000-5000001,0-9,1048570-1048580",
             206,
         )
-        .parts(&big, &[(0, 9), (1_048_570, 1_048_580), (5_000_000, 5_000_001)]),
-        r("multi at max_ranges", "/small.txt", "bytes=0-0,2-2,4-4,6-6", 206)
-            .parts(&small, &[(0, 0), (2, 2), (4, 4), (6, 6)]),
-        r("multi over max_ranges", "/small.txt", "bytes=0-0,2-2,4-4,6-6,8-8", 200).body(&small),
+        .parts(
+            &big,
+            &[(0, 9), (1_048_570, 1_048_580), (5_000_000, 5_000_001)],
+        ),
+        r(
+            "multi at max_ranges",
+            "/small.txt",
+            "bytes=0-0,2-2,4-4,6-6",
+            206,
+        )
+        .parts(&small, &[(0, 0), (2, 2), (4, 4), (6, 6)]),
+        r(
+            "multi over max_ranges",
+            "/small.txt",
+            "bytes=0-0,2-2,4-4,6-6,8-8",
+            200,
+        )
+        .body(&small),
         r(
             "apache killer",
             "/small.txt",
-            &format!("bytes=0-,{}", (1..200).map(|i| format!("5-{i}")).collect::<Vec<_>>().join(",")),
+            &format!(
+                "bytes=0-,{}",
+                (1..200)
+                    .map(|i| format!("5-{i}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             200,
         )
         .body(&small),
@@ -731,8 +967,13 @@ fn hostile_ranges() {
             .header("content-range", format!("bytes 0-299/{n}"))
             .body(&big[..300]),
         r("adjacent", "/small.txt", "bytes=0-9,10-19", 206).body(&small[..20]),
-        r("overlap inside", "/small.txt", "bytes=100-199,120-130,0-9", 206)
-            .parts(&small, &[(0, 9), (100, 199)]),
+        r(
+            "overlap inside",
+            "/small.txt",
+            "bytes=100-199,120-130,0-9",
+            206,
+        )
+        .parts(&small, &[(0, 9), (100, 199)]),
         r("sum over the file", "/small.txt", "bytes=0-,0-", 200).body(&small),
         r("reversed", "/small.txt", "bytes=9-1", 200).body(&small),
         r("garbage", "/small.txt", "bytes=a-b", 200).body(&small),
@@ -741,11 +982,18 @@ fn hostile_ranges() {
         r("negative first", "/small.txt", "bytes=-5-10", 200).body(&small),
         r("past the end", "/small.txt", "bytes=1000-", 416).header("content-range", "bytes */1000"),
         r("zero suffix", "/small.txt", "bytes=-0", 416),
-        r("one satisfiable of many", "/small.txt", "bytes=5000-,0-1", 206).body(&small[..2]),
+        r(
+            "one satisfiable of many",
+            "/small.txt",
+            "bytes=5000-,0-1",
+            206,
+        )
+        .body(&small[..2]),
         Row::get("empty file", "/empty.bin", "", 200, KeepAlive)
             .header("content-length", "0")
             .body(b""),
-        r("range on empty file", "/empty.bin", "bytes=0-0", 416).header("content-range", "bytes */0"),
+        r("range on empty file", "/empty.bin", "bytes=0-0", 416)
+            .header("content-range", "bytes */0"),
         r("suffix on empty file", "/empty.bin", "bytes=-5", 416),
         Row::get(
             "If-Range mismatch",
@@ -777,8 +1025,16 @@ fn symlink_race_never_serves_outside_bytes() {
     let flipper = {
         let (stop, flips) = (stop.clone(), flips.clone());
         std::thread::spawn(move || {
-            let file_targets = [PathBuf::from("small.txt"), PathBuf::from("../canary.txt"), canary_abs];
-            let dir_targets = [PathBuf::from("sub"), PathBuf::from(".."), PathBuf::from("/")];
+            let file_targets = [
+                PathBuf::from("small.txt"),
+                PathBuf::from("../canary.txt"),
+                canary_abs,
+            ];
+            let dir_targets = [
+                PathBuf::from("sub"),
+                PathBuf::from(".."),
+                PathBuf::from("/"),
+            ];
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 for (name, targets) in [("race", &file_targets), ("race_dir", &dir_targets)] {
@@ -827,8 +1083,14 @@ fn symlink_race_never_serves_outside_bytes() {
     );
     assert!(failures.is_empty(), "{failures:?}");
     for path in ["/race", "/race_dir/canary.txt"] {
-        assert!(counts.contains_key(&(path, 200)), "{path} never served: no race");
-        assert!(counts.contains_key(&(path, 403)), "{path} never refused: no race");
+        assert!(
+            counts.contains_key(&(path, 200)),
+            "{path} never served: no race"
+        );
+        assert!(
+            counts.contains_key(&(path, 403)),
+            "{path} never refused: no race"
+        );
     }
     health(&mut server, &fx).unwrap();
 }
@@ -864,7 +1126,8 @@ fn trickle_until_closed(
     unreachable!()
 }
 
-const SLOW_HEAD: &[u8] = b"GET /small.txt HTTP/1.1\r\nHost: test\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa\r\n";
+const SLOW_HEAD: &[u8] =
+    b"GET /small.txt HTTP/1.1\r\nHost: test\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa\r\n";
 
 #[test]
 fn slowloris_is_closed_after_header_timeout() {
@@ -874,11 +1137,23 @@ fn slowloris_is_closed_after_header_timeout() {
     // A head trickled byte by byte from the first moment.
     let start = Instant::now();
     let mut s = server.connect();
-    let closed = trickle_until_closed(&mut s, SLOW_HEAD, Duration::from_millis(50), start, Duration::from_secs(10));
+    let closed = trickle_until_closed(
+        &mut s,
+        SLOW_HEAD,
+        Duration::from_millis(50),
+        start,
+        Duration::from_secs(10),
+    );
     let closed = closed.expect("slowloris connection never closed");
     eprintln!("trickled head closed after {closed:?}");
-    assert!(closed >= Duration::from_millis(900), "closed too early: {closed:?}");
-    assert!(closed <= Duration::from_millis(2500), "closed late: {closed:?}");
+    assert!(
+        closed >= Duration::from_millis(900),
+        "closed too early: {closed:?}"
+    );
+    assert!(
+        closed <= Duration::from_millis(2500),
+        "closed late: {closed:?}"
+    );
     // A connection that says nothing at all.
     let start = Instant::now();
     let mut s = server.connect();
@@ -886,7 +1161,10 @@ fn slowloris_is_closed_after_header_timeout() {
     assert!(end.is_empty(), "silent connection got bytes");
     let closed = start.elapsed();
     eprintln!("silent connection closed after {closed:?}");
-    assert!(closed <= Duration::from_millis(2500), "closed late: {closed:?}");
+    assert!(
+        closed <= Duration::from_millis(2500),
+        "closed late: {closed:?}"
+    );
     health(&mut server, &fx).unwrap();
 }
 
@@ -901,8 +1179,14 @@ fn header_timeout_is_not_restarted_by_the_first_byte() {
     let start = Instant::now();
     let mut s = server.connect();
     std::thread::sleep(Duration::from_millis(1500));
-    let closed = trickle_until_closed(&mut s, SLOW_HEAD, Duration::from_millis(50), start, Duration::from_secs(10))
-        .expect("never closed");
+    let closed = trickle_until_closed(
+        &mut s,
+        SLOW_HEAD,
+        Duration::from_millis(50),
+        start,
+        Duration::from_secs(10),
+    )
+    .expect("never closed");
     eprintln!("closed {closed:?} after the accept (header_timeout_ms = 2000)");
     assert!(
         closed <= Duration::from_millis(2000 + 700),
@@ -918,7 +1202,8 @@ fn idle_keepalive_is_closed_after_keepalive_timeout() {
     let fx = Fixture::new();
     let mut server = fx.serve("keepalive_timeout_ms = 1000\n");
     let mut s = server.connect();
-    s.write_all(b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    s.write_all(b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n")
+        .unwrap();
     let mut reader = BufReader::new(s.try_clone().unwrap());
     let r = read_response(&mut reader, false).unwrap();
     assert_eq!(r.status, 200);
@@ -927,7 +1212,10 @@ fn idle_keepalive_is_closed_after_keepalive_timeout() {
     let idle = idle_from.elapsed();
     eprintln!("idle keep-alive closed after {idle:?}");
     assert!(rest.is_empty() && reader.buffer().is_empty());
-    assert!(idle >= Duration::from_millis(900), "closed too early: {idle:?}");
+    assert!(
+        idle >= Duration::from_millis(900),
+        "closed too early: {idle:?}"
+    );
     assert!(idle <= Duration::from_millis(2500), "closed late: {idle:?}");
     health(&mut server, &fx).unwrap();
 }
@@ -939,7 +1227,8 @@ fn slow_reader_is_dropped_after_send_timeout_and_others_are_served() {
     let mut server = fx.serve("send_timeout_ms = 1500\n");
     let mut s = small_window_client(server.addr);
     let client_addr = s.local_addr().unwrap();
-    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: test\r\n\r\n")
+        .unwrap();
     let start = Instant::now();
     // Never read; meanwhile others must be served promptly.
     let mut closed_at = None;
@@ -957,28 +1246,48 @@ fn slow_reader_is_dropped_after_send_timeout_and_others_are_served() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    eprintln!("slow reader closed by the server after {closed_at:?}; slowest other GET {slowest_other:?}");
+    eprintln!(
+        "slow reader closed by the server after {closed_at:?}; slowest other GET {slowest_other:?}"
+    );
     let closed_at = closed_at.expect("the server never closed a reader that made no progress");
-    assert!(closed_at >= Duration::from_millis(1300), "closed before send_timeout: {closed_at:?}");
-    assert!(closed_at <= Duration::from_millis(4000), "closed late: {closed_at:?}");
-    assert!(slowest_other < Duration::from_secs(1), "others starved: {slowest_other:?}");
+    assert!(
+        closed_at >= Duration::from_millis(1300),
+        "closed before send_timeout: {closed_at:?}"
+    );
+    assert!(
+        closed_at <= Duration::from_millis(4000),
+        "closed late: {closed_at:?}"
+    );
+    assert!(
+        slowest_other < Duration::from_secs(1),
+        "others starved: {slowest_other:?}"
+    );
     // What did arrive is an exact prefix of the response and ends before the full length.
     let mut reader = BufReader::new(s.try_clone().unwrap());
     let (status, headers) = read_head(&mut reader);
     assert_eq!(status, 200);
-    assert_eq!(header(&headers, "content-length"), Some(BIG_LEN.to_string().as_str()));
+    assert_eq!(
+        header(&headers, "content-length"),
+        Some(BIG_LEN.to_string().as_str())
+    );
     let mut body = reader.buffer().to_vec();
     reader.consume(body.len());
     body.extend(wait_closed(&mut s, Duration::from_secs(10)).expect("EOF after the queued bytes"));
     assert!(body.len() < BIG_LEN, "the whole file arrived");
-    assert_eq!(first_mismatch(&body, &fx.big), None, "wrong bytes before the cut");
+    assert_eq!(
+        first_mismatch(&body, &fx.big),
+        None,
+        "wrong bytes before the cut"
+    );
 }
 
 #[test]
 fn connection_cap_refuses_quickly_and_recovers() {
     let _g = serial();
     let fx = Fixture::new();
-    let mut server = fx.serve("max_connections_per_shard = 8\nkeepalive_timeout_ms = 30000\nheader_timeout_ms = 30000\n");
+    let mut server = fx.serve(
+        "max_connections_per_shard = 8\nkeepalive_timeout_ms = 30000\nheader_timeout_ms = 30000\n",
+    );
     let req = b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n";
     let mut holders: Vec<(TcpStream, BufReader<TcpStream>)> = (0..8)
         .map(|_| {
@@ -1051,7 +1360,11 @@ fn pipelined_burst_of_10000_is_answered_in_order_with_bounded_memory() {
         let mut burst = Vec::with_capacity(N * 80);
         for i in 0..N {
             let k = i % 990;
-            let close = if i == N - 1 { "Connection: close\r\n" } else { "" };
+            let close = if i == N - 1 {
+                "Connection: close\r\n"
+            } else {
+                ""
+            };
             burst.extend_from_slice(
                 format!(
                     "GET /small.txt HTTP/1.1\r\nHost: t\r\nRange: bytes={k}-{}\r\n{close}\r\n",
@@ -1065,8 +1378,7 @@ fn pipelined_burst_of_10000_is_answered_in_order_with_bounded_memory() {
     let mut reader = BufReader::new(s.try_clone().unwrap());
     let mut peak_rss = 0;
     for i in 0..N {
-        let r = read_response(&mut reader, false)
-            .unwrap_or_else(|e| panic!("response {i}: {e}"));
+        let r = read_response(&mut reader, false).unwrap_or_else(|e| panic!("response {i}: {e}"));
         let k = i % 990;
         assert_eq!(r.status, 206, "response {i}");
         assert_eq!(
@@ -1084,7 +1396,10 @@ fn pipelined_burst_of_10000_is_answered_in_order_with_bounded_memory() {
     let rss_after = proc_status_kb(pid, "VmRSS");
     let growth_kb = peak_rss.max(rss_after).saturating_sub(rss_before);
     eprintln!("RSS before {rss_before} kB, peak {peak_rss} kB, after {rss_after} kB");
-    assert!(growth_kb < 16 * 1024, "RSS grew by {growth_kb} kB during the burst");
+    assert!(
+        growth_kb < 16 * 1024,
+        "RSS grew by {growth_kb} kB during the burst"
+    );
     health(&mut server, &fx).unwrap();
 }
 
@@ -1103,7 +1418,11 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
                 for i in 0..15 {
                     let mut s = TcpStream::connect(addr).unwrap();
                     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-                    let range = if i % 3 == 0 { "Range: bytes=100-20000000\r\n" } else { "" };
+                    let range = if i % 3 == 0 {
+                        "Range: bytes=100-20000000\r\n"
+                    } else {
+                        ""
+                    };
                     let pipelined = if i % 4 == 0 { 2 } else { 1 };
                     for _ in 0..pipelined {
                         let _ = s.write_all(
@@ -1122,7 +1441,9 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
                     }
                     if i % 2 == 0 {
                         // Reset instead of FIN.
-                        socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+                        socket2::SockRef::from(&s)
+                            .set_linger(Some(Duration::ZERO))
+                            .unwrap();
                     }
                     drop(s);
                 }
@@ -1139,7 +1460,10 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
     assert!(r.body == fx.big, "big file differs after the aborts");
     let fds_after = fd_count(pid);
     eprintln!("server fds before {fds_before}, after {fds_after}");
-    assert!(fds_after <= fds_before + 2, "fd count grew from {fds_before} to {fds_after}");
+    assert!(
+        fds_after <= fds_before + 2,
+        "fd count grew from {fds_before} to {fds_after}"
+    );
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
 
@@ -1147,7 +1471,16 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
 /// table), holds both, and floods it with connects for `secs` from 4 threads that keep 100
 /// connections each open for 100 ms (never reading). Returns the server, the holders, the
 /// server's CPU time during the flood, its wall time and the number of connects made.
-fn connect_flood(fx: &Fixture, secs: u64) -> (Server, Vec<(TcpStream, BufReader<TcpStream>)>, Duration, Duration, usize) {
+fn connect_flood(
+    fx: &Fixture,
+    secs: u64,
+) -> (
+    Server,
+    Vec<(TcpStream, BufReader<TcpStream>)>,
+    Duration,
+    Duration,
+    usize,
+) {
     let server = fx.serve(
         "max_connections_per_shard = 2\nkeepalive_timeout_ms = 30000\nheader_timeout_ms = 30000\n",
     );
@@ -1205,10 +1538,21 @@ fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
     let fx = Fixture::new();
     let (mut server, mut holders, cpu, wall, connects) = connect_flood(&fx, 2);
     let backoffs = server.log().matches("accept failed").count();
-    eprintln!("{connects} connects; server CPU {cpu:?} over {wall:?}; {backoffs} accept back-offs logged");
-    assert!(backoffs > 0, "the flood never filled the socket table: test proves nothing");
-    assert!(cpu < wall / 2, "server used {cpu:?} of CPU in {wall:?}: busy loop?");
-    assert!(backoffs <= 60, "{backoffs} accept failures logged: not backing off");
+    eprintln!(
+        "{connects} connects; server CPU {cpu:?} over {wall:?}; {backoffs} accept back-offs logged"
+    );
+    assert!(
+        backoffs > 0,
+        "the flood never filled the socket table: test proves nothing"
+    );
+    assert!(
+        cpu < wall / 2,
+        "server used {cpu:?} of CPU in {wall:?}: busy loop?"
+    );
+    assert!(
+        backoffs <= 60,
+        "{backoffs} accept failures logged: not backing off"
+    );
     // The connections it holds were served all along.
     for (s, r) in holders.iter_mut() {
         s.write_all(HOLD_REQ).unwrap();
@@ -1229,7 +1573,10 @@ fn a_connect_flood_at_the_cap_does_not_lock_out_clients_afterwards() {
     drop(holders);
     let t = Instant::now();
     while health(&mut server, &fx).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(60), "no recovery after the flood");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no recovery after the flood"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let took = t.elapsed();
@@ -1267,7 +1614,8 @@ fn file_open_failures_from_rlimit_nofile_are_answered_not_fatal() {
             rlim_max: old.rlim_max,
         };
         // SAFETY: prlimit reads `lim` and writes nothing (the old-limit pointer is null).
-        let rc = unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) };
+        let rc =
+            unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) };
         assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     };
     set(open_now);
@@ -1276,19 +1624,26 @@ fn file_open_failures_from_rlimit_nofile_are_answered_not_fatal() {
         let r = get(&server, &format!("/f{i}.txt"), &[]);
         statuses.push(r.status);
         assert!(
-            r.status == 200 && r.body == format!("file {i}\n").as_bytes() || matches!(r.status, 500 | 503),
+            r.status == 200 && r.body == format!("file {i}\n").as_bytes()
+                || matches!(r.status, 500 | 503),
             "f{i}: {} {:?}",
             r.status,
             r.body
         );
     }
     eprintln!("statuses under RLIMIT_NOFILE={open_now}: {statuses:?}");
-    assert!(statuses.iter().any(|&s| s != 200), "no open failed: the limit had no effect");
+    assert!(
+        statuses.iter().any(|&s| s != 200),
+        "no open failed: the limit had no effect"
+    );
     assert!(server.alive());
     set(old.rlim_cur);
     for i in 0..8 {
         let r = get(&server, &format!("/f{i}.txt"), &[]);
-        assert_eq!((r.status, r.body), (200, format!("file {i}\n").into_bytes()));
+        assert_eq!(
+            (r.status, r.body),
+            (200, format!("file {i}\n").into_bytes())
+        );
     }
     health(&mut server, &fx).unwrap();
 }
@@ -1332,15 +1687,28 @@ fn truncation_case(truncate_to: u64) {
         .unwrap();
     let rest = wait_closed(&mut s, Duration::from_secs(20)).expect("connection never closed");
     body.extend_from_slice(&rest);
-    eprintln!("truncated to {truncate_to}: received {} of {len} bytes", body.len());
-    assert_eq!(first_mismatch(&body, &original), None, "wrong bytes after truncation");
-    assert!(body.len() < len, "all {len} bytes arrived although the file was truncated");
+    eprintln!(
+        "truncated to {truncate_to}: received {} of {len} bytes",
+        body.len()
+    );
+    assert_eq!(
+        first_mismatch(&body, &original),
+        None,
+        "wrong bytes after truncation"
+    );
+    assert!(
+        body.len() < len,
+        "all {len} bytes arrived although the file was truncated"
+    );
     health(&mut server, &fx).unwrap();
     // Once the open-file cache revalidates, the file is served as it is now.
     std::thread::sleep(Duration::from_millis(1200));
     let r = get(&server, "/trunc.bin", &[]);
     assert_eq!(r.status, 200);
-    assert!(r.body == original[..truncate_to as usize], "truncated file served wrong");
+    assert!(
+        r.body == original[..truncate_to as usize],
+        "truncated file served wrong"
+    );
 }
 
 #[test]
@@ -1373,7 +1741,10 @@ fn replaced_by_rename_mid_transfer_keeps_the_old_version_whole() {
     // A request that starts now gets the new version whole, while the old one is in flight.
     let r = get(&server, "/swap.bin", &[]);
     assert_eq!(r.status, 200);
-    assert!(r.body == new, "request after the rename did not get the new version");
+    assert!(
+        r.body == new,
+        "request after the rename did not get the new version"
+    );
     // The in-flight download finishes with the old version, whole.
     let mut buf = vec![0u8; 256 * 1024];
     while body.len() < len {
@@ -1382,7 +1753,11 @@ fn replaced_by_rename_mid_transfer_keeps_the_old_version_whole() {
         body.extend_from_slice(&buf[..n]);
     }
     assert_eq!(body.len(), len);
-    assert_eq!(first_mismatch(&body, &old), None, "in-flight download mixed versions");
+    assert_eq!(
+        first_mismatch(&body, &old),
+        None,
+        "in-flight download mixed versions"
+    );
     let r2 = get(&server, "/swap.bin", &[]);
     assert!(r2.status == 200 && r2.body == new);
     health(&mut server, &fx).unwrap();
@@ -1416,9 +1791,13 @@ fn overwritten_in_place_mid_transfer_never_mixes_versions() {
         }
     }
     let bad = first_mismatch(&body, &old);
-    eprintln!("received {} of {len} bytes; first byte not from the old version: {bad:?}", body.len());
+    eprintln!(
+        "received {} of {len} bytes; first byte not from the old version: {bad:?}",
+        body.len()
+    );
     assert_eq!(
-        bad, None,
+        bad,
+        None,
         "the response switched to the new content at byte {bad:?} (of {} received)",
         body.len()
     );
@@ -1447,7 +1826,50 @@ fn pipelined_valid_then_invalid_answers_in_order_then_closes() {
     assert_eq!(c.status, 400);
     let mut rest = r.buffer().to_vec();
     rest.extend(wait_closed(&mut s, CLOSE_WAIT).expect("not closed after the 400"));
-    assert!(rest.is_empty(), "answered past the bad request: {:?}", String::from_utf8_lossy(&rest));
+    assert!(
+        rest.is_empty(),
+        "answered past the bad request: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    health(&mut server, &fx).unwrap();
+}
+
+#[test]
+fn pipelined_head_304_and_close_keep_framing() {
+    let _g = serial();
+    let fx = Fixture::new();
+    let mut server = fx.serve("");
+    let etag = get(&server, "/small.txt", &[])
+        .header("etag")
+        .expect("ETag")
+        .to_string();
+    let mut s = server.connect();
+    let burst = format!(
+        "HEAD /big.bin HTTP/1.1\r\nHost: t\r\n\r\n\
+         GET /small.txt HTTP/1.1\r\nHost: t\r\nIf-None-Match: {etag}\r\n\r\n\
+         GET /small.txt HTTP/1.1\r\nHost: t\r\nRange: bytes=0-4\r\nConnection: close\r\n\r\n\
+         GET /small.txt HTTP/1.1\r\nHost: t\r\n\r\n"
+    );
+    s.write_all(burst.as_bytes()).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let a = read_response(&mut r, true).unwrap();
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        a.header("content-length"),
+        Some(BIG_LEN.to_string().as_str())
+    );
+    let b = read_response(&mut r, false).unwrap();
+    assert_eq!((b.status, b.body.len()), (304, 0));
+    let c = read_response(&mut r, false).unwrap();
+    assert_eq!((c.status, &c.body[..]), (206, &fx.small[..5]));
+    // `Connection: close` ends the exchange: the fourth request is never answered.
+    let mut rest = r.buffer().to_vec();
+    rest.extend(wait_closed(&mut s, CLOSE_WAIT).expect("not closed after Connection: close"));
+    assert!(
+        rest.is_empty(),
+        "answered after Connection: close: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
     health(&mut server, &fx).unwrap();
 }
 
@@ -1457,7 +1879,8 @@ fn half_closed_client_gets_the_whole_response() {
     let fx = Fixture::new();
     let mut server = fx.serve("");
     let mut s = server.connect();
-    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let resp = read_response(&mut r, false).unwrap();
@@ -1526,7 +1949,8 @@ fn trickle_readers_do_not_starve_other_large_downloads() {
     let readers: Vec<_> = (0..3)
         .map(|_| {
             let mut s = small_window_client(server.addr);
-            s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+            s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
             let stop = stop.clone();
             std::thread::spawn(move || {
                 // 160 KB/s: the big file would take minutes.
@@ -1545,12 +1969,18 @@ fn trickle_readers_do_not_starve_other_large_downloads() {
     let t = Instant::now();
     let limit = Duration::from_secs(10);
     let mut s = server.connect();
-    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut body = Vec::with_capacity(BIG_LEN + 1024);
     let mut buf = vec![0u8; 256 * 1024];
     let mut eof = false;
     while body.len() < BIG_LEN + 200 && t.elapsed() < limit {
-        s.set_read_timeout(Some(limit.saturating_sub(t.elapsed()).max(Duration::from_millis(1)))).unwrap();
+        s.set_read_timeout(Some(
+            limit
+                .saturating_sub(t.elapsed())
+                .max(Duration::from_millis(1)),
+        ))
+        .unwrap();
         match s.read(&mut buf) {
             Ok(0) => {
                 eof = true;
@@ -1565,7 +1995,10 @@ fn trickle_readers_do_not_starve_other_large_downloads() {
     for r in readers {
         r.join().unwrap();
     }
-    let head_end = body.windows(4).position(|w| w == b"\r\n\r\n").map_or(0, |p| p + 4);
+    let head_end = body
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |p| p + 4);
     let got = body.len() - head_end;
     eprintln!("a normal {BIG_LEN}-byte download beside 3 trickle readers: {got} body bytes in {took:?} (eof {eof})");
     assert!(
