@@ -382,6 +382,15 @@ fn run_row(server: &mut Server, fx: &Fixture, row: &Row) -> Result<(), String> {
             }
         }
     }
+    // The response must announce what the server does with the connection.
+    let announced = resp.header("connection").map(str::to_ascii_lowercase);
+    let want = match row.after {
+        After::Close => "close",
+        After::KeepAlive => "keep-alive",
+    };
+    if announced.as_deref() != Some(want) {
+        errors.push(format!("Connection: {announced:?} (want {want:?})"));
+    }
     match row.after {
         After::Close => match wait_closed(&mut s, CLOSE_WAIT) {
             Some(more) => {
