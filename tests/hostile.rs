@@ -2019,3 +2019,57 @@ fn trickle_readers_do_not_starve_other_large_downloads() {
     assert_eq!(first_mismatch(&body[head_end..], &fx.big), None);
     health(&mut server, &fx).unwrap();
 }
+
+/// With very few provided receive buffers, many clients sending at once make receives fail
+/// with ENOBUFS; every request must still be answered, in order, byte-exact.
+#[test]
+fn receive_buffer_exhaustion_is_retried_not_fatal() {
+    let _g = serial();
+    let fx = Fixture::new();
+    let mut server = fx.serve("recv_buffers = 16\n");
+    let addr = server.addr;
+    let small = fx.small.clone();
+    let clients: Vec<_> = (0..64)
+        .map(|c| {
+            let small = small.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                for i in 0..30 {
+                    // Bursts of 3 pipelined requests, so receives land in batches.
+                    let mut burst = String::new();
+                    for j in 0..3 {
+                        let k = (c * 31 + i * 3 + j) % 990;
+                        burst.push_str(&format!(
+                            "GET /small.txt HTTP/1.1\r\nHost: t\r\nRange: bytes={k}-{}\r\n\r\n",
+                            k + 9
+                        ));
+                    }
+                    w.write_all(burst.as_bytes()).map_err(|e| e.to_string())?;
+                    for j in 0..3 {
+                        let k = (c * 31 + i * 3 + j) % 990;
+                        let resp = read_response(&mut r, false)
+                            .map_err(|e| format!("client {c} request {i}/{j}: {e}"))?;
+                        if resp.status != 206 || resp.body != small[k..k + 10] {
+                            return Err(format!("client {c} request {i}/{j}: {}", resp.status));
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let failures: Vec<String> = clients
+        .into_iter()
+        .filter_map(|h| h.join().unwrap().err())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} clients failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    health(&mut server, &fx).unwrap();
+}
