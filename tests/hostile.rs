@@ -1546,9 +1546,12 @@ fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
     let _g = serial();
     let fx = Fixture::new();
     let (mut server, mut holders, cpu, wall, connects) = connect_flood(&fx, 2);
-    let backoffs = server.log().matches("accept failed").count();
+    let log = server.log();
+    let backoffs = log.matches("accept failed").count();
+    let first = log.lines().find(|l| l.contains("accept failed")).unwrap_or("");
     eprintln!(
-        "{connects} connects; server CPU {cpu:?} over {wall:?}; {backoffs} accept back-offs logged"
+        "{connects} connects; server CPU {cpu:?} over {wall:?}; {backoffs} accept back-offs \
+         logged, the first: {first}"
     );
     assert!(
         backoffs > 0,
