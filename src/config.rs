@@ -19,8 +19,13 @@ pub const MAX_PIPELINE_DEPTH: usize = 16;
 pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
 /// Most connections per shard (token slot field and fixed-file table size).
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
+/// Longest completion-batching wait allowed.
+pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
+
+/// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
 
 /// How many shards to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +100,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Access log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// Common log format plus bytes, duration, range and shard.
+    Common,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Largest body the network-only diagnostic endpoint will generate.
+pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
+
 /// Every setting of the server; defaults are the documented ones.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -137,6 +155,9 @@ pub struct Config {
     pub keepalive_timeout_ms: u64,
     /// Time a response may make no send progress before the connection is dropped.
     pub send_timeout_ms: u64,
+    /// Longest a shard waits to gather several completions per wake-up (0 = wake per
+    /// completion); bounds the latency it adds.
+    pub wait_batch_usec: u64,
     /// Time in-flight responses get to finish after SIGTERM.
     pub drain_timeout_ms: u64,
     /// Open files cached per shard.
@@ -147,10 +168,16 @@ pub struct Config {
     pub symlinks: SymlinkPolicy,
     /// Access log path; empty or absent means off.
     pub access_log: Option<PathBuf>,
+    /// Access log line format.
+    pub access_log_format: AccessLogFormat,
+    /// Serve `GET /__shardline/zero?bytes=N` (zeros from memory, no disk) for network tests.
+    pub diag_endpoint: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Provided receive buffers per shard (power of two).
     pub recv_buffers: usize,
+    /// Admin listener address (`/metrics`, `/healthz`); empty means off.
+    pub admin: String,
 }
 
 impl Default for Config {
@@ -175,13 +202,17 @@ impl Default for Config {
             header_timeout_ms: 10_000,
             keepalive_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
+            wait_batch_usec: 0,
             drain_timeout_ms: 10_000,
             open_file_cache_entries: 1024,
             open_file_valid_ms: 1_000,
             symlinks: SymlinkPolicy::Beneath,
             access_log: None,
+            access_log_format: AccessLogFormat::Common,
+            diag_endpoint: false,
             log_format: LogFormat::Text,
             recv_buffers: 1024,
+            admin: DEFAULT_ADMIN.into(),
         }
     }
 }
@@ -221,6 +252,8 @@ impl Config {
                 .nth(1)
                 .filter(|_| msg.starts_with("unknown field"))
                 .map(str::to_string)
+                // A bad value: toml points at it; its key is on the same line.
+                .or_else(|| e.span().and_then(|span| key_on_line_of(text, span.start)))
                 .unwrap_or_else(|| origin.display().to_string());
             err(&key, msg.replace('\n', " "))
         })
@@ -233,6 +266,20 @@ impl Config {
         Config::from_toml(&text, path)
     }
 
+    /// The admin listener's address; `None` when `admin` is empty (off).
+    pub fn admin_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        let v = self.admin.trim();
+        if v.is_empty() {
+            return Ok(None);
+        }
+        v.parse().map(Some).map_err(|_| {
+            err(
+                "admin",
+                format!("{v:?} is not an ADDRESS:PORT (use \"\" to turn the admin listener off)"),
+            )
+        })
+    }
+
     /// Registered arena slots per shard.
     pub fn arena_slots(&self) -> usize {
         self.arena_bytes / self.chunk_bytes
@@ -242,12 +289,20 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match std::fs::metadata(&self.root) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(err("root", format!("{} is not a directory", self.root.display()))),
+            Ok(_) => {
+                return Err(err(
+                    "root",
+                    format!("{} is not a directory", self.root.display()),
+                ))
+            }
             Err(e) => return Err(err("root", format!("{}: {e}", self.root.display()))),
         }
         if let ShardCount::Fixed(n) = self.shards {
             if n == 0 || n > MAX_SHARDS {
-                return Err(err("shards", format!("must be 1..={MAX_SHARDS} or \"auto\"")));
+                return Err(err(
+                    "shards",
+                    format!("must be 1..={MAX_SHARDS} or \"auto\""),
+                ));
             }
         }
         if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes)
@@ -302,14 +357,44 @@ impl Config {
                 return Err(err(key, "must be greater than 0"));
             }
         }
+        if self.wait_batch_usec > MAX_WAIT_BATCH_USEC {
+            return Err(err(
+                "wait_batch_usec",
+                format!("must be 0..={MAX_WAIT_BATCH_USEC} (it adds latency to every response)"),
+            ));
+        }
         if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
             return Err(err("open_file_cache_entries", "must be 1..=65536"));
         }
         if !self.recv_buffers.is_power_of_two() || !(16..=32_768).contains(&self.recv_buffers) {
             return Err(err("recv_buffers", "must be a power of two in 16..=32768"));
         }
+        if let Some(admin) = self.admin_addr()? {
+            if admin.ip() == self.listen.ip()
+                && admin.port() == self.listen.port()
+                && admin.port() != 0
+            {
+                return Err(err(
+                    "admin",
+                    format!("{admin} is also the data listener (listen)"),
+                ));
+            }
+        }
         Ok(())
     }
+}
+
+/// The bare key of the `key = value` line holding byte `offset` of `text`, if that is what the
+/// line is.
+fn key_on_line_of(text: &str, offset: usize) -> Option<String> {
+    let start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text.get(start..)?.lines().next()?;
+    let key = line.split_once('=')?.0.trim();
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    bare.then(|| key.to_string())
 }
 
 #[cfg(test)]
@@ -330,6 +415,17 @@ mod tests {
     }
 
     #[test]
+    fn bad_values_name_their_key() {
+        for (text, key) in [
+            ("chunk_bytes = \"big\"", "chunk_bytes"),
+            ("root = \"/srv\"\nlisten = \"nope\"\n", "listen"),
+            ("zerocopy = \"maybe\"", "zerocopy"),
+        ] {
+            assert_eq!(parse(text).unwrap_err().key, key, "{text}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let e = parse("chunk_size = 3").unwrap_err();
         assert_eq!(e.key, "chunk_size");
@@ -339,29 +435,42 @@ mod tests {
     fn zero_shards_is_refused() {
         let e = parse("shards = 0").unwrap_err();
         assert!(e.message.contains("positive"), "{e}");
+        assert_eq!(e.key, "shards");
         assert_eq!(parse("shards = \"auto\"").unwrap().shards, ShardCount::Auto);
         assert_eq!(parse("shards = 3").unwrap().shards, ShardCount::Fixed(3));
     }
 
     #[test]
     fn root_must_be_a_directory() {
-        let mut c = Config::default();
-        c.root = PathBuf::from("/definitely/not/here");
+        let mut c = Config {
+            root: PathBuf::from("/definitely/not/here"),
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "root");
         c.root = PathBuf::from("/proc/self/status");
-        assert!(c.validate().unwrap_err().message.contains("not a directory"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("not a directory"));
     }
 
     #[test]
     fn relations_are_checked() {
-        let mut c = Config::default();
-        c.tick_budget_bytes = 1000;
+        let c = Config {
+            tick_budget_bytes: 1000,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "tick_budget_bytes");
-        let mut c = Config::default();
-        c.arena_bytes = c.chunk_bytes * 2;
+        let c = Config {
+            arena_bytes: 2 * 512 * 1024,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "arena_bytes");
-        let mut c = Config::default();
-        c.chunk_bytes = 100_000;
+        let c = Config {
+            chunk_bytes: 100_000,
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "chunk_bytes");
     }
 
@@ -375,5 +484,27 @@ mod tests {
         assert_eq!(c.arena_bytes, d.arena_bytes);
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
+        assert_eq!(c.admin, d.admin);
+    }
+
+    #[test]
+    fn admin_address_is_checked() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            c.admin_addr().unwrap(),
+            Some("127.0.0.1:9900".parse().unwrap())
+        );
+        let c = parse("admin = \"\"").unwrap();
+        assert_eq!(c.admin_addr().unwrap(), None);
+        c.validate().unwrap();
+        let c = parse("admin = \"[::1]:0\"").unwrap();
+        assert_eq!(c.admin_addr().unwrap(), Some("[::1]:0".parse().unwrap()));
+        let c = parse("admin = \"localhost\"").unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "admin");
+        assert!(e.message.contains("localhost"), "{e}");
+        let c = parse("admin = \"127.0.0.1:8080\"").unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "admin");
+        assert_eq!(parse("admin = 9900").unwrap_err().key, "admin");
     }
 }

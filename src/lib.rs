@@ -5,6 +5,7 @@
 //! `fs/` is path resolution and O_DIRECT alignment math, `topology`/`plan`/`steering` decide
 //! where shards run and which shard a connection lands on.
 
+pub mod admin;
 pub mod config;
 pub mod doctor;
 pub mod fs;

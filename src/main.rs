@@ -27,6 +27,7 @@ enum Command {
 
 /// Flags of `shardline serve`; each overrides the same key of the config file.
 #[derive(Args)]
+#[command(args_override_self = true)]
 struct ServeArgs {
     /// TOML config file (see config/shardline.toml for every key and its default).
     #[arg(long, value_name = "FILE")]
@@ -46,6 +47,10 @@ struct ServeArgs {
     /// Write an access log line per response to this file.
     #[arg(long, value_name = "FILE")]
     access_log: Option<PathBuf>,
+    /// Admin listener for /metrics and /healthz [default: 127.0.0.1:9900]; "" turns it off,
+    /// port 0 picks a free port (printed as "shardline: admin at http://ADDR/").
+    #[arg(long, value_name = "ADDR:PORT", overrides_with = "admin")]
+    admin: Option<String>,
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
@@ -82,6 +87,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
     if let Some(v) = args.access_log {
         cfg.access_log = Some(v);
+    }
+    if let Some(v) = args.admin {
+        cfg.admin = v;
     }
     if args.log_json {
         cfg.log_format = LogFormat::Json;

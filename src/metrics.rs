@@ -1,81 +1,150 @@
 //! Per-shard counters. Each shard is the only writer of its own `ShardMetrics` (relaxed
 //! atomic stores, no contention); readers (the admin endpoint, tests) only load.
+//!
+//! Rendering follows the Prometheus text exposition format 0.0.4: one `# HELP` and one
+//! `# TYPE` line per family, counters end in `_total`, durations are in seconds. Related
+//! counters share a family and differ by a label (`reason`, `class`, `source`), so a dashboard
+//! can `sum by (reason)` without knowing every field.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Prometheus metric type of a field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only ever grows (between restarts).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        }
+    }
+}
+
+/// How one `ShardMetrics` field is exposed.
+#[derive(Clone, Copy, Debug)]
+pub struct FieldInfo {
+    /// Rust field name.
+    pub field: &'static str,
+    /// Family name without the `shardline_` prefix (counters end in `_total`).
+    pub family: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Extra label distinguishing this field inside its family, if any.
+    pub label: Option<(&'static str, &'static str)>,
+    /// The field's doc comment (HELP text of an unlabelled family).
+    pub help: &'static str,
+}
+
 macro_rules! counters {
-    ($($(#[doc = $doc:expr])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:expr])* $name:ident : $kind:ident $family:literal
+        $({ $lk:ident = $lv:literal })?),* $(,)?) => {
         /// Counters of one shard.
         #[derive(Default, Debug)]
         pub struct ShardMetrics {
             $($(#[doc = $doc])* pub $name: AtomicU64,)*
+            /// Time to first byte: request head parsed -> first response byte handed to the
+            /// kernel, in microseconds (`Histogram::observe`).
+            pub ttfb: Histogram,
         }
 
+        /// Every counter/gauge field, in rendering order.
+        pub const FIELDS: &[FieldInfo] = &[$(FieldInfo {
+            field: stringify!($name),
+            family: $family,
+            kind: Kind::$kind,
+            label: counters!(@label $($lk = $lv)?),
+            help: concat!($($doc),*),
+        },)*];
+
         impl ShardMetrics {
-            /// (name, value) of every counter, for rendering.
+            /// (name, value) of every counter, for rendering (same order as `FIELDS`).
             pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
             }
         }
     };
+    (@label) => { None };
+    (@label $lk:ident = $lv:literal) => { Some((stringify!($lk), $lv)) };
 }
 
 counters! {
     /// Connections accepted.
-    accepted,
+    accepted: Counter "connections_accepted_total",
     /// Connections refused because the shard was at its cap.
-    refused_over_cap,
+    refused_over_cap: Counter "connections_refused_total",
     /// Connections open now.
-    open,
+    open: Gauge "connections_open",
     /// Connections closed after a complete exchange (client close or Connection: close).
-    closed_normal,
+    closed_normal: Counter "connections_closed_total" { reason = "normal" },
     /// Connections closed by a timeout (header, idle, send progress).
-    closed_timeout,
+    closed_timeout: Counter "connections_closed_total" { reason = "timeout" },
     /// Connections closed because of a protocol error.
-    closed_error,
+    closed_error: Counter "connections_closed_total" { reason = "error" },
     /// Connections aborted mid-response (file changed, I/O error, client reset).
-    closed_abort,
+    closed_abort: Counter "connections_closed_total" { reason = "abort" },
     /// Responses with a 2xx status.
-    responses_2xx,
+    responses_2xx: Counter "responses_total" { class = "2xx" },
     /// Responses with a 3xx status.
-    responses_3xx,
+    responses_3xx: Counter "responses_total" { class = "3xx" },
     /// Responses with a 4xx status.
-    responses_4xx,
+    responses_4xx: Counter "responses_total" { class = "4xx" },
     /// Responses with a 5xx status.
-    responses_5xx,
+    responses_5xx: Counter "responses_total" { class = "5xx" },
     /// Body bytes sent from O_DIRECT reads.
-    bytes_direct,
+    bytes_direct: Counter "bytes_sent_total" { source = "direct" },
     /// Body bytes sent from RWF_DONTCACHE reads.
-    bytes_dontcache,
+    bytes_dontcache: Counter "bytes_sent_total" { source = "dontcache" },
     /// Body bytes sent from buffered reads.
-    bytes_buffered,
+    bytes_buffered: Counter "bytes_sent_total" { source = "buffered" },
     /// Bytes sent from memory (headers, error bodies, multipart framing).
-    bytes_memory,
+    bytes_memory: Counter "bytes_sent_total" { source = "memory" },
+    /// Chunks (registered buffers) held by in-flight reads and sends now.
+    chunks_in_flight: Gauge "chunks_in_flight",
     /// Times a connection waited for an arena slot.
-    arena_waits,
+    arena_waits: Counter "arena_waits_total",
     /// SQEs submitted.
-    ring_sqes,
+    ring_sqes: Counter "ring_sqes_total",
     /// Completions handled.
-    ring_cqes,
+    ring_cqes: Counter "ring_cqes_total",
     /// io_uring_enter calls.
-    ring_enters,
+    ring_enters: Counter "ring_enters_total",
     /// Open-file cache hits.
-    file_cache_hits,
+    file_cache_hits: Counter "file_cache_hits_total",
     /// Open-file cache misses (opens).
-    file_cache_misses,
+    file_cache_misses: Counter "file_cache_misses_total",
     /// Accepts that failed for lack of descriptors (backoff applied).
-    accept_errors,
+    accept_errors: Counter "accept_errors_total",
     /// Receives that found no provided buffer (retried next tick).
-    recv_no_buffers,
+    recv_no_buffers: Counter "recv_no_buffers_total",
     /// Completions whose token did not match a live operation (a bug if non-zero).
-    stray_completions,
+    stray_completions: Counter "stray_completions_total",
+}
+
+/// HELP text of families whose members differ by a label (the fields' own docs describe
+/// one member each).
+fn family_help(family: &str) -> Option<&'static str> {
+    Some(match family {
+        "connections_closed_total" => "Connections closed, by reason.",
+        "responses_total" => "Responses sent, by status class.",
+        "bytes_sent_total" => "Bytes sent, by source (direct, dontcache, buffered, memory).",
+        _ => return None,
+    })
 }
 
 impl ShardMetrics {
     /// Adds `v` to a counter (single writer: load + store is enough and cheaper than RMW).
     pub fn add(counter: &AtomicU64, v: u64) {
-        counter.store(counter.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(v),
+            Ordering::Relaxed,
+        );
     }
 
     /// Sets a gauge.
@@ -95,24 +164,307 @@ impl ShardMetrics {
     }
 }
 
-/// Renders all shards' counters in Prometheus text format, per shard and in total.
+/// Upper bounds (inclusive, microseconds) of the time-to-first-byte buckets: 100 us to 10 s in
+/// 1-2.5-5 steps. Anything slower lands in the implicit `+Inf` bucket.
+pub const TTFB_BUCKETS_US: [u64; 16] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+const BUCKETS: usize = TTFB_BUCKETS_US.len();
+
+/// A fixed-bucket latency histogram with one writer (the shard) and any number of readers.
+///
+/// Each observation increments exactly one bucket (non-cumulative) and the sum. The count is
+/// not stored separately: it is the total of the buckets, so a reader racing the writer can
+/// never see `+Inf` disagree with `_count`.
+#[derive(Default, Debug)]
+pub struct Histogram {
+    /// Observations per bucket; index `BUCKETS` is the overflow (`+Inf`) bucket.
+    buckets: [AtomicU64; BUCKETS + 1],
+    /// Sum of all observations, microseconds.
+    sum_us: AtomicU64,
+}
+
+/// A point-in-time copy of a histogram (cumulative buckets, as Prometheus wants them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Cumulative count for each bound of `TTFB_BUCKETS_US`, then `+Inf` (== count).
+    pub cumulative: [u64; BUCKETS + 1],
+    /// Sum of observations, microseconds.
+    pub sum_us: u64,
+}
+
+impl HistogramSnapshot {
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.cumulative[BUCKETS]
+    }
+
+    fn merge(&mut self, other: &HistogramSnapshot) {
+        for (a, b) in self.cumulative.iter_mut().zip(&other.cumulative) {
+            *a = a.wrapping_add(*b);
+        }
+        self.sum_us = self.sum_us.wrapping_add(other.sum_us);
+    }
+}
+
+impl Histogram {
+    /// Records one observation of `us` microseconds. Single writer only (load + store).
+    pub fn observe(&self, us: u64) {
+        let i = TTFB_BUCKETS_US.partition_point(|&bound| bound < us);
+        ShardMetrics::add(&self.buckets[i], 1);
+        ShardMetrics::add(&self.sum_us, us);
+    }
+
+    /// Number of observations so far.
+    pub fn count(&self) -> u64 {
+        self.snapshot().count()
+    }
+
+    /// Copies the histogram with cumulative buckets.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut s = HistogramSnapshot {
+            sum_us: self.sum_us.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        let mut running = 0u64;
+        for (c, b) in s.cumulative.iter_mut().zip(&self.buckets) {
+            running = running.wrapping_add(b.load(Ordering::Relaxed));
+            *c = running;
+        }
+        s
+    }
+}
+
+/// Formats microseconds as seconds without float noise (`250` -> `0.00025`).
+fn us_as_seconds(us: u64) -> String {
+    let frac = us % 1_000_000;
+    if frac == 0 {
+        return format!("{}", us / 1_000_000);
+    }
+    let digits = format!("{frac:06}");
+    format!("{}.{}", us / 1_000_000, digits.trim_end_matches('0'))
+}
+
+/// Writes the `# HELP` and `# TYPE` lines of a family.
+pub fn write_family_header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let help = help.trim().replace('\\', "\\\\").replace('\n', "\\n");
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Renders all shards' counters in Prometheus text format, per shard (`shard="0"`...) and in
+/// total (`shard="all"`), followed by the time-to-first-byte histogram.
 pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let mut out = String::new();
-    let snaps: Vec<_> = shards.iter().map(|m| m.snapshot()).collect();
-    let Some(first) = snaps.first() else {
+    if shards.is_empty() {
         return out;
-    };
-    for (i, (name, _)) in first.iter().enumerate() {
-        let _ = writeln!(out, "# TYPE shardline_{name} gauge");
-        let mut total = 0u64;
-        for (shard, snap) in snaps.iter().enumerate() {
-            let v = snap[i].1;
-            total = total.wrapping_add(v);
-            let _ = writeln!(out, "shardline_{name}{{shard=\"{shard}\"}} {v}");
-        }
-        let _ = writeln!(out, "shardline_{name}{{shard=\"all\"}} {total}");
     }
+    let snaps: Vec<_> = shards.iter().map(|m| m.snapshot()).collect();
+    let mut i = 0;
+    while i < FIELDS.len() {
+        // Fields of one family are adjacent in FIELDS (checked by a test).
+        let family = FIELDS[i].family;
+        let end = i + FIELDS[i..]
+            .iter()
+            .take_while(|f| f.family == family)
+            .count();
+        let name = format!("shardline_{family}");
+        let help = family_help(family).unwrap_or(FIELDS[i].help);
+        write_family_header(&mut out, &name, FIELDS[i].kind.as_str(), help);
+        for (j, field) in FIELDS.iter().enumerate().take(end).skip(i) {
+            let extra = field
+                .label
+                .map(|(k, v)| format!("{k}=\"{v}\","))
+                .unwrap_or_default();
+            let mut total = 0u64;
+            for (shard, snap) in snaps.iter().enumerate() {
+                let v = snap[j].1;
+                total = total.wrapping_add(v);
+                let _ = writeln!(out, "{name}{{{extra}shard=\"{shard}\"}} {v}");
+            }
+            let _ = writeln!(out, "{name}{{{extra}shard=\"all\"}} {total}");
+        }
+        i = end;
+    }
+
+    let name = "shardline_ttfb_seconds";
+    write_family_header(
+        &mut out,
+        name,
+        "histogram",
+        "Time from a parsed request head to its first response byte, in seconds.",
+    );
+    let mut all = HistogramSnapshot::default();
+    for (shard, m) in shards.iter().enumerate() {
+        let s = m.ttfb.snapshot();
+        write_histogram(&mut out, name, &shard.to_string(), &s);
+        all.merge(&s);
+    }
+    write_histogram(&mut out, name, "all", &all);
     out
+}
+
+fn write_histogram(out: &mut String, name: &str, shard: &str, s: &HistogramSnapshot) {
+    for (bound, c) in TTFB_BUCKETS_US.iter().zip(&s.cumulative) {
+        let le = us_as_seconds(*bound);
+        let _ = writeln!(out, "{name}_bucket{{shard=\"{shard}\",le=\"{le}\"}} {c}");
+    }
+    let count = s.count();
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{shard=\"{shard}\",le=\"+Inf\"}} {count}"
+    );
+    let sum = us_as_seconds(s.sum_us);
+    let _ = writeln!(out, "{name}_sum{{shard=\"{shard}\"}} {sum}");
+    let _ = writeln!(out, "{name}_count{{shard=\"{shard}\"}} {count}");
+}
+
+/// One sample line of the text format, parsed back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Metric name (with `_bucket`/`_sum`/`_count` for histograms).
+    pub name: String,
+    /// Labels in order of appearance.
+    pub labels: Vec<(String, String)>,
+    /// Value.
+    pub value: f64,
+}
+
+impl Sample {
+    /// A label's value.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// Parses (and strictly checks) Prometheus text exposition: every line is a `# HELP`,
+/// `# TYPE` or `name{label="value",...} value` line; each family has at most one HELP and one
+/// TYPE, and TYPE comes before the family's samples. Used by tests and handy for scripts.
+pub fn parse_exposition(text: &str) -> Result<Vec<Sample>, String> {
+    use std::collections::{HashMap, HashSet};
+    let mut types: HashMap<String, String> = HashMap::new();
+    let mut helps: HashSet<String> = HashSet::new();
+    let mut samples = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let bad = |why: &str| format!("line {}: {why}: {line:?}", n + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix('#') {
+            let mut parts = rest.trim_start().splitn(3, ' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("TYPE"), Some(name), Some(kind)) => {
+                    if !valid_name(name) {
+                        return Err(bad("bad family name"));
+                    }
+                    if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind) {
+                        return Err(bad("unknown type"));
+                    }
+                    if types.insert(name.into(), kind.into()).is_some() {
+                        return Err(bad("second TYPE for a family"));
+                    }
+                    if samples
+                        .iter()
+                        .any(|s: &Sample| family_of(&s.name, &types) == name)
+                    {
+                        return Err(bad("TYPE after the family's samples"));
+                    }
+                }
+                (Some("HELP"), Some(name), _) if !helps.insert(name.to_string()) => {
+                    return Err(bad("second HELP for a family"));
+                }
+                _ => {} // other comments are allowed
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').ok_or_else(|| bad("no value"))?;
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().map_err(|_| bad("bad value"))?,
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, Vec::new()),
+            Some((name, rest)) => {
+                let body = rest
+                    .strip_suffix('}')
+                    .ok_or_else(|| bad("unclosed labels"))?;
+                (name, parse_labels(body).map_err(|e| bad(&e))?)
+            }
+        };
+        if !valid_name(name) {
+            return Err(bad("bad metric name"));
+        }
+        let family = family_of(name, &types);
+        if let Some(kind) = types.get(family) {
+            if kind == "counter" && !name.ends_with("_total") {
+                return Err(bad("counter without _total suffix"));
+            }
+        }
+        samples.push(Sample {
+            name: name.into(),
+            labels,
+            value,
+        });
+    }
+    Ok(samples)
+}
+
+/// The family a sample belongs to (histogram samples carry a suffix).
+fn family_of<'a>(name: &'a str, types: &std::collections::HashMap<String, String>) -> &'a str {
+    for suffix in ["_bucket", "_sum", "_count"] {
+        if let Some(base) = name.strip_suffix(suffix) {
+            if types
+                .get(base)
+                .is_some_and(|k| k == "histogram" || k == "summary")
+            {
+                return base;
+            }
+        }
+    }
+    name
+}
+
+fn parse_labels(mut s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    while !s.is_empty() {
+        let (key, rest) = s.split_once("=\"").ok_or("label without =\"")?;
+        if !valid_name(key) {
+            return Err(format!("bad label name {key:?}"));
+        }
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next() {
+                None => return Err("unterminated label value".into()),
+                Some((i, '"')) => break i,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c @ ('\\' | '"'))) => value.push(c),
+                    _ => return Err("bad escape in label value".into()),
+                },
+                Some((_, c)) => value.push(c),
+            }
+        };
+        out.push((key.to_string(), value));
+        s = &rest[end + 1..];
+        s = match s.strip_prefix(',') {
+            Some(r) => r,
+            None if s.is_empty() => s,
+            None => return Err("labels not separated by ','".into()),
+        };
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -120,16 +472,209 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        samples
+            .iter()
+            .find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v)))
+            .map(|s| s.value)
+    }
+
     #[test]
     fn renders_per_shard_and_total() {
         let a = Arc::new(ShardMetrics::default());
         let b = Arc::new(ShardMetrics::default());
         ShardMetrics::add(&a.accepted, 2);
         ShardMetrics::add(&b.accepted, 3);
+        ShardMetrics::set(&b.open, 7);
+        ShardMetrics::add(&a.bytes_direct, 1 << 20);
         a.count_status(404);
         let text = render_prometheus(&[a, b]);
-        assert!(text.contains("shardline_accepted{shard=\"0\"} 2\n"));
-        assert!(text.contains("shardline_accepted{shard=\"all\"} 5\n"));
-        assert!(text.contains("shardline_responses_4xx{shard=\"all\"} 1\n"));
+        assert!(text.contains("shardline_connections_accepted_total{shard=\"0\"} 2\n"));
+        assert!(text.contains("shardline_connections_accepted_total{shard=\"all\"} 5\n"));
+        assert!(text.contains("shardline_responses_total{class=\"4xx\",shard=\"all\"} 1\n"));
+        assert!(text.contains("# TYPE shardline_connections_open gauge\n"));
+        assert!(text.contains("# TYPE shardline_responses_total counter\n"));
+        assert!(text.contains("# TYPE shardline_ttfb_seconds histogram\n"));
+        let s = parse_exposition(&text).unwrap();
+        assert_eq!(
+            value(&s, "shardline_connections_open", &[("shard", "all")]),
+            Some(7.0)
+        );
+        assert_eq!(
+            value(
+                &s,
+                "shardline_bytes_sent_total",
+                &[("source", "direct"), ("shard", "0")]
+            ),
+            Some((1 << 20) as f64)
+        );
+    }
+
+    #[test]
+    fn every_line_parses_back_and_every_family_is_described_once() {
+        let shards: Vec<_> = (0..3).map(|_| Arc::new(ShardMetrics::default())).collect();
+        for (i, m) in shards.iter().enumerate() {
+            for us in [50, 100, 101, 9_999, 10_000_000, 10_000_001, 99_000_000] {
+                m.ttfb.observe(us * (i as u64 + 1));
+            }
+            ShardMetrics::add(&m.ring_sqes, 10);
+        }
+        let text = render_prometheus(&shards);
+        let samples = parse_exposition(&text).unwrap();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            // `name{labels} value`, exactly one space, value an integer or decimal.
+            let (series, v) = line.rsplit_once(' ').unwrap();
+            assert!(series.ends_with('}'), "{line}");
+            assert!(!series.contains(' '), "{line}");
+            assert!(v == "+Inf" || v.parse::<f64>().is_ok(), "{line}");
+        }
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let mut dedup = families.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), families.len(), "a family is declared twice");
+        let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+        assert_eq!(helps, families.len());
+        // Each field appears once per shard plus once for "all".
+        assert_eq!(
+            samples
+                .iter()
+                .filter(|s| !s.name.starts_with("shardline_ttfb"))
+                .count(),
+            FIELDS.len() * 4
+        );
+        // Counters carry _total; gauges do not.
+        for f in FIELDS {
+            assert_eq!(
+                f.family.ends_with("_total"),
+                f.kind == Kind::Counter,
+                "{f:?}"
+            );
+            assert!(!f.help.trim().is_empty(), "{f:?}");
+        }
+    }
+
+    #[test]
+    fn fields_of_a_family_are_adjacent_and_labelled() {
+        for (i, f) in FIELDS.iter().enumerate() {
+            let same: Vec<_> = FIELDS.iter().filter(|g| g.family == f.family).collect();
+            if same.len() > 1 {
+                assert!(f.label.is_some(), "{f:?} shares a family without a label");
+                assert!(family_help(f.family).is_some(), "{f:?} has no family help");
+                let first = FIELDS.iter().position(|g| g.family == f.family).unwrap();
+                assert!(
+                    FIELDS[first..first + same.len()]
+                        .iter()
+                        .all(|g| g.family == f.family),
+                    "family {} is split at {i}",
+                    f.family
+                );
+            }
+        }
+        assert_eq!(
+            ShardMetrics::default().snapshot().len(),
+            FIELDS.len(),
+            "snapshot and FIELDS disagree"
+        );
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_inf_equals_count() {
+        let shards: Vec<_> = (0..2).map(|_| Arc::new(ShardMetrics::default())).collect();
+        let observations = [
+            0, 1, 100, 100, 101, 250, 7_000, 2_000_000, 10_000_000, 10_000_001,
+        ];
+        for us in observations {
+            shards[0].ttfb.observe(us);
+        }
+        shards[1].ttfb.observe(123);
+        assert_eq!(shards[0].ttfb.count(), observations.len() as u64);
+        let samples = parse_exposition(&render_prometheus(&shards)).unwrap();
+        for shard in ["0", "1", "all"] {
+            let buckets: Vec<_> = samples
+                .iter()
+                .filter(|s| s.name == "shardline_ttfb_seconds_bucket")
+                .filter(|s| s.label("shard") == Some(shard))
+                .collect();
+            assert_eq!(buckets.len(), TTFB_BUCKETS_US.len() + 1);
+            let mut last_le = f64::NEG_INFINITY;
+            let mut last_v = 0.0;
+            for b in &buckets {
+                let le = match b.label("le").unwrap() {
+                    "+Inf" => f64::INFINITY,
+                    v => v.parse::<f64>().unwrap(),
+                };
+                assert!(le > last_le, "bounds increase");
+                assert!(b.value >= last_v, "cumulative counts never decrease");
+                last_le = le;
+                last_v = b.value;
+            }
+            assert_eq!(buckets.last().unwrap().label("le"), Some("+Inf"));
+            let count = value(
+                &samples,
+                "shardline_ttfb_seconds_count",
+                &[("shard", shard)],
+            );
+            assert_eq!(Some(last_v), count, "+Inf == count for shard {shard}");
+        }
+        let le = |shard: &str, le: &str| {
+            value(
+                &samples,
+                "shardline_ttfb_seconds_bucket",
+                &[("shard", shard), ("le", le)],
+            )
+            .unwrap()
+        };
+        // Bounds are inclusive: 0, 1, 100, 100 are <= 100 us.
+        assert_eq!(le("0", "0.0001"), 4.0);
+        assert_eq!(le("0", "0.00025"), 6.0);
+        assert_eq!(le("0", "0.01"), 7.0);
+        assert_eq!(le("0", "10"), 9.0);
+        assert_eq!(le("0", "+Inf"), 10.0);
+        assert_eq!(le("all", "0.00025"), 7.0);
+        let sum: u64 = observations.iter().sum::<u64>() + 123;
+        let got = value(&samples, "shardline_ttfb_seconds_sum", &[("shard", "all")]).unwrap();
+        assert!((got - sum as f64 / 1e6).abs() < 1e-9, "{got}");
+    }
+
+    #[test]
+    fn seconds_formatting_is_exact() {
+        assert_eq!(us_as_seconds(100), "0.0001");
+        assert_eq!(us_as_seconds(250), "0.00025");
+        assert_eq!(us_as_seconds(1_000_000), "1");
+        assert_eq!(us_as_seconds(2_500_000), "2.5");
+        assert_eq!(us_as_seconds(0), "0");
+        assert_eq!(us_as_seconds(1), "0.000001");
+    }
+
+    #[test]
+    fn parser_rejects_malformed_text() {
+        for bad in [
+            "foo",
+            "foo{a=\"1\"",
+            "foo{a=1} 2",
+            "foo{a=\"1\" b=\"2\"} 2",
+            "1foo 2",
+            "foo x",
+            "# TYPE foo counter\nfoo 1",
+            "foo_total 1\n# TYPE foo_total counter",
+            "# TYPE a gauge\n# TYPE a gauge",
+            "# HELP a x\n# HELP a y",
+        ] {
+            assert!(parse_exposition(bad).is_err(), "{bad:?} was accepted");
+        }
+        let ok =
+            parse_exposition("# TYPE a_total counter\na_total{x=\"q\\\"\\\\\"} 1.5\n").unwrap();
+        assert_eq!(ok[0].label("x"), Some("q\"\\"));
+        assert_eq!(ok[0].value, 1.5);
+    }
+
+    #[test]
+    fn no_shards_renders_nothing() {
+        assert_eq!(render_prometheus(&[]), "");
     }
 }

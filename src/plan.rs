@@ -590,6 +590,10 @@ pub struct PlanArgs {
     /// Use every SMT thread instead of one per physical core.
     #[arg(long)]
     pub smt: bool,
+    /// Read this host's topology through libhwloc instead of sysfs (NIC queues and IRQs still
+    /// come from sysfs); needs a build with `--features hwloc`.
+    #[arg(long, conflicts_with = "root")]
+    pub hwloc: bool,
 }
 
 impl PlanArgs {
@@ -606,10 +610,14 @@ impl PlanArgs {
 
 /// Reads the topology and renders the plan `args` asks for; `Err` is the one-line message.
 pub fn plan_cli_output(args: &PlanArgs) -> Result<String, String> {
-    let mut topo = Topology::read(&args.root).map_err(|err| err.to_string())?;
+    let mut topo = if args.hwloc {
+        read_hwloc_topology()?
+    } else {
+        Topology::read(&args.root).map_err(|err| err.to_string())?
+    };
     // Only the real root describes this process; a fixture's Cpus_allowed_list is the truth
     // for the fixture.
-    if args.root == Path::new("/") {
+    if args.hwloc || args.root == Path::new("/") {
         topo.restrict_to_live_affinity()
             .map_err(|err| format!("sched_getaffinity: {err}"))?;
     }
@@ -621,6 +629,18 @@ pub fn plan_cli_output(args: &PlanArgs) -> Result<String, String> {
     } else {
         Ok(render_text(&plan, &topo))
     }
+}
+
+#[cfg(feature = "hwloc")]
+fn read_hwloc_topology() -> Result<Topology, String> {
+    crate::topology::read_with_hwloc().map_err(|err| err.to_string())
+}
+
+#[cfg(not(feature = "hwloc"))]
+fn read_hwloc_topology() -> Result<Topology, String> {
+    Err("--hwloc: shardline was built without the hwloc feature \
+         (rebuild with `cargo build --features hwloc`, needs libhwloc-dev)"
+        .to_string())
 }
 
 /// Runs `shardline plan`: prints the plan on stdout, or the error on stderr with exit status 1.
@@ -955,6 +975,18 @@ mod tests {
             "CPU 9 is not online (online: 0-7)"
         );
         assert!(Cli::try_parse_from(["shardline", "--cpus", "x"]).is_err());
+
+        assert!(Cli::try_parse_from(["shardline", "--hwloc", "--root", root]).is_err());
+        let cli = Cli::parse_from(["shardline", "--hwloc", "--cpus", "all"]);
+        let hwloc = plan_cli_output(&cli.plan);
+        #[cfg(not(feature = "hwloc"))]
+        assert_eq!(
+            hwloc.unwrap_err(),
+            "--hwloc: shardline was built without the hwloc feature \
+             (rebuild with `cargo build --features hwloc`, needs libhwloc-dev)"
+        );
+        #[cfg(feature = "hwloc")]
+        assert!(hwloc.unwrap().contains("shard(s) on CPUs"));
 
         let cli = Cli::parse_from(["shardline", "--root", "/definitely/not/here", "--smt"]);
         assert!(!cli.plan.request().one_per_core);

@@ -3,7 +3,8 @@
 
 use std::net::TcpListener;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -11,7 +12,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::{Config, ConfigError, ShardCount};
 use crate::metrics::ShardMetrics;
+use crate::plan::{CpuSelection, PlanError, PlanRequest};
 use crate::shard::{self, ShardParams};
+use crate::topology::Topology;
+use std::path::Path;
 
 /// Listen backlog per shard socket (the kernel caps it at net.core.somaxconn).
 pub const LISTEN_BACKLOG: i32 = 4096;
@@ -42,47 +46,41 @@ impl From<ConfigError> for ServeError {
     }
 }
 
-/// The CPUs the shards run on, one shard each.
+/// The CPUs the shards run on, one shard each: the shard plan (`cpus`, `nic`, `smt`, `shards`)
+/// over the host topology, restricted to the CPUs this process may use. Plan warnings (IRQ
+/// affinity, NUMA placement, irqbalance) are logged.
 pub fn shard_cpus(cfg: &Config) -> Result<Vec<usize>, ConfigError> {
-    let allowed: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
-    select_cpus(cfg, &allowed)
-}
-
-/// Applies the `cpus` and `shards` settings to the CPUs this process may use.
-fn select_cpus(cfg: &Config, allowed: &[usize]) -> Result<Vec<usize>, ConfigError> {
     let err = |key: &str, message: String| ConfigError {
         key: key.into(),
         message,
     };
-    if allowed.is_empty() {
-        return Err(err("cpus", "no CPU is available to this process".into()));
-    }
-    let chosen: Vec<usize> = match cfg.cpus.as_str() {
-        "all" => allowed.to_vec(),
-        list => {
-            let wanted = crate::topology::parse_cpulist(list)
-                .map_err(|e| err("cpus", format!("{list:?}: {e}")))?;
-            if let Some(bad) = wanted.iter().find(|c| !allowed.contains(c)) {
-                return Err(err(
-                    "cpus",
-                    format!("CPU {bad} is not available to this process (allowed: {allowed:?})"),
-                ));
-            }
-            wanted
-        }
+    let mut topo = Topology::read(Path::new("/")).map_err(|e| err("cpus", e.to_string()))?;
+    topo.restrict_to_live_affinity()
+        .map_err(|e| err("cpus", format!("reading this process's CPU affinity: {e}")))?;
+    let request = PlanRequest {
+        cpus: cfg
+            .cpus
+            .parse::<CpuSelection>()
+            .map_err(|e| err("cpus", e.to_string()))?,
+        nic: cfg.nic.clone(),
+        shards: match cfg.shards {
+            ShardCount::Auto => None,
+            ShardCount::Fixed(n) => Some(n),
+        },
+        one_per_core: !cfg.smt,
     };
-    match cfg.shards {
-        ShardCount::Auto => Ok(chosen),
-        ShardCount::Fixed(n) if n <= chosen.len() => Ok(chosen[..n].to_vec()),
-        ShardCount::Fixed(n) => Err(err(
-            "shards",
-            format!("{n} shards but only {} CPUs selected", chosen.len()),
-        )),
+    let plan = crate::plan::plan(&topo, &request).map_err(|e| {
+        let key = match e {
+            PlanError::UnknownNic { .. } | PlanError::NicWithoutLocalCpus { .. } => "nic",
+            PlanError::TooManyShards { .. } | PlanError::ZeroShards => "shards",
+            _ => "cpus",
+        };
+        err(key, e.to_string())
+    })?;
+    for w in &plan.warnings {
+        tracing::warn!("plan: {w}");
     }
+    Ok(plan.cpus())
 }
 
 /// Binds one listener per shard on the same address (SO_REUSEPORT group).
@@ -126,7 +124,8 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Runtime(e.to_string()))?;
     let cfg = Arc::new(cfg);
     let shutdown = Arc::new(AtomicBool::new(false));
-    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
+    let log_epoch = Arc::new(AtomicU64::new(0));
+    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])
         .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, std::io::Result<()>)>();
     let mut handles = Vec::with_capacity(cpus.len());
@@ -140,6 +139,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             listener,
             shutdown: shutdown.clone(),
             metrics,
+            log_epoch: log_epoch.clone(),
         };
         let tx = ready_tx.clone();
         let h = std::thread::Builder::new()
@@ -171,6 +171,25 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
         return Err(ServeError::Runtime(msg));
     }
+    // The shards serve; now the admin listener (it reads their metrics, never the reverse).
+    let admin = match crate::admin::start(
+        cfg.admin_addr()?,
+        all_metrics.clone(),
+        shutdown.clone(),
+        PathBuf::from("/proc"),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            shutdown.store(true, Ordering::Relaxed);
+            for h in handles {
+                let _ = h.join();
+            }
+            return Err(ServeError::Config(ConfigError {
+                key: "admin".into(),
+                message: format!("{}: {e}", cfg.admin.trim()),
+            }));
+        }
+    };
     tracing::info!(
         shards = cpus.len(),
         cpus = ?cpus,
@@ -185,9 +204,19 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         if cpus.len() == 1 { "" } else { "s" },
         cpus
     );
+    if let Some(a) = &admin {
+        tracing::info!(admin = %a.local_addr(), "admin listener serving /metrics and /healthz");
+        // After the serving line: tools that take the first "http://" line get the data port.
+        println!("shardline: admin at http://{}/", a.local_addr());
+    }
     let mut signals = signals;
     'wait: loop {
         for sig in signals.pending() {
+            if sig == libc::SIGUSR1 {
+                // Log rotation: every shard reopens its access log.
+                log_epoch.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             tracing::info!(signal = sig, "shutting down: draining in-flight responses");
             break 'wait;
         }
@@ -201,10 +230,12 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
         std::thread::sleep(Duration::from_millis(MAIN_POLL_MS));
     }
+    // /healthz now answers 503 until the shards have drained and the admin listener stops.
     shutdown.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();
     }
+    drop(admin);
     tracing::info!("shardline stopped");
     Ok(())
 }

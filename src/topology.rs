@@ -17,6 +17,11 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "hwloc")]
+mod hwloc;
+#[cfg(feature = "hwloc")]
+pub use hwloc::read_with_hwloc;
+
 /// Highest CPU id a cpulist may name; the kernel's NR_CPUS tops out at 8192, this leaves room
 /// while refusing lists like `0-4000000000` that would allocate gigabytes.
 pub const CPU_ID_MAX: usize = 65_535;
@@ -106,10 +111,10 @@ pub fn format_cpulist(cpus: &[usize]) -> String {
     out
 }
 
-/// A topology read failure; always names the file involved.
+/// A topology read failure; names the file involved (hwloc failures name the hwloc step).
 #[derive(Debug)]
 pub struct TopologyError {
-    /// The file (beneath the root) that could not be read or parsed.
+    /// The file (beneath the root) that could not be read or parsed; empty for hwloc failures.
     pub path: PathBuf,
     /// What went wrong.
     pub kind: TopologyErrorKind,
@@ -122,6 +127,9 @@ pub enum TopologyErrorKind {
     Io(io::Error),
     /// The file's contents are not what the kernel writes there.
     Malformed(String),
+    /// libhwloc failed to build the topology (`hwloc` feature).
+    #[cfg(feature = "hwloc")]
+    Hwloc(String),
 }
 
 impl fmt::Display for TopologyError {
@@ -131,6 +139,8 @@ impl fmt::Display for TopologyError {
             TopologyErrorKind::Malformed(msg) => {
                 write!(f, "{}: malformed: {msg}", self.path.display())
             }
+            #[cfg(feature = "hwloc")]
+            TopologyErrorKind::Hwloc(msg) => write!(f, "hwloc: {msg}"),
         }
     }
 }
@@ -140,6 +150,8 @@ impl std::error::Error for TopologyError {
         match &self.kind {
             TopologyErrorKind::Io(err) => Some(err),
             TopologyErrorKind::Malformed(_) => None,
+            #[cfg(feature = "hwloc")]
+            TopologyErrorKind::Hwloc(_) => None,
         }
     }
 }

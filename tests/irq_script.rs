@@ -136,6 +136,7 @@ fn cpus_come_from_shardline_plan_json() {
         shards: Some(2),
         json: true,
         smt: false,
+        hwloc: false,
     };
     let json = shardline::plan::plan_cli_output(&args).unwrap();
     let bin_dir = tempfile::tempdir().unwrap();

@@ -37,7 +37,10 @@ pub struct ChunkPlan {
 pub fn plan_chunk(pos: u64, end: u64, align: u64, chunk_bytes: usize) -> ChunkPlan {
     assert!(pos < end, "empty chunk");
     let chunk = chunk_bytes as u64;
-    assert!(chunk > align && chunk % align == 0, "chunk must be a multiple of alignment");
+    assert!(
+        chunk > align && chunk.is_multiple_of(align),
+        "chunk must be a multiple of alignment"
+    );
     let read_offset = align_down(pos, align);
     let skip = pos - read_offset;
     // `end` <= u64::MAX - align in practice (file sizes); saturate rather than overflow.
@@ -83,13 +86,19 @@ mod tests {
     #[test]
     fn short_tail_rounds_the_read_up() {
         let p = plan_chunk(4096, 4100, 4096, 8192);
-        assert_eq!((p.read_offset, p.read_len, p.skip, p.send_len), (4096, 4096, 0, 4));
+        assert_eq!(
+            (p.read_offset, p.read_len, p.skip, p.send_len),
+            (4096, 4096, 0, 4)
+        );
     }
 
     #[test]
     fn buffered_reads_use_alignment_one() {
         let p = plan_chunk(3, 10, 1, 4);
-        assert_eq!((p.read_offset, p.read_len, p.skip, p.send_len), (3, 4, 0, 4));
+        assert_eq!(
+            (p.read_offset, p.read_len, p.skip, p.send_len),
+            (3, 4, 0, 4)
+        );
     }
 
     #[test]

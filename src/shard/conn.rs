@@ -108,13 +108,18 @@ pub enum Segment {
     },
     /// Literal bytes (multipart part headers and closing boundary).
     Mem(Vec<u8>),
+    /// Zero bytes (the network-only diagnostic endpoint).
+    Zero {
+        /// Bytes still to produce.
+        remaining: u64,
+    },
 }
 
 /// A response body in progress.
 #[derive(Debug)]
 pub struct Body {
-    /// Open-file cache entry held by this response.
-    pub file: u32,
+    /// Open-file cache entry held by this response (None for generated bodies).
+    pub file: Option<u32>,
     /// Fixed-file index of the file.
     pub file_fixed: u32,
     /// Read alignment (1 for buffered).
@@ -181,6 +186,16 @@ pub struct Conn {
     pub waiting_arena: bool,
     /// Waiting to re-arm a receive (no provided buffer was free).
     pub recv_retry: bool,
+    /// When the current request was parsed (shard clock, µs).
+    pub request_start_us: u64,
+    /// The first byte of the current response has been sent.
+    pub first_byte_sent: bool,
+    /// Bytes sent for the current response.
+    pub resp_bytes: u64,
+    /// `METHOD target VERSION` of the current request, for the access log (empty when off).
+    pub log_request: Vec<u8>,
+    /// Range header of the current request, for the access log.
+    pub log_range: Vec<u8>,
 }
 
 impl Conn {
@@ -207,6 +222,11 @@ impl Conn {
             status: 0,
             waiting_arena: false,
             recv_retry: false,
+            request_start_us: 0,
+            first_byte_sent: false,
+            resp_bytes: 0,
+            log_request: Vec::new(),
+            log_range: Vec::new(),
         }
     }
 
@@ -217,9 +237,12 @@ impl Conn {
         let generation = self.generation;
         let mut rx = std::mem::take(&mut self.rx);
         rx.clear();
+        let mut log_request = std::mem::take(&mut self.log_request);
+        log_request.clear();
         *self = Conn::new();
         self.generation = generation;
         self.rx = rx;
+        self.log_request = log_request;
         self.phase = Phase::Open;
         self.socket = socket;
     }
@@ -227,9 +250,10 @@ impl Conn {
     /// Whether a send (head or chunk) is in flight.
     pub fn send_in_flight(&self) -> bool {
         self.head_sending
-            || self.body.as_ref().is_some_and(|b| {
-                b.chunks.iter().any(|c| c.state == ChunkState::Sending)
-            })
+            || self
+                .body
+                .as_ref()
+                .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Sending))
     }
 }
 

@@ -199,7 +199,10 @@ impl FileCache {
                 let f = self.get(idx);
                 now_ms.saturating_sub(f.validated_ms) < self.cfg.valid_ms
             };
-            if fresh || self.still_same(idx) {
+            // In-place changes show in the open descriptor (one fstat, no path walk); a
+            // replacement by rename only in a fresh lookup, done every `valid_ms`.
+            let same = self.unchanged_since_open(idx) && (fresh || self.still_same(idx));
+            if same {
                 let f = self.entries[idx as usize].as_mut().expect("mapped entry");
                 if !fresh {
                     f.validated_ms = now_ms;
@@ -338,6 +341,31 @@ impl FileCache {
         }
     }
 
+    /// Whether the open file still has the size and mtime it had when opened (one fstat on an
+    /// open descriptor: no path walk, no I/O). Checked after every chunk read, so a file
+    /// rewritten in place under a response is detected and never sent as a mix of versions.
+    /// A changed file is dropped from the cache so the next request reopens it.
+    pub fn unchanged_since_open(&mut self, idx: u32) -> bool {
+        let f = self.get(idx);
+        let same = match rustix::fs::fstat(&f._fd) {
+            Ok(st) => {
+                st.st_size as u64 == f.size
+                    && st.st_mtime == f.mtime_secs
+                    && st.st_mtime_nsec as u32 == f.mtime_nsec
+            }
+            Err(_) => false,
+        };
+        if !same {
+            let f = self.entries[idx as usize].as_mut().expect("entry");
+            if !f.stale {
+                f.stale = true;
+                let key = f.key.clone();
+                self.map.remove(&key);
+            }
+        }
+        same
+    }
+
     fn still_same(&self, idx: u32) -> bool {
         let f = self.get(idx);
         let Ok(fd) = self.open_at(&f.opened) else {
@@ -405,14 +433,22 @@ impl FileCache {
 
     /// O_DIRECT where the file system allows it and its alignment fits the arena; otherwise
     /// RWF_DONTCACHE (demoted to plain buffered if the kernel refuses it).
-    fn large_file_mode(&mut self, fd: &OwnedFd, st: &rustix::fs::Statx, dev: (u32, u32)) -> ReadMode {
+    fn large_file_mode(
+        &mut self,
+        fd: &OwnedFd,
+        st: &rustix::fs::Statx,
+        dev: (u32, u32),
+    ) -> ReadMode {
         let align = dio_alignment(st);
         let mode = match align {
             Some(a)
                 if a <= ARENA_ALIGN_BYTES
                     && (self.cfg.chunk_bytes as u64).is_multiple_of(u64::from(a))
-                    && rustix::fs::fcntl_setfl(fd, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::DIRECT)
-                        .is_ok() =>
+                    && rustix::fs::fcntl_setfl(
+                        fd,
+                        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::DIRECT,
+                    )
+                    .is_ok() =>
             {
                 ReadMode::Direct { align: a }
             }

@@ -5,6 +5,7 @@
 //! bounded batch, dispatch each by its token, run the ready queue round-robin under the per-tick
 //! budget, sweep timers.
 
+pub mod access_log;
 pub mod buffers;
 pub mod conn;
 pub mod files;
@@ -16,7 +17,7 @@ pub mod token;
 
 use std::net::TcpListener;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,8 @@ use token::{Op, Token};
 
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
+/// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
+pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
 pub const COMPLETION_BATCH_MAX: usize = 4096;
 /// Fixed-file slots beyond the connection cap, so over-cap clients get a quick 503.
@@ -56,6 +59,8 @@ pub struct ShardParams {
     pub shutdown: Arc<AtomicBool>,
     /// This shard's counters.
     pub metrics: Arc<ShardMetrics>,
+    /// Bumped by SIGUSR1: reopen the access log.
+    pub log_epoch: Arc<AtomicU64>,
 }
 
 /// Builds the shard (ring, arena, caches — after the caller pinned the thread, so memory is
@@ -95,6 +100,8 @@ struct Shard {
     open_conns: usize,
     zerocopy: bool,
     last_sweep_ms: u64,
+    access_log: Option<access_log::AccessLog>,
+    log_epoch: Arc<AtomicU64>,
 }
 
 impl Shard {
@@ -132,6 +139,18 @@ impl Shard {
             ZeroCopy::Auto => !loopback,
         } && ring.probe_supports(ring::opcodes::SEND_ZC);
         let now = unix_now_secs();
+        let access_log = match cfg
+            .access_log
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            Some(path) => Some(access_log::AccessLog::open(
+                path.clone(),
+                cfg.access_log_format == crate::config::AccessLogFormat::Json,
+                p.log_epoch.load(Ordering::Relaxed),
+            )?),
+            None => None,
+        };
         Ok(Shard {
             index: p.index,
             ring,
@@ -154,6 +173,8 @@ impl Shard {
             open_conns: 0,
             zerocopy,
             last_sweep_ms: 0,
+            access_log,
+            log_epoch: p.log_epoch,
             cfg,
         })
     }
@@ -172,7 +193,8 @@ impl Shard {
                 self.begin_drain();
             }
             if let Some(deadline) = self.drain_deadline_ms {
-                if self.open_conns == 0 && !self.accept_armed {
+                let log_busy = self.access_log.as_ref().is_some_and(|l| l.busy());
+                if self.open_conns == 0 && !self.accept_armed && !log_busy {
                     break;
                 }
                 if self.now_ms >= deadline {
@@ -184,20 +206,30 @@ impl Shard {
 
             let tick_budget = self.cfg.tick_budget_bytes;
             self.ready.begin_tick();
-            while let Some(c) = self.ready.next() {
+            while let Some(c) = self.ready.next_conn() {
                 if self.visit(c, tick_budget) == Turn::MoreWork {
                     self.ready.push_bulk(c);
                 }
             }
 
             let busy = !self.ready.is_empty() || !self.recv_retry.is_empty();
-            let wait = if busy { 0 } else { 1 };
-            self.ring
-                .submit_and_wait(wait, Some(Duration::from_millis(TIMER_SWEEP_MS)))?;
+            if busy {
+                self.ring.submit_and_wait(0, None)?;
+            } else {
+                let batch = (self.cfg.wait_batch_usec > 0).then(|| {
+                    (
+                        WAIT_BATCH_COMPLETIONS,
+                        Duration::from_micros(self.cfg.wait_batch_usec),
+                    )
+                });
+                self.ring
+                    .submit_and_wait_batched(Duration::from_millis(TIMER_SWEEP_MS), batch)?;
+            }
             loop {
                 self.batch.clear();
                 let mut batch = std::mem::take(&mut self.batch);
-                self.ring.drain_completions(&mut batch, COMPLETION_BATCH_MAX);
+                self.ring
+                    .drain_completions(&mut batch, COMPLETION_BATCH_MAX);
                 let n = batch.len();
                 for cqe in &batch {
                     self.dispatch(*cqe);
@@ -213,7 +245,17 @@ impl Shard {
                 self.last_sweep_ms = self.now_ms;
                 self.sweep_timers();
             }
+            if let Some(log) = self.access_log.as_mut() {
+                log.reopen_if(self.log_epoch.load(Ordering::Relaxed));
+                let t = Token::new(Op::LogWrite, 0, 0, 0).encode();
+                let force = self.drain_deadline_ms.is_some();
+                log.maybe_flush(&mut self.ring, t, self.now_ms, force);
+            }
             ShardMetrics::set(&self.metrics.ring_sqes, self.ring.sqes_pushed);
+            ShardMetrics::set(
+                &self.metrics.chunks_in_flight,
+                (self.cfg.arena_slots() - self.arena.free_count()) as u64,
+            );
             ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters);
             ShardMetrics::set(&self.metrics.open, self.open_conns as u64);
             ShardMetrics::set(&self.metrics.arena_waits, self.arena.waits);
@@ -222,6 +264,11 @@ impl Shard {
         }
         tracing::debug!(shard = self.index, "shard drained");
         Ok(())
+    }
+
+    /// Records a time-to-first-byte sample.
+    fn observe_ttfb(&self, us: u64) {
+        self.metrics.ttfb.observe(us);
     }
 
     fn metrics_requests(&self) -> u64 {
@@ -235,7 +282,9 @@ impl Shard {
     // ---- accept ----------------------------------------------------------------------------
 
     fn arm_accept(&mut self) {
-        if self.accept_armed || self.drain_deadline_ms.is_some() || self.now_ms < self.accept_retry_ms
+        if self.accept_armed
+            || self.drain_deadline_ms.is_some()
+            || self.now_ms < self.accept_retry_ms
         {
             return;
         }
@@ -260,11 +309,8 @@ impl Shard {
             return;
         }
         let socket = cqe.result as u32;
-        let Some(c) = self
-            .free_conns
-            .pop()
-            .filter(|_| self.drain_deadline_ms.is_none())
-        else {
+        let draining = self.drain_deadline_ms.is_some();
+        let Some(c) = (!draining).then(|| self.free_conns.pop()).flatten() else {
             ShardMetrics::add(&self.metrics.refused_over_cap, 1);
             let t = Token::new(Op::Overflow, socket, 0, 0).encode();
             let tc = Token::new(Op::OverflowClose, socket, 0, 0).encode();
@@ -439,6 +485,16 @@ impl Shard {
                         body.segments.pop_front();
                     }
                 }
+                Segment::Zero { remaining } => {
+                    let n = (*remaining).min(chunk_bytes as u64) as usize;
+                    self.ring.arena_mut(slot)[..n].fill(0);
+                    chunk.send_len = n as u32;
+                    chunk.source = Source::Memory;
+                    *remaining -= n as u64;
+                    if *remaining == 0 {
+                        body.segments.pop_front();
+                    }
+                }
                 Segment::File { pos, end } => {
                     if body.inline_head {
                         // Small file: header and body leave in one send from one slot.
@@ -513,27 +569,37 @@ impl Shard {
             .position(|ch| ch.slot == slot)
             .expect("read completion for an unknown chunk");
         if res < 0 {
-            if -res == libc::EOPNOTSUPP && body.rw_flags & ring::RWF_DONTCACHE != 0 {
+            // Judged by the chunk, not the body: with several chunks in flight, every read
+            // submitted with RWF_DONTCACHE comes back refused, not only the first.
+            if -res == libc::EOPNOTSUPP && body.chunks[i].source == Source::DontCache {
                 // RWF_DONTCACHE refused by this file system: read buffered from now on.
                 body.rw_flags = 0;
                 body.source = Source::Buffered;
                 body.chunks[i].source = Source::Buffered;
-                let file = body.file;
-                self.files.demote_to_buffered(file);
+                if let Some(file) = body.file {
+                    self.files.demote_to_buffered(file);
+                }
                 self.submit_read(c, slot);
                 return;
             }
-            tracing::warn!(shard = self.index, errno = -res, "file read failed; aborting response");
+            tracing::warn!(
+                shard = self.index,
+                errno = -res,
+                "file read failed; aborting response"
+            );
             self.close(c, CloseReason::Abort);
             return;
         }
         let ch = &mut body.chunks[i];
         ch.read_got += res as u32;
         if ch.read_got < ch.read_need {
-            let aligned = (ch.read_file_off + u64::from(ch.read_got)) % body.align == 0;
+            let aligned = (ch.read_file_off + u64::from(ch.read_got)).is_multiple_of(body.align);
             if res == 0 || !aligned {
                 // The file is shorter than promised: it was truncated under us. Never pad.
-                tracing::info!(shard = self.index, "file shrank during a response; aborting");
+                tracing::info!(
+                    shard = self.index,
+                    "file shrank during a response; aborting"
+                );
                 self.close(c, CloseReason::Abort);
                 return;
             }
@@ -541,6 +607,17 @@ impl Shard {
             return;
         }
         ch.state = ChunkState::Ready;
+        // The bytes are only good if the file did not change while they were read.
+        if let Some(file) = body.file {
+            if !self.files.unchanged_since_open(file) {
+                tracing::info!(
+                    shard = self.index,
+                    "file changed during a response; aborting"
+                );
+                self.close(c, CloseReason::Abort);
+                return;
+            }
+        }
         self.try_send(c);
     }
 
@@ -605,6 +682,8 @@ impl Shard {
         }
         let from = conn.head_from.expect("head send without pending head") + res as usize;
         ShardMetrics::add(&self.metrics.bytes_memory, res as u64);
+        self.sent_bytes(c, res as u64);
+        let conn = &mut self.conns[c as usize];
         let total = self.ring.tx_len(c as usize);
         conn.head_from = if from < total { Some(from) } else { None };
         conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
@@ -663,6 +742,10 @@ impl Shard {
             Source::Memory => &self.metrics.bytes_memory,
         };
         ShardMetrics::add(counter, n);
+        self.sent_bytes(c, n);
+        let conn = &mut self.conns[c as usize];
+        let body = conn.body.as_mut().expect("send completion without a body");
+        let ch = &mut body.chunks[i];
         conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
         if more {
             ch.state = ChunkState::AwaitNotif;
@@ -692,11 +775,12 @@ impl Shard {
         assert!(conn.responding, "finishing a response that was not started");
         if let Some(body) = conn.body.take() {
             assert!(body.chunks.is_empty());
-            self.files.release(&mut self.ring, body.file);
+            if let Some(f) = body.file {
+                self.files.release(&mut self.ring, f);
+            }
         }
+        self.response_done(c);
         let conn = &mut self.conns[c as usize];
-        conn.responding = false;
-        self.metrics.count_status(conn.status);
         if !conn.keep_alive || conn.peer_closed || self.drain_deadline_ms.is_some() {
             self.close(c, CloseReason::Normal);
             return;
@@ -710,6 +794,37 @@ impl Shard {
             conn.deadline = Deadline::Header;
             conn.deadline_ms = self.now_ms + self.cfg.header_timeout_ms;
             self.ready.push_urgent(c);
+        }
+    }
+
+    /// Bookkeeping when a response ends (complete or aborted): status counters, access log.
+    fn response_done(&mut self, c: u32) {
+        let now_us = self.started.elapsed().as_micros() as u64;
+        let conn = &mut self.conns[c as usize];
+        conn.responding = false;
+        self.metrics.count_status(conn.status);
+        if let Some(log) = self.access_log.as_mut() {
+            log.record(&access_log::Entry {
+                request: &conn.log_request,
+                status: conn.status,
+                bytes: conn.resp_bytes,
+                duration_us: now_us.saturating_sub(conn.request_start_us),
+                range: &conn.log_range,
+                shard: self.index,
+                date: self.date.header_value(),
+            });
+        }
+    }
+
+    /// Counts bytes that left for the current response; the first ones mark its first byte.
+    fn sent_bytes(&mut self, c: u32, n: u64) {
+        let conn = &mut self.conns[c as usize];
+        conn.resp_bytes += n;
+        if !conn.first_byte_sent {
+            conn.first_byte_sent = true;
+            let now_us = self.started.elapsed().as_micros() as u64;
+            let ttfb_us = now_us.saturating_sub(conn.request_start_us);
+            self.observe_ttfb(ttfb_us);
         }
     }
 
@@ -757,13 +872,14 @@ impl Shard {
                     self.ready.push_bulk(w);
                 }
             }
-            self.files.release(&mut self.ring, body.file);
+            if let Some(f) = body.file {
+                self.files.release(&mut self.ring, f);
+            }
+        }
+        if self.conns[c as usize].responding {
+            self.response_done(c);
         }
         let conn = &mut self.conns[c as usize];
-        if conn.responding {
-            conn.responding = false;
-            self.metrics.count_status(conn.status);
-        }
         conn.close_sent = true;
         conn.ops += 1;
         if conn.rx.capacity() > 2 * RECV_BUFFER_BYTES {
@@ -791,7 +907,9 @@ impl Shard {
         let now = self.now_ms;
         for c in 0..self.conns.len() {
             let conn = &self.conns[c];
-            if conn.phase == Phase::Open && conn.deadline != Deadline::None && now >= conn.deadline_ms
+            if conn.phase == Phase::Open
+                && conn.deadline != Deadline::None
+                && now >= conn.deadline_ms
             {
                 self.close(c as u32, CloseReason::Timeout);
             }
@@ -806,6 +924,10 @@ impl Shard {
             let t = Token::new(Op::CancelAccept, 0, 0, 0).encode();
             self.ring.cancel_token(target, t);
         }
+        // Close the listening socket: connections still in its backlog are reset and new ones
+        // refused, instead of waiting unanswered until the process exits. An accept still in
+        // flight holds its own reference to the socket until the cancel above completes.
+        self.listener = None;
         for c in 0..self.conns.len() as u32 {
             let conn = &mut self.conns[c as usize];
             if conn.phase == Phase::Open {
@@ -834,6 +956,12 @@ impl Shard {
         match t.op {
             Op::Accept => return self.on_accept(cqe),
             Op::Overflow | Op::OverflowClose | Op::CancelAccept => return,
+            Op::LogWrite => {
+                if let Some(log) = self.access_log.as_mut() {
+                    log.on_write_done(&mut self.ring, cqe.result);
+                }
+                return;
+            }
             _ => {}
         }
         let c = t.slot;
@@ -853,7 +981,9 @@ impl Shard {
                 self.maybe_finish_close(c);
             }
             Op::Close => self.on_close(c),
-            Op::Accept | Op::Overflow | Op::OverflowClose | Op::CancelAccept => unreachable!(),
+            Op::Accept | Op::Overflow | Op::OverflowClose | Op::CancelAccept | Op::LogWrite => {
+                unreachable!()
+            }
         }
     }
 }

@@ -5,23 +5,28 @@ use std::collections::VecDeque;
 
 use super::conn::{Body, Deadline, Segment, Source};
 use super::files::ReadMode;
-use super::{ring, Shard};
+use super::{access_log, ring, Shard};
+use crate::config::DIAG_ZERO_MAX_BYTES;
 use crate::fs::resolve::resolve_target;
 use crate::http::conditional::{self, Precondition, Validators};
+use crate::http::mime;
 use crate::http::range::{parse_range, ByteRange, RangeOutcome};
 use crate::http::request::{parse_request, Method, Parsed, Request};
 use crate::http::response::{self, Boundary, ContentRange, Head};
-use crate::http::mime;
 
 impl Shard {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
     /// receive when the head is not complete yet.
     pub(super) fn start_request(&mut self, c: u32) {
         let rx = std::mem::take(&mut self.conns[c as usize].rx);
-        let consumed = match parse_request(&rx) {
+        let parsed = parse_request(&rx);
+        if !matches!(parsed, Parsed::Partial) {
+            self.note_request(c, &rx, &parsed);
+        }
+        let consumed = match parsed {
             Parsed::Partial => 0,
             Parsed::Rejected(reject) => {
-                self.respond_status(c, reject.status, false);
+                self.respond_status(c, reject.status, false, false);
                 0
             }
             Parsed::Complete { request, head_len } => {
@@ -42,6 +47,36 @@ impl Shard {
         (self.index as u64) << 48 ^ u64::from(c) << 24 ^ self.now_ms ^ self.metrics_requests()
     }
 
+    /// Starts the clock of a request and keeps what the access log needs.
+    fn note_request(&mut self, c: u32, rx: &[u8], parsed: &Parsed<'_>) {
+        let now_us = self.started.elapsed().as_micros() as u64;
+        let logging = self.access_log.is_some();
+        let conn = &mut self.conns[c as usize];
+        conn.request_start_us = now_us;
+        conn.first_byte_sent = false;
+        conn.resp_bytes = 0;
+        if !logging {
+            return;
+        }
+        conn.log_request.clear();
+        conn.log_range.clear();
+        // The request line as received (up to CR/LF), sanitised and capped.
+        let line_end = rx
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .unwrap_or(rx.len());
+        access_log::sanitize_into(
+            &mut conn.log_request,
+            &rx[..line_end],
+            access_log::LOG_TARGET_MAX_BYTES,
+        );
+        if let Parsed::Complete { request, .. } = parsed {
+            if let Some(r) = request.range {
+                access_log::sanitize_into(&mut conn.log_range, r, access_log::LOG_TARGET_MAX_BYTES);
+            }
+        }
+    }
+
     fn begin_response(&mut self, c: u32, status: u16, keep_alive: bool) {
         let conn = &mut self.conns[c as usize];
         conn.responding = true;
@@ -51,8 +86,9 @@ impl Shard {
         conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
     }
 
-    /// A response with no file body (errors, 405, 304-less statuses): header and a short text.
-    pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool) {
+    /// A response with no file body (errors, 405, 304-less statuses): header and a short text,
+    /// or only the header when answering a HEAD request.
+    pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
         // A client whose request was malformed may have sent anything after it: close.
         let keep_alive = keep_alive && self.drain_deadline_ms.is_none();
         self.begin_response(c, status, keep_alive);
@@ -72,6 +108,8 @@ impl Shard {
                 allow: true,
             };
             response::write_head(&head, tx);
+        } else if head {
+            response::write_error_head(status, keep_alive, self.date.header_value(), tx);
         } else {
             response::write_error(status, keep_alive, self.date.header_value(), tx);
         }
@@ -80,23 +118,29 @@ impl Shard {
 
     fn respond(&mut self, c: u32, req: &Request<'_>) {
         let keep_alive = req.keep_alive && self.drain_deadline_ms.is_none();
+        let head_only = req.method == Method::Head;
+        if self.cfg.diag_endpoint && req.path == DIAG_ZERO_PATH {
+            return self.respond_zero(c, req, keep_alive);
+        }
         let resolved = match resolve_target(req.path) {
             Ok(r) => r,
             Err(e) => {
                 let status = e.status();
-                return self.respond_status(c, status, keep_alive && status < 400);
+                return self.respond_status(c, status, keep_alive && status < 400, head_only);
             }
         };
-        let idx = match self
-            .files
-            .acquire(&mut self.ring, &resolved.rel_path, resolved.wants_dir, self.now_ms)
-        {
+        let idx = match self.files.acquire(
+            &mut self.ring,
+            &resolved.rel_path,
+            resolved.wants_dir,
+            self.now_ms,
+        ) {
             Ok(idx) => idx,
             Err(e) => {
                 if let super::files::OpenError::Other(errno) = e {
                     tracing::warn!(shard = self.index, errno, path = %resolved.rel_path, "open failed");
                 }
-                return self.respond_status(c, e.status(), keep_alive);
+                return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
         let f = self.files.get(idx);
@@ -105,8 +149,9 @@ impl Shard {
             etag: f.etag(),
             mtime_secs: f.mtime_secs,
         };
-        let not_modified = conditional::evaluate(req.if_none_match, req.if_modified_since, &validators)
-            == Precondition::NotModified;
+        let not_modified =
+            conditional::evaluate(req.if_none_match, req.if_modified_since, &validators)
+                == Precondition::NotModified;
         let mut outcome = RangeOutcome::Full;
         if !not_modified {
             if let Some(range) = req.range {
@@ -163,7 +208,7 @@ impl Shard {
             && head_len as u64 + body_len <= self.cfg.chunk_bytes as u64;
         conn.head_from = if inline_head { None } else { Some(0) };
         conn.body = Some(Body {
-            file: idx,
+            file: Some(idx),
             file_fixed: self.ring.file_fixed_index(f.fixed),
             align,
             rw_flags,
@@ -175,6 +220,59 @@ impl Shard {
     }
 }
 
+/// Path of the network-only diagnostic endpoint.
+pub const DIAG_ZERO_PATH: &[u8] = b"/__shardline/zero";
+
+/// `bytes=N` from a query string.
+fn zero_bytes_param(query: Option<&[u8]>) -> Option<u64> {
+    let q = std::str::from_utf8(query?).ok()?;
+    let v = q.split('&').find_map(|kv| kv.strip_prefix("bytes="))?;
+    if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok().filter(|&n| n <= DIAG_ZERO_MAX_BYTES)
+}
+
+impl Shard {
+    /// `GET /__shardline/zero?bytes=N`: N zero bytes from the arena, no disk I/O.
+    fn respond_zero(&mut self, c: u32, req: &Request<'_>, keep_alive: bool) {
+        let Some(n) = zero_bytes_param(req.query) else {
+            return self.respond_status(c, 400, false, req.method == Method::Head);
+        };
+        self.begin_response(c, 200, keep_alive);
+        let head = Head {
+            status: 200,
+            keep_alive,
+            date: self.date.header_value(),
+            content_length: Some(n),
+            content_type: Some("application/octet-stream"),
+            last_modified: None,
+            etag: None,
+            content_range: None,
+            accept_ranges: false,
+            allow: false,
+        };
+        let tx = self.ring.tx_mut(c as usize);
+        tx.clear();
+        response::write_head(&head, tx);
+        let conn = &mut self.conns[c as usize];
+        conn.head_from = Some(0);
+        if req.method == Method::Head || n == 0 {
+            return;
+        }
+        conn.body = Some(Body {
+            file: None,
+            file_fixed: 0,
+            align: 1,
+            rw_flags: 0,
+            source: Source::Memory,
+            segments: VecDeque::from([Segment::Zero { remaining: n }]),
+            chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
+            inline_head: false,
+        });
+    }
+}
+
 /// Status, Content-Range, body length, body segments and multipart boundary for a range
 /// outcome on a file of `size` bytes.
 fn plan_body(
@@ -182,7 +280,13 @@ fn plan_body(
     size: u64,
     content_type: &str,
     seed: u64,
-) -> (u16, Option<ContentRange>, u64, VecDeque<Segment>, Option<Boundary>) {
+) -> (
+    u16,
+    Option<ContentRange>,
+    u64,
+    VecDeque<Segment>,
+    Option<Boundary>,
+) {
     let file = |r: ByteRange| Segment::File {
         pos: r.start,
         end: r.end,
@@ -191,7 +295,10 @@ fn plan_body(
         RangeOutcome::Full => {
             let mut segs = VecDeque::new();
             if size > 0 {
-                segs.push_back(file(ByteRange { start: 0, end: size }));
+                segs.push_back(file(ByteRange {
+                    start: 0,
+                    end: size,
+                }));
             }
             (200, None, size, segs, None)
         }
@@ -215,7 +322,8 @@ fn plan_body(
         ),
         RangeOutcome::Multi(ranges) => {
             let boundary = Boundary::new(seed);
-            let Some(len) = response::multipart_length(boundary.as_str(), content_type, &ranges, size)
+            let Some(len) =
+                response::multipart_length(boundary.as_str(), content_type, &ranges, size)
             else {
                 return plan_body(RangeOutcome::Full, size, content_type, seed);
             };
@@ -238,5 +346,21 @@ fn plan_body(
             segs.push_back(Segment::Mem(closing));
             (206, None, len, segs, Some(boundary))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_endpoint_takes_a_bounded_byte_count() {
+        assert_eq!(zero_bytes_param(Some(b"bytes=1000")), Some(1000));
+        assert_eq!(zero_bytes_param(Some(b"x=1&bytes=0")), Some(0));
+        assert_eq!(zero_bytes_param(Some(b"bytes=")), None);
+        assert_eq!(zero_bytes_param(Some(b"bytes=-1")), None);
+        assert_eq!(zero_bytes_param(Some(b"bytes=99999999999999999999")), None);
+        assert_eq!(zero_bytes_param(Some(b"bytes=1099511627777")), None);
+        assert_eq!(zero_bytes_param(None), None);
     }
 }

@@ -133,7 +133,10 @@ struct RecvBuffers {
 
 impl RecvBuffers {
     fn new(entries: u16, buffer_bytes: usize) -> io::Result<RecvBuffers> {
-        assert!(entries.is_power_of_two(), "recv_buffers must be a power of two");
+        assert!(
+            entries.is_power_of_two(),
+            "recv_buffers must be a power of two"
+        );
         let ring_len = usize::from(entries) * std::mem::size_of::<types::BufRingEntry>();
         let ring = Mapping::new(ring_len)?;
         let bufs = Mapping::new(usize::from(entries) * buffer_bytes)?;
@@ -194,9 +197,7 @@ impl RecvBuffers {
         assert!(self.lent[slot], "reading recv buffer {bid} the kernel owns");
         // SAFETY: the kernel wrote `len` bytes into this buffer and handed it to us (it is
         // marked lent); it will not write again until `provide` returns it.
-        unsafe {
-            std::slice::from_raw_parts(self.bufs.base().add(slot * self.buffer_bytes), len)
-        }
+        unsafe { std::slice::from_raw_parts(self.bufs.base().add(slot * self.buffer_bytes), len) }
     }
 }
 
@@ -218,6 +219,7 @@ pub struct Ring {
     recv: RecvBuffers,
     tx: Vec<Vec<u8>>,
     tx_busy: Vec<bool>,
+    log_in_flight: Option<Vec<u8>>,
     socket_slots: u32,
     file_slots: u32,
     /// Whether SINGLE_ISSUER|DEFER_TASKRUN were accepted by the kernel.
@@ -232,7 +234,7 @@ impl Ring {
     /// Builds the ring, registers fixed files, the arena and the receive buffers.
     pub fn new(cfg: &RingConfig) -> io::Result<Ring> {
         assert!(cfg.arena_align_bytes.is_power_of_two());
-        assert!(cfg.chunk_bytes % cfg.arena_align_bytes == 0);
+        assert!(cfg.chunk_bytes.is_multiple_of(cfg.arena_align_bytes));
         let (uring, deferred_taskrun) = build_uring(cfg.sq_entries, cfg.cq_entries)?;
 
         let total_files = cfg.socket_slots + cfg.file_slots;
@@ -288,6 +290,7 @@ impl Ring {
             recv,
             tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
             tx_busy: vec![false; cfg.conn_slots],
+            log_in_flight: None,
             socket_slots: cfg.socket_slots,
             file_slots: cfg.file_slots,
             deferred_taskrun,
@@ -361,7 +364,10 @@ impl Ring {
 
     /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
     pub fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        assert!(!self.tx_busy[conn], "tx buffer {conn} mutated while the kernel reads it");
+        assert!(
+            !self.tx_busy[conn],
+            "tx buffer {conn} mutated while the kernel reads it"
+        );
         &mut self.tx[conn]
     }
 
@@ -413,7 +419,10 @@ impl Ring {
     /// Arena slot `slot` for writing by the shard (the kernel must not own it).
     pub fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
         let i = usize::from(slot);
-        assert!(!self.arena.kernel_owned[i], "arena slot {slot} mutated while in flight");
+        assert!(
+            !self.arena.kernel_owned[i],
+            "arena slot {slot} mutated while in flight"
+        );
         let start = i * self.arena.slot_stride;
         // SAFETY: in-bounds slot of the arena mapping that no kernel operation uses (asserted).
         unsafe {
@@ -424,7 +433,10 @@ impl Ring {
     /// Arena slot `slot` for reading by the shard (the kernel must not own it).
     pub fn arena(&self, slot: u16) -> &[u8] {
         let i = usize::from(slot);
-        assert!(!self.arena.kernel_owned[i], "arena slot {slot} read while in flight");
+        assert!(
+            !self.arena.kernel_owned[i],
+            "arena slot {slot} read while in flight"
+        );
         let start = i * self.arena.slot_stride;
         // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
         unsafe {
@@ -434,11 +446,21 @@ impl Ring {
 
     fn arena_ptr(&mut self, slot: u16, offset: usize, len: usize) -> *mut u8 {
         let i = usize::from(slot);
-        assert!(!self.arena.kernel_owned[i], "arena slot {slot} already in flight");
-        assert!(offset.checked_add(len).is_some_and(|end| end <= self.arena.chunk_bytes));
+        assert!(
+            !self.arena.kernel_owned[i],
+            "arena slot {slot} already in flight"
+        );
+        assert!(offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.arena.chunk_bytes));
         self.arena.kernel_owned[i] = true;
         // SAFETY: bounds asserted above.
-        unsafe { self.arena.mem.base().add(i * self.arena.slot_stride + offset) }
+        unsafe {
+            self.arena
+                .mem
+                .base()
+                .add(i * self.arena.slot_stride + offset)
+        }
     }
 
     /// Reads `len` bytes of fixed file `file` at `file_offset` into arena slot `slot` at
@@ -495,7 +517,10 @@ impl Ring {
     /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).
     pub fn arena_done(&mut self, slot: u16) {
         let i = usize::from(slot);
-        assert!(self.arena.kernel_owned[i], "arena_done on slot {slot} not in flight");
+        assert!(
+            self.arena.kernel_owned[i],
+            "arena_done on slot {slot} not in flight"
+        );
         self.arena.kernel_owned[i] = false;
     }
 
@@ -514,6 +539,27 @@ impl Ring {
             .user_data(token);
         self.push(e);
         self.close_fixed(socket, close_token);
+    }
+
+    /// Appends `buf` to the log file `fd` (opened O_APPEND); the ring keeps the buffer until
+    /// `log_write_done` hands it back. One log write at a time.
+    pub fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
+        assert!(self.log_in_flight.is_none(), "second log write in flight");
+        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
+        // The Vec's heap block does not move when the Vec is moved into the Option.
+        self.log_in_flight = Some(buf);
+        let e = opcode::Write::new(types::Fd(fd.as_raw_fd()), ptr, len)
+            .offset(u64::MAX)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
+    /// The log write completed: its buffer, for reuse.
+    pub fn log_write_done(&mut self) -> Vec<u8> {
+        self.log_in_flight
+            .take()
+            .expect("log write completion without a write")
     }
 
     /// Closes a fixed-file slot (socket or file).
@@ -560,6 +606,43 @@ impl Ring {
         self.socket_slots + index
     }
 
+    /// Submits queued SQEs and waits for completions until `timeout`.
+    ///
+    /// With `batch` (and a kernel with IORING_FEAT_MIN_TIMEOUT, 6.12+) the wait gathers up to
+    /// `batch.0` completions for at most `batch.1`, then returns as soon as one is there: one
+    /// wake-up per batch of completions instead of one per completion, for at most that much
+    /// added latency.
+    pub fn submit_and_wait_batched(
+        &mut self,
+        timeout: Duration,
+        batch: Option<(usize, Duration)>,
+    ) -> io::Result<()> {
+        match batch {
+            Some((want, min_wait)) if self.uring.params().is_feature_min_timeout() => {
+                self.enters += 1;
+                let ts = types::Timespec::new()
+                    .sec(timeout.as_secs())
+                    .nsec(timeout.subsec_nanos());
+                let args = types::SubmitArgs::new()
+                    .timespec(&ts)
+                    .min_wait_usec(min_wait.as_micros() as u32);
+                match self.uring.submitter().submit_with_args(want, &args) {
+                    Ok(_) => Ok(()),
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                        ) =>
+                    {
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => self.submit_and_wait(1, Some(timeout)),
+        }
+    }
+
     /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
     pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.enters += 1;
@@ -571,11 +654,33 @@ impl Ring {
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.uring.submitter().submit_with_args(want, &args)
             }
-            _ => self.uring.submitter().submit_and_wait(want),
+            None if want > 0 => self.uring.submitter().submit_and_wait(want),
+            _ => {
+                // With DEFER_TASKRUN, completions of socket operations are queued as task work
+                // that only an enter with GETEVENTS runs; the crate's submit() adds that flag
+                // only when the kernel advertises IORING_SQ_TASKRUN. A busy loop (want == 0)
+                // must still reap them, or a new request waits until the shard goes idle.
+                let pending = self.uring.submission().len() as u32;
+                // SAFETY: no argument pointer is passed; the SQ entries were pushed by `push`,
+                // whose memory invariants hold until their completions.
+                unsafe {
+                    self.uring.submitter().enter::<libc::sigset_t>(
+                        pending,
+                        0,
+                        io_uring::EnterFlags::GETEVENTS.bits(),
+                        None,
+                    )
+                }
+            }
         };
         match res {
             Ok(_) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) =>
+            {
                 Ok(())
             }
             Err(e) => Err(e),

@@ -82,7 +82,7 @@ impl ReadyQueue {
     /// The next connection to visit in this tick: urgent ones first (including those queued
     /// during the tick), then the bulk connections that were queued when the tick began.
     /// The caller re-queues it (`push_bulk`) if it wants another turn.
-    pub fn next(&mut self) -> Option<u32> {
+    pub fn next_conn(&mut self) -> Option<u32> {
         while let Some(c) = self.urgent.pop_front() {
             if std::mem::replace(&mut self.queued[c as usize], false) {
                 return Some(c);
@@ -101,7 +101,7 @@ impl ReadyQueue {
     /// Runs one tick with `visit` deciding each connection's turn.
     pub fn run_tick(&mut self, mut visit: impl FnMut(u32) -> Turn) {
         self.begin_tick();
-        while let Some(c) = self.next() {
+        while let Some(c) = self.next_conn() {
             if visit(c) == Turn::MoreWork {
                 self.push_bulk(c);
             }

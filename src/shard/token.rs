@@ -31,6 +31,8 @@ pub enum Op {
     OverflowClose = 9,
     /// Cancel of the listener's accept during drain.
     CancelAccept = 10,
+    /// Write of the shard's access-log buffer.
+    LogWrite = 11,
 }
 
 impl Op {
@@ -46,6 +48,7 @@ impl Op {
             8 => Op::Overflow,
             9 => Op::OverflowClose,
             10 => Op::CancelAccept,
+            11 => Op::LogWrite,
             _ => return None,
         })
     }
@@ -113,6 +116,7 @@ mod tests {
             Op::Overflow,
             Op::OverflowClose,
             Op::CancelAccept,
+            Op::LogWrite,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {
@@ -138,7 +142,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=10) {
+        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=11) {
             let op = Op::from_u8(op).unwrap();
             let t = Token::new(op, slot, generation, aux);
             proptest::prop_assert_eq!(Token::decode(t.encode()), Some(t));

@@ -1,0 +1,244 @@
+//! Per-shard access log: lines are formatted into a memory buffer and written with an io_uring
+//! write (never a blocking `write(2)` on the loop), at most one write in flight. If the disk
+//! falls behind and the buffer reaches its cap, lines are dropped and counted rather than
+//! blocking or growing without bound. SIGUSR1 bumps an epoch and every shard reopens the file
+//! (log rotation).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use super::ring::Ring;
+
+/// Buffer size that triggers a write.
+pub const LOG_FLUSH_BYTES: usize = 64 * 1024;
+/// Longest a line waits in memory.
+pub const LOG_FLUSH_INTERVAL_MS: u64 = 1000;
+/// Most bytes buffered while a write is slow; further lines are dropped (and counted).
+pub const LOG_BUFFER_CAP_BYTES: usize = 4 * 1024 * 1024;
+/// Longest request target kept in a line.
+pub const LOG_TARGET_MAX_BYTES: usize = 1024;
+
+/// One response, as logged.
+pub struct Entry<'a> {
+    /// `METHOD target VERSION`, already sanitised.
+    pub request: &'a [u8],
+    /// Status sent.
+    pub status: u16,
+    /// Bytes sent (head and body).
+    pub bytes: u64,
+    /// Time from request parsed to response done, microseconds.
+    pub duration_us: u64,
+    /// Range header, sanitised, or empty.
+    pub range: &'a [u8],
+    /// Shard number.
+    pub shard: usize,
+    /// `Date`-style time of the response (IMF-fixdate).
+    pub date: &'a [u8],
+}
+
+/// A shard's access log.
+pub struct AccessLog {
+    path: PathBuf,
+    file: File,
+    json: bool,
+    buf: Vec<u8>,
+    spare: Vec<u8>,
+    in_flight: bool,
+    last_flush_ms: u64,
+    epoch: u64,
+    /// Lines dropped because the buffer was full.
+    pub dropped_lines: u64,
+    /// Failed writes.
+    pub write_errors: u64,
+}
+
+fn open(path: &PathBuf) -> std::io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+impl AccessLog {
+    /// Opens (creates, appends) the log file.
+    pub fn open(path: PathBuf, json: bool, epoch: u64) -> std::io::Result<AccessLog> {
+        let file = open(&path)?;
+        Ok(AccessLog {
+            path,
+            file,
+            json,
+            buf: Vec::with_capacity(LOG_FLUSH_BYTES * 2),
+            spare: Vec::with_capacity(LOG_FLUSH_BYTES * 2),
+            in_flight: false,
+            last_flush_ms: 0,
+            epoch,
+            dropped_lines: 0,
+            write_errors: 0,
+        })
+    }
+
+    /// Appends one line for `e`.
+    pub fn record(&mut self, e: &Entry<'_>) {
+        if self.buf.len() >= LOG_BUFFER_CAP_BYTES {
+            self.dropped_lines += 1;
+            return;
+        }
+        format_line(&mut self.buf, e, self.json);
+    }
+
+    /// Starts a write when enough is buffered, the interval passed, or `force` (drain).
+    pub fn maybe_flush(&mut self, ring: &mut Ring, token: u64, now_ms: u64, force: bool) {
+        if self.in_flight || self.buf.is_empty() {
+            return;
+        }
+        let due = force
+            || self.buf.len() >= LOG_FLUSH_BYTES
+            || now_ms.saturating_sub(self.last_flush_ms) >= LOG_FLUSH_INTERVAL_MS;
+        if !due {
+            return;
+        }
+        self.last_flush_ms = now_ms;
+        let out = std::mem::replace(&mut self.buf, std::mem::take(&mut self.spare));
+        self.in_flight = true;
+        ring.write_log(self.file.as_fd(), out, token);
+    }
+
+    /// A write finished with `res` bytes (or a negated errno).
+    pub fn on_write_done(&mut self, ring: &mut Ring, res: i32) {
+        let mut done = ring.log_write_done();
+        self.in_flight = false;
+        if res < 0 || res as usize != done.len() {
+            // Appends to regular files are not partial in practice; a failure is counted and
+            // the lines are lost rather than retried forever.
+            self.write_errors += 1;
+        }
+        done.clear();
+        self.spare = done;
+    }
+
+    /// Whether a write is in flight (the shard waits for it before exiting).
+    pub fn busy(&self) -> bool {
+        self.in_flight
+    }
+
+    /// Reopens the file if the rotation epoch moved (SIGUSR1).
+    pub fn reopen_if(&mut self, epoch: u64) {
+        if epoch == self.epoch {
+            return;
+        }
+        self.epoch = epoch;
+        match open(&self.path) {
+            // An in-flight write keeps its own reference to the old file.
+            Ok(f) => self.file = f,
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "access log reopen failed")
+            }
+        }
+    }
+}
+
+/// Copies `src` into `out` replacing bytes that could break a log line (quotes, backslashes,
+/// control characters, non-ASCII) with `\xHH`, keeping at most `max` input bytes.
+pub fn sanitize_into(out: &mut Vec<u8>, src: &[u8], max: usize) {
+    for &b in src.iter().take(max) {
+        if b.is_ascii_graphic() && b != b'"' && b != b'\\' || b == b' ' {
+            out.push(b);
+        } else {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+}
+
+/// Formats one line: common log format (client shown as `-`: accepted sockets are direct
+/// descriptors and multishot accept reports no peer address) plus bytes, duration, range and
+/// shard; or a JSON object.
+pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
+    // IMF-fixdate "Sun, 06 Nov 1994 08:49:37 GMT" -> CLF "06/Nov/1994:08:49:37 +0000".
+    let d = e.date;
+    let clf_time = if d.len() == 29 {
+        let mut t = Vec::with_capacity(26);
+        t.extend_from_slice(&d[5..7]);
+        t.push(b'/');
+        t.extend_from_slice(&d[8..11]);
+        t.push(b'/');
+        t.extend_from_slice(&d[12..16]);
+        t.push(b':');
+        t.extend_from_slice(&d[17..25]);
+        t.extend_from_slice(b" +0000");
+        t
+    } else {
+        b"-".to_vec()
+    };
+    if json {
+        out.extend_from_slice(b"{\"time\":\"");
+        out.extend_from_slice(&clf_time);
+        out.extend_from_slice(b"\",\"request\":\"");
+        out.extend_from_slice(e.request);
+        let _ = write!(
+            out,
+            "\",\"status\":{},\"bytes\":{},\"duration_us\":{},\"range\":\"",
+            e.status, e.bytes, e.duration_us
+        );
+        out.extend_from_slice(e.range);
+        let _ = writeln!(out, "\",\"shard\":{}}}", e.shard);
+    } else {
+        out.extend_from_slice(b"- - - [");
+        out.extend_from_slice(&clf_time);
+        out.extend_from_slice(b"] \"");
+        out.extend_from_slice(e.request);
+        let _ = write!(
+            out,
+            "\" {} {} dur_us={} range=\"",
+            e.status, e.bytes, e.duration_us
+        );
+        out.extend_from_slice(if e.range.is_empty() { b"-" } else { e.range });
+        let _ = writeln!(out, "\" shard={}", e.shard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry<'a>(req: &'a [u8], range: &'a [u8]) -> Entry<'a> {
+        Entry {
+            request: req,
+            status: 206,
+            bytes: 1234,
+            duration_us: 56,
+            range,
+            shard: 1,
+            date: b"Sun, 06 Nov 1994 08:49:37 GMT",
+        }
+    }
+
+    #[test]
+    fn common_format_line() {
+        let mut out = Vec::new();
+        format_line(&mut out, &entry(b"GET /a HTTP/1.1", b"bytes=0-9"), false);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "- - - [06/Nov/1994:08:49:37 +0000] \"GET /a HTTP/1.1\" 206 1234 dur_us=56 \
+             range=\"bytes=0-9\" shard=1\n"
+        );
+    }
+
+    #[test]
+    fn json_line_parses() {
+        let mut out = Vec::new();
+        format_line(&mut out, &entry(b"GET /a HTTP/1.1", b""), true);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["status"], 206);
+        assert_eq!(v["shard"], 1);
+        assert_eq!(v["request"], "GET /a HTTP/1.1");
+    }
+
+    #[test]
+    fn sanitize_escapes_quotes_and_controls() {
+        let mut out = Vec::new();
+        sanitize_into(&mut out, b"/a\"b\\c\nd\xff e", 100);
+        assert_eq!(out, b"/a\\x22b\\x5cc\\x0ad\\xff e".to_vec());
+        let mut out = Vec::new();
+        sanitize_into(&mut out, b"abcdef", 3);
+        assert_eq!(out, b"abc");
+    }
+}

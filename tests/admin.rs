@@ -1,0 +1,270 @@
+//! The admin listener against the real binary: `/metrics` parses back and moves with traffic,
+//! `/healthz` turns 503 while a SIGTERM drain is in progress, other paths and methods are
+//! refused, and a bad or busy admin address is a configuration error (exit code 2).
+
+mod common;
+
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{disk_tempdir, get, pattern, read_response, start_with_admin, Response, IO_TIMEOUT};
+use shardline::metrics::{parse_exposition, Sample};
+
+/// One request to the admin listener on a fresh connection.
+fn admin_request(addr: SocketAddr, method: &str, path: &str) -> Response {
+    let mut s = TcpStream::connect(addr).expect("connect to admin");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: admin\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let resp = read_response(&mut BufReader::new(s), method == "HEAD").expect("admin response");
+    assert_eq!(
+        resp.header("connection"),
+        Some("close"),
+        "{method} {path}: {resp:?}"
+    );
+    resp
+}
+
+fn scrape(addr: SocketAddr) -> Vec<Sample> {
+    let r = admin_request(addr, "GET", "/metrics");
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    let text = String::from_utf8(r.body).expect("metrics are UTF-8");
+    parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// Sum of a family's samples whose labels include all of `labels`.
+fn total(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v)))
+        .map(|s| s.value)
+        .sum()
+}
+
+fn healthz(addr: SocketAddr) -> (u16, String) {
+    let r = admin_request(addr, "GET", "/healthz");
+    (
+        r.status,
+        String::from_utf8_lossy(&r.body).trim().to_string(),
+    )
+}
+
+#[test]
+fn metrics_parse_back_and_counters_move() {
+    let dir = disk_tempdir();
+    let len = 200 * 1024;
+    std::fs::write(dir.path().join("pkg.bin"), pattern(len)).unwrap();
+    let (server, admin) = start_with_admin(dir.path(), &[]);
+
+    let all = [("shard", "all")];
+    let before = scrape(admin);
+    let accepted0 = total(&before, "shardline_connections_accepted_total", &all);
+    let ok0 = total(
+        &before,
+        "shardline_responses_total",
+        &[("class", "2xx"), all[0]],
+    );
+    let bytes0 = total(&before, "shardline_bytes_sent_total", &all);
+
+    for _ in 0..3 {
+        let r = get(&server, "/pkg.bin", &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len(), len);
+    }
+    let r = get(&server, "/missing", &[]);
+    assert_eq!(r.status, 404);
+
+    // The shard publishes its counters as it completes work: poll briefly.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let s = scrape(admin);
+        let moved = total(&s, "shardline_connections_accepted_total", &all) >= accepted0 + 4.0
+            && total(&s, "shardline_responses_total", &[("class", "2xx"), all[0]]) >= ok0 + 3.0
+            && total(&s, "shardline_responses_total", &[("class", "4xx"), all[0]]) >= 1.0
+            && total(&s, "shardline_bytes_sent_total", &all) >= bytes0 + 3.0 * len as f64;
+        if moved {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "counters did not move:\n{s:#?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    // One shard: its own series equal the totals.
+    for name in [
+        "shardline_connections_accepted_total",
+        "shardline_responses_total",
+        "shardline_bytes_sent_total",
+        "shardline_ring_cqes_total",
+    ] {
+        let shard0 = total(&after, name, &[("shard", "0")]);
+        let every = total(&after, name, &all);
+        assert_eq!(shard0, every, "{name}");
+    }
+    assert!(total(&after, "shardline_ring_sqes_total", &all) > 0.0);
+    assert!(total(&after, "shardline_file_cache_misses_total", &all) > 0.0);
+
+    // The histogram is well-formed whether or not the shards observe into it yet.
+    let buckets: Vec<&Sample> = after
+        .iter()
+        .filter(|s| s.name == "shardline_ttfb_seconds_bucket" && s.label("shard") == Some("all"))
+        .collect();
+    assert!(buckets.len() > 10);
+    assert!(buckets.windows(2).all(|w| w[0].value <= w[1].value));
+    assert_eq!(buckets.last().unwrap().label("le"), Some("+Inf"));
+    assert_eq!(
+        buckets.last().unwrap().value,
+        total(&after, "shardline_ttfb_seconds_count", &all)
+    );
+
+    // Host reclaim counters and page-cache size come from this host's /proc.
+    if std::path::Path::new("/proc/meminfo").exists() {
+        assert!(after
+            .iter()
+            .any(|s| s.name == "shardline_host_page_cache_bytes"));
+        assert!(after
+            .iter()
+            .any(|s| s.name == "shardline_host_vmstat_total"
+                && s.label("name") == Some("pgscan_direct")));
+    }
+}
+
+#[test]
+fn healthz_turns_503_while_draining() {
+    let dir = disk_tempdir();
+    // Sparse: big enough that the kernel socket buffers cannot hold the whole response, so the
+    // download stays in flight while the client does not read.
+    let len: u64 = 48 * 1024 * 1024;
+    std::fs::File::create(dir.path().join("big.bin"))
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let config = dir.path().join("drain.toml");
+    std::fs::write(&config, "drain_timeout_ms = 30000\n").unwrap();
+    let (mut server, admin) = start_with_admin(dir.path(), &["--config", config.to_str().unwrap()]);
+    assert_eq!(healthz(admin), (200, "ok".into()));
+
+    // Start the download and read only its head and a little body.
+    let mut client = server.connect();
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut first = vec![0u8; 64 * 1024];
+    client.read_exact(&mut first).unwrap();
+    let head_end = first
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head")
+        + 4;
+    assert!(first.starts_with(b"HTTP/1.1 200"), "{:?}", &first[..40]);
+
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = healthz(admin);
+        if status == 503 {
+            assert_eq!(body, "draining");
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(Instant::now() < deadline, "healthz never turned 503");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Draining, not gone: the process runs and still answers scrapes.
+    assert!(
+        server.alive(),
+        "server exited while a download was in flight"
+    );
+    assert!(!scrape(admin).is_empty());
+    assert_eq!(healthz(admin).0, 503);
+
+    // The in-flight download completes during the drain, then the process exits cleanly.
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    assert_eq!(
+        (first.len() - head_end + rest.len()) as u64,
+        len,
+        "download cut short by the drain"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no exit after the drain");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}\n{}", server.log());
+    assert!(
+        TcpStream::connect(admin).is_err(),
+        "admin still listening after exit"
+    );
+}
+
+#[test]
+fn other_paths_are_404_and_other_methods_405() {
+    let dir = disk_tempdir();
+    let (server, admin) = start_with_admin(dir.path(), &[]);
+    for path in ["/", "/metrics/", "/health", "/healthz/x", "/big.bin"] {
+        assert_eq!(admin_request(admin, "GET", path).status, 404, "{path}");
+    }
+    for method in ["POST", "PUT", "DELETE", "HEAD"] {
+        let r = admin_request(admin, method, "/metrics");
+        assert_eq!(r.status, 405, "{method}");
+        assert_eq!(r.header("allow"), Some("GET"));
+    }
+    assert_eq!(healthz(admin).0, 200);
+    // The data listener does not serve the admin routes.
+    assert_eq!(get(&server, "/healthz", &[]).status, 404);
+}
+
+/// Runs `shardline serve` expecting it to fail at start-up; returns (exit code, stderr).
+fn serve_fails(root: &std::path::Path, admin: &str) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardline"))
+        .arg("serve")
+        .arg("--root")
+        .arg(root)
+        .args(["--listen", "127.0.0.1:0", "--shards", "1", "--admin", admin])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("shardline kept running with --admin {admin:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn bad_or_busy_admin_address_is_a_config_error() {
+    let dir = disk_tempdir();
+    let (code, err) = serve_fails(dir.path(), "localhost:nine");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("admin"), "{err}");
+
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, err) = serve_fails(dir.path(), &addr);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("admin") && err.contains(&addr), "{err}");
+}
