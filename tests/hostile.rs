@@ -94,6 +94,44 @@ impl Fixture {
         let cfg = self.config("shardline.toml", toml);
         Server::start(&self.root, &["--config", &cfg])
     }
+
+    /// Like `serve`, with the admin listener; returns its address too.
+    fn serve_admin(&self, toml: &str) -> (Server, SocketAddr) {
+        let cfg = self.config("shardline.toml", toml);
+        start_with_admin(&self.root, &["--config", &cfg])
+    }
+}
+
+/// Sum over every label of the all-shards samples of the metric family whose name ends with
+/// `name`, from the admin listener's `/metrics`.
+fn metric(admin: SocketAddr, name: &str) -> f64 {
+    metric_where(admin, name, "")
+}
+
+/// Like `metric`, only samples whose text contains `label` (such as `reason="timeout"`).
+fn metric_where(admin: SocketAddr, name: &str, label: &str) -> f64 {
+    let mut s = TcpStream::connect(admin).expect("admin connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut BufReader::new(s), false).expect("metrics");
+    assert_eq!(r.status, 200);
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        // Each family has a sample per shard and one with shard="all": take the latter.
+        .filter(|l| !l.starts_with('#') && l.contains(label) && l.contains("shard=\"all\""))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let family = key.split('{').next()?;
+            family.ends_with(name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Completions that matched no live operation are a bug in the engine.
+fn assert_no_stray_completions(admin: SocketAddr) {
+    let stray = metric(admin, "stray_completions_total");
+    assert_eq!(stray, 0.0, "{stray} stray completions");
 }
 
 // ---- small helpers ---------------------------------------------------------------------------
@@ -1233,7 +1271,7 @@ fn idle_keepalive_is_closed_after_keepalive_timeout() {
 fn slow_reader_is_dropped_after_send_timeout_and_others_are_served() {
     let _g = serial();
     let fx = Fixture::new();
-    let mut server = fx.serve("send_timeout_ms = 1500\n");
+    let (mut server, admin) = fx.serve_admin("send_timeout_ms = 1500\n");
     let mut s = small_window_client(server.addr);
     let client_addr = s.local_addr().unwrap();
     s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: test\r\n\r\n")
@@ -1288,6 +1326,9 @@ fn slow_reader_is_dropped_after_send_timeout_and_others_are_served() {
         None,
         "wrong bytes before the cut"
     );
+    let timeouts = metric_where(admin, "connections_closed_total", "reason=\"timeout\"");
+    assert_eq!(timeouts, 1.0, "closes by timeout");
+    assert_no_stray_completions(admin);
 }
 
 #[test]
@@ -1416,7 +1457,7 @@ fn pipelined_burst_of_10000_is_answered_in_order_with_bounded_memory() {
 fn clients_vanishing_mid_response_leave_the_server_healthy() {
     let _g = serial();
     let fx = Fixture::new();
-    let mut server = fx.serve("");
+    let (mut server, admin) = fx.serve_admin("");
     let pid = server.child.id();
     health(&mut server, &fx).unwrap();
     let fds_before = fd_count(pid);
@@ -1473,6 +1514,7 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
         fds_after <= fds_before + 2,
         "fd count grew from {fds_before} to {fds_after}"
     );
+    assert_no_stray_completions(admin);
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
 
@@ -1484,13 +1526,14 @@ fn connect_flood(
     fx: &Fixture,
     secs: u64,
 ) -> (
+    SocketAddr,
     Server,
     Vec<(TcpStream, BufReader<TcpStream>)>,
     Duration,
     Duration,
     usize,
 ) {
-    let server = fx.serve(
+    let (server, admin) = fx.serve_admin(
         "max_connections_per_shard = 2\nkeepalive_timeout_ms = 30000\nheader_timeout_ms = 30000\n",
     );
     let pid = server.child.id();
@@ -1536,7 +1579,7 @@ fn connect_flood(
         h.join().unwrap();
     }
     let n = connects.load(Ordering::Relaxed);
-    (server, holders, cpu, wall, n)
+    (admin, server, holders, cpu, wall, n)
 }
 
 const HOLD_REQ: &[u8] = b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n";
@@ -1545,10 +1588,13 @@ const HOLD_REQ: &[u8] = b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n";
 fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
     let _g = serial();
     let fx = Fixture::new();
-    let (mut server, mut holders, cpu, wall, connects) = connect_flood(&fx, 2);
+    let (admin, mut server, mut holders, cpu, wall, connects) = connect_flood(&fx, 2);
     let log = server.log();
     let backoffs = log.matches("accept failed").count();
-    let first = log.lines().find(|l| l.contains("accept failed")).unwrap_or("");
+    let first = log
+        .lines()
+        .find(|l| l.contains("accept failed"))
+        .unwrap_or("");
     eprintln!(
         "{connects} connects; server CPU {cpu:?} over {wall:?}; {backoffs} accept back-offs \
          logged, the first: {first}"
@@ -1565,12 +1611,18 @@ fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
         backoffs <= 60,
         "{backoffs} accept failures logged: not backing off"
     );
+    let counted = metric(admin, "accept_errors_total");
+    assert!(
+        counted >= backoffs as f64,
+        "accept errors: {counted} counted, {backoffs} logged"
+    );
     // The connections it holds were served all along.
     for (s, r) in holders.iter_mut() {
         s.write_all(HOLD_REQ).unwrap();
         assert_eq!(read_response(r, false).unwrap().status, 200);
     }
     assert!(server.alive());
+    assert_no_stray_completions(admin);
 }
 
 /// After a connect flood at the cap ends and places are free again, a new client must get
@@ -1581,7 +1633,7 @@ fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
 fn a_connect_flood_at_the_cap_does_not_lock_out_clients_afterwards() {
     let _g = serial();
     let fx = Fixture::new();
-    let (mut server, holders, _, _, connects) = connect_flood(&fx, 2);
+    let (admin, mut server, holders, _, _, connects) = connect_flood(&fx, 2);
     drop(holders);
     let t = Instant::now();
     while health(&mut server, &fx).is_err() {
@@ -1592,6 +1644,7 @@ fn a_connect_flood_at_the_cap_does_not_lock_out_clients_afterwards() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let took = t.elapsed();
+    assert_no_stray_completions(admin);
     let backoffs = server.log().matches("accept failed").count();
     eprintln!("{connects} connects; a new client got in {took:?} after the flood; {backoffs} accept back-offs");
     assert!(
@@ -2029,7 +2082,7 @@ fn trickle_readers_do_not_starve_other_large_downloads() {
 fn receive_buffer_exhaustion_is_retried_not_fatal() {
     let _g = serial();
     let fx = Fixture::new();
-    let mut server = fx.serve("recv_buffers = 16\n");
+    let (mut server, admin) = fx.serve_admin("recv_buffers = 16\n");
     let addr = server.addr;
     let small = fx.small.clone();
     let clients: Vec<_> = (0..64)
@@ -2074,5 +2127,12 @@ fn receive_buffer_exhaustion_is_retried_not_fatal() {
         failures.len(),
         &failures[..failures.len().min(5)]
     );
+    let enobufs = metric(admin, "recv_no_buffers_total");
+    eprintln!("receives that found no provided buffer: {enobufs}");
+    assert!(
+        enobufs > 0.0,
+        "no receive ran out of buffers: the test proves nothing"
+    );
+    assert_no_stray_completions(admin);
     health(&mut server, &fx).unwrap();
 }
