@@ -9,7 +9,8 @@
 # it and runs soakgen for N seconds (default 60): full and ranged GETs, multi-range, HEAD +
 # If-None-Match, keep-alive churn (new connection per request) and aborted downloads (FIN and
 # RST). Reports requests, errors on valid requests, wrong bytes, peak RSS and fd-count drift,
-# then, with --idle N (default 10000; 0 skips), the RSS cost of N idle keep-alive connections.
+# the server's own counters from its admin /metrics (stray completions must stay 0), then, with
+# --idle N (default 10000; 0 skips), the RSS cost of N idle keep-alive connections.
 #
 # Exit status: 0 clean; 1 wrong bytes, errors on valid requests, or a failed final GET;
 # 2 the server crashed or did not stop cleanly on SIGTERM; 3 setup failed.
@@ -66,24 +67,26 @@ fi
 
 echo "== starting shardline ($SHARDS shard(s))"
 RUST_LOG=warn "$BIN" serve --root "$DIR" --listen 127.0.0.1:0 --shards "$SHARDS" \
-  >"$WORK/stdout" 2>"$WORK/stderr" &
+  --admin 127.0.0.1:0 >"$WORK/stdout" 2>"$WORK/stderr" &
 PID=$!
 ADDR=""
+ADMIN=""
 for _ in $(seq 1 200); do
-  ADDR="$(grep -o 'http://[0-9.:]*' "$WORK/stdout" 2>/dev/null | head -n1 | sed 's|http://||')" || true
-  [ -n "$ADDR" ] && break
+  ADDR="$(grep -v 'admin at' "$WORK/stdout" 2>/dev/null | grep -o 'http://[0-9.:]*' | head -n1 | sed 's|http://||')" || true
+  ADMIN="$(grep 'admin at' "$WORK/stdout" 2>/dev/null | grep -o 'http://[0-9.:]*' | head -n1 | sed 's|http://||')" || true
+  [ -n "$ADDR" ] && [ -n "$ADMIN" ] && break
   if ! kill -0 "$PID" 2>/dev/null; then break; fi
   sleep 0.1
 done
-if [ -z "$ADDR" ]; then
+if [ -z "$ADDR" ] || [ -z "$ADMIN" ]; then
   echo "shardline did not start:"; cat "$WORK/stderr"; exit 3
 fi
-echo "   pid $PID listening on $ADDR"
+echo "   pid $PID listening on $ADDR, admin on $ADMIN"
 
 echo "== mixed load for ${SECONDS_RUN}s, $WORKERS workers"
 STATUS=0
 "$SOAKGEN" run --addr "$ADDR" --seconds "$SECONDS_RUN" --workers "$WORKERS" --pid "$PID" \
-  || STATUS=1
+  --admin "$ADMIN" || STATUS=1
 
 if [ "$IDLE" -gt 0 ] && kill -0 "$PID" 2>/dev/null; then
   echo "== $IDLE idle keep-alive connections"

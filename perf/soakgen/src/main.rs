@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! soakgen gen DIR                     write the fixture files (known content) into DIR
-//! soakgen run --addr A --seconds N [--workers W] [--pid PID]
+//! soakgen run --addr A --seconds N [--workers W] [--pid PID] [--admin ADMIN]
 //!                                     mixed load; every byte checked; summary on stdout
+//!                                     (with --admin: the server's counters from /metrics)
 //! soakgen idle --addr A --conns N --pid PID
 //!                                     hold N idle keep-alive connections, report RSS growth
 //! ```
@@ -68,6 +69,7 @@ fn main() -> ExitCode {
             Duration::from_secs(num("--seconds", 60)),
             num("--workers", 8) as usize,
             flag("--pid").map(|p| p.parse().expect("--pid")),
+            flag("--admin").map(|a| a.parse().expect("--admin ADDR:PORT")),
         ),
         Some("idle") => idle(
             addr(),
@@ -630,7 +632,13 @@ fn mib(kb: u64) -> String {
     format!("{:.1} MiB", kb as f64 / 1024.0)
 }
 
-fn run(addr: SocketAddr, secs: Duration, workers: usize, pid: Option<u32>) -> ExitCode {
+fn run(
+    addr: SocketAddr,
+    secs: Duration,
+    workers: usize,
+    pid: Option<u32>,
+    admin: Option<SocketAddr>,
+) -> ExitCode {
     let st = Arc::new(Stats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -762,16 +770,68 @@ fn run(addr: SocketAddr, secs: Duration, workers: usize, pid: Option<u32>) -> Ex
             "alive, but the final GET FAILED"
         }
     );
+    let mut stray = 0.0;
+    if let Some(admin) = admin {
+        match scrape(admin) {
+            Ok(text) => {
+                let all = |family: &str, label: &str| -> f64 {
+                    text.lines()
+                        .filter(|l| {
+                            l.starts_with(&format!("shardline_{family}{{"))
+                                && l.contains("shard=\"all\"")
+                                && l.contains(label)
+                        })
+                        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                        .fold(0.0, |a, b| a + b)
+                };
+                stray = all("stray_completions_total", "");
+                let reasons: Vec<String> = ["normal", "timeout", "error", "abort"]
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{r} {}",
+                            all("connections_closed_total", &format!("reason=\"{r}\""))
+                        )
+                    })
+                    .collect();
+                println!(
+                    "server counters           accepted {}, closed [{}], accept errors {}, \
+                     recv ENOBUFS {}, stray completions {stray}",
+                    all("connections_accepted_total", ""),
+                    reasons.join(", "),
+                    all("accept_errors_total", ""),
+                    all("recv_no_buffers_total", ""),
+                );
+            }
+            Err(e) => println!("server counters           unavailable: {e}"),
+        }
+    }
     let errs = errors.lock().unwrap_or_else(|p| p.into_inner());
     for e in errs.iter() {
         println!("  error: {e}");
     }
-    let bad = died || !final_ok || g(&st.wrong_bytes) > 0 || g(&st.errors) + warm_errors > 0;
+    let bad = died
+        || !final_ok
+        || stray > 0.0
+        || g(&st.wrong_bytes) > 0
+        || g(&st.errors) + warm_errors > 0;
     if bad {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// GET /metrics from the admin listener.
+fn scrape(admin: SocketAddr) -> Result<String, String> {
+    let mut c = Conn::open(admin).map_err(|e| format!("connect: {e}"))?;
+    c.send("GET /metrics HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n")?;
+    let h = c.head()?;
+    if h.status != 200 {
+        return Err(format!("status {}", h.status));
+    }
+    let body = c.body_bytes(h.content_length()? as usize)?;
+    String::from_utf8(body).map_err(|e| e.to_string())
 }
 
 // ---- idle connections ----------------------------------------------------------------------------
