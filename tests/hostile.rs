@@ -1522,17 +1522,7 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
 /// table), holds both, and floods it with connects for `secs` from 4 threads that keep 100
 /// connections each open for 100 ms (never reading). Returns the server, the holders, the
 /// server's CPU time during the flood, its wall time and the number of connects made.
-fn connect_flood(
-    fx: &Fixture,
-    secs: u64,
-) -> (
-    SocketAddr,
-    Server,
-    Vec<(TcpStream, BufReader<TcpStream>)>,
-    Duration,
-    Duration,
-    usize,
-) {
+fn connect_flood(fx: &Fixture, secs: u64) -> Flood {
     let (server, admin) = fx.serve_admin(
         "max_connections_per_shard = 2\nkeepalive_timeout_ms = 30000\nheader_timeout_ms = 30000\n",
     );
@@ -1579,7 +1569,24 @@ fn connect_flood(
         h.join().unwrap();
     }
     let n = connects.load(Ordering::Relaxed);
-    (admin, server, holders, cpu, wall, n)
+    Flood {
+        admin,
+        server,
+        holders,
+        cpu,
+        wall,
+        connects: n,
+    }
+}
+
+/// What `connect_flood` leaves behind.
+struct Flood {
+    admin: SocketAddr,
+    server: Server,
+    holders: Vec<(TcpStream, BufReader<TcpStream>)>,
+    cpu: Duration,
+    wall: Duration,
+    connects: usize,
 }
 
 const HOLD_REQ: &[u8] = b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n";
@@ -1588,7 +1595,14 @@ const HOLD_REQ: &[u8] = b"GET /small.txt HTTP/1.1\r\nHost: test\r\n\r\n";
 fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
     let _g = serial();
     let fx = Fixture::new();
-    let (admin, mut server, mut holders, cpu, wall, connects) = connect_flood(&fx, 2);
+    let Flood {
+        admin,
+        mut server,
+        mut holders,
+        cpu,
+        wall,
+        connects,
+    } = connect_flood(&fx, 2);
     let log = server.log();
     let backoffs = log.matches("accept failed").count();
     let first = log
@@ -1633,7 +1647,13 @@ fn accept_backs_off_without_busy_looping_when_the_socket_table_is_full() {
 fn a_connect_flood_at_the_cap_does_not_lock_out_clients_afterwards() {
     let _g = serial();
     let fx = Fixture::new();
-    let (admin, mut server, holders, _, _, connects) = connect_flood(&fx, 2);
+    let Flood {
+        admin,
+        mut server,
+        holders,
+        connects,
+        ..
+    } = connect_flood(&fx, 2);
     drop(holders);
     let t = Instant::now();
     while health(&mut server, &fx).is_err() {
