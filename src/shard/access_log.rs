@@ -153,24 +153,31 @@ pub fn sanitize_into(out: &mut Vec<u8>, src: &[u8], max: usize) {
 /// shard; or a JSON object.
 pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
     // IMF-fixdate "Sun, 06 Nov 1994 08:49:37 GMT" -> CLF "06/Nov/1994:08:49:37 +0000".
-    let d = e.date;
-    let clf_time = if d.len() == 29 {
-        let mut t = Vec::with_capacity(26);
-        t.extend_from_slice(&d[5..7]);
-        t.push(b'/');
-        t.extend_from_slice(&d[8..11]);
-        t.push(b'/');
-        t.extend_from_slice(&d[12..16]);
-        t.push(b':');
-        t.extend_from_slice(&d[17..25]);
-        t.extend_from_slice(b" +0000");
-        t
-    } else {
-        b"-".to_vec()
+    let mut clf = [0u8; 26];
+    let clf_time: &[u8] = match e.date {
+        d if d.len() == 29 => {
+            let parts: [&[u8]; 8] = [
+                &d[5..7],
+                b"/",
+                &d[8..11],
+                b"/",
+                &d[12..16],
+                b":",
+                &d[17..25],
+                b" +0000",
+            ];
+            let mut n = 0;
+            for p in parts {
+                clf[n..n + p.len()].copy_from_slice(p);
+                n += p.len();
+            }
+            &clf[..n]
+        }
+        _ => b"-",
     };
     if json {
         out.extend_from_slice(b"{\"time\":\"");
-        out.extend_from_slice(&clf_time);
+        out.extend_from_slice(clf_time);
         out.extend_from_slice(b"\",\"request\":\"");
         out.extend_from_slice(e.request);
         let _ = write!(
@@ -182,7 +189,7 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
         let _ = writeln!(out, "\",\"shard\":{}}}", e.shard);
     } else {
         out.extend_from_slice(b"- - - [");
-        out.extend_from_slice(&clf_time);
+        out.extend_from_slice(clf_time);
         out.extend_from_slice(b"] \"");
         out.extend_from_slice(e.request);
         let _ = write!(

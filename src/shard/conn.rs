@@ -79,6 +79,8 @@ pub struct Chunk {
     pub read_need: u32,
     /// Bytes delivered so far (short reads continue).
     pub read_got: u32,
+    /// When its first send was submitted (shard clock, ms).
+    pub send_started_ms: u64,
     /// Where the body bytes came from (for counters).
     pub source: Source,
 }
@@ -137,6 +139,9 @@ pub struct Body {
     pub inline_head: bool,
     /// A small response (one chunk with its header): never waits behind bulk work.
     pub small: bool,
+    /// Chunks this response may hold now (adapts between READ_AHEAD_START_CHUNKS and
+    /// pipeline_depth with how fast the client drains).
+    pub read_ahead: usize,
 }
 
 impl Body {

@@ -33,6 +33,11 @@ use token::{Op, Token};
 
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
+/// Chunks a response reads ahead until its first chunk has left (and after a slow send).
+pub const READ_AHEAD_START_CHUNKS: usize = 2;
+/// A chunk send this quick shows the client drains faster than the disk read takes, so the
+/// connection may use the whole `pipeline_depth`.
+pub const READ_AHEAD_FAST_SEND_MS: u64 = 20;
 /// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
 pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
@@ -41,6 +46,8 @@ pub const COMPLETION_BATCH_MAX: usize = 4096;
 pub const OVERFLOW_SOCKET_SLOTS: u32 = 64;
 /// Back-off after accept fails for lack of descriptors (EMFILE/ENFILE), instead of spinning.
 pub const ACCEPT_BACKOFF_MS: u64 = 100;
+/// Shortest interval between two "accept failed" log lines.
+pub const ACCEPT_WARN_INTERVAL_MS: u64 = 1000;
 /// Bytes per provided receive buffer.
 pub const RECV_BUFFER_BYTES: usize = 4096;
 /// Canned answer to a connection over the per-shard cap.
@@ -89,6 +96,7 @@ struct Shard {
     listener: Option<TcpListener>,
     accept_armed: bool,
     accept_retry_ms: u64,
+    accept_warned_ms: u64,
     date: DateCache,
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
@@ -164,6 +172,7 @@ impl Shard {
             listener: Some(p.listener),
             accept_armed: false,
             accept_retry_ms: 0,
+            accept_warned_ms: 0,
             date: DateCache::new(now),
             metrics: p.metrics,
             shutdown: p.shutdown,
@@ -307,7 +316,18 @@ impl Shard {
             let errno = -cqe.result;
             if errno != libc::ECANCELED {
                 ShardMetrics::add(&self.metrics.accept_errors, 1);
-                tracing::warn!(shard = self.index, errno, "accept failed; backing off");
+                // Under a connection flood this repeats: log at most once per interval.
+                if self.now_ms >= self.accept_warned_ms + ACCEPT_WARN_INTERVAL_MS
+                    || self.accept_warned_ms == 0
+                {
+                    self.accept_warned_ms = self.now_ms.max(1);
+                    tracing::warn!(
+                        shard = self.index,
+                        errno,
+                        "accept failed; backing off until a socket slot frees (more such errors \
+                         are counted in accept_errors_total, logged at most once a second)"
+                    );
+                }
                 self.accept_retry_ms = self.now_ms + ACCEPT_BACKOFF_MS;
             }
             return;
@@ -407,7 +427,9 @@ impl Shard {
         conn.rx
             .extend_from_slice(self.ring.recv_data(b, cqe.result as usize));
         self.ring.recycle_recv(b);
-        if was_empty && !conn.responding {
+        // The first byte after an idle keep-alive pause starts the header clock; a new
+        // connection's clock started at accept and is not restarted by a trickle.
+        if was_empty && !conn.responding && conn.deadline == Deadline::Idle {
             conn.deadline = Deadline::Header;
             conn.deadline_ms = self.now_ms + self.cfg.header_timeout_ms;
         }
@@ -443,7 +465,15 @@ impl Shard {
             let Some(body) = conn.body.as_mut() else {
                 return Turn::Idle;
             };
-            if body.segments.is_empty() || body.chunks.len() >= depth {
+            if body.segments.is_empty() || body.chunks.len() >= body.read_ahead.min(depth) {
+                // No more read-ahead wanted now: a slot handed over while waiting goes back.
+                let handed = conn.handoff_slot.take();
+                if std::mem::replace(&mut conn.waiting_arena, false) {
+                    self.arena.forget(c);
+                }
+                if let Some(slot) = handed {
+                    self.release_slot(slot);
+                }
                 return Turn::Idle;
             }
             // A small response's single chunk is never held back; bulk work stops at the
@@ -477,6 +507,7 @@ impl Shard {
                 read_len: 0,
                 read_need: 0,
                 read_got: 0,
+                send_started_ms: 0,
                 source,
             };
             let seg = body.segments.front_mut().expect("checked above");
@@ -663,6 +694,9 @@ impl Shard {
             return;
         }
         ch.state = ChunkState::Sending;
+        if ch.sent == 0 {
+            ch.send_started_ms = self.now_ms;
+        }
         let (slot, off, len) = (ch.slot, ch.send_off + ch.sent, ch.send_len - ch.sent);
         let last = body.segments.is_empty() && body.chunks.len() == 1;
         let flags = if last { 0 } else { libc::MSG_MORE };
@@ -770,6 +804,26 @@ impl Shard {
         let body = conn.body.as_mut().expect("send completion without a body");
         let ch = &mut body.chunks[i];
         conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
+        // Read ahead only as far as the client drains: a chunk that left quickly earns the
+        // full pipeline; a slow one (a trickling reader behind a full socket buffer) keeps
+        // just one chunk queued behind the one in the socket, and read-ahead it already holds
+        // is given back, so slow clients cannot sit on the arena.
+        let took_ms = self.now_ms.saturating_sub(ch.send_started_ms);
+        let slow = took_ms > READ_AHEAD_FAST_SEND_MS;
+        if ch.sent == ch.send_len && !slow {
+            body.read_ahead = self.cfg.pipeline_depth;
+        } else if slow && body.read_ahead > READ_AHEAD_START_CHUNKS {
+            body.read_ahead = READ_AHEAD_START_CHUNKS;
+            self.trim_read_ahead(c);
+        }
+        let conn = &mut self.conns[c as usize];
+        let body = conn.body.as_mut().expect("send completion without a body");
+        let i = body
+            .chunks
+            .iter()
+            .position(|ch| ch.slot == slot)
+            .expect("chunk still queued");
+        let ch = &mut body.chunks[i];
         if more {
             ch.state = ChunkState::AwaitNotif;
         } else if ch.sent < ch.send_len {
@@ -779,6 +833,51 @@ impl Shard {
             self.chunk_finished(c, slot);
         }
         self.send_soon(c);
+    }
+
+    /// Gives back read-ahead chunks beyond `read_ahead` that are read but not yet sent, and
+    /// rewinds the body so they are read again when the client catches up. Only plain file
+    /// bodies (one file segment) are trimmed; multipart framing is left as it is.
+    fn trim_read_ahead(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        let Some(body) = conn.body.as_mut() else {
+            return;
+        };
+        let plain = body.segments.len() <= 1
+            && body
+                .segments
+                .iter()
+                .all(|s| matches!(s, Segment::File { .. }))
+            && body.chunks.iter().all(|ch| ch.source != Source::Memory);
+        if !plain {
+            return;
+        }
+        let mut freed = Vec::new();
+        while body.chunks.len() > body.read_ahead {
+            let Some(last) = body.chunks.back() else {
+                break;
+            };
+            if last.state != ChunkState::Ready || last.sent != 0 || last.read_buf_off != 0 {
+                break;
+            }
+            let start = last.read_file_off + u64::from(last.send_off);
+            let len = u64::from(last.send_len);
+            match body.segments.front_mut() {
+                Some(Segment::File { pos, .. }) => {
+                    assert_eq!(*pos, start + len, "read-ahead is contiguous");
+                    *pos = start;
+                }
+                _ => body.segments.push_front(Segment::File {
+                    pos: start,
+                    end: start + len,
+                }),
+            }
+            freed.push(last.slot);
+            body.chunks.pop_back();
+        }
+        for slot in freed {
+            self.release_slot(slot);
+        }
     }
 
     /// A chunk's slot is free again: wake a waiter and let this connection plan more.
@@ -941,6 +1040,13 @@ impl Shard {
         conn.generation = conn.generation.wrapping_add(1);
         self.free_conns.push(c);
         self.open_conns -= 1;
+        self.socket_slot_freed();
+    }
+
+    /// A fixed socket slot was released: an accept backing off for lack of slots may retry now
+    /// instead of sleeping out its timer (the back-off only guards against a busy loop).
+    fn socket_slot_freed(&mut self) {
+        self.accept_retry_ms = 0;
     }
 
     // ---- timers, drain ---------------------------------------------------------------------
@@ -954,6 +1060,22 @@ impl Shard {
                 && now >= conn.deadline_ms
             {
                 self.close(c as u32, CloseReason::Timeout);
+                continue;
+            }
+            // A send stuck behind a full socket buffer gives no completion to learn from:
+            // check here that the read-ahead such a client holds is given back.
+            let stuck = conn.body.as_ref().is_some_and(|b| {
+                b.read_ahead > READ_AHEAD_START_CHUNKS
+                    && b.chunks.iter().any(|ch| {
+                        ch.state == ChunkState::Sending
+                            && now.saturating_sub(ch.send_started_ms) > READ_AHEAD_FAST_SEND_MS
+                    })
+            });
+            if conn.phase == Phase::Open && stuck {
+                if let Some(b) = self.conns[c].body.as_mut() {
+                    b.read_ahead = READ_AHEAD_START_CHUNKS;
+                }
+                self.trim_read_ahead(c as u32);
             }
         }
     }
@@ -997,7 +1119,8 @@ impl Shard {
         };
         match t.op {
             Op::Accept => return self.on_accept(cqe),
-            Op::Overflow | Op::OverflowClose | Op::CancelAccept => return,
+            Op::OverflowClose => return self.socket_slot_freed(),
+            Op::Overflow | Op::CancelAccept => return,
             Op::LogWrite => {
                 if let Some(log) = self.access_log.as_mut() {
                     log.on_write_done(&mut self.ring, cqe.result);

@@ -217,6 +217,7 @@ impl Shard {
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
             inline_head,
             small: inline_head,
+            read_ahead: super::READ_AHEAD_START_CHUNKS,
         });
     }
 }
@@ -271,6 +272,7 @@ impl Shard {
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
             inline_head: false,
             small: false,
+            read_ahead: super::READ_AHEAD_START_CHUNKS,
         });
     }
 }

@@ -617,41 +617,36 @@ impl Ring {
         timeout: Duration,
         batch: Option<(usize, Duration)>,
     ) -> io::Result<()> {
-        match batch {
+        let (want, min_wait_usec) = match batch {
             Some((want, min_wait)) if self.uring.params().is_feature_min_timeout() => {
-                self.enters += 1;
-                let ts = types::Timespec::new()
-                    .sec(timeout.as_secs())
-                    .nsec(timeout.subsec_nanos());
-                let args = types::SubmitArgs::new()
-                    .timespec(&ts)
-                    .min_wait_usec(min_wait.as_micros() as u32);
-                match self.uring.submitter().submit_with_args(want, &args) {
-                    Ok(_) => Ok(()),
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(libc::ETIME | libc::EINTR | libc::EBUSY)
-                        ) =>
-                    {
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
+                (want, min_wait.as_micros() as u32)
             }
-            _ => self.submit_and_wait(1, Some(timeout)),
-        }
+            _ => (1, 0),
+        };
+        self.submit_and_wait_inner(want, Some(timeout), min_wait_usec)
     }
 
     /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
     pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
+        self.submit_and_wait_inner(want, timeout, 0)
+    }
+
+    fn submit_and_wait_inner(
+        &mut self,
+        want: usize,
+        timeout: Option<Duration>,
+        min_wait_usec: u32,
+    ) -> io::Result<()> {
         self.enters += 1;
         let res = match timeout {
             Some(t) if want > 0 => {
                 let ts = types::Timespec::new()
                     .sec(t.as_secs())
                     .nsec(t.subsec_nanos());
-                let args = types::SubmitArgs::new().timespec(&ts);
+                let mut args = types::SubmitArgs::new().timespec(&ts);
+                if min_wait_usec > 0 {
+                    args = args.min_wait_usec(min_wait_usec);
+                }
                 self.uring.submitter().submit_with_args(want, &args)
             }
             None if want > 0 => self.uring.submitter().submit_and_wait(want),
@@ -675,6 +670,7 @@ impl Ring {
         };
         match res {
             Ok(_) => Ok(()),
+            // A timeout or a signal is a normal end of a wait.
             Err(e)
                 if matches!(
                     e.raw_os_error(),

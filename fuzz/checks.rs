@@ -1,0 +1,227 @@
+//! Invariants checked on every fuzz input, shared by the cargo-fuzz targets
+//! (`fuzz/fuzz_targets/*.rs`) and the stable-Rust smoke test (`tests/fuzz_smoke.rs`), which
+//! both include this file with `#[path]`. Each `check_*` takes the raw input bytes, calls one
+//! parser and panics when an invariant does not hold (a panic is what libFuzzer reports).
+//!
+//! Input formats (the seed corpora in `fuzz/corpus/<target>/` follow them):
+//! - `request_parser`: the bytes a client sent.
+//! - `range_parser`: 8 bytes little-endian file length, 1 byte `max_ranges`, then the Range
+//!   header value. Shorter inputs are padded with zeros.
+//! - `path_resolver`: the raw request path (query stripped, still percent-encoded).
+#![allow(dead_code)]
+
+use shardline::fs::resolve::{resolve_target, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
+use shardline::http::range::{parse_range, RangeOutcome};
+use shardline::http::request::{parse_request, Parsed, MAX_HEAD_BYTES, MAX_REQUEST_LINE_BYTES};
+
+/// Splits a `range_parser` input into (file length, max_ranges, header value).
+pub fn split_range_input(data: &[u8]) -> (u64, usize, &[u8]) {
+    let mut len = [0u8; 8];
+    for (dst, src) in len.iter_mut().zip(data) {
+        *dst = *src;
+    }
+    let max = usize::from(data.get(8).copied().unwrap_or(0));
+    let header = data.get(9..).unwrap_or_default();
+    (u64::from_le_bytes(len), max, header)
+}
+
+/// Builds a `range_parser` input (for seeds and the property test).
+pub fn range_input(file_len: u64, max_ranges: u8, header: &[u8]) -> Vec<u8> {
+    let mut v = file_len.to_le_bytes().to_vec();
+    v.push(max_ranges);
+    v.extend_from_slice(header);
+    v
+}
+
+/// `parse_request`: no panic; statuses from the documented set; a complete head is well
+/// formed; and the prefix property (every prefix parses as `Partial` or as the same result,
+/// and the head alone parses as the same `Complete`).
+pub fn check_request_input(data: &[u8]) {
+    let full = parse_request(data);
+    match full {
+        Parsed::Complete { request, head_len } => {
+            assert!(
+                head_len > 0 && head_len <= data.len(),
+                "head_len {head_len}"
+            );
+            assert!(
+                head_len <= MAX_HEAD_BYTES,
+                "head_len {head_len} over the limit"
+            );
+            assert_eq!(
+                request.path.first(),
+                Some(&b'/'),
+                "path must start with '/'"
+            );
+            assert!(
+                !request.path.iter().any(|&b| b == b'?' || b == b'#'),
+                "query or fragment left in the path"
+            );
+            assert!(request.path.len() < MAX_REQUEST_LINE_BYTES);
+            assert!(
+                data[..head_len].ends_with(b"\r\n\r\n"),
+                "a complete head ends with an empty line"
+            );
+            // The head alone is the same request; so is the head plus anything after it.
+            assert_eq!(parse_request(&data[..head_len]), full, "head alone differs");
+        }
+        Parsed::Rejected(r) => {
+            assert!(
+                matches!(r.status, 400 | 405 | 414 | 431 | 501 | 505),
+                "unexpected reject status {}",
+                r.status
+            );
+        }
+        Parsed::Partial => {
+            assert!(
+                data.len() <= MAX_HEAD_BYTES,
+                "over-long input still Partial"
+            );
+        }
+    }
+    // A few prefixes, chosen from the data so every input exercises different cuts.
+    let n = data.len();
+    let cuts = [
+        n / 2,
+        n.saturating_sub(1),
+        usize::from(data.first().copied().unwrap_or(0)) % (n + 1),
+        n.saturating_sub(usize::from(data.last().copied().unwrap_or(0)) % (n + 1)),
+    ];
+    for k in cuts {
+        let p = parse_request(&data[..k]);
+        let consistent = match (&p, &full) {
+            (Parsed::Partial, _) => true,
+            (a, b) => a == b,
+        };
+        assert!(
+            consistent,
+            "prefix {k} of {n}: {p:?} but whole input: {full:?}"
+        );
+    }
+}
+
+/// `parse_range`: no panic; every range inside the file, non-empty, sorted, disjoint and
+/// non-adjacent; never more parts than `max_ranges`; never more bytes than the file.
+pub fn check_range_input(data: &[u8]) {
+    let (file_len, max_ranges, header) = split_range_input(data);
+    match parse_range(header, file_len, max_ranges) {
+        RangeOutcome::Full => {}
+        RangeOutcome::Unsatisfiable => {}
+        RangeOutcome::Single(r) => {
+            assert!(r.start < r.end, "empty single range {r:?}");
+            assert!(r.end <= file_len, "{r:?} past the end of {file_len}");
+            assert!(max_ranges >= 1, "a range with max_ranges 0");
+        }
+        RangeOutcome::Multi(rs) => {
+            assert!(rs.len() >= 2, "Multi with {} part(s)", rs.len());
+            assert!(
+                rs.len() <= max_ranges,
+                "{} parts over max {max_ranges}",
+                rs.len()
+            );
+            let mut sum: u64 = 0;
+            for r in &rs {
+                assert!(r.start < r.end, "empty part {r:?}");
+                assert!(r.end <= file_len, "{r:?} past the end of {file_len}");
+                sum = sum.checked_add(r.len()).expect("sum overflows");
+            }
+            assert!(sum <= file_len, "parts add up to {sum} > {file_len}");
+            for w in rs.windows(2) {
+                assert!(w[0].end < w[1].start, "parts not sorted and apart: {w:?}");
+            }
+        }
+    }
+}
+
+/// `resolve_target`: every accepted path is relative, normalised and harmless, resolving it
+/// again (re-encoded) gives the same path, and a path that climbs out is never accepted.
+pub fn check_path_input(data: &[u8]) {
+    let Ok(r) = resolve_target(data) else {
+        return;
+    };
+    let p = r.rel_path.as_str();
+    assert!(!p.starts_with('/'), "leading '/': {p:?}");
+    assert!(!p.bytes().any(|b| b == 0), "NUL in {p:?}");
+    assert!(!p.contains('\\'), "backslash in {p:?}");
+    assert!(
+        !p.bytes().any(|b| b < 0x20 || b == 0x7f),
+        "control byte in {p:?}"
+    );
+    assert!(p.len() <= MAX_PATH_BYTES, "{} bytes", p.len());
+    if !p.is_empty() {
+        for seg in p.split('/') {
+            assert!(
+                !seg.is_empty() && seg != "." && seg != "..",
+                "bad segment {seg:?} in {p:?}"
+            );
+            assert!(
+                seg.len() <= MAX_SEGMENT_BYTES,
+                "segment of {} bytes",
+                seg.len()
+            );
+        }
+    } else {
+        assert!(r.wants_dir, "the root must be a directory request");
+    }
+    // Beneath the root, judged by an independent model: decode once, walk the segments, and
+    // if the depth ever goes below the root the resolver must have refused the path.
+    if model_escapes(data) {
+        panic!(
+            "{:?} climbs above the root but resolved to {p:?}",
+            String::from_utf8_lossy(data)
+        );
+    }
+    let again = reencode(p);
+    let r2 = resolve_target(again.as_bytes()).expect("a resolved path resolves again");
+    assert_eq!(r2.rel_path, r.rel_path, "resolution is not idempotent");
+}
+
+/// True when `raw`, percent-decoded once (malformed escapes give false: the resolver refuses
+/// those anyway), has a `..` segment that climbs above the root.
+fn model_escapes(raw: &[u8]) -> bool {
+    let mut decoded = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hex = raw
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(b) if !hex.is_some_and(|h| h.starts_with('+')) => decoded.push(b),
+                _ => return false,
+            }
+            i += 3;
+        } else {
+            decoded.push(raw[i]);
+            i += 1;
+        }
+    }
+    let mut depth: i64 = 0;
+    for seg in decoded.split(|&b| b == b'/') {
+        match seg {
+            b"" | b"." => {}
+            b".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return true;
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    false
+}
+
+/// `/` + `rel` with '%' written as `%25`, so resolving it yields `rel` again.
+fn reencode(rel: &str) -> String {
+    let mut s = String::with_capacity(rel.len() + 1);
+    s.push('/');
+    for ch in rel.chars() {
+        if ch == '%' {
+            s.push_str("%25");
+        } else {
+            s.push(ch);
+        }
+    }
+    s
+}
