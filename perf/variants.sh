@@ -751,7 +751,8 @@ report() {
         $3 + 0 > 50 { n++; if ($3 + 0 > m) { m = $3 + 0; at = $1 } }
         END { if (n) printf "%s%s: %d over 50 ms, worst %.0f ms (request #%d, sent %.1f s into the run; steal CPU 0/1 over the run %s%%)", "; ", tag, n, m, at, w + at / rate, st }')
     done
-    echo "- Small-request stalls (requests over 50 ms to first byte; a run of them sent 20 ms apart that all got their first byte at about the same moment means the shard did not run for that long): ${stalls2#; }${stalls2:-none}."
+    [[ -n $stalls2 ]] || stalls2='; none'
+    echo "- Small-request stalls (requests over 50 ms to first byte; a run of them sent 20 ms apart that all got their first byte at about the same moment means the shard did not run for that long): ${stalls2#; }."
     echo "- Hypervisor steal (/proc/stat: time this VM's CPU 0 / CPU 1 had work but the host ran something else; a stall no in-guest counter shows) per bulk run: $steals."
     echo "- The profile uses cpu-clock in a VM: time with interrupts disabled (softirq work, spinlock sections) is attributed to the point where they are re-enabled, hence the large \`_raw_spin_unlock_irqrestore\`; shares are of all the shard thread's samples."
     echo "- Raw outputs (loadgen, wrk, /metrics snapshots, server logs, perf data): \`perf/out/variants/\`."
