@@ -108,10 +108,123 @@ pub fn bind_group(cfg: &Config, shards: usize) -> Result<Vec<TcpListener>, Confi
     Ok(out)
 }
 
+/// Head-room left in RLIMIT_MEMLOCK per shard for the ring's own pinned pages.
+const MEMLOCK_SLACK_PER_SHARD_BYTES: u64 = 1 << 20;
+/// `CAP_IPC_LOCK` bit in the capability masks of /proc/self/status.
+const CAP_IPC_LOCK_BIT: u32 = 14;
+
+fn has_cap_ipc_lock() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK_BIT) != 0)
+}
+
+/// Registered buffers count against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. Raise
+/// the soft limit to the hard one; if the arenas still do not fit, shrink the arena (and, if
+/// needed, the chunk size) to what does, with a warning, so the default command works for an
+/// unprivileged user with the usual 8 MiB limit. Nothing silent: the new sizes are logged.
+pub fn fit_arena_to_memlock(cfg: &mut Config, shards: usize) -> Result<(), ConfigError> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    if has_cap_ipc_lock() {
+        return Ok(());
+    }
+    let mut lim = getrlimit(Resource::Memlock);
+    if lim.current != lim.maximum {
+        let raised = rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if setrlimit(Resource::Memlock, raised).is_ok() {
+            lim = getrlimit(Resource::Memlock);
+        }
+    }
+    let Some(limit) = lim.current else {
+        return Ok(()); // unlimited
+    };
+    let per_shard = (limit / shards.max(1) as u64).saturating_sub(MEMLOCK_SLACK_PER_SHARD_BYTES);
+    if cfg.arena_bytes as u64 <= per_shard {
+        return Ok(());
+    }
+    let min_slots = (cfg.pipeline_depth + crate::shard::buffers::RESERVED_FOR_SMALL_SLOTS) as u64;
+    let mut chunk = cfg.chunk_bytes as u64;
+    while chunk > crate::config::MIN_CHUNK_BYTES as u64 && min_slots * chunk > per_shard {
+        chunk /= 2;
+    }
+    let slots = per_shard / chunk;
+    if slots < min_slots {
+        return Err(ConfigError {
+            key: "arena_bytes".into(),
+            message: format!(
+                "RLIMIT_MEMLOCK is {limit} bytes: too small for {shards} registered arenas of at \
+                 least {min_slots} chunks; raise it (ulimit -l, LimitMEMLOCK=) or run fewer shards"
+            ),
+        });
+    }
+    let arena = slots * chunk;
+    tracing::warn!(
+        memlock_bytes = limit,
+        shards,
+        arena_bytes_from = cfg.arena_bytes,
+        arena_bytes_to = arena,
+        chunk_bytes_to = chunk,
+        "registered arena shrunk to fit RLIMIT_MEMLOCK; raise the limit for full-size arenas"
+    );
+    cfg.arena_bytes = arena as usize;
+    cfg.chunk_bytes = chunk as usize;
+    cfg.tick_budget_bytes = cfg.tick_budget_bytes.max(cfg.chunk_bytes);
+    cfg.validate()
+}
+
+/// The ring's fixed-file table (sockets + files) may not exceed RLIMIT_NOFILE: raise the soft
+/// limit to the hard one (as nginx's worker_rlimit_nofile), or say which key to lower.
+pub fn fit_file_table_to_nofile(cfg: &Config) -> Result<(), ConfigError> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let needed = (cfg.max_connections_per_shard
+        + crate::shard::OVERFLOW_SOCKET_SLOTS as usize
+        + cfg.open_file_cache_entries) as u64
+        + 64;
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current.is_none_or(|c| c >= needed) {
+        return Ok(());
+    }
+    let target = match lim.maximum {
+        None => needed,
+        Some(max) => max.min(needed.max(lim.current.unwrap_or(0))),
+    };
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(target),
+            maximum: lim.maximum,
+        },
+    );
+    if getrlimit(Resource::Nofile)
+        .current
+        .is_none_or(|c| c >= needed)
+    {
+        return Ok(());
+    }
+    Err(ConfigError {
+        key: "max_connections_per_shard".into(),
+        message: format!(
+            "the fixed-file table needs {needed} entries but RLIMIT_NOFILE allows {:?}; raise \
+             `ulimit -n` or lower max_connections_per_shard / open_file_cache_entries",
+            lim.maximum
+        ),
+    })
+}
+
 /// Runs the server until SIGTERM/SIGINT and a drain.
-pub fn serve(cfg: Config) -> Result<(), ServeError> {
+pub fn serve(mut cfg: Config) -> Result<(), ServeError> {
     cfg.validate()?;
     let cpus = shard_cpus(&cfg)?;
+    fit_arena_to_memlock(&mut cfg, cpus.len())?;
+    fit_file_table_to_nofile(&cfg)?;
     let listeners = bind_group(&cfg, cpus.len())?;
     if cfg.steering && listeners.len() > 1 {
         // Every socket is listening, so group index == shard index == listen order.
