@@ -605,7 +605,12 @@ report() {
   case $(verdict_of zc.p50.on) in
     better | lean-better) s_zc+="One difference this data does not explain: the small-request TTFB p50 was lower with ZC on ($(printf %.3f "$(mean_of zc on p50)") vs $(printf %.3f "$(mean_of zc off p50)") ms, $(verdict_of zc.p50.on)); small responses never use SEND_ZC (below zerocopy_min_bytes), so it is an effect of the bulk sends around them, and it does not outweigh $(printf %.0f "$(calc "100 * ($cpu_on - $cpu_off) / $cpu_off")")% more CPU per GiB. " ;;
   esac
-  s_zc+="Default supported: keep \`zerocopy = \"auto\"\` (off on loopback, where these numbers show it can only lose; on elsewhere, where the copy it removes is the share above of the shard's CPU at bulk). Confirm on a NIC host with section 2 against a remote client: the sign of the CPU-per-GiB difference should flip."
+  if [[ $(verdict_of zc.cpu_gib.on) == worse ]]; then
+    s_zc+="Default supported: keep \`zerocopy = \"auto\"\` (off on loopback, where these numbers show it losing; "
+  else
+    s_zc+="Default supported: keep \`zerocopy = \"auto\"\` (off on loopback, where it did not win in this run and, by the mechanism above, cannot; "
+  fi
+  s_zc+="on elsewhere, where the copy it removes is the share above of the shard's CPU at bulk). Confirm on a NIC host with section 2 against a remote client: the sign of the CPU-per-GiB difference should flip."
 
   # Batching and tick budget: list every verdict that is not noise, then pick the sentence.
   local u strong lean wins='' cpuw='' lat='' ent0 ent200
