@@ -522,17 +522,7 @@ mkdir -p "$ROOT" "$RUN"
 rm -f "$RUN"/*
 chmod 755 "$OUTDIR" "$ROOT"
 
-log "building perf/loadgen"
-cargo build --release --quiet --manifest-path "$HERE/loadgen/Cargo.toml"
-if [[ -n ${SHARDLINE_BIN:-} ]]; then
-  SL_BIN=$(command -v "$SHARDLINE_BIN" || true)
-  [[ -n $SL_BIN ]] || die "SHARDLINE_BIN=$SHARDLINE_BIN is not executable"
-  [[ $SL_BIN == /* ]] || SL_BIN=$PWD/$SL_BIN
-else
-  log "building shardline (cargo build --release)"
-  (cd "$REPO" && cargo build --release --quiet)
-  SL_BIN=$REPO/target/release/shardline
-fi
+build_tools  # sets SL_BIN
 "$SL_BIN" serve --help 2>&1 | grep -q -- '--root' ||
   die "$SL_BIN does not implement 'serve --root ...' yet; to check the harness alone: SHARDLINE_BIN=perf/nginx-as-shardline.sh $0 --quick"
 # Newer engines open an admin listener (/metrics) on a fixed port by default; ask for a free one so

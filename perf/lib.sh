@@ -107,3 +107,18 @@ ensure_fixture() {
   chmod 644 "$f"
   echo "$bytes $seed" >"$stamp"
 }
+
+# Builds perf/loadgen and shardline (or takes SHARDLINE_BIN); sets SL_BIN. Needs HERE and REPO.
+build_tools() {
+  log "building perf/loadgen"
+  cargo build --release --quiet --manifest-path "$HERE/loadgen/Cargo.toml"
+  if [[ -n ${SHARDLINE_BIN:-} ]]; then
+    SL_BIN=$(command -v "$SHARDLINE_BIN" || true)
+    [[ -n $SL_BIN ]] || die "SHARDLINE_BIN=$SHARDLINE_BIN is not executable"
+    [[ $SL_BIN == /* ]] || SL_BIN=$PWD/$SL_BIN
+  else
+    log "building shardline (cargo build --release)"
+    (cd "$REPO" && cargo build --release --quiet)
+    SL_BIN=$REPO/target/release/shardline
+  fi
+}

@@ -783,17 +783,7 @@ mkdir -p "$ROOT" "$RUN"
 rm -f "$RUN"/*
 chmod 755 "$OUTDIR" "$ROOT"
 
-log "building perf/loadgen"
-cargo build --release --quiet --manifest-path "$HERE/loadgen/Cargo.toml"
-if [[ -n ${SHARDLINE_BIN:-} ]]; then
-  SL_BIN=$(command -v "$SHARDLINE_BIN" || true)
-  [[ -n $SL_BIN ]] || die "SHARDLINE_BIN=$SHARDLINE_BIN is not executable"
-  [[ $SL_BIN == /* ]] || SL_BIN=$PWD/$SL_BIN
-else
-  log "building shardline (cargo build --release)"
-  (cd "$REPO" && cargo build --release --quiet)
-  SL_BIN=$REPO/target/release/shardline
-fi
+build_tools  # sets SL_BIN
 SL_REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || SL_REV="$SL_REV (+ uncommitted changes)"
 [[ -z ${SHARDLINE_BIN:-} ]] || SL_REV="unknown (SHARDLINE_BIN)"
