@@ -16,7 +16,14 @@ pub enum Demand {
     Small,
     /// One chunk of a large transfer; leaves the reserve alone.
     Bulk,
+    /// A chunk read ahead by a transfer that already holds one: taken only while a quarter of
+    /// the arena is free and nobody waits, and never queued, so read-ahead can neither starve
+    /// a connection that holds nothing nor make anyone wait.
+    ReadAhead,
 }
+
+/// Share of the arena (1/N) kept free of read-ahead, for connections that hold no chunk.
+pub const READ_AHEAD_FREE_DIVISOR: usize = 4;
 
 /// Free list and wait queues of one shard's arena.
 pub struct ArenaSlots {
@@ -56,6 +63,8 @@ impl ArenaSlots {
             Demand::Small => 0,
             Demand::Bulk if !self.bulk_waiters.is_empty() => return None,
             Demand::Bulk => self.reserve,
+            Demand::ReadAhead if self.waiting() > 0 => return None,
+            Demand::ReadAhead => self.reserve + self.total / READ_AHEAD_FREE_DIVISOR,
         };
         if self.free.len() > floor {
             self.free.pop()
@@ -70,6 +79,7 @@ impl ArenaSlots {
         let q = match demand {
             Demand::Small => &mut self.small_waiters,
             Demand::Bulk => &mut self.bulk_waiters,
+            Demand::ReadAhead => unreachable!("read-ahead never waits"),
         };
         if !q.contains(&conn) {
             q.push_back(conn);
@@ -114,6 +124,23 @@ impl ArenaSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_ahead_keeps_a_quarter_free_and_yields_to_waiters() {
+        let mut a = ArenaSlots::new(16);
+        // reserve 4 + 16/4 = 8 slots stay free of read-ahead.
+        let mut got = 0;
+        while a.take(Demand::ReadAhead).is_some() {
+            got += 1;
+        }
+        assert_eq!(got, 8);
+        assert_eq!(a.free_count(), 8);
+        assert!(a.take(Demand::Bulk).is_some());
+        // Anyone waiting stops read-ahead even with slots above the floor.
+        let mut b = ArenaSlots::new(16);
+        b.wait(3, Demand::Small);
+        assert_eq!(b.take(Demand::ReadAhead), None);
+    }
 
     #[test]
     fn bulk_leaves_the_reserve_for_small_responses() {

@@ -54,6 +54,11 @@ pub enum ChunkState {
     Sending,
     /// Fully sent with SEND_ZC; the slot returns with the notification.
     AwaitNotif,
+    /// The socket took only part of it (or nothing): the rest waits for the socket to become
+    /// writable. The slot is ours, not the kernel's, so it can be given back at any time and
+    /// the unsent bytes re-read later (a stalled client holds memory only while nobody else
+    /// needs it, and at most `PARK_HOLD_MS`).
+    Parked,
 }
 
 /// One registered-buffer chunk of a response.
@@ -142,6 +147,10 @@ pub struct Body {
     /// Chunks this response may hold now (adapts between READ_AHEAD_START_CHUNKS and
     /// pipeline_depth with how fast the client drains).
     pub read_ahead: usize,
+    /// Bytes the next file read asks for at most: what the socket took in its last writable
+    /// round (it grows again while the client keeps up), so a slow socket is not handed a
+    /// whole chunk it cannot take.
+    pub read_size_bytes: usize,
 }
 
 impl Body {
@@ -195,6 +204,19 @@ pub struct Conn {
     pub handoff_slot: Option<u16>,
     /// Waiting to re-arm a receive (no provided buffer was free).
     pub recv_retry: bool,
+    /// A writability poll is in flight (a chunk is parked behind a full socket).
+    pub poll_armed: bool,
+    /// When the connection last parked a chunk (shard clock, ms).
+    pub parked_ms: u64,
+    /// Bytes the socket took since it last became writable.
+    pub round_bytes: u64,
+    /// What the socket took in its last full writable round (bytes), at least a minimum read.
+    pub round_estimate_bytes: usize,
+    /// Listed in the shard's parked FIFO (kept across slot reuse: the FIFO holds slots).
+    pub parked_listed: bool,
+    /// The last chunk send went out whole: the client drains fast enough for SEND_ZC, whose
+    /// buffer stays the kernel's until the peer acknowledges it.
+    pub fast_drain: bool,
     /// When the current request was parsed (shard clock, µs).
     pub request_start_us: u64,
     /// The first byte of the current response has been sent.
@@ -232,6 +254,12 @@ impl Conn {
             waiting_arena: false,
             handoff_slot: None,
             recv_retry: false,
+            poll_armed: false,
+            parked_ms: 0,
+            parked_listed: false,
+            round_bytes: 0,
+            round_estimate_bytes: 0,
+            fast_drain: false,
             request_start_us: 0,
             first_byte_sent: false,
             resp_bytes: 0,
@@ -249,8 +277,10 @@ impl Conn {
         rx.clear();
         let mut log_request = std::mem::take(&mut self.log_request);
         log_request.clear();
+        let parked_listed = self.parked_listed;
         *self = Conn::new();
         self.generation = generation;
+        self.parked_listed = parked_listed;
         self.rx = rx;
         self.log_request = log_request;
         self.phase = Phase::Open;

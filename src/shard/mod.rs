@@ -35,9 +35,15 @@ use token::{Op, Token};
 pub const TIMER_SWEEP_MS: u64 = 100;
 /// Chunks a response reads ahead until its first chunk has left (and after a slow send).
 pub const READ_AHEAD_START_CHUNKS: usize = 2;
-/// A chunk send this quick shows the client drains faster than the disk read takes, so the
-/// connection may use the whole `pipeline_depth`.
+/// A SEND_ZC buffer not yet released by the kernel after this long (the peer is slow to
+/// acknowledge) makes the connection give back the read-ahead it holds behind it.
 pub const READ_AHEAD_FAST_SEND_MS: u64 = 20;
+/// Longest a connection keeps a parked chunk (its socket full) while nobody else waits for
+/// the arena; the unsent bytes are then re-read when the socket drains. Under arena pressure
+/// parked chunks are given back at once.
+pub const PARK_HOLD_MS: u64 = 200;
+/// Smallest file read planned for a connection whose socket takes little per writable round.
+pub const MIN_READ_BYTES: usize = 64 * 1024;
 /// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
 pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
@@ -102,6 +108,8 @@ struct Shard {
     shutdown: Arc<AtomicBool>,
     batch: Vec<Completion>,
     recv_retry: Vec<u32>,
+    /// Connections that parked a chunk, oldest first (each slot at most once: `parked_listed`).
+    parked: std::collections::VecDeque<u32>,
     started: Instant,
     now_ms: u64,
     drain_deadline_ms: Option<u64>,
@@ -178,6 +186,7 @@ impl Shard {
             shutdown: p.shutdown,
             batch: Vec::with_capacity(COMPLETION_BATCH_MAX),
             recv_retry: Vec::new(),
+            parked: std::collections::VecDeque::with_capacity(max_conns),
             started: Instant::now(),
             now_ms: 0,
             drain_deadline_ms: None,
@@ -465,7 +474,12 @@ impl Shard {
             let Some(body) = conn.body.as_mut() else {
                 return Turn::Idle;
             };
-            if body.segments.is_empty() || body.chunks.len() >= body.read_ahead.min(depth) {
+            // A full socket takes nothing now: read when it drains (the poll re-queues us).
+            let socket_full = conn.poll_armed;
+            if socket_full
+                || body.segments.is_empty()
+                || body.chunks.len() >= body.read_ahead.min(depth)
+            {
                 // No more read-ahead wanted now: a slot handed over while waiting goes back.
                 let handed = conn.handoff_slot.take();
                 if std::mem::replace(&mut conn.waiting_arena, false) {
@@ -483,14 +497,22 @@ impl Shard {
             }
             let demand = if body.inline_head {
                 Demand::Small
-            } else {
+            } else if body.chunks.is_empty() {
                 Demand::Bulk
+            } else {
+                Demand::ReadAhead
             };
             let Some(slot) = conn.handoff_slot.take().or_else(|| self.arena.take(demand)) else {
+                if demand == Demand::ReadAhead {
+                    // Planned again when one of its chunks finishes.
+                    return Turn::Idle;
+                }
                 if !conn.waiting_arena {
                     conn.waiting_arena = true;
                     self.arena.wait(c, demand);
                 }
+                // Chunks parked behind full sockets are not moving: they go to the waiters.
+                self.reclaim_parked();
                 return Turn::Idle;
             };
             conn.waiting_arena = false;
@@ -547,7 +569,9 @@ impl Shard {
                         body.inline_head = false;
                         *pos = *end;
                     } else {
-                        let plan = crate::fs::dio::plan_chunk(*pos, *end, body.align, chunk_bytes);
+                        let read_cap =
+                            read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes);
+                        let plan = crate::fs::dio::plan_chunk(*pos, *end, body.align, read_cap);
                         chunk.state = ChunkState::Reading;
                         chunk.send_off = plan.skip as u32;
                         chunk.send_len = plan.send_len as u32;
@@ -683,14 +707,16 @@ impl Shard {
         let Some(ch) = body
             .chunks
             .iter_mut()
-            .find(|ch| ch.state != ChunkState::AwaitNotif)
+            // A chunk fully handed to SEND_ZC only waits for its buffer; one the socket took
+            // only part of still goes first (bytes leave in order).
+            .find(|ch| ch.state != ChunkState::AwaitNotif || ch.sent < ch.send_len)
         else {
             if body.segments.is_empty() && body.chunks.is_empty() {
                 self.finish_response(c);
             }
             return;
         };
-        if ch.state != ChunkState::Ready {
+        if ch.state != ChunkState::Ready || conn.poll_armed {
             return;
         }
         ch.state = ChunkState::Sending;
@@ -700,7 +726,9 @@ impl Shard {
         let (slot, off, len) = (ch.slot, ch.send_off + ch.sent, ch.send_len - ch.sent);
         let last = body.segments.is_empty() && body.chunks.len() == 1;
         let flags = if last { 0 } else { libc::MSG_MORE };
-        let zc = self.zerocopy && len as usize >= self.cfg.zerocopy_min_bytes;
+        // SEND_ZC keeps the buffer until the peer acknowledges it: only for a connection
+        // that drains fast; a slow or stalled one gets copy sends and holds nothing.
+        let zc = self.zerocopy && conn.fast_drain && len as usize >= self.cfg.zerocopy_min_bytes;
         self.shard_budget.charge(len as usize);
         conn.ops += 1;
         let socket = conn.socket;
@@ -772,73 +800,195 @@ impl Shard {
         let ch = &mut body.chunks[i];
         if notification {
             if ch.sent < ch.send_len {
-                ch.state = ChunkState::Ready; // partial SEND_ZC: send the rest now
+                // The socket was full when SEND_ZC returned short: wait until it drains.
+                ch.state = ChunkState::Parked;
+                self.park(c);
             } else {
                 body.chunks.remove(i);
                 self.chunk_finished(c, slot);
-            }
-            self.send_soon(c);
-            return;
-        }
-        if cqe.result <= 0 {
-            if !more {
-                self.close(c, CloseReason::Abort);
-            } else {
-                ch.state = ChunkState::AwaitNotif;
-                ch.sent = ch.send_len; // nothing more will be sent; wait for the buffer
-                self.close(c, CloseReason::Abort);
+                self.send_soon(c);
             }
             return;
         }
-        ch.sent += cqe.result as u32;
-        let n = cqe.result as u64;
-        let counter = match ch.source {
-            Source::Direct => &self.metrics.bytes_direct,
-            Source::DontCache => &self.metrics.bytes_dontcache,
-            Source::Buffered => &self.metrics.bytes_buffered,
-            Source::Memory => &self.metrics.bytes_memory,
+        let took = match cqe.result {
+            n if n > 0 => n as u32,
+            n if -n == libc::EAGAIN => 0,
+            _ => {
+                if more {
+                    ch.state = ChunkState::AwaitNotif;
+                    ch.sent = ch.send_len; // nothing more will be sent; wait for the buffer
+                }
+                self.close(c, CloseReason::Abort);
+                return;
+            }
         };
-        ShardMetrics::add(counter, n);
-        self.sent_bytes(c, n);
-        let conn = &mut self.conns[c as usize];
-        let body = conn.body.as_mut().expect("send completion without a body");
-        let ch = &mut body.chunks[i];
-        conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
-        // Read ahead only as far as the client drains: a chunk that left quickly earns the
-        // full pipeline; a slow one (a trickling reader behind a full socket buffer) keeps
-        // just one chunk queued behind the one in the socket, and read-ahead it already holds
-        // is given back, so slow clients cannot sit on the arena.
-        let took_ms = self.now_ms.saturating_sub(ch.send_started_ms);
-        let slow = took_ms > READ_AHEAD_FAST_SEND_MS;
-        if ch.sent == ch.send_len && !slow {
-            body.read_ahead = self.cfg.pipeline_depth;
-        } else if slow && body.read_ahead > READ_AHEAD_START_CHUNKS {
-            body.read_ahead = READ_AHEAD_START_CHUNKS;
-            self.trim_read_ahead(c);
-        }
-        let conn = &mut self.conns[c as usize];
-        let body = conn.body.as_mut().expect("send completion without a body");
-        let i = body
-            .chunks
-            .iter()
-            .position(|ch| ch.slot == slot)
-            .expect("chunk still queued");
-        let ch = &mut body.chunks[i];
-        if more {
-            ch.state = ChunkState::AwaitNotif;
-        } else if ch.sent < ch.send_len {
-            ch.state = ChunkState::Ready;
+        ch.sent += took;
+        let whole = ch.sent == ch.send_len;
+        let source = ch.source;
+        let state = if more {
+            ChunkState::AwaitNotif
+        } else if whole {
+            ChunkState::Ready // removed below
         } else {
+            ChunkState::Parked
+        };
+        ch.state = state;
+        if took > 0 {
+            let counter = match source {
+                Source::Direct => &self.metrics.bytes_direct,
+                Source::DontCache => &self.metrics.bytes_dontcache,
+                Source::Buffered => &self.metrics.bytes_buffered,
+                Source::Memory => &self.metrics.bytes_memory,
+            };
+            ShardMetrics::add(counter, u64::from(took));
+            self.sent_bytes(c, u64::from(took));
+            self.conns[c as usize].deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
+        }
+        self.note_socket_round(c, took, whole);
+        if state == ChunkState::Parked {
+            self.park(c);
+            return;
+        }
+        if state == ChunkState::Ready {
+            let body = self.conns[c as usize].body.as_mut().expect("body");
+            let i = body
+                .chunks
+                .iter()
+                .position(|ch| ch.slot == slot)
+                .expect("chunk still queued");
             body.chunks.remove(i);
             self.chunk_finished(c, slot);
         }
         self.send_soon(c);
     }
 
-    /// Gives back read-ahead chunks beyond `read_ahead` that are read but not yet sent, and
-    /// rewinds the body so they are read again when the client catches up. Only plain file
-    /// bodies (one file segment) are trimmed; multipart framing is left as it is.
-    fn trim_read_ahead(&mut self, c: u32) {
+    /// Learns from one send how much the socket takes: a whole send lets the connection read
+    /// ahead its full pipeline with full-size reads; a short one (the socket filled up) sizes
+    /// the next reads to what this writable round took and gives back read-ahead beyond
+    /// `READ_AHEAD_START_CHUNKS`, so a slow client is never handed more than it can take.
+    fn note_socket_round(&mut self, c: u32, took: u32, whole: bool) {
+        let chunk_bytes = self.cfg.chunk_bytes;
+        let depth = self.cfg.pipeline_depth;
+        let conn = &mut self.conns[c as usize];
+        conn.round_bytes += u64::from(took);
+        conn.fast_drain = whole;
+        let round = conn.round_bytes;
+        let Some(body) = conn.body.as_mut() else {
+            return;
+        };
+        if whole {
+            body.read_ahead = depth;
+            body.read_size_bytes = body.read_size_bytes.saturating_mul(2).min(chunk_bytes);
+        } else {
+            // What one writable round took: the size of reads once parked chunks are
+            // reclaimed (a re-read of what a slow socket could not take wastes disk time).
+            conn.round_estimate_bytes = (round as usize).clamp(MIN_READ_BYTES, chunk_bytes);
+            if body.read_ahead > READ_AHEAD_START_CHUNKS {
+                body.read_ahead = READ_AHEAD_START_CHUNKS;
+                self.give_back_chunks(c, READ_AHEAD_START_CHUNKS);
+            }
+        }
+    }
+
+    /// The connection's socket is full: wait for it to drain (one poll per connection; no
+    /// buffer is lent to the kernel meanwhile) and list it so its chunks can be reclaimed.
+    fn park(&mut self, c: u32) {
+        let now = self.now_ms;
+        let conn = &mut self.conns[c as usize];
+        conn.fast_drain = false;
+        if !conn.poll_armed {
+            conn.poll_armed = true;
+            conn.parked_ms = now;
+            conn.ops += 1;
+            let socket = conn.socket;
+            let t = self.token(Op::PollOut, c, 0);
+            self.ring.poll_writable(socket, t);
+        }
+        let conn = &mut self.conns[c as usize];
+        if !conn.parked_listed {
+            conn.parked_listed = true;
+            self.parked.push_back(c);
+        }
+        self.reclaim_parked();
+    }
+
+    /// The socket drained below its low-water mark: parked chunks may send again, and a
+    /// connection whose chunks were reclaimed plans fresh reads.
+    fn on_poll_out(&mut self, c: u32, res: i32) {
+        let conn = &mut self.conns[c as usize];
+        conn.ops -= 1;
+        conn.poll_armed = false;
+        if conn.phase != Phase::Open {
+            self.maybe_finish_close(c);
+            return;
+        }
+        if res < 0 && -res != libc::ECANCELED {
+            self.close(c, CloseReason::Abort);
+            return;
+        }
+        conn.round_bytes = 0;
+        if let Some(body) = conn.body.as_mut() {
+            for ch in body.chunks.iter_mut() {
+                if ch.state == ChunkState::Parked {
+                    ch.state = ChunkState::Ready;
+                }
+            }
+        }
+        self.ready.push_bulk(c);
+    }
+
+    /// Gives parked chunks (behind full sockets, oldest first) to connections waiting for
+    /// the arena; stops when nobody waits.
+    fn reclaim_parked(&mut self) {
+        while self.arena.waiting() > 0 {
+            let Some(c) = self.parked.pop_front() else {
+                return;
+            };
+            self.conns[c as usize].parked_listed = false;
+            if self.is_parked(c) {
+                self.reclaim_from(c);
+            }
+        }
+    }
+
+    /// Takes every chunk a parked connection holds; its later reads are sized to what its
+    /// socket takes per writable round, so the next reclaim wastes little.
+    fn reclaim_from(&mut self, c: u32) {
+        self.give_back_chunks(c, 0);
+        let conn = &mut self.conns[c as usize];
+        let estimate = conn.round_estimate_bytes;
+        if let Some(body) = conn.body.as_mut() {
+            body.read_size_bytes = estimate;
+        }
+    }
+
+    /// Gives back the chunks of connections parked longer than `PARK_HOLD_MS` (a stalled
+    /// client keeps nothing for long even when nobody else asks).
+    fn expire_parked(&mut self) {
+        while let Some(&c) = self.parked.front() {
+            let conn = &self.conns[c as usize];
+            if self.is_parked(c) && self.now_ms < conn.parked_ms + PARK_HOLD_MS {
+                return;
+            }
+            self.parked.pop_front();
+            self.conns[c as usize].parked_listed = false;
+            if self.is_parked(c) {
+                self.reclaim_from(c);
+            }
+        }
+    }
+
+    fn is_parked(&self, c: u32) -> bool {
+        let conn = &self.conns[c as usize];
+        conn.phase == Phase::Open && conn.poll_armed
+    }
+
+    /// Gives back chunks beyond `keep` that the kernel does not hold (read-ahead not yet sent,
+    /// or the unsent rest of a parked chunk), newest first, and rewinds the body so those bytes
+    /// are read again when the client catches up: the disk, not the arena, buffers a slow
+    /// client. Only plain file bodies (one file segment) are rewound; multipart framing is
+    /// left as it is, and so is a chunk whose response header has not fully left.
+    fn give_back_chunks(&mut self, c: u32, keep: usize) {
         let conn = &mut self.conns[c as usize];
         let Some(body) = conn.body.as_mut() else {
             return;
@@ -852,30 +1002,32 @@ impl Shard {
         if !plain {
             return;
         }
-        let mut freed = Vec::new();
-        while body.chunks.len() > body.read_ahead {
+        let mut freed = [0u16; crate::config::MAX_PIPELINE_DEPTH];
+        let mut n_freed = 0;
+        while body.chunks.len() > keep && n_freed < crate::config::MAX_PIPELINE_DEPTH {
             let Some(last) = body.chunks.back() else {
                 break;
             };
-            if last.state != ChunkState::Ready || last.sent != 0 || last.read_buf_off != 0 {
+            let ours = matches!(last.state, ChunkState::Ready | ChunkState::Parked);
+            let unsent_at = last.send_off + last.sent;
+            if !ours || unsent_at < last.read_buf_off {
                 break;
             }
-            let start = last.read_file_off + u64::from(last.send_off);
-            let len = u64::from(last.send_len);
+            let start = last.read_file_off + u64::from(unsent_at - last.read_buf_off);
+            let end =
+                last.read_file_off + u64::from(last.send_off + last.send_len - last.read_buf_off);
             match body.segments.front_mut() {
                 Some(Segment::File { pos, .. }) => {
-                    assert_eq!(*pos, start + len, "read-ahead is contiguous");
+                    assert_eq!(*pos, end, "read-ahead is contiguous");
                     *pos = start;
                 }
-                _ => body.segments.push_front(Segment::File {
-                    pos: start,
-                    end: start + len,
-                }),
+                _ => body.segments.push_front(Segment::File { pos: start, end }),
             }
-            freed.push(last.slot);
+            freed[n_freed] = last.slot;
+            n_freed += 1;
             body.chunks.pop_back();
         }
-        for slot in freed {
+        for &slot in &freed[..n_freed] {
             self.release_slot(slot);
         }
     }
@@ -1052,6 +1204,7 @@ impl Shard {
     // ---- timers, drain ---------------------------------------------------------------------
 
     fn sweep_timers(&mut self) {
+        self.expire_parked();
         let now = self.now_ms;
         for c in 0..self.conns.len() {
             let conn = &self.conns[c];
@@ -1062,12 +1215,12 @@ impl Shard {
                 self.close(c as u32, CloseReason::Timeout);
                 continue;
             }
-            // A send stuck behind a full socket buffer gives no completion to learn from:
-            // check here that the read-ahead such a client holds is given back.
+            // A SEND_ZC buffer the peer is slow to acknowledge gives no completion to learn
+            // from: check here that the read-ahead behind it is given back.
             let stuck = conn.body.as_ref().is_some_and(|b| {
                 b.read_ahead > READ_AHEAD_START_CHUNKS
                     && b.chunks.iter().any(|ch| {
-                        ch.state == ChunkState::Sending
+                        ch.state == ChunkState::AwaitNotif
                             && now.saturating_sub(ch.send_started_ms) > READ_AHEAD_FAST_SEND_MS
                     })
             });
@@ -1075,7 +1228,7 @@ impl Shard {
                 if let Some(b) = self.conns[c].body.as_mut() {
                     b.read_ahead = READ_AHEAD_START_CHUNKS;
                 }
-                self.trim_read_ahead(c as u32);
+                self.give_back_chunks(c as u32, READ_AHEAD_START_CHUNKS);
             }
         }
     }
@@ -1145,12 +1298,22 @@ impl Shard {
                 self.conns[c as usize].ops -= 1;
                 self.maybe_finish_close(c);
             }
+            Op::PollOut => self.on_poll_out(c, cqe.result),
             Op::Close => self.on_close(c),
             Op::Accept | Op::Overflow | Op::OverflowClose | Op::CancelAccept | Op::LogWrite => {
                 unreachable!()
             }
         }
     }
+}
+
+/// Bytes a file read may ask for: the connection's estimate of what its socket takes,
+/// rounded up to the read alignment, between `MIN_READ_BYTES` and a whole chunk.
+fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize {
+    let align = (align as usize).max(1);
+    let want = estimate.clamp(MIN_READ_BYTES, chunk_bytes);
+    let cap = want.div_ceil(align) * align;
+    cap.min(chunk_bytes)
 }
 
 fn unix_now_secs() -> i64 {

@@ -218,6 +218,7 @@ impl Shard {
             inline_head,
             small: inline_head,
             read_ahead: super::READ_AHEAD_START_CHUNKS,
+            read_size_bytes: self.cfg.chunk_bytes,
         });
     }
 }
@@ -273,6 +274,7 @@ impl Shard {
             inline_head: false,
             small: false,
             read_ahead: super::READ_AHEAD_START_CHUNKS,
+            read_size_bytes: self.cfg.chunk_bytes,
         });
     }
 }

@@ -488,6 +488,10 @@ impl Ring {
 
     /// Sends `len` bytes of arena slot `slot` from `offset`; with `zerocopy`, as SEND_ZC from
     /// the registered buffer (the slot comes back only with the notification completion).
+    ///
+    /// Always `MSG_DONTWAIT`: a full socket completes the send short or with `-EAGAIN` instead
+    /// of parking it in the kernel, so a client that stops reading never pins the slot; the
+    /// caller waits for writability with `poll_writable`, holding nothing the kernel owns.
     #[allow(clippy::too_many_arguments)]
     pub fn send_arena(
         &mut self,
@@ -500,7 +504,7 @@ impl Ring {
         token: u64,
     ) {
         let ptr = self.arena_ptr(slot, offset, len);
-        let flags = flags | libc::MSG_NOSIGNAL;
+        let flags = flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         let e = if zerocopy {
             opcode::SendZc::new(types::Fixed(socket), ptr, len as u32)
                 .buf_index(Some(slot))
@@ -512,6 +516,14 @@ impl Ring {
                 .build()
         };
         self.push(e.user_data(token));
+    }
+
+    /// Arms a one-shot poll for socket `socket` to become writable (no buffer involved).
+    pub fn poll_writable(&mut self, socket: u32, token: u64) {
+        let e = opcode::PollAdd::new(types::Fixed(socket), libc::POLLOUT as u32)
+            .build()
+            .user_data(token);
+        self.push(e);
     }
 
     /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).

@@ -33,6 +33,8 @@ pub enum Op {
     CancelAccept = 10,
     /// Write of the shard's access-log buffer.
     LogWrite = 11,
+    /// One-shot poll for a connection's socket to become writable.
+    PollOut = 12,
 }
 
 impl Op {
@@ -49,6 +51,7 @@ impl Op {
             9 => Op::OverflowClose,
             10 => Op::CancelAccept,
             11 => Op::LogWrite,
+            12 => Op::PollOut,
             _ => return None,
         })
     }
@@ -117,6 +120,7 @@ mod tests {
             Op::OverflowClose,
             Op::CancelAccept,
             Op::LogWrite,
+            Op::PollOut,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {
@@ -142,7 +146,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=11) {
+        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=12) {
             let op = Op::from_u8(op).unwrap();
             let t = Token::new(op, slot, generation, aux);
             proptest::prop_assert_eq!(Token::decode(t.encode()), Some(t));

@@ -1,0 +1,158 @@
+//! Clients that stop reading, or read a byte now and then, must not hold the shard's registered
+//! memory: a fresh download completes (byte for byte) while they are still connected, and once
+//! they have settled they hold no arena chunk at all.
+//!
+//! The arena is made small (16 chunks) and the send timeout long (120 s), so an engine that lets
+//! a stalled socket pin its chunks cannot serve the fresh download before the deadline here.
+
+mod common;
+
+use common::{pattern_range, read_response, write_pattern_file, Server};
+use socket2::{Domain, Socket, Type};
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Connections that send a GET for the large file and never read.
+const STALLED: usize = 24;
+/// Connections that read one byte every `TRICKLE_EVERY`.
+const TRICKLING: usize = 8;
+const TRICKLE_EVERY: Duration = Duration::from_millis(500);
+const LARGE_BYTES: u64 = 64 << 20;
+const FRESH_BYTES: u64 = 5 << 20;
+/// Generous bound against a hang; the send timeout (120 s) is far beyond it.
+const FRESH_DEADLINE: Duration = Duration::from_secs(40);
+
+fn metric(admin: SocketAddr, name: &str) -> u64 {
+    let mut s = TcpStream::connect(admin).expect("admin connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut BufReader::new(s), false).expect("metrics response");
+    let text = String::from_utf8(r.body).expect("utf-8 metrics");
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.contains("shard=\"all\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// A client socket with a 4 KiB receive buffer that asks for `path` and then does nothing.
+fn stalled_client(addr: SocketAddr, path: &str) -> TcpStream {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    s.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    s.connect(&addr.into()).expect("connect");
+    let mut s: TcpStream = s.into();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    s
+}
+
+fn fetch(server: &Server, path: &str, range: Option<(u64, u64)>) -> (u16, Vec<u8>) {
+    let mut s = server.connect();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    if let Some((a, b)) = range {
+        req.push_str(&format!("Range: bytes={a}-{b}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let r = read_response(&mut BufReader::new(s), false).expect("fresh response");
+    (r.status, r.body)
+}
+
+#[test]
+fn stalled_and_trickling_clients_do_not_hold_the_arena() {
+    let dir = common::disk_tempdir();
+    let root = dir.path();
+    write_pattern_file(&root.join("large.bin"), LARGE_BYTES);
+    write_pattern_file(&root.join("5m.bin"), FRESH_BYTES);
+    let cfg = root.join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        "arena_bytes = 8388608\nsend_timeout_ms = 120000\npipeline_depth = 4\n",
+    )
+    .unwrap();
+    let (server, admin) = common::start_with_admin(
+        root,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--root",
+            root.to_str().unwrap(),
+        ],
+    );
+
+    let stalled: Vec<TcpStream> = (0..STALLED)
+        .map(|_| stalled_client(server.addr, "/large.bin"))
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tricklers: Vec<_> = (0..TRICKLING)
+        .map(|_| {
+            let mut s = stalled_client(server.addr, "/large.bin");
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                let mut got = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if s.read(&mut b).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    got += 1;
+                    std::thread::sleep(TRICKLE_EVERY);
+                }
+                got
+            })
+        })
+        .collect();
+    // Let every slow connection reach a full socket.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let t0 = Instant::now();
+    let (status, body) = fetch(&server, "/5m.bin", None);
+    assert_eq!(status, 200);
+    assert!(
+        body == pattern_range(0, FRESH_BYTES as usize),
+        "5 MiB body differs"
+    );
+    // An unaligned 10 MB range of the file the stalled clients asked for.
+    let (a, b) = (1_000_001u64, 11_000_000u64);
+    let (status, body) = fetch(&server, "/large.bin", Some((a, b)));
+    assert_eq!(status, 206);
+    assert!(
+        body == pattern_range(a, (b - a + 1) as usize),
+        "ranged body differs"
+    );
+    assert!(
+        t0.elapsed() < FRESH_DEADLINE,
+        "fresh downloads waited behind stalled clients for {:?}",
+        t0.elapsed()
+    );
+
+    // Settled: parked chunks are given back within the hold time, so the stalled and trickling
+    // connections (all still open) hold no chunk.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut held = metric(admin, "shardline_chunks_in_flight");
+    while held > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        held = metric(admin, "shardline_chunks_in_flight");
+    }
+    assert_eq!(
+        held, 0,
+        "stalled connections still hold {held} arena chunks"
+    );
+    let open = metric(admin, "shardline_connections_open");
+    assert!(
+        open >= (STALLED + TRICKLING) as u64,
+        "stalled connections were dropped ({open} open): they must stay, holding nothing"
+    );
+    // The large file is above direct_io_min_bytes: its bytes must come from O_DIRECT reads
+    // (the root is on a real disk, see disk_tempdir), or this test did not test the arena.
+    assert!(
+        metric(admin, "shardline_bytes_sent_total{source=\"direct\"") > 0,
+        "no O_DIRECT bytes were sent: the fixture root does not support O_DIRECT"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(stalled);
+    for t in tricklers {
+        let _ = t.join();
+    }
+}
