@@ -44,6 +44,10 @@ pub const READ_AHEAD_FAST_SEND_MS: u64 = 20;
 pub const PARK_HOLD_MS: u64 = 200;
 /// Smallest file read planned for a connection whose socket takes little per writable round.
 pub const MIN_READ_BYTES: usize = 64 * 1024;
+/// Longest the ready-queue walk of one tick may run before bulk work waits for the next tick
+/// (new requests are still served): with a fast disk and many connections, a tick stays well
+/// under a millisecond, so a small request's turn comes quickly.
+pub const TICK_BUDGET_US: u64 = 500;
 /// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
 pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
@@ -228,7 +232,14 @@ impl Shard {
             let tick_budget = self.cfg.tick_budget_bytes;
             self.shard_budget = TickBudget::new(self.cfg.shard_tick_budget_bytes);
             self.ready.begin_tick();
-            while let Some(c) = self.ready.next_conn(self.shard_budget.has_room()) {
+            let tick_started = Instant::now();
+            let tick_budget_time = Duration::from_micros(TICK_BUDGET_US);
+            loop {
+                let bulk_allowed =
+                    self.shard_budget.has_room() && tick_started.elapsed() < tick_budget_time;
+                let Some(c) = self.ready.next_conn(bulk_allowed) else {
+                    break;
+                };
                 if self.visit(c, tick_budget) == Turn::MoreWork {
                     self.ready.push_bulk(c);
                 }
