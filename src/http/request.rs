@@ -69,6 +69,10 @@ pub struct Request<'a> {
     pub keep_alive: bool,
     /// `Range` value, if present.
     pub range: Option<&'a [u8]>,
+    /// `If-Match` value, if present.
+    pub if_match: Option<&'a [u8]>,
+    /// `If-Unmodified-Since` value, if present.
+    pub if_unmodified_since: Option<&'a [u8]>,
     /// `If-None-Match` value, if present.
     pub if_none_match: Option<&'a [u8]>,
     /// `If-Modified-Since` value, if present.
@@ -360,6 +364,8 @@ struct Fields<'a> {
     close: bool,
     keep_alive: bool,
     range: Option<&'a [u8]>,
+    if_match: Option<&'a [u8]>,
+    if_unmodified_since: Option<&'a [u8]>,
     if_none_match: Option<&'a [u8]>,
     if_modified_since: Option<&'a [u8]>,
     if_range: Option<&'a [u8]>,
@@ -397,6 +403,11 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
             }
         } else if is("range") {
             set_once(&mut f.range, h.value)?;
+        } else if is("if-match") {
+            // A list field like If-None-Match; the same one-line rule applies.
+            set_once(&mut f.if_match, h.value)?;
+        } else if is("if-unmodified-since") {
+            set_once(&mut f.if_unmodified_since, h.value)?;
         } else if is("if-none-match") {
             // A list field that could legally be split over two lines, but joining them would
             // need an allocation and no real client does it.
@@ -500,6 +511,8 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
             query,
             keep_alive,
             range: f.range,
+            if_match: f.if_match,
+            if_unmodified_since: f.if_unmodified_since,
             if_none_match: f.if_none_match,
             if_modified_since: f.if_modified_since,
             if_range: f.if_range,
@@ -601,6 +614,17 @@ mod tests {
             r.if_modified_since,
             Some(&b"Sun, 06 Nov 1994 08:49:37 GMT"[..])
         );
+
+        let (r, _) = complete(
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Match: \"e\", W/\"f\"\r\n\
+              If-Unmodified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n",
+        );
+        assert_eq!(r.if_match, Some(&b"\"e\", W/\"f\""[..]));
+        assert_eq!(
+            r.if_unmodified_since,
+            Some(&b"Sun, 06 Nov 1994 08:49:37 GMT"[..])
+        );
+        assert_eq!((r.if_none_match, r.if_modified_since), (None, None));
 
         let (r, _) = complete(GOOD[3].as_bytes());
         assert_eq!(r.path, b"/a/b.pak");
@@ -789,6 +813,14 @@ mod tests {
         ),
         (
             b"GET / HTTP/1.1\r\nHost: a\r\nIf-Modified-Since: x\r\nIf-Modified-Since: y\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Match: \"a\"\r\nIf-Match: \"b\"\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Unmodified-Since: x\r\nif-unmodified-since: y\r\n\r\n",
             400,
         ),
     ];

@@ -1,0 +1,290 @@
+//! RFC 9110 / 9112 conformance points of issue 12, with the raw requests the issue reports,
+//! against the real binary over loopback, comparing bytes.
+
+mod common;
+use common::*;
+
+use std::time::{Duration, SystemTime};
+
+/// The issue's file: 5 MiB.
+const FIVE_MIB: u64 = 5 << 20;
+/// Fixed mtime of every served file: 2021-01-01T00:00:00Z.
+const MTIME_SECS: u64 = 1_609_459_200;
+const MTIME_HTTP: &str = "Fri, 01 Jan 2021 00:00:00 GMT";
+const BEFORE_MTIME_HTTP: &str = "Thu, 31 Dec 2020 23:59:59 GMT";
+
+/// A server over a root holding `5m.bin` (pattern content) with a fixed mtime.
+fn start() -> Server {
+    let dir = root_with_pattern_file("5m.bin", FIVE_MIB);
+    let root = dir.path().to_path_buf();
+    std::fs::File::options()
+        .write(true)
+        .open(root.join("5m.bin"))
+        .unwrap()
+        .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(MTIME_SECS))
+        .unwrap();
+    Server::start_owning(dir, &root, &[])
+}
+
+fn send(server: &Server, request: &str) -> Response {
+    raw_request(server, request.as_bytes())
+        .unwrap_or_else(|e| panic!("no response to {request:?}: {e}"))
+}
+
+fn etag_of(server: &Server) -> String {
+    let r = send(
+        server,
+        "HEAD /5m.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    r.header("etag").expect("ETag").to_string()
+}
+
+/// GET /5m.bin with these extra header lines (each `Name: value`).
+fn get_5m(server: &Server, lines: &[String]) -> Response {
+    let mut req = String::from("GET /5m.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    for l in lines {
+        req.push_str(l);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    send(server, &req)
+}
+
+/// A 412 answer: no body, no Content-Range, the current validators as headers.
+fn assert_412(r: &Response, etag: &str, what: &str) {
+    assert_eq!(r.status, 412, "{what}: {r:?}");
+    assert_eq!(r.header("content-length"), Some("0"), "{what}");
+    assert!(r.body.is_empty(), "{what}");
+    assert_eq!(r.header("content-range"), None, "{what}");
+    assert_eq!(r.header("etag"), Some(etag), "{what}");
+    assert_eq!(r.header("last-modified"), Some(MTIME_HTTP), "{what}");
+}
+
+/// A 206 for bytes first..=last of the 5 MiB file, with those bytes.
+fn assert_206(r: &Response, first: u64, last: u64, what: &str) {
+    assert_eq!(r.status, 206, "{what}: {:?}", r.headers);
+    let want = format!("bytes {first}-{last}/{FIVE_MIB}");
+    assert_eq!(r.header("content-range"), Some(want.as_str()), "{what}");
+    assert_eq!(
+        r.body,
+        pattern_range(first, (last - first + 1) as usize),
+        "{what}"
+    );
+}
+
+fn assert_full(r: &Response, what: &str) {
+    assert_eq!(r.status, 200, "{what}: {:?}", r.headers);
+    assert_eq!(r.body.len() as u64, FIVE_MIB, "{what}");
+    assert!(
+        r.body == pattern_range(0, FIVE_MIB as usize),
+        "{what}: body differs"
+    );
+}
+
+// ---- item 1: If-Match / If-Unmodified-Since and the order of RFC 9110 §13.2.2 ----------------
+
+#[test]
+fn if_match_false_is_412_before_range() {
+    let server = start();
+    let etag = etag_of(&server);
+    // The issue's requests, verbatim.
+    let r = send(
+        &server,
+        "GET /5m.bin HTTP/1.1\r\nHost: t\r\nIf-Match: \"nope\"\r\nRange: bytes=0-9\r\nConnection: close\r\n\r\n",
+    );
+    assert_412(&r, &etag, "If-Match \"nope\" + Range");
+    let r = send(
+        &server,
+        "GET /5m.bin HTTP/1.1\r\nHost: t\r\nIf-Match: \"nope\"\r\nConnection: close\r\n\r\n",
+    );
+    assert_412(&r, &etag, "If-Match \"nope\"");
+    // Weak tags never match strongly; malformed values never match.
+    for im in [
+        format!("W/{etag}"),
+        etag.trim_matches('"').to_string(),
+        format!("{etag} junk"),
+        String::new(),
+    ] {
+        let r = get_5m(&server, &[format!("If-Match: {im}")]);
+        assert_412(&r, &etag, &format!("If-Match: {im}"));
+    }
+    // HEAD is judged like GET.
+    let r = send(
+        &server,
+        "HEAD /5m.bin HTTP/1.1\r\nHost: t\r\nIf-Match: \"nope\"\r\nConnection: close\r\n\r\n",
+    );
+    assert_412(&r, &etag, "HEAD");
+}
+
+#[test]
+fn if_match_true_serves_the_range() {
+    let server = start();
+    let etag = etag_of(&server);
+    for im in [
+        etag.clone(),
+        "*".to_string(),
+        format!("\"nope\", {etag}"),
+        format!("W/\"nope\",{etag} ,"),
+    ] {
+        let r = get_5m(
+            &server,
+            &[format!("If-Match: {im}"), "Range: bytes=0-9".to_string()],
+        );
+        assert_206(&r, 0, 9, &format!("If-Match: {im}"));
+    }
+    let r = get_5m(&server, &[format!("If-Match: {etag}")]);
+    assert_full(&r, "If-Match without Range");
+}
+
+#[test]
+fn if_unmodified_since() {
+    let server = start();
+    let etag = etag_of(&server);
+    // The issue's request: the file changed after 2001.
+    let r = send(
+        &server,
+        "GET /5m.bin HTTP/1.1\r\nHost: t\r\nIf-Unmodified-Since: Mon, 01 Jan 2001 00:00:00 GMT\r\nRange: bytes=0-9\r\nConnection: close\r\n\r\n",
+    );
+    assert_412(&r, &etag, "If-Unmodified-Since 2001 + Range");
+    let r = get_5m(
+        &server,
+        &["If-Unmodified-Since: Mon, 01 Jan 2001 00:00:00 GMT".to_string()],
+    );
+    assert_412(&r, &etag, "If-Unmodified-Since 2001");
+    let r = get_5m(
+        &server,
+        &[format!("If-Unmodified-Since: {BEFORE_MTIME_HTTP}")],
+    );
+    assert_412(&r, &etag, "one second before the mtime");
+    // Not modified since: proceed.
+    for ius in [MTIME_HTTP, "Sat, 01 Jan 2050 00:00:00 GMT"] {
+        let r = get_5m(
+            &server,
+            &[
+                format!("If-Unmodified-Since: {ius}"),
+                "Range: bytes=100-199".to_string(),
+            ],
+        );
+        assert_206(&r, 100, 199, &format!("If-Unmodified-Since: {ius}"));
+    }
+    // An invalid date is ignored.
+    let r = get_5m(
+        &server,
+        &[
+            "If-Unmodified-Since: yesterday".to_string(),
+            "Range: bytes=0-0".to_string(),
+        ],
+    );
+    assert_206(&r, 0, 0, "invalid date");
+}
+
+#[test]
+fn precedence_of_rfc9110_13_2_2() {
+    let server = start();
+    let etag = etag_of(&server);
+    let old = "If-Unmodified-Since: Mon, 01 Jan 2001 00:00:00 GMT".to_string();
+    let range = "Range: bytes=10-19".to_string();
+    // Step 1 before 2: a true If-Match makes If-Unmodified-Since ignored...
+    let r = get_5m(
+        &server,
+        &[format!("If-Match: {etag}"), old.clone(), range.clone()],
+    );
+    assert_206(&r, 10, 19, "If-Match true, If-Unmodified-Since false");
+    // ...and a false one fails whatever the date says.
+    let r = get_5m(
+        &server,
+        &[
+            "If-Match: \"nope\"".to_string(),
+            format!("If-Unmodified-Since: {MTIME_HTTP}"),
+        ],
+    );
+    assert_412(&r, &etag, "If-Match false, If-Unmodified-Since true");
+    // Steps 1-2 before 3-4: 412 beats 304.
+    let r = get_5m(
+        &server,
+        &[
+            "If-Match: \"nope\"".to_string(),
+            format!("If-None-Match: {etag}"),
+        ],
+    );
+    assert_412(&r, &etag, "If-Match false, If-None-Match matches");
+    let r = get_5m(
+        &server,
+        &[old.clone(), format!("If-Modified-Since: {MTIME_HTTP}")],
+    );
+    assert_412(
+        &r,
+        &etag,
+        "If-Unmodified-Since false, If-Modified-Since true",
+    );
+    // Steps 1-2 pass, then step 3 answers 304 (with the validators, no body).
+    let r = get_5m(
+        &server,
+        &[
+            format!("If-Match: {etag}"),
+            format!("If-None-Match: {etag}"),
+            range.clone(),
+        ],
+    );
+    assert_eq!(r.status, 304, "{r:?}");
+    assert_eq!(r.header("etag"), Some(etag.as_str()));
+    assert!(r.body.is_empty());
+    // Step 3 before 4: a non-matching If-None-Match makes If-Modified-Since ignored.
+    let r = get_5m(
+        &server,
+        &[
+            "If-None-Match: \"other\"".to_string(),
+            format!("If-Modified-Since: {MTIME_HTTP}"),
+            range.clone(),
+        ],
+    );
+    assert_206(
+        &r,
+        10,
+        19,
+        "If-None-Match false, If-Modified-Since would be 304",
+    );
+    // Step 5 last: a stale If-Range after passing steps 1-4 sends the whole file.
+    let r = get_5m(
+        &server,
+        &[
+            format!("If-Match: {etag}"),
+            "If-None-Match: \"other\"".to_string(),
+            "If-Range: \"stale\"".to_string(),
+            range.clone(),
+        ],
+    );
+    assert_full(&r, "If-Range stale");
+    let r = get_5m(
+        &server,
+        &[
+            format!("If-Match: {etag}"),
+            format!("If-Range: {etag}"),
+            range,
+        ],
+    );
+    assert_206(&r, 10, 19, "If-Range current");
+}
+
+#[test]
+fn a_412_keeps_the_connection_usable() {
+    let server = start();
+    let etag = etag_of(&server);
+    let (mut s, mut r) = connect_pair(&server);
+    let first = exchange(
+        &mut s,
+        &mut r,
+        "GET /5m.bin HTTP/1.1\r\nHost: t\r\nIf-Match: \"nope\"\r\nRange: bytes=0-9\r\n\r\n",
+    )
+    .unwrap();
+    assert_412(&first, &etag, "first on the connection");
+    assert_eq!(first.header("connection"), Some("keep-alive"));
+    let next = exchange(
+        &mut s,
+        &mut r,
+        "GET /5m.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=5242870-\r\n\r\n",
+    )
+    .unwrap();
+    assert_206(&next, 5_242_870, FIVE_MIB - 1, "after the 412");
+}
