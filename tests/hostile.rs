@@ -846,12 +846,14 @@ fn oversized_heads_methods_and_versions() {
             505,
             Close,
         ),
+        // RFC 9110 §2.5: a higher 1.x minor version is processed as HTTP/1.1.
         Row::raw(
             "HTTP/1.2",
-            "GET / HTTP/1.2\r\nHost: test\r\n\r\n",
-            505,
-            Close,
-        ),
+            "GET /small.txt HTTP/1.2\r\nHost: test\r\n\r\n",
+            200,
+            KeepAlive,
+        )
+        .body(&small),
         Row::raw(
             "HTTP/3.0",
             "GET / HTTP/3.0\r\nHost: test\r\n\r\n",

@@ -288,3 +288,58 @@ fn a_412_keeps_the_connection_usable() {
     .unwrap();
     assert_206(&next, 5_242_870, FIVE_MIB - 1, "after the 412");
 }
+
+// ---- item 5a: HTTP/1.x with x > 1 is processed as HTTP/1.1 (RFC 9110 §2.5) ------------------
+
+/// Sends `request` on a fresh connection and reads everything until the server closes.
+fn raw_exchange(server: &Server, request: &str) -> Vec<u8> {
+    use std::io::Write;
+    let mut s = server.connect();
+    s.write_all(request.as_bytes()).unwrap();
+    read_to_eof(&mut s).expect("read to EOF")
+}
+
+#[test]
+fn http_1_2_is_served_as_http_1_1() {
+    let server = start();
+    // The request: nginx answers 200, we answered 505.
+    let got = raw_exchange(
+        &server,
+        "GET /5m.bin HTTP/1.2\r\nHost: t\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        got.starts_with(b"HTTP/1.1 200 OK\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&got[..got.len().min(200)])
+    );
+    let body_at = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("end of head")
+        + 4;
+    assert!(got[body_at..] == pattern_range(0, FIVE_MIB as usize)[..]);
+    // Persistent by default as in 1.1, and ranges work.
+    let (mut s, mut r) = connect_pair(&server);
+    for minor in [2, 9] {
+        let req = format!("GET /5m.bin HTTP/1.{minor}\r\nHost: t\r\nRange: bytes=7-16\r\n\r\n");
+        let resp = exchange(&mut s, &mut r, &req).unwrap();
+        assert_206(&resp, 7, 16, &format!("HTTP/1.{minor}"));
+        assert_eq!(resp.header("connection"), Some("keep-alive"));
+    }
+    // A 1.x request still needs a Host.
+    let resp = send(&server, "GET /5m.bin HTTP/1.2\r\n\r\n");
+    assert_eq!(resp.status, 400, "{resp:?}");
+}
+
+#[test]
+fn other_major_versions_are_still_505() {
+    let server = start();
+    for line in [
+        "GET /5m.bin HTTP/2.0",
+        "GET /5m.bin HTTP/3.0",
+        "GET /5m.bin HTTP/0.9",
+    ] {
+        let resp = send(&server, &format!("{line}\r\nHost: t\r\n\r\n"));
+        assert_eq!(resp.status, 505, "{line}: {resp:?}");
+    }
+}

@@ -460,10 +460,12 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
     };
 
     // The line is complete: judge what it says. Version first, so an HTTP/2 preface
-    // (`PRI * HTTP/2.0`) gets 505 rather than a complaint about its method or target.
+    // (`PRI * HTTP/2.0`) gets 505 rather than a complaint about its method or target. A higher
+    // minor version of 1.x is processed as 1.1, the highest we speak (RFC 9110 §2.5: minor
+    // versions are compatible, and the response's HTTP/1.1 tells the client what we are).
     let version = match (line.major, line.minor) {
         (1, 0) => Version::Http10,
-        (1, 1) => Version::Http11,
+        (1, _) => Version::Http11,
         _ => return Parsed::Rejected(UNSUPPORTED_VERSION),
     };
     let method = match classify_method(line.method) {
@@ -600,6 +602,23 @@ mod tests {
     }
 
     #[test]
+    fn higher_http1_minor_versions_are_http11() {
+        for minor in 2..=9 {
+            let req = format!("GET / HTTP/1.{minor}\r\nHost: a\r\n\r\n");
+            let (r, _) = complete(req.as_bytes());
+            assert_eq!(r.version, Version::Http11, "{req:?}");
+            assert!(r.keep_alive, "persistent by default, as 1.1");
+            // And they need a Host, as 1.1 does.
+            let no_host = format!("GET / HTTP/1.{minor}\r\n\r\n");
+            assert_eq!(rejected(no_host.as_bytes()), 400);
+        }
+        for other in ["2.0", "2.1", "3.0", "0.9", "9.9"] {
+            let req = format!("GET / HTTP/{other}\r\nHost: a\r\n\r\n");
+            assert_eq!(rejected(req.as_bytes()), 505, "{req:?}");
+        }
+    }
+
+    #[test]
     fn fields_are_extracted() {
         let (r, _) = complete(GOOD[14].as_bytes());
         assert_eq!(r.method, Method::Get);
@@ -691,7 +710,6 @@ mod tests {
         // Versions.
         (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
-        (b"GET / HTTP/1.2\r\nHost: a\r\n\r\n", 505),
         (b"GET / HTTP/0.9\r\n\r\n", 505),
         (b"GET / HTTP/3.0\r\n\r\n", 505),
         (b"GET /\r\n", 400),
