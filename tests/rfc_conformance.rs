@@ -343,3 +343,92 @@ fn other_major_versions_are_still_505() {
         assert_eq!(resp.status, 505, "{line}: {resp:?}");
     }
 }
+
+// ---- item 3: Host field syntax (RFC 9112 §3.2, RFC 3986 §3.2.2) -------------------------------
+
+/// Sends `request` on a fresh connection; expects `status` and, for a 400, the connection closed.
+fn expect_status(server: &Server, request: &str, status: u16) {
+    use std::io::Write;
+    let (mut s, mut r) = connect_pair(server);
+    s.write_all(request.as_bytes()).unwrap();
+    let resp =
+        read_response(&mut r, false).unwrap_or_else(|e| panic!("no response to {request:?}: {e}"));
+    assert_eq!(resp.status, status, "{request:?}: {resp:?}");
+    if status == 400 {
+        assert_eq!(resp.header("connection"), Some("close"), "{request:?}");
+        let rest = expect_closed(&mut r);
+        assert!(rest.is_empty(), "{request:?}: more bytes after the 400");
+    } else {
+        assert_eq!(resp.body.len() as u64, FIVE_MIB, "{request:?}");
+    }
+}
+
+#[test]
+fn invalid_host_is_400() {
+    let server = start();
+    for host in [
+        "a b", "a/b", "a\\b", "a?b", "a#b", "user@a", "a:b", "a:80:81", "a%zz", "a\tb", "[::1",
+        "[::1]x", "[zz]", "a]",
+    ] {
+        expect_status(
+            &server,
+            &format!("GET /5m.bin HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+            400,
+        );
+    }
+    // HTTP/1.0 and absolute-form requests are judged too.
+    expect_status(&server, "GET /5m.bin HTTP/1.0\r\nHost: a/b\r\n\r\n", 400);
+    expect_status(
+        &server,
+        "GET http://t/5m.bin HTTP/1.1\r\nHost: a b\r\n\r\n",
+        400,
+    );
+}
+
+#[test]
+fn missing_or_repeated_host_is_400() {
+    let server = start();
+    expect_status(&server, "GET /5m.bin HTTP/1.1\r\n\r\n", 400);
+    expect_status(
+        &server,
+        "GET /5m.bin HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n",
+        400,
+    );
+    expect_status(
+        &server,
+        "GET /5m.bin HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n",
+        400,
+    );
+    expect_status(
+        &server,
+        "GET /5m.bin HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n",
+        400,
+    );
+}
+
+#[test]
+fn valid_hosts_are_served() {
+    let server = start();
+    for host in [
+        "t",
+        "cdn.example.com",
+        "cdn.example.com:8080",
+        "127.0.0.1",
+        "127.0.0.1:80",
+        "[::1]",
+        "[::1]:8080",
+        "[::ffff:192.0.2.1]",
+        "[v1.x]",
+        "xn--caf-dma.example",
+        "a%41",
+        "",
+    ] {
+        expect_status(
+            &server,
+            &format!("GET /5m.bin HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+            200,
+        );
+    }
+    // HTTP/1.0 needs no Host.
+    expect_status(&server, "GET /5m.bin HTTP/1.0\r\n\r\n", 200);
+}

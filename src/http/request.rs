@@ -137,6 +137,7 @@ const CONTENT_LENGTH: Reject = reject(400, "request body not allowed");
 const DUPLICATE_CONTENT_LENGTH: Reject = reject(400, "duplicate Content-Length");
 const HOST_MISSING: Reject = reject(400, "HTTP/1.1 request without Host");
 const HOST_DUPLICATE: Reject = reject(400, "more than one Host");
+const HOST_INVALID: Reject = reject(400, "invalid Host");
 const DUPLICATE_FIELD: Reject = reject(400, "duplicate singleton header field");
 
 /// Methods we know but do not serve: 405 with `Allow`, rather than 501.
@@ -361,6 +362,7 @@ fn set_once<'a>(slot: &mut Option<&'a [u8]>, value: &'a [u8]) -> Result<(), Reje
 #[derive(Default)]
 struct Fields<'a> {
     hosts: usize,
+    host: Option<&'a [u8]>,
     close: bool,
     keep_alive: bool,
     range: Option<&'a [u8]>,
@@ -379,6 +381,7 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("host") {
             f.hosts = f.hosts.saturating_add(1);
+            f.host = Some(h.value);
         } else if is("content-length") {
             // GET and HEAD carry no body; "0" is the only harmless value. Anything else,
             // including "00", "+0", lists and duplicates, is a framing disagreement waiting
@@ -419,6 +422,84 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
         }
     }
     Ok(f)
+}
+
+/// Whether a Host field value is `uri-host [ ":" port ]` (RFC 9112 §3.2, RFC 3986 §3.2.2):
+/// an IP-literal in brackets, or a reg-name (unreserved, pct-encoded and sub-delims, which
+/// covers IPv4address), then optionally `:` and digits. Empty is valid: it is what a client
+/// sends when the target URI has no authority.
+fn is_valid_host(value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    let (host_ok, rest) = if let Some(literal) = value.strip_prefix(b"[") {
+        let Some(close) = literal.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let inside = literal.get(..close).unwrap_or_default();
+        (
+            is_ip_literal(inside),
+            literal.get(close.saturating_add(1)..).unwrap_or_default(),
+        )
+    } else {
+        let colon = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        let (name, rest) = value.split_at(colon);
+        (is_reg_name(name), rest)
+    };
+    let port_ok = match rest.split_first() {
+        None => true,
+        Some((b':', digits)) => digits.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    };
+    host_ok && port_ok
+}
+
+/// sub-delims (RFC 3986 §2.2).
+fn is_sub_delim(b: u8) -> bool {
+    b"!$&'()*+,;=".contains(&b)
+}
+
+/// unreserved (RFC 3986 §2.3).
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~".contains(&b)
+}
+
+/// reg-name = *( unreserved / pct-encoded / sub-delims ).
+fn is_reg_name(name: &[u8]) -> bool {
+    let mut i = 0usize;
+    while let Some(&b) = name.get(i) {
+        if b == b'%' {
+            let hex = name.get(i.saturating_add(1)..i.saturating_add(3));
+            if !hex.is_some_and(|h| h.len() == 2 && h.iter().all(u8::is_ascii_hexdigit)) {
+                return false;
+            }
+            i = i.saturating_add(3);
+        } else if is_unreserved(b) || is_sub_delim(b) {
+            i = i.saturating_add(1);
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+/// What is inside the brackets of an IP-literal: IPv6address or
+/// IPvFuture = "v" 1*HEXDIG "." 1*( unreserved / sub-delims / ":" ).
+fn is_ip_literal(inside: &[u8]) -> bool {
+    if let Some(future) = inside
+        .strip_prefix(b"v")
+        .or_else(|| inside.strip_prefix(b"V"))
+    {
+        let dot = future.iter().position(|&b| b == b'.').unwrap_or(0);
+        let (version, tail) = future.split_at(dot);
+        let tail = tail.get(1..).unwrap_or_default();
+        return !version.is_empty()
+            && version.iter().all(u8::is_ascii_hexdigit)
+            && !tail.is_empty()
+            && tail
+                .iter()
+                .all(|&b| is_unreserved(b) || is_sub_delim(b) || b == b':');
+    }
+    // std's parser follows RFC 4291 text forms, embedded IPv4 included, as RFC 3986 does.
+    std::str::from_utf8(inside).is_ok_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 fn header_error(e: httparse::Error) -> Reject {
@@ -500,6 +581,11 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
     };
     if f.hosts > 1 {
         return Parsed::Rejected(HOST_DUPLICATE);
+    }
+    // Judged even for an absolute-form target, whose authority replaces it: RFC 9112 §3.2
+    // wants 400 for any request with an invalid Host.
+    if f.host.is_some_and(|h| !is_valid_host(h)) {
+        return Parsed::Rejected(HOST_INVALID);
     }
     if version == Version::Http11 && f.hosts == 0 {
         return Parsed::Rejected(HOST_MISSING);
@@ -591,6 +677,9 @@ mod tests {
          If-None-Match: \"e\", W/\"f\"\r\nIf-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
          User-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n",
         "GET /caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1:80\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost:\r\n\r\n",
     ];
 
     #[test]
@@ -598,6 +687,70 @@ mod tests {
         for req in GOOD {
             let (_, head_len) = complete(req.as_bytes());
             assert_eq!(head_len, req.len(), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn host_syntax() {
+        for good in [
+            &b""[..],
+            b"a",
+            b"cdn.example.com",
+            b"CDN.Example.COM.",
+            b"cdn.example:8080",
+            b"a:",
+            b":80",
+            b"127.0.0.1",
+            b"999.1.1.1",
+            b"10.0.0.1:443",
+            b"xn--caf-dma.example",
+            b"a%41b",
+            b"a-b_c~d!$&'()*+,;=",
+            b"[::1]",
+            b"[::1]:8080",
+            b"[2001:db8::ff00:42:8329]",
+            b"[::ffff:192.0.2.1]:80",
+            b"[v1.fe80::a+en1]",
+            b"[V7.x]",
+            b" a \t",
+        ] {
+            assert!(is_valid_host(good), "{:?}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b"a b"[..],
+            b"a/b",
+            b"a\\b",
+            b"a?b",
+            b"a#b",
+            b"u@a",
+            b"u:p@a",
+            b"a:b",
+            b"a:80:81",
+            b"a:-1",
+            b"a:8 0",
+            b"a%",
+            b"a%4",
+            b"a%zz",
+            b"a\tb",
+            b"a\"b",
+            b"a<b>",
+            b"a[b]",
+            b"caf\xc3\xa9",
+            b"[::1",
+            b"[::1]x",
+            b"[::1]:x",
+            b"[]",
+            b"[zz]",
+            b"[::1%25eth0]",
+            b"[1.2.3.4]",
+            b"[v.x]",
+            b"[v1.]",
+            b"[vg.x]",
+            b"[v1.a/b]",
+            b"::1",
+            b"a]",
+        ] {
+            assert!(!is_valid_host(bad), "{:?}", String::from_utf8_lossy(bad));
         }
     }
 
@@ -816,6 +969,13 @@ mod tests {
         (b"GET / HTTP/1.1\r\nX-Host: a\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
         (b"GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400),
+        (b"GET / HTTP/1.0\r\nHost: a/b\r\n\r\n", 400),
+        (b"GET http://a/ HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: a:b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: u@a\r\n\r\n", 400),
         // Duplicated singleton fields.
         (
             b"GET / HTTP/1.1\r\nHost: a\r\nRange: bytes=0-1\r\nRange: bytes=2-3\r\n\r\n",
