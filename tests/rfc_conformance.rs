@@ -432,3 +432,97 @@ fn valid_hosts_are_served() {
     // HTTP/1.0 needs no Host.
     expect_status(&server, "GET /5m.bin HTTP/1.0\r\n\r\n", 200);
 }
+
+// ---- item 5b: multipart/byteranges parts in the requested order (RFC 9110 §15.3.7.2) ---------
+
+/// The parts of a multipart/byteranges body as (Content-Range value, data), strictly parsed:
+/// each part is `CRLF --B CRLF` headers `CRLF CRLF` data, and the body ends `CRLF --B-- CRLF`.
+fn multipart_parts(r: &Response) -> Vec<(String, Vec<u8>)> {
+    let ct = r.header("content-type").expect("Content-Type");
+    let boundary = ct
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap_or_else(|| panic!("not multipart: {ct:?}"));
+    let delim = format!("\r\n--{boundary}");
+    let body = &r.body;
+    let find = |from: usize, needle: &[u8]| {
+        body[from..]
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .map(|i| from + i)
+    };
+    let mut parts = Vec::new();
+    let mut at = find(0, delim.as_bytes()).expect("first delimiter");
+    loop {
+        let after = at + delim.len();
+        if body[after..] == *b"--\r\n" {
+            return parts;
+        }
+        assert_eq!(&body[after..after + 2], b"\r\n", "delimiter line");
+        let head_end = find(after + 2, b"\r\n\r\n").expect("end of part headers");
+        let head = std::str::from_utf8(&body[after + 2..head_end]).expect("part headers");
+        let range = head
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("Content-Range: "))
+            .expect("part Content-Range")
+            .to_string();
+        let next = find(head_end + 4, delim.as_bytes()).expect("next delimiter");
+        parts.push((range, body[head_end + 4..next].to_vec()));
+        at = next;
+    }
+}
+
+/// A 206 multipart whose parts are exactly `want` (inclusive ranges), in this order.
+fn assert_parts(r: &Response, want: &[(u64, u64)], what: &str) {
+    assert_eq!(r.status, 206, "{what}: {:?}", r.headers);
+    assert_eq!(r.header("content-range"), None, "{what}");
+    assert_eq!(
+        r.header("content-length"),
+        Some(r.body.len().to_string().as_str())
+    );
+    let parts = multipart_parts(r);
+    let got: Vec<&str> = parts.iter().map(|(range, _)| range.as_str()).collect();
+    let expected: Vec<String> = want
+        .iter()
+        .map(|(a, b)| format!("bytes {a}-{b}/{FIVE_MIB}"))
+        .collect();
+    assert_eq!(got, expected, "{what}: part order");
+    for ((a, b), (range, data)) in want.iter().zip(&parts) {
+        assert!(
+            *data == pattern_range(*a, (b - a + 1) as usize),
+            "{what}: bytes of part {range}"
+        );
+    }
+}
+
+#[test]
+fn multipart_parts_come_in_the_requested_order() {
+    let server = start();
+    let cases: &[(&str, &[(u64, u64)])] = &[
+        (
+            "bytes=5000000-5000009,0-9,1048570-1048580",
+            &[(5_000_000, 5_000_009), (0, 9), (1_048_570, 1_048_580)],
+        ),
+        ("bytes=-10,0-9", &[(FIVE_MIB - 10, FIVE_MIB - 1), (0, 9)]),
+        // After coalescing: a merged range stands where its earliest member stood.
+        (
+            "bytes=200-209,10-19,0-9,100-109",
+            &[(200, 209), (0, 19), (100, 109)],
+        ),
+        (
+            "bytes=4096-8191,100-199,150-250,0-0",
+            &[(4096, 8191), (100, 250), (0, 0)],
+        ),
+        // Unsatisfiable specs drop out; the rest keep their order.
+        (
+            "bytes=3000-3999,99999999-,1000-1999",
+            &[(3000, 3999), (1000, 1999)],
+        ),
+    ];
+    for (range, want) in cases {
+        let r = get_5m(&server, &[format!("Range: {range}")]);
+        assert_parts(&r, want, range);
+    }
+    // Ranges that all coalesce are one plain 206.
+    let r = get_5m(&server, &["Range: bytes=10-19,0-9,5-14".to_string()]);
+    assert_206(&r, 0, 19, "all coalesced");
+}
