@@ -526,3 +526,69 @@ fn multipart_parts_come_in_the_requested_order() {
     let r = get_5m(&server, &["Range: bytes=10-19,0-9,5-14".to_string()]);
     assert_206(&r, 0, 19, "all coalesced");
 }
+
+// ---- item 7: dates and Content-Types from the maintained crates, end to end ------------------
+
+#[test]
+fn pre_1970_mtime_is_served_with_a_clamped_last_modified() {
+    // httpdate panics on instants before 1970; a file's mtime can be anything (touch -d 1960).
+    let dir = disk_tempdir();
+    let root = dir.path().to_path_buf();
+    let path = root.join("old.bin");
+    std::fs::write(&path, pattern(1000)).unwrap();
+    let sixties = SystemTime::UNIX_EPOCH - Duration::from_secs(10 * 365 * 86_400);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(sixties)
+        .unwrap();
+    let mut server = Server::start_owning(dir, &root, &[]);
+    let r = send(
+        &server,
+        "GET /old.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, pattern(1000));
+    let lm = r
+        .header("last-modified")
+        .expect("Last-Modified")
+        .to_string();
+    assert_eq!(lm, "Thu, 01 Jan 1970 00:00:00 GMT");
+    // Echoing it back works as a validator.
+    let r = send(
+        &server,
+        &format!("GET /old.bin HTTP/1.1\r\nHost: t\r\nIf-Modified-Since: {lm}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(r.status, 304, "{r:?}");
+    assert!(server.alive(), "server died:\n{}", server.log());
+}
+
+#[test]
+fn content_types_over_the_wire() {
+    let dir = disk_tempdir();
+    let root = dir.path().to_path_buf();
+    let cases = [
+        ("chunk.pak", "application/octet-stream"),
+        ("seg001.ts", "video/mp2t"),
+        ("index.m3u8", "application/vnd.apple.mpegurl"),
+        ("page.html", "text/html; charset=utf-8"),
+        ("font.woff2", "font/woff2"),
+        ("clip.MKV", "video/x-matroska"),
+        ("game.manifest", "application/octet-stream"),
+        ("noext", "application/octet-stream"),
+    ];
+    for (name, _) in cases {
+        std::fs::write(root.join(name), b"x").unwrap();
+    }
+    let server = Server::start_owning(dir, &root, &[]);
+    for (name, want) in cases {
+        let r = send(
+            &server,
+            &format!("GET /{name} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(r.status, 200, "{name}: {r:?}");
+        assert_eq!(r.header("content-type"), Some(want), "{name}");
+        assert_eq!(r.body, b"x");
+    }
+}
