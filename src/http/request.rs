@@ -14,7 +14,8 @@
 //! rejects obs-fold, space before the colon, bare CR and control bytes in values. What it lets
 //! through, and we refuse here: bare LF as a line end (accepted by RFC 9112 as a MAY, refused
 //! because proxies in front of us may disagree about where a line ends: the classic request
-//! smuggling shape), any body framing, missing/duplicate Host, and duplicated singleton fields.
+//! smuggling shape), any body framing, a missing, duplicate or malformed Host, and duplicated
+//! singleton fields.
 
 use httparse::Status;
 
