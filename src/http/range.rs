@@ -49,7 +49,7 @@ pub enum RangeOutcome {
     Full,
     /// 206 with one Content-Range.
     Single(ByteRange),
-    /// 206 multipart/byteranges; sorted, disjoint and non-adjacent, at least two.
+    /// 206 multipart/byteranges; disjoint and non-adjacent, at least two, in request order.
     Multi(Vec<ByteRange>),
     /// 416 with `Content-Range: bytes */len`.
     Unsatisfiable,
@@ -128,17 +128,29 @@ fn satisfy(spec: Spec, file_len: u64) -> Option<ByteRange> {
     }
 }
 
-/// Sorts and merges overlapping or adjacent ranges in place.
+/// Merges overlapping or adjacent ranges in place, keeping the order of the request.
+///
+/// A merged range takes the place of the earliest of its members: RFC 9110 §15.3.7.2 asks
+/// for the parts in the order their range-specs appeared, less those coalesced into others.
+/// Sorting by offset is only how overlaps are found.
 fn coalesce(ranges: &mut Vec<ByteRange>) {
-    ranges.sort_unstable_by_key(|r| (r.start, r.end));
-    let mut merged: Vec<ByteRange> = Vec::with_capacity(ranges.len());
-    for r in ranges.drain(..) {
+    // (range, position of its earliest member in the request)
+    let mut by_start: Vec<(ByteRange, usize)> =
+        ranges.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    by_start.sort_unstable_by_key(|(r, _)| (r.start, r.end));
+    let mut merged: Vec<(ByteRange, usize)> = Vec::with_capacity(by_start.len());
+    for (r, i) in by_start {
         match merged.last_mut() {
-            Some(prev) if r.start <= prev.end => prev.end = prev.end.max(r.end),
-            _ => merged.push(r),
+            Some((prev, first)) if r.start <= prev.end => {
+                prev.end = prev.end.max(r.end);
+                *first = (*first).min(i);
+            }
+            _ => merged.push((r, i)),
         }
     }
-    *ranges = merged;
+    merged.sort_unstable_by_key(|(_, first)| *first);
+    ranges.clear();
+    ranges.extend(merged.into_iter().map(|(r, _)| r));
 }
 
 /// Interprets a Range header value for a file of `file_len` bytes.
@@ -147,7 +159,8 @@ fn coalesce(ranges: &mut Vec<ByteRange>) {
 /// is case-insensitive. A malformed header, another unit, `a > b`, more than `max_ranges` specs
 /// (0 disables ranges) or parts adding up to more than the file give `Full`. Specs starting at
 /// or past the end are dropped; if none is left, `Unsatisfiable` (always so for an empty file).
-/// Multiple ranges are sorted and coalesced; if they merge into one, the answer is `Single`.
+/// Overlapping or adjacent ranges are coalesced, the rest keep the request's order; if they
+/// merge into one, the answer is `Single`.
 /// Only a request with two or more satisfiable ranges allocates.
 pub fn parse_range(header: &[u8], file_len: u64, max_ranges: usize) -> RangeOutcome {
     let header = header.trim_ascii();
@@ -196,7 +209,7 @@ pub fn parse_range(header: &[u8], file_len: u64, max_ranges: usize) -> RangeOutc
     if more.is_empty() {
         return RangeOutcome::Single(first);
     }
-    more.push(first);
+    more.insert(0, first);
     coalesce(&mut more);
     match more.as_slice() {
         [only] => RangeOutcome::Single(*only),
@@ -313,19 +326,44 @@ mod tests {
     }
 
     #[test]
-    fn multi_sorted_and_coalesced() {
+    fn multi_in_request_order_and_coalesced() {
         assert_eq!(p("bytes=0-9,20-29", 1000), Multi(vec![r(0, 10), r(20, 30)]));
         assert_eq!(
             p("bytes=20-29, 0-9", 1000),
-            Multi(vec![r(0, 10), r(20, 30)])
+            Multi(vec![r(20, 30), r(0, 10)]),
+            "request order, not offset order"
         );
         assert_eq!(p("bytes=0-9,10-19", 1000), Single(r(0, 20)), "adjacent");
+        assert_eq!(p("bytes=10-19,0-9", 1000), Single(r(0, 20)), "adjacent");
         assert_eq!(p("bytes=0-9,5-14", 1000), Single(r(0, 15)), "overlapping");
         assert_eq!(
             p("bytes=0-9,5-14,100-109,-10", 1000),
             Multi(vec![r(0, 15), r(100, 110), r(990, 1000)])
         );
+        assert_eq!(
+            p("bytes=-10,100-109,5-14,0-9", 1000),
+            Multi(vec![r(990, 1000), r(100, 110), r(0, 15)])
+        );
+        // A merged range stands where its earliest member stood.
+        assert_eq!(
+            p("bytes=500-509,100-109,0-9,5-14", 1000),
+            Multi(vec![r(500, 510), r(100, 110), r(0, 15)])
+        );
+        assert_eq!(
+            p("bytes=500-509,5-14,100-109,0-4", 1000),
+            Multi(vec![r(500, 510), r(0, 15), r(100, 110)])
+        );
+        assert_eq!(
+            p("bytes=200-209,10-19,0-9,100-109", 1000),
+            Multi(vec![r(200, 210), r(0, 20), r(100, 110)])
+        );
+        // Unsatisfiable specs drop out without disturbing the others' order.
+        assert_eq!(
+            p("bytes=50-59,5000-,0-9", 1000),
+            Multi(vec![r(50, 60), r(0, 10)])
+        );
         assert_eq!(p("bytes=0-1,,,4-5", 10), Multi(vec![r(0, 2), r(4, 6)]));
+        assert_eq!(p("bytes=4-5,,,0-1", 10), Multi(vec![r(4, 6), r(0, 2)]));
     }
 
     #[test]
@@ -386,7 +424,9 @@ mod tests {
                 Multi(v) => {
                     prop_assert!(v.len() >= 2 && v.len() <= max);
                     prop_assert!(v.iter().all(ok), "{h} {len} {v:?}");
-                    prop_assert!(v.windows(2).all(|w| w[0].end < w[1].start), "{v:?}");
+                    let mut sorted = v.clone();
+                    sorted.sort_unstable_by_key(|x| x.start);
+                    prop_assert!(sorted.windows(2).all(|w| w[0].end < w[1].start), "{v:?}");
                     prop_assert!(v.iter().map(|x| x.len()).sum::<u64>() <= len);
                 }
             }

@@ -14,7 +14,8 @@
 //! rejects obs-fold, space before the colon, bare CR and control bytes in values. What it lets
 //! through, and we refuse here: bare LF as a line end (accepted by RFC 9112 as a MAY, refused
 //! because proxies in front of us may disagree about where a line ends: the classic request
-//! smuggling shape), any body framing, missing/duplicate Host, and duplicated singleton fields.
+//! smuggling shape), any body framing, a missing, duplicate or malformed Host, and duplicated
+//! singleton fields.
 
 use httparse::Status;
 
@@ -69,6 +70,10 @@ pub struct Request<'a> {
     pub keep_alive: bool,
     /// `Range` value, if present.
     pub range: Option<&'a [u8]>,
+    /// `If-Match` value, if present.
+    pub if_match: Option<&'a [u8]>,
+    /// `If-Unmodified-Since` value, if present.
+    pub if_unmodified_since: Option<&'a [u8]>,
     /// `If-None-Match` value, if present.
     pub if_none_match: Option<&'a [u8]>,
     /// `If-Modified-Since` value, if present.
@@ -133,6 +138,7 @@ const CONTENT_LENGTH: Reject = reject(400, "request body not allowed");
 const DUPLICATE_CONTENT_LENGTH: Reject = reject(400, "duplicate Content-Length");
 const HOST_MISSING: Reject = reject(400, "HTTP/1.1 request without Host");
 const HOST_DUPLICATE: Reject = reject(400, "more than one Host");
+const HOST_INVALID: Reject = reject(400, "invalid Host");
 const DUPLICATE_FIELD: Reject = reject(400, "duplicate singleton header field");
 
 /// Methods we know but do not serve: 405 with `Allow`, rather than 501.
@@ -357,9 +363,12 @@ fn set_once<'a>(slot: &mut Option<&'a [u8]>, value: &'a [u8]) -> Result<(), Reje
 #[derive(Default)]
 struct Fields<'a> {
     hosts: usize,
+    host: Option<&'a [u8]>,
     close: bool,
     keep_alive: bool,
     range: Option<&'a [u8]>,
+    if_match: Option<&'a [u8]>,
+    if_unmodified_since: Option<&'a [u8]>,
     if_none_match: Option<&'a [u8]>,
     if_modified_since: Option<&'a [u8]>,
     if_range: Option<&'a [u8]>,
@@ -373,6 +382,7 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
         let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
         if is("host") {
             f.hosts = f.hosts.saturating_add(1);
+            f.host = Some(h.value);
         } else if is("content-length") {
             // GET and HEAD carry no body; "0" is the only harmless value. Anything else,
             // including "00", "+0", lists and duplicates, is a framing disagreement waiting
@@ -397,6 +407,11 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
             }
         } else if is("range") {
             set_once(&mut f.range, h.value)?;
+        } else if is("if-match") {
+            // A list field like If-None-Match; the same one-line rule applies.
+            set_once(&mut f.if_match, h.value)?;
+        } else if is("if-unmodified-since") {
+            set_once(&mut f.if_unmodified_since, h.value)?;
         } else if is("if-none-match") {
             // A list field that could legally be split over two lines, but joining them would
             // need an allocation and no real client does it.
@@ -408,6 +423,84 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
         }
     }
     Ok(f)
+}
+
+/// Whether a Host field value is `uri-host [ ":" port ]` (RFC 9112 §3.2, RFC 3986 §3.2.2):
+/// an IP-literal in brackets, or a reg-name (unreserved, pct-encoded and sub-delims, which
+/// covers IPv4address), then optionally `:` and digits. Empty is valid: it is what a client
+/// sends when the target URI has no authority.
+fn is_valid_host(value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    let (host_ok, rest) = if let Some(literal) = value.strip_prefix(b"[") {
+        let Some(close) = literal.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let inside = literal.get(..close).unwrap_or_default();
+        (
+            is_ip_literal(inside),
+            literal.get(close.saturating_add(1)..).unwrap_or_default(),
+        )
+    } else {
+        let colon = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        let (name, rest) = value.split_at(colon);
+        (is_reg_name(name), rest)
+    };
+    let port_ok = match rest.split_first() {
+        None => true,
+        Some((b':', digits)) => digits.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    };
+    host_ok && port_ok
+}
+
+/// sub-delims (RFC 3986 §2.2).
+fn is_sub_delim(b: u8) -> bool {
+    b"!$&'()*+,;=".contains(&b)
+}
+
+/// unreserved (RFC 3986 §2.3).
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~".contains(&b)
+}
+
+/// reg-name = *( unreserved / pct-encoded / sub-delims ).
+fn is_reg_name(name: &[u8]) -> bool {
+    let mut i = 0usize;
+    while let Some(&b) = name.get(i) {
+        if b == b'%' {
+            let hex = name.get(i.saturating_add(1)..i.saturating_add(3));
+            if !hex.is_some_and(|h| h.len() == 2 && h.iter().all(u8::is_ascii_hexdigit)) {
+                return false;
+            }
+            i = i.saturating_add(3);
+        } else if is_unreserved(b) || is_sub_delim(b) {
+            i = i.saturating_add(1);
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+/// What is inside the brackets of an IP-literal: IPv6address or
+/// IPvFuture = "v" 1*HEXDIG "." 1*( unreserved / sub-delims / ":" ).
+fn is_ip_literal(inside: &[u8]) -> bool {
+    if let Some(future) = inside
+        .strip_prefix(b"v")
+        .or_else(|| inside.strip_prefix(b"V"))
+    {
+        let dot = future.iter().position(|&b| b == b'.').unwrap_or(0);
+        let (version, tail) = future.split_at(dot);
+        let tail = tail.get(1..).unwrap_or_default();
+        return !version.is_empty()
+            && version.iter().all(u8::is_ascii_hexdigit)
+            && !tail.is_empty()
+            && tail
+                .iter()
+                .all(|&b| is_unreserved(b) || is_sub_delim(b) || b == b':');
+    }
+    // std's parser follows RFC 4291 text forms, embedded IPv4 included, as RFC 3986 does.
+    std::str::from_utf8(inside).is_ok_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 fn header_error(e: httparse::Error) -> Reject {
@@ -449,10 +542,12 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
     };
 
     // The line is complete: judge what it says. Version first, so an HTTP/2 preface
-    // (`PRI * HTTP/2.0`) gets 505 rather than a complaint about its method or target.
+    // (`PRI * HTTP/2.0`) gets 505 rather than a complaint about its method or target. A higher
+    // minor version of 1.x is processed as 1.1, the highest we speak (RFC 9110 §2.5: minor
+    // versions are compatible, and the response's HTTP/1.1 tells the client what we are).
     let version = match (line.major, line.minor) {
         (1, 0) => Version::Http10,
-        (1, 1) => Version::Http11,
+        (1, _) => Version::Http11,
         _ => return Parsed::Rejected(UNSUPPORTED_VERSION),
     };
     let method = match classify_method(line.method) {
@@ -488,6 +583,11 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
     if f.hosts > 1 {
         return Parsed::Rejected(HOST_DUPLICATE);
     }
+    // Judged even for an absolute-form target, whose authority replaces it: RFC 9112 §3.2
+    // wants 400 for any request with an invalid Host.
+    if f.host.is_some_and(|h| !is_valid_host(h)) {
+        return Parsed::Rejected(HOST_INVALID);
+    }
     if version == Version::Http11 && f.hosts == 0 {
         return Parsed::Rejected(HOST_MISSING);
     }
@@ -500,6 +600,8 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
             query,
             keep_alive,
             range: f.range,
+            if_match: f.if_match,
+            if_unmodified_since: f.if_unmodified_since,
             if_none_match: f.if_none_match,
             if_modified_since: f.if_modified_since,
             if_range: f.if_range,
@@ -576,6 +678,9 @@ mod tests {
          If-None-Match: \"e\", W/\"f\"\r\nIf-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
          User-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n",
         "GET /caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1:80\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost:\r\n\r\n",
     ];
 
     #[test]
@@ -583,6 +688,87 @@ mod tests {
         for req in GOOD {
             let (_, head_len) = complete(req.as_bytes());
             assert_eq!(head_len, req.len(), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn host_syntax() {
+        for good in [
+            &b""[..],
+            b"a",
+            b"cdn.example.com",
+            b"CDN.Example.COM.",
+            b"cdn.example:8080",
+            b"a:",
+            b":80",
+            b"127.0.0.1",
+            b"999.1.1.1",
+            b"10.0.0.1:443",
+            b"xn--caf-dma.example",
+            b"a%41b",
+            b"a-b_c~d!$&'()*+,;=",
+            b"[::1]",
+            b"[::1]:8080",
+            b"[2001:db8::ff00:42:8329]",
+            b"[::ffff:192.0.2.1]:80",
+            b"[v1.fe80::a+en1]",
+            b"[V7.x]",
+            b" a \t",
+        ] {
+            assert!(is_valid_host(good), "{:?}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b"a b"[..],
+            b"a/b",
+            b"a\\b",
+            b"a?b",
+            b"a#b",
+            b"u@a",
+            b"u:p@a",
+            b"a:b",
+            b"a:80:81",
+            b"a:-1",
+            b"a:8 0",
+            b"a%",
+            b"a%4",
+            b"a%zz",
+            b"a\tb",
+            b"a\"b",
+            b"a<b>",
+            b"a[b]",
+            b"caf\xc3\xa9",
+            b"[::1",
+            b"[::1]x",
+            b"[::1]:x",
+            b"[]",
+            b"[zz]",
+            b"[::1%25eth0]",
+            b"[1.2.3.4]",
+            b"[v.x]",
+            b"[v1.]",
+            b"[vg.x]",
+            b"[v1.a/b]",
+            b"::1",
+            b"a]",
+        ] {
+            assert!(!is_valid_host(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn higher_http1_minor_versions_are_http11() {
+        for minor in 2..=9 {
+            let req = format!("GET / HTTP/1.{minor}\r\nHost: a\r\n\r\n");
+            let (r, _) = complete(req.as_bytes());
+            assert_eq!(r.version, Version::Http11, "{req:?}");
+            assert!(r.keep_alive, "persistent by default, as 1.1");
+            // And they need a Host, as 1.1 does.
+            let no_host = format!("GET / HTTP/1.{minor}\r\n\r\n");
+            assert_eq!(rejected(no_host.as_bytes()), 400);
+        }
+        for other in ["2.0", "2.1", "3.0", "0.9", "9.9"] {
+            let req = format!("GET / HTTP/{other}\r\nHost: a\r\n\r\n");
+            assert_eq!(rejected(req.as_bytes()), 505, "{req:?}");
         }
     }
 
@@ -601,6 +787,17 @@ mod tests {
             r.if_modified_since,
             Some(&b"Sun, 06 Nov 1994 08:49:37 GMT"[..])
         );
+
+        let (r, _) = complete(
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Match: \"e\", W/\"f\"\r\n\
+              If-Unmodified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n",
+        );
+        assert_eq!(r.if_match, Some(&b"\"e\", W/\"f\""[..]));
+        assert_eq!(
+            r.if_unmodified_since,
+            Some(&b"Sun, 06 Nov 1994 08:49:37 GMT"[..])
+        );
+        assert_eq!((r.if_none_match, r.if_modified_since), (None, None));
 
         let (r, _) = complete(GOOD[3].as_bytes());
         assert_eq!(r.path, b"/a/b.pak");
@@ -667,7 +864,6 @@ mod tests {
         // Versions.
         (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
-        (b"GET / HTTP/1.2\r\nHost: a\r\n\r\n", 505),
         (b"GET / HTTP/0.9\r\n\r\n", 505),
         (b"GET / HTTP/3.0\r\n\r\n", 505),
         (b"GET /\r\n", 400),
@@ -774,6 +970,13 @@ mod tests {
         (b"GET / HTTP/1.1\r\nX-Host: a\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
         (b"GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400),
+        (b"GET / HTTP/1.0\r\nHost: a/b\r\n\r\n", 400),
+        (b"GET http://a/ HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: a:b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: u@a\r\n\r\n", 400),
         // Duplicated singleton fields.
         (
             b"GET / HTTP/1.1\r\nHost: a\r\nRange: bytes=0-1\r\nRange: bytes=2-3\r\n\r\n",
@@ -789,6 +992,14 @@ mod tests {
         ),
         (
             b"GET / HTTP/1.1\r\nHost: a\r\nIf-Modified-Since: x\r\nIf-Modified-Since: y\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Match: \"a\"\r\nIf-Match: \"b\"\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Unmodified-Since: x\r\nif-unmodified-since: y\r\n\r\n",
             400,
         ),
     ];

@@ -8,7 +8,7 @@ use super::files::ReadMode;
 use super::{access_log, ring, Shard};
 use crate::config::DIAG_ZERO_MAX_BYTES;
 use crate::fs::resolve::resolve_target;
-use crate::http::conditional::{self, Precondition, Validators};
+use crate::http::conditional::{self, Conditions, Precondition, Validators};
 use crate::http::mime;
 use crate::http::range::{parse_range, ByteRange, RangeOutcome};
 use crate::http::request::{parse_request, Method, Parsed, Request};
@@ -149,25 +149,28 @@ impl Shard {
             etag: f.etag(),
             mtime_secs: f.mtime_secs,
         };
-        let not_modified =
-            conditional::evaluate(req.if_none_match, req.if_modified_since, &validators)
-                == Precondition::NotModified;
-        let mut outcome = RangeOutcome::Full;
-        if !not_modified {
-            if let Some(range) = req.range {
-                let allowed = req
-                    .if_range
-                    .is_none_or(|v| conditional::if_range_allows(v, &validators));
-                if allowed {
-                    outcome = parse_range(range, size, self.cfg.max_ranges);
-                }
-            }
-        }
+        let conditions = Conditions {
+            if_match: req.if_match,
+            if_unmodified_since: req.if_unmodified_since,
+            if_none_match: req.if_none_match,
+            if_modified_since: req.if_modified_since,
+            if_range: req.if_range,
+            has_range: req.range.is_some(),
+        };
+        let precondition = conditional::evaluate(&conditions, &validators);
         let content_type = mime::content_type_for(f.opened_path().as_bytes());
-        let (status, content_range, body_len, segments, multipart) = if not_modified {
-            (304, None, 0, VecDeque::new(), None)
-        } else {
-            plan_body(outcome, size, content_type, self.boundary_seed(c))
+        let (status, content_range, body_len, segments, multipart) = match precondition {
+            // Both carry the validators (so a client can tell which version is current) and
+            // no body; a 412 is a complete answer, so the connection may stay open.
+            Precondition::NotModified => (304, None, 0, VecDeque::new(), None),
+            Precondition::Failed => (412, None, 0, VecDeque::new(), None),
+            Precondition::Proceed { use_range } => {
+                let outcome = match req.range {
+                    Some(range) if use_range => parse_range(range, size, self.cfg.max_ranges),
+                    _ => RangeOutcome::Full,
+                };
+                plan_body(outcome, size, content_type, self.boundary_seed(c))
+            }
         };
         self.begin_response(c, status, keep_alive);
         let f = self.files.get(idx);
@@ -178,7 +181,7 @@ impl Shard {
             content_length: if status == 304 { None } else { Some(body_len) },
             content_type: match &multipart {
                 Some(boundary) => Some(boundary.content_type()),
-                None if status == 416 => None,
+                None if status == 416 || status == 412 => None,
                 None => Some(content_type),
             },
             last_modified: Some(&f.last_modified),
