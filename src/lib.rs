@@ -5,6 +5,11 @@
 //! `fs/` is path resolution and O_DIRECT alignment math, `topology`/`plan`/`steering` decide
 //! where shards run and which shard a connection lands on.
 
+// `unsafe` is refused everywhere but the ring modules (allowed in `shard/mod.rs`), and every
+// `unsafe` block there must say who keeps the memory alive until the kernel is done with it.
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod admin;
 pub mod config;
 pub mod doctor;

@@ -10,7 +10,9 @@ pub mod buffers;
 pub mod conn;
 pub mod files;
 mod respond;
+#[allow(unsafe_code)]
 pub mod ring;
+#[allow(unsafe_code)]
 pub mod ring_sys;
 pub mod sched;
 pub mod token;

@@ -7,6 +7,7 @@
 //! is acknowledged (`arena_done`, `tx_done`, `recycle_recv`). Mutating a buffer the kernel owns
 //! is an invariant violation and panics, in release builds too.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
@@ -19,6 +20,12 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 const RECV_BUFFER_GROUP: u16 = 0;
 /// `RWF_DONTCACHE` (Linux 6.14+); the io-uring crate has no constant for it yet.
 pub const RWF_DONTCACHE: i32 = 0x80;
+/// Entries that may wait in the unqueued FIFO (the SQ was full and the kernel would not take
+/// more, e.g. while its CQ overflow list is flushed). Beyond this the shard is far outside its
+/// sizing (every connection has a bounded number of operations), so it is a bug: panic.
+const UNQUEUED_MAX_ENTRIES: usize = 1 << 16;
+/// On drop, how long the ring waits for cancelled operations to complete before it closes.
+const DROP_DRAIN_TIMEOUT: Duration = Duration::from_millis(1000);
 /// `io_uring_register` opcode that restricts auto-allocated fixed-file slots to a range.
 const IORING_REGISTER_FILE_ALLOC_RANGE: libc::c_uint = 25;
 
@@ -220,6 +227,8 @@ pub struct Ring {
     tx: Vec<Vec<u8>>,
     tx_busy: Vec<bool>,
     log_in_flight: Option<Vec<u8>>,
+    /// Entries that did not fit in the SQ, in submission order (TigerBeetle's `unqueued`).
+    unqueued: VecDeque<squeue::Entry>,
     socket_slots: u32,
     file_slots: u32,
     /// Whether SINGLE_ISSUER|DEFER_TASKRUN were accepted by the kernel.
@@ -228,6 +237,13 @@ pub struct Ring {
     pub sqes_pushed: u64,
     /// io_uring_enter calls made.
     pub enters: u64,
+    /// Times the kernel answered EBUSY (its CQ overflow list must be reaped first).
+    pub busy: u64,
+    /// Entries that had to wait in the unqueued FIFO because the SQ was full.
+    pub unqueued_total: u64,
+    /// Test hook: the kernel "takes nothing" on flush (as under EBUSY), so entries queue.
+    #[cfg(test)]
+    refuse_submits: bool,
 }
 
 impl Ring {
@@ -291,11 +307,16 @@ impl Ring {
             tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
             tx_busy: vec![false; cfg.conn_slots],
             log_in_flight: None,
+            unqueued: VecDeque::with_capacity(usize::try_from(cfg.sq_entries).unwrap_or(0)),
             socket_slots: cfg.socket_slots,
             file_slots: cfg.file_slots,
             deferred_taskrun,
             sqes_pushed: 0,
             enters: 0,
+            busy: 0,
+            unqueued_total: 0,
+            #[cfg(test)]
+            refuse_submits: false,
         })
     }
 
@@ -305,21 +326,65 @@ impl Ring {
         self.uring.submitter().register_probe(&mut probe).is_ok() && probe.is_supported(opcode)
     }
 
+    /// Queues `entry`. A full SQ never loses an entry nor panics: entries wait in the
+    /// unqueued FIFO (in order) and go to the kernel at the next submit, once it has room.
     fn push(&mut self, entry: squeue::Entry) {
-        // SAFETY: every entry built by this module references only memory owned by the Ring
-        // (arena, recv ring, tx buffers) or 'static data, kept alive until its completion.
-        unsafe {
-            if self.uring.submission().push(&entry).is_err() {
-                // SQ full: hand what we have to the kernel and retry once; the SQ is then empty.
-                self.enters += 1;
-                let _ = self.uring.submit();
-                self.uring
-                    .submission()
-                    .push(&entry)
-                    .expect("submission queue full right after submit");
-            }
-        }
         self.sqes_pushed += 1;
+        if self.unqueued.is_empty() && self.push_sq(&entry) {
+            return;
+        }
+        // SQ full: offer what we have to the kernel now, then queue behind earlier entries.
+        self.flush_unqueued();
+        if self.unqueued.is_empty() && self.push_sq(&entry) {
+            return;
+        }
+        assert!(
+            self.unqueued.len() < UNQUEUED_MAX_ENTRIES,
+            "unqueued FIFO overflow: operations are not bounded per connection"
+        );
+        self.unqueued_total += 1;
+        self.unqueued.push_back(entry);
+    }
+
+    fn push_sq(&mut self, entry: &squeue::Entry) -> bool {
+        // SAFETY: every entry built by this module references only memory owned by the Ring
+        // (arena, recv ring, tx buffers, log buffer) or 'static data, kept alive until its
+        // completion; entries waiting in `unqueued` reference the same memory.
+        unsafe { self.uring.submission().push(entry).is_ok() }
+    }
+
+    /// Submits the SQ (without waiting) and moves unqueued entries into the room it freed.
+    fn flush_unqueued(&mut self) {
+        #[cfg(test)]
+        if self.refuse_submits {
+            return;
+        }
+        self.enters += 1;
+        match self.uring.submit() {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => self.busy += 1,
+            // EAGAIN/EINTR: the kernel took nothing now; the entries stay queued for later.
+            Err(_) => {}
+        }
+        while let Some(entry) = self.unqueued.front() {
+            let entry = entry.clone();
+            if !self.push_sq(&entry) {
+                break;
+            }
+            self.unqueued.pop_front();
+        }
+    }
+
+    /// Entries waiting for room in the SQ (they go out with the next submit).
+    pub fn unqueued_len(&self) -> usize {
+        self.unqueued.len()
+    }
+
+    /// Completions the kernel could not post because the CQ was full (it keeps them, with
+    /// IORING_FEAT_NODROP, and posts them once we reap; a non-zero count means the CQ is too
+    /// small for the load).
+    pub fn cq_overflow(&mut self) -> u32 {
+        self.uring.completion().overflow()
     }
 
     /// Arms a multishot accept that places sockets straight into fixed-file slots.
@@ -377,7 +442,7 @@ impl Ring {
         let buf = &self.tx[conn];
         assert!(from < buf.len());
         let len = buf.len() - from;
-        // SAFETY (pointer validity): `from < len`; the Vec is not touched (tx_mut asserts) until
+        // SAFETY: `from < len` (pointer validity); the Vec is not touched (tx_mut asserts) until
         // tx_done, so its heap block stays where it is.
         let ptr = unsafe { buf.as_ptr().add(from) };
         self.tx_busy[conn] = true;
@@ -649,6 +714,16 @@ impl Ring {
         timeout: Option<Duration>,
         min_wait_usec: u32,
     ) -> io::Result<()> {
+        if !self.unqueued.is_empty() {
+            self.flush_unqueued();
+        }
+        // Never sleep while entries wait to be submitted or the kernel holds overflowed
+        // completions: reap first (the caller drains the CQ right after this returns).
+        let want = if !self.unqueued.is_empty() || self.cq_overflow_pending() {
+            0
+        } else {
+            want
+        };
         self.enters += 1;
         let res = match timeout {
             Some(t) if want > 0 => {
@@ -683,16 +758,20 @@ impl Ring {
         match res {
             Ok(_) => Ok(()),
             // A timeout or a signal is a normal end of a wait.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
-                ) =>
-            {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => Ok(()),
+            // The kernel has overflowed completions to post before it takes more work: the
+            // caller reaps the CQ now and the SQ entries go out with the next enter.
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                self.busy += 1;
                 Ok(())
             }
             Err(e) => Err(e),
         }
+    }
+
+    fn cq_overflow_pending(&mut self) -> bool {
+        // IORING_SQ_CQ_OVERFLOW: completions wait in the kernel's overflow list.
+        self.uring.submission().cq_overflow()
     }
 
     /// Moves up to `max` completions into `out` (bounded batch; handlers never reap the ring).
@@ -705,6 +784,41 @@ impl Ring {
                 result: cqe.result(),
                 flags: cqe.flags(),
             });
+        }
+    }
+}
+
+impl Drop for Ring {
+    /// Cancels every operation still in flight and waits (bounded) for their completions, so
+    /// the kernel is done with the arena, receive buffers and header buffers before the memory
+    /// is unmapped (the IoUring itself is dropped after this, then the memory).
+    fn drop(&mut self) {
+        self.unqueued.clear();
+        let cancel_all = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+            .build()
+            .user_data(0);
+        if !self.push_sq(&cancel_all) {
+            let _ = self.uring.submit();
+            let _ = self.push_sq(&cancel_all);
+        }
+        let deadline = std::time::Instant::now() + DROP_DRAIN_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let ts = types::Timespec::new()
+                .sec(0)
+                .nsec(left.min(Duration::from_millis(50)).subsec_nanos());
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let waited = self.uring.submitter().submit_with_args(1, &args);
+            let mut cq = self.uring.completion();
+            cq.sync();
+            let reaped = cq.by_ref().count();
+            // A wait that timed out with nothing reaped: nothing is left in flight.
+            if reaped == 0 && waited.is_err() {
+                break;
+            }
         }
     }
 }
@@ -761,4 +875,78 @@ pub mod opcodes {
     pub const SEND_ZC: u8 = io_uring::opcode::SendZc::CODE;
     /// Multishot-capable ACCEPT.
     pub const ACCEPT: u8 = io_uring::opcode::Accept::CODE;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small_ring(sq_entries: u32) -> Ring {
+        Ring::new(&RingConfig {
+            sq_entries,
+            cq_entries: 256,
+            socket_slots: 4,
+            file_slots: 4,
+            arena_slots: 2,
+            chunk_bytes: 8192,
+            arena_align_bytes: 4096,
+            recv_buffers: 4,
+            recv_buffer_bytes: 4096,
+            conn_slots: 2,
+        })
+        .expect("a small ring (needs io_uring and 32 KiB of RLIMIT_MEMLOCK)")
+    }
+
+    impl Ring {
+        fn nop(&mut self, token: u64) {
+            self.push(opcode::Nop::new().build().user_data(token));
+        }
+    }
+
+    /// More entries than the SQ holds, with no submit in between: none is lost, none panics,
+    /// and every completion comes back in submission order.
+    #[test]
+    fn a_full_submission_queue_parks_entries_in_order() {
+        let mut ring = small_ring(8);
+        ring.refuse_submits = true;
+        for t in 1..=100u64 {
+            ring.nop(t);
+        }
+        assert_eq!(
+            ring.unqueued_len(),
+            92,
+            "8 in the SQ, the rest queued in order"
+        );
+        ring.refuse_submits = false;
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while got.len() < 100 && std::time::Instant::now() < deadline {
+            ring.submit_and_wait(1, Some(Duration::from_millis(100)))
+                .expect("submit");
+            let mut batch = Vec::new();
+            ring.drain_completions(&mut batch, 1000);
+            got.extend(batch.iter().map(|c| c.user_data));
+        }
+        assert_eq!(got, (1..=100).collect::<Vec<u64>>());
+        assert_eq!(ring.unqueued_len(), 0);
+        assert_eq!(ring.unqueued_total, 92);
+        assert_eq!(ring.cq_overflow(), 0);
+    }
+
+    /// A ring dropped with operations in flight (a poll that would never complete) cancels
+    /// them and returns instead of hanging or leaving the kernel with our memory.
+    #[test]
+    fn drop_cancels_what_is_in_flight() {
+        let mut ring = small_ring(8);
+        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        // POLLIN on a socket nobody writes to: in flight until cancelled.
+        let e = opcode::PollAdd::new(types::Fd(a.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(7);
+        ring.push(e);
+        ring.submit_and_wait(0, None).expect("submit");
+        let t0 = std::time::Instant::now();
+        drop(ring);
+        assert!(t0.elapsed() < DROP_DRAIN_TIMEOUT * 2, "drop hung");
+    }
 }
