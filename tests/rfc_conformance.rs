@@ -592,3 +592,48 @@ fn content_types_over_the_wire() {
         assert_eq!(r.body, b"x");
     }
 }
+
+/// A 414 sent while the client is still writing its oversized head: the server shuts its write
+/// side and drains what follows (bounded) instead of closing with unread bytes. A plain close
+/// would answer the client's further bytes with a TCP reset: its writes fail and, on a real
+/// network, the reset can destroy the response before the client reads it. Here the client
+/// writes its whole head first (as most clients do), every write succeeds, and then it reads
+/// the whole 414 and a clean end of stream.
+#[test]
+fn error_response_with_unread_bytes_closes_gracefully() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    const PIECES: usize = 24;
+    const PIECE_BYTES: usize = 4096;
+    let dir = common::disk_tempdir();
+    std::fs::write(dir.path().join("a.txt"), b"hello").unwrap();
+    let server = common::Server::start(dir.path(), &[]);
+    for _ in 0..3 {
+        let mut s = server.connect();
+        // A request line far over MAX_REQUEST_LINE_BYTES, sent in pieces after the server
+        // has already answered (it rejects at the first byte past the limit).
+        s.write_all(b"GET /").unwrap();
+        let piece = vec![b'a'; PIECE_BYTES];
+        for i in 0..PIECES {
+            if let Err(e) = s.write_all(&piece) {
+                panic!("write {i} of {PIECES} failed ({e}): the server reset the connection");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        s.write_all(b" HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        let mut r = BufReader::new(s);
+        let mut status = String::new();
+        r.read_line(&mut status).expect("status line");
+        assert!(status.starts_with("HTTP/1.1 414"), "got {status:?}");
+        let mut rest = Vec::new();
+        let end = r.read_to_end(&mut rest);
+        assert!(
+            end.is_ok(),
+            "the 414 connection ended in {end:?} (a reset), not a clean close"
+        );
+        let text = String::from_utf8_lossy(&rest);
+        assert!(
+            text.contains("\r\n\r\n"),
+            "response head cut short: {text:?}"
+        );
+    }
+}

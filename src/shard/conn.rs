@@ -26,6 +26,8 @@ pub enum Deadline {
     Idle,
     /// A response must make send progress by then.
     Send,
+    /// A lingering close (write side shut after an error response) ends by then.
+    Linger,
 }
 
 /// Why a connection is closed (for counters and logs).
@@ -212,6 +214,12 @@ pub struct Conn {
     pub round_bytes: u64,
     /// What the socket took in its last full writable round (bytes), at least a minimum read.
     pub round_estimate_bytes: usize,
+    /// Closing gracefully after an error response: our write side is shut, and what the
+    /// client still sends is read and dropped (bounded) so the close sends no reset that could
+    /// destroy the response before the client reads it.
+    pub lingering: bool,
+    /// Bytes read and dropped while lingering.
+    pub linger_bytes: u64,
     /// Listed in the shard's parked FIFO (kept across slot reuse: the FIFO holds slots).
     pub parked_listed: bool,
     /// The last chunk send went out whole: the client drains fast enough for SEND_ZC, whose
@@ -256,6 +264,8 @@ impl Conn {
             recv_retry: false,
             poll_armed: false,
             parked_ms: 0,
+            lingering: false,
+            linger_bytes: 0,
             parked_listed: false,
             round_bytes: 0,
             round_estimate_bytes: 0,

@@ -50,6 +50,10 @@ pub const MIN_READ_BYTES: usize = 64 * 1024;
 /// (new requests are still served): with a fast disk and many connections, a tick stays well
 /// under a millisecond, so a small request's turn comes quickly.
 pub const TICK_BUDGET_US: u64 = 500;
+/// Longest a lingering close waits for the client to stop sending (nginx: lingering_timeout).
+pub const LINGER_TIMEOUT_MS: u64 = 2000;
+/// Most request bytes a lingering close reads and drops before it closes anyway.
+pub const LINGER_MAX_BYTES: u64 = 256 * 1024;
 /// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
 pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
@@ -438,6 +442,19 @@ impl Shard {
             conn.peer_closed = true;
             if !conn.responding {
                 self.close(c, CloseReason::Normal);
+            }
+            return;
+        }
+        if conn.lingering {
+            // Dropped unread: the client is only being let finish before we close.
+            if let Some(b) = bid {
+                self.ring.recycle_recv(b);
+            }
+            conn.linger_bytes += cqe.result as u64;
+            if conn.linger_bytes > LINGER_MAX_BYTES {
+                self.close(c, CloseReason::Normal);
+            } else {
+                self.arm_recv(c);
             }
             return;
         }
@@ -1086,6 +1103,10 @@ impl Shard {
         }
         self.response_done(c);
         let conn = &mut self.conns[c as usize];
+        if !conn.keep_alive && !conn.peer_closed && conn.status >= 400 {
+            self.begin_linger(c);
+            return;
+        }
         if !conn.keep_alive || conn.peer_closed || self.drain_deadline_ms.is_some() {
             self.close(c, CloseReason::Normal);
             return;
@@ -1100,6 +1121,25 @@ impl Shard {
             conn.deadline_ms = self.now_ms + self.cfg.header_timeout_ms;
             self.ready.push_urgent(c);
         }
+    }
+
+    /// After an error response on a connection the client may still be writing to (a 414 or
+    /// 431 with the rest of the head unread): shut our write side so the client sees the
+    /// response and a FIN, then read and drop what it sends (bounded in bytes and time) until
+    /// it closes. Closing with unread bytes would send a reset instead, which can destroy the
+    /// response in the client's receive buffer (nginx's lingering close).
+    fn begin_linger(&mut self, c: u32) {
+        let now = self.now_ms;
+        let conn = &mut self.conns[c as usize];
+        conn.lingering = true;
+        conn.rx.clear();
+        conn.deadline = Deadline::Linger;
+        conn.deadline_ms = now + LINGER_TIMEOUT_MS;
+        conn.ops += 1;
+        let socket = conn.socket;
+        let t = self.token(Op::Shutdown, c, 0);
+        self.ring.shutdown_write(socket, t);
+        self.arm_recv(c);
     }
 
     /// Bookkeeping when a response ends (complete or aborted): status counters, access log.
@@ -1225,7 +1265,13 @@ impl Shard {
                 && conn.deadline != Deadline::None
                 && now >= conn.deadline_ms
             {
-                self.close(c as u32, CloseReason::Timeout);
+                // A lingering close that runs out of time is still a normal end.
+                let reason = if conn.deadline == Deadline::Linger {
+                    CloseReason::Normal
+                } else {
+                    CloseReason::Timeout
+                };
+                self.close(c as u32, reason);
                 continue;
             }
             // A SEND_ZC buffer the peer is slow to acknowledge gives no completion to learn
@@ -1312,6 +1358,10 @@ impl Shard {
                 self.maybe_finish_close(c);
             }
             Op::PollOut => self.on_poll_out(c, cqe.result),
+            Op::Shutdown => {
+                self.conns[c as usize].ops -= 1;
+                self.maybe_finish_close(c);
+            }
             Op::Close => self.on_close(c),
             Op::Accept | Op::Overflow | Op::OverflowClose | Op::CancelAccept | Op::LogWrite => {
                 unreachable!()

@@ -583,6 +583,14 @@ impl Ring {
         self.push(e.user_data(token));
     }
 
+    /// Shuts down the write side of socket `socket` (a FIN after what was sent).
+    pub fn shutdown_write(&mut self, socket: u32, token: u64) {
+        let e = opcode::Shutdown::new(types::Fixed(socket), libc::SHUT_WR)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+
     /// Arms a one-shot poll for socket `socket` to become writable (no buffer involved).
     pub fn poll_writable(&mut self, socket: u32, token: u64) {
         let e = opcode::PollAdd::new(types::Fixed(socket), libc::POLLOUT as u32)

@@ -35,6 +35,8 @@ pub enum Op {
     LogWrite = 11,
     /// One-shot poll for a connection's socket to become writable.
     PollOut = 12,
+    /// Shutdown of a connection's write side (lingering close).
+    Shutdown = 13,
 }
 
 impl Op {
@@ -52,6 +54,7 @@ impl Op {
             10 => Op::CancelAccept,
             11 => Op::LogWrite,
             12 => Op::PollOut,
+            13 => Op::Shutdown,
             _ => return None,
         })
     }
@@ -121,6 +124,7 @@ mod tests {
             Op::CancelAccept,
             Op::LogWrite,
             Op::PollOut,
+            Op::Shutdown,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {
@@ -146,7 +150,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=12) {
+        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=13) {
             let op = Op::from_u8(op).unwrap();
             let t = Token::new(op, slot, generation, aux);
             proptest::prop_assert_eq!(Token::decode(t.encode()), Some(t));
