@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod buffers;
 pub mod conn;
 pub mod files;
+pub mod intrusive;
 mod respond;
 #[allow(unsafe_code)]
 pub mod ring;
@@ -185,7 +186,7 @@ impl Shard {
             conns: (0..max_conns).map(|_| Conn::new()).collect(),
             free_conns: (0..max_conns as u32).rev().collect(),
             ready: ReadyQueue::new(max_conns),
-            arena: ArenaSlots::new(arena_slots as u16),
+            arena: ArenaSlots::new(arena_slots as u16, max_conns),
             files,
             listener: Some(p.listener),
             accept_armed: false,
@@ -710,6 +711,13 @@ impl Shard {
                 return;
             }
         }
+        if self.conns[c as usize].poll_armed {
+            // Read ahead landed behind a full socket: the chunk is ours now, so a reclaim that
+            // found it still being read (and freed nothing) can take it this time.
+            self.list_parked(c);
+            self.reclaim_parked();
+            return;
+        }
         self.send_soon(c);
     }
 
@@ -934,11 +942,7 @@ impl Shard {
             let t = self.token(Op::PollOut, c, 0);
             self.ring.poll_writable(socket, t);
         }
-        let conn = &mut self.conns[c as usize];
-        if !conn.parked_listed {
-            conn.parked_listed = true;
-            self.parked.push_back(c);
-        }
+        self.list_parked(c);
         self.reclaim_parked();
     }
 
@@ -995,16 +999,30 @@ impl Shard {
     /// Gives back the chunks of connections parked longer than `PARK_HOLD_MS` (a stalled
     /// client keeps nothing for long even when nobody else asks).
     fn expire_parked(&mut self) {
-        while let Some(&c) = self.parked.front() {
-            let conn = &self.conns[c as usize];
-            if self.is_parked(c) && self.now_ms < conn.parked_ms + PARK_HOLD_MS {
+        // One pass over the listed connections: one that parked again recently goes to the
+        // back, so it cannot shield the ones behind it from expiry.
+        for _ in 0..self.parked.len() {
+            let Some(c) = self.parked.pop_front() else {
                 return;
+            };
+            let recent = self.now_ms < self.conns[c as usize].parked_ms + PARK_HOLD_MS;
+            if self.is_parked(c) && recent {
+                self.parked.push_back(c);
+                continue;
             }
-            self.parked.pop_front();
             self.conns[c as usize].parked_listed = false;
             if self.is_parked(c) {
                 self.reclaim_from(c);
             }
+        }
+    }
+
+    /// Lists a parked connection for reclaim and expiry (once).
+    fn list_parked(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        if !conn.parked_listed {
+            conn.parked_listed = true;
+            self.parked.push_back(c);
         }
     }
 
