@@ -1511,6 +1511,7 @@ fn clients_vanishing_mid_response_leave_the_server_healthy() {
     let r = get(&server, "/big.bin", &[]);
     assert_eq!(r.status, 200);
     assert!(r.body == fx.big, "big file differs after the aborts");
+    assert_direct_bytes_sent(admin, 0, "big.bin");
     let fds_after = fd_count(pid);
     eprintln!("server fds before {fds_before}, after {fds_after}");
     assert!(

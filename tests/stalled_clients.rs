@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{pattern_range, read_response, write_pattern_file, Server};
+use common::{
+    admin_metric, assert_direct_bytes_sent, pattern_range, read_response, write_pattern_file,
+    Server,
+};
 use socket2::{Domain, Socket, Type};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -22,20 +25,6 @@ const LARGE_BYTES: u64 = 64 << 20;
 const FRESH_BYTES: u64 = 5 << 20;
 /// Generous bound against a hang; the send timeout (120 s) is far beyond it.
 const FRESH_DEADLINE: Duration = Duration::from_secs(40);
-
-fn metric(admin: SocketAddr, name: &str) -> u64 {
-    let mut s = TcpStream::connect(admin).expect("admin connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let r = read_response(&mut BufReader::new(s), false).expect("metrics response");
-    let text = String::from_utf8(r.body).expect("utf-8 metrics");
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.contains("shard=\"all\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
-}
 
 /// A client socket with a 4 KiB receive buffer that asks for `path` and then does nothing.
 fn stalled_client(addr: SocketAddr, path: &str) -> TcpStream {
@@ -130,26 +119,23 @@ fn stalled_and_trickling_clients_do_not_hold_the_arena() {
     // Settled: parked chunks are given back within the hold time, so the stalled and trickling
     // connections (all still open) hold no chunk.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut held = metric(admin, "shardline_chunks_in_flight");
+    let mut held = admin_metric(admin, "shardline_chunks_in_flight", "");
     while held > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
-        held = metric(admin, "shardline_chunks_in_flight");
+        held = admin_metric(admin, "shardline_chunks_in_flight", "");
     }
     assert_eq!(
         held, 0,
         "stalled connections still hold {held} arena chunks"
     );
-    let open = metric(admin, "shardline_connections_open");
+    let open = admin_metric(admin, "shardline_connections_open", "");
     assert!(
         open >= (STALLED + TRICKLING) as u64,
         "stalled connections were dropped ({open} open): they must stay, holding nothing"
     );
     // The large file is above direct_io_min_bytes: its bytes must come from O_DIRECT reads
     // (the root is on a real disk, see disk_tempdir), or this test did not test the arena.
-    assert!(
-        metric(admin, "shardline_bytes_sent_total{source=\"direct\"") > 0,
-        "no O_DIRECT bytes were sent: the fixture root does not support O_DIRECT"
-    );
+    assert_direct_bytes_sent(admin, 0, "stalled clients");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(stalled);
     for t in tricklers {
