@@ -468,7 +468,8 @@ impl Shard {
             if body.segments.is_empty() || body.chunks.len() >= body.read_ahead.min(depth) {
                 // No more read-ahead wanted now: a slot handed over while waiting goes back.
                 let handed = conn.handoff_slot.take();
-                if std::mem::replace(&mut conn.waiting_arena, false) {
+                if let Some(waited) = conn.end_arena_wait() {
+                    self.metrics.observe_buffer_wait(waited);
                     self.arena.forget(c);
                 }
                 if let Some(slot) = handed {
@@ -488,12 +489,14 @@ impl Shard {
             };
             let Some(slot) = conn.handoff_slot.take().or_else(|| self.arena.take(demand)) else {
                 if !conn.waiting_arena {
-                    conn.waiting_arena = true;
+                    conn.start_arena_wait();
                     self.arena.wait(c, demand);
                 }
                 return Turn::Idle;
             };
-            conn.waiting_arena = false;
+            if let Some(waited) = conn.end_arena_wait() {
+                self.metrics.observe_buffer_wait(waited);
+            }
             let body = conn.body.as_mut().expect("checked above");
             let source = body.source;
             let mut chunk = conn::Chunk {
@@ -897,7 +900,9 @@ impl Shard {
                 conn.handoff_slot.is_none(),
                 "second hand-off to a waiting connection"
             );
-            conn.waiting_arena = false;
+            if let Some(waited) = conn.end_arena_wait() {
+                self.metrics.observe_buffer_wait(waited);
+            }
             conn.handoff_slot = Some(s);
             if conn.body.as_ref().is_some_and(|b| b.inline_head) {
                 self.ready.push_urgent(w);
@@ -942,7 +947,7 @@ impl Shard {
         let now_us = self.started.elapsed().as_micros() as u64;
         let conn = &mut self.conns[c as usize];
         conn.responding = false;
-        self.metrics.count_status(conn.status);
+        self.metrics.count_request(conn.method, conn.status);
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {
                 request: &conn.log_request,
@@ -985,8 +990,8 @@ impl Shard {
         };
         ShardMetrics::add(counter, 1);
         self.ready.remove(c);
-        if conn.waiting_arena {
-            conn.waiting_arena = false;
+        if let Some(waited) = conn.end_arena_wait() {
+            self.metrics.observe_buffer_wait(waited);
             self.arena.forget(c);
         }
         if let Some(slot) = conn.handoff_slot.take() {
