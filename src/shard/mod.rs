@@ -31,6 +31,10 @@ use ring::{Completion, Ring, RingConfig};
 use sched::{ReadyQueue, TickBudget, Turn};
 use token::{Op, Token};
 
+/// Submission queue entries of a shard's ring.
+pub const SQ_ENTRIES: u32 = 4096;
+/// Completion queue entries (several times the SQ: multishot accepts and receives).
+pub const CQ_ENTRIES: u32 = 16384;
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
 /// Chunks a response reads ahead until its first chunk has left (and after a slow send).
@@ -120,8 +124,8 @@ impl Shard {
         let max_conns = cfg.max_connections_per_shard;
         let arena_slots = cfg.arena_slots();
         let ring = Ring::new(&RingConfig {
-            sq_entries: 4096,
-            cq_entries: 16384,
+            sq_entries: SQ_ENTRIES,
+            cq_entries: CQ_ENTRIES,
             socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
             file_slots: cfg.open_file_cache_entries as u32,
             arena_slots: arena_slots as u16,
