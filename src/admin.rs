@@ -270,14 +270,14 @@ impl Server {
             let now = Instant::now();
             for i in (0..self.conns.len()).rev() {
                 let events = ready.get(i + 1).copied().unwrap_or(PollFlags::empty());
-                let next = if !events.is_empty() {
-                    self.progress(i)
-                } else if now >= self.conns[i].deadline {
-                    Next::Close
-                } else {
+                let next = if events.is_empty() {
                     Next::Keep
+                } else {
+                    self.progress(i)
                 };
-                if matches!(next, Next::Close) {
+                // The deadline holds whether or not bytes trickle in (a slow head is no head).
+                let expired = matches!(next, Next::Keep) && now >= self.conns[i].deadline;
+                if expired || matches!(next, Next::Close) {
                     self.conns.remove(i);
                 }
             }
@@ -828,6 +828,20 @@ mod tests {
                 "closed without a reply"
             );
         }
+    }
+
+    #[test]
+    fn a_head_trickling_in_is_still_cut_at_its_deadline() {
+        let h = start_test_listener(Arc::new(AtomicBool::new(false)));
+        let mut s = TcpStream::connect(h.local_addr()).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.0\r\nX-Slow: ").unwrap();
+        // One byte every 100 ms for four head timeouts: the server must hang up before.
+        let rounds = (HEAD_TIMEOUT * 4).as_millis() / 100;
+        let cut = (0..rounds).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            s.write_all(b"a").is_err()
+        });
+        assert!(cut, "a trickling head outlived its deadline");
     }
 
     #[test]
