@@ -19,6 +19,8 @@ pub const MAX_PIPELINE_DEPTH: usize = 16;
 pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
 /// Most connections per shard (token slot field and fixed-file table size).
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
+/// Fewest provided receive buffers per shard (`recv_buffers` is a power of two from here).
+pub const MIN_RECV_BUFFERS: usize = 16;
 /// Longest completion-batching wait allowed.
 pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
@@ -376,8 +378,13 @@ impl Config {
         if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
             return Err(err("open_file_cache_entries", "must be 1..=65536"));
         }
-        if !self.recv_buffers.is_power_of_two() || !(16..=32_768).contains(&self.recv_buffers) {
-            return Err(err("recv_buffers", "must be a power of two in 16..=32768"));
+        if !self.recv_buffers.is_power_of_two()
+            || !(MIN_RECV_BUFFERS..=32_768).contains(&self.recv_buffers)
+        {
+            return Err(err(
+                "recv_buffers",
+                format!("must be a power of two in {MIN_RECV_BUFFERS}..=32768"),
+            ));
         }
         if let Some(admin) = self.admin_addr()? {
             if admin.ip() == self.listen.ip()

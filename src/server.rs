@@ -108,10 +108,16 @@ pub fn bind_group(cfg: &Config, shards: usize) -> Result<Vec<TcpListener>, Confi
     Ok(out)
 }
 
-/// Head-room left in RLIMIT_MEMLOCK per shard for the ring's own pinned pages.
-const MEMLOCK_SLACK_PER_SHARD_BYTES: u64 = 1 << 20;
+/// Head-room kept below RLIMIT_MEMLOCK for locked pages the count does not see (the limit is
+/// per user: another process of the same user may hold some).
+const MEMLOCK_SLACK_BYTES: u64 = 256 * 1024;
 /// `CAP_IPC_LOCK` bit in the capability masks of /proc/self/status.
 const CAP_IPC_LOCK_BIT: u32 = 14;
+/// Descriptors kept below RLIMIT_NOFILE for ordinary files and sockets (listeners, rings,
+/// logs, admin connections) beside the fixed-file table.
+const NOFILE_RESERVE: u64 = 64;
+/// Fewest connections per shard worth starting with when RLIMIT_NOFILE is tight.
+const MIN_CONNECTIONS_PER_SHARD: usize = 16;
 
 fn has_cap_ipc_lock() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -124,14 +130,132 @@ fn has_cap_ipc_lock() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK_BIT) != 0)
 }
 
-/// Registered buffers count against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. Raise
-/// the soft limit to the hard one; if the arenas still do not fit, shrink the arena (and, if
-/// needed, the chunk size) to what does, with a warning, so the default command works for an
-/// unprivileged user with the usual 8 MiB limit. Nothing silent: the new sizes are logged.
-pub fn fit_arena_to_memlock(cfg: &mut Config, shards: usize) -> Result<(), ConfigError> {
+/// `bytes` for people: "8 MiB", "3.5 MiB", "532 KiB".
+fn human_bytes(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes >= MIB {
+        let tenths = (bytes * 10).div_ceil(MIB);
+        if tenths.is_multiple_of(10) {
+            format!("{} MiB", tenths / 10)
+        } else {
+            format!("{}.{} MiB", tenths / 10, tenths % 10)
+        }
+    } else {
+        format!("{} KiB", bytes.div_ceil(1024))
+    }
+}
+
+/// "1 shard", "2 shards".
+fn shard_count(n: usize) -> String {
+    format!("{n} shard{}", if n == 1 { "" } else { "s" })
+}
+
+/// Per-shard sizes of the registered (locked) memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LockedSizes {
+    arena_slots: usize,
+    chunk_bytes: usize,
+    recv_buffers: usize,
+}
+
+impl LockedSizes {
+    fn of(cfg: &Config) -> LockedSizes {
+        LockedSizes {
+            arena_slots: cfg.arena_slots(),
+            chunk_bytes: cfg.chunk_bytes,
+            recv_buffers: cfg.recv_buffers,
+        }
+    }
+
+    /// Bytes one shard with these sizes charges to RLIMIT_MEMLOCK.
+    fn memlock_bytes(&self, page_bytes: u64) -> u64 {
+        crate::shard::ring::memlock_bytes(
+            crate::shard::SQ_ENTRIES,
+            crate::shard::CQ_ENTRIES,
+            u16::try_from(self.recv_buffers).unwrap_or(u16::MAX),
+            u16::try_from(self.arena_slots).unwrap_or(u16::MAX),
+            self.chunk_bytes,
+            page_bytes,
+        )
+    }
+}
+
+/// What fits in a memlock budget: how many shards, each with these sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MemlockFit {
+    shards: usize,
+    sizes: LockedSizes,
+}
+
+/// The largest arena (then the most receive buffers) one shard can have within `budget` bytes,
+/// never above `wanted`: chunks halve (down to MIN_CHUNK_BYTES) until the minimum number of
+/// slots fits, then as many slots as fit are taken; receive buffers drop to the minimum only if
+/// even that does not fit. None when the smallest shard does not fit.
+fn fit_shard(budget: u64, wanted: LockedSizes, min_slots: usize, page: u64) -> Option<LockedSizes> {
+    let recv_choices = [wanted.recv_buffers, crate::config::MIN_RECV_BUFFERS];
+    for recv_buffers in recv_choices {
+        let mut chunk = wanted.chunk_bytes;
+        let with = |arena_slots, chunk_bytes| LockedSizes {
+            arena_slots,
+            chunk_bytes,
+            recv_buffers: recv_buffers.min(wanted.recv_buffers),
+        };
+        while chunk > crate::config::MIN_CHUNK_BYTES
+            && with(min_slots, chunk).memlock_bytes(page) > budget
+        {
+            chunk /= 2;
+        }
+        if with(min_slots, chunk).memlock_bytes(page) > budget {
+            continue;
+        }
+        let fixed = with(0, chunk).memlock_bytes(page);
+        let per_slot = with(1, chunk).memlock_bytes(page) - fixed;
+        // Never more than asked for: the configured arena in bytes, in slots of this size.
+        let wanted_slots =
+            (wanted.arena_slots * wanted.chunk_bytes / chunk).min(crate::config::MAX_ARENA_SLOTS);
+        let slots = (((budget - fixed) / per_slot) as usize).min(wanted_slots);
+        return Some(with(slots.max(min_slots), chunk));
+    }
+    None
+}
+
+/// Fits `shards` shards wanting `wanted` each into `limit` bytes of locked memory: unchanged if
+/// they fit; else the most shards (down to one) that fit with a smaller arena (and, if need be,
+/// fewer receive buffers), sized by `fit_shard`. Err carries the smallest shard's need.
+fn fit_memlock(
+    limit: u64,
+    shards: usize,
+    wanted: LockedSizes,
+    min_slots: usize,
+    page: u64,
+) -> Result<Option<MemlockFit>, u64> {
+    let budget = limit.saturating_sub(MEMLOCK_SLACK_BYTES);
+    let shards = shards.max(1);
+    if wanted.memlock_bytes(page).saturating_mul(shards as u64) <= budget {
+        return Ok(None);
+    }
+    for n in (1..=shards).rev() {
+        if let Some(sizes) = fit_shard(budget / n as u64, wanted, min_slots, page) {
+            return Ok(Some(MemlockFit { shards: n, sizes }));
+        }
+    }
+    let smallest = LockedSizes {
+        arena_slots: min_slots,
+        chunk_bytes: crate::config::MIN_CHUNK_BYTES,
+        recv_buffers: crate::config::MIN_RECV_BUFFERS,
+    };
+    Err(smallest.memlock_bytes(page) + MEMLOCK_SLACK_BYTES)
+}
+
+/// Registered memory counts against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. Raises
+/// the soft limit to the hard one; if `shards` shards (each: io_uring rings, receive-buffer
+/// ring, arena) still do not fit, starts with what does (smaller arena and chunks, then fewer
+/// receive buffers, then fewer shards) and says so in one warning. Returns the number of shards
+/// to start; fails only when not even one minimal shard fits.
+pub fn fit_arena_to_memlock(cfg: &mut Config, shards: usize) -> Result<usize, ConfigError> {
     use rustix::process::{getrlimit, setrlimit, Resource};
     if has_cap_ipc_lock() {
-        return Ok(());
+        return Ok(shards);
     }
     let mut lim = getrlimit(Resource::Memlock);
     if lim.current != lim.maximum {
@@ -144,87 +268,145 @@ pub fn fit_arena_to_memlock(cfg: &mut Config, shards: usize) -> Result<(), Confi
         }
     }
     let Some(limit) = lim.current else {
-        return Ok(()); // unlimited
+        return Ok(shards); // unlimited
     };
-    let per_shard = (limit / shards.max(1) as u64).saturating_sub(MEMLOCK_SLACK_PER_SHARD_BYTES);
-    if cfg.arena_bytes as u64 <= per_shard {
-        return Ok(());
-    }
-    let min_slots = (cfg.pipeline_depth + crate::shard::buffers::RESERVED_FOR_SMALL_SLOTS) as u64;
-    let mut chunk = cfg.chunk_bytes as u64;
-    while chunk > crate::config::MIN_CHUNK_BYTES as u64 && min_slots * chunk > per_shard {
-        chunk /= 2;
-    }
-    let slots = per_shard / chunk;
-    if slots < min_slots {
-        return Err(ConfigError {
-            key: "arena_bytes".into(),
-            message: format!(
-                "RLIMIT_MEMLOCK is {limit} bytes: too small for {shards} registered arenas of at \
-                 least {min_slots} chunks; raise it (ulimit -l, LimitMEMLOCK=) or run fewer shards"
-            ),
-        });
-    }
-    let arena = slots * chunk;
+    let page = rustix::param::page_size() as u64;
+    let wanted = LockedSizes::of(cfg);
+    let min_slots = cfg.pipeline_depth + crate::shard::buffers::RESERVED_FOR_SMALL_SLOTS;
+    let fit = match fit_memlock(limit, shards, wanted, min_slots, page) {
+        Ok(None) => return Ok(shards),
+        Ok(Some(fit)) => fit,
+        Err(minimum) => {
+            return Err(ConfigError {
+                key: "RLIMIT_MEMLOCK".into(),
+                message: format!(
+                    "the locked-memory limit is {}, but even one shard needs {} (io_uring \
+                     rings, receive-buffer ring and an arena of {} chunks); raise it with \
+                     `ulimit -l` (or LimitMEMLOCK= in a systemd unit), or grant CAP_IPC_LOCK",
+                    human_bytes(limit),
+                    human_bytes(minimum),
+                    min_slots
+                ),
+            })
+        }
+    };
+    let s = fit.sizes;
+    let arena_bytes = s.arena_slots * s.chunk_bytes;
     tracing::warn!(
         memlock_bytes = limit,
-        shards,
-        arena_bytes_from = cfg.arena_bytes,
-        arena_bytes_to = arena,
-        chunk_bytes_to = chunk,
-        "registered arena shrunk to fit RLIMIT_MEMLOCK; raise the limit for full-size arenas"
+        shards_from = shards,
+        shards_to = fit.shards,
+        arena_bytes_to = arena_bytes,
+        chunk_bytes_to = s.chunk_bytes,
+        recv_buffers_to = s.recv_buffers,
+        "RLIMIT_MEMLOCK is {}, less than the {} of registered memory {} want: starting {} \
+         with {} arenas of {} chunks and {} receive buffers; raise it (ulimit -l, \
+         LimitMEMLOCK=) for full-size arenas",
+        human_bytes(limit),
+        human_bytes(wanted.memlock_bytes(page) * shards as u64),
+        shard_count(shards),
+        shard_count(fit.shards),
+        human_bytes(arena_bytes as u64),
+        human_bytes(s.chunk_bytes as u64),
+        s.recv_buffers
     );
-    cfg.arena_bytes = arena as usize;
-    cfg.chunk_bytes = chunk as usize;
+    cfg.arena_bytes = arena_bytes;
+    cfg.chunk_bytes = s.chunk_bytes;
+    cfg.recv_buffers = s.recv_buffers;
     cfg.tick_budget_bytes = cfg.tick_budget_bytes.max(cfg.chunk_bytes);
-    cfg.validate()
+    cfg.shard_tick_budget_bytes = cfg.shard_tick_budget_bytes.max(cfg.tick_budget_bytes);
+    cfg.validate()?;
+    Ok(fit.shards)
+}
+
+/// Fixed-file table sizes (connections, open files) that fit under a hard RLIMIT_NOFILE of
+/// `hard`; None when the configured ones fit, Err when not even MIN_CONNECTIONS_PER_SHARD do.
+/// The file cache gives way only when it would otherwise take more than half the room.
+fn fit_nofile(hard: u64, conns: usize, files: usize) -> Result<Option<(usize, usize)>, u64> {
+    let overflow = u64::from(crate::shard::OVERFLOW_SOCKET_SLOTS);
+    let needed = (conns + files) as u64 + overflow + NOFILE_RESERVE;
+    if hard >= needed {
+        return Ok(None);
+    }
+    let room = hard.saturating_sub(overflow + NOFILE_RESERVE) as usize;
+    let files = files.min(room / 2).max(1);
+    let conns = conns.min(room.saturating_sub(files));
+    if conns < MIN_CONNECTIONS_PER_SHARD {
+        return Err(MIN_CONNECTIONS_PER_SHARD as u64 + 1 + overflow + NOFILE_RESERVE);
+    }
+    Ok(Some((conns, files)))
 }
 
 /// The ring's fixed-file table (sockets + files) may not exceed RLIMIT_NOFILE: raise the soft
-/// limit to the hard one (as nginx's worker_rlimit_nofile), or say which key to lower.
-pub fn fit_file_table_to_nofile(cfg: &Config) -> Result<(), ConfigError> {
+/// limit towards the hard one (as nginx's worker_rlimit_nofile); if the hard limit is too low,
+/// lower the connection cap (and, if need be, the open-file cache) to fit, with one warning.
+pub fn fit_file_table_to_nofile(cfg: &mut Config) -> Result<(), ConfigError> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let needed = (cfg.max_connections_per_shard
-        + crate::shard::OVERFLOW_SOCKET_SLOTS as usize
-        + cfg.open_file_cache_entries) as u64
-        + 64;
+    let conns = cfg.max_connections_per_shard;
+    let files = cfg.open_file_cache_entries;
     let lim = getrlimit(Resource::Nofile);
-    if lim.current.is_none_or(|c| c >= needed) {
-        return Ok(());
-    }
-    let target = match lim.maximum {
-        None => needed,
-        Some(max) => max.min(needed.max(lim.current.unwrap_or(0))),
+    let hard = lim.maximum.unwrap_or(u64::MAX);
+    let (fit_conns, fit_files) = match fit_nofile(hard, conns, files) {
+        Ok(None) => (conns, files),
+        Ok(Some(fit)) => fit,
+        Err(minimum) => {
+            return Err(ConfigError {
+                key: "RLIMIT_NOFILE".into(),
+                message: format!(
+                    "the descriptor limit is {hard}, but a shard needs at least {minimum}; \
+                     raise it with `ulimit -n` (or LimitNOFILE= in a systemd unit)"
+                ),
+            })
+        }
     };
-    let _ = setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(target),
-            maximum: lim.maximum,
-        },
-    );
-    if getrlimit(Resource::Nofile)
-        .current
-        .is_none_or(|c| c >= needed)
-    {
-        return Ok(());
+    let needed = (fit_conns + fit_files) as u64
+        + u64::from(crate::shard::OVERFLOW_SOCKET_SLOTS)
+        + NOFILE_RESERVE;
+    if lim.current.is_some_and(|c| c < needed) {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(needed.min(hard)),
+                maximum: lim.maximum,
+            },
+        );
     }
-    Err(ConfigError {
-        key: "max_connections_per_shard".into(),
-        message: format!(
-            "the fixed-file table needs {needed} entries but RLIMIT_NOFILE allows {:?}; raise \
-             `ulimit -n` or lower max_connections_per_shard / open_file_cache_entries",
-            lim.maximum
-        ),
-    })
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    if soft < needed {
+        return Err(ConfigError {
+            key: "RLIMIT_NOFILE".into(),
+            message: format!(
+                "the soft descriptor limit is {soft} and could not be raised to {needed}; raise \
+                 it with `ulimit -n` (or LimitNOFILE= in a systemd unit)"
+            ),
+        });
+    }
+    if (fit_conns, fit_files) != (conns, files) {
+        tracing::warn!(
+            nofile_hard = hard,
+            max_connections_per_shard_to = fit_conns,
+            open_file_cache_entries_to = fit_files,
+            "RLIMIT_NOFILE allows {hard} descriptors, fewer than the {} fixed-file slots a shard \
+             wants: serving at most {fit_conns} connections per shard with an open-file cache \
+             of {fit_files}; raise it (ulimit -n, LimitNOFILE=) for {conns}",
+            (conns + files) as u64
+                + u64::from(crate::shard::OVERFLOW_SOCKET_SLOTS)
+                + NOFILE_RESERVE
+        );
+        cfg.max_connections_per_shard = fit_conns;
+        cfg.open_file_cache_entries = fit_files;
+        cfg.validate()?;
+    }
+    Ok(())
 }
 
 /// Runs the server until SIGTERM/SIGINT and a drain.
 pub fn serve(mut cfg: Config) -> Result<(), ServeError> {
     cfg.validate()?;
-    let cpus = shard_cpus(&cfg)?;
-    fit_arena_to_memlock(&mut cfg, cpus.len())?;
-    fit_file_table_to_nofile(&cfg)?;
+    let mut cpus = shard_cpus(&cfg)?;
+    let shards = fit_arena_to_memlock(&mut cfg, cpus.len())?;
+    cpus.truncate(shards);
+    fit_file_table_to_nofile(&mut cfg)?;
     let listeners = bind_group(&cfg, cpus.len())?;
     if cfg.steering && listeners.len() > 1 {
         // Every socket is listening, so group index == shard index == listen order.
@@ -351,4 +533,125 @@ pub fn serve(mut cfg: Config) -> Result<(), ServeError> {
     drop(admin);
     tracing::info!("shardline stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = 4096;
+    const MIB: u64 = 1 << 20;
+    /// The defaults: 64 MiB arena of 512 KiB chunks, 1024 receive buffers.
+    const DEFAULT: LockedSizes = LockedSizes {
+        arena_slots: 128,
+        chunk_bytes: 512 * 1024,
+        recv_buffers: 1024,
+    };
+    /// pipeline_depth 4 + 4 slots held back for small responses.
+    const MIN_SLOTS: usize = 8;
+
+    #[test]
+    fn ring_memory_is_counted_as_measured_on_6_18() {
+        // Measured as nobody under an 8 MiB limit: 4096/16384 rings charge 133 pages; with no
+        // buffer ring 1915 4 KiB arena pages still fit, 1916 do not (2048 - 133 = 1915).
+        let rings = crate::shard::ring::memlock_bytes(4096, 16384, 0, 0, 4096, PAGE);
+        assert_eq!(rings, 133 * PAGE);
+        // A 1024-entry buffer ring is 4 pages (1911 arena pages fit with it, as measured).
+        let with_recv = crate::shard::ring::memlock_bytes(4096, 16384, 1024, 0, 4096, PAGE);
+        assert_eq!(with_recv - rings, 4 * PAGE);
+        assert_eq!(
+            DEFAULT.memlock_bytes(PAGE),
+            137 * PAGE + 64 * MIB,
+            "arena + rings + buffer ring"
+        );
+    }
+
+    #[test]
+    fn enough_memlock_changes_nothing() {
+        assert_eq!(fit_memlock(1 << 30, 4, DEFAULT, MIN_SLOTS, PAGE), Ok(None));
+    }
+
+    #[test]
+    fn eight_mib_keeps_two_shards_with_smaller_arenas() {
+        let fit = fit_memlock(8 * MIB, 2, DEFAULT, MIN_SLOTS, PAGE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(fit.shards, 2);
+        assert_eq!(fit.sizes.chunk_bytes, 256 * 1024);
+        assert_eq!(fit.sizes.recv_buffers, 1024);
+        assert!(fit.sizes.arena_slots >= MIN_SLOTS);
+        // Everything the kernel will charge fits, with the slack left over.
+        let total = fit.sizes.memlock_bytes(PAGE) * 2;
+        assert!(total + MEMLOCK_SLACK_BYTES <= 8 * MIB, "{total}");
+        // One more slot would not.
+        let bigger = LockedSizes {
+            arena_slots: fit.sizes.arena_slots + 1,
+            ..fit.sizes
+        };
+        assert!(bigger.memlock_bytes(PAGE) * 2 + MEMLOCK_SLACK_BYTES > 8 * MIB);
+    }
+
+    #[test]
+    fn eight_mib_with_one_shard_counts_the_rings_too() {
+        // The old fit left 1 MiB "slack" per shard but the rings alone take 532 KiB and it
+        // planned 7 MiB of arena: the sum must now stay under the limit.
+        let fit = fit_memlock(8 * MIB, 1, DEFAULT, MIN_SLOTS, PAGE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(fit.shards, 1);
+        assert_eq!(fit.sizes.chunk_bytes, 512 * 1024);
+        assert_eq!(fit.sizes.arena_slots, 14);
+        assert!(fit.sizes.memlock_bytes(PAGE) + MEMLOCK_SLACK_BYTES <= 8 * MIB);
+    }
+
+    #[test]
+    fn many_cpus_start_fewer_shards_and_tiny_limits_fail() {
+        // 16 CPUs at 8 MiB: 16 rings alone would exceed it.
+        let fit = fit_memlock(8 * MIB, 16, DEFAULT, MIN_SLOTS, PAGE)
+            .unwrap()
+            .unwrap();
+        assert!(fit.shards < 16 && fit.shards >= 1, "{fit:?}");
+        assert_eq!(fit.sizes.chunk_bytes, crate::config::MIN_CHUNK_BYTES);
+        assert!(fit.sizes.memlock_bytes(PAGE) * fit.shards as u64 + MEMLOCK_SLACK_BYTES <= 8 * MIB);
+        // Just enough for one minimal shard: receive buffers give way as well.
+        let minimal = LockedSizes {
+            arena_slots: MIN_SLOTS,
+            chunk_bytes: crate::config::MIN_CHUNK_BYTES,
+            recv_buffers: crate::config::MIN_RECV_BUFFERS,
+        };
+        let need = minimal.memlock_bytes(PAGE) + MEMLOCK_SLACK_BYTES;
+        let fit = fit_memlock(need, 4, DEFAULT, MIN_SLOTS, PAGE)
+            .unwrap()
+            .unwrap();
+        assert_eq!((fit.shards, fit.sizes), (1, minimal));
+        assert_eq!(
+            fit_memlock(need - 1, 4, DEFAULT, MIN_SLOTS, PAGE),
+            Err(need)
+        );
+        assert_eq!(
+            fit_memlock(64 * 1024, 1, DEFAULT, MIN_SLOTS, PAGE),
+            Err(need)
+        );
+    }
+
+    #[test]
+    fn nofile_fits_the_connection_cap_to_the_hard_limit() {
+        // Defaults: 16384 connections + 64 overflow + 1024 files + 64 reserve = 17536.
+        assert_eq!(fit_nofile(17_536, 16_384, 1024), Ok(None));
+        assert_eq!(fit_nofile(1 << 20, 16_384, 1024), Ok(None));
+        assert_eq!(
+            fit_nofile(4096, 16_384, 1024),
+            Ok(Some((4096 - 64 - 64 - 1024, 1024)))
+        );
+        // A low limit: the file cache takes at most half of what is left.
+        assert_eq!(fit_nofile(1024, 16_384, 1024), Ok(Some((448, 448))));
+        assert!(fit_nofile(100, 16_384, 1024).is_err());
+    }
+
+    #[test]
+    fn sizes_read_like_people_write_them() {
+        assert_eq!(human_bytes(8 * MIB), "8 MiB");
+        assert_eq!(human_bytes(7 * MIB / 2), "3.5 MiB");
+        assert_eq!(human_bytes(133 * PAGE), "532 KiB");
+    }
 }

@@ -34,6 +34,10 @@ use ring::{Completion, Ring, RingConfig};
 use sched::{ReadyQueue, TickBudget, Turn};
 use token::{Op, Token};
 
+/// Submission queue entries of a shard's ring.
+pub const SQ_ENTRIES: u32 = 4096;
+/// Completion queue entries (several times the SQ: multishot accepts and receives).
+pub const CQ_ENTRIES: u32 = 16384;
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
 /// Chunks a response reads ahead until its first chunk has left (and after a slow send).
@@ -139,8 +143,8 @@ impl Shard {
         let max_conns = cfg.max_connections_per_shard;
         let arena_slots = cfg.arena_slots();
         let ring = Ring::new(&RingConfig {
-            sq_entries: 4096,
-            cq_entries: 16384,
+            sq_entries: SQ_ENTRIES,
+            cq_entries: CQ_ENTRIES,
             socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
             file_slots: cfg.open_file_cache_entries as u32,
             arena_slots: arena_slots as u16,
@@ -513,7 +517,8 @@ impl Shard {
             {
                 // No more read-ahead wanted now: a slot handed over while waiting goes back.
                 let handed = conn.handoff_slot.take();
-                if std::mem::replace(&mut conn.waiting_arena, false) {
+                if let Some(waited) = conn.end_arena_wait() {
+                    self.metrics.observe_buffer_wait(waited);
                     self.arena.forget(c);
                 }
                 if let Some(slot) = handed {
@@ -539,14 +544,16 @@ impl Shard {
                     return Turn::Idle;
                 }
                 if !conn.waiting_arena {
-                    conn.waiting_arena = true;
+                    conn.start_arena_wait();
                     self.arena.wait(c, demand);
                 }
                 // Chunks parked behind full sockets are not moving: they go to the waiters.
                 self.reclaim_parked();
                 return Turn::Idle;
             };
-            conn.waiting_arena = false;
+            if let Some(waited) = conn.end_arena_wait() {
+                self.metrics.observe_buffer_wait(waited);
+            }
             let body = conn.body.as_mut().expect("checked above");
             let source = body.source;
             let mut chunk = conn::Chunk {
@@ -1097,7 +1104,9 @@ impl Shard {
                 conn.handoff_slot.is_none(),
                 "second hand-off to a waiting connection"
             );
-            conn.waiting_arena = false;
+            if let Some(waited) = conn.end_arena_wait() {
+                self.metrics.observe_buffer_wait(waited);
+            }
             conn.handoff_slot = Some(s);
             if conn.body.as_ref().is_some_and(|b| b.inline_head) {
                 self.ready.push_urgent(w);
@@ -1165,7 +1174,7 @@ impl Shard {
         let now_us = self.started.elapsed().as_micros() as u64;
         let conn = &mut self.conns[c as usize];
         conn.responding = false;
-        self.metrics.count_status(conn.status);
+        self.metrics.count_request(conn.method, conn.status);
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {
                 request: &conn.log_request,
@@ -1208,8 +1217,8 @@ impl Shard {
         };
         ShardMetrics::add(counter, 1);
         self.ready.remove(c);
-        if conn.waiting_arena {
-            conn.waiting_arena = false;
+        if let Some(waited) = conn.end_arena_wait() {
+            self.metrics.observe_buffer_wait(waited);
             self.arena.forget(c);
         }
         if let Some(slot) = conn.handoff_slot.take() {

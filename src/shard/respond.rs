@@ -53,6 +53,10 @@ impl Shard {
         let logging = self.access_log.is_some();
         let conn = &mut self.conns[c as usize];
         conn.request_start_us = now_us;
+        conn.method = match parsed {
+            Parsed::Complete { request, .. } => Some(request.method),
+            _ => None,
+        };
         conn.first_byte_sent = false;
         conn.resp_bytes = 0;
         if !logging {
