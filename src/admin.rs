@@ -249,9 +249,10 @@ impl Server {
                 for c in &self.conns {
                     fds.push(PollFd::new(&c.stream, c.wants()));
                 }
+                // `wait` is at most POLL_INTERVAL, which always converts.
                 let timeout = Timespec::try_from(wait).unwrap_or(Timespec {
                     tv_sec: 0,
-                    tv_nsec: 100_000_000,
+                    tv_nsec: POLL_INTERVAL.subsec_nanos().into(),
                 });
                 match poll(&mut fds, Some(&timeout)) {
                     Ok(_) => ready.extend(fds.iter().map(|f| f.revents())),

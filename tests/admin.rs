@@ -9,7 +9,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{disk_tempdir, get, pattern, read_response, start_with_admin, Response, IO_TIMEOUT};
+use common::{
+    disk_tempdir, get, pattern, raw_request, read_response, start_with_admin, Response, IO_TIMEOUT,
+};
 use shardline::metrics::{parse_exposition, Sample};
 
 /// One request to the admin listener on a fresh connection.
@@ -79,6 +81,13 @@ fn metrics_parse_back_and_counters_move() {
     }
     let r = get(&server, "/missing", &[]);
     assert_eq!(r.status, 404);
+    let head = b"HEAD /pkg.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_request(&server, head).unwrap().status, 200);
+    // Refused before its method counted: labelled "other".
+    assert_eq!(
+        raw_request(&server, b"GET / HTTP/1.1\n\n").unwrap().status,
+        400
+    );
 
     // The shard publishes its counters as it completes work: poll briefly.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -87,6 +96,7 @@ fn metrics_parse_back_and_counters_move() {
         let moved = total(&s, "shardline_connections_accepted_total", &all) >= accepted0 + 4.0
             && total(&s, "shardline_requests_total", &get_2xx) >= ok0 + 3.0
             && total(&s, "shardline_requests_total", &get_4xx) >= 1.0
+            && total(&s, "shardline_requests_total", &[("method", "other")]) >= 1.0
             && total(&s, "shardline_bytes_sent_total", &all) >= bytes0 + 3.0 * len as f64;
         if moved {
             break s;
@@ -107,10 +117,10 @@ fn metrics_parse_back_and_counters_move() {
         assert!(shard.parse::<usize>().is_ok(), "{s:?}");
     }
     assert!(!after.iter().any(|s| s.name == "shardline_responses_total"));
-    assert_eq!(
-        total(&after, "shardline_requests_total", &[("method", "HEAD")]),
-        0.0
-    );
+    let head_2xx = [("method", "HEAD"), ("status_class", "2xx")];
+    assert_eq!(total(&after, "shardline_requests_total", &head_2xx), 1.0);
+    let other_4xx = [("method", "other"), ("status_class", "4xx")];
+    assert_eq!(total(&after, "shardline_requests_total", &other_4xx), 1.0);
     assert!(total(&after, "shardline_ring_sqes_total", &all) > 0.0);
     assert!(total(&after, "shardline_file_cache_misses_total", &all) > 0.0);
 

@@ -19,9 +19,10 @@ use common::{pattern, read_response, IO_TIMEOUT, STARTUP_TIMEOUT};
 const MEMLOCK_BYTES: u64 = 8 * 1024 * 1024;
 /// The memlock limit is per user: runs as `nobody` take turns so they never share it.
 static AS_NOBODY: Mutex<()> = Mutex::new(());
-/// io_uring frees a closed ring's locked memory asynchronously; the next run waits this long
-/// so it does not find the previous run's pages still charged to `nobody`.
-const RING_RELEASE_WAIT: Duration = Duration::from_secs(1);
+/// io_uring frees a closed ring's locked memory asynchronously (100-500 ms after close here);
+/// the next run waits this long so it does not find the previous run's pages still charged to
+/// `nobody` (an immediate restart under a tight limit can fail with ENOMEM for that reason).
+const RING_RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// True when the test can run; panics with the reason when it cannot and no skip was asked.
 fn can_run() -> bool {
