@@ -142,7 +142,7 @@ impl Shard {
         let cfg = p.config;
         let max_conns = cfg.max_connections_per_shard;
         let arena_slots = cfg.arena_slots();
-        let ring = Ring::new(&RingConfig {
+        let ring = new_ring_retrying(&RingConfig {
             sq_entries: SQ_ENTRIES,
             cq_entries: CQ_ENTRIES,
             socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
@@ -1404,6 +1404,35 @@ fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize {
     let want = estimate.clamp(MIN_READ_BYTES, chunk_bytes);
     let cap = want.div_ceil(align) * align;
     cap.min(chunk_bytes)
+}
+
+/// How long a shard retries building its ring while the kernel says ENOMEM: io_uring gives
+/// back a closed ring's locked pages 100-500 ms after the close (measured), so a restart right
+/// after a stop, under a tight RLIMIT_MEMLOCK, would otherwise fail.
+pub const RING_ENOMEM_RETRY_MS: u64 = 2000;
+/// Pause between two such tries.
+const RING_ENOMEM_PAUSE_MS: u64 = 100;
+
+fn new_ring_retrying(cfg: &RingConfig) -> std::io::Result<Ring> {
+    let deadline = Instant::now() + Duration::from_millis(RING_ENOMEM_RETRY_MS);
+    loop {
+        match Ring::new(cfg) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                if Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "creating the io_uring and registering its buffers failed: {e}; \
+                             the locked memory it needs exceeds RLIMIT_MEMLOCK (raise it with \
+                             `ulimit -l`, LimitMEMLOCK= in the unit, or lower arena_bytes)"
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(RING_ENOMEM_PAUSE_MS));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn unix_now_secs() -> i64 {
