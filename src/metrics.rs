@@ -130,6 +130,16 @@ counters! {
     recv_no_buffers: Counter "recv_no_buffers_total",
     /// Completions whose token did not match a live operation (a bug if non-zero).
     stray_completions: Counter "stray_completions_total",
+    /// Chunk sends the socket took only part of (or none): the chunk parked behind a poll.
+    parked_sends: Counter "parked_sends_total",
+    /// Chunks given back by connections behind full sockets (their bytes are read again).
+    reclaimed_chunks: Counter "reclaimed_chunks_total",
+    /// io_uring_enter calls the kernel answered EBUSY (overflowed completions to reap first).
+    ring_busy: Counter "ring_busy_total",
+    /// Submissions that waited in the unqueued FIFO because the SQ was full.
+    ring_unqueued: Counter "ring_unqueued_total",
+    /// Completions the kernel had to hold back because the CQ was full.
+    ring_cq_overflow: Counter "ring_cq_overflow_total",
 }
 
 /// HELP text of families whose members differ by a label (the fields' own docs describe

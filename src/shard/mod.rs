@@ -303,6 +303,10 @@ impl Shard {
             ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters);
             ShardMetrics::set(&self.metrics.open, self.open_conns as u64);
             ShardMetrics::set(&self.metrics.arena_waits, self.arena.waits);
+            ShardMetrics::set(&self.metrics.ring_busy, self.ring.busy);
+            ShardMetrics::set(&self.metrics.ring_unqueued, self.ring.unqueued_total);
+            let overflow = u64::from(self.ring.cq_overflow());
+            ShardMetrics::set(&self.metrics.ring_cq_overflow, overflow);
             ShardMetrics::set(&self.metrics.file_cache_hits, self.files.hits);
             ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
         }
@@ -949,6 +953,7 @@ impl Shard {
             let t = self.token(Op::PollOut, c, 0);
             self.ring.poll_writable(socket, t);
         }
+        ShardMetrics::add(&self.metrics.parked_sends, 1);
         self.list_parked(c);
         self.reclaim_parked();
     }
@@ -995,7 +1000,8 @@ impl Shard {
     /// Takes every chunk a parked connection holds; its later reads are sized to what its
     /// socket takes per writable round, so the next reclaim wastes little.
     fn reclaim_from(&mut self, c: u32) {
-        self.give_back_chunks(c, 0);
+        let freed = self.give_back_chunks(c, 0);
+        ShardMetrics::add(&self.metrics.reclaimed_chunks, freed as u64);
         let conn = &mut self.conns[c as usize];
         let estimate = conn.round_estimate_bytes;
         if let Some(body) = conn.body.as_mut() {
@@ -1043,10 +1049,10 @@ impl Shard {
     /// are read again when the client catches up: the disk, not the arena, buffers a slow
     /// client. Only plain file bodies (one file segment) are rewound; multipart framing is
     /// left as it is, and so is a chunk whose response header has not fully left.
-    fn give_back_chunks(&mut self, c: u32, keep: usize) {
+    fn give_back_chunks(&mut self, c: u32, keep: usize) -> usize {
         let conn = &mut self.conns[c as usize];
         let Some(body) = conn.body.as_mut() else {
-            return;
+            return 0;
         };
         let plain = body.segments.len() <= 1
             && body
@@ -1055,7 +1061,7 @@ impl Shard {
                 .all(|s| matches!(s, Segment::File { .. }))
             && body.chunks.iter().all(|ch| ch.source != Source::Memory);
         if !plain {
-            return;
+            return 0;
         }
         let mut freed = [0u16; crate::config::MAX_PIPELINE_DEPTH];
         let mut n_freed = 0;
@@ -1085,6 +1091,7 @@ impl Shard {
         for &slot in &freed[..n_freed] {
             self.release_slot(slot);
         }
+        n_freed
     }
 
     /// A chunk's slot is free again: wake a waiter and let this connection plan more.
