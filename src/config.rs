@@ -90,6 +90,18 @@ pub enum SymlinkPolicy {
     Deny,
 }
 
+/// Where the strong ETag comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EtagSource {
+    /// Size + modification time (to the nanosecond): the same on every edge that copied the
+    /// file with its mtime (`rsync -a`, `cp -p`), whatever its inode.
+    Mtime,
+    /// The content digest the publisher stored in the `user.sha256` xattr (64 hex digits or
+    /// 32 raw bytes), read once when the file is opened; files without it use size + mtime.
+    Xattr,
+}
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -169,6 +181,8 @@ pub struct Config {
     pub open_file_valid_ms: u64,
     /// Symlink policy.
     pub symlinks: SymlinkPolicy,
+    /// ETag source: size + mtime, or a published content digest.
+    pub etag: EtagSource,
     /// Access log path; empty or absent means off.
     pub access_log: Option<PathBuf>,
     /// Access log line format.
@@ -211,6 +225,7 @@ impl Default for Config {
             open_file_cache_entries: 1024,
             open_file_valid_ms: 1_000,
             symlinks: SymlinkPolicy::Beneath,
+            etag: EtagSource::Mtime,
             access_log: None,
             access_log_format: AccessLogFormat::Common,
             diag_endpoint: false,

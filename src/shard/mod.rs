@@ -139,6 +139,7 @@ impl Shard {
                 direct_io_min_bytes: cfg.direct_io_min_bytes,
                 symlinks: cfg.symlinks,
                 chunk_bytes: cfg.chunk_bytes,
+                etag: cfg.etag,
             },
         )?;
         let loopback = p.listener.local_addr()?.ip().is_loopback();
