@@ -24,6 +24,10 @@ pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
 
+/// Default health path on the serving listener (next to the diagnostic `/__shardline/zero`,
+/// where it cannot shadow a published file by accident).
+pub const DEFAULT_HEALTH_PATH: &str = "/__shardline/health";
+
 /// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
 
@@ -195,6 +199,9 @@ pub struct Config {
     pub recv_buffers: usize,
     /// Admin listener address (`/metrics`, `/healthz`); empty means off.
     pub admin: String,
+    /// Path on the serving listener that answers 200, or 503 once draining, without touching
+    /// a file: what a load balancer on another host checks. Empty means off.
+    pub health_path: String,
 }
 
 impl Default for Config {
@@ -232,6 +239,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             recv_buffers: 1024,
             admin: DEFAULT_ADMIN.into(),
+            health_path: DEFAULT_HEALTH_PATH.into(),
         }
     }
 }
@@ -394,6 +402,15 @@ impl Config {
         if !self.recv_buffers.is_power_of_two() || !(16..=32_768).contains(&self.recv_buffers) {
             return Err(err("recv_buffers", "must be a power of two in 16..=32768"));
         }
+        let health = self.health_path.as_bytes();
+        if !health.is_empty()
+            && (health[0] != b'/' || !health.iter().all(|&b| b.is_ascii_graphic() && b != b'?'))
+        {
+            return Err(err(
+                "health_path",
+                "must be empty (off) or an absolute path without a query, e.g. \"/__shardline/health\"",
+            ));
+        }
         if let Some(admin) = self.admin_addr()? {
             if admin.ip() == self.listen.ip()
                 && admin.port() == self.listen.port()
@@ -510,6 +527,20 @@ mod tests {
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
         assert_eq!(c.admin, d.admin);
+    }
+
+    #[test]
+    fn health_path_is_checked() {
+        assert_eq!(parse("").unwrap().health_path, DEFAULT_HEALTH_PATH);
+        parse("health_path = \"\"").unwrap().validate().unwrap();
+        parse("health_path = \"/lb-check\"")
+            .unwrap()
+            .validate()
+            .unwrap();
+        for bad in ["lb", "/a b", "/a?x=1"] {
+            let c = parse(&format!("health_path = \"{bad}\"")).unwrap();
+            assert_eq!(c.validate().unwrap_err().key, "health_path", "{bad}");
+        }
     }
 
     #[test]

@@ -42,6 +42,11 @@ impl Shard {
         }
     }
 
+    /// True once this edge is leaving rotation (draining): health answers 503.
+    fn leaving(&self) -> bool {
+        self.drain_deadline_ms.is_some()
+    }
+
     /// Seed for a multipart boundary: differs per shard, connection and moment.
     fn boundary_seed(&self, c: u32) -> u64 {
         (self.index as u64) << 48 ^ u64::from(c) << 24 ^ self.now_ms ^ self.metrics_requests()
@@ -121,6 +126,11 @@ impl Shard {
         let head_only = req.method == Method::Head;
         if self.cfg.diag_endpoint && req.path == DIAG_ZERO_PATH {
             return self.respond_zero(c, req, keep_alive);
+        }
+        if !self.cfg.health_path.is_empty() && req.path == self.cfg.health_path.as_bytes() {
+            // For the balancer: no file is touched, so a slow disk cannot fail the check.
+            let status = if self.leaving() { 503 } else { 200 };
+            return self.respond_status(c, status, keep_alive, head_only);
         }
         let resolved = match resolve_target(req.path) {
             Ok(r) => r,
