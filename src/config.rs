@@ -28,6 +28,9 @@ pub const MAX_SHARDS: usize = 1024;
 /// where it cannot shadow a published file by accident).
 pub const DEFAULT_HEALTH_PATH: &str = "/__shardline/health";
 
+/// Longest lame-duck window (`drain_accept_ms`): beyond it a stop looks like a hang.
+pub const MAX_DRAIN_ACCEPT_MS: u64 = 600_000;
+
 /// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
 
@@ -177,8 +180,12 @@ pub struct Config {
     /// Longest a shard waits to gather several completions per wake-up (0 = wake per
     /// completion); bounds the latency it adds.
     pub wait_batch_usec: u64,
-    /// Time in-flight responses get to finish after SIGTERM.
+    /// Time in-flight responses get to finish once the listeners are closed.
     pub drain_timeout_ms: u64,
+    /// After SIGTERM with no successor process on the address: how long the edge keeps
+    /// accepting (health already 503, every response `Connection: close`) so the balancer's
+    /// checks take it out of rotation before it refuses a connection.
+    pub drain_accept_ms: u64,
     /// Open files cached per shard.
     pub open_file_cache_entries: usize,
     /// How long a cached open file is trusted before it is checked again.
@@ -195,6 +202,9 @@ pub struct Config {
     pub diag_endpoint: bool,
     /// Log format.
     pub log_format: LogFormat,
+    /// Log filter (`info`, `debug`, `shardline=debug,warn`: tracing's EnvFilter syntax); the
+    /// RUST_LOG environment variable overrides it at start-up; SIGHUP applies a new value.
+    pub log_level: String,
     /// Provided receive buffers per shard (power of two).
     pub recv_buffers: usize,
     /// Admin listener address (`/metrics`, `/healthz`); empty means off.
@@ -229,6 +239,7 @@ impl Default for Config {
             send_timeout_ms: 60_000,
             wait_batch_usec: 0,
             drain_timeout_ms: 10_000,
+            drain_accept_ms: 3_000,
             open_file_cache_entries: 1024,
             open_file_valid_ms: 1_000,
             symlinks: SymlinkPolicy::Beneath,
@@ -237,6 +248,7 @@ impl Default for Config {
             access_log_format: AccessLogFormat::Common,
             diag_endpoint: false,
             log_format: LogFormat::Text,
+            log_level: "info".into(),
             recv_buffers: 1024,
             admin: DEFAULT_ADMIN.into(),
             health_path: DEFAULT_HEALTH_PATH.into(),
@@ -396,6 +408,21 @@ impl Config {
                 format!("must be 0..={MAX_WAIT_BATCH_USEC} (it adds latency to every response)"),
             ));
         }
+        if self.drain_accept_ms > MAX_DRAIN_ACCEPT_MS {
+            return Err(err(
+                "drain_accept_ms",
+                format!("must be 0..={MAX_DRAIN_ACCEPT_MS}"),
+            ));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return Err(err(
+                "log_level",
+                format!(
+                    "{:?} is not a log filter (e.g. \"info\", \"shardline=debug\")",
+                    self.log_level
+                ),
+            ));
+        }
         if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
             return Err(err("open_file_cache_entries", "must be 1..=65536"));
         }
@@ -423,6 +450,100 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// Keys SIGHUP applies to the running server; every other key is fixed at start-up (it sized
+/// memory, bound a socket or planned the shards) and a changed value is refused by name.
+pub const RELOADABLE_KEYS: &[&str] = &[
+    "header_timeout_ms",
+    "keepalive_timeout_ms",
+    "send_timeout_ms",
+    "drain_timeout_ms",
+    "drain_accept_ms",
+    "tick_budget_bytes",
+    "shard_tick_budget_bytes",
+    "max_ranges",
+    "wait_batch_usec",
+    "open_file_valid_ms",
+    "access_log",
+    "access_log_format",
+    "log_level",
+    "diag_endpoint",
+    "health_path",
+];
+
+/// The outcome of a SIGHUP reload.
+#[derive(Debug)]
+pub struct Reload {
+    /// The configuration to run with from now on.
+    pub config: Config,
+    /// Keys the new file changed that cannot change at runtime (their running value stays).
+    pub refused: Vec<&'static str>,
+}
+
+impl Config {
+    /// Applies the reloadable keys of `new` to `self` (the running configuration) and lists
+    /// the fixed keys whose value in `new` differs from `started` (the configuration as loaded
+    /// at start-up, before start-up fitted the arena to RLIMIT_MEMLOCK). The result is
+    /// validated; an invalid one is an error and nothing changes.
+    pub fn reload(&self, started: &Config, new: &Config) -> Result<Reload, ConfigError> {
+        let mut refused = Vec::new();
+        macro_rules! fixed {
+            ($($key:ident),* $(,)?) => {
+                $(if new.$key != started.$key {
+                    refused.push(stringify!($key));
+                })*
+            };
+        }
+        fixed!(
+            root,
+            listen,
+            shards,
+            cpus,
+            nic,
+            smt,
+            steering,
+            max_connections_per_shard,
+            chunk_bytes,
+            pipeline_depth,
+            arena_bytes,
+            direct_io_min_bytes,
+            zerocopy,
+            zerocopy_min_bytes,
+            open_file_cache_entries,
+            symlinks,
+            etag,
+            log_format,
+            recv_buffers,
+            admin,
+        );
+        let mut config = self.clone();
+        macro_rules! reloadable {
+            ($($key:ident),* $(,)?) => {
+                $(config.$key = new.$key.clone();)*
+                const _: () = assert!([$(stringify!($key)),*].len() == RELOADABLE_KEYS.len());
+            };
+        }
+        reloadable!(
+            header_timeout_ms,
+            keepalive_timeout_ms,
+            send_timeout_ms,
+            drain_timeout_ms,
+            drain_accept_ms,
+            tick_budget_bytes,
+            shard_tick_budget_bytes,
+            max_ranges,
+            wait_batch_usec,
+            open_file_valid_ms,
+            access_log,
+            access_log_format,
+            log_level,
+            diag_endpoint,
+            health_path,
+        );
+        config.validate()?;
+        Ok(Reload { config, refused })
     }
 }
 
@@ -527,6 +648,40 @@ mod tests {
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
         assert_eq!(c.admin, d.admin);
+    }
+
+    #[test]
+    fn reload_applies_runtime_keys_and_names_fixed_ones() {
+        let started = parse("").unwrap();
+        // Start-up shrank the arena to fit RLIMIT_MEMLOCK: not a change the file asked for.
+        let running = Config {
+            arena_bytes: started.arena_bytes / 2,
+            ..started.clone()
+        };
+        let new = parse(
+            "send_timeout_ms = 1234\nlog_level = \"debug\"\nchunk_bytes = 1048576\n\
+             listen = \"127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        let r = running.reload(&started, &new).unwrap();
+        assert_eq!(r.config.send_timeout_ms, 1234);
+        assert_eq!(r.config.log_level, "debug");
+        assert_eq!(r.config.chunk_bytes, running.chunk_bytes, "fixed key kept");
+        assert_eq!(r.config.listen, running.listen);
+        assert_eq!(r.config.arena_bytes, running.arena_bytes);
+        assert_eq!(r.refused, vec!["listen", "chunk_bytes"]);
+        // The same file again: nothing to refuse.
+        assert!(running
+            .reload(&started, &started)
+            .unwrap()
+            .refused
+            .is_empty());
+        // An invalid result changes nothing.
+        let bad = parse("header_timeout_ms = 0").unwrap();
+        assert_eq!(
+            running.reload(&started, &bad).unwrap_err().key,
+            "header_timeout_ms"
+        );
     }
 
     #[test]

@@ -255,6 +255,11 @@ impl FileCache {
         }
     }
 
+    /// A reload changed `open_file_valid_ms`: entries are revalidated on the new interval.
+    pub fn set_valid_ms(&mut self, valid_ms: u64) {
+        self.cfg.valid_ms = valid_ms;
+    }
+
     /// Cached entries (open files).
     pub fn len(&self) -> usize {
         self.entries.iter().filter(|e| e.is_some()).count()

@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod buffers;
 pub mod conn;
 pub mod files;
+mod reload;
 mod respond;
 pub mod ring;
 pub mod ring_sys;
@@ -68,6 +69,8 @@ pub struct ShardParams {
     pub metrics: Arc<ShardMetrics>,
     /// Bumped by SIGUSR1: reopen the access log.
     pub log_epoch: Arc<AtomicU64>,
+    /// Leaving rotation (SIGTERM) and reloaded configuration (SIGHUP).
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
 /// Builds the shard (ring, arena, caches — after the caller pinned the thread, so memory is
@@ -112,6 +115,7 @@ struct Shard {
     shard_budget: TickBudget,
     access_log: Option<access_log::AccessLog>,
     log_epoch: Arc<AtomicU64>,
+    lifecycle: reload::LifecycleView,
 }
 
 impl Shard {
@@ -188,6 +192,7 @@ impl Shard {
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
             log_epoch: p.log_epoch,
+            lifecycle: reload::LifecycleView::new(p.lifecycle),
             cfg,
         })
     }
@@ -202,6 +207,7 @@ impl Shard {
         loop {
             self.now_ms = self.started.elapsed().as_millis() as u64;
             self.date.refresh(unix_now_secs());
+            self.apply_reload();
             if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
                 self.begin_drain();
             }

@@ -42,11 +42,6 @@ impl Shard {
         }
     }
 
-    /// True once this edge is leaving rotation (draining): health answers 503.
-    fn leaving(&self) -> bool {
-        self.drain_deadline_ms.is_some()
-    }
-
     /// Seed for a multipart boundary: differs per shard, connection and moment.
     fn boundary_seed(&self, c: u32) -> u64 {
         (self.index as u64) << 48 ^ u64::from(c) << 24 ^ self.now_ms ^ self.metrics_requests()
@@ -95,7 +90,7 @@ impl Shard {
     /// or only the header when answering a HEAD request.
     pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
         // A client whose request was malformed may have sent anything after it: close.
-        let keep_alive = keep_alive && self.drain_deadline_ms.is_none();
+        let keep_alive = keep_alive && !self.leaving();
         self.begin_response(c, status, keep_alive);
         let tx = self.ring.tx_mut(c as usize);
         tx.clear();
@@ -122,7 +117,7 @@ impl Shard {
     }
 
     fn respond(&mut self, c: u32, req: &Request<'_>) {
-        let keep_alive = req.keep_alive && self.drain_deadline_ms.is_none();
+        let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         if self.cfg.diag_endpoint && req.path == DIAG_ZERO_PATH {
             return self.respond_zero(c, req, keep_alive);
