@@ -68,7 +68,12 @@ fn sigterm_lets_an_in_flight_download_finish_and_exits_0() {
     let root = root_with_pattern_file("drain.bin", DL_LEN);
     let cfg_dir = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("small.txt"), b"small\n").unwrap();
-    let cfg = write_config(cfg_dir.path(), "drain_timeout_ms = 60000\n");
+    // No lame-duck window (drain_accept_ms, tested in fleet_lifecycle.rs): the listener closes
+    // at once, which is what this test checks.
+    let cfg = write_config(
+        cfg_dir.path(),
+        "drain_timeout_ms = 60000\ndrain_accept_ms = 0\n",
+    );
     let mut server = Server::start(root.path(), &["--config", &cfg]);
 
     let received = Arc::new(AtomicU64::new(0));

@@ -10,6 +10,7 @@ pub mod buffers;
 pub mod conn;
 pub mod files;
 pub mod intrusive;
+mod reload;
 mod respond;
 #[allow(unsafe_code)]
 pub mod ring;
@@ -89,6 +90,8 @@ pub struct ShardParams {
     pub metrics: Arc<ShardMetrics>,
     /// Bumped by SIGUSR1: reopen the access log.
     pub log_epoch: Arc<AtomicU64>,
+    /// Leaving rotation (SIGTERM) and reloaded configuration (SIGHUP).
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
 /// Builds the shard (ring, arena, caches — after the caller pinned the thread, so memory is
@@ -135,6 +138,7 @@ struct Shard {
     shard_budget: TickBudget,
     access_log: Option<access_log::AccessLog>,
     log_epoch: Arc<AtomicU64>,
+    lifecycle: reload::LifecycleView,
 }
 
 impl Shard {
@@ -162,6 +166,7 @@ impl Shard {
                 direct_io_min_bytes: cfg.direct_io_min_bytes,
                 symlinks: cfg.symlinks,
                 chunk_bytes: cfg.chunk_bytes,
+                etag: cfg.etag,
             },
         )?;
         let loopback = p.listener.local_addr()?.ip().is_loopback();
@@ -211,6 +216,7 @@ impl Shard {
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
             log_epoch: p.log_epoch,
+            lifecycle: reload::LifecycleView::new(p.lifecycle),
             cfg,
         })
     }
@@ -225,6 +231,7 @@ impl Shard {
         loop {
             self.now_ms = self.started.elapsed().as_millis() as u64;
             self.date.refresh(unix_now_secs());
+            self.apply_reload();
             if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
                 self.begin_drain();
             }
