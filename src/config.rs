@@ -15,6 +15,10 @@ pub const MIN_CHUNK_BYTES: usize = 64 * 1024;
 pub const MAX_CHUNK_BYTES: usize = 16 * 1024 * 1024;
 /// Most chunks one connection may have in flight.
 pub const MAX_PIPELINE_DEPTH: usize = 16;
+/// Default TCP_NOTSENT_LOWAT of served sockets (see `notsent_lowat_bytes`).
+pub const DEFAULT_NOTSENT_LOWAT_BYTES: u32 = 0;
+/// Smallest non-zero `notsent_lowat_bytes` accepted.
+pub const MIN_NOTSENT_LOWAT_BYTES: u32 = 16 * 1024;
 /// Most arena slots per shard (buffer indices are u16 and the kernel caps registrations).
 pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
 /// Most connections per shard (token slot field and fixed-file table size).
@@ -171,6 +175,9 @@ pub struct Config {
     pub zerocopy: ZeroCopy,
     /// Smallest chunk sent with SEND_ZC.
     pub zerocopy_min_bytes: usize,
+    /// TCP_NOTSENT_LOWAT for served connections (set on the listeners, inherited by accepted
+    /// sockets); 0 keeps the host's `net.ipv4.tcp_notsent_lowat`.
+    pub notsent_lowat_bytes: u32,
     /// Most ranges in one multi-range request before it is served whole.
     pub max_ranges: usize,
     /// Time a client has to send a complete request head.
@@ -235,6 +242,7 @@ impl Default for Config {
             direct_io_min_bytes: 8 * 1024 * 1024,
             zerocopy: ZeroCopy::Auto,
             zerocopy_min_bytes: 64 * 1024,
+            notsent_lowat_bytes: DEFAULT_NOTSENT_LOWAT_BYTES,
             max_ranges: 16,
             header_timeout_ms: 10_000,
             keepalive_timeout_ms: 75_000,
@@ -404,6 +412,15 @@ impl Config {
                 return Err(err(key, "must be greater than 0"));
             }
         }
+        if self.notsent_lowat_bytes != 0 && self.notsent_lowat_bytes < MIN_NOTSENT_LOWAT_BYTES {
+            return Err(err(
+                "notsent_lowat_bytes",
+                format!(
+                    "must be 0 (the host's setting) or at least {MIN_NOTSENT_LOWAT_BYTES} \
+                     (smaller makes every send a round trip through the event loop)"
+                ),
+            ));
+        }
         if self.wait_batch_usec > MAX_WAIT_BATCH_USEC {
             return Err(err(
                 "wait_batch_usec",
@@ -518,6 +535,7 @@ impl Config {
             direct_io_min_bytes,
             zerocopy,
             zerocopy_min_bytes,
+            notsent_lowat_bytes,
             open_file_cache_entries,
             symlinks,
             etag,

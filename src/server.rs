@@ -128,6 +128,12 @@ fn bind_group_on(
         sock.set_reuse_port(true).map_err(bind_err)?;
         // Accepted sockets inherit TCP_NODELAY: small responses leave at once.
         sock.set_tcp_nodelay(true).map_err(bind_err)?;
+        // Accepted sockets inherit TCP_NOTSENT_LOWAT too: shardline's own value for its bulk
+        // sockets, whatever the host-wide sysctl says for other services.
+        if cfg.notsent_lowat_bytes != 0 {
+            sock.set_tcp_notsent_lowat(cfg.notsent_lowat_bytes)
+                .map_err(bind_err)?;
+        }
         if let Some(cpu) = incoming_cpus[out.len()] {
             sock.set_cpu_affinity(cpu).map_err(bind_err)?;
         }
