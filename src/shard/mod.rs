@@ -690,7 +690,10 @@ impl Shard {
         let Some(ch) = body
             .chunks
             .iter_mut()
-            .find(|ch| ch.state != ChunkState::AwaitNotif)
+            // A chunk awaiting its SEND_ZC notification is skipped only when it was sent in
+            // full: after a partial SEND_ZC its rest goes first (once the notification frees
+            // the buffer), or the next chunk's bytes would overtake it on the wire.
+            .find(|ch| !(ch.state == ChunkState::AwaitNotif && ch.sent == ch.send_len))
         else {
             if body.segments.is_empty() && body.chunks.is_empty() {
                 self.finish_response(c);
