@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317,SC2016,SC2059 # cleanup runs from a trap; bash -c bodies; row formats
 # perf/link.sh: shardline (zerocopy on and off) against the nginx anchor on a shaped link.
 #
 #   perf/link.sh [--quick] [--rate RATE] [--disk ram|repo] [--sysctl default|seed|both]
@@ -34,7 +35,7 @@ source "$HERE/lib.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
 usage() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/shellcheck/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
   exit "${1:-0}"
 }
 # Bad arguments: one clear line, exit 2 (nothing has been created yet).
@@ -126,7 +127,7 @@ PROBE_RANGE_START=1000 PROBE_RANGE_BYTES=$((4 * 1024 * 1024 + 3))
 STALL_RCVBUF_BYTES=4096
 # Memory guard: a cell stops early when MemAvailable falls below this (nginx holds up to
 # output_buffers 4 x 512k per slow connection: 10 000 of them would want ~20 GiB).
-MEM_FLOOR_KIB=$((3 * 1024 * 1024))
+MEM_FLOOR_KIB=$((4 * 1024 * 1024))
 LARGE_BYTES=$((LARGE_MIB * 1024 * 1024)) FIVE_BYTES=$((5 * 1024 * 1024)) SMALL_BYTES=1024
 LARGE_SEED=1 SMALL_SEED=2 FIVE_SEED=3
 FETCH_RANGE_START=1000 FETCH_RANGE_BYTES=$((FETCH_RANGE_MIB * 1024 * 1024))
@@ -285,8 +286,10 @@ trap 'exit 129' HUP
 
 # ------------------------------------------------------------------ link and profiles
 net_up() { # net_up PROFILE: fresh namespaces, veth, tbf; PROFILE's sysctls in the server's
-  ip netns add "$NS_S" && CREATED_NS+=("$NS_S") || die "ip netns add $NS_S failed"
-  ip netns add "$NS_C" && CREATED_NS+=("$NS_C") || die "ip netns add $NS_C failed"
+  ip netns add "$NS_S" || die "ip netns add $NS_S failed"
+  CREATED_NS+=("$NS_S")
+  ip netns add "$NS_C" || die "ip netns add $NS_C failed"
+  CREATED_NS+=("$NS_C")
   ip link add "$VETH_S" netns "$NS_S" type veth peer name "$VETH_C" netns "$NS_C" || die "cannot create the veth pair"
   ip -n "$NS_S" addr add "$SRV_IP/$NET_PREFIX" dev "$VETH_S"
   ip -n "$NS_C" addr add "$CLI_IP/$NET_PREFIX" dev "$VETH_C"
@@ -449,7 +452,7 @@ metrics_per_gib() {
         d["shardline_ring_cqes_total"] / gib, d["shardline_arena_waits_total"] / gib
     }')
   local kv
-  for kv in $out; do V[$p|${kv%%=*}]=${kv#*=}; done
+  for kv in $out; do V["$p|${kv%%=*}"]=${kv#*=}; done
 }
 
 # watch_client PID PREFIX: waits for a client while sampling the server's RSS (peak into
@@ -590,18 +593,18 @@ cell_stall() { # cell_stall PROFILE KIND N VARIANT; KIND = none|stall|trickle
   stop_server "$tag"
   local k
   for k in file range; do
-    V[$p|${k}_worst]=$(kv "$ff" "${k}_s_worst")
+    V["$p|${k}_worst"]=$(kv "$ff" "${k}_s_worst")
     # Not all done in time: the figure is a lower bound, say so instead of printing the timeout.
     if [[ $(kv "$ff" "${k}_all_done") != 1 ]]; then
-      V[$p|${k}_worst]="> $FETCH_TIMEOUT_S ($(kv "$ff" "${k}_ok")/$FETCH_CLIENTS done)"
+      V["$p|${k}_worst"]="> $FETCH_TIMEOUT_S ($(kv "$ff" "${k}_ok")/$FETCH_CLIENTS done)"
     fi
-    V[$p|${k}_p50]=$(kv "$ff" "${k}_s_p50")
-    V[$p|${k}_ok]=$(kv "$ff" "${k}_ok")
+    V["$p|${k}_p50"]=$(kv "$ff" "${k}_s_p50")
+    V["$p|${k}_ok"]=$(kv "$ff" "${k}_ok")
   done
-  local fe re fi ri
-  fe=$(kv "$ff" file_errors) re=$(kv "$ff" range_errors) fi=$(kv "$ff" file_incomplete) ri=$(kv "$ff" range_incomplete)
+  local fe re fin rin
+  fe=$(kv "$ff" file_errors) re=$(kv "$ff" range_errors) fin=$(kv "$ff" file_incomplete) rin=$(kv "$ff" range_incomplete)
   V[$p|errors]=$((${fe:-0} + ${re:-0}))
-  V[$p|incomplete]=$((${fi:-0} + ${ri:-0}))
+  V[$p|incomplete]=$((${fin:-0} + ${rin:-0}))
   [[ -n $fe ]] || failure "$tag: no figures from the fetch clients"
   if [[ ${V[$p|errors]} != 0 ]]; then
     # A timeout while the server withholds bytes is the finding; a wrong byte is a failure.
@@ -779,6 +782,18 @@ report() {
     [[ ${n:-0} == 0 ]] || echo "- server logs: $n lines matching panic/error/warn over all cells, e.g. \`$(cat "$RUN"/*-server.log | grep -iE 'panic|error|warn' | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200)\`"
     n=$(cat "$RUN"/*-nginx-error.log 2>/dev/null | wc -l || true)
     [[ ${n:-0} == 0 ]] || echo "- nginx error.log: $n lines over all cells, e.g. \`$(cat "$RUN"/*-nginx-error.log | head -n 1 | cut -c1-200)\`"
+    for pr in "${PROFILES[@]}"; do
+      for w in "${WLIST[@]}"; do
+        [[ $w == stall ]] && continue
+        local con=${V[$pr|$w|on|cqes_gib]:-} coff=${V[$pr|$w|off|cqes_gib]:-}
+        [[ -n $con && -n $coff ]] || continue
+        echo "- zerocopy in force ($pr, $w): CQEs per GiB $con with zc=on vs $coff with zc=off (SEND_ZC adds a notification CQE per send; a ratio near 1 would mean it was not in use): $(ratio "$con" "$coff")"
+        break
+      done
+    done
+    if printf '%s\n' "${FAILURES[@]}" | grep -q 'differ'; then
+      echo "- **Data integrity**: at least one body did not match the fixture (see FAILURE lines): which server and which setting is in each line."
+    fi
     echo "- Raw outputs of every client, /metrics snapshots and server logs: \`perf/out/link/\`."
   } >"$OUT"
   cat "$OUT"
