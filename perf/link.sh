@@ -455,13 +455,22 @@ metrics_per_gib() {
   for kv in $out; do V["$p|${kv%%=*}"]=${kv#*=}; done
 }
 
-# watch_client PID PREFIX: waits for a client while sampling the server's RSS (peak into
-# V[PREFIX|rss_mib]) and guarding host memory: below MEM_FLOOR_KIB available, the swarm is told
-# to stop (stop file) and the cell is marked.
+# watch_client PID PREFIX DEADLINE_S: waits for a client while sampling the server's RSS (peak
+# into V[PREFIX|rss_mib]) and guarding host memory: below MEM_FLOOR_KIB available, the swarm is
+# told to stop (stop file) and the cell is marked. A client still running DEADLINE_S after it
+# started is told to stop, then killed 5 s later: a hung client fails its cell, not the run.
 watch_client() {
-  local pid=$1 p=$2 peak=0 r avail spid stopped=0
+  local pid=$1 p=$2 deadline=$(($3 * 4)) peak=0 r avail spid stopped=0 ticks=0
   spid=$(serving_pid "$SRV_PG")
   while alive "$pid"; do
+    ticks=$((ticks + 1))
+    if ((ticks == deadline)); then
+      touch "$STOP_FILE"
+      failure "$p: a client was still running after $3 s; told it to stop"
+    elif ((ticks == deadline + 20)); then
+      kill_group "$pid" 1 || true
+      failure "$p: the client did not stop; killed it (its figures are missing)"
+    fi
     r=$(awk '/^VmRSS:/ { print $2 }' "/proc/$spid/status" 2>/dev/null || true)
     [[ -n $r ]] && ((r > peak)) && peak=$r
     avail=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
@@ -503,7 +512,7 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
     "$LOADGEN" get --addr "$SRV_IP:$SRV_PORT" --path /large.bin \
     --range "$PROBE_RANGE_START-$((PROBE_RANGE_START + PROBE_RANGE_BYTES - 1))" --seed "$LARGE_SEED"
   prg=$LAST_PID
-  watch_client "$psw" "$p"
+  watch_client "$psw" "$p" $((DURATION_S + ${warm%.*} + 60))
   reap "$psw" || failure "$tag: swarm exited non-zero ($(tail -n 1 "$fs"))"
   metrics_snap "$RUN/$tag-m1.txt"
   reap "$pt" || failure "$tag: ttfb prober exited non-zero ($(tail -n 1 "$ft"))"
@@ -577,7 +586,7 @@ cell_stall() { # cell_stall PROFILE KIND N VARIANT; KIND = none|stall|trickle
     --file-path /5m.bin --file-seed "$FIVE_SEED" --file-len "$FIVE_BYTES" --range-path /large.bin \
     --range "$FETCH_RANGE_START-$((FETCH_RANGE_START + FETCH_RANGE_BYTES - 1))" --range-seed "$LARGE_SEED" \
     --timeout-s "$FETCH_TIMEOUT_S"
-  watch_client "$LAST_PID" "$p"
+  watch_client "$LAST_PID" "$p" $((FETCH_TIMEOUT_S + 30))
   reap "$LAST_PID" || failure "$tag: fetch exited non-zero ($(tail -n 1 "$ff"))"
   metrics_snap "$RUN/$tag-m1.txt"
   if [[ -n $psw ]]; then

@@ -43,6 +43,9 @@ const EVENTS_MAX: usize = 1024;
 const LOOP_TICK_MS: u64 = 50;
 /// Wait before a failed connection is opened again.
 const RECONNECT_DELAY_MS: u64 = 20;
+/// Shortest pacing sleep: a wait rounded down to zero would fire in the same loop turn, find
+/// the bucket a hair short again and spin forever with the same clock reading.
+const PACE_WAIT_MIN_US: u64 = 1000;
 
 #[repr(C)]
 struct SockaddrIn {
@@ -304,10 +307,13 @@ impl Swarm {
                 let dt = now.saturating_duration_since(c.refilled).as_secs_f64();
                 c.tokens = (c.tokens + dt * self.cfg.rate_bytes_per_s).min(self.cfg.bucket_bytes);
                 c.refilled = now;
-                if c.tokens < 1.0 || c.tokens < self.cfg.bucket_bytes.min(allow as f64) {
+                // One byte of slack: float rounding must not make a due timer look early.
+                let need = (self.cfg.bucket_bytes.min(allow as f64) - 1.0).max(1.0);
+                if c.tokens < need {
                     // Sleep until the bucket is full (or holds one full read): fewer, larger reads.
-                    let want = self.cfg.bucket_bytes.min(allow as f64) - c.tokens;
-                    let wait = Duration::from_secs_f64(want.max(0.0) / self.cfg.rate_bytes_per_s);
+                    let want = need - c.tokens;
+                    let wait = Duration::from_secs_f64(want.max(0.0) / self.cfg.rate_bytes_per_s)
+                        .max(Duration::from_micros(PACE_WAIT_MIN_US));
                     c.throttled = true;
                     self.timers.push(Reverse((now + wait, k, c.gen)));
                     return;
