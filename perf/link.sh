@@ -166,6 +166,18 @@ if [[ $MODE == dry ]]; then
 fi
 [[ $(id -u) == 0 ]] || { echo "link.sh: must run as root (network namespaces, tc, loop devices, sysctls); --dry-run works without" >&2; exit 2; }
 
+# One run per host: the seed profile writes host-wide sysctls, and another run's snapshot taken
+# meanwhile would "restore" them to the seed values.
+LOCK_DIR=/run/lock
+[[ -d $LOCK_DIR ]] || LOCK_DIR=/tmp
+LOCK_FILE=$LOCK_DIR/pl-link.lock LOCKED=0
+exec {LOCK_FD}>>"$LOCK_FILE" || { echo "link.sh: cannot open $LOCK_FILE" >&2; exit 2; }
+if ! flock -n "$LOCK_FD"; then
+  echo "link.sh: another perf/link.sh (or --check-cleanup) is running on this host ($LOCK_FILE is locked); runs must not overlap: the seed profile changes host-wide sysctls" >&2
+  exit 2
+fi
+LOCKED=1
+
 NOTES=() FAILURES=()
 note() { NOTES+=("$*"); log "note: $*"; }
 failure() { FAILURES+=("$*"); log "FAILURE: $*"; }
@@ -269,6 +281,7 @@ cleanup() {
   restore_root_sysctls
   rm -f "$STOP_FILE" "$READY_FILE"
   [[ $MODE == cleanup ]] && rm -rf "$RUN"
+  if ((LOCKED)); then rm -f "$LOCK_FILE"; fi
   left=$(leftovers)
   if [[ -n $left ]]; then
     log "NOT CLEAN: left behind:"
