@@ -115,6 +115,21 @@ fn start_connect(addr: &SocketAddr, rcvbuf_bytes: usize) -> io::Result<TcpStream
     Ok(s)
 }
 
+/// How long a paced connection holding `tokens` sleeps before reading `need` bytes at `rate`
+/// bytes/s; None = read now. Sleeps until the bucket holds one full read (fewer, larger reads),
+/// never for less than PACE_WAIT_MIN_US, and allows one byte of float slack so that a timer that
+/// is due never finds the bucket a hair short.
+fn pace_wait(tokens: f64, need: f64, rate: f64) -> Option<Duration> {
+    let need = (need - 1.0).max(1.0);
+    if tokens >= need {
+        return None;
+    }
+    Some(
+        Duration::from_secs_f64((need - tokens) / rate)
+            .max(Duration::from_micros(PACE_WAIT_MIN_US)),
+    )
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
     /// Waiting to be (re)connected.
@@ -307,13 +322,8 @@ impl Swarm {
                 let dt = now.saturating_duration_since(c.refilled).as_secs_f64();
                 c.tokens = (c.tokens + dt * self.cfg.rate_bytes_per_s).min(self.cfg.bucket_bytes);
                 c.refilled = now;
-                // One byte of slack: float rounding must not make a due timer look early.
-                let need = (self.cfg.bucket_bytes.min(allow as f64) - 1.0).max(1.0);
-                if c.tokens < need {
-                    // Sleep until the bucket is full (or holds one full read): fewer, larger reads.
-                    let want = need - c.tokens;
-                    let wait = Duration::from_secs_f64(want.max(0.0) / self.cfg.rate_bytes_per_s)
-                        .max(Duration::from_micros(PACE_WAIT_MIN_US));
+                let need = self.cfg.bucket_bytes.min(allow as f64);
+                if let Some(wait) = pace_wait(c.tokens, need, self.cfg.rate_bytes_per_s) {
                     c.throttled = true;
                     self.timers.push(Reverse((now + wait, k, c.gen)));
                     return;
@@ -655,4 +665,33 @@ pub fn cmd_swarm(a: &Args) {
     }
     let _ = io::stdout().flush();
     std::process::exit(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_never_sleeps_zero_and_reads_once_the_bucket_is_full() {
+        let rate = 1_500_000.0;
+        let bucket = 300_000.0;
+        // Empty bucket: sleep about one tick.
+        let w = pace_wait(0.0, bucket, rate).unwrap();
+        assert!((w.as_secs_f64() - 0.2).abs() < 0.001, "{w:?}");
+        // A hair short of full (float rounding at the due time): read now, no spin.
+        assert_eq!(pace_wait(bucket - 0.5, bucket, rate), None);
+        // Short by less than the minimum sleep: sleep the minimum, never zero.
+        let w = pace_wait(bucket - 1.0001, bucket, rate).unwrap();
+        assert_eq!(w, Duration::from_micros(PACE_WAIT_MIN_US));
+    }
+
+    #[test]
+    fn one_byte_per_second_reader_wakes_once_a_second() {
+        // Bucket of one byte: wait for a whole token, not 1 ms slices.
+        let w = pace_wait(0.0, 1.0, 1.0).unwrap();
+        assert_eq!(w, Duration::from_secs(1));
+        assert_eq!(pace_wait(1.0, 1.0, 1.0), None);
+        let w = pace_wait(0.9999999, 1.0, 1.0).unwrap();
+        assert_eq!(w, Duration::from_micros(PACE_WAIT_MIN_US));
+    }
 }
