@@ -4,7 +4,7 @@
 # perf/bench.sh: shardline against the nginx anchor (perf/nginx.conf), side by side, in one run.
 #
 #   perf/bench.sh [--quick] [--large-gib N | --large-mib N] [--duration-s N] [--out FILE]
-#                 [--validate] [--nice N]
+#                 [--validate] [--nice N] [--disk ram|repo]
 #
 # Both servers serve the same fixtures from perf/out/root, each pinned to CPU 0 (one shard, one
 # worker); every load generator is pinned to CPU 1. Each workload runs against shardline, then
@@ -12,6 +12,10 @@
 # --validate also runs perf/validate-no-reclaim.sh (profile, reclaim counters, syscall mix of both
 # servers) at the end and appends its output to the report. --nice N runs both servers and every
 # load generator at that nice level (e.g. -10 on a host shared with other work; default 0).
+# --disk ram (default) serves the fixtures from ext4 on a loop device backed by /dev/shm (O_DIRECT
+# and alignment as on NVMe, never the bottleneck; needs root), --disk repo from perf/out/root on
+# the repository's disk (this VM's virtual disk: 0.1-0.7 GB/s, varying). The O_DIRECT baseline of
+# the chosen disk is printed and recorded.
 # Environment: SHARDLINE_BIN (default: cargo build --release, target/release/shardline),
 # SHARDLINE_PORT, NGINX_PORT (default: first free from 28080), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
 set -euo pipefail
@@ -28,7 +32,7 @@ usage() {
 }
 
 BENCH_ARGS=("$@")
-QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0 NICE=0
+QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0 NICE=0 DISK=ram
 while (($#)); do
   case $1 in
     --quick) QUICK=1; shift ;;
@@ -38,6 +42,7 @@ while (($#)); do
     --out) OUT=$2; shift 2 ;;
     --validate) VALIDATE=1; shift ;;
     --nice) NICE=$2; shift 2 ;;
+    --disk) DISK=${2:-}; shift $(($# >= 2 ? 2 : 1)) ;;
     -h | --help) usage 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; usage 2 ;;
   esac
@@ -53,6 +58,7 @@ fi
 [[ $LARGE_MIB =~ ^[0-9]+$ && $LARGE_MIB -ge 16 ]] || die "the large file must be at least 16 MiB"
 [[ $DURATION_S =~ ^[0-9]+$ && $DURATION_S -ge 2 ]] || die "--duration-s wants an integer >= 2"
 [[ $NICE =~ ^-?[0-9]+$ ]] || die "--nice wants an integer"
+[[ $DISK == ram || $DISK == repo ]] || { echo "bench.sh: --disk wants ram or repo" >&2; usage 2; }
 LARGE_BYTES=$((LARGE_MIB * 1024 * 1024))
 SMALL_BYTES=1024
 LARGE_SEED=1 SMALL_SEED=2
@@ -66,6 +72,10 @@ free_port() { local p=$1; while port_busy "$p" || [[ $p == "${2:-}" ]]; do p=$((
 SL_PORT=${SHARDLINE_PORT:-$(free_port 28080)}
 NG_PORT=${NGINX_PORT:-$(free_port $((SL_PORT + 1)) "$SL_PORT")}
 OUTDIR=$HERE/out ROOT=$HERE/out/root RUN=$HERE/out/run
+# --disk ram: the mount point of the ram disk (created after the build); stamps live beside the
+# fixtures, so perf/out/root's stamps stay valid for --disk repo runs.
+STAMPDIR=$OUTDIR
+if [[ $DISK == ram ]]; then ROOT=$OUTDIR/pl-bench-mnt-$$ STAMPDIR=$ROOT; fi
 LOADGEN=$HERE/loadgen/target/release/loadgen
 NOTES=() FAILURES=()
 note() { NOTES+=("$*"); log "note: $*"; }
@@ -101,6 +111,7 @@ cleanup() {
     kill_group "$pg" 3
     wait "$pg" 2>/dev/null
   done
+  ramdisk_destroy
   exit "$rc"
 }
 trap cleanup EXIT
@@ -158,11 +169,7 @@ metrics_snap() {
   [[ -n $SL_ADMIN ]] || return 0
   curl -s --max-time 3 "$SL_ADMIN/metrics" >"$1" 2>/dev/null || rm -f "$1"
 }
-# metrics_delta BEFORE AFTER: "name{labels} delta" of every shard="all" counter that moved.
-metrics_delta() {
-  awk 'FNR == 1 { f++ } /^#/ || !/shard="all"/ { next }
-       f == 1 { b[$1] = $2; next } { d = $2 - b[$1]; if (d != 0) print $1, d }' "$1" "$2"
-}
+# metrics_delta comes from lib.sh.
 
 declare -A V=()   # V[sl.key] / V[ng.key]: measured values (empty = failed to measure)
 declare -A PORT=([sl]=$SL_PORT [ng]=$NG_PORT)
@@ -452,7 +459,7 @@ report() {
     echo "- Host: kernel $kernel, CPU \"$cpu_model\" x $(nproc), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM; load average at start $START_LOAD, at end $end_load (other work on the host adds noise)"
     echo "- Servers pinned to CPU $SERVER_CPU: shardline \`$SL_BIN\` (commit $sl_rev, \`serve --shards 1 --cpus $SERVER_CPU\`, default config); $NGINX_VERSION with \`perf/nginx.conf\` (1 worker)"
     echo "- Load generators pinned to CPU $CLIENT_CPU: \`perf/loadgen\` (std-only Rust) and $WRK_VERSION; everything over 127.0.0.1"
-    echo "- Fixtures on $fs (\`perf/out/root\`): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB), small.bin $SMALL_BYTES bytes, deterministic pseudo-random content; every ranged and full GET is verified byte for byte"
+    echo "- Fixtures on $fs, $DISK_DESC (\`--disk $DISK\`): large.bin $LARGE_BYTES bytes ($LARGE_MIB MiB), small.bin $SMALL_BYTES bytes, deterministic pseudo-random content; every ranged and full GET is verified byte for byte"
     echo "- Durations: bulk ${DURATION_S} s with $BULK_CONNS connections, measured over [$WARMUP_S s, $DURATION_S s); small probe $TTFB_RATE/s on fresh connections inside that window; small-file rate ${DURATION_S} s with $RATE_CONNS connections; Range: $RANGE_REPS x (aligned + unaligned) of $RANGE_LEN bytes; idle: $IDLE_CONNS connections"
     echo "- Page cache dropped before workloads 1, 4 (each GET) and 5: $DROP_OK; nice level of servers and clients: $NICE"
     echo "- Disk baseline: one O_DIRECT reader of large.bin with 512 KiB reads (dd iflag=direct, cold cache): ${DISK_MBS:-?} MB/s; bulk and Range figures near it are disk-bound"
@@ -533,8 +540,14 @@ SL_EXTRA=()
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 (($(ulimit -n) > IDLE_CONNS + 1000)) || die "ulimit -n is $(ulimit -n): too low for $IDLE_CONNS connections"
 
+if [[ $DISK == ram ]]; then
+  ramdisk_create "pl-bench-disk-$$" $((LARGE_BYTES + 256 * 1024 * 1024)) "$ROOT"
+  DISK_DESC="a ram disk: loop device $RAMDISK_DEV backed by $RAMDISK_IMG"
+else
+  DISK_DESC="the repository's disk ($(findmnt -no SOURCE -T "$ROOT" 2>/dev/null || echo '?'))"
+fi
 make_fixture() { # make_fixture NAME BYTES SEED
-  local f=$ROOT/$1 stamp=$OUTDIR/fixture-$1.stamp
+  local f=$ROOT/$1 stamp=$STAMPDIR/fixture-$1.stamp
   if [[ -f $f && $(stat -c %s "$f") == "$2" && $(cat "$stamp" 2>/dev/null) == "$2 $3" ]]; then return; fi
   log "creating $1 ($2 bytes)"
   rm -f "$f" "$stamp"
@@ -549,10 +562,8 @@ if drop_caches; then DROP_OK=yes; else DROP_OK="no (not permitted: cold-cache an
 
 # What the disk gives one O_DIRECT reader (512 KiB reads, like both servers' chunks): the bulk and
 # Range rows cannot go faster than the disk when the file is read O_DIRECT from a cold cache.
-drop_caches || true
-DISK_MBS=$(dd if="$ROOT/large.bin" of=/dev/null bs=512k count=$((LARGE_MIB > 1024 ? 2048 : LARGE_MIB * 2)) iflag=direct 2>&1 |
-  awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^copied,?$/) s = $(i + 1); if (s > 0) printf "%.0f", $1 / s / 1e6 }')
-log "disk: one O_DIRECT reader, 512 KiB reads: ${DISK_MBS:-?} MB/s"
+DISK_MBS=$(disk_baseline "$ROOT/large.bin" "$LARGE_MIB")
+log "disk ($DISK): one O_DIRECT reader, 512 KiB reads: ${DISK_MBS:-?} MB/s"
 
 T0=$SECONDS
 start_server sl

@@ -122,3 +122,68 @@ build_tools() {
     SL_BIN=$REPO/target/release/shardline
   fi
 }
+
+# metrics_delta BEFORE AFTER: "name{labels} delta" of every shard="all" counter that moved
+# (shardline's /metrics snapshots).
+metrics_delta() {
+  awk 'FNR == 1 { f++ } /^#/ || !/shard="all"/ { next }
+       f == 1 { b[$1] = $2; next } { d = $2 - b[$1]; if (d != 0) print $1, d }' "$1" "$2"
+}
+
+# ------------------------------------------------------------------ fixture disks (--disk)
+# --disk ram: ext4 on a loop device backed by a file in /dev/shm. O_DIRECT, alignment (DIOALIGN
+# 512) and page-cache residency behave as on an NVMe drive, but the disk is never the bottleneck
+# and reads at the same speed every run (drop_caches does not empty the backing shmem file).
+# RAMDISK_IMG / RAMDISK_DEV / RAMDISK_MNT are set as each piece exists, so that ramdisk_destroy
+# (called from a trap) removes exactly what was made, also after a failure half-way.
+RAMDISK_IMG='' RAMDISK_DEV='' RAMDISK_MNT=''
+
+# ramdisk_create NAME BYTES MOUNTPOINT: needs root.
+ramdisk_create() {
+  local name=$1 bytes=$2 mnt=$3
+  [[ $(id -u) == 0 ]] || die "--disk ram needs root (losetup, mount); use --disk repo otherwise"
+  [[ -d /dev/shm ]] || die "--disk ram needs /dev/shm"
+  local avail
+  avail=$(df -B1 --output=avail /dev/shm | tail -n 1)
+  ((avail > bytes + 268435456)) || die "/dev/shm has $avail bytes free; the ram disk needs $bytes (use --disk repo)"
+  RAMDISK_IMG=/dev/shm/$name.img
+  rm -f "$RAMDISK_IMG"
+  truncate -s "$bytes" "$RAMDISK_IMG"
+  RAMDISK_DEV=$(losetup -f --show "$RAMDISK_IMG") || die "losetup failed"
+  # Initialise inode tables and journal now: lazy init would write in the background mid-run.
+  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$RAMDISK_DEV" >&2 || die "mkfs.ext4 $RAMDISK_DEV failed"
+  mkdir -p "$mnt"
+  mount "$RAMDISK_DEV" "$mnt" || die "mount $RAMDISK_DEV $mnt failed"
+  RAMDISK_MNT=$mnt
+  chmod 755 "$mnt"
+  log "ram disk: $RAMDISK_IMG ($bytes bytes) on $RAMDISK_DEV, ext4, mounted at $mnt"
+}
+
+# ramdisk_destroy: unmounts, detaches and deletes what ramdisk_create made; safe to call twice.
+ramdisk_destroy() {
+  local dev
+  if [[ -n $RAMDISK_MNT ]]; then
+    if mountpoint -q "$RAMDISK_MNT"; then
+      umount "$RAMDISK_MNT" 2>/dev/null || umount -l "$RAMDISK_MNT" 2>/dev/null || log "cannot unmount $RAMDISK_MNT"
+    fi
+    rmdir "$RAMDISK_MNT" 2>/dev/null || true
+    RAMDISK_MNT=''
+  fi
+  if [[ -n $RAMDISK_IMG ]]; then
+    # Every loop device on our image (also one whose name we never learnt).
+    for dev in $(losetup -j "$RAMDISK_IMG" -O NAME -n 2>/dev/null) $RAMDISK_DEV; do
+      losetup -d "$dev" 2>/dev/null || true
+    done
+    rm -f "$RAMDISK_IMG"
+    RAMDISK_IMG='' RAMDISK_DEV=''
+  fi
+}
+
+# disk_baseline FILE MIB: MB/s of one O_DIRECT reader of FILE with 512 KiB reads (both servers'
+# chunk size), cold cache, at most MIB MiB (dd iflag=direct); empty when dd fails.
+disk_baseline() {
+  local file=$1 mib=$2
+  drop_caches || true
+  dd if="$file" of=/dev/null bs=512k count=$((mib > 1024 ? 2048 : mib * 2)) iflag=direct 2>&1 |
+    awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^copied,?$/) s = $(i + 1); if (s > 0) printf "%.0f", $1 / s / 1e6 }'
+}

@@ -14,6 +14,15 @@
 //!   idle   --addr A --path U --conns N [--pid P] [--settle-s S]
 //!          opens N keep-alive connections, each sends one request and reads its response,
 //!          then all stay idle; server RSS and fd count of P before and after.
+//!   swarm  --addr A --path U --conns N --duration-s D [--warmup-s W] [--rate-bytes-per-s R]
+//!          [--pace-tick-ms T] [--read-bytes B] [--rcvbuf-bytes K] [--stall 1] [--pgid G]
+//!          [--expect-len L] [--gap-ms 1000] [--ready-file F] [--stop-file F]
+//!          N connections on one epoll thread (perf/link.sh): download U in a loop, each paced
+//!          by a token bucket of R bytes/s (0 = as fast as possible), or stalled (GET sent, never
+//!          read); read gaps over --gap-ms while a connection wanted bytes are counted.
+//!   fetch  --addr A --clients N --file-path U --file-seed S --file-len L --range-path U
+//!          --range START-END --range-seed S [--timeout-s T]
+//!          N fresh clients at once, each fetches a file and then a range (verified): times.
 //!
 //! Fixture content: byte `o` of a file made with seed `s` is byte `o % 8` (little endian) of
 //! `splitmix64(s, o / 8)`, so any range of any fixture can be verified without reading the file
@@ -27,6 +36,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+mod fetch;
+mod swarm;
 
 const HEAD_MAX: usize = 64 * 1024;
 const READ_BUF: usize = 1 << 20;
@@ -904,7 +916,7 @@ fn die(msg: &str) -> ! {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = argv.split_first() else {
-        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle --key value ...")
+        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch --key value ...")
     };
     let a = Args::parse(rest);
     match cmd.as_str() {
@@ -914,6 +926,8 @@ fn main() {
         "ttfb" => cmd_ttfb(&a),
         "get" => cmd_get(&a),
         "idle" => cmd_idle(&a),
+        "swarm" => swarm::cmd_swarm(&a),
+        "fetch" => fetch::cmd_fetch(&a),
         _ => die(&format!("unknown subcommand {cmd}")),
     }
 }
