@@ -497,9 +497,9 @@ report() {
           gib = bytes / 1073741824; if (gib <= 0) { print "no bytes counted"; exit }
           printf "%.2f GiB sent", gib
           split("shardline_ring_enters_total shardline_ring_sqes_total shardline_ring_cqes_total shardline_arena_waits_total", k, " ")
-          for (i = 1; i <= 4; i++) { key = k[i] "{shard=\"all\"}"; name = k[i]; sub(/^shardline_/, "", name); sub(/_total$/, "", name)
+          for (i = 1; i <= 4; i++) { key = k[i]; name = k[i]; sub(/^shardline_/, "", name); sub(/_total$/, "", name)
             printf ", %s %.0f/GiB", name, v[key] / gib }
-          for (key in v) if (key ~ /closed_total|responses_total|accept_errors|recv_no_buffers|stray/) { s = key; sub(/^shardline_/, "", s); sub(/,?shard="all"/, "", s); sub(/\{\}/, "", s); printf ", %s +%d", s, v[key] }
+          for (key in v) if (key ~ /closed_total|requests_total|accept_errors|recv_no_buffers|stray|parked|reclaimed|ring_busy|unqueued|overflow/) { s = key; sub(/^shardline_/, "", s); printf ", %s +%d", s, v[key] }
         }' "$RUN/sl-metrics-bulk-delta.txt")."
     fi
     echo "- Raw outputs of every client and both server logs: \`perf/out/run/\`."

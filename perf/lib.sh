@@ -123,11 +123,13 @@ build_tools() {
   fi
 }
 
-# metrics_delta BEFORE AFTER: "name{labels} delta" of every shard="all" counter that moved
-# (shardline's /metrics snapshots).
+# metrics_delta BEFORE AFTER: "name{labels} delta" of every counter that moved, summed over
+# the shards (the shard label is dropped: shardline exports per-shard series only).
 metrics_delta() {
-  awk 'FNR == 1 { f++ } /^#/ || !/shard="all"/ { next }
-       f == 1 { b[$1] = $2; next } { d = $2 - b[$1]; if (d != 0) print $1, d }' "$1" "$2"
+  awk 'FNR == 1 { f++ } /^#/ || !/shard="/ { next }
+       { k = $1; sub(/,?shard="[^"]*"/, "", k); sub(/\{,/, "{", k); sub(/\{\}/, "", k) }
+       f == 1 { b[k] += $2; next } { a[k] += $2 }
+       END { for (k in a) { d = a[k] - b[k]; if (d != 0) print k, d } }' "$1" "$2"
 }
 
 # ------------------------------------------------------------------ fixture disks (--disk)

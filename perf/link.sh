@@ -446,9 +446,9 @@ metrics_snap() { # metrics_snap FILE: shardline's /metrics from inside the serve
   return 0
 }
 
-gauge() { # gauge FILE NAME: a shard="all" value from a /metrics snapshot
+gauge() { # gauge FILE NAME: a gauge summed over the shards, from a /metrics snapshot
   [[ -s $1 ]] || return 0
-  awk -v n="$2{shard=\"all\"}" '$1 == n { print $2 }' "$1" 2>/dev/null || true
+  awk -v n="$2{shard=" 'index($1, n) == 1 { s += $2; seen = 1 } END { if (seen) print s }' "$1" 2>/dev/null || true
 }
 
 # metrics_per_gib BEFORE AFTER PREFIX: V[PREFIX|enters_gib] etc. from two snapshots.
@@ -456,7 +456,7 @@ metrics_per_gib() {
   local b=$1 a=$2 p=$3 out
   [[ -s $b && -s $a ]] || return 0
   out=$(metrics_delta "$b" "$a" | awk '
-    { n = $1; sub(/\{.*/, "", n); d[n] += ($1 ~ /shard="all"/) ? $2 : 0 }
+    { n = $1; sub(/\{.*/, "", n); d[n] += $2 }
     END {
       gib = d["shardline_bytes_sent_total"] / 1073741824
       if (gib <= 0) exit

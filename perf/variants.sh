@@ -149,14 +149,15 @@ metrics_snap() { # metrics_snap FILE: shardline's /metrics, empty file when unav
   [[ -n $SL_ADMIN ]] || return 0
   curl -s --max-time 3 "$SL_ADMIN/metrics" >"$1" 2>/dev/null || : >"$1"
 }
-# mdelta BEFORE AFTER NAME SHARD: growth of counter NAME{shard="SHARD"} (SHARD = 0, 1, all);
-# empty when either snapshot lacks it.
+# mdelta BEFORE AFTER NAME SHARD: growth of counter NAME{shard="SHARD"} (SHARD = 0, 1, or all:
+# summed over the shards); empty when either snapshot lacks it.
 mdelta() {
-  awk -v key="$3{shard=\"$4\"}" 'FNR == 1 { f++ } $1 == key { v[f] = $2; seen[f] = 1 }
+  awk -v key="$3{shard=\"$4\"}" -v pre="$3{shard=\"" -v all="$4" 'FNR == 1 { f++ }
+    (all == "all" && index($1, pre) == 1) || $1 == key { v[f] += $2; seen[f] = 1 }
     END { if (seen[1] && seen[2]) printf "%.0f\n", v[2] - v[1] }' "$1" "$2"
 }
-sum_sent() { # sum_sent BEFORE AFTER: bytes_sent_total growth over every source, shard "all"
-  awk 'FNR == 1 { f++ } /^shardline_bytes_sent_total\{/ && /shard="all"/ { s[f] += $2 }
+sum_sent() { # sum_sent BEFORE AFTER: bytes_sent_total growth over every source and shard
+  awk 'FNR == 1 { f++ } /^shardline_bytes_sent_total\{/ && /shard="/ { s[f] += $2 }
     END { printf "%.0f\n", s[2] - s[1] }' "$1" "$2"
 }
 
