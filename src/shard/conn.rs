@@ -93,6 +93,9 @@ pub struct Chunk {
     pub send_started_ms: u64,
     /// Where the body bytes came from (for counters).
     pub source: Source,
+    /// Its last send was SEND_ZC: the slot counts toward the shard's zero-copy share until
+    /// the notification.
+    pub zerocopy: bool,
 }
 
 /// Origin of a chunk's bytes.

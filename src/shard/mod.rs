@@ -46,6 +46,13 @@ pub const READ_AHEAD_START_CHUNKS: usize = 2;
 /// A SEND_ZC buffer not yet released by the kernel after this long (the peer is slow to
 /// acknowledge) makes the connection give back the read-ahead it holds behind it.
 pub const READ_AHEAD_FAST_SEND_MS: u64 = 20;
+/// At most 1/N of the arena may wait for SEND_ZC notifications: a client that took a burst
+/// and then stopped reading never acknowledges, and its zero-copy chunks stay the kernel's
+/// until the send timeout, so zero-copy must never be able to pin the whole arena.
+pub const ZC_ARENA_SHARE_DIVISOR: usize = 2;
+/// Bytes a response must have sent with whole copy sends before it may use SEND_ZC (a fresh
+/// socket's send buffer takes a first chunk whole even when its client never reads).
+pub const ZC_WARMUP_BYTES: u64 = 2 * 1024 * 1024;
 /// Longest a connection keeps a parked chunk (its socket full) while nobody else waits for
 /// the arena; the unsent bytes are then re-read when the socket drains. Under arena pressure
 /// parked chunks are given back at once.
@@ -133,6 +140,8 @@ struct Shard {
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
     zerocopy: bool,
+    /// Arena slots lent to SEND_ZC and not yet released by a notification.
+    zc_held: usize,
     last_sweep_ms: u64,
     /// Bytes of bulk work (reads planned, chunk sends) the shard may still add this tick.
     shard_budget: TickBudget,
@@ -212,6 +221,7 @@ impl Shard {
             drain_deadline_ms: None,
             open_conns: 0,
             zerocopy,
+            zc_held: 0,
             last_sweep_ms: 0,
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
@@ -580,6 +590,7 @@ impl Shard {
                 read_got: 0,
                 send_started_ms: 0,
                 source,
+                zerocopy: false,
             };
             let seg = body.segments.front_mut().expect("checked above");
             match seg {
@@ -784,7 +795,19 @@ impl Shard {
         let flags = if last { 0 } else { libc::MSG_MORE };
         // SEND_ZC keeps the buffer until the peer acknowledges it: only for a connection
         // that drains fast; a slow or stalled one gets copy sends and holds nothing.
-        let zc = self.zerocopy && conn.fast_drain && len as usize >= self.cfg.zerocopy_min_bytes;
+        let zc = self.zerocopy
+            && conn.fast_drain
+            && conn.resp_bytes >= ZC_WARMUP_BYTES
+            && len as usize >= self.cfg.zerocopy_min_bytes
+            && self.zc_held < self.cfg.arena_slots() / ZC_ARENA_SHARE_DIVISOR
+            && !body.chunks.iter().any(|c| c.zerocopy);
+        let ch = body
+            .chunks
+            .iter_mut()
+            .find(|ch| ch.slot == slot)
+            .expect("chunk being sent");
+        ch.zerocopy = zc;
+        self.zc_held += usize::from(zc);
         self.shard_budget.charge(len as usize);
         conn.ops += 1;
         let socket = conn.socket;
@@ -839,6 +862,18 @@ impl Shard {
             // notification (or its failure without one) arrived.
             self.ring.arena_done(slot);
             self.conns[c as usize].ops -= 1;
+            let zc_chunk = self.conns[c as usize]
+                .body
+                .as_mut()
+                .and_then(|b| b.chunks.iter_mut().find(|ch| ch.slot == slot))
+                .filter(|ch| ch.zerocopy);
+            if let Some(ch) = zc_chunk {
+                ch.zerocopy = false;
+                self.zc_held = self
+                    .zc_held
+                    .checked_sub(1)
+                    .expect("SEND_ZC share count underflow");
+            }
         }
         let conn = &mut self.conns[c as usize];
         if conn.phase != Phase::Open {
