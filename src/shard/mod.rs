@@ -16,6 +16,8 @@ pub mod ring_ops;
 #[allow(unsafe_code)]
 pub mod ring_sys;
 pub mod sched;
+#[cfg(test)]
+mod sim;
 pub mod token;
 
 use std::net::TcpListener;
