@@ -755,6 +755,13 @@ impl<R: RingOps> Shard<R> {
                 return;
             }
         }
+        if self.is_parked(c) {
+            // A read that lands while the socket is full makes a chunk as reclaimable as a
+            // parked one: list the connection again (a reclaim that ran while the read was in
+            // flight could not take it, and unlisted it).
+            self.park(c);
+            return;
+        }
         self.send_soon(c);
     }
 
