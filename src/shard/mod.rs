@@ -1046,13 +1046,19 @@ impl<R: RingOps> Shard<R> {
 
     /// Gives back the chunks of connections parked longer than `PARK_HOLD_MS` (a stalled
     /// client keeps nothing for long even when nobody else asks).
+    ///
+    /// The whole list is walked (in order): a connection that parked again while still listed
+    /// keeps its old place with a newer `parked_ms`, so the list is not sorted by park time.
     fn expire_parked(&mut self) {
-        while let Some(&c) = self.parked.front() {
+        for _ in 0..self.parked.len() {
+            let Some(c) = self.parked.pop_front() else {
+                return;
+            };
             let conn = &self.conns[c as usize];
             if self.is_parked(c) && self.now_ms < conn.parked_ms + PARK_HOLD_MS {
-                return;
+                self.parked.push_back(c);
+                continue;
             }
-            self.parked.pop_front();
             self.conns[c as usize].parked_listed = false;
             if self.is_parked(c) {
                 self.reclaim_from(c);
