@@ -77,7 +77,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
     std::fs::create_dir_all(root)?;
     let sizes = [
         rng.range(1, 3000),
-        rng.range(64 * 1024, 320 * 1024),
+        rng.range(64 * 1024, 512 * 1024),
         rng.range(1, 200 * 1024),
     ];
     let mut files = Vec::new();
@@ -91,7 +91,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
             versions: vec![content],
         });
     }
-    let n_clients = rng.range(1, 5);
+    let n_clients = rng.range(1, 6);
     let mut clients = Vec::new();
     for _ in 0..n_clients {
         let n_requests = rng.range(1, 3) as usize;
@@ -149,7 +149,11 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
                 )
             }),
             vanish_us: rng.chance(8).then(|| rng.below(500_000)),
-            sndbuf_bytes: rng.range(4096, 256 * 1024) as usize,
+            sndbuf_bytes: if rng.chance(50) {
+                rng.range(4096, 32 * 1024) as usize
+            } else {
+                rng.range(32 * 1024, 256 * 1024) as usize
+            },
             idle_at_end: rng.chance(10),
         }));
     }
@@ -182,7 +186,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         pipeline_depth: rng.range(2, 4) as usize,
         tick_budget_bytes: 128 * 1024,
         shard_tick_budget_bytes: 256 * 1024,
-        arena_bytes: SIM_CHUNK_BYTES * rng.range(4, 10) as usize,
+        arena_bytes: SIM_CHUNK_BYTES * rng.range(3, 8) as usize,
         direct_io_min_bytes: u64::MAX,
         zerocopy: if zerocopy {
             ZeroCopy::On
@@ -339,8 +343,9 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
                 .count();
             if reclaimable > 0 {
                 return Err(format!(
-                    "connection {c} parked since {} ms still holds {reclaimable} chunks at {now_ms} ms",
-                    conn.parked_ms
+                    "connection {c} parked since {} ms still holds {reclaimable} chunks at {now_ms} ms (listed {}, parked FIFO {:?}, chunks {:?})",
+                    conn.parked_ms, conn.parked_listed, shard.parked,
+                    body.chunks.iter().map(|ch| (ch.state, ch.sent, ch.send_len)).collect::<Vec<_>>()
                 ));
             }
         }
@@ -510,10 +515,32 @@ fn simulated_shard_keeps_its_invariants() {
         Some(seed) => vec![seed],
         None => (0..env_u64("SHARDLINE_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS)).collect(),
     };
+    // Seeds are independent: spread them over the machine's threads (results in seed order).
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4);
+    let results: Vec<(u64, Result<RunStats, String>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine: Vec<u64> = seeds.iter().copied().skip(t).step_by(threads).collect();
+                scope.spawn(move || {
+                    mine.into_iter()
+                        .map(|seed| (seed, run_seed_caught(seed)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("simulator worker"))
+            .collect();
+        all.sort_by_key(|r| r.0);
+        all
+    });
     let mut failures = Vec::new();
     let mut total = RunStats::default();
-    for &seed in &seeds {
-        match run_seed_caught(seed) {
+    for (seed, result) in results {
+        match result {
             Ok(s) => {
                 total.ticks += s.ticks;
                 total.responses += s.responses;
