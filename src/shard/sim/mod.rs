@@ -155,6 +155,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
                 rng.range(32 * 1024, 256 * 1024) as usize
             },
             idle_at_end: rng.chance(10),
+            half_close: rng.chance(10),
         }));
     }
     let mut file_faults = VecDeque::new();

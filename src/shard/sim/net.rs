@@ -98,6 +98,8 @@ pub struct ClientPlan {
     pub sndbuf_bytes: usize,
     /// After its last response it stays idle (the server's idle timeout ends it).
     pub idle_at_end: bool,
+    /// Shuts its write side as soon as every request is written (and still reads).
+    pub half_close: bool,
 }
 
 /// A parsed response head.
@@ -330,6 +332,12 @@ impl Net {
             s.to_server.extend(&c.out[c.written..c.written + n]);
             c.written += n;
             acted = true;
+            if c.plan.half_close
+                && c.written == c.out.len()
+                && c.queued_requests == c.plan.requests.len()
+            {
+                s.client_fin = true;
+            }
         }
         if c.stalled_until.is_some_and(|t| now >= t) {
             c.stalled_until = None;
