@@ -45,6 +45,9 @@ pub struct Faults {
     pub defer_pct: u64,
     /// A writability poll ends with ECANCELED instead of readiness (a spurious wake).
     pub poll_cancel_pct: u64,
+    /// Completion queue entries: beyond them completions wait in an overflow list (in order,
+    /// as with IORING_FEAT_NODROP) until the shard drains.
+    pub cq_entries: usize,
 }
 
 /// How often the modelled kernel took each interesting path (to see that a run explores).
@@ -64,6 +67,8 @@ pub struct Paths {
     pub short_reads: u64,
     /// Operations cancelled.
     pub cancelled: u64,
+    /// Completions that overflowed the CQ.
+    pub cq_overflows: u64,
 }
 
 /// What an in-flight operation does.
@@ -191,6 +196,8 @@ pub struct SimRing {
     ops: Vec<InFlight>,
     next_seq: u64,
     cq: VecDeque<Completion>,
+    /// Completions that did not fit in the CQ.
+    cq_overflow: VecDeque<Completion>,
     accept: Option<u64>,
     sqes_pushed: u64,
     enters: u64,
@@ -228,6 +235,7 @@ impl SimRing {
             ops: Vec::new(),
             next_seq: 0,
             cq: VecDeque::new(),
+            cq_overflow: VecDeque::new(),
             accept: None,
             sqes_pushed: 0,
             enters: 0,
@@ -256,7 +264,7 @@ impl SimRing {
 
     /// Completions posted and not yet drained.
     pub fn cq_len(&self) -> usize {
-        self.cq.len()
+        self.cq.len() + self.cq_overflow.len()
     }
 
     fn push(&mut self, token: u64, op: SimOp) {
@@ -273,11 +281,27 @@ impl SimRing {
     }
 
     fn post(&mut self, user_data: u64, result: i32, flags: u32) {
-        self.cq.push_back(Completion {
+        let cqe = Completion {
             user_data,
             result,
             flags,
-        });
+        };
+        if self.cq.len() >= self.faults.cq_entries.max(1) || !self.cq_overflow.is_empty() {
+            self.paths.cq_overflows += 1;
+            self.cq_overflow.push_back(cqe);
+        } else {
+            self.cq.push_back(cqe);
+        }
+    }
+
+    /// Moves overflowed completions into the CQ as room frees up.
+    fn flush_overflow(&mut self) {
+        while self.cq.len() < self.faults.cq_entries.max(1) {
+            let Some(cqe) = self.cq_overflow.pop_front() else {
+                return;
+            };
+            self.cq.push_back(cqe);
+        }
     }
 
     fn socket_id(&self, slot: u32) -> Option<usize> {
@@ -647,6 +671,7 @@ impl SimRing {
 
     fn wait(&mut self, want: usize, timeout: Option<Duration>) {
         self.enters += 1;
+        self.flush_overflow();
         self.now += Duration::from_micros(self.rng.below(200));
         self.run_kernel();
         if want == 0 || !self.cq.is_empty() {
@@ -888,5 +913,6 @@ impl RingOps for SimRing {
             n
         };
         out.extend(self.cq.drain(..n));
+        self.flush_overflow();
     }
 }
