@@ -4,10 +4,10 @@
 //! io_uring one) whose every choice comes from one seed: completion order and batching, sends
 //! split at random byte counts or refused with EAGAIN when a client's modelled socket buffer
 //! is full, ENOBUFS, ECANCELED, ECONNRESET, short reads, EOF and EIO on real temporary files,
-//! a full SQ, files rewritten, truncated or replaced mid-response, and clients that pipeline,
-//! ask for ranges, read slowly, stall or vanish. The clock is virtual, so header, idle, send
-//! and park timers fire without sleeping. After every tick the invariants below are checked;
-//! a failing seed prints a one-line reproduction.
+//! a full SQ, a small CQ that overflows, files rewritten, truncated or replaced mid-response,
+//! and clients that pipeline, ask for ranges, read slowly, stall, half-close or vanish. The
+//! clock is virtual, so header, idle, send and park timers fire without sleeping. After every
+//! tick the invariants below are checked; a failing seed prints a one-line reproduction.
 //!
 //! - one seed: `SHARDLINE_SIM_SEED=1234 cargo test --lib shard::sim`
 //! - a long exploration: `SHARDLINE_SIM_SEEDS=100000 cargo test --release --lib shard::sim`
@@ -421,6 +421,12 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
         ));
     }
     for (i, c) in ring.net.clients.iter().enumerate() {
+        if strict && c.statuses.contains(&416) {
+            return Err(format!(
+                "client {i} got a 416 for a satisfiable range: {:?}",
+                c.plan.requests
+            ));
+        }
         let refused = c.statuses.contains(&503);
         let disturbed = c.plan.stall.is_some() || c.plan.vanish_us.is_some() || refused;
         if strict && !disturbed && (c.cut_short || c.responses < c.plan.requests.len()) {

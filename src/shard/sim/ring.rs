@@ -269,6 +269,13 @@ impl SimRing {
 
     fn push(&mut self, token: u64, op: SimOp) {
         self.sqes_pushed += 1;
+        if let Some(slot) = op.socket() {
+            if self.socket_id(slot).is_none() {
+                self.violations.push(format!(
+                    "{op:?} submitted on socket slot {slot}, which is closed"
+                ));
+            }
+        }
         // Building and queueing an entry takes a little time (the tick budget sees it).
         self.now += Duration::from_micros(self.rng.below(20));
         self.ops.push(InFlight {
