@@ -1,13 +1,18 @@
 //! The admin listener: `/metrics` (Prometheus text) and `/healthz` on a separate address.
 //!
-//! One plain std thread, blocking accept, one request per connection, `Connection: close`.
+//! One plain std thread runs a `poll(2)` loop over the listener and at most
+//! `ADMIN_CONNECTIONS_MAX` non-blocking connections, one request each, `Connection: close`.
+//! Idle, slow or half-open clients therefore cost a slot, never the other clients' time: every
+//! connection has a deadline (`HEAD_TIMEOUT` for its head, `WRITE_TIMEOUT` for the reply), and
+//! when the table is full the oldest connection still sending its head is dropped for the new
+//! one, so a health check gets through hundreds of stalled connections. Heads are parsed by the
+//! data path's own parser (`http::request`), with its limits and its refusals.
+//!
 //! It never touches a shard: it only loads the shards' atomics and reads `/proc`, so a busy or
-//! slow scraper costs the data path nothing. Limits keep one bad client from wedging it: the
-//! request head must arrive within `HEAD_TIMEOUT` and fit in `HEAD_MAX_BYTES`, and the response
-//! write gives up after `WRITE_TIMEOUT`.
+//! slow scraper costs the data path nothing.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,20 +20,31 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+
+use crate::http::request::{parse_request, Method, Parsed, MAX_HEAD_BYTES};
+use crate::http::response::reason_phrase;
 use crate::metrics::{render_prometheus, write_family_header, ShardMetrics};
 
-/// Largest request head accepted (request line + headers); more is answered 431.
-pub const HEAD_MAX_BYTES: usize = 8 * 1024;
+/// Most admin connections open at once. Over it, the oldest connection that has not sent a
+/// complete head yet is closed to make room; if every slot is busy replying, the newcomer is.
+pub const ADMIN_CONNECTIONS_MAX: usize = 128;
 /// Time a client has to send its complete request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time the response may take to be written before the connection is dropped.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest time spent discarding unread input after an error reply.
+/// Longest time spent discarding unread input after a reply.
 const LINGER_TIME: Duration = Duration::from_millis(200);
-/// Most unread input discarded after an error reply.
+/// Most unread input discarded after a reply.
 const LINGER_MAX_BYTES: usize = 64 * 1024;
 /// Pause after a failed accept (EMFILE and friends) so the thread does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+/// Connections accepted per loop turn, so a connect flood cannot starve the open ones.
+const ACCEPTS_PER_TURN_MAX: usize = 64;
+/// Longest poll sleep: the stop flag is also checked this often.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Bytes read per `read` call.
+const READ_CHUNK_BYTES: usize = 4096;
 
 /// `/proc/vmstat` counters exposed as `shardline_host_vmstat_total{name="..."}`: reclaim
 /// scanning and stealing by kswapd and by allocating tasks, and file pages refaulted right after
@@ -71,7 +87,7 @@ struct State {
 pub struct AdminHandle {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    /// A second descriptor of the listening socket, used to wake the blocked accept.
+    /// A second descriptor of the listening socket, used to wake the poll at once.
     waker: TcpListener,
     thread: Option<JoinHandle<()>>,
 }
@@ -82,8 +98,7 @@ impl AdminHandle {
         self.addr
     }
 
-    /// Stops accepting and waits for the thread (at most one in-flight request, bounded by
-    /// `HEAD_TIMEOUT + WRITE_TIMEOUT`).
+    /// Stops accepting, drops every admin connection and waits for the thread.
     pub fn stop(mut self) {
         self.stop_inner();
     }
@@ -93,7 +108,8 @@ impl AdminHandle {
             return;
         };
         self.stop.store(true, Ordering::Release);
-        // shutdown(SHUT_RD) on a listening socket makes a blocked accept() return EINVAL.
+        // shutdown(SHUT_RD) on a listening socket makes it readable (accept fails with EINVAL),
+        // which wakes the poll before its interval is up.
         let _ = rustix::net::shutdown(&self.waker, rustix::net::Shutdown::Read);
         let _ = thread.join();
     }
@@ -120,6 +136,7 @@ pub fn start(
         return Ok(None);
     };
     let listener = TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     let waker = listener.try_clone()?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -131,7 +148,7 @@ pub fn start(
     let thread_stop = stop.clone();
     let thread = std::thread::Builder::new()
         .name("admin".into())
-        .spawn(move || accept_loop(listener, state, thread_stop))?;
+        .spawn(move || Server::new(listener, state).run(&thread_stop))?;
     Ok(Some(AdminHandle {
         addr: local,
         stop,
@@ -140,76 +157,250 @@ pub fn start(
     }))
 }
 
-fn accept_loop(listener: TcpListener, state: State, stop: Arc<AtomicBool>) {
-    let mut logged_error = false;
-    loop {
-        let accepted = listener.accept();
-        if stop.load(Ordering::Acquire) {
-            break;
+/// Where one admin connection is in its single exchange.
+enum Stage {
+    /// Receiving the request head (bytes so far).
+    Head(Vec<u8>),
+    /// Writing the reply; `linger` asks to discard unread input before closing.
+    Reply {
+        out: Vec<u8>,
+        sent: usize,
+        linger: bool,
+    },
+    /// Reply sent and write side shut: discarding what the client still sends.
+    Linger { drained: usize },
+}
+
+/// One admin connection.
+struct Conn {
+    stream: TcpStream,
+    stage: Stage,
+    /// When the current stage gives up.
+    deadline: Instant,
+}
+
+impl Conn {
+    fn wants(&self) -> PollFlags {
+        match self.stage {
+            Stage::Head(_) | Stage::Linger { .. } => PollFlags::IN,
+            Stage::Reply { .. } => PollFlags::OUT,
         }
-        match accepted {
-            Ok((stream, _)) => {
-                logged_error = false;
-                handle(stream, &state);
+    }
+
+    fn reading_head(&self) -> bool {
+        matches!(self.stage, Stage::Head(_))
+    }
+}
+
+/// What to do with a connection after handling its readiness.
+enum Next {
+    Keep,
+    Close,
+}
+
+/// The admin thread's event loop.
+struct Server {
+    listener: TcpListener,
+    state: State,
+    /// Open connections, oldest first.
+    conns: Vec<Conn>,
+    /// Accepting is paused until then after an accept error.
+    accept_paused_until: Option<Instant>,
+    accept_error_logged: bool,
+}
+
+impl Server {
+    fn new(listener: TcpListener, state: State) -> Server {
+        Server {
+            listener,
+            state,
+            conns: Vec::with_capacity(ADMIN_CONNECTIONS_MAX),
+            accept_paused_until: None,
+            accept_error_logged: false,
+        }
+    }
+
+    fn run(mut self, stop: &AtomicBool) {
+        let mut ready: Vec<PollFlags> = Vec::with_capacity(ADMIN_CONNECTIONS_MAX + 1);
+        while !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if self.accept_paused_until.is_some_and(|t| now >= t) {
+                self.accept_paused_until = None;
             }
-            Err(e) => {
-                if !logged_error {
-                    tracing::warn!(error = %e, "admin listener: accept failed; backing off");
-                    logged_error = true;
+            let accepting = self.accept_paused_until.is_none();
+            let wait = self
+                .conns
+                .iter()
+                .map(|c| c.deadline)
+                .chain(self.accept_paused_until)
+                .min()
+                .map_or(POLL_INTERVAL, |t| {
+                    t.saturating_duration_since(now).min(POLL_INTERVAL)
+                });
+            ready.clear();
+            {
+                let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(self.conns.len() + 1);
+                let listen_events = if accepting {
+                    PollFlags::IN
+                } else {
+                    PollFlags::empty()
+                };
+                fds.push(PollFd::new(&self.listener, listen_events));
+                for c in &self.conns {
+                    fds.push(PollFd::new(&c.stream, c.wants()));
                 }
-                std::thread::sleep(ACCEPT_ERROR_BACKOFF);
+                // `wait` is at most POLL_INTERVAL, which always converts.
+                let timeout = Timespec::try_from(wait).unwrap_or(Timespec {
+                    tv_sec: 0,
+                    tv_nsec: POLL_INTERVAL.subsec_nanos().into(),
+                });
+                match poll(&mut fds, Some(&timeout)) {
+                    Ok(_) => ready.extend(fds.iter().map(|f| f.revents())),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        tracing::error!(error = %e, "admin listener: poll failed; stopping");
+                        return;
+                    }
+                }
+            }
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            // Connections first (they were polled), then new ones; close in reverse so the
+            // indices of the ones not yet visited stay valid.
+            let now = Instant::now();
+            for i in (0..self.conns.len()).rev() {
+                let events = ready.get(i + 1).copied().unwrap_or(PollFlags::empty());
+                let next = if events.is_empty() {
+                    Next::Keep
+                } else {
+                    self.progress(i)
+                };
+                // The deadline holds whether or not bytes trickle in (a slow head is no head).
+                let expired = matches!(next, Next::Keep) && now >= self.conns[i].deadline;
+                if expired || matches!(next, Next::Close) {
+                    self.conns.remove(i);
+                }
+            }
+            if accepting && ready.first().is_some_and(|e| !e.is_empty()) {
+                self.accept_some();
             }
         }
     }
-}
 
-/// Why no request head could be read.
-#[derive(Debug)]
-enum HeadError {
-    /// More than `HEAD_MAX_BYTES` without the blank line.
-    TooLarge,
-    /// Timeout, reset, or the client closed before the head was complete: nothing to answer.
-    Gone,
-}
-
-/// Reads up to the end of the request head, within `HEAD_TIMEOUT` overall.
-fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, HeadError> {
-    let deadline = Instant::now() + HEAD_TIMEOUT;
-    let mut buf = vec![0u8; HEAD_MAX_BYTES];
-    let mut len = 0;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return Err(HeadError::Gone);
+    /// Accepts up to `ACCEPTS_PER_TURN_MAX` pending connections.
+    fn accept_some(&mut self) {
+        for _ in 0..ACCEPTS_PER_TURN_MAX {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    self.accept_error_logged = false;
+                    self.admit(stream);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    if !self.accept_error_logged {
+                        tracing::warn!(error = %e, "admin listener: accept failed; backing off");
+                        self.accept_error_logged = true;
+                    }
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_ERROR_BACKOFF);
+                    return;
+                }
+            }
         }
-        let n = match stream.read(&mut buf[len..]) {
-            Ok(0) | Err(_) => return Err(HeadError::Gone),
-            Ok(n) => n,
+    }
+
+    /// Adds a connection, making room by closing the oldest one still sending its head.
+    fn admit(&mut self, stream: TcpStream) {
+        if self.conns.len() >= ADMIN_CONNECTIONS_MAX {
+            match self.conns.iter().position(Conn::reading_head) {
+                Some(oldest) => drop(self.conns.remove(oldest)),
+                // Every slot is writing a reply (each bounded by WRITE_TIMEOUT): refuse.
+                None => return,
+            }
+        }
+        if stream.set_nonblocking(true).is_err() {
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        let mut conn = Conn {
+            stream,
+            stage: Stage::Head(Vec::new()),
+            deadline: Instant::now() + HEAD_TIMEOUT,
         };
-        // Only the newly read bytes (and 3 before them) can complete the terminator.
-        let from = len.saturating_sub(3);
-        len += n;
-        if let Some(end) = find_head_end(&buf[from..len]) {
-            buf.truncate(from + end);
-            return Ok(buf);
+        // The request usually arrived with the connection: answer without another poll.
+        if matches!(step(&mut conn, &self.state), Next::Keep) {
+            self.conns.push(conn);
         }
-        if len == buf.len() {
-            return Err(HeadError::TooLarge);
-        }
+    }
+
+    fn progress(&mut self, i: usize) -> Next {
+        step(&mut self.conns[i], &self.state)
     }
 }
 
-/// Index just past the blank line ending a head (`\r\n\r\n`, or bare `\n\n`).
-fn find_head_end(b: &[u8]) -> Option<usize> {
-    (0..b.len()).find_map(|i| {
-        if b[i..].starts_with(b"\r\n\r\n") {
-            Some(i + 4)
-        } else if b[i..].starts_with(b"\n\n") {
-            Some(i + 2)
-        } else {
-            None
+/// Advances one connection as far as its socket allows without blocking.
+fn step(conn: &mut Conn, state: &State) -> Next {
+    loop {
+        match &mut conn.stage {
+            Stage::Head(buf) => {
+                let mut chunk = [0u8; READ_CHUNK_BYTES];
+                // One byte past the head limit is enough for the parser to answer 431.
+                let room = (MAX_HEAD_BYTES + 1)
+                    .saturating_sub(buf.len())
+                    .min(chunk.len());
+                match conn.stream.read(&mut chunk[..room]) {
+                    Ok(0) => return Next::Close,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Next::Keep,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(_) => return Next::Close,
+                }
+                let Some((reply, linger)) = answer(buf, state) else {
+                    continue;
+                };
+                conn.stage = Stage::Reply {
+                    out: reply.to_bytes(),
+                    sent: 0,
+                    linger,
+                };
+                conn.deadline = Instant::now() + WRITE_TIMEOUT;
+            }
+            Stage::Reply { out, sent, linger } => {
+                match conn.stream.write(&out[*sent..]) {
+                    Ok(0) => return Next::Close,
+                    Ok(n) => *sent += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Next::Keep,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(_) => return Next::Close,
+                }
+                if *sent < out.len() {
+                    continue;
+                }
+                let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                if !*linger {
+                    return Next::Close;
+                }
+                conn.stage = Stage::Linger { drained: 0 };
+                conn.deadline = Instant::now() + LINGER_TIME;
+            }
+            Stage::Linger { drained } => {
+                // Closing with unread input sends a reset that can destroy the reply before
+                // the client reads it, so read and discard a little first.
+                let mut sink = [0u8; READ_CHUNK_BYTES];
+                match conn.stream.read(&mut sink) {
+                    Ok(0) => return Next::Close,
+                    Ok(n) => *drained += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Next::Keep,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(_) => return Next::Close,
+                }
+                if *drained >= LINGER_MAX_BYTES {
+                    return Next::Close;
+                }
+            }
         }
-    })
+    }
 }
 
 /// A response of the admin listener.
@@ -219,6 +410,8 @@ struct Reply {
     content_type: &'static str,
     extra_headers: &'static str,
     body: String,
+    /// Answering HEAD: the same header, no body.
+    head_only: bool,
 }
 
 impl Reply {
@@ -228,99 +421,59 @@ impl Reply {
             content_type: "text/plain; charset=utf-8",
             extra_headers: "",
             body: body.to_string(),
+            head_only: false,
         }
     }
 
     fn to_bytes(&self) -> Vec<u8> {
-        let reason = match self.status {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            431 => "Request Header Fields Too Large",
-            503 => "Service Unavailable",
-            _ => "Unknown",
-        };
         let mut out = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
              Cache-Control: no-store\r\n{}Connection: close\r\n\r\n",
             self.status,
+            reason_phrase(self.status),
             self.content_type,
             self.body.len(),
             self.extra_headers
         )
         .into_bytes();
-        out.extend_from_slice(self.body.as_bytes());
+        if !self.head_only {
+            out.extend_from_slice(self.body.as_bytes());
+        }
         out
     }
 }
 
-/// Answers one request head (without the body: GET has none, others are refused).
-fn respond(head: &[u8], state: &State) -> Reply {
-    let line_end = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
-    let line = String::from_utf8_lossy(&head[..line_end]);
-    let mut parts = line.trim_end_matches('\r').split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Reply::text(400, "bad request line\n");
-    };
-    if !version.starts_with("HTTP/1.") || !target.starts_with('/') || method.is_empty() {
-        return Reply::text(400, "bad request line\n");
+/// The reply to the bytes received so far, and whether to discard unread input before
+/// closing (a refused request, or bytes after the head); `None` until the head is complete.
+fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
+    match parse_request(buf) {
+        Parsed::Partial => None,
+        Parsed::Rejected(r) => {
+            let mut reply = Reply::text(r.status, &format!("{}\n", r.reason));
+            if r.status == 405 {
+                reply.extra_headers = "Allow: GET, HEAD\r\n";
+            }
+            Some((reply, true))
+        }
+        Parsed::Complete { request, head_len } => {
+            let mut reply = route(request.path, state);
+            reply.head_only = request.method == Method::Head;
+            let linger = head_len < buf.len() || reply.status >= 400;
+            Some((reply, linger))
+        }
     }
-    if method != "GET" {
-        return Reply {
-            extra_headers: "Allow: GET\r\n",
-            ..Reply::text(405, "only GET is served here\n")
-        };
-    }
-    let path = target.split(['?', '#']).next().unwrap_or(target);
+}
+
+/// Answers a GET (or HEAD) of `path`.
+fn route(path: &[u8], state: &State) -> Reply {
     match path {
-        "/metrics" => Reply {
-            status: 200,
+        b"/metrics" => Reply {
             content_type: "text/plain; version=0.0.4; charset=utf-8",
-            extra_headers: "",
-            body: render_metrics(&state.metrics, &state.proc_root),
+            ..Reply::text(200, &render_metrics(&state.metrics, &state.proc_root))
         },
-        "/healthz" if state.shutdown.load(Ordering::Relaxed) => Reply::text(503, "draining\n"),
-        "/healthz" => Reply::text(200, "ok\n"),
+        b"/healthz" if state.shutdown.load(Ordering::Relaxed) => Reply::text(503, "draining\n"),
+        b"/healthz" => Reply::text(200, "ok\n"),
         _ => Reply::text(404, "not found (try /metrics or /healthz)\n"),
-    }
-}
-
-fn handle(mut stream: TcpStream, state: &State) {
-    let reply = match read_head(&mut stream) {
-        Ok(head) => respond(&head, state),
-        Err(HeadError::TooLarge) => Reply::text(431, "request head too large\n"),
-        Err(HeadError::Gone) => return,
-    };
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-    if stream.write_all(&reply.to_bytes()).is_err() {
-        return;
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    if matches!(reply.status, 400 | 405 | 431) {
-        // The client may still be sending (a body, an oversized head). Closing with unread
-        // input sends a reset that can destroy the reply before the client reads it, so read
-        // and discard a little first (bounded in bytes and time).
-        linger(&mut stream);
-    }
-}
-
-/// Reads and discards input for at most `LINGER_TIME` or `LINGER_MAX_BYTES`.
-fn linger(stream: &mut TcpStream) {
-    let deadline = Instant::now() + LINGER_TIME;
-    let mut sink = [0u8; 4096];
-    let mut total = 0;
-    while total < LINGER_MAX_BYTES {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => total += n,
-        }
     }
 }
 
@@ -430,6 +583,13 @@ mod tests {
             .find(|x| x.name == name && label.is_none_or(|(k, v)| x.label(k) == Some(v)))
     }
 
+    /// The reply to a complete head.
+    fn respond(head: &[u8], st: &State) -> Reply {
+        answer(head, st)
+            .unwrap_or_else(|| panic!("{:?} is not complete", String::from_utf8_lossy(head)))
+            .0
+    }
+
     #[test]
     fn host_gauges_from_fixture() {
         let mut out = String::new();
@@ -492,7 +652,7 @@ mod tests {
         let accepted = find(
             &s,
             "shardline_connections_accepted_total",
-            Some(("shard", "all")),
+            Some(("shard", "0")),
         );
         assert_eq!(accepted.unwrap().value, 9.0);
         assert!(find(&s, "shardline_host_allocstall_total", None).is_some());
@@ -506,32 +666,65 @@ mod tests {
     #[test]
     fn healthz_follows_shutdown() {
         let st = state(false, fixture());
-        let r = respond(b"GET /healthz HTTP/1.1\r\n\r\n", &st);
+        let r = respond(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n", &st);
         assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
         st.shutdown.store(true, Ordering::Relaxed);
-        let r = respond(b"GET /healthz HTTP/1.1\r\n\r\n", &st);
+        let r = respond(b"GET /healthz HTTP/1.0\r\n\r\n", &st);
         assert_eq!((r.status, r.body.as_str()), (503, "draining\n"));
     }
 
     #[test]
-    fn other_paths_methods_and_garbage() {
+    fn heads_go_through_the_data_path_parser() {
         let st = state(false, fixture());
         let status = |h: &[u8]| respond(h, &st).status;
-        assert_eq!(status(b"GET / HTTP/1.1\r\n\r\n"), 404);
-        assert_eq!(status(b"GET /metrics/ HTTP/1.1\r\n\r\n"), 404);
-        assert_eq!(status(b"GET /healthz.html HTTP/1.1\r\n\r\n"), 404);
-        let r = respond(b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", &st);
+        assert_eq!(status(b"GET / HTTP/1.0\r\n\r\n"), 404);
+        assert_eq!(status(b"GET /metrics/ HTTP/1.0\r\n\r\n"), 404);
+        assert_eq!(status(b"GET /healthz.html HTTP/1.0\r\n\r\n"), 404);
+        let r = respond(b"POST /metrics HTTP/1.1\r\nHost: a\r\n\r\n", &st);
         assert_eq!(r.status, 405);
         assert!(String::from_utf8(r.to_bytes())
             .unwrap()
-            .contains("\r\nAllow: GET\r\n"));
-        assert_eq!(status(b"HEAD /healthz HTTP/1.1\r\n\r\n"), 405);
-        assert_eq!(status(b"get /healthz HTTP/1.1\r\n\r\n"), 405);
+            .contains("\r\nAllow: GET, HEAD\r\n"));
+        // HEAD: GET's header, no body.
+        let r = respond(b"HEAD /healthz HTTP/1.0\r\n\r\n", &st);
+        let text = String::from_utf8(r.to_bytes()).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(
+            text.ends_with(
+                "\r\nContent-Length: 3\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(status(b"get /healthz HTTP/1.0\r\n\r\n"), 501);
+        // A bare LF ends nothing: the parser refuses it instead of waiting or accepting it.
+        assert_eq!(status(b"GET /healthz HTTP/1.0\n\n"), 400);
+        assert_eq!(status(b"GET /healthz HTTP/1.1\r\nHost: a\n\n"), 400);
+        assert_eq!(status(b"\n\n"), 400);
+        assert_eq!(status(b"GET /healthz HTTP/1.1\r\n\r\n"), 400, "no Host");
         assert_eq!(status(b"GET /healthz\r\n\r\n"), 400);
-        assert_eq!(status(b"GET  /healthz HTTP/1.1\r\n\r\n"), 400);
-        assert_eq!(status(b"GET healthz HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status(b"GET  /healthz HTTP/1.0\r\n\r\n"), 400);
+        assert_eq!(status(b"GET healthz HTTP/1.0\r\n\r\n"), 400);
         assert_eq!(status(b"GET /healthz SPDY/3\r\n\r\n"), 400);
         assert_eq!(status(b"\xff\xfe\r\n\r\n"), 400);
+        // Incomplete heads wait for more bytes.
+        assert!(answer(b"GET /metr", &st).is_none());
+        assert!(answer(b"GET /metrics HTTP/1.0\r\n", &st).is_none());
+        // Oversized heads are refused once the parser's limit is passed.
+        let big = format!(
+            "GET /healthz HTTP/1.0\r\nX: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD_BYTES)
+        );
+        assert_eq!(status(&big.as_bytes()[..MAX_HEAD_BYTES + 1]), 431);
+    }
+
+    #[test]
+    fn refusals_and_leftover_input_linger() {
+        let st = state(false, fixture());
+        let linger = |h: &[u8]| answer(h, &st).unwrap().1;
+        assert!(!linger(b"GET /healthz HTTP/1.0\r\n\r\n"));
+        assert!(linger(b"GET /healthz HTTP/1.0\r\n\r\nGET /"));
+        assert!(linger(b"GET /nope HTTP/1.0\r\n\r\n"));
+        assert!(linger(b"GET /healthz HTTP/1.0\n\n"));
     }
 
     #[test]
@@ -541,13 +734,6 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
         assert!(text.contains("\r\nContent-Length: 9\r\n"));
         assert!(text.contains("\r\nConnection: close\r\n\r\ndraining\n"));
-    }
-
-    #[test]
-    fn head_end_is_found_across_reads() {
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\n"), Some(18));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\n\n"), Some(16));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n"), None);
     }
 
     /// Sends raw bytes to the admin listener and returns (status, headers+body text).
@@ -564,6 +750,18 @@ mod tests {
         (status, text)
     }
 
+    fn start_test_listener(shutdown: Arc<AtomicBool>) -> AdminHandle {
+        let metrics = (0..2).map(|_| Arc::new(ShardMetrics::default())).collect();
+        start(
+            Some("127.0.0.1:0".parse().unwrap()),
+            metrics,
+            shutdown,
+            fixture(),
+        )
+        .unwrap()
+        .unwrap()
+    }
+
     #[test]
     fn off_when_no_address() {
         let h = start(None, vec![], Arc::new(AtomicBool::new(false)), fixture()).unwrap();
@@ -573,15 +771,7 @@ mod tests {
     #[test]
     fn serves_over_tcp_and_stops_promptly() {
         let shutdown = Arc::new(AtomicBool::new(false));
-        let metrics = (0..2).map(|_| Arc::new(ShardMetrics::default())).collect();
-        let h = start(
-            Some("127.0.0.1:0".parse().unwrap()),
-            metrics,
-            shutdown.clone(),
-            fixture(),
-        )
-        .unwrap()
-        .unwrap();
+        let h = start_test_listener(shutdown.clone());
         let addr = h.local_addr();
         assert_ne!(addr.port(), 0);
         let (status, text) = exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -589,9 +779,10 @@ mod tests {
         assert!(text.ends_with("\r\n\r\nok\n"), "{text:?}");
         // The head may arrive in pieces.
         let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(b"GET /metr").unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        s.write_all(b"ics HTTP/1.1\r\n\r").unwrap();
+        s.write_all(b"ics HTTP/1.0\r\n\r").unwrap();
         std::thread::sleep(Duration::from_millis(50));
         s.write_all(b"\n").unwrap();
         let mut body = String::new();
@@ -601,10 +792,10 @@ mod tests {
         let samples = parse_exposition(body).unwrap();
         assert!(find(&samples, "shardline_connections_open", Some(("shard", "1"))).is_some());
         // An oversized head is refused, not buffered.
-        let big = format!("GET /healthz HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(9000));
+        let big = format!("GET /healthz HTTP/1.0\r\nX: {}\r\n\r\n", "a".repeat(20_000));
         assert_eq!(exchange(addr, big.as_bytes()).0, 431);
         shutdown.store(true, Ordering::Relaxed);
-        assert_eq!(exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").0, 503);
+        assert_eq!(exchange(addr, b"GET /healthz HTTP/1.0\r\n\r\n").0, 503);
         let t = Instant::now();
         h.stop();
         assert!(
@@ -619,36 +810,59 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_client_is_dropped_after_the_head_timeout() {
-        let h = start(
-            Some("127.0.0.1:0".parse().unwrap()),
-            vec![Arc::new(ShardMetrics::default())],
-            Arc::new(AtomicBool::new(false)),
-            fixture(),
-        )
-        .unwrap()
-        .unwrap();
+    fn silent_clients_do_not_delay_others_and_are_dropped_later() {
+        let h = start_test_listener(Arc::new(AtomicBool::new(false)));
         let addr = h.local_addr();
-        let t = Instant::now();
-        let mut silent = TcpStream::connect(addr).unwrap();
-        silent
+        let mut silent: Vec<TcpStream> =
+            (0..5).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let mut half = TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET /metr").unwrap();
+        // Served while they sit there (no wall-clock assertion: the read timeout is a hang guard).
+        assert_eq!(exchange(addr, b"GET /healthz HTTP/1.0\r\n\r\n").0, 200);
+        // Their head deadline closes them without a reply.
+        for s in silent.iter_mut().chain(std::iter::once(&mut half)) {
+            s.set_read_timeout(Some(HEAD_TIMEOUT * 5)).unwrap();
+            let mut buf = Vec::new();
+            assert_eq!(
+                s.read_to_end(&mut buf).unwrap(),
+                0,
+                "closed without a reply"
+            );
+        }
+    }
+
+    #[test]
+    fn a_head_trickling_in_is_still_cut_at_its_deadline() {
+        let h = start_test_listener(Arc::new(AtomicBool::new(false)));
+        let mut s = TcpStream::connect(h.local_addr()).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.0\r\nX-Slow: ").unwrap();
+        // One byte every 100 ms for four head timeouts: the server must hang up before.
+        let rounds = (HEAD_TIMEOUT * 4).as_millis() / 100;
+        let cut = (0..rounds).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            s.write_all(b"a").is_err()
+        });
+        assert!(cut, "a trickling head outlived its deadline");
+    }
+
+    #[test]
+    fn over_the_cap_the_oldest_head_is_dropped() {
+        let h = start_test_listener(Arc::new(AtomicBool::new(false)));
+        let addr = h.local_addr();
+        let mut oldest = TcpStream::connect(addr).unwrap();
+        oldest.write_all(b"GET /metr").unwrap();
+        let _idle: Vec<TcpStream> = (0..ADMIN_CONNECTIONS_MAX + 20)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        assert_eq!(exchange(addr, b"GET /healthz HTTP/1.0\r\n\r\n").0, 200);
+        // The oldest half-sent head made room: finishing it now gets no reply.
+        let _ = oldest.write_all(b"ics HTTP/1.0\r\n\r\n");
+        oldest
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
-        // The next client waits behind the silent one, but not forever.
-        let (status, _) = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n");
-        assert_eq!(status, 200);
-        let waited = t.elapsed();
-        assert!(
-            waited >= HEAD_TIMEOUT - Duration::from_millis(100),
-            "{waited:?}"
-        );
-        assert!(waited < HEAD_TIMEOUT + Duration::from_secs(2), "{waited:?}");
         let mut buf = Vec::new();
-        assert_eq!(
-            silent.read_to_end(&mut buf).unwrap(),
-            0,
-            "closed without a reply"
-        );
+        let _ = oldest.read_to_end(&mut buf);
+        assert!(buf.is_empty(), "{:?}", String::from_utf8_lossy(&buf));
         drop(h);
     }
 

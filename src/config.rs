@@ -15,14 +15,27 @@ pub const MIN_CHUNK_BYTES: usize = 64 * 1024;
 pub const MAX_CHUNK_BYTES: usize = 16 * 1024 * 1024;
 /// Most chunks one connection may have in flight.
 pub const MAX_PIPELINE_DEPTH: usize = 16;
+/// Default TCP_NOTSENT_LOWAT of served sockets (see `notsent_lowat_bytes`).
+pub const DEFAULT_NOTSENT_LOWAT_BYTES: u32 = 0;
+/// Smallest non-zero `notsent_lowat_bytes` accepted.
+pub const MIN_NOTSENT_LOWAT_BYTES: u32 = 16 * 1024;
 /// Most arena slots per shard (buffer indices are u16 and the kernel caps registrations).
 pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
 /// Most connections per shard (token slot field and fixed-file table size).
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
+/// Fewest provided receive buffers per shard (`recv_buffers` is a power of two from here).
+pub const MIN_RECV_BUFFERS: usize = 16;
 /// Longest completion-batching wait allowed.
 pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
+
+/// Default health path on the serving listener (next to the diagnostic `/__shardline/zero`,
+/// where it cannot shadow a published file by accident).
+pub const DEFAULT_HEALTH_PATH: &str = "/__shardline/health";
+
+/// Longest lame-duck window (`drain_accept_ms`): beyond it a stop looks like a hang.
+pub const MAX_DRAIN_ACCEPT_MS: u64 = 600_000;
 
 /// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
@@ -90,6 +103,18 @@ pub enum SymlinkPolicy {
     Deny,
 }
 
+/// Where the strong ETag comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EtagSource {
+    /// Size + modification time (to the nanosecond): the same on every edge that copied the
+    /// file with its mtime (`rsync -a`, `cp -p`), whatever its inode.
+    Mtime,
+    /// The content digest the publisher stored in the `user.sha256` xattr (64 hex digits or
+    /// 32 raw bytes), read once when the file is opened; files without it use size + mtime.
+    Xattr,
+}
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -150,6 +175,9 @@ pub struct Config {
     pub zerocopy: ZeroCopy,
     /// Smallest chunk sent with SEND_ZC.
     pub zerocopy_min_bytes: usize,
+    /// TCP_NOTSENT_LOWAT for served connections (set on the listeners, inherited by accepted
+    /// sockets); 0 keeps the host's `net.ipv4.tcp_notsent_lowat`.
+    pub notsent_lowat_bytes: u32,
     /// Most ranges in one multi-range request before it is served whole.
     pub max_ranges: usize,
     /// Time a client has to send a complete request head.
@@ -161,14 +189,20 @@ pub struct Config {
     /// Longest a shard waits to gather several completions per wake-up (0 = wake per
     /// completion); bounds the latency it adds.
     pub wait_batch_usec: u64,
-    /// Time in-flight responses get to finish after SIGTERM.
+    /// Time in-flight responses get to finish once the listeners are closed.
     pub drain_timeout_ms: u64,
+    /// After SIGTERM with no successor process on the address: how long the edge keeps
+    /// accepting (health already 503, every response `Connection: close`) so the balancer's
+    /// checks take it out of rotation before it refuses a connection.
+    pub drain_accept_ms: u64,
     /// Open files cached per shard.
     pub open_file_cache_entries: usize,
     /// How long a cached open file is trusted before it is checked again.
     pub open_file_valid_ms: u64,
     /// Symlink policy.
     pub symlinks: SymlinkPolicy,
+    /// ETag source: size + mtime, or a published content digest.
+    pub etag: EtagSource,
     /// Access log path; empty or absent means off.
     pub access_log: Option<PathBuf>,
     /// Access log line format.
@@ -177,10 +211,16 @@ pub struct Config {
     pub diag_endpoint: bool,
     /// Log format.
     pub log_format: LogFormat,
+    /// Log filter (`info`, `debug`, `shardline=debug,warn`: tracing's EnvFilter syntax); the
+    /// RUST_LOG environment variable overrides it at start-up; SIGHUP applies a new value.
+    pub log_level: String,
     /// Provided receive buffers per shard (power of two).
     pub recv_buffers: usize,
     /// Admin listener address (`/metrics`, `/healthz`); empty means off.
     pub admin: String,
+    /// Path on the serving listener that answers 200, or 503 once draining, without touching
+    /// a file: what a load balancer on another host checks. Empty means off.
+    pub health_path: String,
 }
 
 impl Default for Config {
@@ -202,21 +242,26 @@ impl Default for Config {
             direct_io_min_bytes: 8 * 1024 * 1024,
             zerocopy: ZeroCopy::Auto,
             zerocopy_min_bytes: 64 * 1024,
+            notsent_lowat_bytes: DEFAULT_NOTSENT_LOWAT_BYTES,
             max_ranges: 16,
             header_timeout_ms: 10_000,
             keepalive_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
             wait_batch_usec: 0,
             drain_timeout_ms: 10_000,
+            drain_accept_ms: 3_000,
             open_file_cache_entries: 1024,
             open_file_valid_ms: 1_000,
             symlinks: SymlinkPolicy::Beneath,
+            etag: EtagSource::Mtime,
             access_log: None,
             access_log_format: AccessLogFormat::Common,
             diag_endpoint: false,
             log_format: LogFormat::Text,
+            log_level: "info".into(),
             recv_buffers: 1024,
             admin: DEFAULT_ADMIN.into(),
+            health_path: DEFAULT_HEALTH_PATH.into(),
         }
     }
 }
@@ -367,17 +412,55 @@ impl Config {
                 return Err(err(key, "must be greater than 0"));
             }
         }
+        if self.notsent_lowat_bytes != 0 && self.notsent_lowat_bytes < MIN_NOTSENT_LOWAT_BYTES {
+            return Err(err(
+                "notsent_lowat_bytes",
+                format!(
+                    "must be 0 (the host's setting) or at least {MIN_NOTSENT_LOWAT_BYTES} \
+                     (smaller makes every send a round trip through the event loop)"
+                ),
+            ));
+        }
         if self.wait_batch_usec > MAX_WAIT_BATCH_USEC {
             return Err(err(
                 "wait_batch_usec",
                 format!("must be 0..={MAX_WAIT_BATCH_USEC} (it adds latency to every response)"),
             ));
         }
+        if self.drain_accept_ms > MAX_DRAIN_ACCEPT_MS {
+            return Err(err(
+                "drain_accept_ms",
+                format!("must be 0..={MAX_DRAIN_ACCEPT_MS}"),
+            ));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return Err(err(
+                "log_level",
+                format!(
+                    "{:?} is not a log filter (e.g. \"info\", \"shardline=debug\")",
+                    self.log_level
+                ),
+            ));
+        }
         if self.open_file_cache_entries == 0 || self.open_file_cache_entries > 65_536 {
             return Err(err("open_file_cache_entries", "must be 1..=65536"));
         }
-        if !self.recv_buffers.is_power_of_two() || !(16..=32_768).contains(&self.recv_buffers) {
-            return Err(err("recv_buffers", "must be a power of two in 16..=32768"));
+        if !self.recv_buffers.is_power_of_two()
+            || !(MIN_RECV_BUFFERS..=32_768).contains(&self.recv_buffers)
+        {
+            return Err(err(
+                "recv_buffers",
+                format!("must be a power of two in {MIN_RECV_BUFFERS}..=32768"),
+            ));
+        }
+        let health = self.health_path.as_bytes();
+        if !health.is_empty()
+            && (health[0] != b'/' || !health.iter().all(|&b| b.is_ascii_graphic() && b != b'?'))
+        {
+            return Err(err(
+                "health_path",
+                "must be empty (off) or an absolute path without a query, e.g. \"/__shardline/health\"",
+            ));
         }
         if let Some(admin) = self.admin_addr()? {
             if admin.ip() == self.listen.ip()
@@ -391,6 +474,101 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// Keys SIGHUP applies to the running server; every other key is fixed at start-up (it sized
+/// memory, bound a socket or planned the shards) and a changed value is refused by name.
+pub const RELOADABLE_KEYS: &[&str] = &[
+    "header_timeout_ms",
+    "keepalive_timeout_ms",
+    "send_timeout_ms",
+    "drain_timeout_ms",
+    "drain_accept_ms",
+    "tick_budget_bytes",
+    "shard_tick_budget_bytes",
+    "max_ranges",
+    "wait_batch_usec",
+    "open_file_valid_ms",
+    "access_log",
+    "access_log_format",
+    "log_level",
+    "diag_endpoint",
+    "health_path",
+];
+
+/// The outcome of a SIGHUP reload.
+#[derive(Debug)]
+pub struct Reload {
+    /// The configuration to run with from now on.
+    pub config: Config,
+    /// Keys the new file changed that cannot change at runtime (their running value stays).
+    pub refused: Vec<&'static str>,
+}
+
+impl Config {
+    /// Applies the reloadable keys of `new` to `self` (the running configuration) and lists
+    /// the fixed keys whose value in `new` differs from `started` (the configuration as loaded
+    /// at start-up, before start-up fitted the arena to RLIMIT_MEMLOCK). The result is
+    /// validated; an invalid one is an error and nothing changes.
+    pub fn reload(&self, started: &Config, new: &Config) -> Result<Reload, ConfigError> {
+        let mut refused = Vec::new();
+        macro_rules! fixed {
+            ($($key:ident),* $(,)?) => {
+                $(if new.$key != started.$key {
+                    refused.push(stringify!($key));
+                })*
+            };
+        }
+        fixed!(
+            root,
+            listen,
+            shards,
+            cpus,
+            nic,
+            smt,
+            steering,
+            max_connections_per_shard,
+            chunk_bytes,
+            pipeline_depth,
+            arena_bytes,
+            direct_io_min_bytes,
+            zerocopy,
+            zerocopy_min_bytes,
+            notsent_lowat_bytes,
+            open_file_cache_entries,
+            symlinks,
+            etag,
+            log_format,
+            recv_buffers,
+            admin,
+        );
+        let mut config = self.clone();
+        macro_rules! reloadable {
+            ($($key:ident),* $(,)?) => {
+                $(config.$key = new.$key.clone();)*
+                const _: () = assert!([$(stringify!($key)),*].len() == RELOADABLE_KEYS.len());
+            };
+        }
+        reloadable!(
+            header_timeout_ms,
+            keepalive_timeout_ms,
+            send_timeout_ms,
+            drain_timeout_ms,
+            drain_accept_ms,
+            tick_budget_bytes,
+            shard_tick_budget_bytes,
+            max_ranges,
+            wait_batch_usec,
+            open_file_valid_ms,
+            access_log,
+            access_log_format,
+            log_level,
+            diag_endpoint,
+            health_path,
+        );
+        config.validate()?;
+        Ok(Reload { config, refused })
     }
 }
 
@@ -495,6 +673,54 @@ mod tests {
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
         assert_eq!(c.admin, d.admin);
+    }
+
+    #[test]
+    fn reload_applies_runtime_keys_and_names_fixed_ones() {
+        let started = parse("").unwrap();
+        // Start-up shrank the arena to fit RLIMIT_MEMLOCK: not a change the file asked for.
+        let running = Config {
+            arena_bytes: started.arena_bytes / 2,
+            ..started.clone()
+        };
+        let new = parse(
+            "send_timeout_ms = 1234\nlog_level = \"debug\"\nchunk_bytes = 1048576\n\
+             listen = \"127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        let r = running.reload(&started, &new).unwrap();
+        assert_eq!(r.config.send_timeout_ms, 1234);
+        assert_eq!(r.config.log_level, "debug");
+        assert_eq!(r.config.chunk_bytes, running.chunk_bytes, "fixed key kept");
+        assert_eq!(r.config.listen, running.listen);
+        assert_eq!(r.config.arena_bytes, running.arena_bytes);
+        assert_eq!(r.refused, vec!["listen", "chunk_bytes"]);
+        // The same file again: nothing to refuse.
+        assert!(running
+            .reload(&started, &started)
+            .unwrap()
+            .refused
+            .is_empty());
+        // An invalid result changes nothing.
+        let bad = parse("header_timeout_ms = 0").unwrap();
+        assert_eq!(
+            running.reload(&started, &bad).unwrap_err().key,
+            "header_timeout_ms"
+        );
+    }
+
+    #[test]
+    fn health_path_is_checked() {
+        assert_eq!(parse("").unwrap().health_path, DEFAULT_HEALTH_PATH);
+        parse("health_path = \"\"").unwrap().validate().unwrap();
+        parse("health_path = \"/lb-check\"")
+            .unwrap()
+            .validate()
+            .unwrap();
+        for bad in ["lb", "/a b", "/a?x=1"] {
+            let c = parse(&format!("health_path = \"{bad}\"")).unwrap();
+            assert_eq!(c.validate().unwrap_err().key, "health_path", "{bad}");
+        }
     }
 
     #[test]

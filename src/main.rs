@@ -66,36 +66,17 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let mut cfg = match &args.config {
-        Some(path) => match Config::from_file(path) {
-            Ok(c) => c,
-            Err(e) => return config_error(&e.to_string()),
-        },
-        None => Config::default(),
+    let cfg = match load_config(&args) {
+        Ok(c) => c,
+        Err(e) => return config_error(&e.to_string()),
     };
-    if let Some(v) = args.root {
-        cfg.root = v;
-    }
-    if let Some(v) = args.listen {
-        cfg.listen = v;
-    }
-    if let Some(v) = args.shards {
-        cfg.shards = v;
-    }
-    if let Some(v) = args.cpus {
-        cfg.cpus = v;
-    }
-    if let Some(v) = args.access_log {
-        cfg.access_log = Some(v);
-    }
-    if let Some(v) = args.admin {
-        cfg.admin = v;
-    }
-    if args.log_json {
-        cfg.log_format = LogFormat::Json;
-    }
-    init_logging(cfg.log_format);
-    match shardline::server::serve(cfg) {
+    let set_log_level = init_logging(cfg.log_format, &cfg.log_level);
+    // SIGHUP loads the file again with the same flags on top, as start-up did.
+    let reloader = shardline::server::Reloader {
+        load: Box::new(move || load_config(&args)),
+        set_log_level,
+    };
+    match shardline::server::serve_with(cfg, reloader) {
         Ok(()) => ExitCode::SUCCESS,
         Err(shardline::server::ServeError::Config(e)) => config_error(&e.to_string()),
         Err(e) => {
@@ -105,21 +86,74 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// The config file (or the defaults) with the command-line flags applied.
+fn load_config(args: &ServeArgs) -> Result<Config, shardline::config::ConfigError> {
+    let mut cfg = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(v) = &args.root {
+        cfg.root = v.clone();
+    }
+    if let Some(v) = args.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = args.shards {
+        cfg.shards = v;
+    }
+    if let Some(v) = &args.cpus {
+        cfg.cpus = v.clone();
+    }
+    if let Some(v) = &args.access_log {
+        cfg.access_log = Some(v.clone());
+    }
+    if let Some(v) = &args.admin {
+        cfg.admin = v.clone();
+    }
+    if args.log_json {
+        cfg.log_format = LogFormat::Json;
+    }
+    Ok(cfg)
+}
+
 fn config_error(msg: &str) -> ExitCode {
     eprintln!("shardline: {msg}");
     ExitCode::from(2)
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Logging to stderr; RUST_LOG, when set, wins over `log_level` at start-up. Returns how to
+/// change the filter later.
+fn init_logging(format: LogFormat, log_level: &str) -> shardline::server::SetLogLevel {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(log_level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only for a terminal: log files and journald get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: log files and journald get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(ansi);
+    fn setter<S: 'static>(
+        handle: tracing_subscriber::reload::Handle<EnvFilter, S>,
+    ) -> shardline::server::SetLogLevel {
+        Box::new(move |level: &str| {
+            let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+            handle.reload(filter).map_err(|e| e.to_string())
+        })
+    }
     match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        LogFormat::Json => {
+            let b = builder.json().with_filter_reloading();
+            let handle = b.reload_handle();
+            b.init();
+            setter(handle)
+        }
+        LogFormat::Text => {
+            let b = builder.with_filter_reloading();
+            let handle = b.reload_handle();
+            b.init();
+            setter(handle)
+        }
     }
 }

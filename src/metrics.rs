@@ -3,11 +3,20 @@
 //!
 //! Rendering follows the Prometheus text exposition format 0.0.4: one `# HELP` and one
 //! `# TYPE` line per family, counters end in `_total`, durations are in seconds. Related
-//! counters share a family and differ by a label (`reason`, `class`, `source`), so a dashboard
-//! can `sum by (reason)` without knowing every field.
+//! counters share a family and differ by a label (`reason`, `source`, `method` and
+//! `status_class`), so a dashboard can `sum by (reason)` without knowing every field. Every
+//! series carries `shard="N"` and there is no all-shards series: summing is PromQL's job, and a
+//! pre-summed series would make every `sum()` count twice.
+//!
+//! Why not the `prometheus-client` crate: its counters are read-modify-write atomics and its
+//! histogram takes a mutex per observation, where each shard here is the single writer of plain
+//! atomics (load + store, no locked instruction on the data path); using it only as an encoder
+//! over our atomics would add a dependency for the ~100 lines of formatting below.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::http::request::Method;
 
 /// Prometheus metric type of a field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +61,10 @@ macro_rules! counters {
             /// Time to first byte: request head parsed -> first response byte handed to the
             /// kernel, in microseconds (`Histogram::observe`).
             pub ttfb: Histogram,
+            /// Time a response waited for an arena buffer (`observe_buffer_wait`).
+            pub buffer_wait: Histogram,
+            /// Requests answered, by method and status class (`count_request`).
+            pub requests: RequestCounters,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -89,14 +102,6 @@ counters! {
     closed_error: Counter "connections_closed_total" { reason = "error" },
     /// Connections aborted mid-response (file changed, I/O error, client reset).
     closed_abort: Counter "connections_closed_total" { reason = "abort" },
-    /// Responses with a 2xx status.
-    responses_2xx: Counter "responses_total" { class = "2xx" },
-    /// Responses with a 3xx status.
-    responses_3xx: Counter "responses_total" { class = "3xx" },
-    /// Responses with a 4xx status.
-    responses_4xx: Counter "responses_total" { class = "4xx" },
-    /// Responses with a 5xx status.
-    responses_5xx: Counter "responses_total" { class = "5xx" },
     /// Body bytes sent from O_DIRECT reads.
     bytes_direct: Counter "bytes_sent_total" { source = "direct" },
     /// Body bytes sent from RWF_DONTCACHE reads.
@@ -125,6 +130,16 @@ counters! {
     recv_no_buffers: Counter "recv_no_buffers_total",
     /// Completions whose token did not match a live operation (a bug if non-zero).
     stray_completions: Counter "stray_completions_total",
+    /// Chunk sends the socket took only part of (or none): the chunk parked behind a poll.
+    parked_sends: Counter "parked_sends_total",
+    /// Chunks given back by connections behind full sockets (their bytes are read again).
+    reclaimed_chunks: Counter "reclaimed_chunks_total",
+    /// io_uring_enter calls the kernel answered EBUSY (overflowed completions to reap first).
+    ring_busy: Counter "ring_busy_total",
+    /// Submissions that waited in the unqueued FIFO because the SQ was full.
+    ring_unqueued: Counter "ring_unqueued_total",
+    /// Completions the kernel had to hold back because the CQ was full.
+    ring_cq_overflow: Counter "ring_cq_overflow_total",
 }
 
 /// HELP text of families whose members differ by a label (the fields' own docs describe
@@ -132,7 +147,6 @@ counters! {
 fn family_help(family: &str) -> Option<&'static str> {
     Some(match family {
         "connections_closed_total" => "Connections closed, by reason.",
-        "responses_total" => "Responses sent, by status class.",
         "bytes_sent_total" => "Bytes sent, by source (direct, dontcache, buffered, memory).",
         _ => return None,
     })
@@ -152,20 +166,66 @@ impl ShardMetrics {
         counter.store(v, Ordering::Relaxed);
     }
 
-    /// Counts a response by status class.
-    pub fn count_status(&self, status: u16) {
-        let c = match status {
-            200..=299 => &self.responses_2xx,
-            300..=399 => &self.responses_3xx,
-            400..=499 => &self.responses_4xx,
-            _ => &self.responses_5xx,
+    /// Counts an answered request by method (`None`: the head was refused before its method
+    /// was known) and response status.
+    pub fn count_request(&self, method: Option<Method>, status: u16) {
+        let m = match method {
+            Some(Method::Get) => 0,
+            Some(Method::Head) => 1,
+            None => 2,
         };
-        Self::add(c, 1);
+        let class = match status {
+            100..=199 => 0,
+            200..=299 => 1,
+            300..=399 => 2,
+            400..=499 => 3,
+            _ => 4,
+        };
+        Self::add(&self.requests.counts[m][class], 1);
+    }
+
+    /// Records how long a response waited for an arena buffer.
+    pub fn observe_buffer_wait(&self, waited: std::time::Duration) {
+        self.buffer_wait
+            .observe(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
     }
 }
 
-/// Upper bounds (inclusive, microseconds) of the time-to-first-byte buckets: 100 us to 10 s in
-/// 1-2.5-5 steps. Anything slower lands in the implicit `+Inf` bucket.
+/// `method` label values of `shardline_requests_total`, in `RequestCounters` row order
+/// (`other`: a head refused before its method was known, such as a 400 or a 405).
+pub const REQUEST_METHODS: [&str; 3] = ["GET", "HEAD", "other"];
+/// `status_class` label values of `shardline_requests_total`, in column order.
+pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Requests answered, one counter per (method, status class).
+#[derive(Default, Debug)]
+pub struct RequestCounters {
+    counts: [[AtomicU64; STATUS_CLASSES.len()]; REQUEST_METHODS.len()],
+}
+
+impl RequestCounters {
+    /// Requests counted so far for `method` (a `REQUEST_METHODS` value) and class.
+    pub fn get(&self, method: &str, status_class: &str) -> u64 {
+        let m = REQUEST_METHODS.iter().position(|&x| x == method);
+        let c = STATUS_CLASSES.iter().position(|&x| x == status_class);
+        match (m, c) {
+            (Some(m), Some(c)) => self.counts[m][c].load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+
+    /// Every request counted so far.
+    pub fn total(&self) -> u64 {
+        self.counts
+            .iter()
+            .flatten()
+            .fold(0u64, |a, c| a.wrapping_add(c.load(Ordering::Relaxed)))
+    }
+}
+
+/// Upper bounds (inclusive, microseconds) of the latency histograms' buckets (time to first
+/// byte, buffer waits): 100 us to 10 s in 1-2.5-5 steps. Anything slower lands in the implicit
+/// `+Inf` bucket.
 pub const TTFB_BUCKETS_US: [u64; 16] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000, 2_500_000, 5_000_000, 10_000_000,
@@ -198,13 +258,6 @@ impl HistogramSnapshot {
     /// Number of observations.
     pub fn count(&self) -> u64 {
         self.cumulative[BUCKETS]
-    }
-
-    fn merge(&mut self, other: &HistogramSnapshot) {
-        for (a, b) in self.cumulative.iter_mut().zip(&other.cumulative) {
-            *a = a.wrapping_add(*b);
-        }
-        self.sum_us = self.sum_us.wrapping_add(other.sum_us);
     }
 }
 
@@ -253,8 +306,11 @@ pub fn write_family_header(out: &mut String, name: &str, kind: &str, help: &str)
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// Renders all shards' counters in Prometheus text format, per shard (`shard="0"`...) and in
-/// total (`shard="all"`), followed by the time-to-first-byte histogram.
+/// Selects one of a shard's histograms.
+type PickHistogram = fn(&ShardMetrics) -> &Histogram;
+
+/// Renders all shards' counters in Prometheus text format, one series per shard
+/// (`shard="0"`...), then the request counts and the latency histograms.
 pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     let mut out = String::new();
     if shards.is_empty() {
@@ -277,31 +333,53 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
                 .label
                 .map(|(k, v)| format!("{k}=\"{v}\","))
                 .unwrap_or_default();
-            let mut total = 0u64;
             for (shard, snap) in snaps.iter().enumerate() {
                 let v = snap[j].1;
-                total = total.wrapping_add(v);
                 let _ = writeln!(out, "{name}{{{extra}shard=\"{shard}\"}} {v}");
             }
-            let _ = writeln!(out, "{name}{{{extra}shard=\"all\"}} {total}");
         }
         i = end;
     }
 
-    let name = "shardline_ttfb_seconds";
+    let name = "shardline_requests_total";
     write_family_header(
         &mut out,
         name,
-        "histogram",
-        "Time from a parsed request head to its first response byte, in seconds.",
+        "counter",
+        "Requests answered, by method (GET, HEAD, other: refused before the method was known) \
+         and status class.",
     );
-    let mut all = HistogramSnapshot::default();
-    for (shard, m) in shards.iter().enumerate() {
-        let s = m.ttfb.snapshot();
-        write_histogram(&mut out, name, &shard.to_string(), &s);
-        all.merge(&s);
+    for method in REQUEST_METHODS {
+        for class in STATUS_CLASSES {
+            for (shard, m) in shards.iter().enumerate() {
+                let v = m.requests.get(method, class);
+                let _ = writeln!(
+                    out,
+                    "{name}{{method=\"{method}\",status_class=\"{class}\",shard=\"{shard}\"}} {v}"
+                );
+            }
+        }
     }
-    write_histogram(&mut out, name, "all", &all);
+
+    let histograms: [(&str, &str, PickHistogram); 2] = [
+        (
+            "shardline_ttfb_seconds",
+            "Time from a parsed request head to its first response byte, in seconds.",
+            |m| &m.ttfb,
+        ),
+        (
+            "shardline_buffer_wait_seconds",
+            "Time a response waited for a registered arena buffer, in seconds (one observation \
+             per wait; a stalled download shows here first).",
+            |m| &m.buffer_wait,
+        ),
+    ];
+    for (name, help, pick) in histograms {
+        write_family_header(&mut out, name, "histogram", help);
+        for (shard, m) in shards.iter().enumerate() {
+            write_histogram(&mut out, name, &shard.to_string(), &pick(m).snapshot());
+        }
+    }
     out
 }
 
@@ -480,26 +558,55 @@ mod tests {
     }
 
     #[test]
-    fn renders_per_shard_and_total() {
+    fn renders_per_shard_without_an_all_series() {
         let a = Arc::new(ShardMetrics::default());
         let b = Arc::new(ShardMetrics::default());
         ShardMetrics::add(&a.accepted, 2);
         ShardMetrics::add(&b.accepted, 3);
         ShardMetrics::set(&b.open, 7);
         ShardMetrics::add(&a.bytes_direct, 1 << 20);
-        a.count_status(404);
-        let text = render_prometheus(&[a, b]);
+        a.count_request(Some(Method::Get), 404);
+        a.count_request(Some(Method::Get), 206);
+        a.count_request(Some(Method::Head), 200);
+        b.count_request(None, 400);
+        b.count_request(Some(Method::Get), 503);
+        let text = render_prometheus(&[a.clone(), b]);
         assert!(text.contains("shardline_connections_accepted_total{shard=\"0\"} 2\n"));
-        assert!(text.contains("shardline_connections_accepted_total{shard=\"all\"} 5\n"));
-        assert!(text.contains("shardline_responses_total{class=\"4xx\",shard=\"all\"} 1\n"));
+        assert!(text.contains("shardline_connections_accepted_total{shard=\"1\"} 3\n"));
+        assert!(!text.contains("\"all\""), "{text}");
+        assert!(!text.contains("responses_total"), "{text}");
+        assert!(text.contains(
+            "shardline_requests_total{method=\"GET\",status_class=\"4xx\",shard=\"0\"} 1\n"
+        ));
         assert!(text.contains("# TYPE shardline_connections_open gauge\n"));
-        assert!(text.contains("# TYPE shardline_responses_total counter\n"));
+        assert!(text.contains("# TYPE shardline_requests_total counter\n"));
         assert!(text.contains("# TYPE shardline_ttfb_seconds histogram\n"));
+        assert!(text.contains("# TYPE shardline_buffer_wait_seconds histogram\n"));
         let s = parse_exposition(&text).unwrap();
         assert_eq!(
-            value(&s, "shardline_connections_open", &[("shard", "all")]),
+            value(&s, "shardline_connections_open", &[("shard", "1")]),
             Some(7.0)
         );
+        let req = |m: &str, c: &str, shard: &str| {
+            value(
+                &s,
+                "shardline_requests_total",
+                &[("method", m), ("status_class", c), ("shard", shard)],
+            )
+        };
+        assert_eq!(req("GET", "2xx", "0"), Some(1.0));
+        assert_eq!(req("HEAD", "2xx", "0"), Some(1.0));
+        assert_eq!(req("other", "4xx", "1"), Some(1.0));
+        assert_eq!(req("GET", "5xx", "1"), Some(1.0));
+        assert_eq!(req("GET", "3xx", "1"), Some(0.0));
+        assert_eq!(a.requests.total(), 3);
+        // A sum over the family is the number of requests, counted once.
+        let all: f64 = s
+            .iter()
+            .filter(|x| x.name == "shardline_requests_total")
+            .map(|x| x.value)
+            .sum();
+        assert_eq!(all, 5.0);
         assert_eq!(
             value(
                 &s,
@@ -539,13 +646,25 @@ mod tests {
         assert_eq!(dedup.len(), families.len(), "a family is declared twice");
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(helps, families.len());
-        // Each field appears once per shard plus once for "all".
+        // Each field appears once per shard, and nothing else carries its name.
+        let histogram_or_requests = |n: &str| {
+            n.starts_with("shardline_ttfb")
+                || n.starts_with("shardline_buffer_wait")
+                || n == "shardline_requests_total"
+        };
         assert_eq!(
             samples
                 .iter()
-                .filter(|s| !s.name.starts_with("shardline_ttfb"))
+                .filter(|s| !histogram_or_requests(&s.name))
                 .count(),
-            FIELDS.len() * 4
+            FIELDS.len() * 3
+        );
+        assert_eq!(
+            samples
+                .iter()
+                .filter(|s| s.name == "shardline_requests_total")
+                .count(),
+            REQUEST_METHODS.len() * STATUS_CLASSES.len() * 3
         );
         // Counters carry _total; gauges do not.
         for f in FIELDS {
@@ -592,9 +711,10 @@ mod tests {
             shards[0].ttfb.observe(us);
         }
         shards[1].ttfb.observe(123);
+        shards[1].observe_buffer_wait(std::time::Duration::from_millis(30));
         assert_eq!(shards[0].ttfb.count(), observations.len() as u64);
         let samples = parse_exposition(&render_prometheus(&shards)).unwrap();
-        for shard in ["0", "1", "all"] {
+        for shard in ["0", "1"] {
             let buckets: Vec<_> = samples
                 .iter()
                 .filter(|s| s.name == "shardline_ttfb_seconds_bucket")
@@ -635,10 +755,27 @@ mod tests {
         assert_eq!(le("0", "0.01"), 7.0);
         assert_eq!(le("0", "10"), 9.0);
         assert_eq!(le("0", "+Inf"), 10.0);
-        assert_eq!(le("all", "0.00025"), 7.0);
-        let sum: u64 = observations.iter().sum::<u64>() + 123;
-        let got = value(&samples, "shardline_ttfb_seconds_sum", &[("shard", "all")]).unwrap();
+        assert_eq!(le("1", "0.00025"), 1.0);
+        let sum: u64 = observations.iter().sum::<u64>();
+        let got = value(&samples, "shardline_ttfb_seconds_sum", &[("shard", "0")]).unwrap();
         assert!((got - sum as f64 / 1e6).abs() < 1e-9, "{got}");
+        // The buffer-wait histogram is its own family: 30 ms lands in the 50 ms bucket.
+        let wait = |shard: &str, le: &str| {
+            value(
+                &samples,
+                "shardline_buffer_wait_seconds_bucket",
+                &[("shard", shard), ("le", le)],
+            )
+            .unwrap()
+        };
+        assert_eq!((wait("1", "0.025"), wait("1", "0.05")), (0.0, 1.0));
+        assert_eq!(wait("0", "+Inf"), 0.0);
+        let wait_sum = value(
+            &samples,
+            "shardline_buffer_wait_seconds_sum",
+            &[("shard", "1")],
+        );
+        assert_eq!(wait_sum, Some(0.03));
     }
 
     #[test]

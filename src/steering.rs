@@ -11,13 +11,29 @@
 //! (When a socket in the group closes, the kernel moves the last socket into its slot: restart
 //! the whole group rather than one shard.) An index past the group's size makes the kernel
 //! fall back to its hash, so a bad program degrades to plain SO_REUSEPORT, never to a drop.
+//!
+//! Restart handover (two processes in one group). The group is ordered: the running process's
+//! n sockets hold indices 0..n (in some order), a successor that binds the same address
+//! appends its m sockets at n..n+m in its listen order; when a socket closes, the last one
+//! takes its index. So:
+//! - a process that finds another process's listeners in its group at start-up does not attach
+//!   its table (indices 0..n are not its sockets); the running program keeps steering to the
+//!   old process, which is still serving;
+//! - the old process, at SIGTERM, attaches `handover_program`: the same table shifted by n,
+//!   so new connections go to the successor's socket for their CPU and none to the old
+//!   sockets, which are then closed without a backlog to lose;
+//! - once the old sockets are gone, every index the shifted table returns is past the group's
+//!   end: the kernel falls back to its hash, which honours SO_INCOMING_CPU (Linux 6.2+, set on
+//!   every listener by `server`): still the socket of the receiving CPU, whatever order the
+//!   closes left the group in. The next handover shifts by the group's size again.
 
 use libc::sock_filter;
 
 /// Instructions the program spends per shard (a compare and a return).
 const INSNS_PER_SHARD: usize = 2;
-/// Instructions outside the per-shard table (the CPU load, the modulo, the final return).
-const INSNS_FIXED: usize = 3;
+/// Instructions outside the per-shard table (the CPU load, the modulo, the handover offset,
+/// the final return).
+const INSNS_FIXED: usize = 4;
 /// Classic BPF's instruction limit (`BPF_MAXINSNS`).
 const INSNS_MAX: usize = 4096;
 /// Shards the lookup table can hold within `BPF_MAXINSNS`; CPUs of later shards take the
@@ -35,6 +51,8 @@ pub const OP_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
 pub const OP_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
 /// `BPF_RET | BPF_A`: return the accumulator.
 pub const OP_RET_A: u16 = (libc::BPF_RET | libc::BPF_A) as u16;
+/// `BPF_ALU | BPF_ADD | BPF_K`: A += constant.
+pub const OP_ADD_K: u16 = (libc::BPF_ALU | libc::BPF_ADD | libc::BPF_K) as u16;
 /// `BPF_ALU | BPF_MOD | BPF_K`: A %= constant.
 pub const OP_MOD_K: u16 = (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16;
 /// Offset of the "current CPU" ancillary word (`SKF_AD_OFF + SKF_AD_CPU`), as the unsigned
@@ -52,8 +70,26 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
 /// jumps at most one instruction, so the 8-bit jump offsets never overflow whatever `n` is.
 /// A CPU listed twice goes to its first shard.
 pub fn reuseport_cbpf_program(shard_cpus: &[usize]) -> Vec<sock_filter> {
+    shifted_program(shard_cpus, 0)
+}
+
+/// The program an old process attaches at SIGTERM when `successor` sockets of a new process
+/// follow its own `own` sockets in the group: CPU -> the successor's shard on that CPU (index
+/// `own + shard`), assuming the successor runs the same plan as `own_cpus` when it has as many
+/// shards (a restart), else shard `cpu % successor`. No index below `own` is ever returned.
+pub fn handover_program(own: usize, successor: usize, own_cpus: &[usize]) -> Vec<sock_filter> {
+    let cpus: Vec<usize> = if successor == own_cpus.len() {
+        own_cpus.to_vec()
+    } else {
+        (0..successor).collect()
+    };
+    shifted_program(&cpus, u32::try_from(own).unwrap_or(u32::MAX))
+}
+
+/// The table program with `offset` added to every index it returns.
+fn shifted_program(shard_cpus: &[usize], offset: u32) -> Vec<sock_filter> {
     if shard_cpus.is_empty() {
-        return vec![insn(OP_RET_K, 0, 0, 0)];
+        return vec![insn(OP_RET_K, 0, 0, offset)];
     }
     let table = &shard_cpus[..shard_cpus.len().min(STEERING_SHARDS_MAX)];
     let mut program = Vec::with_capacity(INSNS_FIXED + table.len() * INSNS_PER_SHARD);
@@ -66,10 +102,13 @@ pub fn reuseport_cbpf_program(shard_cpus: &[usize]) -> Vec<sock_filter> {
         // `shard` < STEERING_SHARDS_MAX, far below u32::MAX.
         let index = u32::try_from(shard).unwrap_or(u32::MAX);
         program.push(insn(OP_JEQ_K, 0, 1, cpu));
-        program.push(insn(OP_RET_K, 0, 0, index));
+        program.push(insn(OP_RET_K, 0, 0, index.saturating_add(offset)));
     }
     let modulus = u32::try_from(shard_cpus.len()).unwrap_or(u32::MAX);
     program.push(insn(OP_MOD_K, 0, 0, modulus));
+    if offset > 0 {
+        program.push(insn(OP_ADD_K, 0, 0, offset));
+    }
     program.push(insn(OP_RET_A, 0, 0, 0));
     program
 }
@@ -97,6 +136,7 @@ mod tests {
                 }
                 OP_MOD_K if insn.k == 0 => return Err("modulo by zero".to_string()),
                 OP_MOD_K => acc %= insn.k,
+                OP_ADD_K => acc = acc.wrapping_add(insn.k),
                 OP_RET_K => return Ok(insn.k),
                 OP_RET_A => return Ok(acc),
                 code => return Err(format!("unsupported opcode {code:#x}")),
@@ -186,6 +226,24 @@ mod tests {
         // Past the table the fallback takes over: still a valid index, if not the exact shard.
         assert_eq!(run(&program, 3001), Ok(3001));
         assert!(run(&program, 4999).unwrap() < 5000);
+    }
+
+    #[test]
+    fn handover_program_steers_to_the_successor_only() {
+        // Old process: shards on CPUs 4-7 at indices 0..4; the successor appended at 4..8.
+        let cpus = [4, 5, 6, 7];
+        let program = handover_program(4, 4, &cpus);
+        for cpu in 0..64u32 {
+            let want = 4 + expected(&cpus, cpu as usize);
+            assert_eq!(run(&program, cpu), Ok(want), "cpu {cpu}");
+        }
+        // A successor with another shard count: still only its indices.
+        let program = handover_program(4, 2, &cpus);
+        for cpu in 0..64u32 {
+            let i = run(&program, cpu).unwrap();
+            assert!((4..6).contains(&i), "cpu {cpu} -> {i}");
+        }
+        assert_eq!(run(&handover_program(3, 0, &[1, 2, 3]), 1), Ok(3));
     }
 
     proptest! {

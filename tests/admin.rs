@@ -9,7 +9,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{disk_tempdir, get, pattern, read_response, start_with_admin, Response, IO_TIMEOUT};
+use common::{
+    disk_tempdir, get, pattern, raw_request, read_response, start_with_admin, Response, IO_TIMEOUT,
+};
 use shardline::metrics::{parse_exposition, Sample};
 
 /// One request to the admin listener on a fresh connection.
@@ -63,14 +65,13 @@ fn metrics_parse_back_and_counters_move() {
     std::fs::write(dir.path().join("pkg.bin"), pattern(len)).unwrap();
     let (server, admin) = start_with_admin(dir.path(), &[]);
 
-    let all = [("shard", "all")];
+    // Totals are sums over the per-shard series (there is no shard="all" series).
+    let all: [(&str, &str); 0] = [];
+    let get_2xx = [("method", "GET"), ("status_class", "2xx")];
+    let get_4xx = [("method", "GET"), ("status_class", "4xx")];
     let before = scrape(admin);
     let accepted0 = total(&before, "shardline_connections_accepted_total", &all);
-    let ok0 = total(
-        &before,
-        "shardline_responses_total",
-        &[("class", "2xx"), all[0]],
-    );
+    let ok0 = total(&before, "shardline_requests_total", &get_2xx);
     let bytes0 = total(&before, "shardline_bytes_sent_total", &all);
 
     for _ in 0..3 {
@@ -80,14 +81,22 @@ fn metrics_parse_back_and_counters_move() {
     }
     let r = get(&server, "/missing", &[]);
     assert_eq!(r.status, 404);
+    let head = b"HEAD /pkg.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_request(&server, head).unwrap().status, 200);
+    // Refused before its method counted: labelled "other".
+    assert_eq!(
+        raw_request(&server, b"GET / HTTP/1.1\n\n").unwrap().status,
+        400
+    );
 
     // The shard publishes its counters as it completes work: poll briefly.
     let deadline = Instant::now() + Duration::from_secs(10);
     let after = loop {
         let s = scrape(admin);
         let moved = total(&s, "shardline_connections_accepted_total", &all) >= accepted0 + 4.0
-            && total(&s, "shardline_responses_total", &[("class", "2xx"), all[0]]) >= ok0 + 3.0
-            && total(&s, "shardline_responses_total", &[("class", "4xx"), all[0]]) >= 1.0
+            && total(&s, "shardline_requests_total", &get_2xx) >= ok0 + 3.0
+            && total(&s, "shardline_requests_total", &get_4xx) >= 1.0
+            && total(&s, "shardline_requests_total", &[("method", "other")]) >= 1.0
             && total(&s, "shardline_bytes_sent_total", &all) >= bytes0 + 3.0 * len as f64;
         if moved {
             break s;
@@ -96,24 +105,29 @@ fn metrics_parse_back_and_counters_move() {
         std::thread::sleep(Duration::from_millis(50));
     };
 
-    // One shard: its own series equal the totals.
-    for name in [
-        "shardline_connections_accepted_total",
-        "shardline_responses_total",
-        "shardline_bytes_sent_total",
-        "shardline_ring_cqes_total",
-    ] {
-        let shard0 = total(&after, name, &[("shard", "0")]);
-        let every = total(&after, name, &all);
-        assert_eq!(shard0, every, "{name}");
+    // Every sample of a shard family names its shard by number; nothing is pre-summed, so a
+    // PromQL sum() counts each event once. The old per-status family is gone.
+    for s in after
+        .iter()
+        .filter(|s| !s.name.starts_with("shardline_host_"))
+    {
+        let shard = s
+            .label("shard")
+            .unwrap_or_else(|| panic!("no shard label: {s:?}"));
+        assert!(shard.parse::<usize>().is_ok(), "{s:?}");
     }
+    assert!(!after.iter().any(|s| s.name == "shardline_responses_total"));
+    let head_2xx = [("method", "HEAD"), ("status_class", "2xx")];
+    assert_eq!(total(&after, "shardline_requests_total", &head_2xx), 1.0);
+    let other_4xx = [("method", "other"), ("status_class", "4xx")];
+    assert_eq!(total(&after, "shardline_requests_total", &other_4xx), 1.0);
     assert!(total(&after, "shardline_ring_sqes_total", &all) > 0.0);
     assert!(total(&after, "shardline_file_cache_misses_total", &all) > 0.0);
 
     // The histogram is well-formed whether or not the shards observe into it yet.
     let buckets: Vec<&Sample> = after
         .iter()
-        .filter(|s| s.name == "shardline_ttfb_seconds_bucket" && s.label("shard") == Some("all"))
+        .filter(|s| s.name == "shardline_ttfb_seconds_bucket" && s.label("shard") == Some("0"))
         .collect();
     assert!(buckets.len() > 10);
     assert!(buckets.windows(2).all(|w| w[0].value <= w[1].value));
@@ -121,6 +135,14 @@ fn metrics_parse_back_and_counters_move() {
     assert_eq!(
         buckets.last().unwrap().value,
         total(&after, "shardline_ttfb_seconds_count", &all)
+    );
+
+    assert!(total(&after, "shardline_ttfb_seconds_count", &all) >= 4.0);
+    assert!(
+        after
+            .iter()
+            .any(|s| s.name == "shardline_buffer_wait_seconds_bucket"
+                && s.label("le") == Some("+Inf"))
     );
 
     // Host reclaim counters and page-cache size come from this host's /proc.
@@ -219,14 +241,120 @@ fn other_paths_are_404_and_other_methods_405() {
     for path in ["/", "/metrics/", "/health", "/healthz/x", "/big.bin"] {
         assert_eq!(admin_request(admin, "GET", path).status, 404, "{path}");
     }
-    for method in ["POST", "PUT", "DELETE", "HEAD"] {
+    for method in ["POST", "PUT", "DELETE"] {
         let r = admin_request(admin, method, "/metrics");
         assert_eq!(r.status, 405, "{method}");
-        assert_eq!(r.header("allow"), Some("GET"));
+        assert_eq!(r.header("allow"), Some("GET, HEAD"));
     }
+    let r = admin_request(admin, "HEAD", "/healthz");
+    assert_eq!((r.status, r.header("content-length")), (200, Some("3")));
     assert_eq!(healthz(admin).0, 200);
     // The data listener does not serve the admin routes.
     assert_eq!(get(&server, "/healthz", &[]).status, 404);
+}
+
+#[test]
+fn buffer_waits_show_in_their_histogram() {
+    // The smallest arena (8 chunks of 64 KiB, 4 held back for small responses) and several
+    // concurrent downloads that each want 2 chunks ahead: some must wait for a buffer.
+    let dir = disk_tempdir();
+    let len = 4 << 20;
+    std::fs::write(dir.path().join("big.bin"), pattern(len)).unwrap();
+    let config = dir.path().join("small-arena.toml");
+    std::fs::write(
+        &config,
+        "chunk_bytes = 65536\narena_bytes = 524288\ntick_budget_bytes = 65536\n\
+         shard_tick_budget_bytes = 65536\n",
+    )
+    .unwrap();
+    let (server, admin) = start_with_admin(dir.path(), &["--config", config.to_str().unwrap()]);
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+                s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let r = read_response(&mut BufReader::new(s), false).unwrap();
+                (r.status, r.body)
+            })
+        })
+        .collect();
+    let want = pattern(len);
+    for c in clients {
+        let (status, body) = c.join().unwrap();
+        assert_eq!(status, 200);
+        assert!(body == want, "body differs");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = scrape(admin);
+        let waits = total(&s, "shardline_arena_waits_total", &[]);
+        let observed = total(&s, "shardline_buffer_wait_seconds_count", &[]);
+        let inf = total(
+            &s,
+            "shardline_buffer_wait_seconds_bucket",
+            &[("le", "+Inf")],
+        );
+        // Every wait that began has ended (the downloads are done), so each was observed once.
+        if waits > 0.0 && observed == waits {
+            assert_eq!(inf, observed);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "arena waits {waits}, buffer-wait observations {observed}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `request` on a fresh admin connection and reads the whole reply (the listener closes).
+fn raw_admin(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect to admin");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).expect("admin reply");
+    out
+}
+
+#[test]
+fn answers_while_hundreds_of_connections_stall() {
+    let dir = disk_tempdir();
+    let (_server, admin) = start_with_admin(dir.path(), &[]);
+    // Idle connections that never send, and heads that stop half-way.
+    let idle: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(admin).expect("idle connect"))
+        .collect();
+    let half: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(admin).expect("half-open connect");
+            s.write_all(b"GET /metr").unwrap();
+            s
+        })
+        .collect();
+    // IO_TIMEOUT is only a guard against a hang: the point is that these are answered at all
+    // while the stalled connections are open (one-at-a-time serving made them wait ~2 s each).
+    assert_eq!(healthz(admin), (200, "ok".into()));
+    assert!(!scrape(admin).is_empty());
+    assert_eq!(healthz(admin).0, 200);
+    // A bare LF is no line end for the admin either (the data path's parser decides).
+    let reply = raw_admin(admin, b"GET /healthz HTTP/1.0\n\n");
+    assert!(
+        reply.starts_with(b"HTTP/1.1 400 "),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    let reply = raw_admin(admin, b"\n\n");
+    assert!(
+        reply.starts_with(b"HTTP/1.1 400 "),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+    drop((idle, half));
+    assert_eq!(healthz(admin).0, 200);
 }
 
 /// Runs `shardline serve` expecting it to fail at start-up; returns (exit code, stderr).

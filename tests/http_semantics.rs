@@ -5,6 +5,7 @@ mod common;
 use common::*;
 
 use std::io::{BufReader, Write};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -30,12 +31,19 @@ fn start() -> Server {
     start_inner(false)
 }
 
-/// `start` plus a 12 MiB file (read with O_DIRECT).
-fn start_with_large() -> Server {
-    start_inner(true)
+/// `start` plus a 12 MiB file (read with O_DIRECT), with the admin listener to check that.
+fn start_with_large() -> (Server, SocketAddr) {
+    let (dir, root) = fill_root(true);
+    start_with_admin_owning(dir, &root, &[])
 }
 
 fn start_inner(large: bool) -> Server {
+    let (dir, root) = fill_root(large);
+    Server::start_owning(dir, &root, &[])
+}
+
+/// A temp dir holding the test root (see `start`), with `large.bin` when `large`.
+fn fill_root(large: bool) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = disk_tempdir();
     let root = dir.path().to_path_buf();
     write(&root, "a.txt", A_TXT);
@@ -59,7 +67,7 @@ fn start_inner(large: bool) -> Server {
     if large {
         write_pattern_file(&root.join("large.bin"), 12 << 20);
     }
-    Server::start_owning(dir, &root, &[])
+    (dir, root)
 }
 
 fn is_imf_fixdate(v: &str) -> bool {
@@ -158,7 +166,7 @@ fn etag_is_strong_stable_and_distinct() {
 
 #[test]
 fn head_has_get_headers_and_no_body() {
-    let server = start_with_large();
+    let (server, admin) = start_with_large();
     for path in ["/a.txt", "/large.bin", "/", "/dir/"] {
         let (mut s, mut r) = connect_pair(&server);
         let head = exchange(&mut s, &mut r, &req("HEAD", path)).unwrap();
@@ -178,6 +186,7 @@ fn head_has_get_headers_and_no_body() {
     }
     let big = get(&server, "/large.bin", &[]);
     assert!(big.body == pattern(12 << 20), "large body differs");
+    assert_direct_bytes_sent(admin, 0, "large.bin");
 }
 
 #[test]

@@ -68,7 +68,12 @@ fn sigterm_lets_an_in_flight_download_finish_and_exits_0() {
     let root = root_with_pattern_file("drain.bin", DL_LEN);
     let cfg_dir = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("small.txt"), b"small\n").unwrap();
-    let cfg = write_config(cfg_dir.path(), "drain_timeout_ms = 60000\n");
+    // No lame-duck window (drain_accept_ms, tested in fleet_lifecycle.rs): the listener closes
+    // at once, which is what this test checks.
+    let cfg = write_config(
+        cfg_dir.path(),
+        "drain_timeout_ms = 60000\ndrain_accept_ms = 0\n",
+    );
     let mut server = Server::start(root.path(), &["--config", &cfg]);
 
     let received = Arc::new(AtomicU64::new(0));
@@ -573,7 +578,7 @@ fn a_file_truncated_during_a_response_aborts_it_without_padding() {
         let path = root.join("pkg.bin");
         write_pattern_file(&path, LEN);
         let cfg = write_config(dir.path(), cfg_text);
-        let server = Server::start(&root, &["--config", &cfg]);
+        let (server, admin) = start_with_admin(&root, &["--config", &cfg]);
         let (clen, body) = download_with_event(&server, "/pkg.bin", 1 << 20, || {
             std::fs::File::options()
                 .write(true)
@@ -592,6 +597,12 @@ fn a_file_truncated_during_a_response_aborts_it_without_padding() {
             .zip(pattern_range(0, body.len()))
             .position(|(a, b)| *a != b);
         assert_eq!(i, None, "{mode}: wrong byte (zeros?) sent after truncation");
+        // Each mode took the read path it names.
+        if mode == "direct" {
+            assert_direct_bytes_sent(admin, 0, mode);
+        } else {
+            assert_eq!(direct_bytes_sent(admin), 0, "{mode}: O_DIRECT was used");
+        }
         // The server is fine.
         assert_eq!(
             get(&server, "/pkg.bin", &[("Range", "bytes=0-9")]).status,

@@ -750,10 +750,7 @@ fn check_downloads(server: &Server, len: u64, what: &str) {
 fn page_cache_only_file_systems_serve_byte_exact() {
     // tmpfs has no block device: large files fall back from O_DIRECT to RWF_DONTCACHE or
     // plain buffered reads.
-    let Ok(dir) = tempfile::Builder::new()
-        .prefix("shardline-tmpfs")
-        .tempdir_in("/dev/shm")
-    else {
+    let Some(dir) = tmpfs_tempdir() else {
         return;
     };
     let len = (12 << 20) + 5;

@@ -13,6 +13,8 @@
 //! A second test installs a deliberately rotated mapping, so a pass cannot be the kernel's
 //! default hash agreeing with us by luck.
 
+mod common;
+use common::two_or_more_cpus;
 use shardline::shard::ring_sys::{attach_reuseport_cbpf, incoming_cpu};
 use shardline::steering::reuseport_cbpf_program;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -25,16 +27,6 @@ use std::time::{Duration, Instant};
 const CONNECTIONS_PER_CPU: usize = 8;
 /// How long to wait for the accepted connection to show up in some listener's queue.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn allowed_cpus() -> Vec<usize> {
-    let mut cpus: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|core| core.id)
-        .collect();
-    cpus.sort_unstable();
-    cpus
-}
 
 /// Binds `count` SO_REUSEPORT listeners on one ephemeral 127.0.0.1 port, in order (the order
 /// of `listen()` is the socket index the BPF program returns).
@@ -118,21 +110,17 @@ fn check_steering(cpus: &[usize], shard_cpus: &[usize]) {
 
 #[test]
 fn client_on_cpu_k_is_accepted_by_listener_k() {
-    let cpus = allowed_cpus();
-    if cpus.len() < 2 {
-        eprintln!("skipped: steering needs at least 2 allowed CPUs, have {cpus:?}");
+    let Some(cpus) = two_or_more_cpus() else {
         return;
-    }
+    };
     check_steering(&cpus, &cpus);
 }
 
 #[test]
 fn rotated_plan_is_obeyed() {
-    let cpus = allowed_cpus();
-    if cpus.len() < 2 {
-        eprintln!("skipped: steering needs at least 2 allowed CPUs, have {cpus:?}");
+    let Some(cpus) = two_or_more_cpus() else {
         return;
-    }
+    };
     // Shard i runs on cpus[i + 1]: a connection from cpus[0] must go to the last listener.
     let mut rotated = cpus.clone();
     rotated.rotate_left(1);

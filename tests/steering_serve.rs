@@ -38,15 +38,9 @@ fn count(v: &[(String, f64)], shard: &str) -> f64 {
 
 #[test]
 fn client_on_cpu_k_is_served_by_shard_on_cpu_k() {
-    let cpus: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
-    if cpus.len() < 2 {
-        eprintln!("skipped: steering needs at least 2 allowed CPUs, have {cpus:?}");
+    let Some(cpus) = two_or_more_cpus() else {
         return;
-    }
+    };
     let pair = format!("{},{}", cpus[0], cpus[1]);
     let dir = disk_tempdir();
     std::fs::write(dir.path().join("f.txt"), b"steer").unwrap();

@@ -407,7 +407,13 @@ mod tests {
     fn tmpfs_warns_that_o_direct_stays_in_ram() {
         let shm = Path::new("/dev/shm");
         if filesystem(shm).1 != "tmpfs" {
-            eprintln!("skipped: /dev/shm is not tmpfs here");
+            // Same skip variable as the integration tests (tests/README.md).
+            let skip = std::env::var("SHARDLINE_SKIP_TMPFS").is_ok_and(|v| v == "1");
+            assert!(
+                skip,
+                "/dev/shm is not tmpfs here; set SHARDLINE_SKIP_TMPFS=1 to skip"
+            );
+            eprintln!("skipped (SHARDLINE_SKIP_TMPFS=1): /dev/shm is not tmpfs here");
             return;
         }
         let dir = tempfile::tempdir_in(shm).unwrap();

@@ -4,8 +4,9 @@
 
 use crate::http::date::parse_http_date;
 
-/// Size of the buffer `format_etag` writes into; the longest ETag it produces fits exactly.
-pub const ETAG_MAX_BYTES: usize = 48;
+/// Size of an ETag buffer: fits `format_etag`'s tag (35 bytes at most) and the content-digest
+/// tag `"sha256-<64 hex digits>"` (73 bytes) built from a published xattr.
+pub const ETAG_MAX_BYTES: usize = 80;
 
 /// Longest If-Match / If-None-Match value we evaluate. A longer If-None-Match is treated as
 /// not matching (200), a longer If-Match as not matching either (412): in both cases the answer
@@ -199,10 +200,6 @@ fn push_hex(v: u64, max_digits: usize, out: &mut [u8; ETAG_MAX_BYTES], pos: &mut
     }
 }
 
-fn hex_len(v: u64) -> usize {
-    (16 - (v.leading_zeros() / 4) as usize).max(1)
-}
-
 fn push_byte(b: u8, out: &mut [u8; ETAG_MAX_BYTES], pos: &mut usize) {
     if let Some(slot) = out.get_mut(*pos) {
         *slot = b;
@@ -210,15 +207,16 @@ fn push_byte(b: u8, out: &mut [u8; ETAG_MAX_BYTES], pos: &mut usize) {
     }
 }
 
-/// Writes our strong ETag `"<ino>-<size>-<mtime_ns>"` (lowercase hex) and returns its length.
+/// Writes our strong ETag `"<size>-<mtime_ns>"` (lowercase hex) and returns its length.
 ///
+/// Only what is identical on every edge holding the same bytes goes in: the size and the
+/// modification time, which `rsync -a` and `cp -p` preserve to the nanosecond. No inode, no
+/// device: a client resuming with `If-Range` on another edge of the fleet must see the same
+/// tag for the same file (nginx builds its ETag from the same two values, mtime in seconds).
 /// mtime comes as statx gives it (seconds + nanoseconds) so a file rewritten twice within one
-/// second still changes ETag; the nanosecond count is folded to 64 bits (wraps every 584
-/// years). Three full 64-bit hex numbers would need 52 bytes; real values need far fewer
-/// (a 200 GB size is 10 digits), so in the pathological case only the inode keeps just its low
-/// digits (at least 12): a collision then also needs equal size and equal mtime to the ns.
+/// second with the same size still changes ETag; the nanosecond count is folded to 64 bits
+/// (wraps every 584 years). Two full 64-bit hex numbers need 35 bytes, so nothing is ever cut.
 pub fn format_etag(
-    ino: u64,
     size: u64,
     mtime_secs: i64,
     mtime_nsec: u32,
@@ -229,15 +227,8 @@ pub fn format_etag(
         .wrapping_add(i128::from(mtime_nsec));
     // Truncation is the intended fold to 64 bits.
     let mtime = mtime_ns as u64;
-    // 2 quotes + 2 dashes around the three numbers.
-    let room_for_ino = ETAG_MAX_BYTES
-        .saturating_sub(4)
-        .saturating_sub(hex_len(size))
-        .saturating_sub(hex_len(mtime));
     let mut pos = 0;
     push_byte(b'"', out, &mut pos);
-    push_hex(ino, room_for_ino, out, &mut pos);
-    push_byte(b'-', out, &mut pos);
     push_hex(size, 16, out, &mut pos);
     push_byte(b'-', out, &mut pos);
     push_hex(mtime, 16, out, &mut pos);
@@ -257,23 +248,30 @@ mod tests {
         mtime_secs: MTIME,
     };
 
-    fn etag(ino: u64, size: u64, secs: i64, nsec: u32) -> String {
+    fn etag(size: u64, secs: i64, nsec: u32) -> String {
         let mut buf = [0u8; ETAG_MAX_BYTES];
-        let n = format_etag(ino, size, secs, nsec, &mut buf);
+        let n = format_etag(size, secs, nsec, &mut buf);
         String::from_utf8(buf[..n].to_vec()).unwrap()
     }
 
     #[test]
     fn etag_format() {
-        assert_eq!(etag(0x1a, 0x2b, 0, 0x3c), "\"1a-2b-3c\"");
-        assert_eq!(etag(0, 0, 0, 0), "\"0-0-0\"");
-        assert_eq!(etag(1, 2, 1, 5), "\"1-2-3b9aca05\"");
+        assert_eq!(etag(0x2b, 0, 0x3c), "\"2b-3c\"");
+        assert_eq!(etag(0, 0, 0), "\"0-0\"");
+        assert_eq!(etag(2, 1, 5), "\"2-3b9aca05\"");
         // Pre-epoch mtimes fold to large u64 values rather than failing.
-        assert_eq!(etag(1, 2, -1, 0), "\"1-2-ffffffffc4653600\"");
-        let worst = etag(u64::MAX, u64::MAX, -1, 999_999_999);
-        assert_eq!(worst.len(), ETAG_MAX_BYTES);
-        assert_eq!(worst, "\"ffffffffffff-ffffffffffffffff-ffffffffffffffff\"");
-        assert_ne!(etag(7, 9, MTIME, 1), etag(7, 9, MTIME, 2));
+        assert_eq!(etag(2, -1, 0), "\"2-ffffffffc4653600\"");
+        let worst = etag(u64::MAX, -1, 999_999_999);
+        assert_eq!(worst, "\"ffffffffffffffff-ffffffffffffffff\"");
+        assert!(worst.len() <= ETAG_MAX_BYTES);
+        assert_ne!(etag(9, MTIME, 1), etag(9, MTIME, 2));
+        assert_ne!(etag(9, MTIME, 1), etag(10, MTIME, 1));
+    }
+
+    #[test]
+    fn etag_depends_only_on_size_and_mtime() {
+        // Same bytes on two edges (different inodes, same size and preserved mtime): one tag.
+        assert_eq!(etag(1 << 40, MTIME, 123), etag(1 << 40, MTIME, 123));
     }
 
     const GO: Precondition = Precondition::Proceed { use_range: false };
@@ -544,10 +542,10 @@ mod tests {
     proptest! {
         #[test]
         fn etag_never_overflows_and_is_quoted(
-            ino in any::<u64>(), size in any::<u64>(), secs in any::<i64>(), nsec in 0u32..1_000_000_000
+            size in any::<u64>(), secs in any::<i64>(), nsec in 0u32..1_000_000_000
         ) {
             let mut buf = [0u8; ETAG_MAX_BYTES];
-            let n = format_etag(ino, size, secs, nsec, &mut buf);
+            let n = format_etag(size, secs, nsec, &mut buf);
             prop_assert!(n <= ETAG_MAX_BYTES);
             let tag = &buf[..n];
             prop_assert!(is_entity_tag_opaque(tag));

@@ -4,7 +4,10 @@
 //! (which may in turn have lent it to the kernel; the ring tracks that part). When the free
 //! list is empty, connections queue here — there is no heap fallback.
 
-use std::collections::VecDeque;
+use super::intrusive::ListSet;
+
+const SMALL_WAITERS: usize = 0;
+const BULK_WAITERS: usize = 1;
 
 /// Slots kept back from bulk transfers so a small response never waits behind them.
 pub const RESERVED_FOR_SMALL_SLOTS: usize = 4;
@@ -28,26 +31,27 @@ pub const READ_AHEAD_FREE_DIVISOR: usize = 4;
 /// Free list and wait queues of one shard's arena.
 pub struct ArenaSlots {
     free: Vec<u16>,
+    /// Per arena slot: on the free list (a slot is never freed twice).
+    is_free: Vec<bool>,
     reserve: usize,
-    /// Connection slots waiting for a small-response buffer (served first).
-    small_waiters: VecDeque<u32>,
-    /// Connection slots waiting for a bulk chunk buffer.
-    bulk_waiters: VecDeque<u32>,
+    /// Connection slots waiting for a small-response buffer (served first) or a bulk chunk
+    /// buffer: intrusive FIFOs, O(1) to join, leave and pop.
+    waiters: ListSet<2>,
     /// Times a connection had to wait for a slot.
     pub waits: u64,
     total: usize,
 }
 
 impl ArenaSlots {
-    /// `slots` slots, all free.
-    pub fn new(slots: u16) -> ArenaSlots {
+    /// `slots` arena slots, all free, for connections `0..conns`.
+    pub fn new(slots: u16, conns: usize) -> ArenaSlots {
         let total = usize::from(slots);
         let reserve = RESERVED_FOR_SMALL_SLOTS.min(total / 2);
         ArenaSlots {
             free: (0..slots).rev().collect(),
+            is_free: vec![true; total],
             reserve,
-            small_waiters: VecDeque::new(),
-            bulk_waiters: VecDeque::new(),
+            waiters: ListSet::new(conns),
             waits: 0,
             total,
         }
@@ -61,13 +65,15 @@ impl ArenaSlots {
     pub fn take(&mut self, demand: Demand) -> Option<u16> {
         let floor = match demand {
             Demand::Small => 0,
-            Demand::Bulk if !self.bulk_waiters.is_empty() => return None,
+            Demand::Bulk if !self.waiters.is_empty(BULK_WAITERS) => return None,
             Demand::Bulk => self.reserve,
             Demand::ReadAhead if self.waiting() > 0 => return None,
             Demand::ReadAhead => self.reserve + self.total / READ_AHEAD_FREE_DIVISOR,
         };
         if self.free.len() > floor {
-            self.free.pop()
+            let slot = self.free.pop()?;
+            self.is_free[usize::from(slot)] = false;
+            Some(slot)
         } else {
             None
         }
@@ -76,13 +82,13 @@ impl ArenaSlots {
     /// Queues connection `conn` until a slot for `demand` frees up.
     pub fn wait(&mut self, conn: u32, demand: Demand) {
         self.waits += 1;
-        let q = match demand {
-            Demand::Small => &mut self.small_waiters,
-            Demand::Bulk => &mut self.bulk_waiters,
+        let list = match demand {
+            Demand::Small => SMALL_WAITERS,
+            Demand::Bulk => BULK_WAITERS,
             Demand::ReadAhead => unreachable!("read-ahead never waits"),
         };
-        if !q.contains(&conn) {
-            q.push_back(conn);
+        if self.waiters.list_of(conn) != Some(list) {
+            self.waiters.push_back(list, conn);
         }
     }
 
@@ -90,24 +96,24 @@ impl ArenaSlots {
     /// connection directly (small responses first; bulk only while the reserve is full) and
     /// `(conn, slot)` is returned: the caller must give it to that connection.
     pub fn give_back(&mut self, slot: u16) -> Option<(u32, u16)> {
-        debug_assert!(!self.free.contains(&slot), "slot {slot} freed twice");
+        assert!(!self.is_free[usize::from(slot)], "slot {slot} freed twice");
         assert!(self.free.len() < self.total);
-        if let Some(c) = self.small_waiters.pop_front() {
+        if let Some(c) = self.waiters.pop_front(SMALL_WAITERS) {
             return Some((c, slot));
         }
         if self.free.len() >= self.reserve {
-            if let Some(c) = self.bulk_waiters.pop_front() {
+            if let Some(c) = self.waiters.pop_front(BULK_WAITERS) {
                 return Some((c, slot));
             }
         }
+        self.is_free[usize::from(slot)] = true;
         self.free.push(slot);
         None
     }
 
     /// Forgets a connection that closed while waiting.
     pub fn forget(&mut self, conn: u32) {
-        self.small_waiters.retain(|&c| c != conn);
-        self.bulk_waiters.retain(|&c| c != conn);
+        self.waiters.remove(conn);
     }
 
     /// Free slots now.
@@ -117,7 +123,7 @@ impl ArenaSlots {
 
     /// Connections waiting now.
     pub fn waiting(&self) -> usize {
-        self.small_waiters.len() + self.bulk_waiters.len()
+        self.waiters.len(SMALL_WAITERS) + self.waiters.len(BULK_WAITERS)
     }
 }
 
@@ -127,7 +133,7 @@ mod tests {
 
     #[test]
     fn read_ahead_keeps_a_quarter_free_and_yields_to_waiters() {
-        let mut a = ArenaSlots::new(16);
+        let mut a = ArenaSlots::new(16, 64);
         // reserve 4 + 16/4 = 8 slots stay free of read-ahead.
         let mut got = 0;
         while a.take(Demand::ReadAhead).is_some() {
@@ -137,14 +143,14 @@ mod tests {
         assert_eq!(a.free_count(), 8);
         assert!(a.take(Demand::Bulk).is_some());
         // Anyone waiting stops read-ahead even with slots above the floor.
-        let mut b = ArenaSlots::new(16);
+        let mut b = ArenaSlots::new(16, 64);
         b.wait(3, Demand::Small);
         assert_eq!(b.take(Demand::ReadAhead), None);
     }
 
     #[test]
     fn bulk_leaves_the_reserve_for_small_responses() {
-        let mut a = ArenaSlots::new(8);
+        let mut a = ArenaSlots::new(8, 64);
         let mut bulk = Vec::new();
         while let Some(s) = a.take(Demand::Bulk) {
             bulk.push(s);
@@ -156,7 +162,7 @@ mod tests {
 
     #[test]
     fn freed_slots_are_handed_to_waiters_small_first_then_bulk() {
-        let mut a = ArenaSlots::new(8);
+        let mut a = ArenaSlots::new(8, 64);
         let mut held = Vec::new();
         while let Some(s) = a.take(Demand::Small) {
             held.push(s);
@@ -178,7 +184,7 @@ mod tests {
 
     #[test]
     fn bulk_takers_do_not_overtake_waiters() {
-        let mut a = ArenaSlots::new(16);
+        let mut a = ArenaSlots::new(16, 64);
         let mut held = Vec::new();
         while let Some(s) = a.take(Demand::Bulk) {
             held.push(s);
@@ -199,7 +205,7 @@ mod tests {
 
     #[test]
     fn forget_drops_a_waiter() {
-        let mut a = ArenaSlots::new(2);
+        let mut a = ArenaSlots::new(2, 64);
         a.wait(5, Demand::Bulk);
         a.forget(5);
         assert_eq!(a.waiting(), 0);

@@ -3,6 +3,9 @@
 //! every operation in flight so a connection is never freed while the kernel still acts for it.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::http::request::Method;
 
 /// Where a connection slot is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,6 +205,10 @@ pub struct Conn {
     pub status: u16,
     /// Waiting in the arena queue.
     pub waiting_arena: bool,
+    /// When the current arena wait began (`start_arena_wait`); None when not waiting.
+    pub arena_wait_since: Option<Instant>,
+    /// Method of the current request; None when its head was refused before that was known.
+    pub method: Option<Method>,
     /// An arena slot handed over while waiting; used by the next pump.
     pub handoff_slot: Option<u16>,
     /// Waiting to re-arm a receive (no provided buffer was free).
@@ -260,6 +267,8 @@ impl Conn {
             deadline_ms: 0,
             status: 0,
             waiting_arena: false,
+            arena_wait_since: None,
+            method: None,
             handoff_slot: None,
             recv_retry: false,
             poll_armed: false,
@@ -295,6 +304,19 @@ impl Conn {
         self.log_request = log_request;
         self.phase = Phase::Open;
         self.socket = socket;
+    }
+
+    /// Joins the arena queue; the wait is timed for `shardline_buffer_wait_seconds`.
+    pub fn start_arena_wait(&mut self) {
+        self.waiting_arena = true;
+        self.arena_wait_since = Some(Instant::now());
+    }
+
+    /// Leaves the arena queue (a slot came, none is needed, or the connection closes);
+    /// returns how long it waited, or None if it was not waiting.
+    pub fn end_arena_wait(&mut self) -> Option<Duration> {
+        self.waiting_arena = false;
+        self.arena_wait_since.take().map(|since| since.elapsed())
     }
 
     /// Whether a send (head or chunk) is in flight.

@@ -13,14 +13,21 @@ use std::path::Path;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
 use rustix::io::Errno;
 
-use crate::config::SymlinkPolicy;
-use crate::http::{conditional, date};
+use crate::config::{EtagSource, SymlinkPolicy};
+use crate::http::conditional::{self, ETAG_MAX_BYTES};
+use crate::http::date;
 use crate::shard::ring_ops::RingOps;
 
 /// File name served for a directory.
 pub const INDEX_FILE: &str = "index.html";
 /// Largest O_DIRECT memory alignment the arena satisfies (slots are page aligned).
 pub const ARENA_ALIGN_BYTES: u32 = 4096;
+/// Extended attribute holding the publisher's SHA-256 of the file (for `etag = "xattr"`).
+pub const DIGEST_XATTR: &str = "user.sha256";
+/// Bytes of a SHA-256 digest.
+const SHA256_BYTES: usize = 32;
+/// Longest digest xattr value read: 64 hex digits plus a trailing newline or two.
+const DIGEST_XATTR_MAX_BYTES: usize = 2 * SHA256_BYTES + 2;
 
 /// How a file's bytes are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,12 +61,12 @@ pub struct OpenFile {
     pub fixed: u32,
     /// Size at open.
     pub size: u64,
-    /// Inode number (with size and mtime, the ETag).
+    /// Inode number (revalidation: a file replaced by rename has a new one).
     pub ino: u64,
     /// Modification time, seconds.
     pub mtime_secs: i64,
     mtime_nsec: u32,
-    etag: [u8; 48],
+    etag: [u8; ETAG_MAX_BYTES],
     etag_len: usize,
     /// `Last-Modified` value.
     pub last_modified: [u8; 29],
@@ -132,6 +139,8 @@ pub struct FileCacheConfig {
     pub symlinks: SymlinkPolicy,
     /// Chunk size (an O_DIRECT alignment must divide it).
     pub chunk_bytes: usize,
+    /// Where the ETag comes from.
+    pub etag: EtagSource,
 }
 
 /// The per-shard cache.
@@ -244,6 +253,11 @@ impl FileCache {
             let dev = f.dev;
             self.log_mode(dev, ReadMode::Buffered, "RWF_DONTCACHE returned EOPNOTSUPP");
         }
+    }
+
+    /// A reload changed `open_file_valid_ms`: entries are revalidated on the new interval.
+    pub fn set_valid_ms(&mut self, valid_ms: u64) {
+        self.cfg.valid_ms = valid_ms;
     }
 
     /// Cached entries (open files).
@@ -403,14 +417,19 @@ impl FileCache {
         } else {
             ReadMode::Buffered
         };
-        let mut etag = [0u8; 48];
-        let etag_len = conditional::format_etag(
-            st.stx_ino,
-            st.stx_size,
-            st.stx_mtime.tv_sec,
-            st.stx_mtime.tv_nsec,
-            &mut etag,
-        );
+        let mut etag = [0u8; ETAG_MAX_BYTES];
+        let digest_len = match self.cfg.etag {
+            EtagSource::Xattr => read_digest_etag(&fd, &opened, &mut etag),
+            EtagSource::Mtime => None,
+        };
+        let etag_len = digest_len.unwrap_or_else(|| {
+            conditional::format_etag(
+                st.stx_size,
+                st.stx_mtime.tv_sec,
+                st.stx_mtime.tv_nsec,
+                &mut etag,
+            )
+        });
         Ok(OpenFile {
             _fd: fd,
             fixed,
@@ -475,6 +494,56 @@ impl FileCache {
     }
 }
 
+/// The ETag from the publisher's digest xattr, or None (absent, unsupported, or malformed:
+/// the caller falls back to size + mtime). One fgetxattr per open, never per request.
+fn read_digest_etag(fd: &OwnedFd, path: &str, out: &mut [u8; ETAG_MAX_BYTES]) -> Option<usize> {
+    let mut value = [0u8; DIGEST_XATTR_MAX_BYTES];
+    let n = match rustix::fs::fgetxattr(fd, DIGEST_XATTR, &mut value) {
+        Ok(n) => n,
+        // No digest published for this file (or no xattrs on this file system): the fallback.
+        Err(Errno::NODATA | Errno::NOTSUP) => return None,
+        Err(e) => {
+            tracing::warn!(path, error = %e, "reading {DIGEST_XATTR} failed; ETag from size + mtime");
+            return None;
+        }
+    };
+    let len = digest_etag(&value[..n.min(value.len())], out);
+    if len.is_none() {
+        tracing::warn!(
+            path,
+            "{DIGEST_XATTR} is neither 64 hex digits nor 32 bytes; ETag from size + mtime"
+        );
+    }
+    len
+}
+
+/// Writes `"sha256-<64 lowercase hex>"` for an xattr value of 64 hex digits (any case, trailing
+/// whitespace allowed, as `sha256sum` prints) or 32 raw digest bytes; None for anything else.
+fn digest_etag(value: &[u8], out: &mut [u8; ETAG_MAX_BYTES]) -> Option<usize> {
+    const PREFIX: &[u8] = b"\"sha256-";
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let text = value.trim_ascii_end();
+    let mut digits = [0u8; 2 * SHA256_BYTES];
+    if text.len() == digits.len() && text.iter().all(u8::is_ascii_hexdigit) {
+        for (d, &c) in digits.iter_mut().zip(text) {
+            *d = c.to_ascii_lowercase();
+        }
+    } else if value.len() == SHA256_BYTES {
+        for (pair, &b) in digits.chunks_exact_mut(2).zip(value) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xf)];
+        }
+    } else {
+        return None;
+    }
+    let len = PREFIX.len() + digits.len() + 1;
+    let tag = out.get_mut(..len)?;
+    tag[..PREFIX.len()].copy_from_slice(PREFIX);
+    tag[PREFIX.len()..len - 1].copy_from_slice(&digits);
+    tag[len - 1] = b'"';
+    Some(len)
+}
+
 /// O_DIRECT alignment: statx STATX_DIOALIGN, else the block device's logical block size.
 fn dio_alignment(st: &rustix::fs::Statx) -> Option<u32> {
     if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 && st.stx_dio_offset_align > 0 {
@@ -499,4 +568,36 @@ fn dio_alignment(st: &rustix::fs::Statx) -> Option<u32> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(value: &[u8]) -> Option<String> {
+        let mut out = [0u8; ETAG_MAX_BYTES];
+        digest_etag(value, &mut out).map(|n| String::from_utf8(out[..n].to_vec()).unwrap())
+    }
+
+    #[test]
+    fn digest_etag_from_hex_or_raw_bytes() {
+        let hex = "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08";
+        let want = format!("\"sha256-{}\"", hex.to_ascii_lowercase());
+        assert_eq!(tag(hex.as_bytes()), Some(want.clone()));
+        assert_eq!(tag(format!("{hex}\n").as_bytes()), Some(want.clone()));
+        let raw: Vec<u8> = (0..32)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(tag(&raw), Some(want.clone()));
+        assert!(want.len() <= ETAG_MAX_BYTES);
+    }
+
+    #[test]
+    fn malformed_digests_are_refused() {
+        assert_eq!(tag(b""), None);
+        assert_eq!(tag(b"abc"), None);
+        assert_eq!(tag(&[b'g'; 64]), None);
+        assert_eq!(tag(&[b'a'; 63]), None);
+        assert_eq!(tag(&[0u8; 33]), None);
+    }
 }

@@ -9,6 +9,8 @@ pub mod access_log;
 pub mod buffers;
 pub mod conn;
 pub mod files;
+pub mod intrusive;
+mod reload;
 mod respond;
 #[allow(unsafe_code)]
 pub mod ring;
@@ -24,7 +26,7 @@ use std::net::TcpListener;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::{Config, ZeroCopy};
 use crate::http::date::DateCache;
@@ -37,6 +39,10 @@ use ring_ops::RingOps;
 use sched::{ReadyQueue, TickBudget, Turn};
 use token::{Op, Token};
 
+/// Submission queue entries of a shard's ring.
+pub const SQ_ENTRIES: u32 = 4096;
+/// Completion queue entries (several times the SQ: multishot accepts and receives).
+pub const CQ_ENTRIES: u32 = 16384;
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
 /// Chunks a response reads ahead until its first chunk has left (and after a slow send).
@@ -88,6 +94,8 @@ pub struct ShardParams {
     pub metrics: Arc<ShardMetrics>,
     /// Bumped by SIGUSR1: reopen the access log.
     pub log_epoch: Arc<AtomicU64>,
+    /// Leaving rotation (SIGTERM) and reloaded configuration (SIGHUP).
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
 /// Builds the shard (ring, arena, caches — after the caller pinned the thread, so memory is
@@ -135,14 +143,15 @@ struct Shard<R: RingOps> {
     shard_budget: TickBudget,
     access_log: Option<access_log::AccessLog>,
     log_epoch: Arc<AtomicU64>,
+    lifecycle: reload::LifecycleView,
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
 fn ring_config(cfg: &Config) -> RingConfig {
     let max_conns = cfg.max_connections_per_shard;
     RingConfig {
-        sq_entries: 4096,
-        cq_entries: 16384,
+        sq_entries: SQ_ENTRIES,
+        cq_entries: CQ_ENTRIES,
         socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
         file_slots: cfg.open_file_cache_entries as u32,
         arena_slots: cfg.arena_slots() as u16,
@@ -156,7 +165,7 @@ fn ring_config(cfg: &Config) -> RingConfig {
 
 impl Shard<Ring> {
     fn new(p: ShardParams) -> std::io::Result<Shard<Ring>> {
-        let ring = Ring::new(&ring_config(&p.config))?;
+        let ring = new_ring_retrying(&ring_config(&p.config))?;
         let loopback = p.listener.local_addr()?.ip().is_loopback();
         Shard::with_ring(
             p.index,
@@ -167,6 +176,7 @@ impl Shard<Ring> {
             p.metrics,
             p.shutdown,
             p.log_epoch,
+            p.lifecycle,
         )
     }
 }
@@ -184,6 +194,7 @@ impl<R: RingOps> Shard<R> {
         metrics: Arc<ShardMetrics>,
         shutdown: Arc<AtomicBool>,
         log_epoch: Arc<AtomicU64>,
+        lifecycle: Arc<crate::lifecycle::Lifecycle>,
     ) -> std::io::Result<Shard<R>> {
         let max_conns = cfg.max_connections_per_shard;
         let arena_slots = cfg.arena_slots();
@@ -195,6 +206,7 @@ impl<R: RingOps> Shard<R> {
                 direct_io_min_bytes: cfg.direct_io_min_bytes,
                 symlinks: cfg.symlinks,
                 chunk_bytes: cfg.chunk_bytes,
+                etag: cfg.etag,
             },
         )?;
         let zerocopy = match cfg.zerocopy {
@@ -222,7 +234,7 @@ impl<R: RingOps> Shard<R> {
             conns: (0..max_conns).map(|_| Conn::new()).collect(),
             free_conns: (0..max_conns as u32).rev().collect(),
             ready: ReadyQueue::new(max_conns),
-            arena: ArenaSlots::new(arena_slots as u16),
+            arena: ArenaSlots::new(arena_slots as u16, max_conns),
             files,
             ring_accepts: listener.is_none(),
             listener,
@@ -243,6 +255,7 @@ impl<R: RingOps> Shard<R> {
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
             log_epoch,
+            lifecycle: reload::LifecycleView::new(lifecycle),
             cfg,
         })
     }
@@ -265,6 +278,7 @@ impl<R: RingOps> Shard<R> {
         {
             self.now_ms = self.ring.now().as_millis() as u64;
             self.date.refresh(unix_now_secs());
+            self.apply_reload();
             if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
                 self.begin_drain();
             }
@@ -343,6 +357,10 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters());
             ShardMetrics::set(&self.metrics.open, self.open_conns as u64);
             ShardMetrics::set(&self.metrics.arena_waits, self.arena.waits);
+            ShardMetrics::set(&self.metrics.ring_busy, self.ring.busy());
+            ShardMetrics::set(&self.metrics.ring_unqueued, self.ring.unqueued_total());
+            let overflow = u64::from(self.ring.cq_overflow());
+            ShardMetrics::set(&self.metrics.ring_cq_overflow, overflow);
             ShardMetrics::set(&self.metrics.file_cache_hits, self.files.hits);
             ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
         }
@@ -557,7 +575,8 @@ impl<R: RingOps> Shard<R> {
             {
                 // No more read-ahead wanted now: a slot handed over while waiting goes back.
                 let handed = conn.handoff_slot.take();
-                if std::mem::replace(&mut conn.waiting_arena, false) {
+                if let Some(waited) = conn.end_arena_wait() {
+                    self.metrics.observe_buffer_wait(waited);
                     self.arena.forget(c);
                 }
                 if let Some(slot) = handed {
@@ -583,14 +602,16 @@ impl<R: RingOps> Shard<R> {
                     return Turn::Idle;
                 }
                 if !conn.waiting_arena {
-                    conn.waiting_arena = true;
+                    conn.start_arena_wait();
                     self.arena.wait(c, demand);
                 }
                 // Chunks parked behind full sockets are not moving: they go to the waiters.
                 self.reclaim_parked();
                 return Turn::Idle;
             };
-            conn.waiting_arena = false;
+            if let Some(waited) = conn.end_arena_wait() {
+                self.metrics.observe_buffer_wait(waited);
+            }
             let body = conn.body.as_mut().expect("checked above");
             let source = body.source;
             let mut chunk = conn::Chunk {
@@ -755,11 +776,11 @@ impl<R: RingOps> Shard<R> {
                 return;
             }
         }
-        if self.is_parked(c) {
-            // A read that lands while the socket is full makes a chunk as reclaimable as a
-            // parked one: list the connection again (a reclaim that ran while the read was in
-            // flight could not take it, and unlisted it).
-            self.park(c);
+        if self.conns[c as usize].poll_armed {
+            // Read ahead landed behind a full socket: the chunk is ours now, so a reclaim that
+            // found it still being read (and freed nothing) can take it this time.
+            self.list_parked(c);
+            self.reclaim_parked();
             return;
         }
         self.send_soon(c);
@@ -986,11 +1007,8 @@ impl<R: RingOps> Shard<R> {
             let t = self.token(Op::PollOut, c, 0);
             self.ring.poll_writable(socket, t);
         }
-        let conn = &mut self.conns[c as usize];
-        if !conn.parked_listed {
-            conn.parked_listed = true;
-            self.parked.push_back(c);
-        }
+        ShardMetrics::add(&self.metrics.parked_sends, 1);
+        self.list_parked(c);
         self.reclaim_parked();
     }
 
@@ -1036,7 +1054,8 @@ impl<R: RingOps> Shard<R> {
     /// Takes every chunk a parked connection holds; its later reads are sized to what its
     /// socket takes per writable round, so the next reclaim wastes little.
     fn reclaim_from(&mut self, c: u32) {
-        self.give_back_chunks(c, 0);
+        let freed = self.give_back_chunks(c, 0);
+        ShardMetrics::add(&self.metrics.reclaimed_chunks, freed as u64);
         let conn = &mut self.conns[c as usize];
         let estimate = conn.round_estimate_bytes;
         if let Some(body) = conn.body.as_mut() {
@@ -1050,12 +1069,14 @@ impl<R: RingOps> Shard<R> {
     /// The whole list is walked (in order): a connection that parked again while still listed
     /// keeps its old place with a newer `parked_ms`, so the list is not sorted by park time.
     fn expire_parked(&mut self) {
+        // One pass over the listed connections: one that parked again recently goes to the
+        // back, so it cannot shield the ones behind it from expiry.
         for _ in 0..self.parked.len() {
             let Some(c) = self.parked.pop_front() else {
                 return;
             };
-            let conn = &self.conns[c as usize];
-            if self.is_parked(c) && self.now_ms < conn.parked_ms + PARK_HOLD_MS {
+            let recent = self.now_ms < self.conns[c as usize].parked_ms + PARK_HOLD_MS;
+            if self.is_parked(c) && recent {
                 self.parked.push_back(c);
                 continue;
             }
@@ -1063,6 +1084,15 @@ impl<R: RingOps> Shard<R> {
             if self.is_parked(c) {
                 self.reclaim_from(c);
             }
+        }
+    }
+
+    /// Lists a parked connection for reclaim and expiry (once).
+    fn list_parked(&mut self, c: u32) {
+        let conn = &mut self.conns[c as usize];
+        if !conn.parked_listed {
+            conn.parked_listed = true;
+            self.parked.push_back(c);
         }
     }
 
@@ -1077,10 +1107,10 @@ impl<R: RingOps> Shard<R> {
     /// client. File bytes are re-read; the unsent rest of a memory chunk (multipart framing,
     /// generated bytes) goes back as a memory segment. A chunk whose response header has not
     /// fully left is kept.
-    fn give_back_chunks(&mut self, c: u32, keep: usize) {
+    fn give_back_chunks(&mut self, c: u32, keep: usize) -> usize {
         let conn = &mut self.conns[c as usize];
         let Some(body) = conn.body.as_mut() else {
-            return;
+            return 0;
         };
         let mut freed = [0u16; crate::config::MAX_PIPELINE_DEPTH];
         let mut n_freed = 0;
@@ -1117,6 +1147,7 @@ impl<R: RingOps> Shard<R> {
         for &slot in &freed[..n_freed] {
             self.release_slot(slot);
         }
+        n_freed
     }
 
     /// A chunk's slot is free again: wake a waiter and let this connection plan more.
@@ -1136,7 +1167,9 @@ impl<R: RingOps> Shard<R> {
                 conn.handoff_slot.is_none(),
                 "second hand-off to a waiting connection"
             );
-            conn.waiting_arena = false;
+            if let Some(waited) = conn.end_arena_wait() {
+                self.metrics.observe_buffer_wait(waited);
+            }
             conn.handoff_slot = Some(s);
             if conn.body.as_ref().is_some_and(|b| b.inline_head) {
                 self.ready.push_urgent(w);
@@ -1204,7 +1237,7 @@ impl<R: RingOps> Shard<R> {
         let now_us = self.ring.now().as_micros() as u64;
         let conn = &mut self.conns[c as usize];
         conn.responding = false;
-        self.metrics.count_status(conn.status);
+        self.metrics.count_request(conn.method, conn.status);
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {
                 request: &conn.log_request,
@@ -1247,8 +1280,8 @@ impl<R: RingOps> Shard<R> {
         };
         ShardMetrics::add(counter, 1);
         self.ready.remove(c);
-        if conn.waiting_arena {
-            conn.waiting_arena = false;
+        if let Some(waited) = conn.end_arena_wait() {
+            self.metrics.observe_buffer_wait(waited);
             self.arena.forget(c);
         }
         if let Some(slot) = conn.handoff_slot.take() {
@@ -1435,6 +1468,35 @@ fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize {
     let want = estimate.clamp(MIN_READ_BYTES, chunk_bytes);
     let cap = want.div_ceil(align) * align;
     cap.min(chunk_bytes)
+}
+
+/// How long a shard retries building its ring while the kernel says ENOMEM: io_uring gives
+/// back a closed ring's locked pages 100-500 ms after the close (measured), so a restart right
+/// after a stop, under a tight RLIMIT_MEMLOCK, would otherwise fail.
+pub const RING_ENOMEM_RETRY_MS: u64 = 2000;
+/// Pause between two such tries.
+const RING_ENOMEM_PAUSE_MS: u64 = 100;
+
+fn new_ring_retrying(cfg: &RingConfig) -> std::io::Result<Ring> {
+    let deadline = Instant::now() + Duration::from_millis(RING_ENOMEM_RETRY_MS);
+    loop {
+        match Ring::new(cfg) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                if Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "creating the io_uring and registering its buffers failed: {e}; \
+                             the locked memory it needs exceeds RLIMIT_MEMLOCK (raise it with \
+                             `ulimit -l`, LimitMEMLOCK= in the unit, or lower arena_bytes)"
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(RING_ENOMEM_PAUSE_MS));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn unix_now_secs() -> i64 {

@@ -53,6 +53,10 @@ impl<R: RingOps> Shard<R> {
         let logging = self.access_log.is_some();
         let conn = &mut self.conns[c as usize];
         conn.request_start_us = now_us;
+        conn.method = match parsed {
+            Parsed::Complete { request, .. } => Some(request.method),
+            _ => None,
+        };
         conn.first_byte_sent = false;
         conn.resp_bytes = 0;
         if !logging {
@@ -90,7 +94,7 @@ impl<R: RingOps> Shard<R> {
     /// or only the header when answering a HEAD request.
     pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
         // A client whose request was malformed may have sent anything after it: close.
-        let keep_alive = keep_alive && self.drain_deadline_ms.is_none();
+        let keep_alive = keep_alive && !self.leaving();
         self.begin_response(c, status, keep_alive);
         let tx = self.ring.tx_mut(c as usize);
         tx.clear();
@@ -117,10 +121,15 @@ impl<R: RingOps> Shard<R> {
     }
 
     fn respond(&mut self, c: u32, req: &Request<'_>) {
-        let keep_alive = req.keep_alive && self.drain_deadline_ms.is_none();
+        let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         if self.cfg.diag_endpoint && req.path == DIAG_ZERO_PATH {
             return self.respond_zero(c, req, keep_alive);
+        }
+        if !self.cfg.health_path.is_empty() && req.path == self.cfg.health_path.as_bytes() {
+            // For the balancer: no file is touched, so a slow disk cannot fail the check.
+            let status = if self.leaving() { 503 } else { 200 };
+            return self.respond_status(c, status, keep_alive, head_only);
         }
         let resolved = match resolve_target(req.path) {
             Ok(r) => r,

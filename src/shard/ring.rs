@@ -817,6 +817,15 @@ impl super::ring_ops::RingOps for Ring {
     fn enters(&self) -> u64 {
         self.enters
     }
+    fn busy(&self) -> u64 {
+        self.busy
+    }
+    fn unqueued_total(&self) -> u64 {
+        self.unqueued_total
+    }
+    fn cq_overflow(&mut self) -> u32 {
+        Ring::cq_overflow(self)
+    }
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
         if let Some(l) = listener {
             Ring::accept_multi(self, l, token);
@@ -981,6 +990,34 @@ impl Drop for Ring {
             }
         }
     }
+}
+
+/// Bytes a ring with these sizes charges to RLIMIT_MEMLOCK (when the process lacks
+/// CAP_IPC_LOCK): the SQE array, the CQ ring with the SQ index array (after a header of at most
+/// one cache line pair), the provided-buffer ring and the registered arena, each in whole pages.
+/// Receive buffers and header buffers are ordinary memory. Checked on Linux 6.18, which charges
+/// ring memory again; 5.12..6.13 charge only the arena and buffer ring, so this is an upper bound.
+pub fn memlock_bytes(
+    sq_entries: u32,
+    cq_entries: u32,
+    recv_buffers: u16,
+    arena_slots: u16,
+    chunk_bytes: usize,
+    page_bytes: u64,
+) -> u64 {
+    const SQE_BYTES: u64 = 64;
+    const CQE_BYTES: u64 = 16;
+    const SQ_INDEX_BYTES: u64 = 4;
+    const RINGS_HEADER_BYTES: u64 = 128;
+    let pages = |bytes: u64| bytes.div_ceil(page_bytes).saturating_mul(page_bytes);
+    // The kernel rounds both queues up to powers of two.
+    let sq = u64::from(sq_entries.next_power_of_two());
+    let cq = u64::from(cq_entries.next_power_of_two());
+    let entry_bytes = std::mem::size_of::<types::BufRingEntry>() as u64;
+    pages(sq * SQE_BYTES)
+        + pages(RINGS_HEADER_BYTES + cq * CQE_BYTES + sq * SQ_INDEX_BYTES)
+        + pages(u64::from(recv_buffers) * entry_bytes)
+        + u64::from(arena_slots).saturating_mul(pages(chunk_bytes as u64))
 }
 
 fn build_uring(sq: u32, cq: u32) -> io::Result<(IoUring, bool)> {

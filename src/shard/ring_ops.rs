@@ -24,6 +24,12 @@ pub trait RingOps {
     fn sqes_pushed(&self) -> u64;
     /// Kernel entries (`io_uring_enter` calls) since start.
     fn enters(&self) -> u64;
+    /// Times the kernel answered EBUSY.
+    fn busy(&self) -> u64;
+    /// Entries that had to wait because the SQ was full.
+    fn unqueued_total(&self) -> u64;
+    /// Completions waiting in the overflow list because the CQ was full.
+    fn cq_overflow(&mut self) -> u32;
 
     /// Arms a multishot accept on `listener`; `None` when the ring itself is the source of
     /// connections (the simulator).

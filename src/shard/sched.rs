@@ -5,7 +5,7 @@
 //! their next chunks. Each visit a connection may add at most `tick_budget_bytes`; if it
 //! wants more it goes to the back, so one fast connection cannot hold the shard.
 
-use std::collections::VecDeque;
+use super::intrusive::ListSet;
 
 /// What a connection did with its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,11 +16,13 @@ pub enum Turn {
     Idle,
 }
 
-/// Round-robin ready queues with membership flags (a connection is queued at most once).
+const URGENT: usize = 0;
+const BULK: usize = 1;
+
+/// Round-robin ready queues (a connection is queued at most once, in one of them). Intrusive
+/// lists: queueing, promotion and removal are O(1), with no allocation after start-up.
 pub struct ReadyQueue {
-    urgent: VecDeque<u32>,
-    bulk: VecDeque<u32>,
-    queued: Vec<bool>,
+    lists: ListSet<2>,
     /// Bulk entries still to visit in the current tick.
     bulk_rounds: usize,
 }
@@ -29,44 +31,33 @@ impl ReadyQueue {
     /// Queues for `slots` connection slots.
     pub fn new(slots: usize) -> ReadyQueue {
         ReadyQueue {
-            urgent: VecDeque::with_capacity(64),
-            bulk: VecDeque::with_capacity(slots.min(4096)),
-            queued: vec![false; slots],
+            lists: ListSet::new(slots),
             bulk_rounds: 0,
         }
     }
 
-    /// Queues `conn` ahead of bulk work (a new request).
+    /// Queues `conn` ahead of bulk work (a new request); one waiting in bulk is promoted.
     pub fn push_urgent(&mut self, conn: u32) {
-        let q = &mut self.queued[conn as usize];
-        if *q {
-            // Already waiting in bulk: promote it.
-            self.bulk.retain(|&c| c != conn);
+        if self.lists.list_of(conn) != Some(URGENT) {
+            self.lists.push_back(URGENT, conn);
         }
-        *q = true;
-        self.urgent.push_back(conn);
     }
 
     /// Queues `conn` at the back of the bulk queue (unless already queued).
     pub fn push_bulk(&mut self, conn: u32) {
-        let q = &mut self.queued[conn as usize];
-        if !*q {
-            *q = true;
-            self.bulk.push_back(conn);
+        if self.lists.list_of(conn).is_none() {
+            self.lists.push_back(BULK, conn);
         }
     }
 
     /// Drops `conn` from the queues (it is closing).
     pub fn remove(&mut self, conn: u32) {
-        if std::mem::replace(&mut self.queued[conn as usize], false) {
-            self.urgent.retain(|&c| c != conn);
-            self.bulk.retain(|&c| c != conn);
-        }
+        self.lists.remove(conn);
     }
 
     /// Connections queued now.
     pub fn len(&self) -> usize {
-        self.urgent.len() + self.bulk.len()
+        self.lists.len(URGENT) + self.lists.len(BULK)
     }
 
     /// True when no connection is queued.
@@ -76,7 +67,7 @@ impl ReadyQueue {
 
     /// Starts a tick: the bulk connections queued now get one visit each in this tick.
     pub fn begin_tick(&mut self) {
-        self.bulk_rounds = self.bulk.len();
+        self.bulk_rounds = self.lists.len(BULK);
     }
 
     /// The next connection to visit in this tick: urgent ones first (including those queued
@@ -85,17 +76,12 @@ impl ReadyQueue {
     /// With `bulk_allowed` false (the shard's budget for this tick is spent) only urgent
     /// connections are returned; the unvisited bulk ones keep their place at the front.
     pub fn next_conn(&mut self, bulk_allowed: bool) -> Option<u32> {
-        while let Some(c) = self.urgent.pop_front() {
-            if std::mem::replace(&mut self.queued[c as usize], false) {
-                return Some(c);
-            }
+        if let Some(c) = self.lists.pop_front(URGENT) {
+            return Some(c);
         }
-        while bulk_allowed && self.bulk_rounds > 0 {
+        if bulk_allowed && self.bulk_rounds > 0 {
             self.bulk_rounds -= 1;
-            let c = self.bulk.pop_front()?;
-            if std::mem::replace(&mut self.queued[c as usize], false) {
-                return Some(c);
-            }
+            return self.lists.pop_front(BULK);
         }
         None
     }

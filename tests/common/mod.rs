@@ -54,14 +54,65 @@ impl Server {
         Self::start_inner(root, extra, Some(dir))
     }
 
+    /// Like `start`, but the server never runs as root: as root it is started through
+    /// `UNPRIVILEGED_PREFIX` (user `nobody`, 8 MiB memlock), so checks that root would bypass
+    /// (file permissions, RLIMIT_MEMLOCK) mean something in CI. Everything the server must
+    /// read (root directory, binary) has to be readable by `nobody`. Fails when privileges
+    /// cannot be dropped; None only when `SHARDLINE_SKIP_DROP_PRIVILEGES=1` asks to skip.
+    #[track_caller]
+    pub fn start_unprivileged(root: &Path, extra: &[&str]) -> Option<Server> {
+        if !running_as_root() {
+            return Some(Self::start(root, extra));
+        }
+        let bin = env!("CARGO_BIN_EXE_shardline");
+        let probe = Command::new(UNPRIVILEGED_PREFIX[0])
+            .args(&UNPRIVILEGED_PREFIX[1..])
+            .args(["test", "-x", bin])
+            .status();
+        let missing = match probe {
+            Ok(st) if st.success() => {
+                return Some(Self::start_wrapped(UNPRIVILEGED_PREFIX, root, extra, None))
+            }
+            Ok(st) => format!(
+                "running as root, and user nobody cannot execute {bin} ({st}): the test needs an \
+                 unprivileged server (make the target directory world-readable)"
+            ),
+            Err(e) => format!(
+                "running as root, and `{}` cannot be run ({e}): the test needs it to start an \
+                 unprivileged server (Debian: util-linux)",
+                UNPRIVILEGED_PREFIX.join(" ")
+            ),
+        };
+        prerequisite(false, SKIP_DROP_PRIVILEGES, &missing);
+        None
+    }
+
     fn start_inner(root: &Path, extra: &[&str], dir: Option<tempfile::TempDir>) -> Server {
+        Self::start_wrapped(&[], root, extra, dir)
+    }
+
+    /// Starts the server as `WRAPPER... shardline serve ...` (an empty wrapper runs it directly).
+    fn start_wrapped(
+        wrapper: &[&str],
+        root: &Path,
+        extra: &[&str],
+        dir: Option<tempfile::TempDir>,
+    ) -> Server {
         let stderr_path = std::env::temp_dir().join(format!(
             "shardline-test-{}-{}.log",
             std::process::id(),
             COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let stderr = std::fs::File::create(&stderr_path).expect("stderr log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shardline"));
+        let bin = env!("CARGO_BIN_EXE_shardline");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(bin);
+                cmd
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("serve")
             .arg("--root")
             .arg(root)
@@ -294,6 +345,17 @@ pub fn start_with_admin(root: &Path, extra: &[&str]) -> (Server, SocketAddr) {
     (server, admin.unwrap())
 }
 
+/// `start_with_admin` that also owns the temp dir holding the root (removed with the server).
+pub fn start_with_admin_owning(
+    dir: tempfile::TempDir,
+    root: &Path,
+    extra: &[&str],
+) -> (Server, SocketAddr) {
+    let (mut server, admin) = start_with_admin(root, extra);
+    server._dir = Some(dir);
+    (server, admin)
+}
+
 // ---- helpers added for the issue-2 integration suite ------------------------------------------
 
 /// Byte `i` of the `pattern` content, for any offset of an arbitrarily large file.
@@ -472,4 +534,144 @@ pub fn root_with_pattern_file(name: &str, len: u64) -> tempfile::TempDir {
         std::fs::copy(&cached, &dest).expect("copy fixture");
     }
     dir
+}
+
+// ---- prerequisites: a test that cannot run fails unless the environment asks to skip it -------
+// Each reason has one variable, listed in tests/README.md.
+
+/// Skips the tests that need at least two CPUs this process may run on (steering).
+pub const SKIP_TWO_CPUS: &str = "SHARDLINE_SKIP_TWO_CPUS";
+/// Skips the tests that need a tmpfs at /dev/shm (a file system without O_DIRECT).
+pub const SKIP_TMPFS: &str = "SHARDLINE_SKIP_TMPFS";
+/// Skips the tests that, run as root, need to drop privileges for the server and cannot.
+pub const SKIP_DROP_PRIVILEGES: &str = "SHARDLINE_SKIP_DROP_PRIVILEGES";
+/// Turns the "bytes were read with O_DIRECT" checks into notes, for a temp dir (/var/tmp or
+/// the working directory) on a file system without O_DIRECT.
+pub const SKIP_O_DIRECT: &str = "SHARDLINE_SKIP_O_DIRECT";
+
+/// Runs the server as user `nobody` with the usual desktop memlock limit (8 MiB), when the
+/// tests run as root (as CI does).
+pub const UNPRIVILEGED_PREFIX: &[&str] = &[
+    "prlimit",
+    "--memlock=8388608:8388608",
+    "setpriv",
+    "--reuid=nobody",
+    "--regid=nogroup",
+    "--clear-groups",
+];
+
+/// True when `skip_var` is set to `1`.
+pub fn skip_requested(skip_var: &str) -> bool {
+    std::env::var(skip_var).is_ok_and(|v| v == "1")
+}
+
+/// A test's prerequisite: true when `met`. Otherwise the test fails with `missing` (it never
+/// passes without having run), unless `skip_var=1` asks to skip it: then it says so on stderr
+/// and returns false, and the caller returns.
+#[track_caller]
+pub fn prerequisite(met: bool, skip_var: &str, missing: &str) -> bool {
+    if met {
+        return true;
+    }
+    if skip_requested(skip_var) {
+        eprintln!("skipped ({skip_var}=1): {missing}");
+        return false;
+    }
+    panic!("{missing}; set {skip_var}=1 to skip this test");
+}
+
+/// True when this process runs with user id 0.
+pub fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+/// The CPUs this process may run on, sorted.
+pub fn allowed_cpus() -> Vec<usize> {
+    let mut cpus: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|core| core.id)
+        .collect();
+    cpus.sort_unstable();
+    cpus
+}
+
+/// The allowed CPUs when there are at least two (what steering tests need); fails otherwise,
+/// None only when `SHARDLINE_SKIP_TWO_CPUS=1` asks to skip.
+#[track_caller]
+pub fn two_or_more_cpus() -> Option<Vec<usize>> {
+    let cpus = allowed_cpus();
+    let missing = format!("steering needs at least 2 allowed CPUs, have {cpus:?}");
+    prerequisite(cpus.len() >= 2, SKIP_TWO_CPUS, &missing).then_some(cpus)
+}
+
+/// A temp dir on the tmpfs at /dev/shm; fails when there is none, None only when
+/// `SHARDLINE_SKIP_TMPFS=1` asks to skip.
+#[track_caller]
+pub fn tmpfs_tempdir() -> Option<tempfile::TempDir> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let is_tmpfs = mounts.lines().any(|l| {
+        let mut fields = l.split_whitespace().skip(1);
+        fields.next() == Some("/dev/shm") && fields.next() == Some("tmpfs")
+    });
+    if !prerequisite(is_tmpfs, SKIP_TMPFS, "/dev/shm is not a tmpfs mount") {
+        return None;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("shardline-tmpfs")
+        .tempdir_in("/dev/shm");
+    match dir {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            prerequisite(false, SKIP_TMPFS, &format!("no temp dir in /dev/shm: {e}"));
+            None
+        }
+    }
+}
+
+/// Sum over shards of the samples of metric `family` (the full name, such as
+/// `shardline_bytes_sent_total`) whose labels contain `label` (such as `source="direct"`; empty
+/// for all), from the admin listener's `/metrics`. A pre-summed `shard="all"` sample, where the
+/// server prints one, is left out.
+pub fn admin_metric(admin: SocketAddr, family: &str, label: &str) -> u64 {
+    let mut s = TcpStream::connect(admin).expect("admin connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut BufReader::new(s), false).expect("metrics response");
+    assert_eq!(r.status, 200, "admin /metrics");
+    let text = String::from_utf8(r.body).expect("utf-8 metrics");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(label) && !l.contains("shard=\"all\""))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let name = key.split('{').next()?;
+            (name == family).then(|| value.parse::<f64>().ok())?
+        })
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Bytes the server sent that were read with O_DIRECT (`bytes_sent_total{source="direct"}`).
+pub fn direct_bytes_sent(admin: SocketAddr) -> u64 {
+    admin_metric(admin, "shardline_bytes_sent_total", "source=\"direct\"")
+}
+
+/// Asserts that O_DIRECT bytes were sent since `before` (an earlier `direct_bytes_sent`): a test
+/// that serves a file above `direct_io_min_bytes` from a disk temp dir must exercise O_DIRECT,
+/// or it tested the page-cache path instead. `SHARDLINE_SKIP_O_DIRECT=1` turns the failure into
+/// a note, for a temp dir on a file system without O_DIRECT.
+#[track_caller]
+pub fn assert_direct_bytes_sent(admin: SocketAddr, before: u64, what: &str) {
+    let sent = direct_bytes_sent(admin) - before;
+    let missing = format!(
+        "{what}: no bytes were sent from O_DIRECT reads (bytes_sent_total{{source=\"direct\"}} \
+         did not grow): the test's root does not support O_DIRECT"
+    );
+    prerequisite(sent > 0, SKIP_O_DIRECT, &missing);
 }

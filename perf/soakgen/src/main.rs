@@ -774,11 +774,12 @@ fn run(
     if let Some(admin) = admin {
         match scrape(admin) {
             Ok(text) => {
+                // Summed over the per-shard series (the server exports no total series).
                 let all = |family: &str, label: &str| -> f64 {
                     text.lines()
                         .filter(|l| {
                             l.starts_with(&format!("shardline_{family}{{"))
-                                && l.contains("shard=\"all\"")
+                                && l.contains("shard=\"")
                                 && l.contains(label)
                         })
                         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())

@@ -454,15 +454,17 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
         scenario(seed, &root.0).map_err(|e| format!("scenario: {e}"))?;
     let strict = faults.read_eio_pct == 0 && !net.file_faults.iter().any(|_| true);
     let ring = SimRing::new(&super::ring_config(&cfg), net, seed, faults, zerocopy);
+    let cfg = Arc::new(cfg);
     let mut shard = Shard::with_ring(
         0,
-        Arc::new(cfg),
+        cfg.clone(),
         ring,
         None,
         false,
         Arc::new(ShardMetrics::default()),
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),
+        crate::lifecycle::Lifecycle::new(cfg),
     )
     .map_err(|e| format!("shard: {e}"))?;
     let mut stats = RunStats::default();

@@ -713,6 +713,15 @@ impl RingOps for SimRing {
     fn enters(&self) -> u64 {
         self.enters
     }
+    fn busy(&self) -> u64 {
+        0
+    }
+    fn unqueued_total(&self) -> u64 {
+        0
+    }
+    fn cq_overflow(&mut self) -> u32 {
+        self.cq_overflow.len() as u32
+    }
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
         assert!(listener.is_none(), "the simulator has no listener");
         assert!(self.accept.is_none(), "second multishot accept armed");
