@@ -103,6 +103,8 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
                 Target::Missing
             } else if roll < 12 && last {
                 Target::BadHost
+            } else if roll < 18 {
+                Target::Zero(rng.below(300 * 1024))
             } else {
                 Target::File(rng.below(files.len() as u64) as usize)
             };
@@ -207,6 +209,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         open_file_cache_entries: rng.range(2, 4) as usize,
         open_file_valid_ms: 50,
         recv_buffers: 1 << rng.range(2, 4),
+        diag_endpoint: true,
         ..Config::default()
     };
     let net = Net::new(files, clients, file_faults, seed);

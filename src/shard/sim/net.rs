@@ -62,6 +62,8 @@ pub enum Target {
     Missing,
     /// A malformed Host field: 400 and a lingering close.
     BadHost,
+    /// `n` zero bytes from the diagnostic endpoint (generated in the arena, no file).
+    Zero(u64),
 }
 
 /// One request of a client.
@@ -400,9 +402,10 @@ impl Net {
         while c.queued_requests < upto {
             let r = &c.plan.requests[c.queued_requests];
             let (path, host) = match r.target {
-                Target::File(f) => (self.files[f].url.as_str(), "sim"),
-                Target::Missing => ("/missing.bin", "sim"),
-                Target::BadHost => ("/", "a b"),
+                Target::File(f) => (self.files[f].url.clone(), "sim"),
+                Target::Missing => ("/missing.bin".to_string(), "sim"),
+                Target::BadHost => ("/".to_string(), "a b"),
+                Target::Zero(n) => (format!("/__shardline/zero?bytes={n}"), "sim"),
             };
             let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n");
             if let Some(range) = &r.range {
@@ -511,6 +514,16 @@ impl Net {
         let file = match req.target {
             Target::Missing if head.status == 404 => return,
             Target::BadHost if head.status == 400 && head.close => return,
+            Target::Zero(n) if head.status == 200 => {
+                let right = head.content_length == Some(n) && body.iter().all(|&b| b == 0);
+                if !right {
+                    self.fail(
+                        i,
+                        format!("wrong zero body ({} bytes) for {req:?}", body.len()),
+                    );
+                }
+                return;
+            }
             Target::File(f) => f,
             _ => return self.fail(i, format!("status {} for {req:?}", head.status)),
         };
