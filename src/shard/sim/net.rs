@@ -292,7 +292,10 @@ impl Net {
                 let len = self.rng.range(1, old.len() as u64 + 4096) as usize;
                 let new: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
                 let tmp = f.path.with_extension("new");
-                let r = std::fs::write(&tmp, &new).and_then(|_| std::fs::rename(&tmp, &f.path));
+                let r = std::fs::write(&tmp, &new)
+                    .and_then(|_| std::fs::File::options().write(true).open(&tmp))
+                    .and_then(|file| file.set_modified(mtime))
+                    .and_then(|_| std::fs::rename(&tmp, &f.path));
                 f.versions.push(new);
                 r
             }

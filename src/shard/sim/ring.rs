@@ -51,7 +51,7 @@ pub struct Faults {
 }
 
 /// How often the modelled kernel took each interesting path (to see that a run explores).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Paths {
     /// Chunk sends refused with EAGAIN (a full socket).
     pub eagain: u64,
