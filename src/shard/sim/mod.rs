@@ -322,6 +322,14 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             }
         }
         let Some(body) = &conn.body else { continue };
+        // Documented bound (docs/ARCHITECTURE.md): only a connection that holds no chunk
+        // waits for the arena, so a handed-over slot never deepens a full pipeline.
+        if conn.waiting_arena && (!body.chunks.is_empty() || conn.handoff_slot.is_some()) {
+            return Err(format!(
+                "connection {c} waits for the arena while holding {} chunks",
+                body.chunks.len()
+            ));
+        }
         for ch in &body.chunks {
             if !prev
                 .chunks
