@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
-use super::ring::Ring;
+use super::ring_ops::RingOps;
 
 /// Buffer size that triggers a write.
 pub const LOG_FLUSH_BYTES: usize = 64 * 1024;
@@ -86,7 +86,7 @@ impl AccessLog {
     }
 
     /// Starts a write when enough is buffered, the interval passed, or `force` (drain).
-    pub fn maybe_flush(&mut self, ring: &mut Ring, token: u64, now_ms: u64, force: bool) {
+    pub fn maybe_flush(&mut self, ring: &mut impl RingOps, token: u64, now_ms: u64, force: bool) {
         if self.in_flight || self.buf.is_empty() {
             return;
         }
@@ -103,7 +103,7 @@ impl AccessLog {
     }
 
     /// A write finished with `res` bytes (or a negated errno).
-    pub fn on_write_done(&mut self, ring: &mut Ring, res: i32) {
+    pub fn on_write_done(&mut self, ring: &mut impl RingOps, res: i32) {
         let mut done = ring.log_write_done();
         self.in_flight = false;
         if res < 0 || res as usize != done.len() {

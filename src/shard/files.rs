@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use crate::config::{EtagSource, SymlinkPolicy};
 use crate::http::conditional::{self, ETAG_MAX_BYTES};
 use crate::http::date;
-use crate::shard::ring::Ring;
+use crate::shard::ring_ops::RingOps;
 
 /// File name served for a directory.
 pub const INDEX_FILE: &str = "index.html";
@@ -191,7 +191,7 @@ impl FileCache {
     /// '/') and takes a reference to it.
     pub fn acquire(
         &mut self,
-        ring: &mut Ring,
+        ring: &mut impl RingOps,
         rel: &str,
         wants_dir: bool,
         now_ms: u64,
@@ -238,7 +238,7 @@ impl FileCache {
     }
 
     /// Drops a response's reference.
-    pub fn release(&mut self, ring: &mut Ring, idx: u32) {
+    pub fn release(&mut self, ring: &mut impl RingOps, idx: u32) {
         let f = self.entries[idx as usize].as_mut().expect("released entry");
         assert!(f.refs > 0, "file cache refcount underflow");
         f.refs -= 1;
@@ -270,14 +270,14 @@ impl FileCache {
         self.len() == 0
     }
 
-    fn free_if_unused(&mut self, ring: &mut Ring, idx: u32) {
+    fn free_if_unused(&mut self, ring: &mut impl RingOps, idx: u32) {
         let remove = matches!(&self.entries[idx as usize], Some(f) if f.stale && f.refs == 0);
         if remove {
             self.evict(ring, idx);
         }
     }
 
-    fn evict(&mut self, ring: &mut Ring, idx: u32) {
+    fn evict(&mut self, ring: &mut impl RingOps, idx: u32) {
         if let Some(f) = self.entries[idx as usize].take() {
             if !f.stale {
                 self.map.remove(&f.key);
@@ -289,7 +289,7 @@ impl FileCache {
         }
     }
 
-    fn free_slot(&mut self, ring: &mut Ring) -> Option<u32> {
+    fn free_slot(&mut self, ring: &mut impl RingOps) -> Option<u32> {
         if let Some(i) = self.free.pop() {
             return Some(i);
         }

@@ -14,9 +14,12 @@ mod reload;
 mod respond;
 #[allow(unsafe_code)]
 pub mod ring;
+pub mod ring_ops;
 #[allow(unsafe_code)]
 pub mod ring_sys;
 pub mod sched;
+#[cfg(test)]
+mod sim;
 pub mod token;
 
 use std::net::TcpListener;
@@ -32,6 +35,7 @@ use buffers::{ArenaSlots, Demand};
 use conn::{ChunkState, CloseReason, Conn, Deadline, Phase, Segment, Source};
 use files::{FileCache, FileCacheConfig};
 use ring::{Completion, Ring, RingConfig};
+use ring_ops::RingOps;
 use sched::{ReadyQueue, TickBudget, Turn};
 use token::{Op, Token};
 
@@ -115,16 +119,18 @@ pub fn run(params: ShardParams, ready: impl FnOnce(std::io::Result<()>)) {
     }
 }
 
-struct Shard {
+struct Shard<R: RingOps> {
     index: usize,
     cfg: Arc<Config>,
-    ring: Ring,
+    ring: R,
     conns: Vec<Conn>,
     free_conns: Vec<u32>,
     ready: ReadyQueue,
     arena: ArenaSlots,
     files: FileCache,
     listener: Option<TcpListener>,
+    /// The ring itself produces connections (the simulator has no listener).
+    ring_accepts: bool,
     accept_armed: bool,
     accept_retry_ms: u64,
     accept_warned_ms: u64,
@@ -135,7 +141,6 @@ struct Shard {
     recv_retry: Vec<u32>,
     /// Connections that parked a chunk, oldest first (each slot at most once: `parked_listed`).
     parked: std::collections::VecDeque<u32>,
-    started: Instant,
     now_ms: u64,
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
@@ -150,23 +155,58 @@ struct Shard {
     lifecycle: reload::LifecycleView,
 }
 
-impl Shard {
-    fn new(p: ShardParams) -> std::io::Result<Shard> {
-        let cfg = p.config;
+/// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
+fn ring_config(cfg: &Config) -> RingConfig {
+    let max_conns = cfg.max_connections_per_shard;
+    RingConfig {
+        sq_entries: SQ_ENTRIES,
+        cq_entries: CQ_ENTRIES,
+        socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
+        file_slots: cfg.open_file_cache_entries as u32,
+        arena_slots: cfg.arena_slots() as u16,
+        chunk_bytes: cfg.chunk_bytes,
+        arena_align_bytes: files::ARENA_ALIGN_BYTES as usize,
+        recv_buffers: cfg.recv_buffers as u16,
+        recv_buffer_bytes: RECV_BUFFER_BYTES,
+        conn_slots: max_conns,
+    }
+}
+
+impl Shard<Ring> {
+    fn new(p: ShardParams) -> std::io::Result<Shard<Ring>> {
+        let ring = new_ring_retrying(&ring_config(&p.config))?;
+        let loopback = p.listener.local_addr()?.ip().is_loopback();
+        Shard::with_ring(
+            p.index,
+            p.config,
+            ring,
+            Some(p.listener),
+            loopback,
+            p.metrics,
+            p.shutdown,
+            p.log_epoch,
+            p.lifecycle,
+        )
+    }
+}
+
+impl<R: RingOps> Shard<R> {
+    /// A shard on `ring`. Without a listener, the ring itself produces connections (the
+    /// simulator); `loopback` says whether the listener is on a loopback address.
+    #[allow(clippy::too_many_arguments)]
+    fn with_ring(
+        index: usize,
+        cfg: Arc<Config>,
+        ring: R,
+        listener: Option<TcpListener>,
+        loopback: bool,
+        metrics: Arc<ShardMetrics>,
+        shutdown: Arc<AtomicBool>,
+        log_epoch: Arc<AtomicU64>,
+        lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    ) -> std::io::Result<Shard<R>> {
         let max_conns = cfg.max_connections_per_shard;
         let arena_slots = cfg.arena_slots();
-        let ring = new_ring_retrying(&RingConfig {
-            sq_entries: SQ_ENTRIES,
-            cq_entries: CQ_ENTRIES,
-            socket_slots: max_conns as u32 + OVERFLOW_SOCKET_SLOTS,
-            file_slots: cfg.open_file_cache_entries as u32,
-            arena_slots: arena_slots as u16,
-            chunk_bytes: cfg.chunk_bytes,
-            arena_align_bytes: files::ARENA_ALIGN_BYTES as usize,
-            recv_buffers: cfg.recv_buffers as u16,
-            recv_buffer_bytes: RECV_BUFFER_BYTES,
-            conn_slots: max_conns,
-        })?;
         let files = FileCache::new(
             &cfg.root,
             FileCacheConfig {
@@ -178,7 +218,6 @@ impl Shard {
                 etag: cfg.etag,
             },
         )?;
-        let loopback = p.listener.local_addr()?.ip().is_loopback();
         let zerocopy = match cfg.zerocopy {
             ZeroCopy::On => true,
             ZeroCopy::Off => false,
@@ -194,29 +233,29 @@ impl Shard {
             Some(path) => Some(access_log::AccessLog::open(
                 path.clone(),
                 cfg.access_log_format == crate::config::AccessLogFormat::Json,
-                p.log_epoch.load(Ordering::Relaxed),
+                log_epoch.load(Ordering::Relaxed),
             )?),
             None => None,
         };
         Ok(Shard {
-            index: p.index,
+            index,
             ring,
             conns: (0..max_conns).map(|_| Conn::new()).collect(),
             free_conns: (0..max_conns as u32).rev().collect(),
             ready: ReadyQueue::new(max_conns),
             arena: ArenaSlots::new(arena_slots as u16, max_conns),
             files,
-            listener: Some(p.listener),
+            ring_accepts: listener.is_none(),
+            listener,
             accept_armed: false,
             accept_retry_ms: 0,
             accept_warned_ms: 0,
             date: DateCache::new(now),
-            metrics: p.metrics,
-            shutdown: p.shutdown,
+            metrics,
+            shutdown,
             batch: Vec::with_capacity(COMPLETION_BATCH_MAX),
             recv_retry: Vec::new(),
             parked: std::collections::VecDeque::with_capacity(max_conns),
-            started: Instant::now(),
             now_ms: 0,
             drain_deadline_ms: None,
             open_conns: 0,
@@ -225,8 +264,8 @@ impl Shard {
             last_sweep_ms: 0,
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
-            log_epoch: p.log_epoch,
-            lifecycle: reload::LifecycleView::new(p.lifecycle),
+            log_epoch,
+            lifecycle: reload::LifecycleView::new(lifecycle),
             cfg,
         })
     }
@@ -234,12 +273,20 @@ impl Shard {
     fn run_loop(&mut self) -> std::io::Result<()> {
         tracing::debug!(
             shard = self.index,
-            deferred_taskrun = self.ring.deferred_taskrun,
+            deferred_taskrun = self.ring.deferred_taskrun(),
             zerocopy = self.zerocopy,
             "shard loop starting"
         );
-        loop {
-            self.now_ms = self.started.elapsed().as_millis() as u64;
+        while self.tick()? {}
+        tracing::debug!(shard = self.index, "shard drained");
+        Ok(())
+    }
+
+    /// One loop tick (see the module doc); false once the shard has drained.
+    fn tick(&mut self) -> std::io::Result<bool> {
+        // The body of what was the loop, unchanged in shape (the simulator calls it per step).
+        {
+            self.now_ms = self.ring.now().as_millis() as u64;
             self.date.refresh(unix_now_secs());
             self.apply_reload();
             if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
@@ -248,7 +295,7 @@ impl Shard {
             if let Some(deadline) = self.drain_deadline_ms {
                 let log_busy = self.access_log.as_ref().is_some_and(|l| l.busy());
                 if self.open_conns == 0 && !self.accept_armed && !log_busy {
-                    break;
+                    return Ok(false);
                 }
                 if self.now_ms >= deadline {
                     self.close_all(CloseReason::Drain);
@@ -260,11 +307,11 @@ impl Shard {
             let tick_budget = self.cfg.tick_budget_bytes;
             self.shard_budget = TickBudget::new(self.cfg.shard_tick_budget_bytes);
             self.ready.begin_tick();
-            let tick_started = Instant::now();
+            let tick_started = self.ring.now();
             let tick_budget_time = Duration::from_micros(TICK_BUDGET_US);
             loop {
-                let bulk_allowed =
-                    self.shard_budget.has_room() && tick_started.elapsed() < tick_budget_time;
+                let bulk_allowed = self.shard_budget.has_room()
+                    && self.ring.now().saturating_sub(tick_started) < tick_budget_time;
                 let Some(c) = self.ready.next_conn(bulk_allowed) else {
                     break;
                 };
@@ -301,7 +348,7 @@ impl Shard {
                     break;
                 }
             }
-            self.now_ms = self.started.elapsed().as_millis() as u64;
+            self.now_ms = self.ring.now().as_millis() as u64;
             if self.now_ms >= self.last_sweep_ms + TIMER_SWEEP_MS {
                 self.last_sweep_ms = self.now_ms;
                 self.sweep_timers();
@@ -312,23 +359,22 @@ impl Shard {
                 let force = self.drain_deadline_ms.is_some();
                 log.maybe_flush(&mut self.ring, t, self.now_ms, force);
             }
-            ShardMetrics::set(&self.metrics.ring_sqes, self.ring.sqes_pushed);
+            ShardMetrics::set(&self.metrics.ring_sqes, self.ring.sqes_pushed());
             ShardMetrics::set(
                 &self.metrics.chunks_in_flight,
                 (self.cfg.arena_slots() - self.arena.free_count()) as u64,
             );
-            ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters);
+            ShardMetrics::set(&self.metrics.ring_enters, self.ring.enters());
             ShardMetrics::set(&self.metrics.open, self.open_conns as u64);
             ShardMetrics::set(&self.metrics.arena_waits, self.arena.waits);
-            ShardMetrics::set(&self.metrics.ring_busy, self.ring.busy);
-            ShardMetrics::set(&self.metrics.ring_unqueued, self.ring.unqueued_total);
+            ShardMetrics::set(&self.metrics.ring_busy, self.ring.busy());
+            ShardMetrics::set(&self.metrics.ring_unqueued, self.ring.unqueued_total());
             let overflow = u64::from(self.ring.cq_overflow());
             ShardMetrics::set(&self.metrics.ring_cq_overflow, overflow);
             ShardMetrics::set(&self.metrics.file_cache_hits, self.files.hits);
             ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
         }
-        tracing::debug!(shard = self.index, "shard drained");
-        Ok(())
+        Ok(true)
     }
 
     /// Records a time-to-first-byte sample.
@@ -337,7 +383,7 @@ impl Shard {
     }
 
     fn metrics_requests(&self) -> u64 {
-        self.ring.sqes_pushed
+        self.ring.sqes_pushed()
     }
 
     fn token(&self, op: Op, c: u32, aux: u16) -> u64 {
@@ -353,9 +399,10 @@ impl Shard {
         {
             return;
         }
-        if let Some(l) = &self.listener {
+        let listener = self.listener.as_ref().map(|l| l.as_fd());
+        if listener.is_some() || self.ring_accepts {
             let t = Token::new(Op::Accept, 0, 0, 0).encode();
-            self.ring.accept_multi(l.as_fd(), t);
+            self.ring.accept_multi(listener, t);
             self.accept_armed = true;
         }
     }
@@ -1053,6 +1100,9 @@ impl Shard {
 
     /// Gives back the chunks of connections parked longer than `PARK_HOLD_MS` (a stalled
     /// client keeps nothing for long even when nobody else asks).
+    ///
+    /// The whole list is walked (in order): a connection that parked again while still listed
+    /// keeps its old place with a newer `parked_ms`, so the list is not sorted by park time.
     fn expire_parked(&mut self) {
         // One pass over the listed connections: one that parked again recently goes to the
         // back, so it cannot shield the ones behind it from expiry.
@@ -1088,23 +1138,15 @@ impl Shard {
 
     /// Gives back chunks beyond `keep` that the kernel does not hold (read-ahead not yet sent,
     /// or the unsent rest of a parked chunk), newest first, and rewinds the body so those bytes
-    /// are read again when the client catches up: the disk, not the arena, buffers a slow
-    /// client. Only plain file bodies (one file segment) are rewound; multipart framing is
-    /// left as it is, and so is a chunk whose response header has not fully left.
+    /// are planned again when the client catches up: the disk, not the arena, buffers a slow
+    /// client. File bytes are re-read; the unsent rest of a memory chunk (multipart framing,
+    /// generated bytes) goes back as a memory segment. A chunk whose response header has not
+    /// fully left is kept.
     fn give_back_chunks(&mut self, c: u32, keep: usize) -> usize {
         let conn = &mut self.conns[c as usize];
         let Some(body) = conn.body.as_mut() else {
             return 0;
         };
-        let plain = body.segments.len() <= 1
-            && body
-                .segments
-                .iter()
-                .all(|s| matches!(s, Segment::File { .. }))
-            && body.chunks.iter().all(|ch| ch.source != Source::Memory);
-        if !plain {
-            return 0;
-        }
         let mut freed = [0u16; crate::config::MAX_PIPELINE_DEPTH];
         let mut n_freed = 0;
         while body.chunks.len() > keep && n_freed < crate::config::MAX_PIPELINE_DEPTH {
@@ -1116,15 +1158,22 @@ impl Shard {
             if !ours || unsent_at < last.read_buf_off {
                 break;
             }
-            let start = last.read_file_off + u64::from(unsent_at - last.read_buf_off);
-            let end =
-                last.read_file_off + u64::from(last.send_off + last.send_len - last.read_buf_off);
-            match body.segments.front_mut() {
-                Some(Segment::File { pos, .. }) => {
-                    assert_eq!(*pos, end, "read-ahead is contiguous");
-                    *pos = start;
+            let send_end = last.send_off + last.send_len;
+            if last.source == Source::Memory {
+                // Each chunk comes from one segment, and segments follow in stream order, so
+                // the unsent bytes go in front of whatever is still to plan.
+                let rest =
+                    self.ring.arena(last.slot)[unsent_at as usize..send_end as usize].to_vec();
+                body.segments.push_front(Segment::Mem(rest));
+            } else {
+                let start = last.read_file_off + u64::from(unsent_at - last.read_buf_off);
+                let end = last.read_file_off + u64::from(send_end - last.read_buf_off);
+                match body.segments.front_mut() {
+                    // The rest of the same file range: extend it back.
+                    Some(Segment::File { pos, .. }) if *pos == end => *pos = start,
+                    // That range was planned to its end (a part header or nothing follows).
+                    _ => body.segments.push_front(Segment::File { pos: start, end }),
                 }
-                _ => body.segments.push_front(Segment::File { pos: start, end }),
             }
             freed[n_freed] = last.slot;
             n_freed += 1;
@@ -1220,7 +1269,7 @@ impl Shard {
 
     /// Bookkeeping when a response ends (complete or aborted): status counters, access log.
     fn response_done(&mut self, c: u32) {
-        let now_us = self.started.elapsed().as_micros() as u64;
+        let now_us = self.ring.now().as_micros() as u64;
         let conn = &mut self.conns[c as usize];
         conn.responding = false;
         self.metrics.count_request(conn.method, conn.status);
@@ -1243,7 +1292,7 @@ impl Shard {
         conn.resp_bytes += n;
         if !conn.first_byte_sent {
             conn.first_byte_sent = true;
-            let now_us = self.started.elapsed().as_micros() as u64;
+            let now_us = self.ring.now().as_micros() as u64;
             let ttfb_us = now_us.saturating_sub(conn.request_start_us);
             self.observe_ttfb(ttfb_us);
         }
@@ -1380,6 +1429,7 @@ impl Shard {
         // refused, instead of waiting unanswered until the process exits. An accept still in
         // flight holds its own reference to the socket until the cancel above completes.
         self.listener = None;
+        self.ring_accepts = false;
         for c in 0..self.conns.len() as u32 {
             let conn = &mut self.conns[c as usize];
             if conn.phase == Phase::Open {

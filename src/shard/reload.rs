@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{access_log, Shard};
+use super::{access_log, RingOps, Shard};
 use crate::config::{AccessLogFormat, Config};
 use crate::lifecycle::Lifecycle;
 
@@ -31,7 +31,7 @@ fn same_access_log(a: &Config, b: &Config) -> bool {
     a.access_log == b.access_log && a.access_log_format == b.access_log_format
 }
 
-impl Shard {
+impl<R: RingOps> Shard<R> {
     /// True once this edge is leaving rotation (SIGTERM) or draining: health answers 503 and
     /// responses close their connections.
     pub(super) fn leaving(&self) -> bool {

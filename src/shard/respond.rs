@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use super::conn::{Body, Deadline, Segment, Source};
 use super::files::ReadMode;
-use super::{access_log, ring, Shard};
+use super::{access_log, ring, RingOps, Shard};
 use crate::config::DIAG_ZERO_MAX_BYTES;
 use crate::fs::resolve::resolve_target;
 use crate::http::conditional::{self, Conditions, Precondition, Validators};
@@ -14,7 +14,7 @@ use crate::http::range::{parse_range, ByteRange, RangeOutcome};
 use crate::http::request::{parse_request, Method, Parsed, Request};
 use crate::http::response::{self, Boundary, ContentRange, Head};
 
-impl Shard {
+impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
     /// receive when the head is not complete yet.
     pub(super) fn start_request(&mut self, c: u32) {
@@ -49,7 +49,7 @@ impl Shard {
 
     /// Starts the clock of a request and keeps what the access log needs.
     fn note_request(&mut self, c: u32, rx: &[u8], parsed: &Parsed<'_>) {
-        let now_us = self.started.elapsed().as_micros() as u64;
+        let now_us = self.ring.now().as_micros() as u64;
         let logging = self.access_log.is_some();
         let conn = &mut self.conns[c as usize];
         conn.request_start_us = now_us;
@@ -248,7 +248,7 @@ fn zero_bytes_param(query: Option<&[u8]>) -> Option<u64> {
     v.parse().ok().filter(|&n| n <= DIAG_ZERO_MAX_BYTES)
 }
 
-impl Shard {
+impl<R: RingOps> Shard<R> {
     /// `GET /__shardline/zero?bytes=N`: N zero bytes from the arena, no disk I/O.
     fn respond_zero(&mut self, c: u32, req: &Request<'_>, keep_alive: bool) {
         let Some(n) = zero_bytes_param(req.query) else {

@@ -241,6 +241,8 @@ pub struct Ring {
     pub busy: u64,
     /// Entries that had to wait in the unqueued FIFO because the SQ was full.
     pub unqueued_total: u64,
+    /// When the ring was built: the origin of the shard's clock (`RingOps::now`).
+    started: std::time::Instant,
     /// Test hook: the kernel "takes nothing" on flush (as under EBUSY), so entries queue.
     #[cfg(test)]
     refuse_submits: bool,
@@ -315,6 +317,7 @@ impl Ring {
             enters: 0,
             busy: 0,
             unqueued_total: 0,
+            started: std::time::Instant::now(),
             #[cfg(test)]
             refuse_submits: false,
         })
@@ -793,6 +796,164 @@ impl Ring {
                 flags: cqe.flags(),
             });
         }
+    }
+}
+
+/// The real ring behind the shard's seam: each method is the inherent one of the same name;
+/// the clock is real time since the ring was built.
+impl super::ring_ops::RingOps for Ring {
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+    fn probe_supports(&self, opcode: u8) -> bool {
+        Ring::probe_supports(self, opcode)
+    }
+    fn deferred_taskrun(&self) -> bool {
+        self.deferred_taskrun
+    }
+    fn sqes_pushed(&self) -> u64 {
+        self.sqes_pushed
+    }
+    fn enters(&self) -> u64 {
+        self.enters
+    }
+    fn busy(&self) -> u64 {
+        self.busy
+    }
+    fn unqueued_total(&self) -> u64 {
+        self.unqueued_total
+    }
+    fn cq_overflow(&mut self) -> u32 {
+        Ring::cq_overflow(self)
+    }
+    fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
+        if let Some(l) = listener {
+            Ring::accept_multi(self, l, token);
+        }
+    }
+    fn recv(&mut self, socket: u32, token: u64) {
+        Ring::recv(self, socket, token);
+    }
+    fn claim_recv(&mut self, bid: u16) {
+        Ring::claim_recv(self, bid);
+    }
+    fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
+        Ring::recv_data(self, bid, len)
+    }
+    fn recycle_recv(&mut self, bid: u16) {
+        Ring::recycle_recv(self, bid);
+    }
+    fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
+        Ring::tx_mut(self, conn)
+    }
+    fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64) {
+        Ring::send_tx(self, conn, socket, from, flags, token);
+    }
+    fn tx_done(&mut self, conn: usize) {
+        Ring::tx_done(self, conn);
+    }
+    fn tx_len(&self, conn: usize) -> usize {
+        Ring::tx_len(self, conn)
+    }
+    fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
+        Ring::copy_tx_to_arena(self, conn, slot)
+    }
+    fn tx_release(&mut self, conn: usize) {
+        Ring::tx_release(self, conn);
+    }
+    fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
+        Ring::arena_mut(self, slot)
+    }
+    fn arena(&self, slot: u16) -> &[u8] {
+        Ring::arena(self, slot)
+    }
+    fn read_fixed(
+        &mut self,
+        slot: u16,
+        buf_offset: usize,
+        len: usize,
+        file: u32,
+        file_offset: u64,
+        rw_flags: i32,
+        token: u64,
+    ) {
+        Ring::read_fixed(
+            self,
+            slot,
+            buf_offset,
+            len,
+            file,
+            file_offset,
+            rw_flags,
+            token,
+        );
+    }
+    fn send_arena(
+        &mut self,
+        slot: u16,
+        offset: usize,
+        len: usize,
+        socket: u32,
+        flags: i32,
+        zerocopy: bool,
+        token: u64,
+    ) {
+        Ring::send_arena(self, slot, offset, len, socket, flags, zerocopy, token);
+    }
+    fn arena_done(&mut self, slot: u16) {
+        Ring::arena_done(self, slot);
+    }
+    fn send_static_then_close(
+        &mut self,
+        socket: u32,
+        bytes: &'static [u8],
+        token: u64,
+        close_token: u64,
+    ) {
+        Ring::send_static_then_close(self, socket, bytes, token, close_token);
+    }
+    fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
+        Ring::write_log(self, fd, buf, token);
+    }
+    fn log_write_done(&mut self) -> Vec<u8> {
+        Ring::log_write_done(self)
+    }
+    fn close_fixed(&mut self, slot: u32, token: u64) {
+        Ring::close_fixed(self, slot, token);
+    }
+    fn cancel_socket(&mut self, socket: u32, token: u64) {
+        Ring::cancel_socket(self, socket, token);
+    }
+    fn cancel_token(&mut self, target: u64, token: u64) {
+        Ring::cancel_token(self, target, token);
+    }
+    fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
+        Ring::register_file(self, index, fd)
+    }
+    fn unregister_file(&mut self, index: u32) -> io::Result<()> {
+        Ring::unregister_file(self, index)
+    }
+    fn file_fixed_index(&self, index: u32) -> u32 {
+        Ring::file_fixed_index(self, index)
+    }
+    fn poll_writable(&mut self, socket: u32, token: u64) {
+        Ring::poll_writable(self, socket, token);
+    }
+    fn shutdown_write(&mut self, socket: u32, token: u64) {
+        Ring::shutdown_write(self, socket, token);
+    }
+    fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
+        Ring::submit_and_wait(self, want, timeout)
+    }
+    fn submit_and_wait_batched(
+        &mut self,
+        timeout: Duration,
+        batch: Option<(usize, Duration)>,
+    ) -> io::Result<()> {
+        Ring::submit_and_wait_batched(self, timeout, batch)
+    }
+    fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
+        Ring::drain_completions(self, out, max);
     }
 }
 

@@ -1,0 +1,130 @@
+//! The seam between the shard and its ring: every operation the shard, the file cache and the
+//! access log ask of a ring, plus the clock their timers run on.
+//!
+//! `Ring` (the real io_uring, real time) implements it for the binary; the deterministic
+//! simulator (`shard::sim`, tests only) implements it with plain memory, modelled sockets and
+//! a virtual clock. Buffers are named by index, never by pointer, so no `unsafe` is needed on
+//! this side of the seam.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use super::ring::Completion;
+
+/// What a shard needs from a ring (see `Ring` for each method's contract).
+pub trait RingOps {
+    /// Time since the ring was built; every shard timer runs on it.
+    fn now(&self) -> Duration;
+    /// Which io_uring opcodes this ring supports.
+    fn probe_supports(&self, opcode: u8) -> bool;
+    /// Whether completions are deferred task work (DEFER_TASKRUN), for the start-up log.
+    fn deferred_taskrun(&self) -> bool;
+    /// Submission entries pushed since start.
+    fn sqes_pushed(&self) -> u64;
+    /// Kernel entries (`io_uring_enter` calls) since start.
+    fn enters(&self) -> u64;
+    /// Times the kernel answered EBUSY.
+    fn busy(&self) -> u64;
+    /// Entries that had to wait because the SQ was full.
+    fn unqueued_total(&self) -> u64;
+    /// Completions waiting in the overflow list because the CQ was full.
+    fn cq_overflow(&mut self) -> u32;
+
+    /// Arms a multishot accept on `listener`; `None` when the ring itself is the source of
+    /// connections (the simulator).
+    fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64);
+    /// Arms one receive on a fixed socket (into a provided buffer).
+    fn recv(&mut self, socket: u32, token: u64);
+    /// Takes ownership of provided buffer `bid` named by a receive completion.
+    fn claim_recv(&mut self, bid: u16);
+    /// The bytes a receive placed in provided buffer `bid`.
+    fn recv_data(&self, bid: u16, len: usize) -> &[u8];
+    /// Returns provided buffer `bid` to the ring.
+    fn recycle_recv(&mut self, bid: u16);
+
+    /// The header buffer of connection slot `conn`, for writing (not in flight).
+    fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8>;
+    /// Sends `tx[conn][from..]`; the buffer is the ring's until `tx_done(conn)`.
+    fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64);
+    /// The send from `tx[conn]` completed.
+    fn tx_done(&mut self, conn: usize);
+    /// Bytes in connection `conn`'s header buffer.
+    fn tx_len(&self, conn: usize) -> usize;
+    /// Copies `tx[conn]` to the front of arena slot `slot`; returns its length.
+    fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize;
+    /// Releases the memory of an idle connection's header buffer.
+    fn tx_release(&mut self, conn: usize);
+
+    /// Arena slot `slot` for writing by the shard (not in flight).
+    fn arena_mut(&mut self, slot: u16) -> &mut [u8];
+    /// Arena slot `slot` for reading by the shard (not in flight).
+    fn arena(&self, slot: u16) -> &[u8];
+    /// Reads `len` bytes of fixed file `file` at `file_offset` into `slot` at `buf_offset`.
+    #[allow(clippy::too_many_arguments)]
+    fn read_fixed(
+        &mut self,
+        slot: u16,
+        buf_offset: usize,
+        len: usize,
+        file: u32,
+        file_offset: u64,
+        rw_flags: i32,
+        token: u64,
+    );
+    /// Sends `len` bytes of arena slot `slot` from `offset` (MSG_DONTWAIT; SEND_ZC with
+    /// `zerocopy`).
+    #[allow(clippy::too_many_arguments)]
+    fn send_arena(
+        &mut self,
+        slot: u16,
+        offset: usize,
+        len: usize,
+        socket: u32,
+        flags: i32,
+        zerocopy: bool,
+        token: u64,
+    );
+    /// The ring is done with arena slot `slot`.
+    fn arena_done(&mut self, slot: u16);
+    /// Sends static bytes, then closes the socket (linked).
+    fn send_static_then_close(
+        &mut self,
+        socket: u32,
+        bytes: &'static [u8],
+        token: u64,
+        close_token: u64,
+    );
+    /// Appends `buf` to the log file `fd`; the ring keeps it until `log_write_done`.
+    fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64);
+    /// The log write completed: its buffer, for reuse.
+    fn log_write_done(&mut self) -> Vec<u8>;
+
+    /// Closes a fixed-file slot (socket or file).
+    fn close_fixed(&mut self, slot: u32, token: u64);
+    /// Cancels every operation in flight on fixed socket `socket`.
+    fn cancel_socket(&mut self, socket: u32, token: u64);
+    /// Cancels the operation submitted with `target`.
+    fn cancel_token(&mut self, target: u64, token: u64);
+    /// Places an open file in file slot `index`.
+    fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()>;
+    /// Empties file slot `index`.
+    fn unregister_file(&mut self, index: u32) -> io::Result<()>;
+    /// The absolute fixed-file index of file slot `index`.
+    fn file_fixed_index(&self, index: u32) -> u32;
+    /// Arms a one-shot poll for socket `socket` to become writable.
+    fn poll_writable(&mut self, socket: u32, token: u64);
+    /// Shuts down the write side of socket `socket`.
+    fn shutdown_write(&mut self, socket: u32, token: u64);
+
+    /// Submits queued entries and waits for at least `want` completions or `timeout`.
+    fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()>;
+    /// Submits and waits up to `timeout`, gathering a batch (see `Ring`).
+    fn submit_and_wait_batched(
+        &mut self,
+        timeout: Duration,
+        batch: Option<(usize, Duration)>,
+    ) -> io::Result<()>;
+    /// Moves up to `max` completions into `out`.
+    fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize);
+}

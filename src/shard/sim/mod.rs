@@ -1,0 +1,624 @@
+//! Deterministic simulator of one shard (issue 11 item 7; tests only).
+//!
+//! The real `Shard` runs on a fake ring (`SimRing`, behind the same `RingOps` seam as the
+//! io_uring one) whose every choice comes from one seed: completion order and batching, sends
+//! split at random byte counts or refused with EAGAIN when a client's modelled socket buffer
+//! is full, ENOBUFS, ECANCELED, ECONNRESET, short reads, EOF and EIO on real temporary files,
+//! a full SQ, a small CQ that overflows, files rewritten, truncated or replaced mid-response,
+//! and clients that pipeline, ask for ranges, read slowly, stall, half-close or vanish. The
+//! clock is virtual, so header, idle, send and park timers fire without sleeping. After every
+//! tick the invariants below are checked; a failing seed prints a one-line reproduction.
+//!
+//! - one seed: `SHARDLINE_SIM_SEED=1234 cargo test --lib shard::sim`
+//! - a long exploration: `SHARDLINE_SIM_SEEDS=100000 cargo test --release --lib shard::sim`
+//!   (seeds `0..N`; the default run explores `DEFAULT_SEEDS`).
+//!
+//! Invariants: every byte a client receives is the file's byte at that offset, in one version
+//! of the file (or the connection ends early); arena slots are neither leaked nor held twice
+//! (free + held = total, every slot the kernel holds is held by a connection, all free at the
+//! end); every connection ends; no completion names a closed generation (the shard asserts;
+//! panics are caught per seed); no connection plans more than its per-tick budget (plus the
+//! one chunk that crosses it); a complete request waits at most one tick and a small
+//! response is never held back while a slot is free; a parked connection holds no reclaimable
+//! chunk once it has been parked longer than `PARK_HOLD_MS` plus two timer sweeps.
+
+mod net;
+mod ring;
+mod rng;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use super::conn::{ChunkState, Phase};
+use super::{Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
+use crate::config::{Config, ZeroCopy};
+use crate::metrics::ShardMetrics;
+use net::{Client, ClientPlan, FileFault, Net, Request, SimFile, Target};
+use ring::{Faults, SimRing};
+use rng::Rng;
+
+/// Seeds the default test explores.
+pub const DEFAULT_SEEDS: u64 = 2000;
+/// Bytes per arena chunk in the simulation (small, so a few hundred KiB make pressure).
+const SIM_CHUNK_BYTES: usize = 64 * 1024;
+/// Most ticks one run may take before it counts as hung.
+const MAX_TICKS: u64 = 200_000;
+/// Most virtual time one run may take before it counts as hung (ms).
+const MAX_VIRTUAL_MS: u64 = 120_000;
+
+/// What a finished run saw, for the summary line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct RunStats {
+    ticks: u64,
+    responses: usize,
+    cut_short: usize,
+    file_changes: usize,
+    arena_waits: u64,
+    paths: ring::Paths,
+}
+
+/// The shard under test.
+type SimShard = Shard<SimRing>;
+
+/// A temporary root with the served files, removed on drop.
+struct Root(PathBuf);
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds a run's world from its seed: config, files, clients, faults.
+fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, bool)> {
+    let mut rng = Rng::new(seed);
+    std::fs::create_dir_all(root)?;
+    let sizes = [
+        rng.range(1, 3000),
+        rng.range(64 * 1024, 512 * 1024),
+        rng.range(1, 200 * 1024),
+    ];
+    let mut files = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let content: Vec<u8> = (0..size).map(|_| rng.next_u64() as u8).collect();
+        let path = root.join(format!("f{i}.bin"));
+        std::fs::write(&path, &content)?;
+        // A fixed mtime: validators (and so header lengths) are the same in every replay.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)?
+            .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_500_000_000))?;
+        files.push(SimFile {
+            url: format!("/f{i}.bin"),
+            path,
+            versions: vec![content],
+        });
+    }
+    let n_clients = rng.range(1, 6);
+    let mut clients = Vec::new();
+    for _ in 0..n_clients {
+        let n_requests = rng.range(1, 3) as usize;
+        let mut requests = Vec::new();
+        for k in 0..n_requests {
+            let last = k + 1 == n_requests;
+            let roll = rng.below(100);
+            let target = if roll < 8 {
+                Target::Missing
+            } else if roll < 12 && last {
+                Target::BadHost
+            } else if roll < 18 {
+                Target::Zero(rng.below(300 * 1024))
+            } else {
+                Target::File(rng.below(files.len() as u64) as usize)
+            };
+            let range = match target {
+                Target::File(f) => random_range(&mut rng, sizes[f]),
+                _ => None,
+            };
+            requests.push(Request {
+                target,
+                range,
+                close: last && rng.chance(30),
+            });
+        }
+        let slow = rng.chance(30);
+        clients.push(Client::new(ClientPlan {
+            start_us: rng.below(20_000),
+            requests,
+            pipelined: rng.chance(30),
+            read_bytes: if slow {
+                rng.range(2048, 16 * 1024) as usize
+            } else {
+                rng.range(16 * 1024, 256 * 1024) as usize
+            },
+            gap_us: if slow {
+                rng.range(1000, 20_000)
+            } else {
+                rng.below(300)
+            },
+            // Byte-at-a-time writers are fast ones: a slow one would be a slowloris.
+            write_piece: if !slow && rng.chance(10) {
+                rng.range(1, 20) as usize
+            } else {
+                usize::MAX
+            },
+            stall: rng.chance(15).then(|| {
+                let forever = rng.chance(30);
+                (
+                    rng.below(200 * 1024),
+                    if forever {
+                        u64::MAX
+                    } else {
+                        rng.range(100_000, 3_000_000)
+                    },
+                )
+            }),
+            vanish_us: rng.chance(8).then(|| rng.below(500_000)),
+            sndbuf_bytes: if rng.chance(50) {
+                rng.range(4096, 32 * 1024) as usize
+            } else {
+                rng.range(32 * 1024, 256 * 1024) as usize
+            },
+            idle_at_end: rng.chance(10),
+            half_close: rng.chance(10),
+        }));
+    }
+    let mut file_faults = VecDeque::new();
+    if rng.chance(15) {
+        let mut at = 0;
+        for _ in 0..rng.range(1, 2) {
+            at += rng.below(200_000);
+            let fault = match rng.below(3) {
+                0 => FileFault::Rewrite,
+                1 => FileFault::Truncate,
+                _ => FileFault::Replace,
+            };
+            file_faults.push_back((at, rng.below(files.len() as u64) as usize, fault));
+        }
+    }
+    let faults = Faults {
+        enobufs_pct: rng.below(10),
+        short_read_pct: rng.below(30),
+        read_eio_pct: if rng.chance(10) { 2 } else { 0 },
+        sq_full_pct: rng.below(20),
+        defer_pct: rng.below(30),
+        poll_cancel_pct: rng.below(5),
+        cq_entries: if rng.chance(30) {
+            rng.range(2, 8) as usize
+        } else {
+            4096
+        },
+    };
+    let zerocopy = rng.chance(50);
+    let cfg = Config {
+        root: root.to_path_buf(),
+        max_connections_per_shard: rng.range(2, 8) as usize,
+        chunk_bytes: SIM_CHUNK_BYTES,
+        pipeline_depth: rng.range(2, 4) as usize,
+        tick_budget_bytes: 128 * 1024,
+        shard_tick_budget_bytes: 256 * 1024,
+        arena_bytes: SIM_CHUNK_BYTES * rng.range(3, 8) as usize,
+        direct_io_min_bytes: u64::MAX,
+        zerocopy: if zerocopy {
+            ZeroCopy::On
+        } else {
+            ZeroCopy::Off
+        },
+        // Longer than the slowest client needs for a whole response, so only stalls and
+        // vanishing clients run into them (and idle clients at the end).
+        header_timeout_ms: 5000,
+        keepalive_timeout_ms: 10_000,
+        send_timeout_ms: 5000,
+        open_file_cache_entries: rng.range(2, 4) as usize,
+        open_file_valid_ms: 50,
+        recv_buffers: 1 << rng.range(2, 4),
+        diag_endpoint: true,
+        ..Config::default()
+    };
+    let net = Net::new(files, clients, file_faults, seed);
+    Ok((cfg, net, faults, zerocopy))
+}
+
+/// A `Range` value inside a file of `size` bytes (or none): single, suffix, open-ended,
+/// unaligned, and multi-range.
+fn random_range(rng: &mut Rng, size: u64) -> Option<String> {
+    let roll = rng.below(100);
+    let last = size.saturating_sub(1);
+    if roll < 50 {
+        return None;
+    }
+    if roll < 70 {
+        let a = rng.below(size);
+        let b = rng.range(a, last);
+        return Some(format!("bytes={a}-{b}"));
+    }
+    if roll < 78 {
+        return Some(format!("bytes=-{}", rng.range(1, size)));
+    }
+    if roll < 85 {
+        return Some(format!("bytes={}-", rng.below(size)));
+    }
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for _ in 0..rng.range(2, 3) {
+        if at + 2 > last {
+            break;
+        }
+        let a = rng.range(at, (at + size / 3).min(last));
+        let b = rng.range(a, (a + size / 4).min(last));
+        parts.push(format!("{a}-{b}"));
+        at = b + 2;
+    }
+    (!parts.is_empty()).then(|| format!("bytes={}", parts.join(",")))
+}
+
+/// What the checks need from the previous tick.
+#[derive(Default)]
+struct Previous {
+    /// Chunks held per connection: (conn, slot, file offset, length).
+    chunks: HashSet<(u32, u16, u64, u32)>,
+    /// Connections (with generation) that had a complete request waiting, with the start of
+    /// their last request and the bytes waiting (either changes once the request is served).
+    pending_heads: HashSet<(u32, u16, u64, usize)>,
+    /// Connections (with generation) whose small response had not started reading, while a
+    /// slot was free.
+    waiting_small: HashSet<(u32, u16)>,
+}
+
+fn has_complete_head(rx: &[u8]) -> bool {
+    rx.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// Records what the next tick's checks compare against.
+fn observe(shard: &SimShard) -> Previous {
+    let mut p = Previous::default();
+    let free = shard.arena.free_count();
+    for (c, conn) in shard.conns.iter().enumerate() {
+        let c = c as u32;
+        if let Some(body) = &conn.body {
+            for ch in &body.chunks {
+                p.chunks.insert((c, ch.slot, ch.read_file_off, ch.send_len));
+            }
+            if body.small && body.inline_head && free > 0 && conn.phase == Phase::Open {
+                p.waiting_small.insert((c, conn.generation));
+            }
+        }
+        let idle = conn.phase == Phase::Open && !conn.responding && !conn.lingering;
+        if idle && has_complete_head(&conn.rx) {
+            p.pending_heads
+                .insert((c, conn.generation, conn.request_start_us, conn.rx.len()));
+        }
+    }
+    p
+}
+
+/// The invariants after one tick; `Err` names the first one broken.
+fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
+    let ring = &shard.ring;
+    if let Some(v) = ring.violations.first() {
+        return Err(format!("ring: {v}"));
+    }
+    if let Some(f) = ring.net.failures.first() {
+        return Err(f.clone());
+    }
+    let total = shard.cfg.arena_slots();
+    let mut held: HashMap<u16, u32> = HashMap::new();
+    let mut planned: HashMap<u32, u64> = HashMap::new();
+    let now_ms = shard.now_ms;
+    for (c, conn) in shard.conns.iter().enumerate() {
+        let c = c as u32;
+        if conn.phase == Phase::Free && (conn.ops != 0 || conn.body.is_some()) {
+            return Err(format!("free connection {c} has operations or a body"));
+        }
+        let body_slots = conn
+            .body
+            .iter()
+            .flat_map(|b| b.chunks.iter().map(|ch| ch.slot));
+        for slot in body_slots.chain(conn.handoff_slot) {
+            if let Some(other) = held.insert(slot, c) {
+                return Err(format!("arena slot {slot} held by {other} and {c}"));
+            }
+        }
+        let Some(body) = &conn.body else { continue };
+        // Documented bound (docs/ARCHITECTURE.md): only a connection that holds no chunk
+        // waits for the arena, so a handed-over slot never deepens a full pipeline.
+        if conn.waiting_arena && (!body.chunks.is_empty() || conn.handoff_slot.is_some()) {
+            return Err(format!(
+                "connection {c} waits for the arena while holding {} chunks",
+                body.chunks.len()
+            ));
+        }
+        for ch in &body.chunks {
+            if !prev
+                .chunks
+                .contains(&(c, ch.slot, ch.read_file_off, ch.send_len))
+            {
+                *planned.entry(c).or_default() += u64::from(ch.send_len);
+            }
+        }
+        if body.chunks.len() > shard.cfg.pipeline_depth {
+            return Err(format!(
+                "connection {c} holds {} chunks, deeper than the pipeline",
+                body.chunks.len()
+            ));
+        }
+        // A stalled client: nothing reclaimable stays with it past the hold time.
+        let parked_long = conn.phase == Phase::Open
+            && conn.poll_armed
+            && now_ms > conn.parked_ms + PARK_HOLD_MS + 2 * TIMER_SWEEP_MS;
+        if parked_long {
+            let reclaimable = body
+                .chunks
+                .iter()
+                .filter(|ch| {
+                    matches!(ch.state, ChunkState::Ready | ChunkState::Parked)
+                        && ch.send_off + ch.sent >= ch.read_buf_off
+                })
+                .count();
+            if reclaimable > 0 {
+                return Err(format!(
+                    "connection {c} parked since {} ms still holds {reclaimable} chunks at {now_ms} ms (listed {}, parked FIFO {:?}, chunks {:?})",
+                    conn.parked_ms, conn.parked_listed, shard.parked,
+                    body.chunks.iter().map(|ch| (ch.state, ch.sent, ch.send_len)).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
+    if held.len() + shard.arena.free_count() != total {
+        return Err(format!(
+            "arena: {} held + {} free != {total} slots",
+            held.len(),
+            shard.arena.free_count()
+        ));
+    }
+    for slot in 0..total as u16 {
+        if ring.arena_owned(slot) && !held.contains_key(&slot) {
+            return Err(format!("arena slot {slot} is in flight but held by nobody"));
+        }
+    }
+    let limit = (shard.cfg.tick_budget_bytes + shard.cfg.chunk_bytes) as u64;
+    if let Some((c, bytes)) = planned.iter().find(|(_, &b)| b > limit) {
+        return Err(format!(
+            "connection {c} planned {bytes} bytes in one tick (budget {})",
+            shard.cfg.tick_budget_bytes
+        ));
+    }
+    for &(c, generation, start_us, rx_len) in &prev.pending_heads {
+        let conn = &shard.conns[c as usize];
+        let same = conn.generation == generation
+            && conn.phase == Phase::Open
+            && conn.request_start_us == start_us
+            && conn.rx.len() >= rx_len;
+        if same && !conn.responding && !conn.lingering && has_complete_head(&conn.rx) {
+            return Err(format!(
+                "connection {c}: a complete request waited a whole tick (rx {:?}, last status {}, \
+                 recv armed {}, ops {}, {} queued)",
+                String::from_utf8_lossy(&conn.rx),
+                conn.status,
+                conn.recv_armed,
+                conn.ops,
+                shard.ready.len()
+            ));
+        }
+    }
+    for &(c, generation) in &prev.waiting_small {
+        let conn = &shard.conns[c as usize];
+        let still = conn.generation == generation
+            && conn.phase == Phase::Open
+            && conn.body.as_ref().is_some_and(|b| b.small && b.inline_head);
+        if still {
+            return Err(format!(
+                "connection {c}: a small response waited a tick with a slot free"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks once everything has ended.
+fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
+    let ring = &shard.ring;
+    if shard.open_conns != 0 {
+        return Err(format!("{} connections never ended", shard.open_conns));
+    }
+    if shard.arena.free_count() != shard.cfg.arena_slots() {
+        return Err(format!(
+            "arena slots leaked: {} of {} free at the end",
+            shard.arena.free_count(),
+            shard.cfg.arena_slots()
+        ));
+    }
+    if ring.recv_buffers_out() != 0 {
+        return Err(format!(
+            "{} receive buffers never returned",
+            ring.recv_buffers_out()
+        ));
+    }
+    for (i, c) in ring.net.clients.iter().enumerate() {
+        if strict && c.statuses.contains(&416) {
+            return Err(format!(
+                "client {i} got a 416 for a satisfiable range: {:?}",
+                c.plan.requests
+            ));
+        }
+        let refused = c.statuses.contains(&503);
+        let disturbed = c.plan.stall.is_some() || c.plan.vanish_us.is_some() || refused;
+        if strict && !disturbed && (c.cut_short || c.responses < c.plan.requests.len()) {
+            let sock = c.sock.map(|id| &ring.net.socks[id]);
+            return Err(format!(
+                "client {i} got {} of {} responses ({:?}, statuses {:?}, socket {sock:?}) in a run without faults",
+                c.responses,
+                c.plan.requests.len(),
+                c.plan,
+                c.statuses
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one seed to the end; `Err` describes the first broken invariant.
+fn run_seed(seed: u64) -> Result<RunStats, String> {
+    let root = Root(std::env::temp_dir().join(format!(
+        "shardline-sim-{}-{seed}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    )));
+    let (cfg, net, faults, zerocopy) =
+        scenario(seed, &root.0).map_err(|e| format!("scenario: {e}"))?;
+    let strict = faults.read_eio_pct == 0 && !net.file_faults.iter().any(|_| true);
+    let ring = SimRing::new(&super::ring_config(&cfg), net, seed, faults, zerocopy);
+    let cfg = Arc::new(cfg);
+    let mut shard = Shard::with_ring(
+        0,
+        cfg.clone(),
+        ring,
+        None,
+        false,
+        Arc::new(ShardMetrics::default()),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+        crate::lifecycle::Lifecycle::new(cfg),
+    )
+    .map_err(|e| format!("shard: {e}"))?;
+    let mut stats = RunStats::default();
+    loop {
+        let prev = observe(&shard);
+        shard.tick().map_err(|e| format!("tick: {e}"))?;
+        stats.ticks += 1;
+        check_tick(&shard, &prev).map_err(|e| format!("tick {}: {e}", stats.ticks))?;
+        let ring = &shard.ring;
+        let clients_done = ring.net.clients.iter().all(|c| c.done);
+        if clients_done && shard.open_conns == 0 && ring.ops_in_flight() == 0 && ring.cq_len() == 0
+        {
+            break;
+        }
+        if stats.ticks > MAX_TICKS || shard.now_ms > MAX_VIRTUAL_MS {
+            let stuck: Vec<usize> = (0..ring.net.clients.len())
+                .filter(|&i| !ring.net.clients[i].done)
+                .collect();
+            return Err(format!(
+                "hung: {} open connections, clients {stuck:?} not done, {} operations in flight at {} ms",
+                shard.open_conns,
+                ring.ops_in_flight(),
+                shard.now_ms
+            ));
+        }
+    }
+    check_end(&shard, strict)?;
+    let net = &shard.ring.net;
+    stats.responses = net.clients.iter().map(|c| c.responses).sum();
+    stats.cut_short = net.clients.iter().filter(|c| c.cut_short).count();
+    stats.file_changes = net.file_faults_done;
+    stats.arena_waits = shard.arena.waits;
+    stats.paths = shard.ring.paths;
+    Ok(stats)
+}
+
+/// Runs one seed, turning a panic of the shard (an assertion) into a failure.
+fn run_seed_caught(seed: u64) -> Result<RunStats, String> {
+    match std::panic::catch_unwind(|| run_seed(seed)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "non-string panic".into());
+            Err(format!("panicked: {msg}"))
+        }
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// Explores `DEFAULT_SEEDS` seeds (or `SHARDLINE_SIM_SEEDS`, or the one `SHARDLINE_SIM_SEED`)
+/// and fails with a reproduction line per failing seed.
+#[test]
+fn simulated_shard_keeps_its_invariants() {
+    let seeds: Vec<u64> = match env_u64("SHARDLINE_SIM_SEED") {
+        Some(seed) => vec![seed],
+        None => (0..env_u64("SHARDLINE_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS)).collect(),
+    };
+    // Seeds are independent: spread them over the machine's threads (results in seed order).
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4);
+    let results: Vec<(u64, Result<RunStats, String>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine: Vec<u64> = seeds.iter().copied().skip(t).step_by(threads).collect();
+                scope.spawn(move || {
+                    mine.into_iter()
+                        .map(|seed| (seed, run_seed_caught(seed)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("simulator worker"))
+            .collect();
+        all.sort_by_key(|r| r.0);
+        all
+    });
+    let mut failures = Vec::new();
+    let mut total = RunStats::default();
+    for (seed, result) in results {
+        match result {
+            Ok(s) => {
+                total.ticks += s.ticks;
+                total.responses += s.responses;
+                total.cut_short += s.cut_short;
+                total.file_changes += s.file_changes;
+                total.arena_waits += s.arena_waits;
+                let (t, p) = (&mut total.paths, s.paths);
+                t.eagain += p.eagain;
+                t.short_sends += p.short_sends;
+                t.polls += p.polls;
+                t.zc_sends += p.zc_sends;
+                t.enobufs += p.enobufs;
+                t.short_reads += p.short_reads;
+                t.cancelled += p.cancelled;
+                t.cq_overflows += p.cq_overflows;
+            }
+            Err(e) => {
+                eprintln!(
+                    "simulator seed {seed} failed: {e}\n  reproduce: SHARDLINE_SIM_SEED={seed} cargo test --lib shard::sim"
+                );
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!(
+        "simulator: {} seeds, {} ticks, {} responses, {} connections cut short, {} file changes, \
+         {} arena waits, {:?}",
+        seeds.len(),
+        total.ticks,
+        total.responses,
+        total.cut_short,
+        total.file_changes,
+        total.arena_waits,
+        total.paths
+    );
+    assert!(
+        total.responses > 0,
+        "the simulated clients got no response at all"
+    );
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+}
+
+/// A seed replays the same run: same ticks, responses and paths taken.
+#[test]
+fn a_seed_replays_the_same_run() {
+    for seed in [3, 17, 42] {
+        let first = run_seed_caught(seed);
+        let second = run_seed_caught(seed);
+        assert_eq!(first, second, "seed {seed} ran differently twice");
+        assert!(first.is_ok_and(|s| s.ticks > 0), "seed {seed} did not run");
+    }
+}

@@ -1,0 +1,692 @@
+//! The world outside the fake ring: modelled sockets, the files being served (with every
+//! version they had), and the clients, each with its own pace, that parse what they receive
+//! and check every body byte against the file.
+
+use std::collections::VecDeque;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use super::rng::Rng;
+
+/// One TCP connection as both ends see it.
+#[derive(Debug, Default)]
+pub struct SimSocket {
+    /// Request bytes the client wrote and the server has not received.
+    pub to_server: VecDeque<u8>,
+    /// The client shut its write side (the server's receive returns 0 once drained).
+    pub client_fin: bool,
+    /// Bytes the server sent and the client has not read: the socket's send buffer.
+    pub to_client: VecDeque<u8>,
+    /// Room of the send buffer: a full one makes sends short or EAGAIN.
+    pub sndbuf_bytes: usize,
+    /// The server shut its write side.
+    pub server_shut: bool,
+    /// The server closed the socket.
+    pub server_closed: bool,
+    /// The client vanished (reset): the server's operations fail.
+    pub reset: bool,
+    /// Bytes the server sent in all.
+    pub written_total: u64,
+    /// Bytes the client read in all (SEND_ZC notifications wait for them).
+    pub read_total: u64,
+}
+
+/// A file under the served root, with every content it has had.
+pub struct SimFile {
+    /// URL path (`/name`).
+    pub url: String,
+    /// Where it lives.
+    pub path: PathBuf,
+    /// Contents, oldest first: a response must match one of them throughout.
+    pub versions: Vec<Vec<u8>>,
+}
+
+/// A change to a file while it may be served.
+#[derive(Clone, Copy, Debug)]
+pub enum FileFault {
+    /// New bytes written in place (same size, new mtime).
+    Rewrite,
+    /// Cut to a shorter length.
+    Truncate,
+    /// A new file renamed over it (the old inode keeps serving open responses).
+    Replace,
+}
+
+/// What a request asks for.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// `files[i]`.
+    File(usize),
+    /// A path that does not exist: 404.
+    Missing,
+    /// A malformed Host field: 400 and a lingering close.
+    BadHost,
+    /// `n` zero bytes from the diagnostic endpoint (generated in the arena, no file).
+    Zero(u64),
+}
+
+/// One request of a client.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// What it asks for.
+    pub target: Target,
+    /// `Range` value (without `bytes=`... included as written).
+    pub range: Option<String>,
+    /// `Connection: close`.
+    pub close: bool,
+}
+
+/// How a client behaves.
+#[derive(Clone, Debug)]
+pub struct ClientPlan {
+    /// When it connects (virtual µs).
+    pub start_us: u64,
+    /// Its requests, in order.
+    pub requests: Vec<Request>,
+    /// Writes every request at once instead of one after each response.
+    pub pipelined: bool,
+    /// Bytes it reads per read.
+    pub read_bytes: usize,
+    /// Pause between its reads and writes (µs).
+    pub gap_us: u64,
+    /// Request bytes per write.
+    pub write_piece: usize,
+    /// Stops reading after this many bytes, for this long (µs; `u64::MAX`: for good).
+    pub stall: Option<(u64, u64)>,
+    /// Resets the connection at this time.
+    pub vanish_us: Option<u64>,
+    /// Its socket's send-buffer size.
+    pub sndbuf_bytes: usize,
+    /// After its last response it stays idle (the server's idle timeout ends it).
+    pub idle_at_end: bool,
+    /// Shuts its write side as soon as every request is written (and still reads).
+    pub half_close: bool,
+}
+
+/// A parsed response head.
+#[derive(Clone, Debug)]
+struct Head {
+    status: u16,
+    content_length: Option<u64>,
+    content_range: Option<(u64, u64, u64)>,
+    boundary: Option<String>,
+    close: bool,
+}
+
+enum Parse {
+    Head(Vec<u8>),
+    Body {
+        head: Head,
+        body: Vec<u8>,
+        left: u64,
+    },
+}
+
+/// A client: a plan and how far it got.
+pub struct Client {
+    /// What it does.
+    pub plan: ClientPlan,
+    /// Its socket, once connected.
+    pub sock: Option<usize>,
+    next_us: u64,
+    out: Vec<u8>,
+    written: usize,
+    queued_requests: usize,
+    parse: Parse,
+    /// Responses received whole.
+    pub responses: usize,
+    /// Statuses received.
+    pub statuses: Vec<u16>,
+    /// The connection ended before every response arrived whole.
+    pub cut_short: bool,
+    /// Finished (the connection is over for it).
+    pub done: bool,
+    /// Body and head bytes read.
+    pub received: u64,
+    stalled_until: Option<u64>,
+    fin_sent: bool,
+}
+
+impl Client {
+    /// A client that has not connected yet.
+    pub fn new(plan: ClientPlan) -> Client {
+        Client {
+            next_us: plan.start_us,
+            plan,
+            sock: None,
+            out: Vec::new(),
+            written: 0,
+            queued_requests: 0,
+            parse: Parse::Head(Vec::new()),
+            responses: 0,
+            statuses: Vec::new(),
+            cut_short: false,
+            done: false,
+            received: 0,
+            stalled_until: None,
+            fin_sent: false,
+        }
+    }
+
+    fn stalled(&self, now: u64) -> bool {
+        self.stalled_until.is_some_and(|t| now < t)
+    }
+
+    /// When this client next has something to do on its own (not waiting for the server).
+    fn next_event_us(&self, socks: &[SimSocket], now: u64) -> Option<u64> {
+        if self.done {
+            return None;
+        }
+        let Some(id) = self.sock else {
+            return Some(self.plan.start_us);
+        };
+        let s = &socks[id];
+        let mut t: Option<u64> = self.plan.vanish_us;
+        let mut wake = |at: u64| t = Some(t.map_or(at, |x| x.min(at)));
+        if let Some(until) = self.stalled_until.filter(|&u| u > now && u != u64::MAX) {
+            wake(until);
+        }
+        let can_read =
+            !self.stalled(now) && (!s.to_client.is_empty() || s.server_closed || s.server_shut);
+        if self.written < self.out.len() || can_read {
+            wake(self.next_us.max(now));
+        }
+        t
+    }
+}
+
+/// Sockets, files and clients.
+pub struct Net {
+    /// Every socket ever opened (ids are indices).
+    pub socks: Vec<SimSocket>,
+    /// Connections waiting to be accepted.
+    pub backlog: VecDeque<usize>,
+    /// The clients.
+    pub clients: Vec<Client>,
+    /// The served files.
+    pub files: Vec<SimFile>,
+    /// File changes to make: (when, file, what), in time order.
+    pub file_faults: VecDeque<(u64, usize, FileFault)>,
+    /// File changes made.
+    pub file_faults_done: usize,
+    /// Wrong bytes, wrong statuses and other failures seen by clients.
+    pub failures: Vec<String>,
+    rng: Rng,
+}
+
+impl Net {
+    /// A world of `files` and `clients`.
+    pub fn new(
+        files: Vec<SimFile>,
+        clients: Vec<Client>,
+        file_faults: VecDeque<(u64, usize, FileFault)>,
+        seed: u64,
+    ) -> Net {
+        Net {
+            socks: Vec::new(),
+            backlog: VecDeque::new(),
+            clients,
+            files,
+            file_faults,
+            file_faults_done: 0,
+            failures: Vec::new(),
+            rng: Rng::new(seed.wrapping_add(0x6e65_7400)),
+        }
+    }
+
+    /// The earliest time something outside the server happens on its own.
+    pub fn next_event_us(&self, now: u64) -> Option<u64> {
+        let clients = self
+            .clients
+            .iter()
+            .filter_map(|c| c.next_event_us(&self.socks, now));
+        let faults = self.file_faults.front().map(|f| f.0);
+        clients.chain(faults).min()
+    }
+
+    /// Everything due at `now`: file changes, then each client's reads and writes.
+    pub fn act(&mut self, now: u64) {
+        while self.file_faults.front().is_some_and(|f| f.0 <= now) {
+            let (_, file, fault) = self.file_faults.pop_front().expect("checked");
+            self.change_file(file, fault);
+        }
+        for i in 0..self.clients.len() {
+            self.client_act(i, now);
+        }
+    }
+
+    fn change_file(&mut self, i: usize, fault: FileFault) {
+        let f = &mut self.files[i];
+        let old = f.versions.last().expect("a file has a version").clone();
+        let n = f.versions.len() as u64;
+        // A visible change: a new mtime each time (a rewrite within the kernel's timestamp
+        // granularity would otherwise look unchanged, to nginx as well).
+        let mtime = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000 + n * 1000);
+        let result = match fault {
+            FileFault::Rewrite => {
+                let new: Vec<u8> = (0..old.len()).map(|_| self.rng.next_u64() as u8).collect();
+                let r = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f.path)
+                    .and_then(|file| {
+                        file.write_all_at(&new, 0)?;
+                        file.set_modified(mtime)
+                    });
+                f.versions.push(new);
+                r
+            }
+            FileFault::Truncate => {
+                let len = self.rng.below(old.len() as u64 + 1);
+                let r = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f.path)
+                    .and_then(|file| {
+                        file.set_len(len)?;
+                        file.set_modified(mtime)
+                    });
+                f.versions.push(old[..len as usize].to_vec());
+                r
+            }
+            FileFault::Replace => {
+                let len = self.rng.range(1, old.len() as u64 + 4096) as usize;
+                let new: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
+                let tmp = f.path.with_extension("new");
+                let r = std::fs::write(&tmp, &new)
+                    .and_then(|_| std::fs::File::options().write(true).open(&tmp))
+                    .and_then(|file| file.set_modified(mtime))
+                    .and_then(|_| std::fs::rename(&tmp, &f.path));
+                f.versions.push(new);
+                r
+            }
+        };
+        if let Err(e) = result {
+            self.failures.push(format!("changing {}: {e}", f.url));
+        }
+        self.file_faults_done += 1;
+    }
+
+    fn client_act(&mut self, i: usize, now: u64) {
+        let c = &mut self.clients[i];
+        if c.done || now < c.next_us {
+            return;
+        }
+        let Some(id) = c.sock else {
+            let id = self.socks.len();
+            self.socks.push(SimSocket {
+                sndbuf_bytes: c.plan.sndbuf_bytes,
+                ..SimSocket::default()
+            });
+            self.backlog.push_back(id);
+            c.sock = Some(id);
+            self.queue_requests(i);
+            return;
+        };
+        if c.plan.vanish_us.is_some_and(|t| now >= t) {
+            let s = &mut self.socks[id];
+            s.reset = true;
+            s.to_client.clear();
+            c.done = true;
+            c.cut_short = c.responses < c.plan.requests.len();
+            return;
+        }
+        let s = &mut self.socks[id];
+        let mut acted = false;
+        if c.written < c.out.len() && !s.server_closed {
+            let n = c.plan.write_piece.min(c.out.len() - c.written);
+            s.to_server.extend(&c.out[c.written..c.written + n]);
+            c.written += n;
+            acted = true;
+            if c.plan.half_close
+                && c.written == c.out.len()
+                && c.queued_requests == c.plan.requests.len()
+            {
+                s.client_fin = true;
+            }
+        }
+        if c.stalled_until.is_some_and(|t| now >= t) {
+            c.stalled_until = None;
+            c.plan.stall = None;
+        }
+        if c.stalled(now) {
+            // A stalled client notices only that the server gave up on it.
+            if s.server_closed {
+                c.done = true;
+                c.cut_short = c.responses < c.plan.requests.len();
+            }
+            return;
+        }
+        let n = c.plan.read_bytes.min(s.to_client.len());
+        if n > 0 {
+            let bytes: Vec<u8> = s.to_client.drain(..n).collect();
+            s.read_total += n as u64;
+            c.received += n as u64;
+            acted = true;
+            self.feed(i, &bytes);
+            let c = &mut self.clients[i];
+            if let Some((after, for_us)) = c.plan.stall {
+                if c.received >= after && c.stalled_until.is_none() {
+                    c.stalled_until = Some(now.saturating_add(for_us));
+                }
+            }
+        }
+        let c = &mut self.clients[i];
+        let s = &mut self.socks[id];
+        let all_answered = c.responses >= c.plan.requests.len();
+        if s.to_client.is_empty() && (s.server_closed || s.server_shut) {
+            // End of the stream.
+            if !matches!(&c.parse, Parse::Head(h) if h.is_empty()) || !all_answered {
+                c.cut_short = true;
+                self.end_of_stream(i);
+            }
+            let c = &mut self.clients[i];
+            let s = &mut self.socks[id];
+            s.client_fin = true;
+            c.done = true;
+            return;
+        }
+        if all_answered && !c.plan.idle_at_end && !c.fin_sent {
+            c.fin_sent = true;
+            s.client_fin = true;
+        }
+        if acted {
+            c.next_us = now + c.plan.gap_us;
+        }
+    }
+
+    /// Puts the requests the client may send now into its output.
+    fn queue_requests(&mut self, i: usize) {
+        let c = &mut self.clients[i];
+        let upto = if c.plan.pipelined {
+            c.plan.requests.len()
+        } else {
+            (c.responses + 1).min(c.plan.requests.len())
+        };
+        while c.queued_requests < upto {
+            let r = &c.plan.requests[c.queued_requests];
+            let (path, host) = match r.target {
+                Target::File(f) => (self.files[f].url.clone(), "sim"),
+                Target::Missing => ("/missing.bin".to_string(), "sim"),
+                Target::BadHost => ("/".to_string(), "a b"),
+                Target::Zero(n) => (format!("/__shardline/zero?bytes={n}"), "sim"),
+            };
+            let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n");
+            if let Some(range) = &r.range {
+                req.push_str(&format!("Range: {range}\r\n"));
+            }
+            if r.close {
+                req.push_str("Connection: close\r\n");
+            }
+            req.push_str("\r\n");
+            c.out.extend_from_slice(req.as_bytes());
+            c.queued_requests += 1;
+        }
+    }
+
+    fn feed(&mut self, i: usize, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let c = &mut self.clients[i];
+            match &mut c.parse {
+                Parse::Head(buf) => {
+                    let before = buf.len();
+                    buf.extend_from_slice(bytes);
+                    let Some(end) = find(buf, b"\r\n\r\n") else {
+                        return;
+                    };
+                    let head_len = end + 4;
+                    bytes = &bytes[head_len - before..];
+                    let text = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    let head = match parse_head(&text) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            self.fail(i, format!("unparsable response head ({e}): {text:?}"));
+                            return;
+                        }
+                    };
+                    let Some(len) = head.content_length else {
+                        self.fail(i, format!("response without Content-Length: {text:?}"));
+                        return;
+                    };
+                    c.statuses.push(head.status);
+                    c.parse = Parse::Body {
+                        head,
+                        body: Vec::new(),
+                        left: len,
+                    };
+                    self.maybe_finish_response(i);
+                }
+                Parse::Body { body, left, .. } => {
+                    let n = (*left).min(bytes.len() as u64) as usize;
+                    body.extend_from_slice(&bytes[..n]);
+                    *left -= n as u64;
+                    bytes = &bytes[n..];
+                    self.maybe_finish_response(i);
+                }
+            }
+        }
+    }
+
+    fn maybe_finish_response(&mut self, i: usize) {
+        let c = &mut self.clients[i];
+        let Parse::Body { left: 0, .. } = &c.parse else {
+            return;
+        };
+        let Parse::Body { head, body, .. } =
+            std::mem::replace(&mut c.parse, Parse::Head(Vec::new()))
+        else {
+            unreachable!()
+        };
+        self.check_response(i, &head, &body, true);
+        let c = &mut self.clients[i];
+        c.responses += 1;
+        if head.close && c.responses < c.plan.requests.len() {
+            // The server ends the connection here: the remaining requests go unanswered.
+            c.plan.requests.truncate(c.responses);
+        }
+        self.queue_requests(i);
+    }
+
+    /// The stream ended inside a response (or before all were answered): what arrived must
+    /// still be right.
+    fn end_of_stream(&mut self, i: usize) {
+        let c = &mut self.clients[i];
+        if let Parse::Body { head, body, .. } =
+            std::mem::replace(&mut c.parse, Parse::Head(Vec::new()))
+        {
+            self.check_response(i, &head, &body, false);
+        }
+    }
+
+    fn fail(&mut self, i: usize, what: String) {
+        let c = &mut self.clients[i];
+        c.done = true;
+        self.failures.push(format!("client {i}: {what}"));
+    }
+
+    /// Checks a response (`whole`: all of its body arrived) against the request and the file.
+    fn check_response(&mut self, i: usize, head: &Head, body: &[u8], whole: bool) {
+        let c = &self.clients[i];
+        let Some(req) = c.plan.requests.get(c.responses) else {
+            return self.fail(i, format!("a response no request asked for: {head:?}"));
+        };
+        let req = req.clone();
+        // Over the connection cap, or every open-file entry held: a refusal is fine anywhere.
+        if head.status == 503 {
+            return;
+        }
+        let file = match req.target {
+            Target::Missing if head.status == 404 => return,
+            Target::BadHost if head.status == 400 && head.close => return,
+            Target::Zero(n) if head.status == 200 => {
+                let right = head.content_length == Some(n) && body.iter().all(|&b| b == 0);
+                if !right {
+                    self.fail(
+                        i,
+                        format!("wrong zero body ({} bytes) for {req:?}", body.len()),
+                    );
+                }
+                return;
+            }
+            Target::File(f) => f,
+            _ => return self.fail(i, format!("status {} for {req:?}", head.status)),
+        };
+        let versions = &self.files[file].versions;
+        let ok_status = match (&req.range, head.status) {
+            (_, 200) | (Some(_), 206) | (Some(_), 416) => true,
+            // Only a file that shrank (or was replaced) turns a range unsatisfiable.
+            _ => false,
+        };
+        if !ok_status {
+            return self.fail(i, format!("status {} for {req:?}", head.status));
+        }
+        let result = match (head.status, &head.boundary) {
+            (416, _) => Ok(()),
+            (200, _) => match_any(versions, |v| {
+                head.content_length == Some(v.len() as u64)
+                    && v.len() >= body.len()
+                    && v[..body.len()] == *body
+            }),
+            (206, None) => {
+                let Some((a, b, total)) = head.content_range else {
+                    return self.fail(i, "206 without Content-Range".into());
+                };
+                match_any(versions, |v| matches_part(v, a, b, total, body))
+            }
+            (206, Some(boundary)) => {
+                let parts = split_parts(body, boundary, whole);
+                match parts {
+                    Err(e) => Err(e),
+                    Ok(parts) => match_any(versions, |v| {
+                        parts
+                            .iter()
+                            .all(|&(a, b, total, data)| matches_part(v, a, b, total, data))
+                    }),
+                }
+            }
+            (status, _) => Err(format!("unexpected status {status}")),
+        };
+        if let Err(e) = result {
+            self.fail(
+                i,
+                format!(
+                    "wrong body for {req:?} (status {}, {} bytes{}): {e}",
+                    head.status,
+                    body.len(),
+                    if whole { "" } else { ", cut short" }
+                ),
+            );
+        }
+    }
+}
+
+/// Ok when some version satisfies `pred`.
+fn match_any(versions: &[Vec<u8>], pred: impl Fn(&[u8]) -> bool) -> Result<(), String> {
+    if versions.iter().any(|v| pred(v)) {
+        Ok(())
+    } else {
+        Err("matches no version of the file".into())
+    }
+}
+
+/// `data` is a prefix of bytes `a..=b` of `v`, and `v` has `total` bytes.
+fn matches_part(v: &[u8], a: u64, b: u64, total: u64, data: &[u8]) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    total == v.len() as u64
+        && a <= b
+        && b < v.len()
+        && data.len() <= b - a + 1
+        && v[a..a + data.len()] == *data
+}
+
+type Part<'a> = (u64, u64, u64, &'a [u8]);
+
+/// The parts of a multipart/byteranges body (the last one may be cut short unless `whole`).
+fn split_parts<'a>(body: &'a [u8], boundary: &str, whole: bool) -> Result<Vec<Part<'a>>, String> {
+    let delim = format!("--{boundary}");
+    let mut parts = Vec::new();
+    let mut rest = body;
+    loop {
+        let Some(at) = find(rest, delim.as_bytes()) else {
+            return if whole {
+                Err("multipart body without a closing boundary".into())
+            } else {
+                Ok(parts)
+            };
+        };
+        rest = &rest[at + delim.len()..];
+        if rest.starts_with(b"--") {
+            return Ok(parts);
+        }
+        let Some(end) = find(rest, b"\r\n\r\n") else {
+            return if whole {
+                Err("part head cut short".into())
+            } else {
+                Ok(parts)
+            };
+        };
+        let text = String::from_utf8_lossy(&rest[..end]).into_owned();
+        let range = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Range: "))
+            .and_then(parse_content_range)
+            .ok_or_else(|| format!("part without Content-Range: {text:?}"))?;
+        rest = &rest[end + 4..];
+        let len = (range.1 - range.0 + 1) as usize;
+        let take = len.min(rest.len());
+        parts.push((range.0, range.1, range.2, &rest[..take]));
+        if take < len {
+            return if whole {
+                Err("part body cut short".into())
+            } else {
+                Ok(parts)
+            };
+        }
+        rest = &rest[take..];
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let v = v.trim().strip_prefix("bytes ")?;
+    let (range, total) = v.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?, total.parse().ok()?))
+}
+
+fn parse_head(text: &str) -> Result<Head, String> {
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().ok_or("empty head")?;
+    let status = status_line
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|s| s.get(..3))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let mut head = Head {
+        status,
+        content_length: None,
+        content_range: None,
+        boundary: None,
+        close: false,
+    };
+    for line in lines {
+        let (name, value) = line.split_once(':').ok_or("header without colon")?;
+        let value = value.trim();
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => {
+                head.content_length = Some(value.parse().map_err(|_| "bad Content-Length")?)
+            }
+            "content-range" => head.content_range = parse_content_range(value),
+            "content-type" => {
+                if let Some(b) = value.split("boundary=").nth(1) {
+                    head.boundary = Some(b.trim_matches('"').to_string());
+                }
+            }
+            "connection" => head.close = value.eq_ignore_ascii_case("close"),
+            _ => {}
+        }
+    }
+    Ok(head)
+}

@@ -1,0 +1,934 @@
+//! The fake ring: the shard's `RingOps` over plain memory, modelled sockets (`Net`) and real
+//! files read with `pread`, driven by a seed. Submitted operations wait in an in-flight table;
+//! each wait runs the modelled kernel, which completes what can complete in a random order,
+//! sometimes later than it could (reordering), sometimes not at all this round (SQ full), and
+//! hands completions back in random batches. Time is virtual: it moves a little per
+//! operation and per wait, and a wait with nothing to do jumps to the next client action or
+//! its timeout, so every timer of the shard fires without sleeping.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use super::net::Net;
+use super::rng::Rng;
+use crate::shard::ring::{Completion, RingConfig};
+use crate::shard::ring_ops::RingOps;
+
+/// CQE flag: a provided buffer was used (its id in the upper 16 bits).
+const CQE_F_BUFFER: u32 = 1;
+/// CQE flag: more completions follow for this submission.
+const CQE_F_MORE: u32 = 2;
+/// CQE flag: this is a SEND_ZC notification.
+const CQE_F_NOTIF: u32 = 8;
+/// Where the buffer id sits in the CQE flags.
+const CQE_BUFFER_SHIFT: u32 = 16;
+/// Longest a wait without a timeout may sleep in virtual time before it gives up.
+const WAIT_FOREVER_CAP: Duration = Duration::from_secs(10);
+/// Smallest step of the virtual clock when a wait finds nothing to do.
+const IDLE_STEP: Duration = Duration::from_micros(50);
+
+/// Fault rates of one run, in percent per opportunity.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// A receive finds no provided buffer although one is free.
+    pub enobufs_pct: u64,
+    /// A file read returns fewer bytes than asked.
+    pub short_read_pct: u64,
+    /// A file read fails with EIO.
+    pub read_eio_pct: u64,
+    /// The kernel takes no new submissions in a wait (a full SQ / EBUSY).
+    pub sq_full_pct: u64,
+    /// A completion that could be posted is held back to a later wait (reordering).
+    pub defer_pct: u64,
+    /// A writability poll ends with ECANCELED instead of readiness (a spurious wake).
+    pub poll_cancel_pct: u64,
+    /// Completion queue entries: beyond them completions wait in an overflow list (in order,
+    /// as with IORING_FEAT_NODROP) until the shard drains.
+    pub cq_entries: usize,
+}
+
+/// How often the modelled kernel took each interesting path (to see that a run explores).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Paths {
+    /// Chunk sends refused with EAGAIN (a full socket).
+    pub eagain: u64,
+    /// Sends that took only part of what was offered.
+    pub short_sends: u64,
+    /// Writability polls armed.
+    pub polls: u64,
+    /// SEND_ZC sends.
+    pub zc_sends: u64,
+    /// Receives failed with ENOBUFS.
+    pub enobufs: u64,
+    /// Short file reads.
+    pub short_reads: u64,
+    /// Operations cancelled.
+    pub cancelled: u64,
+    /// Completions that overflowed the CQ.
+    pub cq_overflows: u64,
+}
+
+/// What an in-flight operation does.
+#[derive(Clone, Debug)]
+enum SimOp {
+    Recv {
+        socket: u32,
+    },
+    SendTx {
+        conn: usize,
+        socket: u32,
+        from: usize,
+    },
+    SendArena {
+        slot: u16,
+        off: usize,
+        len: usize,
+        socket: u32,
+        zc: bool,
+    },
+    ZcNotif {
+        socket: u32,
+    },
+    SendStatic {
+        socket: u32,
+        bytes: &'static [u8],
+    },
+    Read {
+        slot: u16,
+        buf_off: usize,
+        len: usize,
+        file: u32,
+        off: u64,
+    },
+    PollOut {
+        socket: u32,
+    },
+    Shutdown {
+        socket: u32,
+    },
+    Close {
+        slot: u32,
+    },
+    CancelSocket {
+        socket: u32,
+    },
+    CancelToken {
+        target: u64,
+    },
+    LogWrite {
+        len: usize,
+    },
+}
+
+impl SimOp {
+    /// The socket slot this operation acts on, if any.
+    fn socket(&self) -> Option<u32> {
+        match *self {
+            SimOp::Recv { socket }
+            | SimOp::SendTx { socket, .. }
+            | SimOp::SendArena { socket, .. }
+            | SimOp::ZcNotif { socket, .. }
+            | SimOp::SendStatic { socket, .. }
+            | SimOp::PollOut { socket }
+            | SimOp::Shutdown { socket } => Some(socket),
+            SimOp::Close { slot } => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Writes to the socket's byte stream: they complete in submission order.
+    fn is_stream_write(&self) -> bool {
+        matches!(
+            self,
+            SimOp::SendTx { .. }
+                | SimOp::SendArena { .. }
+                | SimOp::SendStatic { .. }
+                | SimOp::Shutdown { .. }
+                | SimOp::Close { .. }
+        )
+    }
+}
+
+struct InFlight {
+    token: u64,
+    op: SimOp,
+    seq: u64,
+    /// The modelled kernel has taken it from the SQ.
+    submitted: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RecvBuf {
+    /// In the provided-buffer ring.
+    Provided,
+    /// Named by a posted completion, not yet claimed.
+    Posted,
+    /// Claimed by the shard.
+    Lent,
+}
+
+/// The fake ring (see the module doc).
+pub struct SimRing {
+    rng: Rng,
+    now: Duration,
+    /// Sockets, clients and files: the world outside the ring.
+    pub net: Net,
+    /// Fault rates.
+    pub faults: Faults,
+    /// Whether SEND_ZC is offered.
+    pub zerocopy: bool,
+    socket_slots: u32,
+    file_slots: u32,
+    arena: Vec<Vec<u8>>,
+    arena_owned: Vec<bool>,
+    recv_bufs: Vec<Vec<u8>>,
+    recv_state: Vec<RecvBuf>,
+    recv_free: VecDeque<u16>,
+    tx: Vec<Vec<u8>>,
+    tx_busy: Vec<bool>,
+    log_in_flight: Option<Vec<u8>>,
+    files: Vec<Option<std::fs::File>>,
+    /// Fixed socket slot -> socket id in `net`.
+    fixed_sockets: Vec<Option<usize>>,
+    ops: Vec<InFlight>,
+    next_seq: u64,
+    cq: VecDeque<Completion>,
+    /// Completions that did not fit in the CQ.
+    cq_overflow: VecDeque<Completion>,
+    accept: Option<u64>,
+    sqes_pushed: u64,
+    enters: u64,
+    /// Protocol violations seen by the ring (the run fails on any).
+    pub violations: Vec<String>,
+    /// Paths taken.
+    pub paths: Paths,
+}
+
+impl SimRing {
+    /// A ring sized like a real one for `cfg`, over `net`.
+    pub fn new(cfg: &RingConfig, net: Net, seed: u64, faults: Faults, zerocopy: bool) -> SimRing {
+        SimRing {
+            rng: Rng::new(seed.wrapping_mul(31).wrapping_add(7)),
+            now: Duration::ZERO,
+            net,
+            faults,
+            zerocopy,
+            socket_slots: cfg.socket_slots,
+            file_slots: cfg.file_slots,
+            arena: (0..cfg.arena_slots)
+                .map(|_| vec![0; cfg.chunk_bytes])
+                .collect(),
+            arena_owned: vec![false; usize::from(cfg.arena_slots)],
+            recv_bufs: (0..cfg.recv_buffers)
+                .map(|_| vec![0; cfg.recv_buffer_bytes])
+                .collect(),
+            recv_state: vec![RecvBuf::Provided; usize::from(cfg.recv_buffers)],
+            recv_free: (0..cfg.recv_buffers).collect(),
+            tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
+            tx_busy: vec![false; cfg.conn_slots],
+            log_in_flight: None,
+            files: (0..cfg.file_slots).map(|_| None).collect(),
+            fixed_sockets: vec![None; cfg.socket_slots as usize],
+            ops: Vec::new(),
+            next_seq: 0,
+            cq: VecDeque::new(),
+            cq_overflow: VecDeque::new(),
+            accept: None,
+            sqes_pushed: 0,
+            enters: 0,
+            violations: Vec::new(),
+            paths: Paths::default(),
+        }
+    }
+
+    /// Arena slots the kernel holds now.
+    pub fn arena_owned(&self, slot: u16) -> bool {
+        self.arena_owned[usize::from(slot)]
+    }
+
+    /// Receive buffers not in the provided ring (held by the shard or in a posted completion).
+    pub fn recv_buffers_out(&self) -> usize {
+        self.recv_state
+            .iter()
+            .filter(|s| **s != RecvBuf::Provided)
+            .count()
+    }
+
+    /// Operations in flight, not counting the multishot accept.
+    pub fn ops_in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Completions posted and not yet drained.
+    pub fn cq_len(&self) -> usize {
+        self.cq.len() + self.cq_overflow.len()
+    }
+
+    fn push(&mut self, token: u64, op: SimOp) {
+        self.sqes_pushed += 1;
+        if let Some(slot) = op.socket() {
+            if self.socket_id(slot).is_none() {
+                self.violations.push(format!(
+                    "{op:?} submitted on socket slot {slot}, which is closed"
+                ));
+            }
+        }
+        // Building and queueing an entry takes a little time (the tick budget sees it).
+        self.now += Duration::from_micros(self.rng.below(20));
+        self.ops.push(InFlight {
+            token,
+            op,
+            seq: self.next_seq,
+            submitted: false,
+        });
+        self.next_seq += 1;
+    }
+
+    fn post(&mut self, user_data: u64, result: i32, flags: u32) {
+        let cqe = Completion {
+            user_data,
+            result,
+            flags,
+        };
+        if self.cq.len() >= self.faults.cq_entries.max(1) || !self.cq_overflow.is_empty() {
+            self.paths.cq_overflows += 1;
+            self.cq_overflow.push_back(cqe);
+        } else {
+            self.cq.push_back(cqe);
+        }
+    }
+
+    /// Moves overflowed completions into the CQ as room frees up.
+    fn flush_overflow(&mut self) {
+        while self.cq.len() < self.faults.cq_entries.max(1) {
+            let Some(cqe) = self.cq_overflow.pop_front() else {
+                return;
+            };
+            self.cq.push_back(cqe);
+        }
+    }
+
+    fn socket_id(&self, slot: u32) -> Option<usize> {
+        self.fixed_sockets.get(slot as usize).copied().flatten()
+    }
+
+    fn take_arena(&mut self, slot: u16, offset: usize, len: usize) {
+        let i = usize::from(slot);
+        assert!(!self.arena_owned[i], "arena slot {slot} already in flight");
+        assert!(
+            offset + len <= self.arena[i].len(),
+            "arena access out of bounds"
+        );
+        self.arena_owned[i] = true;
+    }
+
+    /// One round of the modelled kernel: clients act, submissions are taken (unless the SQ is
+    /// "full" this round), and every operation that can complete does, in a random order.
+    fn run_kernel(&mut self) {
+        let now_us = self.now.as_micros() as u64;
+        self.net.act(now_us);
+        self.accept_ready();
+        let take_new = !self.rng.chance(self.faults.sq_full_pct);
+        if take_new {
+            for op in &mut self.ops {
+                op.submitted = true;
+            }
+        }
+        // A random order of the submitted operations.
+        let mut order: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|o| o.submitted)
+            .map(|o| o.seq)
+            .collect();
+        for i in (1..order.len()).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            order.swap(i, j);
+        }
+        for seq in order {
+            let Some(i) = self.ops.iter().position(|o| o.seq == seq) else {
+                continue; // completed by a cancel meanwhile
+            };
+            if self.blocked_by_earlier_write(i) || self.rng.chance(self.faults.defer_pct) {
+                continue;
+            }
+            self.try_complete(i);
+        }
+    }
+
+    /// Writes to one socket leave in submission order.
+    fn blocked_by_earlier_write(&self, i: usize) -> bool {
+        let op = &self.ops[i];
+        if !op.op.is_stream_write() {
+            return false;
+        }
+        let socket = op.op.socket();
+        self.ops
+            .iter()
+            .any(|o| o.seq < op.seq && o.op.is_stream_write() && o.op.socket() == socket)
+    }
+
+    fn accept_ready(&mut self) {
+        let Some(token) = self.accept else {
+            return;
+        };
+        while let Some(&id) = self.net.backlog.front() {
+            let Some(slot) = self.fixed_sockets.iter().position(|s| s.is_none()) else {
+                // No fixed slot left: the multishot accept ends with ENFILE.
+                self.accept = None;
+                self.post(token, -libc::ENFILE, 0);
+                return;
+            };
+            self.net.backlog.pop_front();
+            self.fixed_sockets[slot] = Some(id);
+            self.post(token, slot as i32, CQE_F_MORE);
+        }
+    }
+
+    /// Completes operation `i` if it can complete now (it stays in flight otherwise).
+    fn try_complete(&mut self, i: usize) {
+        let (token, seq) = (self.ops[i].token, self.ops[i].seq);
+        let op = self.ops[i].op.clone();
+        let done = match op {
+            SimOp::Recv { socket } => self.complete_recv(token, socket),
+            SimOp::SendTx { conn, socket, from } => {
+                let bytes = self.tx[conn][from..].to_vec();
+                self.complete_send(token, socket, &bytes, true, false, true)
+            }
+            SimOp::SendArena {
+                slot,
+                off,
+                len,
+                socket,
+                zc,
+            } => {
+                let bytes = self.arena[usize::from(slot)][off..off + len].to_vec();
+                let done = self.complete_send(token, socket, &bytes, false, zc, true);
+                if done && zc {
+                    // SEND_ZC: the buffer comes back with a notification, later.
+                    self.ops.push(InFlight {
+                        token,
+                        op: SimOp::ZcNotif { socket },
+                        seq: self.next_seq,
+                        submitted: true,
+                    });
+                    self.next_seq += 1;
+                }
+                done
+            }
+            SimOp::ZcNotif { .. } => {
+                // The peer's kernel acknowledges soon, whether or not its reader keeps up.
+                let acked = self.rng.chance(50);
+                if acked {
+                    self.post(token, 0, CQE_F_NOTIF);
+                }
+                acked
+            }
+            SimOp::SendStatic { socket, bytes } => {
+                // A canned answer goes into a fresh socket: the kernel takes it whole.
+                self.complete_send(token, socket, bytes, true, false, false)
+            }
+            SimOp::Read {
+                slot,
+                buf_off,
+                len,
+                file,
+                off,
+            } => {
+                self.complete_read(token, slot, buf_off, len, file, off);
+                true
+            }
+            SimOp::PollOut { socket } => self.complete_poll(token, socket),
+            SimOp::Shutdown { socket } => {
+                if let Some(id) = self.socket_id(socket) {
+                    self.net.socks[id].server_shut = true;
+                }
+                self.post(token, 0, 0);
+                true
+            }
+            SimOp::Close { slot } => {
+                self.complete_close(token, slot);
+                true
+            }
+            SimOp::CancelSocket { socket } => {
+                let n = self.cancel_where(|o| {
+                    o.op.socket() == Some(socket)
+                        && !matches!(o.op, SimOp::ZcNotif { .. } | SimOp::Close { .. })
+                });
+                self.post(token, if n > 0 { n as i32 } else { -libc::ENOENT }, 0);
+                true
+            }
+            SimOp::CancelToken { target } => {
+                let mut n = self.cancel_where(|o| o.token == target);
+                if self.accept == Some(target) {
+                    self.accept = None;
+                    self.post(target, -libc::ECANCELED, 0);
+                    n += 1;
+                }
+                self.post(token, if n > 0 { 0 } else { -libc::ENOENT }, 0);
+                true
+            }
+            SimOp::LogWrite { len } => {
+                self.post(token, len as i32, 0);
+                true
+            }
+        };
+        if done {
+            // By sequence number: a cancel may have removed entries before `i` meanwhile.
+            if let Some(j) = self.ops.iter().position(|o| o.seq == seq) {
+                self.ops.remove(j);
+            }
+        }
+    }
+
+    /// Completes every in-flight operation matching `pred` with ECANCELED; returns how many.
+    fn cancel_where(&mut self, pred: impl Fn(&InFlight) -> bool) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.ops.len() {
+            if pred(&self.ops[i]) {
+                // A cancelled SEND_ZC never took the buffer: no notification follows.
+                let o = self.ops.remove(i);
+                self.paths.cancelled += 1;
+                self.post(o.token, -libc::ECANCELED, 0);
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+
+    fn complete_recv(&mut self, token: u64, socket: u32) -> bool {
+        let Some(id) = self.socket_id(socket) else {
+            self.post(token, -libc::EBADF, 0);
+            return true;
+        };
+        let s = &self.net.socks[id];
+        if s.reset {
+            self.post(token, -libc::ECONNRESET, 0);
+            return true;
+        }
+        if s.to_server.is_empty() {
+            if s.client_fin {
+                self.post(token, 0, 0);
+                return true;
+            }
+            return false;
+        }
+        let no_buffer = self.recv_free.is_empty() || self.rng.chance(self.faults.enobufs_pct);
+        if no_buffer {
+            self.paths.enobufs += 1;
+            self.post(token, -libc::ENOBUFS, 0);
+            return true;
+        }
+        let bid = self.recv_free.pop_front().expect("checked");
+        let cap = self.recv_bufs[usize::from(bid)].len();
+        let avail = self.net.socks[id].to_server.len().min(cap);
+        let n = self.rng.split(avail);
+        let s = &mut self.net.socks[id];
+        for (k, b) in s.to_server.drain(..n).enumerate() {
+            self.recv_bufs[usize::from(bid)][k] = b;
+        }
+        self.recv_state[usize::from(bid)] = RecvBuf::Posted;
+        self.post(
+            token,
+            n as i32,
+            CQE_F_BUFFER | (u32::from(bid) << CQE_BUFFER_SHIFT),
+        );
+        true
+    }
+
+    /// A send into the client's modelled socket buffer. `blocking` sends (the header buffer,
+    /// sent without MSG_DONTWAIT) wait for room; the others take what fits or fail with EAGAIN.
+    /// With `may_split`, the socket may take any prefix of what fits.
+    fn complete_send(
+        &mut self,
+        token: u64,
+        socket: u32,
+        bytes: &[u8],
+        blocking: bool,
+        zc: bool,
+        may_split: bool,
+    ) -> bool {
+        let more = if zc { CQE_F_MORE } else { 0 };
+        let Some(id) = self.socket_id(socket) else {
+            self.post(token, -libc::EBADF, more);
+            return true;
+        };
+        let s = &mut self.net.socks[id];
+        if s.reset {
+            self.post(token, -libc::ECONNRESET, more);
+            return true;
+        }
+        if s.server_shut {
+            self.post(token, -libc::EPIPE, more);
+            return true;
+        }
+        let room = s.sndbuf_bytes.saturating_sub(s.to_client.len());
+        if room == 0 {
+            if blocking {
+                return false;
+            }
+            self.paths.eagain += 1;
+            self.post(token, -libc::EAGAIN, more);
+            return true;
+        }
+        let n = if may_split {
+            self.rng.split(bytes.len().min(room))
+        } else {
+            bytes.len().min(room)
+        };
+        if n < bytes.len() {
+            self.paths.short_sends += 1;
+        }
+        if zc {
+            self.paths.zc_sends += 1;
+        }
+        let s = &mut self.net.socks[id];
+        s.to_client.extend(&bytes[..n]);
+        s.written_total += n as u64;
+        self.post(token, n as i32, more);
+        true
+    }
+
+    fn complete_poll(&mut self, token: u64, socket: u32) -> bool {
+        let Some(id) = self.socket_id(socket) else {
+            self.post(token, -libc::EBADF, 0);
+            return true;
+        };
+        if self.rng.chance(self.faults.poll_cancel_pct) {
+            self.post(token, -libc::ECANCELED, 0);
+            return true;
+        }
+        let s = &self.net.socks[id];
+        if s.reset {
+            self.post(token, (libc::POLLERR | libc::POLLHUP) as i32, 0);
+            return true;
+        }
+        let room = s.sndbuf_bytes.saturating_sub(s.to_client.len());
+        if room * 2 >= s.sndbuf_bytes {
+            self.post(token, libc::POLLOUT as i32, 0);
+            return true;
+        }
+        false
+    }
+
+    fn complete_read(
+        &mut self,
+        token: u64,
+        slot: u16,
+        buf_off: usize,
+        len: usize,
+        file: u32,
+        off: u64,
+    ) {
+        let index = file.checked_sub(self.socket_slots);
+        let Some(f) = index
+            .and_then(|i| self.files.get(i as usize))
+            .and_then(|f| f.as_ref())
+        else {
+            self.violations
+                .push(format!("read on file slot {file}, which holds no file"));
+            self.post(token, -libc::EBADF, 0);
+            return;
+        };
+        if self.rng.chance(self.faults.read_eio_pct) {
+            self.post(token, -libc::EIO, 0);
+            return;
+        }
+        let want = if self.rng.chance(self.faults.short_read_pct) {
+            self.paths.short_reads += 1;
+            self.rng.split(len)
+        } else {
+            len
+        };
+        let buf = &mut self.arena[usize::from(slot)][buf_off..buf_off + want];
+        let res = match f.read_at(buf, off) {
+            Ok(n) => n as i32,
+            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+        };
+        self.post(token, res, 0);
+    }
+
+    fn complete_close(&mut self, token: u64, slot: u32) {
+        if slot < self.socket_slots {
+            let others = self
+                .ops
+                .iter()
+                .filter(|o| o.op.socket() == Some(slot) && !matches!(o.op, SimOp::Close { .. }))
+                .count();
+            if others > 0 {
+                self.violations.push(format!(
+                    "socket slot {slot} closed with {others} operations in flight"
+                ));
+            }
+            match self.fixed_sockets[slot as usize].take() {
+                Some(id) => self.net.socks[id].server_closed = true,
+                None => self
+                    .violations
+                    .push(format!("close of socket slot {slot}, which is empty")),
+            }
+        }
+        self.post(token, 0, 0);
+    }
+
+    fn wait(&mut self, want: usize, timeout: Option<Duration>) {
+        self.enters += 1;
+        self.flush_overflow();
+        self.now += Duration::from_micros(self.rng.below(200));
+        self.run_kernel();
+        if want == 0 || !self.cq.is_empty() {
+            return;
+        }
+        let deadline = self.now + timeout.unwrap_or(WAIT_FOREVER_CAP);
+        while self.cq.is_empty() && self.now < deadline {
+            let next = self
+                .net
+                .next_event_us(self.now.as_micros() as u64)
+                .map(Duration::from_micros)
+                .unwrap_or(deadline);
+            self.now = next.min(deadline).max(self.now + IDLE_STEP);
+            self.run_kernel();
+        }
+    }
+}
+
+impl RingOps for SimRing {
+    fn now(&self) -> Duration {
+        self.now
+    }
+    fn probe_supports(&self, opcode: u8) -> bool {
+        opcode != crate::shard::ring::opcodes::SEND_ZC || self.zerocopy
+    }
+    fn deferred_taskrun(&self) -> bool {
+        false
+    }
+    fn sqes_pushed(&self) -> u64 {
+        self.sqes_pushed
+    }
+    fn enters(&self) -> u64 {
+        self.enters
+    }
+    fn busy(&self) -> u64 {
+        0
+    }
+    fn unqueued_total(&self) -> u64 {
+        0
+    }
+    fn cq_overflow(&mut self) -> u32 {
+        self.cq_overflow.len() as u32
+    }
+    fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
+        assert!(listener.is_none(), "the simulator has no listener");
+        assert!(self.accept.is_none(), "second multishot accept armed");
+        self.accept = Some(token);
+    }
+    fn recv(&mut self, socket: u32, token: u64) {
+        self.push(token, SimOp::Recv { socket });
+    }
+    fn claim_recv(&mut self, bid: u16) {
+        let s = &mut self.recv_state[usize::from(bid)];
+        assert_eq!(*s, RecvBuf::Posted, "recv buffer {bid} claimed twice");
+        *s = RecvBuf::Lent;
+    }
+    fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
+        assert_eq!(
+            self.recv_state[usize::from(bid)],
+            RecvBuf::Lent,
+            "reading recv buffer {bid} the kernel owns"
+        );
+        &self.recv_bufs[usize::from(bid)][..len]
+    }
+    fn recycle_recv(&mut self, bid: u16) {
+        let s = &mut self.recv_state[usize::from(bid)];
+        assert_eq!(*s, RecvBuf::Lent, "recv buffer {bid} provided twice");
+        *s = RecvBuf::Provided;
+        self.recv_free.push_back(bid);
+    }
+    fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
+        assert!(
+            !self.tx_busy[conn],
+            "tx buffer {conn} mutated while in flight"
+        );
+        &mut self.tx[conn]
+    }
+    fn send_tx(&mut self, conn: usize, socket: u32, from: usize, _flags: i32, token: u64) {
+        assert!(!self.tx_busy[conn], "second send from tx buffer {conn}");
+        assert!(from < self.tx[conn].len());
+        self.tx_busy[conn] = true;
+        self.push(token, SimOp::SendTx { conn, socket, from });
+    }
+    fn tx_done(&mut self, conn: usize) {
+        assert!(self.tx_busy[conn], "tx_done without a send in flight");
+        self.tx_busy[conn] = false;
+    }
+    fn tx_len(&self, conn: usize) -> usize {
+        self.tx[conn].len()
+    }
+    fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
+        assert!(!self.tx_busy[conn]);
+        let n = self.tx[conn].len();
+        let tx = std::mem::take(&mut self.tx[conn]);
+        self.arena_mut(slot)[..n].copy_from_slice(&tx);
+        self.tx[conn] = tx;
+        n
+    }
+    fn tx_release(&mut self, conn: usize) {
+        assert!(!self.tx_busy[conn]);
+        self.tx[conn] = Vec::new();
+    }
+    fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
+        assert!(
+            !self.arena_owned[usize::from(slot)],
+            "arena slot {slot} mutated while in flight"
+        );
+        &mut self.arena[usize::from(slot)]
+    }
+    fn arena(&self, slot: u16) -> &[u8] {
+        assert!(
+            !self.arena_owned[usize::from(slot)],
+            "arena slot {slot} read while in flight"
+        );
+        &self.arena[usize::from(slot)]
+    }
+    fn read_fixed(
+        &mut self,
+        slot: u16,
+        buf_offset: usize,
+        len: usize,
+        file: u32,
+        file_offset: u64,
+        _rw_flags: i32,
+        token: u64,
+    ) {
+        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        self.take_arena(slot, buf_offset, len);
+        self.push(
+            token,
+            SimOp::Read {
+                slot,
+                buf_off: buf_offset,
+                len,
+                file,
+                off: file_offset,
+            },
+        );
+    }
+    fn send_arena(
+        &mut self,
+        slot: u16,
+        offset: usize,
+        len: usize,
+        socket: u32,
+        _flags: i32,
+        zerocopy: bool,
+        token: u64,
+    ) {
+        assert!(len > 0, "empty chunk send");
+        self.take_arena(slot, offset, len);
+        self.push(
+            token,
+            SimOp::SendArena {
+                slot,
+                off: offset,
+                len,
+                socket,
+                zc: zerocopy,
+            },
+        );
+    }
+    fn arena_done(&mut self, slot: u16) {
+        let i = usize::from(slot);
+        assert!(
+            self.arena_owned[i],
+            "arena_done on slot {slot} not in flight"
+        );
+        self.arena_owned[i] = false;
+    }
+    fn send_static_then_close(
+        &mut self,
+        socket: u32,
+        bytes: &'static [u8],
+        token: u64,
+        close_token: u64,
+    ) {
+        self.push(token, SimOp::SendStatic { socket, bytes });
+        self.close_fixed(socket, close_token);
+    }
+    fn write_log(&mut self, _fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
+        assert!(self.log_in_flight.is_none(), "second log write in flight");
+        let len = buf.len();
+        self.log_in_flight = Some(buf);
+        self.push(token, SimOp::LogWrite { len });
+    }
+    fn log_write_done(&mut self) -> Vec<u8> {
+        self.log_in_flight
+            .take()
+            .expect("log write completion without a write")
+    }
+    fn close_fixed(&mut self, slot: u32, token: u64) {
+        self.push(token, SimOp::Close { slot });
+    }
+    fn cancel_socket(&mut self, socket: u32, token: u64) {
+        self.push(token, SimOp::CancelSocket { socket });
+    }
+    fn cancel_token(&mut self, target: u64, token: u64) {
+        self.push(token, SimOp::CancelToken { target });
+    }
+    fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
+        assert!(index < self.file_slots);
+        self.files[index as usize] = Some(std::fs::File::from(fd.try_clone_to_owned()?));
+        Ok(())
+    }
+    fn unregister_file(&mut self, index: u32) -> io::Result<()> {
+        assert!(index < self.file_slots);
+        let busy = self
+            .ops
+            .iter()
+            .any(|o| matches!(o.op, SimOp::Read { file, .. } if file == self.socket_slots + index));
+        if busy {
+            self.violations.push(format!(
+                "file slot {index} unregistered with a read in flight"
+            ));
+        }
+        self.files[index as usize] = None;
+        Ok(())
+    }
+    fn file_fixed_index(&self, index: u32) -> u32 {
+        self.socket_slots + index
+    }
+    fn poll_writable(&mut self, socket: u32, token: u64) {
+        self.paths.polls += 1;
+        self.push(token, SimOp::PollOut { socket });
+    }
+    fn shutdown_write(&mut self, socket: u32, token: u64) {
+        self.push(token, SimOp::Shutdown { socket });
+    }
+    fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
+        self.wait(want, timeout);
+        Ok(())
+    }
+    fn submit_and_wait_batched(
+        &mut self,
+        timeout: Duration,
+        _batch: Option<(usize, Duration)>,
+    ) -> io::Result<()> {
+        self.wait(1, Some(timeout));
+        Ok(())
+    }
+    fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
+        // Completions come back in random batches (the rest stays for the next drain).
+        let n = self.cq.len().min(max);
+        let n = if n > 1 && self.rng.chance(30) {
+            1 + self.rng.below(n as u64) as usize
+        } else {
+            n
+        };
+        out.extend(self.cq.drain(..n));
+        self.flush_overflow();
+    }
+}
