@@ -237,7 +237,7 @@ impl Default for Config {
             chunk_bytes: 512 * 1024,
             pipeline_depth: 4,
             tick_budget_bytes: 1024 * 1024,
-            shard_tick_budget_bytes: 8 * 1024 * 1024,
+            shard_tick_budget_bytes: 2 * 1024 * 1024,
             arena_bytes: 64 * 1024 * 1024,
             direct_io_min_bytes: 8 * 1024 * 1024,
             zerocopy: ZeroCopy::Auto,
