@@ -323,12 +323,6 @@ impl Ring {
         })
     }
 
-    /// Which io_uring opcodes this kernel supports.
-    pub fn probe_supports(&self, opcode: u8) -> bool {
-        let mut probe = io_uring::Probe::new();
-        self.uring.submitter().register_probe(&mut probe).is_ok() && probe.is_supported(opcode)
-    }
-
     /// Queues `entry`. A full SQ never loses an entry nor panics: entries wait in the
     /// unqueued FIFO (in order) and go to the kernel at the next submit, once it has room.
     fn push(&mut self, entry: squeue::Entry) {
@@ -383,13 +377,6 @@ impl Ring {
         self.unqueued.len()
     }
 
-    /// Completions the kernel could not post because the CQ was full (it keeps them, with
-    /// IORING_FEAT_NODROP, and posts them once we reap; a non-zero count means the CQ is too
-    /// small for the load).
-    pub fn cq_overflow(&mut self) -> u32 {
-        self.uring.completion().overflow()
-    }
-
     /// Arms a multishot accept that places sockets straight into fixed-file slots.
     pub fn accept_multi(&mut self, listener: BorrowedFd<'_>, token: u64) {
         let e = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd()))
@@ -399,117 +386,9 @@ impl Ring {
         self.push(e);
     }
 
-    /// Arms one receive on a fixed socket; the kernel picks a provided buffer when data comes.
-    pub fn recv(&mut self, socket: u32, token: u64) {
-        let e = opcode::Recv::new(types::Fixed(socket), std::ptr::null_mut(), 0)
-            .buf_group(RECV_BUFFER_GROUP)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// Takes ownership of provided buffer `bid` named by a receive completion; it stays ours
-    /// until `recycle_recv`.
-    pub fn claim_recv(&mut self, bid: u16) {
-        self.recv.claim(bid);
-    }
-
-    /// The bytes a receive placed in provided buffer `bid`.
-    pub fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
-        self.recv.data(bid, len)
-    }
-
-    /// Returns provided buffer `bid` to the kernel once its bytes were copied out.
-    pub fn recycle_recv(&mut self, bid: u16) {
-        self.recv.provide(bid);
-    }
-
     /// Bytes per provided receive buffer.
     pub fn recv_buffer_bytes(&self) -> usize {
         self.recv.buffer_bytes
-    }
-
-    /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
-    pub fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        assert!(
-            !self.tx_busy[conn],
-            "tx buffer {conn} mutated while the kernel reads it"
-        );
-        &mut self.tx[conn]
-    }
-
-    /// Sends `tx[conn][from..]`; the buffer is the kernel's until `tx_done(conn)`.
-    pub fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64) {
-        assert!(!self.tx_busy[conn], "second send from tx buffer {conn}");
-        let buf = &self.tx[conn];
-        assert!(from < buf.len());
-        let len = buf.len() - from;
-        // SAFETY: `from < len` (pointer validity); the Vec is not touched (tx_mut asserts) until
-        // tx_done, so its heap block stays where it is.
-        let ptr = unsafe { buf.as_ptr().add(from) };
-        self.tx_busy[conn] = true;
-        let e = opcode::Send::new(types::Fixed(socket), ptr, len as u32)
-            .flags(flags | libc::MSG_NOSIGNAL)
-            .build()
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// The kernel is done with `tx[conn]` (its send completed).
-    pub fn tx_done(&mut self, conn: usize) {
-        assert!(self.tx_busy[conn], "tx_done without a send in flight");
-        self.tx_busy[conn] = false;
-    }
-
-    /// Bytes in connection `conn`'s header buffer.
-    pub fn tx_len(&self, conn: usize) -> usize {
-        self.tx[conn].len()
-    }
-
-    /// Copies connection `conn`'s header buffer to the front of arena slot `slot`; returns
-    /// its length. Neither may be in flight.
-    pub fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
-        assert!(!self.tx_busy[conn]);
-        let n = self.tx[conn].len();
-        let tx = std::mem::take(&mut self.tx[conn]);
-        self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        self.tx[conn] = tx;
-        n
-    }
-
-    /// Releases the heap memory of an idle connection's header buffer.
-    pub fn tx_release(&mut self, conn: usize) {
-        assert!(!self.tx_busy[conn]);
-        self.tx[conn] = Vec::new();
-    }
-
-    /// Arena slot `slot` for writing by the shard (the kernel must not own it).
-    pub fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
-        let i = usize::from(slot);
-        assert!(
-            !self.arena.kernel_owned[i],
-            "arena slot {slot} mutated while in flight"
-        );
-        let start = i * self.arena.slot_stride;
-        // SAFETY: in-bounds slot of the arena mapping that no kernel operation uses (asserted).
-        unsafe {
-            std::slice::from_raw_parts_mut(self.arena.mem.base().add(start), self.arena.chunk_bytes)
-        }
-    }
-
-    /// Arena slot `slot` for reading by the shard (the kernel must not own it).
-    pub fn arena(&self, slot: u16) -> &[u8] {
-        let i = usize::from(slot);
-        assert!(
-            !self.arena.kernel_owned[i],
-            "arena slot {slot} read while in flight"
-        );
-        let start = i * self.arena.slot_stride;
-        // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
-        unsafe {
-            std::slice::from_raw_parts(self.arena.mem.base().add(start), self.arena.chunk_bytes)
-        }
     }
 
     fn arena_ptr(&mut self, slot: u16, offset: usize, len: usize) -> *mut u8 {
@@ -529,194 +408,6 @@ impl Ring {
                 .base()
                 .add(i * self.arena.slot_stride + offset)
         }
-    }
-
-    /// Reads `len` bytes of fixed file `file` at `file_offset` into arena slot `slot` at
-    /// `buf_offset` (a registered-buffer read). The slot is the kernel's until `arena_done`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn read_fixed(
-        &mut self,
-        slot: u16,
-        buf_offset: usize,
-        len: usize,
-        file: u32,
-        file_offset: u64,
-        rw_flags: i32,
-        token: u64,
-    ) {
-        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
-        let ptr = self.arena_ptr(slot, buf_offset, len);
-        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, slot)
-            .offset(file_offset)
-            .rw_flags(rw_flags)
-            .build()
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// Sends `len` bytes of arena slot `slot` from `offset`; with `zerocopy`, as SEND_ZC from
-    /// the registered buffer (the slot comes back only with the notification completion).
-    ///
-    /// Always `MSG_DONTWAIT`: a full socket completes the send short or with `-EAGAIN` instead
-    /// of parking it in the kernel, so a client that stops reading never pins the slot; the
-    /// caller waits for writability with `poll_writable`, holding nothing the kernel owns.
-    #[allow(clippy::too_many_arguments)]
-    pub fn send_arena(
-        &mut self,
-        slot: u16,
-        offset: usize,
-        len: usize,
-        socket: u32,
-        flags: i32,
-        zerocopy: bool,
-        token: u64,
-    ) {
-        let ptr = self.arena_ptr(slot, offset, len);
-        let flags = flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
-        let e = if zerocopy {
-            opcode::SendZc::new(types::Fixed(socket), ptr, len as u32)
-                .buf_index(Some(slot))
-                .flags(flags)
-                .build()
-        } else {
-            opcode::Send::new(types::Fixed(socket), ptr, len as u32)
-                .flags(flags)
-                .build()
-        };
-        self.push(e.user_data(token));
-    }
-
-    /// Shuts down the write side of socket `socket` (a FIN after what was sent).
-    pub fn shutdown_write(&mut self, socket: u32, token: u64) {
-        let e = opcode::Shutdown::new(types::Fixed(socket), libc::SHUT_WR)
-            .build()
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// Arms a one-shot poll for socket `socket` to become writable (no buffer involved).
-    pub fn poll_writable(&mut self, socket: u32, token: u64) {
-        let e = opcode::PollAdd::new(types::Fixed(socket), libc::POLLOUT as u32)
-            .build()
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).
-    pub fn arena_done(&mut self, slot: u16) {
-        let i = usize::from(slot);
-        assert!(
-            self.arena.kernel_owned[i],
-            "arena_done on slot {slot} not in flight"
-        );
-        self.arena.kernel_owned[i] = false;
-    }
-
-    /// Sends static bytes (canned responses), optionally linked to a close of the socket.
-    pub fn send_static_then_close(
-        &mut self,
-        socket: u32,
-        bytes: &'static [u8],
-        token: u64,
-        close_token: u64,
-    ) {
-        let e = opcode::Send::new(types::Fixed(socket), bytes.as_ptr(), bytes.len() as u32)
-            .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-            .build()
-            .flags(squeue::Flags::IO_HARDLINK)
-            .user_data(token);
-        self.push(e);
-        self.close_fixed(socket, close_token);
-    }
-
-    /// Appends `buf` to the log file `fd` (opened O_APPEND); the ring keeps the buffer until
-    /// `log_write_done` hands it back. One log write at a time.
-    pub fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
-        assert!(self.log_in_flight.is_none(), "second log write in flight");
-        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
-        // The Vec's heap block does not move when the Vec is moved into the Option.
-        self.log_in_flight = Some(buf);
-        let e = opcode::Write::new(types::Fd(fd.as_raw_fd()), ptr, len)
-            .offset(u64::MAX)
-            .build()
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// The log write completed: its buffer, for reuse.
-    pub fn log_write_done(&mut self) -> Vec<u8> {
-        self.log_in_flight
-            .take()
-            .expect("log write completion without a write")
-    }
-
-    /// Closes a fixed-file slot (socket or file).
-    pub fn close_fixed(&mut self, slot: u32, token: u64) {
-        let e = opcode::Close::new(types::Fixed(slot))
-            .build()
-            .user_data(token);
-        self.push(e);
-    }
-
-    /// Cancels every operation in flight on fixed socket `socket`.
-    pub fn cancel_socket(&mut self, socket: u32, token: u64) {
-        let b = types::CancelBuilder::fd(types::Fixed(socket)).all();
-        let e = opcode::AsyncCancel2::new(b).build().user_data(token);
-        self.push(e);
-    }
-
-    /// Cancels the operation submitted with `target`.
-    pub fn cancel_token(&mut self, target: u64, token: u64) {
-        let e = opcode::AsyncCancel::new(target).build().user_data(token);
-        self.push(e);
-    }
-
-    /// Places an open file in fixed-file slot `index` (relative to the file range).
-    pub fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
-        assert!(index < self.file_slots);
-        self.uring
-            .submitter()
-            .register_files_update(self.socket_slots + index, &[fd.as_raw_fd()])?;
-        Ok(())
-    }
-
-    /// Empties fixed-file slot `index` (relative to the file range).
-    pub fn unregister_file(&mut self, index: u32) -> io::Result<()> {
-        assert!(index < self.file_slots);
-        self.uring
-            .submitter()
-            .register_files_update(self.socket_slots + index, &[-1])?;
-        Ok(())
-    }
-
-    /// The absolute fixed-file index of file slot `index`.
-    pub fn file_fixed_index(&self, index: u32) -> u32 {
-        self.socket_slots + index
-    }
-
-    /// Submits queued SQEs and waits for completions until `timeout`.
-    ///
-    /// With `batch` (and a kernel with IORING_FEAT_MIN_TIMEOUT, 6.12+) the wait gathers up to
-    /// `batch.0` completions for at most `batch.1`, then returns as soon as one is there: one
-    /// wake-up per batch of completions instead of one per completion, for at most that much
-    /// added latency.
-    pub fn submit_and_wait_batched(
-        &mut self,
-        timeout: Duration,
-        batch: Option<(usize, Duration)>,
-    ) -> io::Result<()> {
-        let (want, min_wait_usec) = match batch {
-            Some((want, min_wait)) if self.uring.params().is_feature_min_timeout() => {
-                (want, min_wait.as_micros() as u32)
-            }
-            _ => (1, 0),
-        };
-        self.submit_and_wait_inner(want, Some(timeout), min_wait_usec)
-    }
-
-    /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
-    pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
-        self.submit_and_wait_inner(want, timeout, 0)
     }
 
     fn submit_and_wait_inner(
@@ -784,29 +475,18 @@ impl Ring {
         // IORING_SQ_CQ_OVERFLOW: completions wait in the kernel's overflow list.
         self.uring.submission().cq_overflow()
     }
-
-    /// Moves up to `max` completions into `out` (bounded batch; handlers never reap the ring).
-    pub fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
-        let mut cq = self.uring.completion();
-        cq.sync();
-        for cqe in cq.by_ref().take(max) {
-            out.push(Completion {
-                user_data: cqe.user_data(),
-                result: cqe.result(),
-                flags: cqe.flags(),
-            });
-        }
-    }
 }
 
-/// The real ring behind the shard's seam: each method is the inherent one of the same name;
+/// The real ring behind the shard's seam (the operations live here, not in a second copy);
 /// the clock is real time since the ring was built.
 impl super::ring_ops::RingOps for Ring {
     fn now(&self) -> Duration {
         self.started.elapsed()
     }
+    /// Which io_uring opcodes this kernel supports.
     fn probe_supports(&self, opcode: u8) -> bool {
-        Ring::probe_supports(self, opcode)
+        let mut probe = io_uring::Probe::new();
+        self.uring.submitter().register_probe(&mut probe).is_ok() && probe.is_supported(opcode)
     }
     fn deferred_taskrun(&self) -> bool {
         self.deferred_taskrun
@@ -823,50 +503,116 @@ impl super::ring_ops::RingOps for Ring {
     fn unqueued_total(&self) -> u64 {
         self.unqueued_total
     }
+    /// Completions the kernel could not post because the CQ was full (it keeps them, with
+    /// IORING_FEAT_NODROP, and posts them once we reap; a non-zero count means the CQ is too
+    /// small for the load).
     fn cq_overflow(&mut self) -> u32 {
-        Ring::cq_overflow(self)
+        self.uring.completion().overflow()
     }
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
         if let Some(l) = listener {
             Ring::accept_multi(self, l, token);
         }
     }
+    /// Arms one receive on a fixed socket; the kernel picks a provided buffer when data comes.
     fn recv(&mut self, socket: u32, token: u64) {
-        Ring::recv(self, socket, token);
+        let e = opcode::Recv::new(types::Fixed(socket), std::ptr::null_mut(), 0)
+            .buf_group(RECV_BUFFER_GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(token);
+        self.push(e);
     }
+    /// Takes ownership of provided buffer `bid` named by a receive completion; it stays ours
+    /// until `recycle_recv`.
     fn claim_recv(&mut self, bid: u16) {
-        Ring::claim_recv(self, bid);
+        self.recv.claim(bid);
     }
+    /// The bytes a receive placed in provided buffer `bid`.
     fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
-        Ring::recv_data(self, bid, len)
+        self.recv.data(bid, len)
     }
+    /// Returns provided buffer `bid` to the kernel once its bytes were copied out.
     fn recycle_recv(&mut self, bid: u16) {
-        Ring::recycle_recv(self, bid);
+        self.recv.provide(bid);
     }
+    /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
     fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        Ring::tx_mut(self, conn)
+        assert!(
+            !self.tx_busy[conn],
+            "tx buffer {conn} mutated while the kernel reads it"
+        );
+        &mut self.tx[conn]
     }
+    /// Sends `tx[conn][from..]`; the buffer is the kernel's until `tx_done(conn)`.
     fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64) {
-        Ring::send_tx(self, conn, socket, from, flags, token);
+        assert!(!self.tx_busy[conn], "second send from tx buffer {conn}");
+        let buf = &self.tx[conn];
+        assert!(from < buf.len());
+        let len = buf.len() - from;
+        // SAFETY: `from < len` (pointer validity); the Vec is not touched (tx_mut asserts) until
+        // tx_done, so its heap block stays where it is.
+        let ptr = unsafe { buf.as_ptr().add(from) };
+        self.tx_busy[conn] = true;
+        let e = opcode::Send::new(types::Fixed(socket), ptr, len as u32)
+            .flags(flags | libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(token);
+        self.push(e);
     }
+    /// The kernel is done with `tx[conn]` (its send completed).
     fn tx_done(&mut self, conn: usize) {
-        Ring::tx_done(self, conn);
+        assert!(self.tx_busy[conn], "tx_done without a send in flight");
+        self.tx_busy[conn] = false;
     }
+    /// Bytes in connection `conn`'s header buffer.
     fn tx_len(&self, conn: usize) -> usize {
-        Ring::tx_len(self, conn)
+        self.tx[conn].len()
     }
+    /// Copies connection `conn`'s header buffer to the front of arena slot `slot`; returns
+    /// its length. Neither may be in flight.
     fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
-        Ring::copy_tx_to_arena(self, conn, slot)
+        assert!(!self.tx_busy[conn]);
+        let n = self.tx[conn].len();
+        let tx = std::mem::take(&mut self.tx[conn]);
+        self.arena_mut(slot)[..n].copy_from_slice(&tx);
+        self.tx[conn] = tx;
+        n
     }
+    /// Releases the heap memory of an idle connection's header buffer.
     fn tx_release(&mut self, conn: usize) {
-        Ring::tx_release(self, conn);
+        assert!(!self.tx_busy[conn]);
+        self.tx[conn] = Vec::new();
     }
+    /// Arena slot `slot` for writing by the shard (the kernel must not own it).
     fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
-        Ring::arena_mut(self, slot)
+        let i = usize::from(slot);
+        assert!(
+            !self.arena.kernel_owned[i],
+            "arena slot {slot} mutated while in flight"
+        );
+        let start = i * self.arena.slot_stride;
+        // SAFETY: in-bounds slot of the arena mapping that no kernel operation uses (asserted).
+        unsafe {
+            std::slice::from_raw_parts_mut(self.arena.mem.base().add(start), self.arena.chunk_bytes)
+        }
     }
+    /// Arena slot `slot` for reading by the shard (the kernel must not own it).
     fn arena(&self, slot: u16) -> &[u8] {
-        Ring::arena(self, slot)
+        let i = usize::from(slot);
+        assert!(
+            !self.arena.kernel_owned[i],
+            "arena slot {slot} read while in flight"
+        );
+        let start = i * self.arena.slot_stride;
+        // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
+        unsafe {
+            std::slice::from_raw_parts(self.arena.mem.base().add(start), self.arena.chunk_bytes)
+        }
     }
+    /// Reads `len` bytes of fixed file `file` at `file_offset` into arena slot `slot` at
+    /// `buf_offset` (a registered-buffer read). The slot is the kernel's until `arena_done`.
+    #[allow(clippy::too_many_arguments)]
     fn read_fixed(
         &mut self,
         slot: u16,
@@ -877,17 +623,22 @@ impl super::ring_ops::RingOps for Ring {
         rw_flags: i32,
         token: u64,
     ) {
-        Ring::read_fixed(
-            self,
-            slot,
-            buf_offset,
-            len,
-            file,
-            file_offset,
-            rw_flags,
-            token,
-        );
+        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        let ptr = self.arena_ptr(slot, buf_offset, len);
+        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, slot)
+            .offset(file_offset)
+            .rw_flags(rw_flags)
+            .build()
+            .user_data(token);
+        self.push(e);
     }
+    /// Sends `len` bytes of arena slot `slot` from `offset`; with `zerocopy`, as SEND_ZC from
+    /// the registered buffer (the slot comes back only with the notification completion).
+    ///
+    /// Always `MSG_DONTWAIT`: a full socket completes the send short or with `-EAGAIN` instead
+    /// of parking it in the kernel, so a client that stops reading never pins the slot; the
+    /// caller waits for writability with `poll_writable`, holding nothing the kernel owns.
+    #[allow(clippy::too_many_arguments)]
     fn send_arena(
         &mut self,
         slot: u16,
@@ -898,11 +649,30 @@ impl super::ring_ops::RingOps for Ring {
         zerocopy: bool,
         token: u64,
     ) {
-        Ring::send_arena(self, slot, offset, len, socket, flags, zerocopy, token);
+        let ptr = self.arena_ptr(slot, offset, len);
+        let flags = flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        let e = if zerocopy {
+            opcode::SendZc::new(types::Fixed(socket), ptr, len as u32)
+                .buf_index(Some(slot))
+                .flags(flags)
+                .build()
+        } else {
+            opcode::Send::new(types::Fixed(socket), ptr, len as u32)
+                .flags(flags)
+                .build()
+        };
+        self.push(e.user_data(token));
     }
+    /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).
     fn arena_done(&mut self, slot: u16) {
-        Ring::arena_done(self, slot);
+        let i = usize::from(slot);
+        assert!(
+            self.arena.kernel_owned[i],
+            "arena_done on slot {slot} not in flight"
+        );
+        self.arena.kernel_owned[i] = false;
     }
+    /// Sends static bytes (canned responses), optionally linked to a close of the socket.
     fn send_static_then_close(
         &mut self,
         socket: u32,
@@ -910,50 +680,119 @@ impl super::ring_ops::RingOps for Ring {
         token: u64,
         close_token: u64,
     ) {
-        Ring::send_static_then_close(self, socket, bytes, token, close_token);
+        let e = opcode::Send::new(types::Fixed(socket), bytes.as_ptr(), bytes.len() as u32)
+            .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+            .build()
+            .flags(squeue::Flags::IO_HARDLINK)
+            .user_data(token);
+        self.push(e);
+        self.close_fixed(socket, close_token);
     }
+    /// Appends `buf` to the log file `fd` (opened O_APPEND); the ring keeps the buffer until
+    /// `log_write_done` hands it back. One log write at a time.
     fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
-        Ring::write_log(self, fd, buf, token);
+        assert!(self.log_in_flight.is_none(), "second log write in flight");
+        let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
+        // The Vec's heap block does not move when the Vec is moved into the Option.
+        self.log_in_flight = Some(buf);
+        let e = opcode::Write::new(types::Fd(fd.as_raw_fd()), ptr, len)
+            .offset(u64::MAX)
+            .build()
+            .user_data(token);
+        self.push(e);
     }
+    /// The log write completed: its buffer, for reuse.
     fn log_write_done(&mut self) -> Vec<u8> {
-        Ring::log_write_done(self)
+        self.log_in_flight
+            .take()
+            .expect("log write completion without a write")
     }
+    /// Closes a fixed-file slot (socket or file).
     fn close_fixed(&mut self, slot: u32, token: u64) {
-        Ring::close_fixed(self, slot, token);
+        let e = opcode::Close::new(types::Fixed(slot))
+            .build()
+            .user_data(token);
+        self.push(e);
     }
+    /// Cancels every operation in flight on fixed socket `socket`.
     fn cancel_socket(&mut self, socket: u32, token: u64) {
-        Ring::cancel_socket(self, socket, token);
+        let b = types::CancelBuilder::fd(types::Fixed(socket)).all();
+        let e = opcode::AsyncCancel2::new(b).build().user_data(token);
+        self.push(e);
     }
+    /// Cancels the operation submitted with `target`.
     fn cancel_token(&mut self, target: u64, token: u64) {
-        Ring::cancel_token(self, target, token);
+        let e = opcode::AsyncCancel::new(target).build().user_data(token);
+        self.push(e);
     }
+    /// Places an open file in fixed-file slot `index` (relative to the file range).
     fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
-        Ring::register_file(self, index, fd)
+        assert!(index < self.file_slots);
+        self.uring
+            .submitter()
+            .register_files_update(self.socket_slots + index, &[fd.as_raw_fd()])?;
+        Ok(())
     }
+    /// Empties fixed-file slot `index` (relative to the file range).
     fn unregister_file(&mut self, index: u32) -> io::Result<()> {
-        Ring::unregister_file(self, index)
+        assert!(index < self.file_slots);
+        self.uring
+            .submitter()
+            .register_files_update(self.socket_slots + index, &[-1])?;
+        Ok(())
     }
+    /// The absolute fixed-file index of file slot `index`.
     fn file_fixed_index(&self, index: u32) -> u32 {
-        Ring::file_fixed_index(self, index)
+        self.socket_slots + index
     }
+    /// Arms a one-shot poll for socket `socket` to become writable (no buffer involved).
     fn poll_writable(&mut self, socket: u32, token: u64) {
-        Ring::poll_writable(self, socket, token);
+        let e = opcode::PollAdd::new(types::Fixed(socket), libc::POLLOUT as u32)
+            .build()
+            .user_data(token);
+        self.push(e);
     }
+    /// Shuts down the write side of socket `socket` (a FIN after what was sent).
     fn shutdown_write(&mut self, socket: u32, token: u64) {
-        Ring::shutdown_write(self, socket, token);
+        let e = opcode::Shutdown::new(types::Fixed(socket), libc::SHUT_WR)
+            .build()
+            .user_data(token);
+        self.push(e);
     }
+    /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
-        Ring::submit_and_wait(self, want, timeout)
+        self.submit_and_wait_inner(want, timeout, 0)
     }
+    /// Submits queued SQEs and waits for completions until `timeout`.
+    ///
+    /// With `batch` (and a kernel with IORING_FEAT_MIN_TIMEOUT, 6.12+) the wait gathers up to
+    /// `batch.0` completions for at most `batch.1`, then returns as soon as one is there: one
+    /// wake-up per batch of completions instead of one per completion, for at most that much
+    /// added latency.
     fn submit_and_wait_batched(
         &mut self,
         timeout: Duration,
         batch: Option<(usize, Duration)>,
     ) -> io::Result<()> {
-        Ring::submit_and_wait_batched(self, timeout, batch)
+        let (want, min_wait_usec) = match batch {
+            Some((want, min_wait)) if self.uring.params().is_feature_min_timeout() => {
+                (want, min_wait.as_micros() as u32)
+            }
+            _ => (1, 0),
+        };
+        self.submit_and_wait_inner(want, Some(timeout), min_wait_usec)
     }
+    /// Moves up to `max` completions into `out` (bounded batch; handlers never reap the ring).
     fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
-        Ring::drain_completions(self, out, max);
+        let mut cq = self.uring.completion();
+        cq.sync();
+        for cqe in cq.by_ref().take(max) {
+            out.push(Completion {
+                user_data: cqe.user_data(),
+                result: cqe.result(),
+                flags: cqe.flags(),
+            });
+        }
     }
 }
 
@@ -1076,6 +915,7 @@ pub mod opcodes {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ring_ops::RingOps;
     use super::*;
 
     fn small_ring(sq_entries: u32) -> Ring {
