@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod buffers;
 pub mod conn;
 pub mod files;
+pub mod header_buffers;
 pub mod intrusive;
 mod reload;
 mod respond;

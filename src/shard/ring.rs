@@ -224,8 +224,7 @@ pub struct Ring {
     uring: IoUring,
     arena: Arena,
     recv: RecvBuffers,
-    tx: Vec<Vec<u8>>,
-    tx_busy: Vec<bool>,
+    tx: super::header_buffers::HeaderBuffers,
     log_in_flight: Option<Vec<u8>>,
     /// Entries that did not fit in the SQ, in submission order (TigerBeetle's `unqueued`).
     unqueued: VecDeque<squeue::Entry>,
@@ -306,8 +305,7 @@ impl Ring {
             uring,
             arena,
             recv,
-            tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
-            tx_busy: vec![false; cfg.conn_slots],
+            tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
             log_in_flight: None,
             unqueued: VecDeque::with_capacity(usize::try_from(cfg.sq_entries).unwrap_or(0)),
             socket_slots: cfg.socket_slots,
@@ -538,22 +536,14 @@ impl super::ring_ops::RingOps for Ring {
     }
     /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
     fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        assert!(
-            !self.tx_busy[conn],
-            "tx buffer {conn} mutated while the kernel reads it"
-        );
-        &mut self.tx[conn]
+        self.tx.get_mut(conn)
     }
     /// Sends `tx[conn][from..]`; the buffer is the kernel's until `tx_done(conn)`.
     fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64) {
-        assert!(!self.tx_busy[conn], "second send from tx buffer {conn}");
-        let buf = &self.tx[conn];
-        assert!(from < buf.len());
-        let len = buf.len() - from;
-        // SAFETY: `from < len` (pointer validity); the Vec is not touched (tx_mut asserts) until
-        // tx_done, so its heap block stays where it is.
-        let ptr = unsafe { buf.as_ptr().add(from) };
-        self.tx_busy[conn] = true;
+        // `lend` keeps the Vec untouched (asserted) until tx_done, so the heap block the
+        // kernel reads stays where it is.
+        let buf = self.tx.lend(conn, from);
+        let (ptr, len) = (buf.as_ptr(), buf.len());
         let e = opcode::Send::new(types::Fixed(socket), ptr, len as u32)
             .flags(flags | libc::MSG_NOSIGNAL)
             .build()
@@ -562,27 +552,24 @@ impl super::ring_ops::RingOps for Ring {
     }
     /// The kernel is done with `tx[conn]` (its send completed).
     fn tx_done(&mut self, conn: usize) {
-        assert!(self.tx_busy[conn], "tx_done without a send in flight");
-        self.tx_busy[conn] = false;
+        self.tx.done(conn);
     }
     /// Bytes in connection `conn`'s header buffer.
     fn tx_len(&self, conn: usize) -> usize {
-        self.tx[conn].len()
+        self.tx.len(conn)
     }
     /// Copies connection `conn`'s header buffer to the front of arena slot `slot`; returns
     /// its length. Neither may be in flight.
     fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
-        assert!(!self.tx_busy[conn]);
-        let n = self.tx[conn].len();
-        let tx = std::mem::take(&mut self.tx[conn]);
+        let tx = std::mem::take(self.tx.get_mut(conn));
+        let n = tx.len();
         self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        self.tx[conn] = tx;
+        *self.tx.get_mut(conn) = tx;
         n
     }
     /// Releases the heap memory of an idle connection's header buffer.
     fn tx_release(&mut self, conn: usize) {
-        assert!(!self.tx_busy[conn]);
-        self.tx[conn] = Vec::new();
+        self.tx.release(conn);
     }
     /// Arena slot `slot` for writing by the shard (the kernel must not own it).
     fn arena_mut(&mut self, slot: u16) -> &mut [u8] {

@@ -187,8 +187,7 @@ pub struct SimRing {
     recv_bufs: Vec<Vec<u8>>,
     recv_state: Vec<RecvBuf>,
     recv_free: VecDeque<u16>,
-    tx: Vec<Vec<u8>>,
-    tx_busy: Vec<bool>,
+    tx: crate::shard::header_buffers::HeaderBuffers,
     log_in_flight: Option<Vec<u8>>,
     files: Vec<Option<std::fs::File>>,
     /// Fixed socket slot -> socket id in `net`.
@@ -227,8 +226,7 @@ impl SimRing {
                 .collect(),
             recv_state: vec![RecvBuf::Provided; usize::from(cfg.recv_buffers)],
             recv_free: (0..cfg.recv_buffers).collect(),
-            tx: (0..cfg.conn_slots).map(|_| Vec::new()).collect(),
-            tx_busy: vec![false; cfg.conn_slots],
+            tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
             log_in_flight: None,
             files: (0..cfg.file_slots).map(|_| None).collect(),
             fixed_sockets: vec![None; cfg.socket_slots as usize],
@@ -395,7 +393,7 @@ impl SimRing {
         let done = match op {
             SimOp::Recv { socket } => self.complete_recv(token, socket),
             SimOp::SendTx { conn, socket, from } => {
-                let bytes = self.tx[conn][from..].to_vec();
+                let bytes = self.tx.in_flight(conn, from).to_vec();
                 self.complete_send(token, socket, &bytes, true, false, true)
             }
             SimOp::SendArena {
@@ -750,36 +748,27 @@ impl RingOps for SimRing {
         self.recv_free.push_back(bid);
     }
     fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        assert!(
-            !self.tx_busy[conn],
-            "tx buffer {conn} mutated while in flight"
-        );
-        &mut self.tx[conn]
+        self.tx.get_mut(conn)
     }
     fn send_tx(&mut self, conn: usize, socket: u32, from: usize, _flags: i32, token: u64) {
-        assert!(!self.tx_busy[conn], "second send from tx buffer {conn}");
-        assert!(from < self.tx[conn].len());
-        self.tx_busy[conn] = true;
+        self.tx.lend(conn, from);
         self.push(token, SimOp::SendTx { conn, socket, from });
     }
     fn tx_done(&mut self, conn: usize) {
-        assert!(self.tx_busy[conn], "tx_done without a send in flight");
-        self.tx_busy[conn] = false;
+        self.tx.done(conn);
     }
     fn tx_len(&self, conn: usize) -> usize {
-        self.tx[conn].len()
+        self.tx.len(conn)
     }
     fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
-        assert!(!self.tx_busy[conn]);
-        let n = self.tx[conn].len();
-        let tx = std::mem::take(&mut self.tx[conn]);
+        let tx = std::mem::take(self.tx.get_mut(conn));
+        let n = tx.len();
         self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        self.tx[conn] = tx;
+        *self.tx.get_mut(conn) = tx;
         n
     }
     fn tx_release(&mut self, conn: usize) {
-        assert!(!self.tx_busy[conn]);
-        self.tx[conn] = Vec::new();
+        self.tx.release(conn);
     }
     fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
         assert!(
