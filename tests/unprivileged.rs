@@ -95,6 +95,25 @@ struct Unprivileged {
     stderr_path: PathBuf,
 }
 
+/// `prlimit LIMITS setpriv --reuid=nobody ... shardline serve --root ROOT` on loopback port 0,
+/// admin off; callers add arguments and I/O.
+fn serve_as_nobody(world: &World, limits: &[&str]) -> Command {
+    let mut cmd = Command::new("prlimit");
+    cmd.args(limits)
+        .args([
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+        ])
+        .arg(world.dir.path().join("shardline"))
+        .arg("serve")
+        .arg("--root")
+        .arg(world.root())
+        .args(["--listen", "127.0.0.1:0", "--admin", ""]);
+    cmd
+}
+
 impl Unprivileged {
     /// `prlimit LIMITS setpriv --reuid=nobody ... shardline serve --root ROOT ARGS`.
     fn start(world: &World, limits: &[&str], args: &[&str]) -> Unprivileged {
@@ -103,19 +122,7 @@ impl Unprivileged {
             .path()
             .join(format!("stderr-{}.log", args.join("_")));
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut child = Command::new("prlimit")
-            .args(limits)
-            .args([
-                "setpriv",
-                "--reuid=nobody",
-                "--regid=nogroup",
-                "--clear-groups",
-            ])
-            .arg(world.dir.path().join("shardline"))
-            .arg("serve")
-            .arg("--root")
-            .arg(world.root())
-            .args(["--listen", "127.0.0.1:0", "--admin", ""])
+        let mut child = serve_as_nobody(world, limits)
             .args(args)
             .current_dir(world.root())
             .env("RUST_LOG", "info")
@@ -247,19 +254,7 @@ fn a_memlock_limit_too_small_for_one_shard_names_the_limit() {
     }
     let _turn = AS_NOBODY.lock().unwrap_or_else(|e| e.into_inner());
     let world = World::new();
-    let out = Command::new("prlimit")
-        .args(["--memlock=65536:65536"])
-        .args([
-            "setpriv",
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-        ])
-        .arg(world.dir.path().join("shardline"))
-        .arg("serve")
-        .arg("--root")
-        .arg(world.root())
-        .args(["--listen", "127.0.0.1:0", "--admin", ""])
+    let out = serve_as_nobody(&world, &["--memlock=65536:65536"])
         .stdin(Stdio::null())
         .output()
         .expect("run prlimit");
