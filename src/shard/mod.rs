@@ -1002,9 +1002,10 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Learns from one send how much the socket takes: a whole send lets the connection read
-    /// ahead its full pipeline with full-size reads; a short one (the socket filled up) sizes
-    /// the next reads to what this writable round took and gives back read-ahead beyond
-    /// `READ_AHEAD_START_CHUNKS`, so a slow client is never handed more than it can take.
+    /// ahead its full pipeline with full-size reads; a short one (the socket filled up) records
+    /// what this writable round took (the read size after a reclaim, `reclaim_from`) and gives
+    /// back read-ahead beyond `READ_AHEAD_START_CHUNKS`, so a slow client is never handed more
+    /// than it can take.
     fn note_socket_round(&mut self, c: u32, took: u32, whole: bool) {
         let chunk_bytes = self.cfg.chunk_bytes;
         let depth = self.cfg.pipeline_depth;
