@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::conn::{Body, Deadline, Segment, Source};
+use super::conn::{Body, Segment, Source};
 use super::files::ReadMode;
 use super::{access_log, ring, RingOps, Shard};
 use crate::config::DIAG_ZERO_MAX_BYTES;
@@ -37,9 +37,7 @@ impl<R: RingOps> Shard<R> {
         let conn = &mut self.conns[c as usize];
         conn.rx = rx;
         conn.rx.drain(..consumed);
-        if !conn.responding {
-            self.arm_recv(c);
-        }
+        self.drive(c, |m, _, out| m.need_more_request(out));
     }
 
     /// Seed for a multipart boundary: differs per shard, connection and moment.
@@ -49,16 +47,14 @@ impl<R: RingOps> Shard<R> {
 
     /// Starts the clock of a request and keeps what the access log needs.
     fn note_request(&mut self, c: u32, rx: &[u8], parsed: &Parsed<'_>) {
-        let now_us = self.ring.now().as_micros() as u64;
+        let cx = self.cx();
         let logging = self.access_log.is_some();
         let conn = &mut self.conns[c as usize];
-        conn.request_start_us = now_us;
-        conn.method = match parsed {
+        let method = match parsed {
             Parsed::Complete { request, .. } => Some(request.method),
             _ => None,
         };
-        conn.first_byte_sent = false;
-        conn.resp_bytes = 0;
+        conn.request_parsed(method, &cx);
         if !logging {
             return;
         }
@@ -81,13 +77,12 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    fn begin_response(&mut self, c: u32, status: u16, keep_alive: bool) {
-        let conn = &mut self.conns[c as usize];
-        conn.responding = true;
-        conn.keep_alive = keep_alive;
-        conn.status = status;
-        conn.deadline = Deadline::Send;
-        conn.deadline_ms = self.now_ms + self.cfg.send_timeout_ms;
+    /// Hands the planned response to the connection's machine (the head is in the header
+    /// buffer).
+    fn begin_response(&mut self, c: u32, status: u16, keep_alive: bool, body: Option<Body>) {
+        let cx = self.cx();
+        let head_len = self.ring.tx_len(c as usize);
+        self.conns[c as usize].begin_response(status, keep_alive, head_len, body, &cx);
     }
 
     /// A response with no file body (errors, 405, 304-less statuses): header and a short text,
@@ -95,7 +90,6 @@ impl<R: RingOps> Shard<R> {
     pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
         // A client whose request was malformed may have sent anything after it: close.
         let keep_alive = keep_alive && !self.leaving();
-        self.begin_response(c, status, keep_alive);
         let tx = self.ring.tx_mut(c as usize);
         tx.clear();
         if status == 405 {
@@ -117,7 +111,7 @@ impl<R: RingOps> Shard<R> {
         } else {
             response::write_error(status, keep_alive, self.date.header_value(), tx);
         }
-        self.conns[c as usize].head_from = Some(0);
+        self.begin_response(c, status, keep_alive, None);
     }
 
     fn respond(&mut self, c: u32, req: &Request<'_>) {
@@ -168,11 +162,11 @@ impl<R: RingOps> Shard<R> {
         };
         let precondition = conditional::evaluate(&conditions, &validators);
         let content_type = mime::content_type_for(f.opened_path().as_bytes());
-        let (status, content_range, body_len, segments, multipart) = match precondition {
+        let (status, content_range, body_len, segments, framing, multipart) = match precondition {
             // Both carry the validators (so a client can tell which version is current) and
             // no body; a 412 is a complete answer, so the connection may stay open.
-            Precondition::NotModified => (304, None, 0, VecDeque::new(), None),
-            Precondition::Failed => (412, None, 0, VecDeque::new(), None),
+            Precondition::NotModified => (304, None, 0, VecDeque::new(), Vec::new(), None),
+            Precondition::Failed => (412, None, 0, VecDeque::new(), Vec::new(), None),
             Precondition::Proceed { use_range } => {
                 let outcome = match req.range {
                     Some(range) if use_range => parse_range(range, size, self.cfg.max_ranges),
@@ -181,7 +175,6 @@ impl<R: RingOps> Shard<R> {
                 plan_body(outcome, size, content_type, self.boundary_seed(c))
             }
         };
-        self.begin_response(c, status, keep_alive);
         let f = self.files.get(idx);
         let head = Head {
             status,
@@ -204,11 +197,9 @@ impl<R: RingOps> Shard<R> {
         response::write_head(&head, tx);
         let head_len = tx.len();
 
-        let conn = &mut self.conns[c as usize];
         if req.method == Method::Head || body_len == 0 {
             self.files.release(&mut self.ring, idx);
-            conn.head_from = Some(0);
-            return;
+            return self.begin_response(c, status, keep_alive, None);
         }
         let (align, rw_flags, source) = match f.mode {
             ReadMode::Direct { align } => (u64::from(align), 0, Source::Direct),
@@ -218,20 +209,21 @@ impl<R: RingOps> Shard<R> {
         let inline_head = multipart.is_none()
             && f.mode == ReadMode::Buffered
             && head_len as u64 + body_len <= self.cfg.chunk_bytes as u64;
-        conn.head_from = if inline_head { None } else { Some(0) };
-        conn.body = Some(Body {
+        let body = Body {
             file: Some(idx),
             file_fixed: self.ring.file_fixed_index(f.fixed),
             align,
             rw_flags,
             source,
             segments,
+            framing,
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
             inline_head,
             small: inline_head,
             read_ahead: super::READ_AHEAD_START_CHUNKS,
             read_size_bytes: self.cfg.chunk_bytes,
-        });
+        };
+        self.begin_response(c, status, keep_alive, Some(body));
     }
 }
 
@@ -254,7 +246,6 @@ impl<R: RingOps> Shard<R> {
         let Some(n) = zero_bytes_param(req.query) else {
             return self.respond_status(c, 400, false, req.method == Method::Head);
         };
-        self.begin_response(c, 200, keep_alive);
         let head = Head {
             status: 200,
             keep_alive,
@@ -270,29 +261,30 @@ impl<R: RingOps> Shard<R> {
         let tx = self.ring.tx_mut(c as usize);
         tx.clear();
         response::write_head(&head, tx);
-        let conn = &mut self.conns[c as usize];
-        conn.head_from = Some(0);
         if req.method == Method::Head || n == 0 {
-            return;
+            return self.begin_response(c, 200, keep_alive, None);
         }
-        conn.body = Some(Body {
+        let body = Body {
             file: None,
             file_fixed: 0,
             align: 1,
             rw_flags: 0,
             source: Source::Memory,
             segments: VecDeque::from([Segment::Zero { remaining: n }]),
+            framing: Vec::new(),
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
             inline_head: false,
             small: false,
             read_ahead: super::READ_AHEAD_START_CHUNKS,
             read_size_bytes: self.cfg.chunk_bytes,
-        });
+        };
+        self.begin_response(c, 200, keep_alive, Some(body));
     }
 }
 
-/// Status, Content-Range, body length, body segments and multipart boundary for a range
-/// outcome on a file of `size` bytes.
+/// Status, Content-Range, body length, body segments, the framing bytes they point into and
+/// the multipart boundary for a range outcome on a file of `size` bytes.
+#[allow(clippy::type_complexity)]
 fn plan_body(
     outcome: RangeOutcome,
     size: u64,
@@ -303,6 +295,7 @@ fn plan_body(
     Option<ContentRange>,
     u64,
     VecDeque<Segment>,
+    Vec<u8>,
     Option<Boundary>,
 ) {
     let file = |r: ByteRange| Segment::File {
@@ -318,7 +311,7 @@ fn plan_body(
                     end: size,
                 }));
             }
-            (200, None, size, segs, None)
+            (200, None, size, segs, Vec::new(), None)
         }
         RangeOutcome::Single(r) => (
             206,
@@ -329,6 +322,7 @@ fn plan_body(
             }),
             r.end - r.start,
             VecDeque::from([file(r)]),
+            Vec::new(),
             None,
         ),
         RangeOutcome::Unsatisfiable => (
@@ -336,6 +330,7 @@ fn plan_body(
             Some(ContentRange::Unsatisfied { total: size }),
             0,
             VecDeque::new(),
+            Vec::new(),
             None,
         ),
         RangeOutcome::Multi(ranges) => {
@@ -346,23 +341,28 @@ fn plan_body(
                 return plan_body(RangeOutcome::Full, size, content_type, seed);
             };
             let mut segs = VecDeque::with_capacity(ranges.len() * 2 + 1);
+            let mut framing = Vec::with_capacity(ranges.len() * 128 + 64);
+            let mem = |framing: &[u8], from: usize| Segment::Mem {
+                start: from as u32,
+                end: framing.len() as u32,
+            };
             for r in &ranges {
-                let mut part = Vec::with_capacity(128);
+                let from = framing.len();
                 response::write_part_header(
                     boundary.as_str(),
                     content_type,
                     r.start,
                     r.end - 1,
                     size,
-                    &mut part,
+                    &mut framing,
                 );
-                segs.push_back(Segment::Mem(part));
+                segs.push_back(mem(&framing, from));
                 segs.push_back(file(*r));
             }
-            let mut closing = Vec::with_capacity(64);
-            response::write_closing_boundary(boundary.as_str(), &mut closing);
-            segs.push_back(Segment::Mem(closing));
-            (206, None, len, segs, Some(boundary))
+            let from = framing.len();
+            response::write_closing_boundary(boundary.as_str(), &mut framing);
+            segs.push_back(mem(&framing, from));
+            (206, None, len, segs, framing, Some(boundary))
         }
     }
 }

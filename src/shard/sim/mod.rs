@@ -31,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
-use super::conn::{ChunkState, Phase};
+use super::conn::ChunkState;
+use super::machine::{ArenaWait, Lifecycle};
 use super::{Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
 use crate::config::{Config, ZeroCopy};
 use crate::metrics::ShardMetrics;
@@ -277,15 +278,15 @@ fn observe(shard: &SimShard) -> Previous {
     let free = shard.arena.free_count();
     for (c, conn) in shard.conns.iter().enumerate() {
         let c = c as u32;
-        if let Some(body) = &conn.body {
+        if let Some(body) = conn.body() {
             for ch in &body.chunks {
                 p.chunks.insert((c, ch.slot, ch.read_file_off, ch.send_len));
             }
-            if body.small && body.inline_head && free > 0 && conn.phase == Phase::Open {
+            if body.small && body.inline_head && free > 0 && conn.is_open() {
                 p.waiting_small.insert((c, conn.generation));
             }
         }
-        let idle = conn.phase == Phase::Open && !conn.responding && !conn.lingering;
+        let idle = conn.is_open() && !conn.responding();
         if idle && has_complete_head(&conn.rx) {
             p.pending_heads
                 .insert((c, conn.generation, conn.request_start_us, conn.rx.len()));
@@ -309,22 +310,27 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     let now_ms = shard.now_ms;
     for (c, conn) in shard.conns.iter().enumerate() {
         let c = c as u32;
-        if conn.phase == Phase::Free && (conn.ops != 0 || conn.body.is_some()) {
+        if conn.life == Lifecycle::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
             return Err(format!("free connection {c} has operations or a body"));
         }
         let body_slots = conn
-            .body
-            .iter()
+            .body()
+            .into_iter()
             .flat_map(|b| b.chunks.iter().map(|ch| ch.slot));
-        for slot in body_slots.chain(conn.handoff_slot) {
+        let handed = match conn.arena {
+            ArenaWait::Handed { slot } => Some(slot),
+            _ => None,
+        };
+        for slot in body_slots.chain(handed) {
             if let Some(other) = held.insert(slot, c) {
                 return Err(format!("arena slot {slot} held by {other} and {c}"));
             }
         }
-        let Some(body) = &conn.body else { continue };
+        let Some(body) = conn.body() else { continue };
         // Documented bound (docs/ARCHITECTURE.md): only a connection that holds no chunk
         // waits for the arena, so a handed-over slot never deepens a full pipeline.
-        if conn.waiting_arena && (!body.chunks.is_empty() || conn.handoff_slot.is_some()) {
+        let waiting = matches!(conn.arena, ArenaWait::Waiting { .. });
+        if waiting && !body.chunks.is_empty() {
             return Err(format!(
                 "connection {c} waits for the arena while holding {} chunks",
                 body.chunks.len()
@@ -345,9 +351,8 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             ));
         }
         // A stalled client: nothing reclaimable stays with it past the hold time.
-        let parked_long = conn.phase == Phase::Open
-            && conn.poll_armed
-            && now_ms > conn.parked_ms + PARK_HOLD_MS + 2 * TIMER_SWEEP_MS;
+        let parked_long =
+            conn.is_parked() && now_ms > conn.parked_ms + PARK_HOLD_MS + 2 * TIMER_SWEEP_MS;
         if parked_long {
             let reclaimable = body
                 .chunks
@@ -359,8 +364,8 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
                 .count();
             if reclaimable > 0 {
                 return Err(format!(
-                    "connection {c} parked since {} ms still holds {reclaimable} chunks at {now_ms} ms (listed {}, parked FIFO {:?}, chunks {:?})",
-                    conn.parked_ms, conn.parked_listed, shard.parked,
+                    "connection {c} parked since {} ms still holds {reclaimable} chunks at {now_ms} ms (listed {}, {} parked, chunks {:?})",
+                    conn.parked_ms, shard.parked.list_of(c).is_some(), shard.parked.len(0),
                     body.chunks.iter().map(|ch| (ch.state, ch.sent, ch.send_len)).collect::<Vec<_>>()
                 ));
             }
@@ -388,17 +393,17 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     for &(c, generation, start_us, rx_len) in &prev.pending_heads {
         let conn = &shard.conns[c as usize];
         let same = conn.generation == generation
-            && conn.phase == Phase::Open
+            && conn.is_open()
             && conn.request_start_us == start_us
             && conn.rx.len() >= rx_len;
-        if same && !conn.responding && !conn.lingering && has_complete_head(&conn.rx) {
+        if same && !conn.responding() && has_complete_head(&conn.rx) {
             return Err(format!(
                 "connection {c}: a complete request waited a whole tick (rx {:?}, last status {}, \
-                 recv armed {}, ops {}, {} queued)",
+                 read {:?}, in flight {}, {} queued)",
                 String::from_utf8_lossy(&conn.rx),
-                conn.status,
-                conn.recv_armed,
-                conn.ops,
+                conn.response().map_or(0, |r| r.status),
+                conn.read,
+                conn.in_flight(),
                 shard.ready.len()
             ));
         }
@@ -406,8 +411,8 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     for &(c, generation) in &prev.waiting_small {
         let conn = &shard.conns[c as usize];
         let still = conn.generation == generation
-            && conn.phase == Phase::Open
-            && conn.body.as_ref().is_some_and(|b| b.small && b.inline_head);
+            && conn.is_open()
+            && conn.body().is_some_and(|b| b.small && b.inline_head);
         if still {
             return Err(format!(
                 "connection {c}: a small response waited a tick with a slot free"

@@ -1,0 +1,1674 @@
+//! One connection as a sans-IO state machine (issue 11 item 3).
+//!
+//! `ConnMachine` takes events (a receive, a read, a send or a notification completed, the
+//! socket became writable, a timer expired, an arena slot was handed over, a response was
+//! planned) and answers with `Action`s: submit this operation, give back that slot, queue me,
+//! count this. It never touches the ring, the arena's memory, the file cache or the metrics;
+//! the shard (`mod.rs`) is the driver that turns completions into events and actions into
+//! submissions, in order. So every decision about one connection lives in this file, and the
+//! simulator and the unit tests below can drive it without a kernel.
+//!
+//! Its state is three enums, so illegal combinations cannot be written down:
+//! - `life`: `Free` -> `Open` -> (`Lingering` ->) `Closing` -> `Free`;
+//! - `read`: the receive side (`Idle`, `Armed`, `AwaitingBuffer`, `Eof`);
+//! - `write`: `Idle` or `Responding(Response)`, whose head is `Pending`, `Sending` or `Done`
+//!   and whose body is a pipeline of chunks, each in one `ChunkState`.
+//!
+//! What is in flight is not counted by hand: `in_flight()` derives it from those states plus
+//! the few operations that have no state of their own (`OpSlots`: poll, cancel, shutdown,
+//! close). A connection is freed only when it is 0.
+
+use super::buffers::Demand;
+use super::conn::{Body, Chunk, ChunkState, CloseReason, Deadline, Origin, Segment, Source};
+use super::sched::{TickBudget, Turn};
+use super::{
+    LINGER_MAX_BYTES, LINGER_TIMEOUT_MS, MIN_READ_BYTES, READ_AHEAD_FAST_SEND_MS,
+    READ_AHEAD_START_CHUNKS, RECV_BUFFER_BYTES, ZC_WARMUP_BYTES,
+};
+use crate::http::request::Method;
+
+/// Where a connection slot is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Unused slot (on the shard's free list).
+    Free,
+    /// Serving requests.
+    Open,
+    /// After an error response with the rest of the request unread: the write side is shut,
+    /// and what the client still sends is read and dropped (bounded) before the close, so the
+    /// close sends no reset that could destroy the response in the client's buffer.
+    Lingering {
+        /// Bytes read and dropped so far.
+        dropped_bytes: u64,
+    },
+    /// Cancelling what is in flight; the socket is closed once nothing is, then the slot is
+    /// free.
+    Closing {
+        /// Why (for counters and logs).
+        reason: CloseReason,
+    },
+}
+
+/// The receive side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadState {
+    /// No receive in flight.
+    Idle,
+    /// A receive is in flight.
+    Armed,
+    /// The last receive found no provided buffer free; the shard re-arms it next tick.
+    AwaitingBuffer,
+    /// The peer shut its write side.
+    Eof,
+}
+
+/// The response head (in the connection's header buffer, kept by the ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadState {
+    /// Bytes from `from` still to send.
+    Pending {
+        /// First unsent byte.
+        from: usize,
+    },
+    /// A send from `from` is in flight.
+    Sending {
+        /// First byte of the send.
+        from: usize,
+    },
+    /// Sent, or travelling in front of the body in the first chunk (a small file).
+    Done,
+}
+
+/// A response in progress.
+#[derive(Debug)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Keep the connection after it.
+    pub keep_alive: bool,
+    /// The head.
+    pub head: HeadState,
+    /// Bytes of the head.
+    pub head_len: usize,
+    /// The body, if any.
+    pub body: Option<Body>,
+}
+
+/// The send side.
+#[derive(Debug)]
+pub enum WriteState {
+    /// No response in progress.
+    Idle,
+    /// A response is being sent.
+    Responding(Response),
+}
+
+/// The connection's place in the arena's wait queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArenaWait {
+    /// Not waiting.
+    None,
+    /// Queued since (shard clock, µs).
+    Waiting {
+        /// When the wait began.
+        since_us: u64,
+    },
+    /// A slot was handed over while waiting; the next pump uses it.
+    Handed {
+        /// The slot.
+        slot: u16,
+    },
+}
+
+/// Operations in flight that no other state records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpSlots {
+    /// A writability poll (a chunk is parked behind a full socket).
+    pub poll: bool,
+    /// The cancel of everything on the socket (closing).
+    pub cancel: bool,
+    /// The shutdown of the write side (lingering).
+    pub shutdown: bool,
+    /// The close of the socket.
+    pub close: bool,
+}
+
+/// Counters the machine bumps through the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// A receive found no provided buffer.
+    RecvNoBuffers,
+    /// Body or head bytes that left, by origin.
+    Bytes(Source),
+    /// A send that found the socket full.
+    ParkedSend,
+    /// Chunks given back from a parked connection.
+    ReclaimedChunks,
+    /// A connection began closing, by reason.
+    Closed(CloseReason),
+}
+
+/// What the driver does for the machine, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Arm a receive.
+    Recv,
+    /// Re-arm the receive next tick (no provided buffer was free).
+    RetryRecv,
+    /// Send the header buffer from `from` (MSG_MORE when `more`).
+    SendHead {
+        /// First byte.
+        from: usize,
+        /// More bytes follow.
+        more: bool,
+    },
+    /// Read file bytes into a slot.
+    Read {
+        /// Arena slot.
+        slot: u16,
+        /// Where in the slot.
+        buf_off: usize,
+        /// Bytes.
+        len: usize,
+        /// Fixed-file index.
+        file_fixed: u32,
+        /// File offset.
+        file_off: u64,
+        /// `rw_flags` of the read.
+        rw_flags: i32,
+    },
+    /// Send `len` bytes of a slot from `off`.
+    Send {
+        /// Arena slot.
+        slot: u16,
+        /// First byte in the slot.
+        off: usize,
+        /// Bytes.
+        len: usize,
+        /// More bytes follow (MSG_MORE).
+        more: bool,
+        /// As SEND_ZC.
+        zerocopy: bool,
+    },
+    /// Copy the header buffer to the front of a slot (a small file's one send).
+    CopyHeadToSlot {
+        /// Arena slot.
+        slot: u16,
+    },
+    /// Copy `len` framing bytes from `from` into the front of a slot.
+    CopyFraming {
+        /// Arena slot.
+        slot: u16,
+        /// First byte in `Body::framing`.
+        from: usize,
+        /// Bytes.
+        len: usize,
+    },
+    /// Fill the front of a slot with `len` zero bytes.
+    ZeroFill {
+        /// Arena slot.
+        slot: u16,
+        /// Bytes.
+        len: usize,
+    },
+    /// Arm a one-shot writability poll.
+    PollWritable,
+    /// Shut the write side.
+    ShutdownWrite,
+    /// Cancel everything in flight on the socket.
+    CancelAll,
+    /// Close the socket.
+    CloseSocket,
+    /// Release the header buffer's memory.
+    ReleaseHeadBuffer,
+    /// Give an arena slot back (a waiter may get it).
+    ReleaseSlot(u16),
+    /// Release the open-file cache entry the response held.
+    ReleaseFile(u32),
+    /// The file system refused RWF_DONTCACHE: the cache entry reads buffered from now on.
+    DemoteFile(u32),
+    /// Queue ahead of bulk work (a request to parse, a small response).
+    QueueUrgent,
+    /// Queue for a bulk turn.
+    QueueBulk,
+    /// Leave the ready queue.
+    Unqueue,
+    /// Join the shard's parked list (a chunk waits behind a full socket).
+    ListParked,
+    /// Leave the parked list.
+    Unlist,
+    /// Give parked chunks to connections waiting for the arena.
+    Reclaim,
+    /// Join the arena's wait queue.
+    WaitArena(Demand),
+    /// Leave the arena's wait queue.
+    LeaveArenaQueue,
+    /// A SEND_ZC send now holds a slot (counts toward the shard's zero-copy share).
+    ZcTaken,
+    /// That slot came back.
+    ZcReleased,
+    /// Bump a counter.
+    Count(Counter, u64),
+    /// The first byte of a response left, this long after its request was parsed (µs).
+    Ttfb(u64),
+    /// The connection waited this long for an arena slot (µs).
+    BufferWaited(u64),
+    /// A response ended (complete or aborted): count it and write the access-log line.
+    ResponseDone {
+        /// Status code.
+        status: u16,
+        /// Bytes sent for it.
+        bytes: u64,
+    },
+}
+
+/// Most actions one event can produce, with room to spare (a full pipeline given back, plus
+/// the sends, counters and queue moves around it); the driver's buffer is allocated for it.
+pub const ACTIONS_PER_EVENT_MAX: usize = 4 * crate::config::MAX_PIPELINE_DEPTH + 32;
+
+/// The actions of one event, in order.
+pub type Actions = Vec<Action>;
+
+/// Limits from the configuration, copied into every event.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// A request head must complete within this (ms).
+    pub header_timeout_ms: u64,
+    /// An idle keep-alive connection closes after this (ms).
+    pub keepalive_timeout_ms: u64,
+    /// A response must make send progress within this (ms).
+    pub send_timeout_ms: u64,
+    /// Bytes per arena slot.
+    pub chunk_bytes: usize,
+    /// Most chunks a response may hold.
+    pub pipeline_depth: usize,
+    /// SEND_ZC is enabled on this shard.
+    pub zerocopy: bool,
+    /// Smallest send made with SEND_ZC.
+    pub zerocopy_min_bytes: usize,
+}
+
+/// The moment and the shard-wide facts an event is judged by.
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx {
+    /// Shard clock, ms.
+    pub now_ms: u64,
+    /// Shard clock, µs.
+    pub now_us: u64,
+    /// The shard is draining: no keep-alive after the current response.
+    pub draining: bool,
+    /// The shard's SEND_ZC share has room for one more slot.
+    pub zc_room: bool,
+    /// Configuration limits.
+    pub limits: Limits,
+}
+
+/// One connection slot.
+#[derive(Debug)]
+pub struct ConnMachine {
+    /// Bumped each time the slot is freed; tokens carry it.
+    pub generation: u16,
+    /// Fixed-file index of the socket.
+    pub socket: u32,
+    /// Where the connection is in its life.
+    pub life: Lifecycle,
+    /// The receive side.
+    pub read: ReadState,
+    /// The send side.
+    pub write: WriteState,
+    /// Operations in flight that no other state records.
+    pub ops: OpSlots,
+    /// Place in the arena's wait queue.
+    pub arena: ArenaWait,
+    /// Request bytes received and not yet consumed (pipelined requests wait here).
+    pub rx: Vec<u8>,
+    /// Active timer.
+    pub deadline: Deadline,
+    /// When it fires (shard clock, ms).
+    pub deadline_ms: u64,
+    /// When the connection last parked a chunk (shard clock, ms).
+    pub parked_ms: u64,
+    /// Bytes the socket took since it last became writable.
+    pub round_bytes: u64,
+    /// What the socket took in its last full writable round (bytes), at least a minimum read.
+    pub round_estimate_bytes: usize,
+    /// The last chunk send went out whole: the client drains fast enough for SEND_ZC, whose
+    /// buffer stays the kernel's until the peer acknowledges it.
+    pub fast_drain: bool,
+    /// Method of the current request; None when its head was refused before that was known.
+    pub method: Option<Method>,
+    /// When the current request was parsed (shard clock, µs).
+    pub request_start_us: u64,
+    /// The first byte of the current response has been sent.
+    pub first_byte_sent: bool,
+    /// Bytes sent for the current response.
+    pub resp_bytes: u64,
+    /// `METHOD target VERSION` of the current request, for the access log (empty when off).
+    pub log_request: Vec<u8>,
+    /// Range header of the current request, for the access log.
+    pub log_range: Vec<u8>,
+}
+
+impl Default for ConnMachine {
+    fn default() -> Self {
+        ConnMachine::new()
+    }
+}
+
+impl ConnMachine {
+    /// An unused slot.
+    pub fn new() -> ConnMachine {
+        ConnMachine {
+            generation: 0,
+            socket: 0,
+            life: Lifecycle::Free,
+            read: ReadState::Idle,
+            write: WriteState::Idle,
+            ops: OpSlots::default(),
+            arena: ArenaWait::None,
+            rx: Vec::new(),
+            deadline: Deadline::None,
+            deadline_ms: 0,
+            parked_ms: 0,
+            round_bytes: 0,
+            round_estimate_bytes: 0,
+            fast_drain: false,
+            method: None,
+            request_start_us: 0,
+            first_byte_sent: false,
+            resp_bytes: 0,
+            log_request: Vec::new(),
+            log_range: Vec::new(),
+        }
+    }
+
+    // ---- what the state says -----------------------------------------------------------
+
+    /// Operations the kernel performs for this connection now, derived from its state: the
+    /// receive, the head send, every chunk the kernel holds, and `ops`.
+    pub fn in_flight(&self) -> usize {
+        let head = matches!(self.head(), Some(HeadState::Sending { .. }));
+        let chunks = self.body().map_or(0, |b| {
+            b.chunks.iter().filter(|c| c.state.kernel_holds()).count()
+        });
+        usize::from(self.read == ReadState::Armed)
+            + usize::from(head)
+            + chunks
+            + usize::from(self.ops.poll)
+            + usize::from(self.ops.cancel)
+            + usize::from(self.ops.shutdown)
+            + usize::from(self.ops.close)
+    }
+
+    /// Serving requests (not free, not closing, not lingering).
+    pub fn is_open(&self) -> bool {
+        self.life == Lifecycle::Open
+    }
+
+    /// Open or lingering: not yet closing.
+    pub fn is_live(&self) -> bool {
+        matches!(self.life, Lifecycle::Open | Lifecycle::Lingering { .. })
+    }
+
+    /// A response is in progress.
+    pub fn responding(&self) -> bool {
+        matches!(self.write, WriteState::Responding(_))
+    }
+
+    /// The response in progress.
+    pub fn response(&self) -> Option<&Response> {
+        match &self.write {
+            WriteState::Responding(r) => Some(r),
+            WriteState::Idle => None,
+        }
+    }
+
+    fn response_mut(&mut self) -> Option<&mut Response> {
+        match &mut self.write {
+            WriteState::Responding(r) => Some(r),
+            WriteState::Idle => None,
+        }
+    }
+
+    fn head(&self) -> Option<HeadState> {
+        self.response().map(|r| r.head)
+    }
+
+    /// The body of the response in progress.
+    pub fn body(&self) -> Option<&Body> {
+        self.response().and_then(|r| r.body.as_ref())
+    }
+
+    fn body_mut(&mut self) -> Option<&mut Body> {
+        self.response_mut().and_then(|r| r.body.as_mut())
+    }
+
+    /// A chunk waits behind a full socket (a writability poll is armed).
+    pub fn is_parked(&self) -> bool {
+        self.is_open() && self.ops.poll
+    }
+
+    /// Whether a send (head or chunk) is in flight.
+    fn send_in_flight(&self) -> bool {
+        matches!(self.head(), Some(HeadState::Sending { .. }))
+            || self
+                .body()
+                .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Sending))
+    }
+
+    fn chunk_mut(&mut self, slot: u16) -> &mut Chunk {
+        self.body_mut()
+            .and_then(|b| b.chunks.iter_mut().find(|ch| ch.slot == slot))
+            .expect("completion for a chunk the connection does not hold")
+    }
+
+    fn set_deadline(&mut self, kind: Deadline, at_ms: u64) {
+        self.deadline = kind;
+        self.deadline_ms = at_ms;
+    }
+
+    // ---- life --------------------------------------------------------------------------
+
+    /// A newly accepted socket takes this (free) slot: the header clock starts and a receive
+    /// is armed.
+    pub fn open(&mut self, socket: u32, cx: &Ctx, out: &mut Actions) {
+        assert_eq!(self.life, Lifecycle::Free);
+        assert_eq!(
+            self.in_flight(),
+            0,
+            "reusing a slot with operations in flight"
+        );
+        let generation = self.generation;
+        let mut rx = std::mem::take(&mut self.rx);
+        rx.clear();
+        let mut log_request = std::mem::take(&mut self.log_request);
+        log_request.clear();
+        let mut log_range = std::mem::take(&mut self.log_range);
+        log_range.clear();
+        *self = ConnMachine::new();
+        self.generation = generation;
+        self.rx = rx;
+        self.log_request = log_request;
+        self.log_range = log_range;
+        self.life = Lifecycle::Open;
+        self.socket = socket;
+        self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
+        self.arm_recv(out);
+    }
+
+    /// Begins closing (once): leaves every queue, cancels what is in flight, and closes the
+    /// socket when nothing is.
+    pub fn close(&mut self, reason: CloseReason, cx: &Ctx, out: &mut Actions) {
+        if !self.is_live() {
+            return;
+        }
+        self.life = Lifecycle::Closing { reason };
+        out.push(Action::Count(Counter::Closed(reason), 1));
+        out.push(Action::Unqueue);
+        out.push(Action::Unlist);
+        self.leave_arena_queue(cx, out);
+        if let ArenaWait::Handed { slot } = self.arena {
+            self.arena = ArenaWait::None;
+            out.push(Action::ReleaseSlot(slot));
+        }
+        if self.in_flight() > 0 {
+            self.ops.cancel = true;
+            out.push(Action::CancelAll);
+        }
+        self.maybe_finish_close(out);
+    }
+
+    /// Closing and nothing in flight: every buffer is ours again; give them back and close.
+    fn maybe_finish_close(&mut self, out: &mut Actions) {
+        if !matches!(self.life, Lifecycle::Closing { .. }) || self.ops.close {
+            return;
+        }
+        if self.in_flight() > 0 {
+            return;
+        }
+        if let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle) {
+            if let Some(body) = resp.body {
+                for ch in &body.chunks {
+                    out.push(Action::ReleaseSlot(ch.slot));
+                }
+                if let Some(f) = body.file {
+                    out.push(Action::ReleaseFile(f));
+                }
+            }
+            out.push(Action::ResponseDone {
+                status: resp.status,
+                bytes: self.resp_bytes,
+            });
+        }
+        self.ops.close = true;
+        if self.rx.capacity() > 2 * RECV_BUFFER_BYTES {
+            self.rx = Vec::new();
+        }
+        out.push(Action::ReleaseHeadBuffer);
+        out.push(Action::CloseSocket);
+    }
+
+    /// The socket is closed: the slot is free (the driver puts it on the free list).
+    pub fn on_closed(&mut self) {
+        assert!(self.ops.close, "close completion without a close");
+        self.ops.close = false;
+        assert_eq!(self.in_flight(), 0, "operations in flight after close");
+        self.life = Lifecycle::Free;
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// The cancel submitted by `close` completed.
+    pub fn on_cancel_done(&mut self, out: &mut Actions) {
+        self.ops.cancel = false;
+        self.maybe_finish_close(out);
+    }
+
+    /// The shutdown of the write side completed.
+    pub fn on_shutdown_done(&mut self, out: &mut Actions) {
+        self.ops.shutdown = false;
+        self.maybe_finish_close(out);
+    }
+
+    /// The timer sweep: closes the connection if its deadline has passed (true if so).
+    pub fn on_timer(&mut self, cx: &Ctx, out: &mut Actions) -> bool {
+        if !self.is_live() || self.deadline == Deadline::None || cx.now_ms < self.deadline_ms {
+            return false;
+        }
+        // A lingering close that runs out of time is still a normal end.
+        let reason = if self.deadline == Deadline::Linger {
+            CloseReason::Normal
+        } else {
+            CloseReason::Timeout
+        };
+        self.close(reason, cx, out);
+        true
+    }
+
+    /// The shard starts draining: an idle connection closes, a responding one closes after
+    /// its response.
+    pub fn on_drain(&mut self, cx: &Ctx, out: &mut Actions) {
+        if !self.is_live() {
+            return;
+        }
+        match &mut self.write {
+            WriteState::Responding(r) => r.keep_alive = false,
+            WriteState::Idle => self.close(CloseReason::Drain, cx, out),
+        }
+    }
+
+    // ---- receive -----------------------------------------------------------------------
+
+    /// Arms a receive unless one is armed, the peer has closed, or the connection closes.
+    pub fn arm_recv(&mut self, out: &mut Actions) {
+        if !self.is_live() || matches!(self.read, ReadState::Armed | ReadState::Eof) {
+            return;
+        }
+        self.read = ReadState::Armed;
+        out.push(Action::Recv);
+    }
+
+    /// The shard has provided buffers again: re-arm a receive that found none.
+    pub fn retry_recv(&mut self, out: &mut Actions) {
+        if self.read == ReadState::AwaitingBuffer {
+            self.read = ReadState::Idle;
+        }
+        self.arm_recv(out);
+    }
+
+    /// A receive completed with `res` and, when `res > 0`, the bytes (`data`, None if the
+    /// kernel named no buffer).
+    pub fn on_recv(&mut self, res: i32, data: Option<&[u8]>, cx: &Ctx, out: &mut Actions) {
+        assert_eq!(
+            self.read,
+            ReadState::Armed,
+            "receive completion without a receive"
+        );
+        self.read = ReadState::Idle;
+        if !self.is_live() {
+            self.maybe_finish_close(out);
+            return;
+        }
+        if res < 0 {
+            match -res {
+                libc::ENOBUFS => {
+                    out.push(Action::Count(Counter::RecvNoBuffers, 1));
+                    self.read = ReadState::AwaitingBuffer;
+                    out.push(Action::RetryRecv);
+                }
+                libc::ECANCELED => {}
+                _ => self.close(CloseReason::Normal, cx, out),
+            }
+            return;
+        }
+        if res == 0 {
+            self.read = ReadState::Eof;
+            if !self.responding() {
+                self.close(CloseReason::Normal, cx, out);
+            }
+            return;
+        }
+        if let Lifecycle::Lingering { dropped_bytes } = &mut self.life {
+            // Dropped unread: the client is only being let finish before we close.
+            *dropped_bytes += res as u64;
+            if *dropped_bytes > LINGER_MAX_BYTES {
+                self.close(CloseReason::Normal, cx, out);
+            } else {
+                self.arm_recv(out);
+            }
+            return;
+        }
+        let Some(data) = data else {
+            self.close(CloseReason::ProtocolError, cx, out);
+            return;
+        };
+        let was_empty = self.rx.is_empty();
+        self.rx.extend_from_slice(data);
+        // The first byte after an idle keep-alive pause starts the header clock; a new
+        // connection's clock started at accept and is not restarted by a trickle.
+        if was_empty && !self.responding() && self.deadline == Deadline::Idle {
+            self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
+        }
+        if !self.responding() {
+            out.push(Action::QueueUrgent);
+        }
+    }
+
+    // ---- a request becomes a response --------------------------------------------------
+
+    /// A request was parsed (or refused): its clock starts.
+    pub fn request_parsed(&mut self, method: Option<Method>, cx: &Ctx) {
+        self.request_start_us = cx.now_us;
+        self.method = method;
+        self.first_byte_sent = false;
+        self.resp_bytes = 0;
+    }
+
+    /// The response to the current request was planned: a head of `head_len` bytes is in
+    /// the header buffer, and `body` (if any) follows. A small body with `inline_head` set
+    /// carries the head in its first chunk.
+    pub fn begin_response(
+        &mut self,
+        status: u16,
+        keep_alive: bool,
+        head_len: usize,
+        body: Option<Body>,
+        cx: &Ctx,
+    ) {
+        assert!(!self.responding(), "a response while one is in progress");
+        let inline = body.as_ref().is_some_and(|b| b.inline_head);
+        self.write = WriteState::Responding(Response {
+            status,
+            keep_alive,
+            head: if inline {
+                HeadState::Done
+            } else {
+                HeadState::Pending { from: 0 }
+            },
+            head_len,
+            body,
+        });
+        self.set_deadline(Deadline::Send, cx.now_ms + cx.limits.send_timeout_ms);
+    }
+
+    /// The parser needs more bytes: arm a receive.
+    pub fn need_more_request(&mut self, out: &mut Actions) {
+        if !self.responding() {
+            self.arm_recv(out);
+        }
+    }
+
+    // ---- the chunk pipeline ------------------------------------------------------------
+
+    /// Turns body segments into chunk reads, within the connection's budget for this visit,
+    /// the shard's budget for this tick and the pipeline depth. `take` asks the arena for a
+    /// slot (None: none free for that demand).
+    pub fn pump(
+        &mut self,
+        budget: &mut TickBudget,
+        shard_budget: &mut TickBudget,
+        take: &mut dyn FnMut(Demand) -> Option<u16>,
+        cx: &Ctx,
+        out: &mut Actions,
+    ) -> Turn {
+        let depth = cx.limits.pipeline_depth;
+        let chunk_bytes = cx.limits.chunk_bytes;
+        loop {
+            let socket_full = self.ops.poll;
+            let Some(body) = self.body_mut() else {
+                return Turn::Idle;
+            };
+            // A full socket takes nothing now: read when it drains (the poll re-queues us).
+            if socket_full
+                || body.segments.is_empty()
+                || body.chunks.len() >= body.read_ahead.min(depth)
+            {
+                // No more read-ahead wanted now: a slot handed over while waiting goes back.
+                self.leave_arena_queue(cx, out);
+                if let ArenaWait::Handed { slot } = self.arena {
+                    self.arena = ArenaWait::None;
+                    out.push(Action::ReleaseSlot(slot));
+                }
+                return Turn::Idle;
+            }
+            // A small response's single chunk is never held back; bulk work stops at the
+            // connection's budget or when the shard's budget for this tick is spent.
+            if !body.inline_head && (!budget.has_room() || !shard_budget.has_room()) {
+                return Turn::MoreWork;
+            }
+            let demand = if body.inline_head {
+                Demand::Small
+            } else if body.chunks.is_empty() {
+                Demand::Bulk
+            } else {
+                Demand::ReadAhead
+            };
+            let handed = match self.arena {
+                ArenaWait::Handed { slot } => Some(slot),
+                _ => None,
+            };
+            let Some(slot) = handed.or_else(|| take(demand)) else {
+                if demand == Demand::ReadAhead {
+                    // Planned again when one of its chunks finishes.
+                    return Turn::Idle;
+                }
+                if self.arena == ArenaWait::None {
+                    self.arena = ArenaWait::Waiting {
+                        since_us: cx.now_us,
+                    };
+                    out.push(Action::WaitArena(demand));
+                }
+                // Chunks parked behind full sockets are not moving: they go to the waiters.
+                out.push(Action::Reclaim);
+                return Turn::Idle;
+            };
+            if handed.is_some() {
+                self.arena = ArenaWait::None;
+            } else {
+                self.leave_arena_queue(cx, out);
+            }
+            let head_len = self.response().map_or(0, |r| r.head_len);
+            let body = self.body_mut().expect("checked above");
+            let chunk = plan_chunk(body, slot, head_len, chunk_bytes, out);
+            budget.charge(chunk.send_len as usize);
+            shard_budget.charge(chunk.send_len as usize);
+            let reading = chunk.state == ChunkState::Reading;
+            body.chunks.push_back(chunk);
+            if reading {
+                self.submit_read(slot, out);
+            }
+        }
+    }
+
+    /// Leaves the arena queue, if queued, and reports how long it waited.
+    fn leave_arena_queue(&mut self, cx: &Ctx, out: &mut Actions) {
+        if let ArenaWait::Waiting { since_us } = self.arena {
+            self.arena = ArenaWait::None;
+            out.push(Action::BufferWaited(cx.now_us.saturating_sub(since_us)));
+            out.push(Action::LeaveArenaQueue);
+        }
+    }
+
+    /// The arena handed this waiting connection a slot; returns whether it is a small
+    /// response (queue it urgently) or bulk.
+    pub fn slot_handed(&mut self, slot: u16, cx: &Ctx, out: &mut Actions) -> bool {
+        let ArenaWait::Waiting { since_us } = self.arena else {
+            panic!(
+                "a slot handed to a connection that was not waiting: {:?}",
+                self.arena
+            );
+        };
+        out.push(Action::BufferWaited(cx.now_us.saturating_sub(since_us)));
+        self.arena = ArenaWait::Handed { slot };
+        self.body().is_some_and(|b| b.inline_head)
+    }
+
+    fn submit_read(&mut self, slot: u16, out: &mut Actions) {
+        let body = self.body().expect("reading without a body");
+        let ch = body
+            .chunks
+            .iter()
+            .find(|ch| ch.slot == slot)
+            .expect("chunk for read");
+        let got = ch.read_got;
+        out.push(Action::Read {
+            slot,
+            buf_off: (ch.read_buf_off + got) as usize,
+            len: (ch.read_len - got) as usize,
+            file_fixed: body.file_fixed,
+            file_off: ch.read_file_off + u64::from(got),
+            rw_flags: body.rw_flags,
+        });
+    }
+
+    /// A file read into `slot` completed with `res`. `unchanged(file)` says whether the
+    /// open file is still the version the response started with.
+    pub fn on_read(
+        &mut self,
+        slot: u16,
+        res: i32,
+        unchanged: &mut dyn FnMut(u32) -> bool,
+        cx: &Ctx,
+        out: &mut Actions,
+    ) {
+        let ch = self.chunk_mut(slot);
+        assert_eq!(
+            ch.state,
+            ChunkState::Reading,
+            "read completion for a chunk not reading"
+        );
+        if !self.is_open() {
+            self.chunk_mut(slot).state = ChunkState::Ready;
+            self.maybe_finish_close(out);
+            return;
+        }
+        let body = self.body_mut().expect("read completion without a body");
+        let i = body
+            .chunks
+            .iter()
+            .position(|ch| ch.slot == slot)
+            .expect("checked above");
+        if res < 0 {
+            // Judged by the chunk, not the body: with several chunks in flight, every read
+            // submitted with RWF_DONTCACHE comes back refused, not only the first.
+            if -res == libc::EOPNOTSUPP && body.chunks[i].source == Source::DontCache {
+                // RWF_DONTCACHE refused by this file system: read buffered from now on.
+                body.rw_flags = 0;
+                body.source = Source::Buffered;
+                body.chunks[i].source = Source::Buffered;
+                if let Some(file) = body.file {
+                    out.push(Action::DemoteFile(file));
+                }
+                self.submit_read(slot, out);
+                return;
+            }
+            tracing::warn!(errno = -res, "file read failed; aborting response");
+            body.chunks[i].state = ChunkState::Ready;
+            self.close(CloseReason::Abort, cx, out);
+            return;
+        }
+        let align = body.align;
+        let file = body.file;
+        let ch = &mut body.chunks[i];
+        ch.read_got += res as u32;
+        if ch.read_got < ch.read_need {
+            let aligned = (ch.read_file_off + u64::from(ch.read_got)).is_multiple_of(align);
+            if res == 0 || !aligned {
+                // The file is shorter than promised: it was truncated under us. Never pad.
+                tracing::info!("file shrank during a response; aborting");
+                ch.state = ChunkState::Ready;
+                self.close(CloseReason::Abort, cx, out);
+                return;
+            }
+            self.submit_read(slot, out);
+            return;
+        }
+        ch.state = ChunkState::Ready;
+        // The bytes are only good if the file did not change while they were read.
+        if let Some(file) = file {
+            if !unchanged(file) {
+                tracing::info!("file changed during a response; aborting");
+                self.close(CloseReason::Abort, cx, out);
+                return;
+            }
+        }
+        if self.ops.poll {
+            // Read ahead landed behind a full socket: the chunk is ours now, so a reclaim that
+            // found it still being read (and freed nothing) can take it this time.
+            out.push(Action::ListParked);
+            out.push(Action::Reclaim);
+            return;
+        }
+        self.send_soon(cx, out);
+    }
+
+    /// A chunk became sendable: a small response sends at once; bulk sends wait for the
+    /// connection's turn in the ready queue, under the shard's per-tick budget.
+    fn send_soon(&mut self, cx: &Ctx, out: &mut Actions) {
+        if self.body().is_some_and(|b| b.small) {
+            self.try_send(cx, out);
+        } else {
+            out.push(Action::QueueBulk);
+        }
+    }
+
+    /// Sends what is next (the head, or the first chunk not yet sent) unless a send is in
+    /// flight or the socket is full; finishes the response when nothing is left.
+    pub fn try_send(&mut self, cx: &Ctx, out: &mut Actions) {
+        if !self.is_open() || self.send_in_flight() {
+            return;
+        }
+        let poll = self.ops.poll;
+        let fast_drain = self.fast_drain;
+        let warm = self.resp_bytes >= ZC_WARMUP_BYTES;
+        let Some(resp) = self.response_mut() else {
+            return;
+        };
+        if let HeadState::Pending { from } = resp.head {
+            let more = resp.body.as_ref().is_some_and(|b| !b.is_done());
+            resp.head = HeadState::Sending { from };
+            out.push(Action::SendHead { from, more });
+            return;
+        }
+        let Some(body) = resp.body.as_mut() else {
+            self.finish_response(cx, out);
+            return;
+        };
+        let Some(ch) = body
+            .chunks
+            .iter_mut()
+            // A chunk fully handed to SEND_ZC only waits for its buffer; one the socket took
+            // only part of still goes first (bytes leave in order).
+            .find(|ch| ch.state != ChunkState::AwaitNotif || ch.sent < ch.send_len)
+        else {
+            if body.is_done() {
+                self.finish_response(cx, out);
+            }
+            return;
+        };
+        if ch.state != ChunkState::Ready || poll {
+            return;
+        }
+        ch.state = ChunkState::Sending;
+        if ch.sent == 0 {
+            ch.send_started_ms = cx.now_ms;
+        }
+        let (slot, off, len) = (ch.slot, ch.send_off + ch.sent, ch.send_len - ch.sent);
+        let zc_busy = body.chunks.iter().any(|c| c.zerocopy);
+        let more = !(body.segments.is_empty() && body.chunks.len() == 1);
+        // SEND_ZC keeps the buffer until the peer acknowledges it: only for a connection
+        // that drains fast; a slow or stalled one gets copy sends and holds nothing.
+        let zc = cx.limits.zerocopy
+            && fast_drain
+            && warm
+            && len as usize >= cx.limits.zerocopy_min_bytes
+            && cx.zc_room
+            && !zc_busy;
+        let ch = body
+            .chunks
+            .iter_mut()
+            .find(|ch| ch.slot == slot)
+            .expect("chunk being sent");
+        ch.zerocopy = zc;
+        if zc {
+            out.push(Action::ZcTaken);
+        }
+        out.push(Action::Send {
+            slot,
+            off: off as usize,
+            len: len as usize,
+            more,
+            zerocopy: zc,
+        });
+    }
+
+    /// The head send completed with `res`.
+    pub fn on_head_sent(&mut self, res: i32, cx: &Ctx, out: &mut Actions) {
+        let resp = self.response_mut().expect("head send without a response");
+        let HeadState::Sending { from } = resp.head else {
+            panic!("head send completion without a head send");
+        };
+        let head_len = resp.head_len;
+        resp.head = HeadState::Pending { from };
+        if !self.is_open() {
+            self.maybe_finish_close(out);
+            return;
+        }
+        if res <= 0 {
+            self.close(CloseReason::Abort, cx, out);
+            return;
+        }
+        let from = from + res as usize;
+        out.push(Action::Count(Counter::Bytes(Source::Memory), res as u64));
+        self.sent_bytes(res as u64, cx, out);
+        let resp = self.response_mut().expect("checked above");
+        resp.head = if from < head_len {
+            HeadState::Pending { from }
+        } else {
+            HeadState::Done
+        };
+        self.deadline_ms = cx.now_ms + cx.limits.send_timeout_ms;
+        self.try_send(cx, out);
+    }
+
+    /// A chunk send completed: its result (`more`: SEND_ZC's notification is still to come),
+    /// or the notification itself.
+    pub fn on_send(
+        &mut self,
+        slot: u16,
+        res: i32,
+        more: bool,
+        notification: bool,
+        cx: &Ctx,
+        out: &mut Actions,
+    ) {
+        let kernel_done = notification || !more;
+        let open = self.is_open();
+        let ch = self.chunk_mut(slot);
+        if kernel_done && ch.zerocopy {
+            ch.zerocopy = false;
+            out.push(Action::ZcReleased);
+        }
+        if !open {
+            ch.state = if kernel_done {
+                ChunkState::Ready
+            } else {
+                ChunkState::AwaitNotif
+            };
+            if kernel_done {
+                self.maybe_finish_close(out);
+            }
+            return;
+        }
+        if notification {
+            assert_eq!(ch.state, ChunkState::AwaitNotif);
+            if ch.sent < ch.send_len {
+                // The socket was full when SEND_ZC returned short: wait until it drains.
+                ch.state = ChunkState::Parked;
+                self.park(cx, out);
+            } else {
+                self.remove_chunk(slot, out);
+                self.send_soon(cx, out);
+            }
+            return;
+        }
+        assert_eq!(ch.state, ChunkState::Sending);
+        let took = match res {
+            n if n > 0 => n as u32,
+            n if -n == libc::EAGAIN => 0,
+            _ => {
+                if more {
+                    ch.state = ChunkState::AwaitNotif;
+                    ch.sent = ch.send_len; // nothing more will be sent; wait for the buffer
+                } else {
+                    ch.state = ChunkState::Ready;
+                }
+                self.close(CloseReason::Abort, cx, out);
+                return;
+            }
+        };
+        ch.sent += took;
+        let whole = ch.sent == ch.send_len;
+        let source = ch.source;
+        let state = if more {
+            ChunkState::AwaitNotif
+        } else if whole {
+            ChunkState::Ready // removed below
+        } else {
+            ChunkState::Parked
+        };
+        ch.state = state;
+        if took > 0 {
+            out.push(Action::Count(Counter::Bytes(source), u64::from(took)));
+            self.sent_bytes(u64::from(took), cx, out);
+            self.deadline_ms = cx.now_ms + cx.limits.send_timeout_ms;
+        }
+        self.note_socket_round(took, whole, cx, out);
+        if state == ChunkState::Parked {
+            self.park(cx, out);
+            return;
+        }
+        if state == ChunkState::Ready {
+            self.remove_chunk(slot, out);
+        }
+        self.send_soon(cx, out);
+    }
+
+    /// A chunk is done: its slot goes back, and the connection may plan more.
+    fn remove_chunk(&mut self, slot: u16, out: &mut Actions) {
+        let body = self.body_mut().expect("a chunk without a body");
+        let i = body
+            .chunks
+            .iter()
+            .position(|ch| ch.slot == slot)
+            .expect("chunk still queued");
+        body.chunks.remove(i);
+        let more = !body.segments.is_empty();
+        out.push(Action::ReleaseSlot(slot));
+        if more {
+            out.push(Action::QueueBulk);
+        }
+    }
+
+    /// Counts bytes that left for the current response; the first ones mark its first byte.
+    fn sent_bytes(&mut self, n: u64, cx: &Ctx, out: &mut Actions) {
+        self.resp_bytes += n;
+        if !self.first_byte_sent {
+            self.first_byte_sent = true;
+            out.push(Action::Ttfb(
+                cx.now_us.saturating_sub(self.request_start_us),
+            ));
+        }
+    }
+
+    /// Learns from one send how much the socket takes: a whole send lets the connection read
+    /// ahead its full pipeline with full-size reads; a short one (the socket filled up) records
+    /// what this writable round took (the read size after a reclaim) and gives back read-ahead
+    /// beyond `READ_AHEAD_START_CHUNKS`, so a slow client is never handed more than it can
+    /// take.
+    fn note_socket_round(&mut self, took: u32, whole: bool, cx: &Ctx, out: &mut Actions) {
+        let chunk_bytes = cx.limits.chunk_bytes;
+        self.round_bytes += u64::from(took);
+        self.fast_drain = whole;
+        let round = self.round_bytes;
+        let estimate = (round as usize).clamp(MIN_READ_BYTES, chunk_bytes);
+        let Some(body) = self.body_mut() else {
+            return;
+        };
+        if whole {
+            body.read_ahead = cx.limits.pipeline_depth;
+            body.read_size_bytes = body.read_size_bytes.saturating_mul(2).min(chunk_bytes);
+        } else {
+            // What one writable round took: the size of reads once parked chunks are
+            // reclaimed (a re-read of what a slow socket could not take wastes disk time).
+            let cut = body.read_ahead > READ_AHEAD_START_CHUNKS;
+            if cut {
+                body.read_ahead = READ_AHEAD_START_CHUNKS;
+            }
+            self.round_estimate_bytes = estimate;
+            if cut {
+                self.give_back_chunks(READ_AHEAD_START_CHUNKS, out);
+            }
+        }
+    }
+
+    /// The socket is full: wait for it to drain (one poll per connection; no buffer is lent
+    /// to the kernel meanwhile) and list it so its chunks can be reclaimed.
+    fn park(&mut self, cx: &Ctx, out: &mut Actions) {
+        self.fast_drain = false;
+        if !self.ops.poll {
+            self.ops.poll = true;
+            self.parked_ms = cx.now_ms;
+            out.push(Action::PollWritable);
+        }
+        out.push(Action::Count(Counter::ParkedSend, 1));
+        out.push(Action::ListParked);
+        out.push(Action::Reclaim);
+    }
+
+    /// The socket drained below its low-water mark: parked chunks may send again, and a
+    /// connection whose chunks were reclaimed plans fresh reads.
+    pub fn on_writable(&mut self, res: i32, cx: &Ctx, out: &mut Actions) {
+        assert!(self.ops.poll, "poll completion without a poll");
+        self.ops.poll = false;
+        if !self.is_open() {
+            self.maybe_finish_close(out);
+            return;
+        }
+        if res < 0 && -res != libc::ECANCELED {
+            self.close(CloseReason::Abort, cx, out);
+            return;
+        }
+        self.round_bytes = 0;
+        if let Some(body) = self.body_mut() {
+            for ch in body.chunks.iter_mut() {
+                if ch.state == ChunkState::Parked {
+                    ch.state = ChunkState::Ready;
+                }
+            }
+        }
+        out.push(Action::QueueBulk);
+    }
+
+    /// Takes every chunk a parked connection holds (someone waits for the arena, or it has
+    /// been parked longer than `PARK_HOLD_MS`); its later reads are sized to what its socket
+    /// takes per writable round, so the next reclaim wastes little.
+    pub fn reclaim(&mut self, out: &mut Actions) {
+        let freed = self.give_back_chunks(0, out);
+        out.push(Action::Count(Counter::ReclaimedChunks, freed as u64));
+        let estimate = self.round_estimate_bytes;
+        if let Some(body) = self.body_mut() {
+            body.read_size_bytes = estimate;
+        }
+    }
+
+    /// The timer sweep for a connection holding a SEND_ZC chunk: a buffer the peer is slow
+    /// to acknowledge gives no completion to learn from, so the read-ahead behind it is given
+    /// back here.
+    pub fn check_zerocopy_stuck(&mut self, cx: &Ctx, out: &mut Actions) {
+        if !self.is_open() {
+            return;
+        }
+        let now = cx.now_ms;
+        let stuck = self.body().is_some_and(|b| {
+            b.read_ahead > READ_AHEAD_START_CHUNKS
+                && b.chunks.iter().any(|ch| {
+                    ch.state == ChunkState::AwaitNotif
+                        && now.saturating_sub(ch.send_started_ms) > READ_AHEAD_FAST_SEND_MS
+                })
+        });
+        if stuck {
+            if let Some(b) = self.body_mut() {
+                b.read_ahead = READ_AHEAD_START_CHUNKS;
+            }
+            self.give_back_chunks(READ_AHEAD_START_CHUNKS, out);
+        }
+    }
+
+    /// Gives back chunks beyond `keep` that the kernel does not hold (read-ahead not yet sent,
+    /// or the unsent rest of a parked chunk), newest first, and rewinds the body so those bytes
+    /// are planned again when the client catches up: the disk, not the arena, buffers a slow
+    /// client. A chunk whose response header has not fully left is kept.
+    fn give_back_chunks(&mut self, keep: usize, out: &mut Actions) -> usize {
+        let Some(body) = self.body_mut() else {
+            return 0;
+        };
+        let mut freed = 0;
+        while body.chunks.len() > keep {
+            let Some(last) = body.chunks.back() else {
+                break;
+            };
+            let ours = matches!(last.state, ChunkState::Ready | ChunkState::Parked);
+            let unsent_at = last.send_off + last.sent;
+            if !ours || unsent_at < last.read_buf_off {
+                break;
+            }
+            let send_end = last.send_off + last.send_len;
+            let rest = send_end - unsent_at;
+            // Each chunk comes from one segment, and segments follow in stream order, so the
+            // unsent bytes go in front of whatever is still to plan.
+            match last.origin {
+                Origin::Framing { at } => {
+                    let start = at + (unsent_at - last.send_off);
+                    body.segments.push_front(Segment::Mem {
+                        start,
+                        end: start + rest,
+                    });
+                }
+                Origin::Zero => match body.segments.front_mut() {
+                    Some(Segment::Zero { remaining }) => *remaining += u64::from(rest),
+                    _ => body.segments.push_front(Segment::Zero {
+                        remaining: u64::from(rest),
+                    }),
+                },
+                Origin::File => {
+                    let start = last.read_file_off + u64::from(unsent_at - last.read_buf_off);
+                    let end = last.read_file_off + u64::from(send_end - last.read_buf_off);
+                    match body.segments.front_mut() {
+                        // The rest of the same file range: extend it back.
+                        Some(Segment::File { pos, .. }) if *pos == end => *pos = start,
+                        // That range was planned to its end (a part header or nothing follows).
+                        _ => body.segments.push_front(Segment::File { pos: start, end }),
+                    }
+                }
+            }
+            out.push(Action::ReleaseSlot(last.slot));
+            body.chunks.pop_back();
+            freed += 1;
+        }
+        freed
+    }
+
+    /// The response is complete: release what it held, then keep the connection (and parse
+    /// a pipelined request or wait for one), linger, or close.
+    fn finish_response(&mut self, cx: &Ctx, out: &mut Actions) {
+        if let ArenaWait::Handed { slot } = self.arena {
+            self.arena = ArenaWait::None;
+            out.push(Action::ReleaseSlot(slot));
+        }
+        let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle)
+        else {
+            panic!("finishing a response that was not started");
+        };
+        if let Some(body) = resp.body {
+            assert!(body.chunks.is_empty());
+            if let Some(f) = body.file {
+                out.push(Action::ReleaseFile(f));
+            }
+        }
+        out.push(Action::ResponseDone {
+            status: resp.status,
+            bytes: self.resp_bytes,
+        });
+        let eof = self.read == ReadState::Eof;
+        if !resp.keep_alive && !eof && resp.status >= 400 {
+            self.begin_linger(cx, out);
+            return;
+        }
+        if !resp.keep_alive || eof || cx.draining {
+            self.close(CloseReason::Normal, cx, out);
+            return;
+        }
+        if self.rx.is_empty() {
+            self.set_deadline(Deadline::Idle, cx.now_ms + cx.limits.keepalive_timeout_ms);
+            self.arm_recv(out);
+        } else {
+            // A pipelined request is already here.
+            self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
+            out.push(Action::QueueUrgent);
+        }
+    }
+
+    /// After an error response on a connection the client may still be writing to (a 414 or
+    /// 431 with the rest of the head unread): shut our write side so the client sees the
+    /// response and a FIN, then read and drop what it sends (bounded in bytes and time) until
+    /// it closes (nginx's lingering close).
+    fn begin_linger(&mut self, cx: &Ctx, out: &mut Actions) {
+        self.life = Lifecycle::Lingering { dropped_bytes: 0 };
+        self.rx.clear();
+        self.set_deadline(Deadline::Linger, cx.now_ms + LINGER_TIMEOUT_MS);
+        self.ops.shutdown = true;
+        out.push(Action::ShutdownWrite);
+        self.arm_recv(out);
+    }
+}
+
+/// Plans the next chunk of `body` into `slot`: the head and a small file's bytes in one, a
+/// framing or zero run, or an aligned file read sized to what the socket takes.
+fn plan_chunk(
+    body: &mut Body,
+    slot: u16,
+    head_len: usize,
+    chunk_bytes: usize,
+    out: &mut Actions,
+) -> Chunk {
+    let mut chunk = Chunk {
+        slot,
+        state: ChunkState::Ready,
+        send_off: 0,
+        send_len: 0,
+        sent: 0,
+        read_buf_off: 0,
+        read_file_off: 0,
+        read_len: 0,
+        read_need: 0,
+        read_got: 0,
+        send_started_ms: 0,
+        source: body.source,
+        zerocopy: false,
+        origin: Origin::File,
+    };
+    let seg = body
+        .segments
+        .front_mut()
+        .expect("planning with nothing to plan");
+    match seg {
+        Segment::Mem { start, end } => {
+            let n = ((*end - *start) as usize).min(chunk_bytes);
+            out.push(Action::CopyFraming {
+                slot,
+                from: *start as usize,
+                len: n,
+            });
+            chunk.send_len = n as u32;
+            chunk.source = Source::Memory;
+            chunk.origin = Origin::Framing { at: *start };
+            *start += n as u32;
+            if *start == *end {
+                body.segments.pop_front();
+            }
+        }
+        Segment::Zero { remaining } => {
+            let n = (*remaining).min(chunk_bytes as u64) as usize;
+            out.push(Action::ZeroFill { slot, len: n });
+            chunk.send_len = n as u32;
+            chunk.source = Source::Memory;
+            chunk.origin = Origin::Zero;
+            *remaining -= n as u64;
+            if *remaining == 0 {
+                body.segments.pop_front();
+            }
+        }
+        Segment::File { pos, end } => {
+            if body.inline_head {
+                // Small file: header and body leave in one send from one slot.
+                out.push(Action::CopyHeadToSlot { slot });
+                let len = (*end - *pos) as usize;
+                assert!(head_len + len <= chunk_bytes);
+                chunk.state = ChunkState::Reading;
+                chunk.send_len = (head_len + len) as u32;
+                chunk.read_buf_off = head_len as u32;
+                chunk.read_file_off = *pos;
+                chunk.read_len = len as u32;
+                chunk.read_need = len as u32;
+                body.inline_head = false;
+                *pos = *end;
+            } else {
+                let read_cap = read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes);
+                let plan = crate::fs::dio::plan_chunk(*pos, *end, body.align, read_cap);
+                chunk.state = ChunkState::Reading;
+                chunk.send_off = plan.skip as u32;
+                chunk.send_len = plan.send_len as u32;
+                chunk.read_file_off = plan.read_offset;
+                chunk.read_len = plan.read_len as u32;
+                chunk.read_need = (plan.skip + plan.send_len) as u32;
+                *pos += plan.send_len as u64;
+            }
+            if *pos >= *end {
+                body.segments.pop_front();
+            }
+        }
+    }
+    chunk
+}
+
+/// Bytes a file read may ask for: the connection's estimate of what its socket takes,
+/// rounded up to the read alignment, between `MIN_READ_BYTES` and a whole chunk.
+pub fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize {
+    let align = (align as usize).max(1);
+    let want = estimate.clamp(MIN_READ_BYTES, chunk_bytes);
+    let cap = want.div_ceil(align) * align;
+    cap.min(chunk_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The machine driven by hand, with no ring: each test feeds events and checks the
+    //! actions and the state they leave.
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    const CHUNK: usize = 64 * 1024;
+
+    fn cx(now_ms: u64) -> Ctx {
+        Ctx {
+            now_ms,
+            now_us: now_ms * 1000,
+            draining: false,
+            zc_room: true,
+            limits: Limits {
+                header_timeout_ms: 10_000,
+                keepalive_timeout_ms: 75_000,
+                send_timeout_ms: 60_000,
+                chunk_bytes: CHUNK,
+                pipeline_depth: 4,
+                zerocopy: false,
+                zerocopy_min_bytes: 16 * 1024,
+            },
+        }
+    }
+
+    fn file_body(len: u64) -> Body {
+        Body {
+            file: Some(7),
+            file_fixed: 100,
+            align: 1,
+            rw_flags: 0,
+            source: Source::Buffered,
+            segments: VecDeque::from([Segment::File { pos: 0, end: len }]),
+            framing: Vec::new(),
+            chunks: VecDeque::new(),
+            inline_head: false,
+            small: false,
+            read_ahead: READ_AHEAD_START_CHUNKS,
+            read_size_bytes: CHUNK,
+        }
+    }
+
+    /// An open connection with a request parsed and a `len`-byte file response begun.
+    fn responding(len: u64) -> ConnMachine {
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(3, &cx(0), &mut out);
+        m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
+        m.rx.clear();
+        m.request_parsed(Some(Method::Get), &cx(0));
+        m.begin_response(200, true, 100, Some(file_body(len)), &cx(0));
+        m
+    }
+
+    /// Pumps with an arena of `free` slots numbered from 10.
+    fn pump(m: &mut ConnMachine, free: &mut Vec<u16>, out: &mut Actions) -> Turn {
+        let mut budget = TickBudget::new(1 << 20);
+        let mut shard = TickBudget::new(8 << 20);
+        m.pump(&mut budget, &mut shard, &mut |_| free.pop(), &cx(1), out)
+    }
+
+    #[test]
+    fn a_new_connection_arms_a_receive_and_the_header_clock() {
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(5, &cx(1000), &mut out);
+        assert_eq!(out, [Action::Recv]);
+        assert_eq!((m.deadline, m.deadline_ms), (Deadline::Header, 11_000));
+        assert_eq!(m.in_flight(), 1);
+        out.clear();
+        m.on_recv(4, Some(b"GET "), &cx(1001), &mut out);
+        assert_eq!(out, [Action::QueueUrgent]);
+        assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn reads_are_planned_within_the_pipeline_and_sent_in_order() {
+        let mut m = responding(3 * CHUNK as u64);
+        let mut out = Actions::new();
+        m.try_send(&cx(1), &mut out);
+        assert_eq!(
+            out,
+            [Action::SendHead {
+                from: 0,
+                more: true
+            }]
+        );
+        out.clear();
+        let mut free = vec![12, 11, 10];
+        assert_eq!(pump(&mut m, &mut free, &mut out), Turn::Idle);
+        // Two chunks to start with (READ_AHEAD_START_CHUNKS), one slot left in the arena.
+        let reads: Vec<_> = out
+            .iter()
+            .filter_map(|a| match a {
+                Action::Read { slot, file_off, .. } => Some((*slot, *file_off)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reads, [(10, 0), (11, CHUNK as u64)]);
+        assert_eq!(free, [12]);
+        assert_eq!(m.in_flight(), 3, "head send + two reads");
+        out.clear();
+        m.on_read(11, CHUNK as i32, &mut |_| true, &cx(2), &mut out);
+        m.on_head_sent(100, &cx(2), &mut out);
+        // The second chunk is ready first but the first goes first.
+        assert!(!out.iter().any(|a| matches!(a, Action::Send { .. })));
+        out.clear();
+        m.on_read(10, CHUNK as i32, &mut |_| true, &cx(3), &mut out);
+        m.try_send(&cx(3), &mut out);
+        assert!(out.contains(&Action::Send {
+            slot: 10,
+            off: 0,
+            len: CHUNK,
+            more: true,
+            zerocopy: false
+        }));
+    }
+
+    #[test]
+    fn a_full_socket_parks_the_chunk_and_a_reclaim_rewinds_the_body() {
+        let mut m = responding(2 * CHUNK as u64);
+        m.response_mut().unwrap().head = HeadState::Done;
+        let mut out = Actions::new();
+        let mut free = vec![11, 10];
+        pump(&mut m, &mut free, &mut out);
+        m.on_read(10, CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.on_read(11, CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.try_send(&cx(1), &mut out);
+        out.clear();
+        // The socket takes 1000 bytes, then is full.
+        m.on_send(10, 1000, false, false, &cx(2), &mut out);
+        assert!(out.contains(&Action::PollWritable));
+        assert!(out.contains(&Action::ListParked) && out.contains(&Action::Reclaim));
+        assert!(m.is_parked());
+        assert_eq!(m.in_flight(), 1, "only the poll: a parked chunk is ours");
+        out.clear();
+        m.reclaim(&mut out);
+        assert!(out.contains(&Action::ReleaseSlot(10)) && out.contains(&Action::ReleaseSlot(11)));
+        let body = m.body().unwrap();
+        assert!(body.chunks.is_empty());
+        // The unsent bytes are planned again from the first byte the socket did not take.
+        assert!(matches!(
+            body.segments.front(),
+            Some(Segment::File { pos: 1000, end }) if *end == 2 * CHUNK as u64
+        ));
+        assert_eq!(body.read_size_bytes, MIN_READ_BYTES);
+    }
+
+    #[test]
+    fn closing_waits_for_everything_in_flight_then_closes_once() {
+        let mut m = responding(CHUNK as u64);
+        let mut out = Actions::new();
+        m.try_send(&cx(1), &mut out);
+        let mut free = vec![10];
+        pump(&mut m, &mut free, &mut out);
+        out.clear();
+        assert_eq!(m.in_flight(), 2, "head send + read");
+        m.close(CloseReason::Abort, &cx(2), &mut out);
+        assert!(out.contains(&Action::CancelAll));
+        assert!(!out.contains(&Action::CloseSocket));
+        out.clear();
+        m.on_read(10, -libc::ECANCELED, &mut |_| true, &cx(3), &mut out);
+        m.on_head_sent(-libc::ECANCELED, &cx(3), &mut out);
+        assert!(
+            !out.contains(&Action::CloseSocket),
+            "the cancel is still in flight"
+        );
+        m.on_cancel_done(&mut out);
+        let closes = out.iter().filter(|a| **a == Action::CloseSocket).count();
+        assert_eq!(closes, 1);
+        assert!(out.contains(&Action::ReleaseSlot(10)) && out.contains(&Action::ReleaseFile(7)));
+        assert!(out.contains(&Action::ResponseDone {
+            status: 200,
+            bytes: 0
+        }));
+        m.on_closed();
+        assert_eq!(m.life, Lifecycle::Free);
+        assert_eq!(m.generation, 1);
+    }
+
+    #[test]
+    fn an_error_response_with_close_lingers_and_its_timer_is_a_normal_end() {
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(3, &cx(0), &mut out);
+        m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
+        m.begin_response(431, false, 50, None, &cx(0));
+        m.try_send(&cx(0), &mut out);
+        out.clear();
+        m.on_head_sent(50, &cx(1), &mut out);
+        assert!(out.contains(&Action::ShutdownWrite) && out.contains(&Action::Recv));
+        assert_eq!(m.life, Lifecycle::Lingering { dropped_bytes: 0 });
+        out.clear();
+        m.on_recv(100, Some(&[0; 100]), &cx(2), &mut out);
+        assert_eq!(m.life, Lifecycle::Lingering { dropped_bytes: 100 });
+        assert!(m.rx.is_empty(), "lingering bytes are dropped");
+        out.clear();
+        assert!(m.on_timer(&cx(1 + LINGER_TIMEOUT_MS), &mut out));
+        assert!(out.contains(&Action::Count(Counter::Closed(CloseReason::Normal), 1)));
+    }
+
+    #[test]
+    fn a_waiting_connection_uses_the_handed_slot_and_reports_the_wait() {
+        let mut m = responding(CHUNK as u64);
+        let mut out = Actions::new();
+        let mut none = Vec::new();
+        assert_eq!(pump(&mut m, &mut none, &mut out), Turn::Idle);
+        assert!(out.contains(&Action::WaitArena(Demand::Bulk)));
+        out.clear();
+        assert!(!m.slot_handed(4, &cx(5), &mut out));
+        assert_eq!(out, [Action::BufferWaited(4000)]);
+        out.clear();
+        pump(&mut m, &mut none, &mut out);
+        assert!(out
+            .iter()
+            .any(|a| matches!(a, Action::Read { slot: 4, .. })));
+        assert_eq!(m.arena, ArenaWait::None);
+    }
+}
