@@ -22,6 +22,7 @@ pub mod ring_sys;
 pub mod sched;
 #[cfg(test)]
 mod sim;
+pub mod timer_wheel;
 pub mod token;
 
 use std::net::TcpListener;
