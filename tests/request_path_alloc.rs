@@ -176,7 +176,22 @@ fn root_with_files() -> tempfile::TempDir {
     std::fs::write(root.join("index.html"), b"root index").expect("root index");
     std::fs::create_dir(root.join("dir")).expect("dir");
     std::fs::write(root.join("dir/index.html"), b"dir index").expect("dir index");
+    // Longer than rustix's on-stack path buffer (256 bytes), so reopening it by a &str
+    // would allocate a CString.
+    let long = root.join(long_dir());
+    std::fs::create_dir(&long).expect("long dir");
+    std::fs::write(long.join(long_file()), b"long").expect("long file");
     dir
+}
+
+/// A directory name of 200 bytes (NAME_MAX is 255).
+fn long_dir() -> String {
+    "d".repeat(200)
+}
+
+/// A file name of 200 bytes.
+fn long_file() -> String {
+    "f".repeat(200)
 }
 
 fn cache(root: &std::path::Path, valid_ms: u64) -> FileCache {
@@ -194,22 +209,29 @@ fn cache(root: &std::path::Path, valid_ms: u64) -> FileCache {
     .expect("file cache")
 }
 
-/// Hit targets and the file each must serve.
-const HITS: [(&[u8], &str, u64); 5] = [
-    (b"/manifest.json", "manifest.json", 1024),
-    (b"/big.bin", "big.bin", 4 << 20),
-    (b"/dir/", "dir/index.html", 9),
-    (b"/dir", "dir/index.html", 9),
-    (b"/", "index.html", 10),
-];
+/// Hit targets (raw, file it serves, its size).
+fn hits() -> Vec<(String, String, u64)> {
+    let long = format!("{}/{}", long_dir(), long_file());
+    [
+        ("/manifest.json", "manifest.json", 1024),
+        ("/big.bin", "big.bin", 4 << 20),
+        ("/dir/", "dir/index.html", 9),
+        ("/dir", "dir/index.html", 9),
+        ("/", "index.html", 10),
+        (&format!("/{long}"), &long, 4),
+    ]
+    .into_iter()
+    .map(|(raw, opened, size)| (raw.to_owned(), opened.to_owned(), size))
+    .collect()
+}
 
 /// Acquires each hit target once and releases it; returns allocations on this thread.
 fn serve_hits(files: &mut FileCache, table: &mut FakeTable, now_ms: u64) -> u64 {
     let mut total = 0;
-    for (raw, opened, size) in HITS {
+    for (raw, opened, size) in hits() {
         let (n, idx) = allocations_in(|| {
             let idx = files
-                .acquire_target(table, raw, now_ms)
+                .acquire_target(table, raw.as_bytes(), now_ms)
                 .expect("cached file");
             let f = files.get(idx);
             // What the response plan reads from the entry, read here under the counter too.
@@ -218,7 +240,7 @@ fn serve_hits(files: &mut FileCache, table: &mut FakeTable, now_ms: u64) -> u64 
             idx
         });
         let f = files.get(idx);
-        assert_eq!((f.opened_path(), f.size), (opened, size));
+        assert_eq!((f.opened_path(), f.size), (opened.as_str(), size));
         total += n;
     }
     total
@@ -231,17 +253,17 @@ fn a_cache_hit_allocates_nothing() {
     let mut files = cache(dir.path(), 60_000);
     // Warm-up: each target misses once (a miss may allocate: its key and opened path).
     serve_hits(&mut files, &mut table, 0);
-    assert_eq!(files.misses, HITS.len() as u64);
+    assert_eq!(files.misses, hits().len() as u64);
     for now_ms in 1..200 {
         let n = serve_hits(&mut files, &mut table, now_ms);
         assert_eq!(n, 0, "cache hits at {now_ms} ms allocated {n} times");
     }
     assert_eq!(
         files.misses,
-        HITS.len() as u64,
+        hits().len() as u64,
         "every later lookup was a hit"
     );
-    assert_eq!(files.hits, 199 * HITS.len() as u64);
+    assert_eq!(files.hits, 199 * hits().len() as u64);
 }
 
 #[test]
@@ -255,7 +277,7 @@ fn a_revalidated_hit_allocates_nothing() {
         let n = serve_hits(&mut files, &mut table, now_ms);
         assert_eq!(n, 0, "revalidated hits at {now_ms} ms allocated {n} times");
     }
-    assert_eq!(files.misses, HITS.len() as u64);
+    assert_eq!(files.misses, hits().len() as u64);
 }
 
 #[test]

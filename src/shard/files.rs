@@ -6,11 +6,14 @@
 //! costs no syscall. Responses hold a reference, so a file replaced by rename keeps serving
 //! the old version to the responses that started on it.
 //!
-//! A hit allocates nothing: the request path is resolved into the cache's reused
-//! [`ResolveScratch`] and looked up by borrowed key (`tests/request_path_alloc.rs` checks it).
-//! A miss allocates the entry's key and opened path, and the index-file path of a directory.
+//! A hit allocates nothing, also one that revalidates: the request path is resolved into the
+//! cache's reused [`ResolveScratch`], looked up by borrowed key, and reopened (every
+//! `open_file_valid_ms`) from a NUL-terminated copy kept in the entry
+//! (`tests/request_path_alloc.rs` checks it). A miss allocates: the entry's key and opened
+//! path, the index-file path of a directory, and once per device and mode a log line.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -100,8 +103,9 @@ pub struct OpenFile {
     /// Resolved path (relative to root) it is cached under, with `wants_dir` its map.
     key: Box<str>,
     wants_dir: bool,
-    /// Path actually opened (differs from key for directory index files).
-    opened: String,
+    /// Path actually opened (differs from key for directory index files), NUL-terminated so
+    /// that reopening it to revalidate needs no copy, whatever its length.
+    opened: CString,
     validated_ms: u64,
     refs: u32,
     /// Replaced on disk; freed when the last response lets go.
@@ -116,7 +120,8 @@ impl OpenFile {
     }
     /// The path that was opened, relative to the root (for `Content-Type`).
     pub fn opened_path(&self) -> &str {
-        &self.opened
+        // Built from a `&str`, so always UTF-8.
+        self.opened.to_str().unwrap_or_default()
     }
 }
 
@@ -417,8 +422,14 @@ impl FileCache {
         r
     }
 
+    /// Opens a resolved path ("" is the root itself).
     fn open_at(&self, path: &str) -> Result<OwnedFd, OpenError> {
-        let path = if path.is_empty() { "." } else { path };
+        self.open_beneath(if path.is_empty() { "." } else { path })
+    }
+
+    /// openat2 beneath the root. A `&str` longer than rustix's on-stack buffer is copied into
+    /// a heap CString for the call; a `&CStr` never is.
+    fn open_beneath(&self, path: impl rustix::path::Arg) -> Result<OwnedFd, OpenError> {
         rustix::fs::openat2(
             &self.root,
             path,
@@ -484,7 +495,7 @@ impl FileCache {
 
     fn still_same(&self, idx: u32) -> bool {
         let f = self.get(idx);
-        let Ok(fd) = self.open_at(&f.opened) else {
+        let Ok(fd) = self.open_beneath(f.opened.as_c_str()) else {
             return false;
         };
         match rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS) {
@@ -546,7 +557,8 @@ impl FileCache {
             mode,
             key: key.into(),
             wants_dir,
-            opened,
+            // A resolved path has no NUL (refused as NulByte), nor has INDEX_FILE.
+            opened: CString::new(opened).map_err(|_| OpenError::NotFound)?,
             validated_ms: now_ms,
             refs: 0,
             stale: false,
