@@ -4,7 +4,8 @@
 //!
 //! Unlike the other files here this one does not start the binary: it calls the library's
 //! resolver and open-file cache directly, because only in-process can allocations be counted.
-//! The cache runs on a fake fixed-file table (the real ring's only role in it).
+//! The cache runs on a fake fixed-file table (the real ring's only role in it). The last test
+//! also plans whole response heads (parse, preconditions, range, head) the way the shard does.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -13,7 +14,12 @@ use std::os::fd::BorrowedFd;
 
 use shardline::config::{EtagSource, SymlinkPolicy};
 use shardline::fs::resolve::{resolve_into, ResolveError, ResolveScratch, MAX_PATH_BYTES};
-use shardline::http::request::MAX_REQUEST_LINE_BYTES;
+use shardline::http::conditional::{self, Conditions, Precondition, Validators};
+use shardline::http::date::DateCache;
+use shardline::http::mime;
+use shardline::http::range::{parse_range, RangeOutcome};
+use shardline::http::request::{parse_request, Parsed, MAX_REQUEST_LINE_BYTES};
+use shardline::http::response::{self, ContentRange, Head};
 use shardline::shard::files::{FileCache, FileCacheConfig, FileTable, OpenError, TargetError};
 
 /// Counts allocations made by the thread that armed it; everything else passes straight on.
@@ -315,4 +321,124 @@ fn refusals_and_misses_keep_their_statuses() {
     assert_ne!(a, b);
     files.release(&mut table, a);
     files.release(&mut table, b);
+}
+
+/// What `Shard::respond` does for a file hit up to its body segments, using the same library
+/// calls: parse, resolve and acquire, preconditions, range, content type, head. The segment
+/// and chunk queues it then builds (`respond.rs`: `plan_body`, `Body::chunks`) are not
+/// covered here.
+fn plan_hit(
+    files: &mut FileCache,
+    table: &mut FakeTable,
+    date: &DateCache,
+    raw_request: &[u8],
+    tx: &mut Vec<u8>,
+) -> u16 {
+    let Parsed::Complete { request: req, .. } = parse_request(raw_request) else {
+        panic!("a complete request");
+    };
+    let idx = files
+        .acquire_target(table, req.path, 1)
+        .expect("cached file");
+    let f = files.get(idx);
+    let validators = Validators {
+        etag: f.etag(),
+        mtime_secs: f.mtime_secs,
+    };
+    let conditions = Conditions {
+        if_match: req.if_match,
+        if_unmodified_since: req.if_unmodified_since,
+        if_none_match: req.if_none_match,
+        if_modified_since: req.if_modified_since,
+        if_range: req.if_range,
+        has_range: req.range.is_some(),
+    };
+    let content_type = mime::content_type_for(f.opened_path().as_bytes());
+    let (status, content_range, len) = match conditional::evaluate(&conditions, &validators) {
+        Precondition::NotModified => (304, None, 0),
+        Precondition::Failed => (412, None, 0),
+        Precondition::Proceed { use_range } => match req.range {
+            Some(range) if use_range => match parse_range(range, f.size, 16) {
+                RangeOutcome::Single(r) => (
+                    206,
+                    Some(ContentRange::Bytes {
+                        start: r.start,
+                        end_inclusive: r.end - 1,
+                        total: f.size,
+                    }),
+                    r.end - r.start,
+                ),
+                other => panic!("a single range, not {other:?}"),
+            },
+            _ => (200, None, f.size),
+        },
+    };
+    let head = Head {
+        status,
+        keep_alive: req.keep_alive,
+        date: date.header_value(),
+        content_length: (status != 304).then_some(len),
+        content_type: Some(content_type),
+        last_modified: Some(&f.last_modified),
+        etag: Some(f.etag()),
+        content_range,
+        accept_ranges: true,
+        allow: false,
+    };
+    tx.clear();
+    response::write_head(&head, tx);
+    files.release(table, idx);
+    status
+}
+
+#[test]
+fn planning_a_hit_response_head_allocates_nothing() {
+    let dir = root_with_files();
+    let mut table = FakeTable::default();
+    let mut files = cache(dir.path(), 60_000);
+    let date = DateCache::new(1_700_000_000);
+    let etag = {
+        let idx = files
+            .acquire_target(&mut table, b"/manifest.json", 0)
+            .expect("warm");
+        let tag = String::from_utf8(files.get(idx).etag().to_vec()).expect("ascii etag");
+        files.release(&mut table, idx);
+        let idx = files
+            .acquire_target(&mut table, b"/big.bin", 0)
+            .expect("warm");
+        files.release(&mut table, idx);
+        tag
+    };
+    let requests: Vec<(Vec<u8>, u16)> = vec![
+        (
+            b"GET /manifest.json HTTP/1.1\r\nHost: cdn\r\n\r\n".to_vec(),
+            200,
+        ),
+        (
+            b"HEAD /manifest.json HTTP/1.1\r\nHost: cdn\r\n\r\n".to_vec(),
+            200,
+        ),
+        (
+            format!("GET /manifest.json HTTP/1.1\r\nHost: cdn\r\nIf-None-Match: {etag}\r\n\r\n")
+                .into_bytes(),
+            304,
+        ),
+        (
+            b"GET /big.bin HTTP/1.1\r\nHost: cdn\r\nRange: bytes=1048576-\r\n\r\n".to_vec(),
+            206,
+        ),
+        (b"GET /big.bin HTTP/1.0\r\n\r\n".to_vec(), 200),
+    ];
+    let mut tx = Vec::with_capacity(1024);
+    for (raw, want) in &requests {
+        let (n, status) = allocations_in(|| plan_hit(&mut files, &mut table, &date, raw, &mut tx));
+        let line = String::from_utf8_lossy(&raw[..raw.len().min(40)]).into_owned();
+        assert_eq!(status, *want, "{line:?}");
+        assert!(
+            tx.starts_with(format!("HTTP/1.1 {want}").as_bytes()),
+            "{line:?}"
+        );
+        assert_eq!(n, 0, "planning {line:?} allocated {n} times");
+    }
+    assert_eq!(tx.capacity(), 1024, "the head fitted the reused buffer");
 }
