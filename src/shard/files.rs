@@ -185,7 +185,7 @@ struct Keys {
 }
 
 impl Keys {
-    /// Both maps sized for every entry, so an insert never rehashes.
+    /// Both maps sized for every entry, so an insert never grows one.
     fn with_capacity(entries: usize) -> Keys {
         Keys {
             files: HashMap::with_capacity(entries),
