@@ -117,42 +117,139 @@ fn decode(raw: &[u8], out: &mut Vec<u8>) -> Result<(), ResolveError> {
     Ok(())
 }
 
-/// Turns a raw request path (query already stripped, still percent-encoded) into a safe
-/// relative path. See the module docs for the rules.
-pub fn resolve_target(raw_path: &[u8]) -> Result<Resolved, ResolveError> {
-    let mut decoded = Vec::with_capacity(raw_path.len());
-    decode(raw_path, &mut decoded)?;
-    let decoded = String::from_utf8(decoded).map_err(|_| ResolveError::NotUtf8)?;
+/// A reusable buffer that request paths are resolved into, one per shard, so that resolving
+/// allocates nothing: the decoded and normalised path is built in place (it is never longer
+/// than the raw path), and the buffer only grows for a raw path longer than any before it.
+#[derive(Debug, Default)]
+pub struct ResolveScratch {
+    buf: Vec<u8>,
+}
 
-    let mut rel = String::with_capacity(decoded.len());
-    let mut wants_dir = true;
-    for segment in decoded.split('/') {
-        match segment {
-            "" | "." => wants_dir = true,
-            ".." => {
-                wants_dir = true;
-                if rel.is_empty() {
-                    return Err(ResolveError::Escapes);
-                }
-                let cut = rel.rfind('/').unwrap_or(0);
-                rel.truncate(cut);
-            }
-            name => {
-                wants_dir = false;
-                if !rel.is_empty() {
-                    rel.push('/');
-                }
-                rel.push_str(name);
-            }
+impl ResolveScratch {
+    /// A scratch that resolves raw paths of up to `raw_max_bytes` without allocating (size it
+    /// to the longest request target the parser accepts).
+    pub fn with_capacity(raw_max_bytes: usize) -> ResolveScratch {
+        ResolveScratch {
+            buf: Vec::with_capacity(raw_max_bytes),
         }
     }
-    if rel.len() > MAX_PATH_BYTES || rel.split('/').any(|s| s.len() > MAX_SEGMENT_BYTES) {
-        return Err(ResolveError::TooLong);
+
+    /// Longest raw path resolved without growing the buffer.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
-    Ok(Resolved {
-        rel_path: rel,
+
+    /// The path of the last successful resolve (empty after a refused one), for logs.
+    pub fn resolved(&self) -> &str {
+        std::str::from_utf8(&self.buf).unwrap_or("")
+    }
+}
+
+/// A resolved path borrowed from a [`ResolveScratch`] (valid until the next resolve into it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResolvedRef<'a> {
+    /// As [`Resolved::rel_path`].
+    pub rel_path: &'a str,
+    /// As [`Resolved::wants_dir`].
+    pub wants_dir: bool,
+}
+
+impl ResolvedRef<'_> {
+    /// An owned copy (allocates; for tests, fuzzers and tools, not the request path).
+    pub fn to_owned(self) -> Resolved {
+        Resolved {
+            rel_path: self.rel_path.to_owned(),
+            wants_dir: self.wants_dir,
+        }
+    }
+}
+
+/// Turns a raw request path (query already stripped, still percent-encoded) into a safe
+/// relative path, allocating the result. See the module docs for the rules; the request path
+/// uses [`resolve_into`] with a reused [`ResolveScratch`] instead.
+pub fn resolve_target(raw_path: &[u8]) -> Result<Resolved, ResolveError> {
+    let mut scratch = ResolveScratch::with_capacity(raw_path.len());
+    resolve_into(raw_path, &mut scratch).map(ResolvedRef::to_owned)
+}
+
+/// Resolves a raw request path into `scratch` and borrows the result from it: no allocation
+/// when the scratch's capacity covers `raw_path`. Same rules and errors as [`resolve_target`].
+pub fn resolve_into<'a>(
+    raw_path: &[u8],
+    scratch: &'a mut ResolveScratch,
+) -> Result<ResolvedRef<'a>, ResolveError> {
+    let buf = &mut scratch.buf;
+    buf.clear();
+    let wants_dir = match decode_and_normalise(raw_path, buf) {
+        Ok(wants_dir) => wants_dir,
+        Err(e) => {
+            buf.clear();
+            return Err(e);
+        }
+    };
+    // Cut only at '/' of valid UTF-8, so still valid; the error cannot happen.
+    let rel_path = std::str::from_utf8(buf).map_err(|_| ResolveError::NotUtf8)?;
+    Ok(ResolvedRef {
+        rel_path,
         wants_dir,
     })
+}
+
+/// Rules 1-5 into `buf` (empty on entry): leaves the resolved path there and returns whether
+/// it names a directory.
+fn decode_and_normalise(raw_path: &[u8], buf: &mut Vec<u8>) -> Result<bool, ResolveError> {
+    decode(raw_path, buf)?;
+    std::str::from_utf8(buf).map_err(|_| ResolveError::NotUtf8)?;
+    let (rel_len, wants_dir) = normalise_in_place(buf)?;
+    buf.truncate(rel_len);
+    if rel_len > MAX_PATH_BYTES
+        || buf
+            .split(|&b| b == b'/')
+            .any(|s| s.len() > MAX_SEGMENT_BYTES)
+    {
+        return Err(ResolveError::TooLong);
+    }
+    Ok(wants_dir)
+}
+
+/// Rule 4 over the decoded bytes, compacting the kept segments to the front of `buf`: returns
+/// the length of the joined result and whether it names a directory. In place is safe because
+/// every kept name is written at or before where it was read: the output puts at most one '/'
+/// before a name, the input at least one (none before the first name of either).
+fn normalise_in_place(buf: &mut [u8]) -> Result<(usize, bool), ResolveError> {
+    let len = buf.len();
+    let mut written = 0;
+    let mut wants_dir;
+    let mut start = 0;
+    loop {
+        let end = buf[start..]
+            .iter()
+            .position(|&b| b == b'/')
+            .map_or(len, |p| start + p);
+        match &buf[start..end] {
+            b"" | b"." => wants_dir = true,
+            b".." => {
+                wants_dir = true;
+                if written == 0 {
+                    return Err(ResolveError::Escapes);
+                }
+                written = buf[..written].iter().rposition(|&b| b == b'/').unwrap_or(0);
+            }
+            _ => {
+                wants_dir = false;
+                if written > 0 {
+                    buf[written] = b'/';
+                    written += 1;
+                }
+                buf.copy_within(start..end, written);
+                written += end - start;
+            }
+        }
+        if end == len {
+            return Ok((written, wants_dir));
+        }
+        start = end + 1;
+    }
 }
 
 #[cfg(test)]
@@ -289,12 +386,84 @@ mod tests {
         Ok(())
     }
 
+    /// The allocating implementation this module had before `resolve_into`, kept as the
+    /// model the in-place one must agree with byte for byte.
+    fn model_resolve(raw_path: &[u8]) -> Result<Resolved, ResolveError> {
+        let mut decoded = Vec::with_capacity(raw_path.len());
+        decode(raw_path, &mut decoded)?;
+        let decoded = String::from_utf8(decoded).map_err(|_| ResolveError::NotUtf8)?;
+        let mut rel = String::with_capacity(decoded.len());
+        let mut wants_dir = true;
+        for segment in decoded.split('/') {
+            match segment {
+                "" | "." => wants_dir = true,
+                ".." => {
+                    wants_dir = true;
+                    if rel.is_empty() {
+                        return Err(ResolveError::Escapes);
+                    }
+                    let cut = rel.rfind('/').unwrap_or(0);
+                    rel.truncate(cut);
+                }
+                name => {
+                    wants_dir = false;
+                    if !rel.is_empty() {
+                        rel.push('/');
+                    }
+                    rel.push_str(name);
+                }
+            }
+        }
+        if rel.len() > MAX_PATH_BYTES || rel.split('/').any(|s| s.len() > MAX_SEGMENT_BYTES) {
+            return Err(ResolveError::TooLong);
+        }
+        Ok(Resolved {
+            rel_path: rel,
+            wants_dir,
+        })
+    }
+
+    #[test]
+    fn one_scratch_reused_gives_what_a_fresh_one_gives() {
+        let mut scratch = ResolveScratch::with_capacity(64);
+        let long = format!("/{}/x", "a".repeat(40));
+        let targets: [&[u8]; 9] = [
+            long.as_bytes(),
+            b"/b",
+            b"/%zz",
+            b"/a/../../x",
+            b"/c/",
+            b"/",
+            b"/%c0%af",
+            b"//a///b//../c",
+            b"/d.pak",
+        ];
+        for raw in targets {
+            let got = resolve_into(raw, &mut scratch).map(ResolvedRef::to_owned);
+            assert_eq!(got, model_resolve(raw), "{}", String::from_utf8_lossy(raw));
+        }
+        assert_eq!(scratch.capacity(), 64, "no target outgrew the scratch");
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes(raw in proptest::collection::vec(any::<u8>(), 0..96)) {
             if let Ok(r) = resolve_target(&raw) {
                 check_ok(&r)?;
             }
+        }
+
+        #[test]
+        fn in_place_agrees_with_the_model(parts in proptest::collection::vec(
+            prop_oneof![
+                Just("/"), Just(".."), Just("."), Just("%2e"), Just("%25"), Just("%2f"),
+                Just("\\"), Just("a"), Just("bc"), Just("%00"), Just("%ff"), Just("%c3%a9"),
+                Just("%"), Just("\u{e9}"),
+            ], 0..32)) {
+            let raw = parts.concat();
+            let mut scratch = ResolveScratch::default();
+            let got = resolve_into(raw.as_bytes(), &mut scratch).map(ResolvedRef::to_owned);
+            prop_assert_eq!(got, model_resolve(raw.as_bytes()), "{:?}", raw);
         }
 
         #[test]

@@ -5,17 +5,27 @@
 //! files-update), only on a cache miss or once per `open_file_valid_ms` per hot file; a hit
 //! costs no syscall. Responses hold a reference, so a file replaced by rename keeps serving
 //! the old version to the responses that started on it.
+//!
+//! A hit allocates nothing, also one that revalidates: the request path is resolved into the
+//! cache's reused [`ResolveScratch`], looked up by borrowed key, and reopened (every
+//! `open_file_valid_ms`) from a NUL-terminated copy kept in the entry
+//! (`tests/request_path_alloc.rs` checks it). A miss allocates: the entry's key and opened
+//! path, the index-file path of a directory, and once per device and mode a log line.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, OwnedFd};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
 use rustix::io::Errno;
 
 use crate::config::{EtagSource, SymlinkPolicy};
+use crate::fs::resolve::{resolve_into, ResolveError, ResolveScratch};
 use crate::http::conditional::{self, ETAG_MAX_BYTES};
 use crate::http::date;
+use crate::http::request::MAX_REQUEST_LINE_BYTES;
 use crate::shard::ring_ops::RingOps;
 
 /// File name served for a directory.
@@ -28,6 +38,24 @@ pub const DIGEST_XATTR: &str = "user.sha256";
 const SHA256_BYTES: usize = 32;
 /// Longest digest xattr value read: 64 hex digits plus a trailing newline or two.
 const DIGEST_XATTR_MAX_BYTES: usize = 2 * SHA256_BYTES + 2;
+
+/// The part of a ring the cache uses: the fixed-file table its open files live in. Every
+/// [`RingOps`] is one; tests can supply just this.
+pub trait FileTable {
+    /// Places an open file in file slot `index`.
+    fn register(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()>;
+    /// Empties file slot `index`.
+    fn unregister(&mut self, index: u32) -> io::Result<()>;
+}
+
+impl<R: RingOps> FileTable for R {
+    fn register(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.register_file(index, fd)
+    }
+    fn unregister(&mut self, index: u32) -> io::Result<()> {
+        self.unregister_file(index)
+    }
+}
 
 /// How a file's bytes are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,10 +100,12 @@ pub struct OpenFile {
     pub last_modified: [u8; 29],
     /// How to read it.
     pub mode: ReadMode,
-    /// Path (relative to root) used as the cache key, for revalidation.
-    key: String,
-    /// Path actually opened (differs from key for directory index files).
-    opened: String,
+    /// Resolved path (relative to root) it is cached under, with `wants_dir` its map.
+    key: Box<str>,
+    wants_dir: bool,
+    /// Path actually opened (differs from key for directory index files), NUL-terminated so
+    /// that reopening it to revalidate needs no copy, whatever its length.
+    opened: CString,
     validated_ms: u64,
     refs: u32,
     /// Replaced on disk; freed when the last response lets go.
@@ -90,7 +120,8 @@ impl OpenFile {
     }
     /// The path that was opened, relative to the root (for `Content-Type`).
     pub fn opened_path(&self) -> &str {
-        &self.opened
+        // Built from a `&str`, so always UTF-8.
+        self.opened.to_str().unwrap_or_default()
     }
 }
 
@@ -127,6 +158,59 @@ impl OpenError {
     }
 }
 
+/// Why a request target could not be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetError {
+    /// The path was refused before any file was looked at.
+    Path(ResolveError),
+    /// The file could not be opened or cached.
+    Open(OpenError),
+}
+
+impl TargetError {
+    /// The HTTP status for this error.
+    pub fn status(self) -> u16 {
+        match self {
+            TargetError::Path(e) => e.status(),
+            TargetError::Open(e) => e.status(),
+        }
+    }
+}
+
+/// Cache keys by resolved path, one map for file targets and one for directory targets (`a`
+/// and `a/` are different requests), so a lookup borrows the path instead of building a key.
+struct Keys {
+    files: HashMap<Box<str>, u32>,
+    dirs: HashMap<Box<str>, u32>,
+}
+
+impl Keys {
+    /// Both maps sized for every entry, so an insert never grows one.
+    fn with_capacity(entries: usize) -> Keys {
+        Keys {
+            files: HashMap::with_capacity(entries),
+            dirs: HashMap::with_capacity(entries),
+        }
+    }
+    fn map(&mut self, wants_dir: bool) -> &mut HashMap<Box<str>, u32> {
+        if wants_dir {
+            &mut self.dirs
+        } else {
+            &mut self.files
+        }
+    }
+    fn get(&self, rel: &str, wants_dir: bool) -> Option<u32> {
+        let map = if wants_dir { &self.dirs } else { &self.files };
+        map.get(rel).copied()
+    }
+    fn insert(&mut self, rel: &str, wants_dir: bool, idx: u32) {
+        self.map(wants_dir).insert(rel.into(), idx);
+    }
+    fn remove(&mut self, rel: &str, wants_dir: bool) {
+        self.map(wants_dir).remove(rel);
+    }
+}
+
 /// Settings of the cache.
 pub struct FileCacheConfig {
     /// Entries (and fixed-file slots).
@@ -147,7 +231,9 @@ pub struct FileCacheConfig {
 pub struct FileCache {
     root: OwnedFd,
     cfg: FileCacheConfig,
-    map: HashMap<String, u32>,
+    keys: Keys,
+    /// Where request paths are resolved (sized for the longest request line at start-up).
+    scratch: ResolveScratch,
     entries: Vec<Option<OpenFile>>,
     free: Vec<u32>,
     clock_hand: usize,
@@ -170,7 +256,8 @@ impl FileCache {
         Ok(FileCache {
             root,
             cfg,
-            map: HashMap::with_capacity(n as usize),
+            keys: Keys::with_capacity(n as usize),
+            scratch: ResolveScratch::with_capacity(MAX_REQUEST_LINE_BYTES),
             entries: (0..n).map(|_| None).collect(),
             free: (0..n).rev().collect(),
             clock_hand: 0,
@@ -187,23 +274,43 @@ impl FileCache {
             .expect("file cache entry in use")
     }
 
+    /// Resolves a raw request path (query stripped, still percent-encoded) and acquires its
+    /// file: [`resolve_into`] the cache's scratch, then [`FileCache::acquire`]. No allocation
+    /// on a hit.
+    pub fn acquire_target(
+        &mut self,
+        ring: &mut impl FileTable,
+        raw_path: &[u8],
+        now_ms: u64,
+    ) -> Result<u32, TargetError> {
+        // The scratch leaves `self` for the call so the path borrowed from it can be handed
+        // back in; moving a Vec out and back allocates nothing.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = match resolve_into(raw_path, &mut scratch) {
+            Ok(r) => self
+                .acquire(ring, r.rel_path, r.wants_dir, now_ms)
+                .map_err(TargetError::Open),
+            Err(e) => Err(TargetError::Path(e)),
+        };
+        self.scratch = scratch;
+        result
+    }
+
+    /// The path the last [`FileCache::acquire_target`] resolved (for logging its failure).
+    pub fn target_path(&self) -> &str {
+        self.scratch.resolved()
+    }
+
     /// Finds or opens the file for `rel` (a resolved path; `wants_dir` when the URL ended in
     /// '/') and takes a reference to it.
     pub fn acquire(
         &mut self,
-        ring: &mut impl RingOps,
+        ring: &mut impl FileTable,
         rel: &str,
         wants_dir: bool,
         now_ms: u64,
     ) -> Result<u32, OpenError> {
-        let key_owned;
-        let key = if wants_dir {
-            key_owned = format!("{rel}/");
-            key_owned.as_str()
-        } else {
-            rel
-        };
-        if let Some(&idx) = self.map.get(key) {
+        if let Some(idx) = self.keys.get(rel, wants_dir) {
             let fresh = {
                 let f = self.get(idx);
                 now_ms.saturating_sub(f.validated_ms) < self.cfg.valid_ms
@@ -221,24 +328,25 @@ impl FileCache {
                 return Ok(idx);
             }
             // Changed on disk: drop it from the map; responses holding it keep the old file.
-            self.map.remove(key);
+            // (`unchanged_since_open` may have done both already; doing them again is harmless.)
+            self.keys.remove(rel, wants_dir);
             self.entries[idx as usize].as_mut().expect("entry").stale = true;
             self.free_if_unused(ring, idx);
         }
         self.misses += 1;
         let (fd, opened) = self.open_path(rel, wants_dir)?;
         let idx = self.free_slot(ring).ok_or(OpenError::Busy)?;
-        let file = self.build_entry(fd, idx, key, opened, now_ms)?;
-        ring.register_file(idx, file._fd.as_fd())
+        let file = self.build_entry(fd, idx, rel, wants_dir, opened, now_ms)?;
+        ring.register(idx, file._fd.as_fd())
             .map_err(|e| OpenError::Other(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        self.map.insert(key.to_string(), idx);
+        self.keys.insert(rel, wants_dir, idx);
         self.entries[idx as usize] = Some(file);
         self.entries[idx as usize].as_mut().expect("just set").refs = 1;
         Ok(idx)
     }
 
     /// Drops a response's reference.
-    pub fn release(&mut self, ring: &mut impl RingOps, idx: u32) {
+    pub fn release(&mut self, ring: &mut impl FileTable, idx: u32) {
         let f = self.entries[idx as usize].as_mut().expect("released entry");
         assert!(f.refs > 0, "file cache refcount underflow");
         f.refs -= 1;
@@ -270,26 +378,26 @@ impl FileCache {
         self.len() == 0
     }
 
-    fn free_if_unused(&mut self, ring: &mut impl RingOps, idx: u32) {
+    fn free_if_unused(&mut self, ring: &mut impl FileTable, idx: u32) {
         let remove = matches!(&self.entries[idx as usize], Some(f) if f.stale && f.refs == 0);
         if remove {
             self.evict(ring, idx);
         }
     }
 
-    fn evict(&mut self, ring: &mut impl RingOps, idx: u32) {
+    fn evict(&mut self, ring: &mut impl FileTable, idx: u32) {
         if let Some(f) = self.entries[idx as usize].take() {
             if !f.stale {
-                self.map.remove(&f.key);
+                self.keys.remove(&f.key, f.wants_dir);
             }
-            if let Err(e) = ring.unregister_file(idx) {
+            if let Err(e) = ring.unregister(idx) {
                 tracing::warn!(error = %e, "unregistering a fixed file failed");
             }
             self.free.push(idx);
         }
     }
 
-    fn free_slot(&mut self, ring: &mut impl RingOps) -> Option<u32> {
+    fn free_slot(&mut self, ring: &mut impl FileTable) -> Option<u32> {
         if let Some(i) = self.free.pop() {
             return Some(i);
         }
@@ -314,8 +422,14 @@ impl FileCache {
         r
     }
 
+    /// Opens a resolved path ("" is the root itself).
     fn open_at(&self, path: &str) -> Result<OwnedFd, OpenError> {
-        let path = if path.is_empty() { "." } else { path };
+        self.open_beneath(if path.is_empty() { "." } else { path })
+    }
+
+    /// openat2 beneath the root. A `&str` longer than rustix's on-stack buffer is copied into
+    /// a heap CString for the call; a `&CStr` never is.
+    fn open_beneath(&self, path: impl rustix::path::Arg) -> Result<OwnedFd, OpenError> {
         rustix::fs::openat2(
             &self.root,
             path,
@@ -373,8 +487,7 @@ impl FileCache {
             let f = self.entries[idx as usize].as_mut().expect("entry");
             if !f.stale {
                 f.stale = true;
-                let key = f.key.clone();
-                self.map.remove(&key);
+                self.keys.remove(&f.key, f.wants_dir);
             }
         }
         same
@@ -382,7 +495,7 @@ impl FileCache {
 
     fn still_same(&self, idx: u32) -> bool {
         let f = self.get(idx);
-        let Ok(fd) = self.open_at(&f.opened) else {
+        let Ok(fd) = self.open_beneath(f.opened.as_c_str()) else {
             return false;
         };
         match rustix::fs::statx(&fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS) {
@@ -401,6 +514,7 @@ impl FileCache {
         fd: OwnedFd,
         fixed: u32,
         key: &str,
+        wants_dir: bool,
         opened: String,
         now_ms: u64,
     ) -> Result<OpenFile, OpenError> {
@@ -441,8 +555,10 @@ impl FileCache {
             etag_len,
             last_modified: date::format_http_date(st.stx_mtime.tv_sec),
             mode,
-            key: key.to_string(),
-            opened,
+            key: key.into(),
+            wants_dir,
+            // A resolved path has no NUL (refused as NulByte), nor has INDEX_FILE.
+            opened: CString::new(opened).map_err(|_| OpenError::NotFound)?,
             validated_ms: now_ms,
             refs: 0,
             stale: false,

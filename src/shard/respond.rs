@@ -4,10 +4,9 @@
 use std::collections::VecDeque;
 
 use super::conn::{Body, Segment, Source};
-use super::files::ReadMode;
+use super::files::{ReadMode, TargetError};
 use super::{access_log, ring, RingOps, Shard};
 use crate::config::DIAG_ZERO_MAX_BYTES;
-use crate::fs::resolve::resolve_target;
 use crate::http::conditional::{self, Conditions, Precondition, Validators};
 use crate::http::mime;
 use crate::http::range::{parse_range, ByteRange, RangeOutcome};
@@ -125,23 +124,19 @@ impl<R: RingOps> Shard<R> {
             let status = if self.leaving() { 503 } else { 200 };
             return self.respond_status(c, status, keep_alive, head_only);
         }
-        let resolved = match resolve_target(req.path) {
-            Ok(r) => r,
-            Err(e) => {
+        let idx = match self
+            .files
+            .acquire_target(&mut self.ring, req.path, self.now_ms)
+        {
+            Ok(idx) => idx,
+            Err(TargetError::Path(e)) => {
                 let status = e.status();
                 return self.respond_status(c, status, keep_alive && status < 400, head_only);
             }
-        };
-        let idx = match self.files.acquire(
-            &mut self.ring,
-            &resolved.rel_path,
-            resolved.wants_dir,
-            self.now_ms,
-        ) {
-            Ok(idx) => idx,
-            Err(e) => {
+            Err(TargetError::Open(e)) => {
                 if let super::files::OpenError::Other(errno) = e {
-                    tracing::warn!(shard = self.index, errno, path = %resolved.rel_path, "open failed");
+                    let path = self.files.target_path();
+                    tracing::warn!(shard = self.index, errno, path, "open failed");
                 }
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
