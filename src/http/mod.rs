@@ -3,6 +3,7 @@
 pub mod conditional;
 pub mod date;
 pub mod mime;
+pub mod plan;
 pub mod range;
 pub mod request;
 pub mod response;

@@ -1,7 +1,9 @@
 //! Response heads, small error responses and multipart/byteranges framing.
 //!
-//! Writers append to a caller-owned `Vec<u8>` (in the shard, a reused per-connection buffer),
-//! format integers on the stack and never allocate anything else. Every field value is checked
+//! Writers append to a caller-owned [`Sink`]: a `Vec<u8>` (in the shard, a reused
+//! per-connection buffer), a [`ByteCounter`] (exact lengths without writing) or a
+//! [`SliceSink`] (any byte window straight into a registered chunk). They format integers on
+//! the stack and never allocate anything else. Every field value is checked
 //! for bytes that could break the head (CR, LF, NUL, other controls); a bad value is dropped
 //! rather than written, since all of them come from our own code and a dropped optional header
 //! is better than a smuggled one.
@@ -70,6 +72,71 @@ impl ContentRange {
     }
 }
 
+/// Where response writers put their bytes.
+pub trait Sink {
+    /// Appends `bytes`.
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Counts what a writer would write: exact lengths from the writer itself, so a length and
+/// its bytes can never disagree.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByteCounter {
+    /// Bytes put so far.
+    pub bytes: usize,
+}
+
+impl Sink for ByteCounter {
+    fn put(&mut self, bytes: &[u8]) {
+        self.bytes = self.bytes.saturating_add(bytes.len());
+    }
+}
+
+/// Writes the window `[skip, skip + out.len())` of a writer's output into `out` and drops the
+/// rest: renders framing straight into a chunk, also when it straddles two chunks.
+#[derive(Debug)]
+pub struct SliceSink<'o> {
+    out: &'o mut [u8],
+    skip: usize,
+    written: usize,
+}
+
+impl<'o> SliceSink<'o> {
+    /// A sink that skips the first `skip` bytes it is given and then fills `out`.
+    pub fn new(out: &'o mut [u8], skip: usize) -> Self {
+        Self {
+            out,
+            skip,
+            written: 0,
+        }
+    }
+
+    /// Bytes written into `out`.
+    pub fn written(&self) -> usize {
+        self.written
+    }
+}
+
+impl Sink for SliceSink<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        let dropped = self.skip.min(bytes.len());
+        self.skip -= dropped;
+        let rest = bytes.get(dropped..).unwrap_or_default();
+        let room = self.out.get_mut(self.written..).unwrap_or_default();
+        let n = rest.len().min(room.len());
+        if let (Some(dst), Some(src)) = (room.get_mut(..n), rest.get(..n)) {
+            dst.copy_from_slice(src);
+            self.written += n;
+        }
+    }
+}
+
 /// Standard reason phrase for the statuses shardline sends; "Unknown" for others.
 pub fn reason_phrase(status: u16) -> &'static str {
     match status {
@@ -122,9 +189,9 @@ fn decimal(mut v: u64) -> ([u8; U64_DIGITS], usize) {
     (buf, i)
 }
 
-fn push_u64(out: &mut Vec<u8>, v: u64) {
+fn push_u64(out: &mut (impl Sink + ?Sized), v: u64) {
     let (buf, start) = decimal(v);
-    out.extend_from_slice(buf.get(start..).unwrap_or_default());
+    out.put(buf.get(start..).unwrap_or_default());
 }
 
 /// Number of decimal digits in `v`.
@@ -137,31 +204,31 @@ fn is_safe_value(v: &[u8]) -> bool {
     v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
-fn push_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+fn push_field(out: &mut (impl Sink + ?Sized), name: &str, value: &[u8]) {
     if !is_safe_value(value) {
         return;
     }
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
+    out.put(name.as_bytes());
+    out.put(b": ");
+    out.put(value);
+    out.put(b"\r\n");
 }
 
-fn push_status_line(out: &mut Vec<u8>, status: u16) {
+fn push_status_line(out: &mut (impl Sink + ?Sized), status: u16) {
     let status = if (100..=599).contains(&status) {
         status
     } else {
         500
     };
-    out.extend_from_slice(b"HTTP/1.1 ");
+    out.put(b"HTTP/1.1 ");
     push_u64(out, u64::from(status));
-    out.push(b' ');
-    out.extend_from_slice(reason_phrase(status).as_bytes());
-    out.extend_from_slice(b"\r\n");
+    out.put(b" ");
+    out.put(reason_phrase(status).as_bytes());
+    out.put(b"\r\n");
 }
 
 /// Appends a full response head (`HTTP/1.1 ...` through the blank line) to `out`.
-pub fn write_head(head: &Head<'_>, out: &mut Vec<u8>) {
+pub fn write_head(head: &Head<'_>, out: &mut (impl Sink + ?Sized)) {
     push_status_line(out, head.status);
     push_field(out, "Server", SERVER_NAME.as_bytes());
     push_field(out, "Date", head.date);
@@ -170,9 +237,9 @@ pub fn write_head(head: &Head<'_>, out: &mut Vec<u8>) {
     }
     let bodyless = head.status < 200 || head.status == 204;
     if let (Some(len), false) = (head.content_length, bodyless) {
-        out.extend_from_slice(b"Content-Length: ");
+        out.put(b"Content-Length: ");
         push_u64(out, len);
-        out.extend_from_slice(b"\r\n");
+        out.put(b"\r\n");
     }
     match head.content_range {
         Some(ContentRange::Bytes {
@@ -180,18 +247,18 @@ pub fn write_head(head: &Head<'_>, out: &mut Vec<u8>) {
             end_inclusive,
             total,
         }) => {
-            out.extend_from_slice(b"Content-Range: bytes ");
+            out.put(b"Content-Range: bytes ");
             push_u64(out, start);
-            out.push(b'-');
+            out.put(b"-");
             push_u64(out, end_inclusive);
-            out.push(b'/');
+            out.put(b"/");
             push_u64(out, total);
-            out.extend_from_slice(b"\r\n");
+            out.put(b"\r\n");
         }
         Some(ContentRange::Unsatisfied { total }) => {
-            out.extend_from_slice(b"Content-Range: bytes */");
+            out.put(b"Content-Range: bytes */");
             push_u64(out, total);
-            out.extend_from_slice(b"\r\n");
+            out.put(b"\r\n");
         }
         None => {}
     }
@@ -202,17 +269,17 @@ pub fn write_head(head: &Head<'_>, out: &mut Vec<u8>) {
         push_field(out, "ETag", etag);
     }
     if head.accept_ranges {
-        out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
+        out.put(b"Accept-Ranges: bytes\r\n");
     }
     if head.allow {
-        out.extend_from_slice(b"Allow: GET, HEAD\r\n");
+        out.put(b"Allow: GET, HEAD\r\n");
     }
-    out.extend_from_slice(if head.keep_alive {
+    out.put(if head.keep_alive {
         b"Connection: keep-alive\r\n"
     } else {
         b"Connection: close\r\n"
     });
-    out.extend_from_slice(b"\r\n");
+    out.put(b"\r\n");
 }
 
 /// Length of the text body `write_error` sends for `status` (`"404 Not Found\n"`).
@@ -221,7 +288,8 @@ pub fn error_body_len(status: u16) -> usize {
     reason_phrase(status).len().saturating_add(5)
 }
 
-fn error_head(status: u16, keep_alive: bool, date: &[u8]) -> Head<'_> {
+/// The head of `write_error`'s response (the text body's length included).
+pub fn error_head(status: u16, keep_alive: bool, date: &[u8]) -> Head<'_> {
     Head {
         status,
         keep_alive,
@@ -237,7 +305,12 @@ fn error_head(status: u16, keep_alive: bool, date: &[u8]) -> Head<'_> {
 }
 
 /// The head `write_error` would send, without the body: the answer to a HEAD request.
-pub fn write_error_head(status: u16, keep_alive: bool, date: &[u8], out: &mut Vec<u8>) {
+pub fn write_error_head(
+    status: u16,
+    keep_alive: bool,
+    date: &[u8],
+    out: &mut (impl Sink + ?Sized),
+) {
     write_head(&error_head(status, keep_alive, date), out);
 }
 
@@ -245,7 +318,7 @@ pub fn write_error_head(status: u16, keep_alive: bool, date: &[u8], out: &mut Ve
 ///
 /// A 405 carries `Allow: GET, HEAD`. A 416 needs `Content-Range: bytes */len`, which only the
 /// caller knows: build that one with `write_head`.
-pub fn write_error(status: u16, keep_alive: bool, date: &[u8], out: &mut Vec<u8>) {
+pub fn write_error(status: u16, keep_alive: bool, date: &[u8], out: &mut (impl Sink + ?Sized)) {
     let status = if (100..=599).contains(&status) {
         status
     } else {
@@ -253,9 +326,9 @@ pub fn write_error(status: u16, keep_alive: bool, date: &[u8], out: &mut Vec<u8>
     };
     write_error_head(status, keep_alive, date, out);
     push_u64(out, u64::from(status));
-    out.push(b' ');
-    out.extend_from_slice(reason_phrase(status).as_bytes());
-    out.push(b'\n');
+    out.put(b" ");
+    out.put(reason_phrase(status).as_bytes());
+    out.put(b"\n");
 }
 
 /// Length of a multipart boundary made by `Boundary::new`.
@@ -354,19 +427,19 @@ pub fn write_part_header(
     start: u64,
     end_inclusive: u64,
     total: u64,
-    out: &mut Vec<u8>,
+    out: &mut (impl Sink + ?Sized),
 ) {
-    out.extend_from_slice(b"\r\n--");
-    out.extend_from_slice(boundary.as_bytes());
-    out.extend_from_slice(b"\r\nContent-Type: ");
-    out.extend_from_slice(content_type.as_bytes());
-    out.extend_from_slice(b"\r\nContent-Range: bytes ");
+    out.put(b"\r\n--");
+    out.put(boundary.as_bytes());
+    out.put(b"\r\nContent-Type: ");
+    out.put(content_type.as_bytes());
+    out.put(b"\r\nContent-Range: bytes ");
     push_u64(out, start);
-    out.push(b'-');
+    out.put(b"-");
     push_u64(out, end_inclusive);
-    out.push(b'/');
+    out.put(b"/");
     push_u64(out, total);
-    out.extend_from_slice(b"\r\n\r\n");
+    out.put(b"\r\n\r\n");
 }
 
 /// Bytes `write_closing_boundary` produces.
@@ -375,10 +448,10 @@ pub fn closing_boundary_len(boundary: &str) -> usize {
 }
 
 /// Appends the final delimiter (`CRLF --boundary-- CRLF`) after the last part.
-pub fn write_closing_boundary(boundary: &str, out: &mut Vec<u8>) {
-    out.extend_from_slice(b"\r\n--");
-    out.extend_from_slice(boundary.as_bytes());
-    out.extend_from_slice(b"--\r\n");
+pub fn write_closing_boundary(boundary: &str, out: &mut (impl Sink + ?Sized)) {
+    out.put(b"\r\n--");
+    out.put(boundary.as_bytes());
+    out.put(b"--\r\n");
 }
 
 /// Exact multipart/byteranges body length for `ranges` of a `total`-byte file: the part
@@ -705,6 +778,32 @@ mod tests {
         );
         multipart_round_trip(&file, &[ByteRange { start: 5, end: 6 }]);
         multipart_round_trip(&file, &[]);
+    }
+
+    #[test]
+    fn sinks_agree_with_vec() {
+        let mut whole = Vec::new();
+        write_part_header("b0undary", "text/plain", 5, 99, 1000, &mut whole);
+        let mut counter = ByteCounter::default();
+        write_part_header("b0undary", "text/plain", 5, 99, 1000, &mut counter);
+        assert_eq!(counter.bytes, whole.len());
+        // Any window, in pieces that straddle the writer's own put calls.
+        for piece in [1usize, 3, 7, 64] {
+            let mut joined = Vec::new();
+            let mut skip = 0;
+            loop {
+                let mut buf = vec![0xAA; piece];
+                let mut sink = SliceSink::new(&mut buf, skip);
+                write_part_header("b0undary", "text/plain", 5, 99, 1000, &mut sink);
+                let n = sink.written();
+                if n == 0 {
+                    break;
+                }
+                joined.extend_from_slice(&buf[..n]);
+                skip += n;
+            }
+            assert_eq!(joined, whole, "piece {piece}");
+        }
     }
 
     #[test]

@@ -1,17 +1,18 @@
-//! From a parsed request to a planned response: path resolution, the open-file cache,
-//! validators, ranges, and the header — then the body as segments for the chunk pipeline.
+//! The shard's side of a response: parse the request, resolve its path and acquire the file
+//! (side effects), hand what the cache knows to the pure `http::plan`, write the plan's head
+//! into the connection's header buffer and its body parts into the chunk pipeline's segments.
 
 use std::collections::VecDeque;
 
 use super::conn::{Body, Segment, Source};
 use super::files::{ReadMode, TargetError};
 use super::{access_log, ring, RingOps, Shard};
-use crate::config::DIAG_ZERO_MAX_BYTES;
-use crate::http::conditional::{self, Conditions, Precondition, Validators};
+use crate::http::date::DateCache;
 use crate::http::mime;
-use crate::http::range::{parse_range, ByteRange, RangeOutcome};
+use crate::http::plan::{
+    self, BodyPart, FileFacts, FileRead, PlanContext, PlanLimits, ResponsePlan,
+};
 use crate::http::request::{parse_request, Method, Parsed, Request};
-use crate::http::response::{self, Boundary, ContentRange, Head};
 
 impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
@@ -76,53 +77,33 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    /// Hands the planned response to the connection's machine (the head is in the header
-    /// buffer).
-    fn begin_response(&mut self, c: u32, status: u16, keep_alive: bool, body: Option<Body>) {
-        let cx = self.cx();
-        let head_len = self.ring.tx_len(c as usize);
-        self.conns[c as usize].begin_response(status, keep_alive, head_len, body, &cx);
+    /// The configured limits the response plan obeys.
+    fn plan_limits(&self) -> PlanLimits<'_> {
+        PlanLimits {
+            max_ranges: self.cfg.max_ranges,
+            chunk_bytes: self.cfg.chunk_bytes,
+            diag_endpoint: self.cfg.diag_endpoint,
+            health_path: self.cfg.health_path.as_bytes(),
+        }
     }
 
-    /// A response with no file body (errors, 405, 304-less statuses): header and a short text,
-    /// or only the header when answering a HEAD request.
+    /// A response with no file body (errors, 405, health): header and a short text, or only
+    /// the header when answering a HEAD request.
     pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
-        // A client whose request was malformed may have sent anything after it: close.
-        let keep_alive = keep_alive && !self.leaving();
-        let tx = self.ring.tx_mut(c as usize);
-        tx.clear();
-        if status == 405 {
-            let head = Head {
-                status,
-                keep_alive,
-                date: self.date.header_value(),
-                content_length: Some(0),
-                content_type: None,
-                last_modified: None,
-                etag: None,
-                content_range: None,
-                accept_ranges: false,
-                allow: true,
-            };
-            response::write_head(&head, tx);
-        } else if head {
-            response::write_error_head(status, keep_alive, self.date.header_value(), tx);
-        } else {
-            response::write_error(status, keep_alive, self.date.header_value(), tx);
-        }
-        self.begin_response(c, status, keep_alive, None);
+        let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let plan = plan::plan_status(status, keep_alive, head, &ctx);
+        let started = start_plan(self.ring.tx_mut(c as usize), &plan);
+        self.install(c, started, None);
     }
 
     fn respond(&mut self, c: u32, req: &Request<'_>) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
-        if self.cfg.diag_endpoint && req.path == DIAG_ZERO_PATH {
-            return self.respond_zero(c, req, keep_alive);
-        }
-        if !self.cfg.health_path.is_empty() && req.path == self.cfg.health_path.as_bytes() {
-            // For the balancer: no file is touched, so a slow disk cannot fail the check.
-            let status = if self.leaving() { 503 } else { 200 };
-            return self.respond_status(c, status, keep_alive, head_only);
+        let limits = self.plan_limits();
+        let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        if let Some(plan) = plan::plan_without_file(req, &limits, &ctx) {
+            let started = start_plan(self.ring.tx_mut(c as usize), &plan);
+            return self.install(c, started, None);
         }
         let idx = match self
             .files
@@ -141,239 +122,250 @@ impl<R: RingOps> Shard<R> {
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
+        let limits = self.plan_limits();
+        let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         let f = self.files.get(idx);
-        let size = f.size;
-        let validators = Validators {
+        let facts = FileFacts {
+            size: f.size,
             etag: f.etag(),
+            last_modified: &f.last_modified,
             mtime_secs: f.mtime_secs,
+            read: file_read(f.mode),
+            content_type: mime::content_type_for(f.opened_path().as_bytes()),
         };
-        let conditions = Conditions {
-            if_match: req.if_match,
-            if_unmodified_since: req.if_unmodified_since,
-            if_none_match: req.if_none_match,
-            if_modified_since: req.if_modified_since,
-            if_range: req.if_range,
-            has_range: req.range.is_some(),
-        };
-        let precondition = conditional::evaluate(&conditions, &validators);
-        let content_type = mime::content_type_for(f.opened_path().as_bytes());
-        let (status, content_range, body_len, segments, framing, multipart) = match precondition {
-            // Both carry the validators (so a client can tell which version is current) and
-            // no body; a 412 is a complete answer, so the connection may stay open.
-            Precondition::NotModified => (304, None, 0, VecDeque::new(), Vec::new(), None),
-            Precondition::Failed => (412, None, 0, VecDeque::new(), Vec::new(), None),
-            Precondition::Proceed { use_range } => {
-                let outcome = match req.range {
-                    Some(range) if use_range => parse_range(range, size, self.cfg.max_ranges),
-                    _ => RangeOutcome::Full,
-                };
-                plan_body(outcome, size, content_type, self.boundary_seed(c))
-            }
-        };
-        let f = self.files.get(idx);
-        let head = Head {
-            status,
-            keep_alive,
-            date: self.date.header_value(),
-            content_length: if status == 304 { None } else { Some(body_len) },
-            content_type: match &multipart {
-                Some(boundary) => Some(boundary.content_type()),
-                None if status == 416 || status == 412 => None,
-                None => Some(content_type),
-            },
-            last_modified: Some(&f.last_modified),
-            etag: Some(f.etag()),
-            content_range,
-            accept_ranges: true,
-            allow: false,
-        };
-        let tx = self.ring.tx_mut(c as usize);
-        tx.clear();
-        response::write_head(&head, tx);
-        let head_len = tx.len();
-
-        if req.method == Method::Head || body_len == 0 {
+        let plan = plan::plan_response(req, &facts, &limits, &ctx);
+        let started = start_plan(self.ring.tx_mut(c as usize), &plan);
+        if !started.reads_file {
             self.files.release(&mut self.ring, idx);
-            return self.begin_response(c, status, keep_alive, None);
+            return self.install(c, started, None);
         }
-        let (align, rw_flags, source) = match f.mode {
-            ReadMode::Direct { align } => (u64::from(align), 0, Source::Direct),
-            ReadMode::DontCache => (1, ring::RWF_DONTCACHE, Source::DontCache),
-            ReadMode::Buffered => (1, 0, Source::Buffered),
+        self.install(c, started, Some(idx));
+    }
+
+    /// Starts a planned response on the connection: its state, where its head is sent from,
+    /// and its body work. `file` is the open-file entry the body reads (held until it is done).
+    fn install(&mut self, c: u32, started: Started, file: Option<u32>) {
+        let (file_fixed, align, rw_flags, source) = match file {
+            Some(idx) => {
+                let f = self.files.get(idx);
+                let (align, rw_flags, source) = read_params(f.mode);
+                (self.ring.file_fixed_index(f.fixed), align, rw_flags, source)
+            }
+            None => (0, 1, 0, Source::Memory),
         };
-        let inline_head = multipart.is_none()
-            && f.mode == ReadMode::Buffered
-            && head_len as u64 + body_len <= self.cfg.chunk_bytes as u64;
-        let body = Body {
-            file: Some(idx),
-            file_fixed: self.ring.file_fixed_index(f.fixed),
+        let body = (!started.segments.is_empty()).then(|| Body {
+            file,
+            file_fixed,
             align,
             rw_flags,
             source,
-            segments,
-            framing,
+            segments: started.segments,
+            framing: started.framing,
             chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
-            inline_head,
-            small: inline_head,
+            inline_head: started.inline_head,
+            small: started.inline_head,
             read_ahead: super::READ_AHEAD_START_CHUNKS,
             read_size_bytes: self.cfg.chunk_bytes,
-        };
-        self.begin_response(c, status, keep_alive, Some(body));
+        });
+        let cx = self.cx();
+        let head_len = self.ring.tx_len(c as usize);
+        self.conns[c as usize].begin_response(
+            started.status,
+            started.keep_alive,
+            head_len,
+            body,
+            &cx,
+        );
     }
 }
 
-/// Path of the network-only diagnostic endpoint.
-pub const DIAG_ZERO_PATH: &[u8] = b"/__shardline/zero";
-
-/// `bytes=N` from a query string.
-fn zero_bytes_param(query: Option<&[u8]>) -> Option<u64> {
-    let q = std::str::from_utf8(query?).ok()?;
-    let v = q.split('&').find_map(|kv| kv.strip_prefix("bytes="))?;
-    if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    v.parse().ok().filter(|&n| n <= DIAG_ZERO_MAX_BYTES)
+/// What a plan leaves for the connection once its head is in the header buffer.
+struct Started {
+    status: u16,
+    keep_alive: bool,
+    inline_head: bool,
+    reads_file: bool,
+    segments: VecDeque<Segment>,
+    /// The multipart framing (every part header and the closing boundary) in one buffer.
+    framing: Vec<u8>,
 }
 
-impl<R: RingOps> Shard<R> {
-    /// `GET /__shardline/zero?bytes=N`: N zero bytes from the arena, no disk I/O.
-    fn respond_zero(&mut self, c: u32, req: &Request<'_>, keep_alive: bool) {
-        let Some(n) = zero_bytes_param(req.query) else {
-            return self.respond_status(c, 400, false, req.method == Method::Head);
-        };
-        let head = Head {
-            status: 200,
-            keep_alive,
-            date: self.date.header_value(),
-            content_length: Some(n),
-            content_type: Some("application/octet-stream"),
-            last_modified: None,
-            etag: None,
-            content_range: None,
-            accept_ranges: false,
-            allow: false,
-        };
-        let tx = self.ring.tx_mut(c as usize);
-        tx.clear();
-        response::write_head(&head, tx);
-        if req.method == Method::Head || n == 0 {
-            return self.begin_response(c, 200, keep_alive, None);
-        }
-        let body = Body {
-            file: None,
-            file_fixed: 0,
-            align: 1,
-            rw_flags: 0,
-            source: Source::Memory,
-            segments: VecDeque::from([Segment::Zero { remaining: n }]),
-            framing: Vec::new(),
-            chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
-            inline_head: false,
-            small: false,
-            read_ahead: super::READ_AHEAD_START_CHUNKS,
-            read_size_bytes: self.cfg.chunk_bytes,
-        };
-        self.begin_response(c, 200, keep_alive, Some(body));
-    }
-}
-
-/// Status, Content-Range, body length, body segments, the framing bytes they point into and
-/// the multipart boundary for a range outcome on a file of `size` bytes.
-#[allow(clippy::type_complexity)]
-fn plan_body(
-    outcome: RangeOutcome,
-    size: u64,
-    content_type: &str,
-    seed: u64,
-) -> (
-    u16,
-    Option<ContentRange>,
-    u64,
-    VecDeque<Segment>,
-    Vec<u8>,
-    Option<Boundary>,
-) {
-    let file = |r: ByteRange| Segment::File {
-        pos: r.start,
-        end: r.end,
-    };
-    match outcome {
-        RangeOutcome::Full => {
-            let mut segs = VecDeque::new();
-            if size > 0 {
-                segs.push_back(file(ByteRange {
-                    start: 0,
-                    end: size,
-                }));
+/// Writes the plan's head into the connection's header buffer and turns its body parts into
+/// the chunk pipeline's segments (framing rendered once into one buffer per response).
+fn start_plan(tx: &mut Vec<u8>, plan: &ResponsePlan<'_>) -> Started {
+    tx.clear();
+    plan.write_head(tx);
+    let mut segments = VecDeque::new();
+    let mut framing = Vec::new();
+    for part in plan.parts() {
+        segments.push_back(match part {
+            BodyPart::File { start, end } => Segment::File { pos: start, end },
+            BodyPart::Zero { len } => Segment::Zero { remaining: len },
+            BodyPart::PartHeader { .. } | BodyPart::Closing => {
+                let start = framing.len() as u32;
+                plan.render_to(part, &mut framing);
+                Segment::Mem {
+                    start,
+                    end: framing.len() as u32,
+                }
             }
-            (200, None, size, segs, Vec::new(), None)
-        }
-        RangeOutcome::Single(r) => (
-            206,
-            Some(ContentRange::Bytes {
-                start: r.start,
-                end_inclusive: r.end - 1,
-                total: size,
-            }),
-            r.end - r.start,
-            VecDeque::from([file(r)]),
-            Vec::new(),
-            None,
-        ),
-        RangeOutcome::Unsatisfiable => (
-            416,
-            Some(ContentRange::Unsatisfied { total: size }),
-            0,
-            VecDeque::new(),
-            Vec::new(),
-            None,
-        ),
-        RangeOutcome::Multi(ranges) => {
-            let boundary = Boundary::new(seed);
-            let Some(len) =
-                response::multipart_length(boundary.as_str(), content_type, &ranges, size)
-            else {
-                return plan_body(RangeOutcome::Full, size, content_type, seed);
-            };
-            let mut segs = VecDeque::with_capacity(ranges.len() * 2 + 1);
-            let mut framing = Vec::with_capacity(ranges.len() * 128 + 64);
-            let mem = |framing: &[u8], from: usize| Segment::Mem {
-                start: from as u32,
-                end: framing.len() as u32,
-            };
-            for r in &ranges {
-                let from = framing.len();
-                response::write_part_header(
-                    boundary.as_str(),
-                    content_type,
-                    r.start,
-                    r.end - 1,
-                    size,
-                    &mut framing,
-                );
-                segs.push_back(mem(&framing, from));
-                segs.push_back(file(*r));
-            }
-            let from = framing.len();
-            response::write_closing_boundary(boundary.as_str(), &mut framing);
-            segs.push_back(mem(&framing, from));
-            (206, None, len, segs, framing, Some(boundary))
-        }
+        });
+    }
+    Started {
+        status: plan.status(),
+        keep_alive: plan.keep_alive(),
+        inline_head: plan.inline_head(),
+        reads_file: plan.reads_file(),
+        segments,
+        framing,
+    }
+}
+
+/// The moment's facts the response plan depends on (a free function so the plan borrows only
+/// the date cache, leaving the ring free for the head).
+fn plan_context(date: &DateCache, leaving: bool, boundary_seed: u64) -> PlanContext<'_> {
+    PlanContext {
+        date: date.header_value(),
+        leaving,
+        boundary_seed,
+    }
+}
+
+/// The plan's view of how the cache reads a file.
+fn file_read(mode: ReadMode) -> FileRead {
+    match mode {
+        ReadMode::Direct { align } => FileRead::Direct { align },
+        ReadMode::DontCache => FileRead::DontCache,
+        ReadMode::Buffered => FileRead::Buffered,
+    }
+}
+
+/// Read alignment, `rw_flags` and counter label for a file body.
+fn read_params(mode: ReadMode) -> (u64, i32, Source) {
+    match mode {
+        ReadMode::Direct { align } => (u64::from(align), 0, Source::Direct),
+        ReadMode::DontCache => (1, ring::RWF_DONTCACHE, Source::DontCache),
+        ReadMode::Buffered => (1, 0, Source::Buffered),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::request::Version;
+
+    const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
+
+    fn request(range: Option<&'static [u8]>) -> Request<'static> {
+        Request {
+            method: Method::Get,
+            version: Version::Http11,
+            path: b"/f.bin",
+            query: None,
+            keep_alive: true,
+            range,
+            if_match: None,
+            if_unmodified_since: None,
+            if_none_match: None,
+            if_modified_since: None,
+            if_range: None,
+        }
+    }
+
+    fn plan_for(req: &Request<'_>, read: FileRead) -> ResponsePlan<'static> {
+        let facts = FileFacts {
+            size: 1000,
+            etag: b"\"e\"",
+            last_modified: DATE,
+            mtime_secs: 0,
+            read,
+            content_type: "text/plain",
+        };
+        let limits = PlanLimits {
+            max_ranges: 16,
+            chunk_bytes: 512 * 1024,
+            diag_endpoint: false,
+            health_path: b"",
+        };
+        let ctx = PlanContext {
+            date: DATE,
+            leaving: false,
+            boundary_seed: 7,
+        };
+        plan::plan_response(req, &facts, &limits, &ctx)
+    }
 
     #[test]
-    fn zero_endpoint_takes_a_bounded_byte_count() {
-        assert_eq!(zero_bytes_param(Some(b"bytes=1000")), Some(1000));
-        assert_eq!(zero_bytes_param(Some(b"x=1&bytes=0")), Some(0));
-        assert_eq!(zero_bytes_param(Some(b"bytes=")), None);
-        assert_eq!(zero_bytes_param(Some(b"bytes=-1")), None);
-        assert_eq!(zero_bytes_param(Some(b"bytes=99999999999999999999")), None);
-        assert_eq!(zero_bytes_param(Some(b"bytes=1099511627777")), None);
-        assert_eq!(zero_bytes_param(None), None);
+    fn multipart_plan_becomes_framing_and_file_segments() {
+        let plan = plan_for(
+            &request(Some(b"bytes=0-9,100-109")),
+            FileRead::Direct { align: 512 },
+        );
+        let mut tx = b"left over from the last response".to_vec();
+        let started = start_plan(&mut tx, &plan);
+        let mut head = Vec::new();
+        plan.write_head(&mut head);
+        assert_eq!(tx, head);
+        assert_eq!((started.status, started.keep_alive), (206, true));
+        assert!(started.reads_file && !started.inline_head);
+        // Framing, range, framing, range, closing; the bytes add up to Content-Length.
+        let mut total = 0u64;
+        let mut files = Vec::new();
+        for (seg, part) in started.segments.iter().zip(plan.parts()) {
+            match (seg, part) {
+                (Segment::File { pos, end }, BodyPart::File { start, end: e }) => {
+                    assert_eq!((*pos, *end), (start, e));
+                    files.push((start, e));
+                    total += e - start;
+                }
+                (Segment::Mem { start, end }, BodyPart::PartHeader { .. } | BodyPart::Closing) => {
+                    let bytes = &started.framing[*start as usize..*end as usize];
+                    let mut want = Vec::new();
+                    plan.render_to(part, &mut want);
+                    assert_eq!(bytes, want);
+                    total += bytes.len() as u64;
+                }
+                other => panic!("segment does not match its part: {other:?}"),
+            }
+        }
+        assert_eq!(started.segments.len(), 5);
+        assert_eq!(files, [(0, 10), (100, 110)]);
+        assert_eq!(total, plan.body_len());
+    }
+
+    #[test]
+    fn small_buffered_file_keeps_its_head_for_the_chunk() {
+        let started = start_plan(
+            &mut Vec::new(),
+            &plan_for(&request(None), FileRead::Buffered),
+        );
+        assert!(started.inline_head && started.reads_file);
+        assert!(matches!(
+            started.segments.front(),
+            Some(Segment::File { pos: 0, end: 1000 })
+        ));
+        let head_only = Request {
+            method: Method::Head,
+            ..request(None)
+        };
+        let started = start_plan(&mut Vec::new(), &plan_for(&head_only, FileRead::Buffered));
+        assert!(started.segments.is_empty() && !started.reads_file && !started.inline_head);
+    }
+
+    #[test]
+    fn file_reads_map_to_the_pipeline_parameters() {
+        assert_eq!(
+            read_params(ReadMode::Direct { align: 4096 }),
+            (4096, 0, Source::Direct)
+        );
+        assert_eq!(
+            read_params(ReadMode::DontCache),
+            (1, ring::RWF_DONTCACHE, Source::DontCache)
+        );
+        assert_eq!(read_params(ReadMode::Buffered), (1, 0, Source::Buffered));
+        assert_eq!(
+            file_read(ReadMode::Direct { align: 512 }),
+            FileRead::Direct { align: 512 }
+        );
     }
 }
