@@ -42,6 +42,7 @@ use machine::{Action, Actions, ConnMachine, Counter, Ctx, Lifecycle, Limits};
 use ring::{Completion, Ring, RingConfig};
 use ring_ops::RingOps;
 use sched::{ReadyQueue, TickBudget, Turn};
+use timer_wheel::{TimerWheel, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS};
 use token::{Op, Token};
 
 /// Submission queue entries of a shard's ring.
@@ -153,6 +154,9 @@ struct Shard<R: RingOps> {
     zc_conns: ListSet<1>,
     /// Action buffers for the machines' events (one per nesting level; allocated at start).
     action_pool: Vec<Actions>,
+    /// Each connection's deadline (header, idle, send, linger), mirrored from its machine
+    /// after every event: the sweep visits only what expired, never every slot.
+    timers: TimerWheel,
     now_ms: u64,
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
@@ -269,6 +273,7 @@ impl<R: RingOps> Shard<R> {
             recv_retry: Vec::with_capacity(max_conns),
             parked: ListSet::new(max_conns),
             zc_conns: ListSet::new(max_conns),
+            timers: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
             action_pool: (0..ACTION_POOL_BUFFERS)
                 .map(|_| Vec::with_capacity(machine::ACTIONS_PER_EVENT_MAX))
                 .collect(),
@@ -438,6 +443,19 @@ impl<R: RingOps> Shard<R> {
         }
         out.clear();
         self.action_pool.push(out);
+        self.sync_timer(c);
+    }
+
+    /// Mirrors connection `c`'s deadline into the timer wheel (O(1); a no-op when unchanged).
+    fn sync_timer(&mut self, c: u32) {
+        let m = &self.conns[c as usize];
+        let want = (m.is_live() && m.deadline != Deadline::None).then_some(m.deadline_ms);
+        if self.timers.deadline(c) != want {
+            match want {
+                Some(at_ms) => self.timers.arm(c, at_ms),
+                None => self.timers.cancel(c),
+            }
+        }
     }
 
     /// Gives connection `c`'s machine one event (`f`) and carries out what it asks for.
@@ -758,12 +776,10 @@ impl<R: RingOps> Shard<R> {
 
     fn sweep_timers(&mut self) {
         self.expire_parked();
-        let now = self.now_ms;
-        for c in 0..self.conns.len() as u32 {
-            let conn = &self.conns[c as usize];
-            if conn.is_live() && conn.deadline != Deadline::None && now >= conn.deadline_ms {
-                self.drive(c, |m, cx, out| m.on_timer(cx, out));
-            }
+        while let Some(c) = self.timers.pop_expired(self.now_ms) {
+            // The machine judges by its own deadline (the wheel only mirrors it); if the slot
+            // did not close, `run_actions` arms the wheel again from what the machine says.
+            self.drive(c, |m, cx, out| m.on_timer(cx, out));
         }
         // Connections holding a SEND_ZC chunk (at most half the arena's worth).
         for _ in 0..self.zc_conns.len(0) {
@@ -806,6 +822,7 @@ impl<R: RingOps> Shard<R> {
     /// A connection's socket is closed: its slot goes back on the free list.
     fn on_close(&mut self, c: u32) {
         self.conns[c as usize].on_closed();
+        self.timers.cancel(c);
         self.free_conns.push(c);
         self.open_conns -= 1;
         self.socket_slot_freed();

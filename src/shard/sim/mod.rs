@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
-use super::conn::ChunkState;
+use super::conn::{ChunkState, Deadline};
 use super::machine::{ArenaWait, Lifecycle};
 use super::{Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
 use crate::config::{Config, ZeroCopy};
@@ -312,6 +312,14 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         let c = c as u32;
         if conn.life == Lifecycle::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
             return Err(format!("free connection {c} has operations or a body"));
+        }
+        // The timer wheel mirrors the machine's deadline, so the sweep finds every timeout.
+        let want = (conn.is_live() && conn.deadline != Deadline::None).then_some(conn.deadline_ms);
+        if shard.timers.deadline(c) != want {
+            return Err(format!(
+                "connection {c}: timer wheel has {:?}, machine wants {want:?}",
+                shard.timers.deadline(c)
+            ));
         }
         let body_slots = conn
             .body()
