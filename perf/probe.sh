@@ -288,7 +288,7 @@ cell() {
   w0=$(cpu_wait_ns)
   local ps=''
   if [[ $tracing == strace ]]; then
-    spawn "$d/strace.txt" timeout 8 strace -T -tt -f -p "$tid" -e trace=io_uring_enter,openat2,openat,statx,newfstatat,fstat,pread64,preadv2
+    spawn "$d/strace.txt" timeout 8 strace -T -tt -f -p "$tid" -e trace=io_uring_enter,openat2,openat,statx,newfstatat,fstat,pread64,preadv2,sendfile
     ps=$LAST_PID
   fi
   # 10 times a second: the disk's in-flight reads, and where each bulk-client thread and the
@@ -414,8 +414,10 @@ report() {
         echo "${NAME[$s]}: calls, total s, calls over 1 ms, longest (s), by syscall:"
         echo
         echo '```'
-        awk 'match($0, /<[0-9.]+>$/) { t = substr($0, RSTART + 1, RLENGTH - 2); split($0, a, "(")
-             n = split(a[1], b, " "); c = b[n]; cnt[c]++; sum[c] += t; if (t > 0.001) slow[c]++; if (t > mx[c]) mx[c] = t }
+        awk 'match($0, /<[0-9.]+>$/) { t = substr($0, RSTART + 1, RLENGTH - 2)
+             if (match($0, /<\.\.\. [a-z0-9_]+ resumed>/)) { c = substr($0, RSTART + 5, RLENGTH - 14) }
+             else { split($0, a, "("); n = split(a[1], b, " "); c = b[n] }
+             cnt[c]++; sum[c] += t; if (t > 0.001) slow[c]++; if (t > mx[c]) mx[c] = t }
              END { for (c in cnt) printf "%-16s %7d %9.3f %6d %9.6f\n", c, cnt[c], sum[c], slow[c], mx[c] }' "$f" | sort -k3 -gr
         echo '```'
       done
