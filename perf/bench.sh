@@ -7,7 +7,10 @@
 #                 [--validate] [--nice N] [--disk ram|repo]
 #
 # Both servers serve the same fixtures from perf/out/root, each pinned to CPU 0 (one shard, one
-# worker); every load generator is pinned to CPU 1. Each workload runs against shardline, then
+# worker); every load generator is pinned to CPU 1, except workload 2's second prober, which
+# runs as a user's client does (not pinned, normal priority) beside the SCHED_FIFO one, so that
+# both figures are in one run (perf/probe.sh goes further: unpinned wrk bulk, a Python client,
+# repetitions and both sysctl profiles). Each workload runs against shardline, then
 # against nginx, before the next workload starts. Raw outputs land in perf/out/run/.
 # --validate also runs perf/validate-no-reclaim.sh (profile, reclaim counters, syscall mix of both
 # servers) at the end and appends its output to the report. --nice N runs both servers and every
@@ -90,6 +93,14 @@ spawn() { # spawn CPU OUTFILE CMD...: background, pinned, own process group
   local cpu=$1 outfile=$2
   shift 2
   setsid taskset -c "$cpu" nice -n "$NICE" "$@" >"$outfile" 2>&1 </dev/null &
+  LAST_PID=$!
+  GROUPS_LIVE[$LAST_PID]=1
+}
+
+spawn_unpinned() { # spawn_unpinned OUTFILE CMD...: as spawn, on whichever CPU the kernel picks
+  local outfile=$1
+  shift
+  setsid nice -n "$NICE" "$@" >"$outfile" 2>&1 </dev/null &
   LAST_PID=$!
   GROUPS_LIVE[$LAST_PID]=1
 }
@@ -234,7 +245,8 @@ run_client() { # run_client OUTFILE CMD...: pinned to the client CPU, waited for
 
 # 1 + 2: bulk download by 100 connections; 1 KiB requests on fresh connections meanwhile.
 w_bulk() {
-  local s=$1 port=${PORT[$1]} fb=$RUN/$1-bulk.txt ft=$RUN/$1-ttfb.txt pb pt ttfb_s
+  local s=$1 port=${PORT[$1]} fb=$RUN/$1-bulk.txt ft=$RUN/$1-ttfb.txt fu=$RUN/$1-ttfb-unpinned.txt
+  local pb pt pu ttfb_s
   drop_caches || true
   # The 1 KiB file is a hot manifest, as on an edge: warm it (page cache and the server's open
   # file) so the first probe measures the server, not one cold read queued behind 100 O_DIRECT
@@ -254,8 +266,16 @@ w_bulk() {
     --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$WARMUP_S" --seed "$SMALL_SEED" \
     --expect-len "$SMALL_BYTES"
   pt=$LAST_PID
+  # The same probe as a user's client runs it: not pinned, normal priority (SCHED_OTHER), half
+  # an interval after the real-time one. Its own run-queue wait per request (client_wait) says
+  # how much of what it measures is its own scheduling rather than the server.
+  spawn_unpinned "$fu" "$LOADGEN" ttfb --addr "127.0.0.1:$port" --path /small.bin \
+    --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$(calc "$WARMUP_S + 0.5 / $TTFB_RATE")" \
+    --seed "$SMALL_SEED" --expect-len "$SMALL_BYTES"
+  pu=$LAST_PID
   reap "$pb" || failure "${NAME[$s]} bulk client exited non-zero ($(tail -n 1 "$fb"))"
   reap "$pt" || failure "${NAME[$s]} ttfb client exited non-zero ($(tail -n 1 "$ft"))"
+  reap "$pu" || failure "${NAME[$s]} unpinned ttfb client exited non-zero ($(tail -n 1 "$fu"))"
   [[ $s == sl ]] && metrics_snap "$RUN/sl-metrics-after-bulk.txt"
   local bps bytes cpu win ccpu wait_s
   bps=$(kv "$fb" bytes_per_s) bytes=$(kv "$fb" window_bytes) cpu=$(kv "$fb" server_cpu_s)
@@ -275,11 +295,19 @@ w_bulk() {
   V[$s.ttfb_p99]=$(kv "$ft" ttfb_p99_ms)
   V[$s.ttfb_max]=$(kv "$ft" ttfb_max_ms)
   V[$s.ttfb_n]=$(kv "$ft" ok)
+  V[$s.ttfbu_p50]=$(kv "$fu" ttfb_p50_ms)
+  V[$s.ttfbu_p90]=$(kv "$fu" ttfb_p90_ms)
+  V[$s.ttfbu_p99]=$(kv "$fu" ttfb_p99_ms)
+  V[$s.ttfbu_max]=$(kv "$fu" ttfb_max_ms)
+  V[$s.ttfbu_wait99]=$(kv "$fu" client_wait_p99_ms)
+  local ue
+  ue=$(kv "$fu" errors)
+  [[ ${ue:-0} == 0 ]] || note "${NAME[$s]} small-under-bulk (unpinned prober): $ue of $(kv "$fu" requests) requests failed (first: $(kv "$fu" first_error))"
   local be te
   be=$(kv "$fb" errors) te=$(kv "$ft" errors)
   [[ ${be:-0} == 0 ]] || note "${NAME[$s]} bulk: $be request errors (first: $(kv "$fb" first_error))"
   [[ ${te:-0} == 0 ]] || note "${NAME[$s]} small-under-bulk: $te of $(kv "$ft" requests) requests failed (first: $(kv "$ft" first_error))"
-  log "${NAME[$s]} bulk: ${V[$s.bulk_gbs]:-?} GB/s, ${V[$s.bulk_cpu_gib]:-?} CPU s/GiB; ttfb p50/p99/max ${V[$s.ttfb_p50]:-?}/${V[$s.ttfb_p99]:-?}/${V[$s.ttfb_max]:-?} ms"
+  log "${NAME[$s]} bulk: ${V[$s.bulk_gbs]:-?} GB/s, ${V[$s.bulk_cpu_gib]:-?} CPU s/GiB; ttfb p50/p99/max ${V[$s.ttfb_p50]:-?}/${V[$s.ttfb_p99]:-?}/${V[$s.ttfb_max]:-?} ms (unpinned prober ${V[$s.ttfbu_p50]:-?}/${V[$s.ttfbu_p99]:-?}/${V[$s.ttfbu_max]:-?} ms)"
 }
 
 # 3: 64 keep-alive connections on the 1 KiB file.
@@ -402,11 +430,21 @@ report() {
     fmt_row "1 Bulk: fairness (Jain index)" higher %.3f bulk_jain bulk_jain "" \
       "Jain's index of per-connection throughput: 1 = every connection got the same share, 0.01 = one connection got everything."
     fmt_row "2 Small under bulk: TTFB p50 (ms)" lower %.3f ttfb_p50 ttfb_p50 "" \
-      "Median time from connect() to the first response byte of a 1 KiB GET on a fresh connection, $TTFB_RATE/s, while the bulk load runs."
+      "Median time from connect() to the first response byte of a 1 KiB GET on a fresh connection, $TTFB_RATE/s, while the bulk load runs; this prober is pinned to CPU $CLIENT_CPU under SCHED_FIFO, so it never waits for its own CPU (the unpinned prober's rows below do)."
     fmt_row "2 Small under bulk: TTFB p99 (ms)" lower %.3f ttfb_p99 ttfb_p99 "sl<=5;ratio<=0.25" \
       "99th percentile of the same: the field report's 0.412 s vs 0.003 s case (one bulk connection holding the loop)."
     fmt_row "2 Small under bulk: TTFB max (ms)" lower %.3f ttfb_max ttfb_max "" \
       "Worst small request seen during the bulk window."
+    fmt_row "2 Small under bulk, unpinned prober: TTFB p50 (ms)" lower %.3f ttfbu_p50 ttfbu_p50 "" \
+      "The same 1 KiB probe, at the same time, from a client as a user runs one: not pinned, normal priority (SCHED_OTHER, nice $NICE), so it can queue behind the bulk client or land on CPU $SERVER_CPU beside the server."
+    fmt_row "2 Small under bulk, unpinned prober: TTFB p90 (ms)" lower %.3f ttfbu_p90 ttfbu_p90 "" \
+      "90th percentile of the unpinned probe."
+    fmt_row "2 Small under bulk, unpinned prober: TTFB p99 (ms)" lower %.3f ttfbu_p99 ttfbu_p99 "ratio<=0.25" \
+      "99th percentile of the unpinned probe (issue 11's target: <= 0.25x nginx's). perf/probe.sh measures it over more probe kinds, bulk clients and repetitions."
+    fmt_row "2 Small under bulk, unpinned prober: TTFB max (ms)" lower %.3f ttfbu_max ttfbu_max "" \
+      "Worst unpinned probe."
+    fmt_row "2 Small under bulk, unpinned prober: its own run-queue wait p99 (ms)" info %.3f ttfbu_wait99 ttfbu_wait99 "" \
+      "99th percentile over requests of the time the unpinned prober's own thread was runnable but waiting for a CPU between connect() and the first byte (schedstat): the part of its TTFB that is the client's scheduling, not the server."
     fmt_row "2 Small under bulk: requests over 5 ms" lower %.0f ttfb_over5 ttfb_over5 "" \
       "How many of the ${V[sl.ttfb_n]:-?} (shardline) / ${V[ng.ttfb_n]:-?} (nginx) small requests took longer than the 5 ms target to their first byte."
     fmt_row "3 Small-file rate: requests/s" higher %.0f rate_rps rate_rps "ratio>=1.3" \

@@ -9,6 +9,9 @@
 //!   ttfb   --addr A --path U --rate R --duration-s D [--delay-s S] [--seed S --expect-len N]
 //!          one request per 1/R s, each on a fresh connection, open loop (a slow answer does
 //!          not delay the next request); time to first byte is measured from before connect().
+//!          Each probe also reports its own thread's run-queue wait over that interval
+//!          (/proc/thread-self/schedstat): time the *client* was runnable but not running,
+//!          which a busy, unpinned client adds to what it measures; and the CPU it was on.
 //!   get    --addr A --path U [--range START-END] [--seed S] [--expect-len N]
 //!          one GET (END inclusive, as in HTTP); the body is checked against the stream.
 //!   idle   --addr A --path U --conns N [--pid P] [--settle-s S]
@@ -45,6 +48,21 @@ const READ_BUF: usize = 1 << 20;
 
 extern "C" {
     fn sysconf(name: i32) -> i64;
+    fn sched_getcpu() -> i32;
+}
+
+/// Run-queue wait of the calling thread so far, in ns (schedstat field 2); 0 when unreadable.
+fn thread_runqueue_wait_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// The CPU the calling thread runs on.
+fn current_cpu() -> i32 {
+    // SAFETY: sched_getcpu takes no arguments and only returns a number.
+    unsafe { sched_getcpu() }
 }
 const SC_CLK_TCK: i32 = 2;
 
@@ -604,15 +622,25 @@ fn cmd_ttfb(a: &Args) {
     let mut all: Vec<(u64, Result<Timing, String>)> = rx.into_iter().collect();
     all.sort_by_key(|(i, _)| *i);
     let mut ms = Vec::new();
+    let mut waits = Vec::new();
+    let mut net = Vec::new();
+    let mut on_cpu = HashMap::<i32, u64>::new();
     let mut errors = 0u64;
     let mut first_error = None;
-    // Request order, for looking at when the slow ones happened: "i:connect_ms/ttfb_ms".
+    // Request order, for looking at when the slow ones happened:
+    // "i:connect_ms/ttfb_ms/client_wait_ms@cpu".
     let mut samples = Vec::new();
     for (i, r) in &all {
         match r {
             Ok(t) => {
                 ms.push(t.ttfb_ms);
-                samples.push(format!("{i}:{:.2}/{:.2}", t.connect_ms, t.ttfb_ms));
+                waits.push(t.client_wait_ms);
+                net.push((t.ttfb_ms - t.client_wait_ms).max(0.0));
+                *on_cpu.entry(t.cpu).or_default() += 1;
+                samples.push(format!(
+                    "{i}:{:.2}/{:.2}/{:.2}@{}",
+                    t.connect_ms, t.ttfb_ms, t.client_wait_ms, t.cpu
+                ));
             }
             Err(e) => {
                 errors += 1;
@@ -631,6 +659,18 @@ fn cmd_ttfb(a: &Args) {
         println!("ttfb_p99_ms={:.3}", pct(&ms, 99.0));
         println!("ttfb_max_ms={:.3}", ms[ms.len() - 1]);
         println!("over_5ms={}", ms.iter().filter(|&&v| v > 5.0).count());
+        waits.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        net.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!("client_wait_p50_ms={:.3}", pct(&waits, 50.0));
+        println!("client_wait_p99_ms={:.3}", pct(&waits, 99.0));
+        println!("client_wait_max_ms={:.3}", waits[waits.len() - 1]);
+        println!("client_wait_sum_ms={:.3}", waits.iter().sum::<f64>());
+        println!("ttfb_minus_wait_p50_ms={:.3}", pct(&net, 50.0));
+        println!("ttfb_minus_wait_p99_ms={:.3}", pct(&net, 99.0));
+        let mut cpus: Vec<_> = on_cpu.into_iter().collect();
+        cpus.sort();
+        let cpus: Vec<String> = cpus.iter().map(|(c, n)| format!("{c}:{n}")).collect();
+        println!("first_byte_cpu={}", cpus.join(","));
     }
     if let Some(e) = first_error {
         println!("first_error={e}");
@@ -641,6 +681,10 @@ fn cmd_ttfb(a: &Args) {
 struct Timing {
     connect_ms: f64,
     ttfb_ms: f64,
+    /// Run-queue wait of the probing thread between connect() and the first byte.
+    client_wait_ms: f64,
+    /// CPU the probing thread ran on when the first byte arrived.
+    cpu: i32,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -656,11 +700,14 @@ fn one_small(
     seed: Option<u64>,
     expect_len: Option<u64>,
 ) -> io::Result<Timing> {
+    let wait0 = thread_runqueue_wait_ns();
     let t0 = Instant::now();
     let mut c = Conn::connect(&addr, HEAD_MAX, Some(Duration::from_secs(10)))?;
     let connect_ms = t0.elapsed().as_secs_f64() * 1000.0;
     c.send_get(path, None, false)?;
     let h = c.read_head()?;
+    let wait1 = thread_runqueue_wait_ns();
+    let cpu = current_cpu();
     let ttfb = (h.first_byte - t0).as_secs_f64() * 1000.0;
     if h.status != 200 {
         return Err(bad(&format!("status {}", h.status)));
@@ -683,6 +730,8 @@ fn one_small(
     Ok(Timing {
         connect_ms,
         ttfb_ms: ttfb,
+        client_wait_ms: wait1.saturating_sub(wait0) as f64 / 1e6,
+        cpu,
     })
 }
 
