@@ -109,6 +109,15 @@ pub enum Origin {
     },
     /// Generated zero bytes.
     Zero,
+    /// A multipart part header from the framing buffer (`len` bytes from `at`), then file
+    /// bytes: the header is copied in front of the data once the read has landed, so a part
+    /// costs one slot and one send, not two.
+    FramedFile {
+        /// Offset in `Body::framing` of the header.
+        at: u32,
+        /// Bytes of the header at the front of the send.
+        len: u32,
+    },
 }
 
 /// Origin of a chunk's bytes.

@@ -195,7 +195,7 @@ pub enum Action {
         /// Arena slot.
         slot: u16,
     },
-    /// Copy `len` framing bytes from `from` into the front of a slot.
+    /// Copy `len` framing bytes from `from` into a slot at `to`.
     CopyFraming {
         /// Arena slot.
         slot: u16,
@@ -203,6 +203,8 @@ pub enum Action {
         from: usize,
         /// Bytes.
         len: usize,
+        /// Where in the slot.
+        to: usize,
     },
     /// Fill the front of a slot with `len` zero bytes.
     ZeroFill {
@@ -265,6 +267,10 @@ pub enum Action {
 /// Most actions one event can produce, with room to spare (a full pipeline given back, plus
 /// the sends, counters and queue moves around it); the driver's buffer is allocated for it.
 pub const ACTIONS_PER_EVENT_MAX: usize = 4 * crate::config::MAX_PIPELINE_DEPTH + 32;
+
+/// Longest framing run (a multipart part header) that travels in the same chunk as the file
+/// bytes after it; longer ones (never produced today) take a chunk of their own.
+pub const SHARED_FRAMING_MAX_BYTES: usize = 4096;
 
 /// The actions of one event, in order.
 pub type Actions = Vec<Action>;
@@ -903,6 +909,10 @@ impl ConnMachine {
             return;
         }
         ch.state = ChunkState::Ready;
+        let framed = match ch.origin {
+            Origin::FramedFile { at, len } => Some((at, len, ch.send_off)),
+            _ => None,
+        };
         // The bytes are only good if the file did not change while they were read.
         if let Some(file) = file {
             if !unchanged(file) {
@@ -910,6 +920,16 @@ impl ConnMachine {
                 self.close(CloseReason::Abort, cx, out);
                 return;
             }
+        }
+        if let Some((at, len, to)) = framed {
+            // The part header goes right in front of the data, over bytes of the aligned read
+            // that precede the range (the read would have overwritten it before).
+            out.push(Action::CopyFraming {
+                slot,
+                from: at as usize,
+                len: len as usize,
+                to: to as usize,
+            });
         }
         if self.ops.poll {
             // Read ahead landed behind a full socket: the chunk is ours now, so a reclaim that
@@ -1259,7 +1279,8 @@ impl ConnMachine {
             };
             let ours = matches!(last.state, ChunkState::Ready | ChunkState::Parked);
             let unsent_at = last.send_off + last.sent;
-            if !ours || unsent_at < last.read_buf_off {
+            let head_unsent = last.origin == Origin::File && unsent_at < last.read_buf_off;
+            if !ours || head_unsent {
                 break;
             }
             let send_end = last.send_off + last.send_len;
@@ -1280,14 +1301,27 @@ impl ConnMachine {
                         remaining: u64::from(rest),
                     }),
                 },
-                Origin::File => {
-                    let start = last.read_file_off + u64::from(unsent_at - last.read_buf_off);
+                Origin::File | Origin::FramedFile { .. } => {
+                    let (framing_at, framing_len) = match last.origin {
+                        Origin::FramedFile { at, len } => (at, len),
+                        _ => (0, 0),
+                    };
+                    let data_at = unsent_at.max(last.send_off + framing_len);
+                    let start = last.read_file_off + u64::from(data_at - last.read_buf_off);
                     let end = last.read_file_off + u64::from(send_end - last.read_buf_off);
                     match body.segments.front_mut() {
                         // The rest of the same file range: extend it back.
                         Some(Segment::File { pos, .. }) if *pos == end => *pos = start,
                         // That range was planned to its end (a part header or nothing follows).
                         _ => body.segments.push_front(Segment::File { pos: start, end }),
+                    }
+                    let header_sent = unsent_at - last.send_off;
+                    if header_sent < framing_len {
+                        // The part header did not fully leave: its rest goes first.
+                        body.segments.push_front(Segment::Mem {
+                            start: framing_at + header_sent,
+                            end: framing_at + framing_len,
+                        });
                     }
                 }
             }
@@ -1377,6 +1411,9 @@ fn plan_chunk(
         zerocopy: false,
         origin: Origin::File,
     };
+    if let Some(chunk) = plan_framed_part(body, chunk_bytes, &mut chunk) {
+        return chunk;
+    }
     let seg = body
         .segments
         .front_mut()
@@ -1388,6 +1425,7 @@ fn plan_chunk(
                 slot,
                 from: *start as usize,
                 len: n,
+                to: 0,
             });
             chunk.send_len = n as u32;
             chunk.source = Source::Memory;
@@ -1439,6 +1477,48 @@ fn plan_chunk(
         }
     }
     chunk
+}
+
+/// A part header followed by its file range, planned into one chunk: the read lands at the
+/// first aligned offset past the header's length, and the header is copied in front of the
+/// data when the read is done (`on_read`). None when the front is not such a pair.
+fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> Option<Chunk> {
+    let (Some(&Segment::Mem { start, end }), Some(&Segment::File { pos, end: file_end })) =
+        (body.segments.front(), body.segments.get(1))
+    else {
+        return None;
+    };
+    let header = (end - start) as usize;
+    let align = (body.align as usize).max(1);
+    let read_at = header.div_ceil(align) * align;
+    let room = chunk_bytes.saturating_sub(read_at) / align * align;
+    if body.inline_head || header > SHARED_FRAMING_MAX_BYTES || room <= align {
+        return None;
+    }
+    let read_cap = read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes).min(room);
+    let plan = crate::fs::dio::plan_chunk(pos, file_end, body.align, read_cap);
+    chunk.state = ChunkState::Reading;
+    chunk.origin = Origin::FramedFile {
+        at: start,
+        len: header as u32,
+    };
+    chunk.read_buf_off = read_at as u32;
+    chunk.send_off = (read_at + plan.skip - header) as u32;
+    chunk.send_len = (header + plan.send_len) as u32;
+    chunk.read_file_off = plan.read_offset;
+    chunk.read_len = plan.read_len as u32;
+    chunk.read_need = (plan.skip + plan.send_len) as u32;
+    body.segments.pop_front();
+    match body.segments.front_mut() {
+        Some(Segment::File { pos, end }) => {
+            *pos += plan.send_len as u64;
+            if *pos >= *end {
+                body.segments.pop_front();
+            }
+        }
+        _ => unreachable!("checked above"),
+    }
+    Some(*chunk)
 }
 
 /// Bytes a file read may ask for: the connection's estimate of what its socket takes,
@@ -1652,6 +1732,81 @@ mod tests {
         out.clear();
         assert!(m.on_timer(&cx(1 + LINGER_TIMEOUT_MS), &mut out));
         assert!(out.contains(&Action::Count(Counter::Closed(CloseReason::Normal), 1)));
+    }
+
+    #[test]
+    fn a_part_header_shares_the_chunk_of_its_unaligned_data() {
+        let mut m = responding(0);
+        let body = m.body_mut().unwrap();
+        body.align = 4096;
+        body.source = Source::Direct;
+        body.framing = vec![b'h'; 100];
+        body.segments = VecDeque::from([
+            Segment::Mem { start: 0, end: 100 },
+            Segment::File {
+                pos: 5000,
+                end: 9000,
+            },
+        ]);
+        m.response_mut().unwrap().head = HeadState::Done;
+        let mut out = Actions::new();
+        let mut free = vec![10];
+        pump(&mut m, &mut free, &mut out);
+        // One chunk for header and data: the aligned read lands past the header's length.
+        let reads: Vec<_> = out
+            .iter()
+            .filter(|a| matches!(a, Action::Read { .. }))
+            .collect();
+        assert_eq!(
+            reads,
+            [&Action::Read {
+                slot: 10,
+                buf_off: 4096,
+                len: 8192,
+                file_fixed: 100,
+                file_off: 4096,
+                rw_flags: 0
+            }]
+        );
+        assert!(!out.iter().any(|a| matches!(a, Action::CopyFraming { .. })));
+        out.clear();
+        m.on_read(10, 8192, &mut |_| true, &cx(2), &mut out);
+        // The header is copied after the read, right in front of file byte 5000.
+        let to = 4096 + (5000 - 4096) - 100;
+        assert!(out.contains(&Action::CopyFraming {
+            slot: 10,
+            from: 0,
+            len: 100,
+            to
+        }));
+        out.clear();
+        m.try_send(&cx(2), &mut out);
+        assert!(out.contains(&Action::Send {
+            slot: 10,
+            off: to,
+            len: 4100,
+            more: false,
+            zerocopy: false
+        }));
+        out.clear();
+        // 40 bytes of the header leave, then the socket is full: the rest of the header and
+        // all the data are planned again, in order.
+        m.on_send(10, 40, false, false, &cx(3), &mut out);
+        m.reclaim(&mut out);
+        let segs: Vec<_> = m.body().unwrap().segments.iter().collect();
+        assert!(matches!(
+            segs[..],
+            [
+                Segment::Mem {
+                    start: 40,
+                    end: 100
+                },
+                Segment::File {
+                    pos: 5000,
+                    end: 9000
+                }
+            ]
+        ));
     }
 
     #[test]

@@ -509,11 +509,17 @@ impl<R: RingOps> Shard<R> {
             Action::CopyHeadToSlot { slot } => {
                 self.ring.copy_tx_to_arena(c as usize, slot);
             }
-            Action::CopyFraming { slot, from, len } => {
+            Action::CopyFraming {
+                slot,
+                from,
+                len,
+                to,
+            } => {
                 let body = self.conns[c as usize]
                     .body()
                     .expect("framing without a body");
-                self.ring.arena_mut(slot)[..len].copy_from_slice(&body.framing[from..from + len]);
+                self.ring.arena_mut(slot)[to..to + len]
+                    .copy_from_slice(&body.framing[from..from + len]);
             }
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
             Action::PollWritable => {
