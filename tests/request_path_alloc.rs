@@ -21,6 +21,7 @@ use shardline::http::range::{parse_range, RangeOutcome};
 use shardline::http::request::{parse_request, Parsed, MAX_REQUEST_LINE_BYTES};
 use shardline::http::response::{self, ContentRange, Head};
 use shardline::shard::files::{FileCache, FileCacheConfig, FileTable, OpenError, TargetError};
+use shardline::shard::slots::FileSlot;
 
 /// Counts allocations made by the thread that armed it; everything else passes straight on.
 struct CountingAlloc;
@@ -153,8 +154,8 @@ struct FakeTable {
 }
 
 impl FileTable for FakeTable {
-    fn register(&mut self, index: u32, _fd: BorrowedFd<'_>) -> io::Result<()> {
-        let i = index as usize;
+    fn register(&mut self, index: FileSlot, _fd: BorrowedFd<'_>) -> io::Result<()> {
+        let i = index.index();
         if self.filled.len() <= i {
             self.filled.resize(i + 1, false);
         }
@@ -162,8 +163,8 @@ impl FileTable for FakeTable {
         self.filled[i] = true;
         Ok(())
     }
-    fn unregister(&mut self, index: u32) -> io::Result<()> {
-        let slot = self.filled.get_mut(index as usize);
+    fn unregister(&mut self, index: FileSlot) -> io::Result<()> {
+        let slot = self.filled.get_mut(index.index());
         assert_eq!(slot.as_deref(), Some(&true), "slot {index} not registered");
         if let Some(s) = slot {
             *s = false;

@@ -5,6 +5,7 @@
 //! list is empty, connections queue here — there is no heap fallback.
 
 use super::intrusive::ListSet;
+use super::slots::{ArenaSlot, ConnSlot};
 
 const SMALL_WAITERS: usize = 0;
 const BULK_WAITERS: usize = 1;
@@ -30,7 +31,7 @@ pub const READ_AHEAD_FREE_DIVISOR: usize = 4;
 
 /// Free list and wait queues of one shard's arena.
 pub struct ArenaSlots {
-    free: Vec<u16>,
+    free: Vec<ArenaSlot>,
     /// Per arena slot: on the free list (a slot is never freed twice).
     is_free: Vec<bool>,
     reserve: usize,
@@ -48,7 +49,7 @@ impl ArenaSlots {
         let total = usize::from(slots);
         let reserve = RESERVED_FOR_SMALL_SLOTS.min(total / 2);
         ArenaSlots {
-            free: (0..slots).rev().collect(),
+            free: (0..slots).rev().map(ArenaSlot::new).collect(),
             is_free: vec![true; total],
             reserve,
             waiters: ListSet::new(conns),
@@ -62,7 +63,7 @@ impl ArenaSlots {
     /// Bulk demand never overtakes a queued bulk waiter: slots freed while connections wait
     /// are handed to them in FIFO order (`give_back`), so one connection cannot go without a
     /// chunk while others refill their pipelines.
-    pub fn take(&mut self, demand: Demand) -> Option<u16> {
+    pub fn take(&mut self, demand: Demand) -> Option<ArenaSlot> {
         let floor = match demand {
             Demand::Small => 0,
             Demand::Bulk if !self.waiters.is_empty(BULK_WAITERS) => return None,
@@ -72,7 +73,7 @@ impl ArenaSlots {
         };
         if self.free.len() > floor {
             let slot = self.free.pop()?;
-            self.is_free[usize::from(slot)] = false;
+            self.is_free[slot.index()] = false;
             Some(slot)
         } else {
             None
@@ -80,40 +81,40 @@ impl ArenaSlots {
     }
 
     /// Queues connection `conn` until a slot for `demand` frees up.
-    pub fn wait(&mut self, conn: u32, demand: Demand) {
+    pub fn wait(&mut self, conn: ConnSlot, demand: Demand) {
         self.waits += 1;
         let list = match demand {
             Demand::Small => SMALL_WAITERS,
             Demand::Bulk => BULK_WAITERS,
             Demand::ReadAhead => unreachable!("read-ahead never waits"),
         };
-        if self.waiters.list_of(conn) != Some(list) {
-            self.waiters.push_back(list, conn);
+        if self.waiters.list_of(conn.raw()) != Some(list) {
+            self.waiters.push_back(list, conn.raw());
         }
     }
 
     /// Returns slot `slot`. If a connection waits for it, the slot is handed to that
     /// connection directly (small responses first; bulk only while the reserve is full) and
     /// `(conn, slot)` is returned: the caller must give it to that connection.
-    pub fn give_back(&mut self, slot: u16) -> Option<(u32, u16)> {
-        assert!(!self.is_free[usize::from(slot)], "slot {slot} freed twice");
+    pub fn give_back(&mut self, slot: ArenaSlot) -> Option<(ConnSlot, ArenaSlot)> {
+        assert!(!self.is_free[slot.index()], "slot {slot} freed twice");
         assert!(self.free.len() < self.total);
         if let Some(c) = self.waiters.pop_front(SMALL_WAITERS) {
-            return Some((c, slot));
+            return Some((ConnSlot::new(c), slot));
         }
         if self.free.len() >= self.reserve {
             if let Some(c) = self.waiters.pop_front(BULK_WAITERS) {
-                return Some((c, slot));
+                return Some((ConnSlot::new(c), slot));
             }
         }
-        self.is_free[usize::from(slot)] = true;
+        self.is_free[slot.index()] = true;
         self.free.push(slot);
         None
     }
 
     /// Forgets a connection that closed while waiting.
-    pub fn forget(&mut self, conn: u32) {
-        self.waiters.remove(conn);
+    pub fn forget(&mut self, conn: ConnSlot) {
+        self.waiters.remove(conn.raw());
     }
 
     /// Free slots now.
@@ -131,6 +132,10 @@ impl ArenaSlots {
 mod tests {
     use super::*;
 
+    fn c(raw: u32) -> ConnSlot {
+        ConnSlot::new(raw)
+    }
+
     #[test]
     fn read_ahead_keeps_a_quarter_free_and_yields_to_waiters() {
         let mut a = ArenaSlots::new(16, 64);
@@ -144,7 +149,7 @@ mod tests {
         assert!(a.take(Demand::Bulk).is_some());
         // Anyone waiting stops read-ahead even with slots above the floor.
         let mut b = ArenaSlots::new(16, 64);
-        b.wait(3, Demand::Small);
+        b.wait(c(3), Demand::Small);
         assert_eq!(b.take(Demand::ReadAhead), None);
     }
 
@@ -167,19 +172,19 @@ mod tests {
         while let Some(s) = a.take(Demand::Small) {
             held.push(s);
         }
-        a.wait(1, Demand::Bulk);
-        a.wait(2, Demand::Small);
-        a.wait(2, Demand::Small);
+        a.wait(c(1), Demand::Bulk);
+        a.wait(c(2), Demand::Small);
+        a.wait(c(2), Demand::Small);
         assert_eq!(a.waiting(), 2);
         assert_eq!(a.waits, 3);
         let s = held.pop().unwrap();
-        assert_eq!(a.give_back(s), Some((2, s)));
+        assert_eq!(a.give_back(s), Some((c(2), s)));
         // Bulk waiters get a slot only once the reserve is refilled.
         for _ in 0..RESERVED_FOR_SMALL_SLOTS {
             assert_eq!(a.give_back(held.pop().unwrap()), None);
         }
         let s = held.pop().unwrap();
-        assert_eq!(a.give_back(s), Some((1, s)));
+        assert_eq!(a.give_back(s), Some((c(1), s)));
     }
 
     #[test]
@@ -189,15 +194,15 @@ mod tests {
         while let Some(s) = a.take(Demand::Bulk) {
             held.push(s);
         }
-        a.wait(7, Demand::Bulk);
-        a.wait(8, Demand::Bulk);
+        a.wait(c(7), Demand::Bulk);
+        a.wait(c(8), Demand::Bulk);
         // A slot frees up while the reserve is full: it goes to the first waiter, in order,
         // and a newcomer cannot take one meanwhile.
         let s = held.pop().unwrap();
-        assert_eq!(a.give_back(s), Some((7, s)));
+        assert_eq!(a.give_back(s), Some((c(7), s)));
         assert_eq!(a.take(Demand::Bulk), None);
         let s = held.pop().unwrap();
-        assert_eq!(a.give_back(s), Some((8, s)));
+        assert_eq!(a.give_back(s), Some((c(8), s)));
         let s = held.pop().unwrap();
         assert_eq!(a.give_back(s), None);
         assert!(a.take(Demand::Bulk).is_some());
@@ -206,8 +211,8 @@ mod tests {
     #[test]
     fn forget_drops_a_waiter() {
         let mut a = ArenaSlots::new(2, 64);
-        a.wait(5, Demand::Bulk);
-        a.forget(5);
+        a.wait(c(5), Demand::Bulk);
+        a.forget(c(5));
         assert_eq!(a.waiting(), 0);
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::VecDeque;
 
+use super::slots::{ArenaSlot, FileSlot};
+
 /// Which timer is running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Deadline {
@@ -56,7 +58,7 @@ pub enum ChunkState {
 #[derive(Clone, Copy, Debug)]
 pub struct Chunk {
     /// Arena slot.
-    pub slot: u16,
+    pub slot: ArenaSlot,
     /// Pipeline state.
     pub state: ChunkState,
     /// Offset in the slot of the first byte to send.
@@ -162,7 +164,7 @@ pub enum Segment {
 #[derive(Debug)]
 pub struct Body {
     /// Open-file cache entry held by this response (None for generated bodies).
-    pub file: Option<u32>,
+    pub file: Option<FileSlot>,
     /// Fixed-file index of the file.
     pub file_fixed: u32,
     /// Read alignment (1 for buffered).

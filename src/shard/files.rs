@@ -27,6 +27,7 @@ use crate::http::conditional::{self, ETAG_MAX_BYTES};
 use crate::http::date;
 use crate::http::request::MAX_REQUEST_LINE_BYTES;
 use crate::shard::ring_ops::RingOps;
+use crate::shard::slots::FileSlot;
 
 /// File name served for a directory.
 pub const INDEX_FILE: &str = "index.html";
@@ -43,16 +44,16 @@ const DIGEST_XATTR_MAX_BYTES: usize = 2 * SHA256_BYTES + 2;
 /// [`RingOps`] is one; tests can supply just this.
 pub trait FileTable {
     /// Places an open file in file slot `index`.
-    fn register(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()>;
+    fn register(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()>;
     /// Empties file slot `index`.
-    fn unregister(&mut self, index: u32) -> io::Result<()>;
+    fn unregister(&mut self, index: FileSlot) -> io::Result<()>;
 }
 
 impl<R: RingOps> FileTable for R {
-    fn register(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
+    fn register(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()> {
         self.register_file(index, fd)
     }
-    fn unregister(&mut self, index: u32) -> io::Result<()> {
+    fn unregister(&mut self, index: FileSlot) -> io::Result<()> {
         self.unregister_file(index)
     }
 }
@@ -85,8 +86,8 @@ impl ReadMode {
 /// An open, validated file in the fixed-file table.
 pub struct OpenFile {
     _fd: OwnedFd,
-    /// Index in the ring's file range.
-    pub fixed: u32,
+    /// Slot in the ring's file range (the same as its cache entry).
+    pub fixed: FileSlot,
     /// Size at open.
     pub size: u64,
     /// Inode number (revalidation: a file replaced by rename has a new one).
@@ -180,8 +181,8 @@ impl TargetError {
 /// Cache keys by resolved path, one map for file targets and one for directory targets (`a`
 /// and `a/` are different requests), so a lookup borrows the path instead of building a key.
 struct Keys {
-    files: HashMap<Box<str>, u32>,
-    dirs: HashMap<Box<str>, u32>,
+    files: HashMap<Box<str>, FileSlot>,
+    dirs: HashMap<Box<str>, FileSlot>,
 }
 
 impl Keys {
@@ -192,18 +193,18 @@ impl Keys {
             dirs: HashMap::with_capacity(entries),
         }
     }
-    fn map(&mut self, wants_dir: bool) -> &mut HashMap<Box<str>, u32> {
+    fn map(&mut self, wants_dir: bool) -> &mut HashMap<Box<str>, FileSlot> {
         if wants_dir {
             &mut self.dirs
         } else {
             &mut self.files
         }
     }
-    fn get(&self, rel: &str, wants_dir: bool) -> Option<u32> {
+    fn get(&self, rel: &str, wants_dir: bool) -> Option<FileSlot> {
         let map = if wants_dir { &self.dirs } else { &self.files };
         map.get(rel).copied()
     }
-    fn insert(&mut self, rel: &str, wants_dir: bool, idx: u32) {
+    fn insert(&mut self, rel: &str, wants_dir: bool, idx: FileSlot) {
         self.map(wants_dir).insert(rel.into(), idx);
     }
     fn remove(&mut self, rel: &str, wants_dir: bool) {
@@ -235,7 +236,7 @@ pub struct FileCache {
     /// Where request paths are resolved (sized for the longest request line at start-up).
     scratch: ResolveScratch,
     entries: Vec<Option<OpenFile>>,
-    free: Vec<u32>,
+    free: Vec<FileSlot>,
     clock_hand: usize,
     modes_logged: HashSet<(u32, u32, &'static str)>,
     /// Lookups answered from the cache.
@@ -259,7 +260,7 @@ impl FileCache {
             keys: Keys::with_capacity(n as usize),
             scratch: ResolveScratch::with_capacity(MAX_REQUEST_LINE_BYTES),
             entries: (0..n).map(|_| None).collect(),
-            free: (0..n).rev().collect(),
+            free: (0..n).rev().map(FileSlot::new).collect(),
             clock_hand: 0,
             modes_logged: HashSet::new(),
             hits: 0,
@@ -268,8 +269,8 @@ impl FileCache {
     }
 
     /// Entry `idx` (must be acquired).
-    pub fn get(&self, idx: u32) -> &OpenFile {
-        self.entries[idx as usize]
+    pub fn get(&self, idx: FileSlot) -> &OpenFile {
+        self.entries[idx.index()]
             .as_ref()
             .expect("file cache entry in use")
     }
@@ -282,7 +283,7 @@ impl FileCache {
         ring: &mut impl FileTable,
         raw_path: &[u8],
         now_ms: u64,
-    ) -> Result<u32, TargetError> {
+    ) -> Result<FileSlot, TargetError> {
         // The scratch leaves `self` for the call so the path borrowed from it can be handed
         // back in; moving a Vec out and back allocates nothing.
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -309,7 +310,7 @@ impl FileCache {
         rel: &str,
         wants_dir: bool,
         now_ms: u64,
-    ) -> Result<u32, OpenError> {
+    ) -> Result<FileSlot, OpenError> {
         if let Some(idx) = self.keys.get(rel, wants_dir) {
             let fresh = {
                 let f = self.get(idx);
@@ -319,7 +320,7 @@ impl FileCache {
             // replacement by rename only in a fresh lookup, done every `valid_ms`.
             let same = self.unchanged_since_open(idx) && (fresh || self.still_same(idx));
             if same {
-                let f = self.entries[idx as usize].as_mut().expect("mapped entry");
+                let f = self.entries[idx.index()].as_mut().expect("mapped entry");
                 if !fresh {
                     f.validated_ms = now_ms;
                 }
@@ -330,7 +331,7 @@ impl FileCache {
             // Changed on disk: drop it from the map; responses holding it keep the old file.
             // (`unchanged_since_open` may have done both already; doing them again is harmless.)
             self.keys.remove(rel, wants_dir);
-            self.entries[idx as usize].as_mut().expect("entry").stale = true;
+            self.entries[idx.index()].as_mut().expect("entry").stale = true;
             self.free_if_unused(ring, idx);
         }
         self.misses += 1;
@@ -340,22 +341,22 @@ impl FileCache {
         ring.register(idx, file._fd.as_fd())
             .map_err(|e| OpenError::Other(e.raw_os_error().unwrap_or(libc::EIO)))?;
         self.keys.insert(rel, wants_dir, idx);
-        self.entries[idx as usize] = Some(file);
-        self.entries[idx as usize].as_mut().expect("just set").refs = 1;
+        self.entries[idx.index()] = Some(file);
+        self.entries[idx.index()].as_mut().expect("just set").refs = 1;
         Ok(idx)
     }
 
     /// Drops a response's reference.
-    pub fn release(&mut self, ring: &mut impl FileTable, idx: u32) {
-        let f = self.entries[idx as usize].as_mut().expect("released entry");
+    pub fn release(&mut self, ring: &mut impl FileTable, idx: FileSlot) {
+        let f = self.entries[idx.index()].as_mut().expect("released entry");
         assert!(f.refs > 0, "file cache refcount underflow");
         f.refs -= 1;
         self.free_if_unused(ring, idx);
     }
 
     /// RWF_DONTCACHE was refused (EOPNOTSUPP): read this file buffered from now on.
-    pub fn demote_to_buffered(&mut self, idx: u32) {
-        let f = self.entries[idx as usize].as_mut().expect("entry");
+    pub fn demote_to_buffered(&mut self, idx: FileSlot) {
+        let f = self.entries[idx.index()].as_mut().expect("entry");
         if f.mode == ReadMode::DontCache {
             f.mode = ReadMode::Buffered;
             let dev = f.dev;
@@ -378,15 +379,15 @@ impl FileCache {
         self.len() == 0
     }
 
-    fn free_if_unused(&mut self, ring: &mut impl FileTable, idx: u32) {
-        let remove = matches!(&self.entries[idx as usize], Some(f) if f.stale && f.refs == 0);
+    fn free_if_unused(&mut self, ring: &mut impl FileTable, idx: FileSlot) {
+        let remove = matches!(&self.entries[idx.index()], Some(f) if f.stale && f.refs == 0);
         if remove {
             self.evict(ring, idx);
         }
     }
 
-    fn evict(&mut self, ring: &mut impl FileTable, idx: u32) {
-        if let Some(f) = self.entries[idx as usize].take() {
+    fn evict(&mut self, ring: &mut impl FileTable, idx: FileSlot) {
+        if let Some(f) = self.entries[idx.index()].take() {
             if !f.stale {
                 self.keys.remove(&f.key, f.wants_dir);
             }
@@ -397,7 +398,7 @@ impl FileCache {
         }
     }
 
-    fn free_slot(&mut self, ring: &mut impl FileTable) -> Option<u32> {
+    fn free_slot(&mut self, ring: &mut impl FileTable) -> Option<FileSlot> {
         if let Some(i) = self.free.pop() {
             return Some(i);
         }
@@ -407,7 +408,7 @@ impl FileCache {
             let i = self.clock_hand;
             self.clock_hand = (self.clock_hand + 1) % n;
             if matches!(&self.entries[i], Some(f) if f.refs == 0) {
-                self.evict(ring, i as u32);
+                self.evict(ring, FileSlot::new(i as u32));
                 return self.free.pop();
             }
         }
@@ -473,7 +474,7 @@ impl FileCache {
     /// open descriptor: no path walk, no I/O). Checked after every chunk read, so a file
     /// rewritten in place under a response is detected and never sent as a mix of versions.
     /// A changed file is dropped from the cache so the next request reopens it.
-    pub fn unchanged_since_open(&mut self, idx: u32) -> bool {
+    pub fn unchanged_since_open(&mut self, idx: FileSlot) -> bool {
         let f = self.get(idx);
         let same = match rustix::fs::fstat(&f._fd) {
             Ok(st) => {
@@ -484,7 +485,7 @@ impl FileCache {
             Err(_) => false,
         };
         if !same {
-            let f = self.entries[idx as usize].as_mut().expect("entry");
+            let f = self.entries[idx.index()].as_mut().expect("entry");
             if !f.stale {
                 f.stale = true;
                 self.keys.remove(&f.key, f.wants_dir);
@@ -493,7 +494,7 @@ impl FileCache {
         same
     }
 
-    fn still_same(&self, idx: u32) -> bool {
+    fn still_same(&self, idx: FileSlot) -> bool {
         let f = self.get(idx);
         let Ok(fd) = self.open_beneath(f.opened.as_c_str()) else {
             return false;
@@ -512,7 +513,7 @@ impl FileCache {
     fn build_entry(
         &mut self,
         fd: OwnedFd,
-        fixed: u32,
+        fixed: FileSlot,
         key: &str,
         wants_dir: bool,
         opened: String,

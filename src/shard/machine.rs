@@ -21,6 +21,7 @@
 use super::buffers::Demand;
 use super::conn::{Body, Chunk, ChunkState, CloseReason, Deadline, Origin, Segment, Source};
 use super::sched::{TickBudget, Turn};
+use super::slots::{ArenaSlot, FileSlot, SocketSlot};
 use super::{
     LINGER_MAX_BYTES, LINGER_TIMEOUT_MS, MIN_READ_BYTES, READ_AHEAD_FAST_SEND_MS,
     READ_AHEAD_START_CHUNKS, RECV_BUFFER_BYTES, ZC_WARMUP_BYTES,
@@ -116,7 +117,7 @@ pub enum ArenaWait {
     /// A slot was handed over while waiting; the next pump uses it.
     Handed {
         /// The slot.
-        slot: u16,
+        slot: ArenaSlot,
     },
 }
 
@@ -165,7 +166,7 @@ pub enum Action {
     /// Read file bytes into a slot.
     Read {
         /// Arena slot.
-        slot: u16,
+        slot: ArenaSlot,
         /// Where in the slot.
         buf_off: usize,
         /// Bytes.
@@ -180,7 +181,7 @@ pub enum Action {
     /// Send `len` bytes of a slot from `off`.
     Send {
         /// Arena slot.
-        slot: u16,
+        slot: ArenaSlot,
         /// First byte in the slot.
         off: usize,
         /// Bytes.
@@ -193,12 +194,12 @@ pub enum Action {
     /// Copy the header buffer to the front of a slot (a small file's one send).
     CopyHeadToSlot {
         /// Arena slot.
-        slot: u16,
+        slot: ArenaSlot,
     },
     /// Copy `len` framing bytes from `from` into a slot at `to`.
     CopyFraming {
         /// Arena slot.
-        slot: u16,
+        slot: ArenaSlot,
         /// First byte in `Body::framing`.
         from: usize,
         /// Bytes.
@@ -209,7 +210,7 @@ pub enum Action {
     /// Fill the front of a slot with `len` zero bytes.
     ZeroFill {
         /// Arena slot.
-        slot: u16,
+        slot: ArenaSlot,
         /// Bytes.
         len: usize,
     },
@@ -224,11 +225,11 @@ pub enum Action {
     /// Release the header buffer's memory.
     ReleaseHeadBuffer,
     /// Give an arena slot back (a waiter may get it).
-    ReleaseSlot(u16),
+    ReleaseSlot(ArenaSlot),
     /// Release the open-file cache entry the response held.
-    ReleaseFile(u32),
+    ReleaseFile(FileSlot),
     /// The file system refused RWF_DONTCACHE: the cache entry reads buffered from now on.
-    DemoteFile(u32),
+    DemoteFile(FileSlot),
     /// Queue ahead of bulk work (a request to parse, a small response).
     QueueUrgent,
     /// Queue for a bulk turn.
@@ -315,7 +316,7 @@ pub struct ConnMachine {
     /// Bumped each time the slot is freed; tokens carry it.
     pub generation: u16,
     /// Fixed-file index of the socket.
-    pub socket: u32,
+    pub socket: SocketSlot,
     /// Where the connection is in its life.
     pub life: Lifecycle,
     /// The receive side.
@@ -366,7 +367,7 @@ impl ConnMachine {
     pub fn new() -> ConnMachine {
         ConnMachine {
             generation: 0,
-            socket: 0,
+            socket: SocketSlot::new(0),
             life: Lifecycle::Free,
             read: ReadState::Idle,
             write: WriteState::Idle,
@@ -462,7 +463,7 @@ impl ConnMachine {
                 .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Sending))
     }
 
-    fn chunk_mut(&mut self, slot: u16) -> &mut Chunk {
+    fn chunk_mut(&mut self, slot: ArenaSlot) -> &mut Chunk {
         self.body_mut()
             .and_then(|b| b.chunks.iter_mut().find(|ch| ch.slot == slot))
             .expect("completion for a chunk the connection does not hold")
@@ -477,7 +478,7 @@ impl ConnMachine {
 
     /// A newly accepted socket takes this (free) slot: the header clock starts and a receive
     /// is armed.
-    pub fn open(&mut self, socket: u32, cx: &Ctx, out: &mut Actions) {
+    pub fn open(&mut self, socket: SocketSlot, cx: &Ctx, out: &mut Actions) {
         assert_eq!(self.life, Lifecycle::Free);
         assert_eq!(
             self.in_flight(),
@@ -732,7 +733,7 @@ impl ConnMachine {
         &mut self,
         budget: &mut TickBudget,
         shard_budget: &mut TickBudget,
-        take: &mut dyn FnMut(Demand) -> Option<u16>,
+        take: &mut dyn FnMut(Demand) -> Option<ArenaSlot>,
         cx: &Ctx,
         out: &mut Actions,
     ) -> Turn {
@@ -816,7 +817,7 @@ impl ConnMachine {
 
     /// The arena handed this waiting connection a slot; returns whether it is a small
     /// response (queue it urgently) or bulk.
-    pub fn slot_handed(&mut self, slot: u16, cx: &Ctx, out: &mut Actions) -> bool {
+    pub fn slot_handed(&mut self, slot: ArenaSlot, cx: &Ctx, out: &mut Actions) -> bool {
         let ArenaWait::Waiting { since_us } = self.arena else {
             panic!(
                 "a slot handed to a connection that was not waiting: {:?}",
@@ -828,7 +829,7 @@ impl ConnMachine {
         self.body().is_some_and(|b| b.inline_head)
     }
 
-    fn submit_read(&mut self, slot: u16, out: &mut Actions) {
+    fn submit_read(&mut self, slot: ArenaSlot, out: &mut Actions) {
         let body = self.body().expect("reading without a body");
         let ch = body
             .chunks
@@ -850,9 +851,9 @@ impl ConnMachine {
     /// open file is still the version the response started with.
     pub fn on_read(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         res: i32,
-        unchanged: &mut dyn FnMut(u32) -> bool,
+        unchanged: &mut dyn FnMut(FileSlot) -> bool,
         cx: &Ctx,
         out: &mut Actions,
     ) {
@@ -1054,7 +1055,7 @@ impl ConnMachine {
     /// or the notification itself.
     pub fn on_send(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         res: i32,
         more: bool,
         notification: bool,
@@ -1134,7 +1135,7 @@ impl ConnMachine {
     }
 
     /// A chunk is done: its slot goes back, and the connection may plan more.
-    fn remove_chunk(&mut self, slot: u16, out: &mut Actions) {
+    fn remove_chunk(&mut self, slot: ArenaSlot, out: &mut Actions) {
         let body = self.body_mut().expect("a chunk without a body");
         let i = body
             .chunks
@@ -1390,7 +1391,7 @@ impl ConnMachine {
 /// framing or zero run, or an aligned file read sized to what the socket takes.
 fn plan_chunk(
     body: &mut Body,
-    slot: u16,
+    slot: ArenaSlot,
     head_len: usize,
     chunk_bytes: usize,
     out: &mut Actions,
@@ -1538,6 +1539,10 @@ mod tests {
 
     use super::*;
 
+    fn a(raw: u16) -> ArenaSlot {
+        ArenaSlot::new(raw)
+    }
+
     const CHUNK: usize = 64 * 1024;
 
     fn cx(now_ms: u64) -> Ctx {
@@ -1560,7 +1565,7 @@ mod tests {
 
     fn file_body(len: u64) -> Body {
         Body {
-            file: Some(7),
+            file: Some(FileSlot::new(7)),
             file_fixed: 100,
             align: 1,
             rw_flags: 0,
@@ -1579,7 +1584,7 @@ mod tests {
     fn responding(len: u64) -> ConnMachine {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
-        m.open(3, &cx(0), &mut out);
+        m.open(SocketSlot::new(3), &cx(0), &mut out);
         m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &cx(0));
@@ -1591,14 +1596,20 @@ mod tests {
     fn pump(m: &mut ConnMachine, free: &mut Vec<u16>, out: &mut Actions) -> Turn {
         let mut budget = TickBudget::new(1 << 20);
         let mut shard = TickBudget::new(8 << 20);
-        m.pump(&mut budget, &mut shard, &mut |_| free.pop(), &cx(1), out)
+        m.pump(
+            &mut budget,
+            &mut shard,
+            &mut |_| free.pop().map(ArenaSlot::new),
+            &cx(1),
+            out,
+        )
     }
 
     #[test]
     fn a_new_connection_arms_a_receive_and_the_header_clock() {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
-        m.open(5, &cx(1000), &mut out);
+        m.open(SocketSlot::new(5), &cx(1000), &mut out);
         assert_eq!(out, [Action::Recv]);
         assert_eq!((m.deadline, m.deadline_ms), (Deadline::Header, 11_000));
         assert_eq!(m.in_flight(), 1);
@@ -1627,7 +1638,7 @@ mod tests {
         let reads: Vec<_> = out
             .iter()
             .filter_map(|a| match a {
-                Action::Read { slot, file_off, .. } => Some((*slot, *file_off)),
+                Action::Read { slot, file_off, .. } => Some((slot.raw(), *file_off)),
                 _ => None,
             })
             .collect();
@@ -1635,15 +1646,15 @@ mod tests {
         assert_eq!(free, [12]);
         assert_eq!(m.in_flight(), 3, "head send + two reads");
         out.clear();
-        m.on_read(11, CHUNK as i32, &mut |_| true, &cx(2), &mut out);
+        m.on_read(a(11), CHUNK as i32, &mut |_| true, &cx(2), &mut out);
         m.on_head_sent(100, &cx(2), &mut out);
         // The second chunk is ready first but the first goes first.
         assert!(!out.iter().any(|a| matches!(a, Action::Send { .. })));
         out.clear();
-        m.on_read(10, CHUNK as i32, &mut |_| true, &cx(3), &mut out);
+        m.on_read(a(10), CHUNK as i32, &mut |_| true, &cx(3), &mut out);
         m.try_send(&cx(3), &mut out);
         assert!(out.contains(&Action::Send {
-            slot: 10,
+            slot: a(10),
             off: 0,
             len: CHUNK,
             more: true,
@@ -1658,19 +1669,21 @@ mod tests {
         let mut out = Actions::new();
         let mut free = vec![11, 10];
         pump(&mut m, &mut free, &mut out);
-        m.on_read(10, CHUNK as i32, &mut |_| true, &cx(1), &mut out);
-        m.on_read(11, CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.on_read(a(10), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.on_read(a(11), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
         m.try_send(&cx(1), &mut out);
         out.clear();
         // The socket takes 1000 bytes, then is full.
-        m.on_send(10, 1000, false, false, &cx(2), &mut out);
+        m.on_send(a(10), 1000, false, false, &cx(2), &mut out);
         assert!(out.contains(&Action::PollWritable));
         assert!(out.contains(&Action::ListParked) && out.contains(&Action::Reclaim));
         assert!(m.is_parked());
         assert_eq!(m.in_flight(), 1, "only the poll: a parked chunk is ours");
         out.clear();
         m.reclaim(&mut out);
-        assert!(out.contains(&Action::ReleaseSlot(10)) && out.contains(&Action::ReleaseSlot(11)));
+        assert!(
+            out.contains(&Action::ReleaseSlot(a(10))) && out.contains(&Action::ReleaseSlot(a(11)))
+        );
         let body = m.body().unwrap();
         assert!(body.chunks.is_empty());
         // The unsent bytes are planned again from the first byte the socket did not take.
@@ -1694,7 +1707,7 @@ mod tests {
         assert!(out.contains(&Action::CancelAll));
         assert!(!out.contains(&Action::CloseSocket));
         out.clear();
-        m.on_read(10, -libc::ECANCELED, &mut |_| true, &cx(3), &mut out);
+        m.on_read(a(10), -libc::ECANCELED, &mut |_| true, &cx(3), &mut out);
         m.on_head_sent(-libc::ECANCELED, &cx(3), &mut out);
         assert!(
             !out.contains(&Action::CloseSocket),
@@ -1703,7 +1716,10 @@ mod tests {
         m.on_cancel_done(&mut out);
         let closes = out.iter().filter(|a| **a == Action::CloseSocket).count();
         assert_eq!(closes, 1);
-        assert!(out.contains(&Action::ReleaseSlot(10)) && out.contains(&Action::ReleaseFile(7)));
+        assert!(
+            out.contains(&Action::ReleaseSlot(a(10)))
+                && out.contains(&Action::ReleaseFile(FileSlot::new(7)))
+        );
         assert!(out.contains(&Action::ResponseDone {
             status: 200,
             bytes: 0
@@ -1717,7 +1733,7 @@ mod tests {
     fn an_error_response_with_close_lingers_and_its_timer_is_a_normal_end() {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
-        m.open(3, &cx(0), &mut out);
+        m.open(SocketSlot::new(3), &cx(0), &mut out);
         m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
         m.begin_response(431, false, 50, None, &cx(0));
         m.try_send(&cx(0), &mut out);
@@ -1760,7 +1776,7 @@ mod tests {
         assert_eq!(
             reads,
             [&Action::Read {
-                slot: 10,
+                slot: a(10),
                 buf_off: 4096,
                 len: 8192,
                 file_fixed: 100,
@@ -1770,11 +1786,11 @@ mod tests {
         );
         assert!(!out.iter().any(|a| matches!(a, Action::CopyFraming { .. })));
         out.clear();
-        m.on_read(10, 8192, &mut |_| true, &cx(2), &mut out);
+        m.on_read(a(10), 8192, &mut |_| true, &cx(2), &mut out);
         // The header is copied after the read, right in front of file byte 5000.
         let to = 4096 + (5000 - 4096) - 100;
         assert!(out.contains(&Action::CopyFraming {
-            slot: 10,
+            slot: a(10),
             from: 0,
             len: 100,
             to
@@ -1782,7 +1798,7 @@ mod tests {
         out.clear();
         m.try_send(&cx(2), &mut out);
         assert!(out.contains(&Action::Send {
-            slot: 10,
+            slot: a(10),
             off: to,
             len: 4100,
             more: false,
@@ -1791,7 +1807,7 @@ mod tests {
         out.clear();
         // 40 bytes of the header leave, then the socket is full: the rest of the header and
         // all the data are planned again, in order.
-        m.on_send(10, 40, false, false, &cx(3), &mut out);
+        m.on_send(a(10), 40, false, false, &cx(3), &mut out);
         m.reclaim(&mut out);
         let segs: Vec<_> = m.body().unwrap().segments.iter().collect();
         assert!(matches!(
@@ -1817,13 +1833,13 @@ mod tests {
         assert_eq!(pump(&mut m, &mut none, &mut out), Turn::Idle);
         assert!(out.contains(&Action::WaitArena(Demand::Bulk)));
         out.clear();
-        assert!(!m.slot_handed(4, &cx(5), &mut out));
+        assert!(!m.slot_handed(a(4), &cx(5), &mut out));
         assert_eq!(out, [Action::BufferWaited(4000)]);
         out.clear();
         pump(&mut m, &mut none, &mut out);
         assert!(out
             .iter()
-            .any(|a| matches!(a, Action::Read { slot: 4, .. })));
+            .any(|act| matches!(act, Action::Read { slot, .. } if *slot == a(4))));
         assert_eq!(m.arena, ArenaWait::None);
     }
 }

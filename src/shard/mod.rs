@@ -22,6 +22,7 @@ pub mod ring_sys;
 pub mod sched;
 #[cfg(test)]
 mod sim;
+pub mod slots;
 pub mod timer_wheel;
 pub mod token;
 
@@ -42,6 +43,7 @@ use machine::{Action, Actions, ConnMachine, Counter, Ctx, Lifecycle, Limits};
 use ring::{Completion, Ring, RingConfig};
 use ring_ops::RingOps;
 use sched::{ReadyQueue, TickBudget, Turn};
+use slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 use timer_wheel::{TimerWheel, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS};
 use token::{Op, Token};
 
@@ -133,7 +135,7 @@ struct Shard<R: RingOps> {
     cfg: Arc<Config>,
     ring: R,
     conns: Vec<ConnMachine>,
-    free_conns: Vec<u32>,
+    free_conns: Vec<ConnSlot>,
     ready: ReadyQueue,
     arena: ArenaSlots,
     files: FileCache,
@@ -147,7 +149,7 @@ struct Shard<R: RingOps> {
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
     batch: Vec<Completion>,
-    recv_retry: Vec<u32>,
+    recv_retry: Vec<ConnSlot>,
     /// Connections that parked a chunk, oldest first (each slot at most once).
     parked: ListSet<1>,
     /// Connections holding a SEND_ZC chunk (the timer sweep checks that it drains).
@@ -257,7 +259,7 @@ impl<R: RingOps> Shard<R> {
             index,
             ring,
             conns: (0..max_conns).map(|_| ConnMachine::new()).collect(),
-            free_conns: (0..max_conns as u32).rev().collect(),
+            free_conns: (0..max_conns as u32).rev().map(ConnSlot::new).collect(),
             ready: ReadyQueue::new(max_conns),
             arena: ArenaSlots::new(arena_slots as u16, max_conns),
             files,
@@ -376,7 +378,7 @@ impl<R: RingOps> Shard<R> {
             }
             if let Some(log) = self.access_log.as_mut() {
                 log.reopen_if(self.log_epoch.load(Ordering::Relaxed));
-                let t = Token::new(Op::LogWrite, 0, 0, 0).encode();
+                let t = Token::shard(Op::LogWrite).encode();
                 let force = self.drain_deadline_ms.is_some();
                 log.maybe_flush(&mut self.ring, t, self.now_ms, force);
             }
@@ -421,8 +423,12 @@ impl<R: RingOps> Shard<R> {
         self.ring.sqes_pushed()
     }
 
-    fn token(&self, op: Op, c: u32, aux: u16) -> u64 {
-        Token::new(op, c, self.conns[c as usize].generation, aux).encode()
+    fn token(&self, op: Op, c: ConnSlot) -> u64 {
+        Token::conn(op, c, self.conns[c.index()].generation).encode()
+    }
+
+    fn chunk_token(&self, op: Op, c: ConnSlot, slot: ArenaSlot) -> u64 {
+        Token::chunk(op, c, self.conns[c.index()].generation, slot).encode()
     }
 
     // ---- the driver: machine events in, actions out ----------------------------------------
@@ -437,7 +443,7 @@ impl<R: RingOps> Shard<R> {
 
     /// Carries out connection `c`'s actions in order (an action may drive another machine,
     /// whose actions run before the next one here), then returns the buffer to the pool.
-    fn run_actions(&mut self, c: u32, mut out: Actions) {
+    fn run_actions(&mut self, c: ConnSlot, mut out: Actions) {
         for &action in &out {
             self.execute(c, action);
         }
@@ -447,39 +453,43 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Mirrors connection `c`'s deadline into the timer wheel (O(1); a no-op when unchanged).
-    fn sync_timer(&mut self, c: u32) {
-        let m = &self.conns[c as usize];
+    fn sync_timer(&mut self, c: ConnSlot) {
+        let m = &self.conns[c.index()];
         let want = (m.is_live() && m.deadline != Deadline::None).then_some(m.deadline_ms);
-        if self.timers.deadline(c) != want {
+        if self.timers.deadline(c.raw()) != want {
             match want {
-                Some(at_ms) => self.timers.arm(c, at_ms),
-                None => self.timers.cancel(c),
+                Some(at_ms) => self.timers.arm(c.raw(), at_ms),
+                None => self.timers.cancel(c.raw()),
             }
         }
     }
 
     /// Gives connection `c`'s machine one event (`f`) and carries out what it asks for.
-    fn drive<T>(&mut self, c: u32, f: impl FnOnce(&mut ConnMachine, &Ctx, &mut Actions) -> T) -> T {
+    fn drive<T>(
+        &mut self,
+        c: ConnSlot,
+        f: impl FnOnce(&mut ConnMachine, &Ctx, &mut Actions) -> T,
+    ) -> T {
         let cx = self.cx();
         let mut out = self.take_actions();
-        let result = f(&mut self.conns[c as usize], &cx, &mut out);
+        let result = f(&mut self.conns[c.index()], &cx, &mut out);
         self.run_actions(c, out);
         result
     }
 
     /// One action of connection `c`'s machine.
-    fn execute(&mut self, c: u32, action: Action) {
-        let socket = self.conns[c as usize].socket;
+    fn execute(&mut self, c: ConnSlot, action: Action) {
+        let socket = self.conns[c.index()].socket;
         match action {
             Action::Recv => {
-                let t = self.token(Op::Recv, c, 0);
+                let t = self.token(Op::Recv, c);
                 self.ring.recv(socket, t);
             }
             Action::RetryRecv => self.recv_retry.push(c),
             Action::SendHead { from, more } => {
                 let flags = if more { libc::MSG_MORE } else { 0 };
-                let t = self.token(Op::SendHead, c, 0);
-                self.ring.send_tx(c as usize, socket, from, flags, t);
+                let t = self.token(Op::SendHead, c);
+                self.ring.send_tx(c, socket, from, flags, t);
             }
             Action::Read {
                 slot,
@@ -489,7 +499,7 @@ impl<R: RingOps> Shard<R> {
                 file_off,
                 rw_flags,
             } => {
-                let t = self.token(Op::Read, c, slot);
+                let t = self.chunk_token(Op::Read, c, slot);
                 self.ring
                     .read_fixed(slot, buf_off, len, file_fixed, file_off, rw_flags, t);
             }
@@ -502,12 +512,12 @@ impl<R: RingOps> Shard<R> {
             } => {
                 self.shard_budget.charge(len);
                 let flags = if more { libc::MSG_MORE } else { 0 };
-                let t = self.token(Op::SendChunk, c, slot);
+                let t = self.chunk_token(Op::SendChunk, c, slot);
                 self.ring
                     .send_arena(slot, off, len, socket, flags, zerocopy, t);
             }
             Action::CopyHeadToSlot { slot } => {
-                self.ring.copy_tx_to_arena(c as usize, slot);
+                self.ring.copy_tx_to_arena(c, slot);
             }
             Action::CopyFraming {
                 slot,
@@ -515,7 +525,7 @@ impl<R: RingOps> Shard<R> {
                 len,
                 to,
             } => {
-                let body = self.conns[c as usize]
+                let body = self.conns[c.index()]
                     .body()
                     .expect("framing without a body");
                 self.ring.arena_mut(slot)[to..to + len]
@@ -523,22 +533,22 @@ impl<R: RingOps> Shard<R> {
             }
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
             Action::PollWritable => {
-                let t = self.token(Op::PollOut, c, 0);
+                let t = self.token(Op::PollOut, c);
                 self.ring.poll_writable(socket, t);
             }
             Action::ShutdownWrite => {
-                let t = self.token(Op::Shutdown, c, 0);
+                let t = self.token(Op::Shutdown, c);
                 self.ring.shutdown_write(socket, t);
             }
             Action::CancelAll => {
-                let t = self.token(Op::Cancel, c, 0);
+                let t = self.token(Op::Cancel, c);
                 self.ring.cancel_socket(socket, t);
             }
             Action::CloseSocket => {
-                let t = self.token(Op::Close, c, 0);
+                let t = self.token(Op::Close, c);
                 self.ring.close_fixed(socket, t);
             }
-            Action::ReleaseHeadBuffer => self.ring.tx_release(c as usize),
+            Action::ReleaseHeadBuffer => self.ring.tx_release(c),
             Action::ReleaseSlot(slot) => self.release_slot(slot),
             Action::ReleaseFile(f) => self.files.release(&mut self.ring, f),
             Action::DemoteFile(f) => self.files.demote_to_buffered(f),
@@ -546,20 +556,20 @@ impl<R: RingOps> Shard<R> {
             Action::QueueBulk => self.ready.push_bulk(c),
             Action::Unqueue => self.ready.remove(c),
             Action::ListParked => {
-                if self.parked.list_of(c).is_none() {
-                    self.parked.push_back(0, c);
+                if self.parked.list_of(c.raw()).is_none() {
+                    self.parked.push_back(0, c.raw());
                 }
             }
             Action::Unlist => {
-                self.parked.remove(c);
+                self.parked.remove(c.raw());
             }
             Action::Reclaim => self.reclaim_parked(),
             Action::WaitArena(demand) => self.arena.wait(c, demand),
             Action::LeaveArenaQueue => self.arena.forget(c),
             Action::ZcTaken => {
                 self.zc_held += 1;
-                if self.zc_conns.list_of(c).is_none() {
-                    self.zc_conns.push_back(0, c);
+                if self.zc_conns.list_of(c.raw()).is_none() {
+                    self.zc_conns.push_back(0, c.raw());
                 }
             }
             Action::ZcReleased => {
@@ -567,7 +577,7 @@ impl<R: RingOps> Shard<R> {
                     .zc_held
                     .checked_sub(1)
                     .expect("SEND_ZC share count underflow");
-                self.zc_conns.remove(c);
+                self.zc_conns.remove(c.raw());
             }
             Action::Count(counter, n) => self.count(counter, n),
             Action::Ttfb(us) => self.metrics.ttfb.observe(us),
@@ -595,9 +605,9 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Bookkeeping when a response ends (complete or aborted): status counters, access log.
-    fn response_done(&mut self, c: u32, status: u16, bytes: u64) {
+    fn response_done(&mut self, c: ConnSlot, status: u16, bytes: u64) {
         let now_us = self.ring.now().as_micros() as u64;
-        let conn = &self.conns[c as usize];
+        let conn = &self.conns[c.index()];
         self.metrics.count_request(conn.method, status);
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {
@@ -623,7 +633,7 @@ impl<R: RingOps> Shard<R> {
         }
         let listener = self.listener.as_ref().map(|l| l.as_fd());
         if listener.is_some() || self.ring_accepts {
-            let t = Token::new(Op::Accept, 0, 0, 0).encode();
+            let t = Token::shard(Op::Accept).encode();
             self.ring.accept_multi(listener, t);
             self.accept_armed = true;
         }
@@ -653,12 +663,12 @@ impl<R: RingOps> Shard<R> {
             }
             return;
         }
-        let socket = cqe.result as u32;
+        let socket = SocketSlot::new(cqe.result as u32);
         let draining = self.drain_deadline_ms.is_some();
         let Some(c) = (!draining).then(|| self.free_conns.pop()).flatten() else {
             ShardMetrics::add(&self.metrics.refused_over_cap, 1);
-            let t = Token::new(Op::Overflow, socket, 0, 0).encode();
-            let tc = Token::new(Op::OverflowClose, socket, 0, 0).encode();
+            let t = Token::socket(Op::Overflow, socket).encode();
+            let tc = Token::socket(Op::OverflowClose, socket).encode();
             self.ring
                 .send_static_then_close(socket, OVER_CAP_RESPONSE, t, tc);
             return;
@@ -684,7 +694,7 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    fn on_recv(&mut self, c: u32, cqe: Completion) {
+    fn on_recv(&mut self, c: ConnSlot, cqe: Completion) {
         let bid = cqe.buffer_id();
         if let Some(b) = bid {
             self.ring.claim_recv(b);
@@ -694,7 +704,7 @@ impl<R: RingOps> Shard<R> {
         let data = bid
             .filter(|_| cqe.result > 0)
             .map(|b| self.ring.recv_data(b, cqe.result as usize));
-        self.conns[c as usize].on_recv(cqe.result, data, &cx, &mut out);
+        self.conns[c.index()].on_recv(cqe.result, data, &cx, &mut out);
         if let Some(b) = bid {
             self.ring.recycle_recv(b);
         }
@@ -703,14 +713,14 @@ impl<R: RingOps> Shard<R> {
 
     // ---- the ready queue -------------------------------------------------------------------
 
-    fn visit(&mut self, c: u32, tick_budget: usize) -> Turn {
-        if !self.conns[c as usize].is_open() {
+    fn visit(&mut self, c: ConnSlot, tick_budget: usize) -> Turn {
+        if !self.conns[c.index()].is_open() {
             return Turn::Idle;
         }
-        if !self.conns[c as usize].responding() {
+        if !self.conns[c.index()].responding() {
             self.start_request(c);
         }
-        let conn = &self.conns[c as usize];
+        let conn = &self.conns[c.index()];
         if !(conn.is_open() && conn.responding()) {
             return Turn::Idle;
         }
@@ -718,7 +728,7 @@ impl<R: RingOps> Shard<R> {
         let mut out = self.take_actions();
         let mut budget = TickBudget::new(tick_budget);
         let arena = &mut self.arena;
-        let conn = &mut self.conns[c as usize];
+        let conn = &mut self.conns[c.index()];
         let turn = conn.pump(
             &mut budget,
             &mut self.shard_budget,
@@ -732,7 +742,7 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Returns an arena slot; a waiting connection gets it handed over and is queued.
-    fn release_slot(&mut self, slot: u16) {
+    fn release_slot(&mut self, slot: ArenaSlot) {
         if let Some((w, s)) = self.arena.give_back(slot) {
             let small = self.drive(w, |m, cx, out| m.slot_handed(s, cx, out));
             if small {
@@ -749,10 +759,10 @@ impl<R: RingOps> Shard<R> {
     /// the arena; stops when nobody waits.
     fn reclaim_parked(&mut self) {
         while self.arena.waiting() > 0 {
-            let Some(c) = self.parked.pop_front(0) else {
+            let Some(c) = self.parked.pop_front(0).map(ConnSlot::new) else {
                 return;
             };
-            if self.conns[c as usize].is_parked() {
+            if self.conns[c.index()].is_parked() {
                 self.drive(c, |m, _, out| m.reclaim(out));
             }
         }
@@ -765,13 +775,13 @@ impl<R: RingOps> Shard<R> {
     /// keeps its old place with a newer `parked_ms`, so the list is not sorted by park time.
     fn expire_parked(&mut self) {
         for _ in 0..self.parked.len(0) {
-            let Some(c) = self.parked.pop_front(0) else {
+            let Some(c) = self.parked.pop_front(0).map(ConnSlot::new) else {
                 return;
             };
-            let conn = &self.conns[c as usize];
+            let conn = &self.conns[c.index()];
             let recent = self.now_ms < conn.parked_ms + PARK_HOLD_MS;
             if conn.is_parked() && recent {
-                self.parked.push_back(0, c);
+                self.parked.push_back(0, c.raw());
             } else if conn.is_parked() {
                 self.drive(c, |m, _, out| m.reclaim(out));
             }
@@ -782,17 +792,17 @@ impl<R: RingOps> Shard<R> {
 
     fn sweep_timers(&mut self) {
         self.expire_parked();
-        while let Some(c) = self.timers.pop_expired(self.now_ms) {
+        while let Some(c) = self.timers.pop_expired(self.now_ms).map(ConnSlot::new) {
             // The machine judges by its own deadline (the wheel only mirrors it); if the slot
             // did not close, `run_actions` arms the wheel again from what the machine says.
             self.drive(c, |m, cx, out| m.on_timer(cx, out));
         }
         // Connections holding a SEND_ZC chunk (at most half the arena's worth).
         for _ in 0..self.zc_conns.len(0) {
-            let Some(c) = self.zc_conns.pop_front(0) else {
+            let Some(c) = self.zc_conns.pop_front(0).map(ConnSlot::new) else {
                 break;
             };
-            self.zc_conns.push_back(0, c);
+            self.zc_conns.push_back(0, c.raw());
             self.drive(c, |m, cx, out| m.check_zerocopy_stuck(cx, out));
         }
     }
@@ -801,8 +811,8 @@ impl<R: RingOps> Shard<R> {
         self.drain_deadline_ms = Some(self.now_ms + self.cfg.drain_timeout_ms);
         tracing::info!(shard = self.index, "draining: no new connections");
         if self.accept_armed {
-            let target = Token::new(Op::Accept, 0, 0, 0).encode();
-            let t = Token::new(Op::CancelAccept, 0, 0, 0).encode();
+            let target = Token::shard(Op::Accept).encode();
+            let t = Token::shard(Op::CancelAccept).encode();
             self.ring.cancel_token(target, t);
         }
         // Close the listening socket: connections still in its backlog are reset and new ones
@@ -810,25 +820,25 @@ impl<R: RingOps> Shard<R> {
         // flight holds its own reference to the socket until the cancel above completes.
         self.listener = None;
         self.ring_accepts = false;
-        for c in 0..self.conns.len() as u32 {
-            if self.conns[c as usize].is_live() {
+        for c in (0..self.conns.len() as u32).map(ConnSlot::new) {
+            if self.conns[c.index()].is_live() {
                 self.drive(c, |m, cx, out| m.on_drain(cx, out));
             }
         }
     }
 
     fn close_all(&mut self, reason: CloseReason) {
-        for c in 0..self.conns.len() as u32 {
-            if self.conns[c as usize].is_live() {
+        for c in (0..self.conns.len() as u32).map(ConnSlot::new) {
+            if self.conns[c.index()].is_live() {
                 self.drive(c, |m, cx, out| m.close(reason, cx, out));
             }
         }
     }
 
     /// A connection's socket is closed: its slot goes back on the free list.
-    fn on_close(&mut self, c: u32) {
-        self.conns[c as usize].on_closed();
-        self.timers.cancel(c);
+    fn on_close(&mut self, c: ConnSlot) {
+        self.conns[c.index()].on_closed();
+        self.timers.cancel(c.raw());
         self.free_conns.push(c);
         self.open_conns -= 1;
         self.socket_slot_freed();
@@ -859,10 +869,10 @@ impl<R: RingOps> Shard<R> {
             }
             _ => {}
         }
-        let c = t.slot;
+        let c = t.conn_slot();
         let live = self
             .conns
-            .get(c as usize)
+            .get(c.index())
             .is_some_and(|conn| conn.generation == t.generation && conn.life != Lifecycle::Free);
         // Slots are freed only when no operation is in flight, so a mismatch is a bug.
         assert!(live, "completion {t:?} for a free or reused slot");
@@ -870,21 +880,22 @@ impl<R: RingOps> Shard<R> {
         match t.op {
             Op::Recv => self.on_recv(c, cqe),
             Op::SendHead => {
-                self.ring.tx_done(c as usize);
+                self.ring.tx_done(c);
                 self.drive(c, |m, cx, out| m.on_head_sent(res, cx, out));
             }
             Op::Read => {
-                let slot = t.aux;
+                let slot = t.arena_slot();
                 self.ring.arena_done(slot);
                 let cx = self.cx();
                 let mut out = self.take_actions();
                 let files = &mut self.files;
-                let mut unchanged = |f: u32| files.unchanged_since_open(f);
-                self.conns[c as usize].on_read(slot, res, &mut unchanged, &cx, &mut out);
+                let mut unchanged = |f: FileSlot| files.unchanged_since_open(f);
+                self.conns[c.index()].on_read(slot, res, &mut unchanged, &cx, &mut out);
                 self.run_actions(c, out);
             }
             Op::SendChunk => {
-                let (slot, more, notification) = (t.aux, cqe.more(), cqe.is_notification());
+                let (slot, more, notification) =
+                    (t.arena_slot(), cqe.more(), cqe.is_notification());
                 if notification || !more {
                     // The kernel is done with the buffer: a plain send finished, or SEND_ZC's
                     // notification (or its failure without one) arrived.

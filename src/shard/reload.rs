@@ -65,7 +65,7 @@ impl<R: RingOps> Shard<R> {
             if log.busy() {
                 return;
             }
-            let t = super::token::Token::new(super::token::Op::LogWrite, 0, 0, 0).encode();
+            let t = super::token::Token::shard(super::token::Op::LogWrite).encode();
             log.maybe_flush(&mut self.ring, t, self.now_ms, true);
             if log.busy() {
                 return;

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use super::conn::{Body, Segment, Source};
 use super::files::{ReadMode, TargetError};
+use super::slots::{ConnSlot, FileSlot};
 use super::{access_log, ring, RingOps, Shard};
 use crate::http::date::DateCache;
 use crate::http::mime;
@@ -17,8 +18,8 @@ use crate::http::request::{parse_request, Method, Parsed, Request};
 impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
     /// receive when the head is not complete yet.
-    pub(super) fn start_request(&mut self, c: u32) {
-        let rx = std::mem::take(&mut self.conns[c as usize].rx);
+    pub(super) fn start_request(&mut self, c: ConnSlot) {
+        let rx = std::mem::take(&mut self.conns[c.index()].rx);
         let parsed = parse_request(&rx);
         if !matches!(parsed, Parsed::Partial) {
             self.note_request(c, &rx, &parsed);
@@ -34,22 +35,22 @@ impl<R: RingOps> Shard<R> {
                 head_len
             }
         };
-        let conn = &mut self.conns[c as usize];
+        let conn = &mut self.conns[c.index()];
         conn.rx = rx;
         conn.rx.drain(..consumed);
         self.drive(c, |m, _, out| m.need_more_request(out));
     }
 
     /// Seed for a multipart boundary: differs per shard, connection and moment.
-    fn boundary_seed(&self, c: u32) -> u64 {
-        (self.index as u64) << 48 ^ u64::from(c) << 24 ^ self.now_ms ^ self.metrics_requests()
+    fn boundary_seed(&self, c: ConnSlot) -> u64 {
+        (self.index as u64) << 48 ^ u64::from(c.raw()) << 24 ^ self.now_ms ^ self.metrics_requests()
     }
 
     /// Starts the clock of a request and keeps what the access log needs.
-    fn note_request(&mut self, c: u32, rx: &[u8], parsed: &Parsed<'_>) {
+    fn note_request(&mut self, c: ConnSlot, rx: &[u8], parsed: &Parsed<'_>) {
         let cx = self.cx();
         let logging = self.access_log.is_some();
-        let conn = &mut self.conns[c as usize];
+        let conn = &mut self.conns[c.index()];
         let method = match parsed {
             Parsed::Complete { request, .. } => Some(request.method),
             _ => None,
@@ -89,20 +90,26 @@ impl<R: RingOps> Shard<R> {
 
     /// A response with no file body (errors, 405, health): header and a short text, or only
     /// the header when answering a HEAD request.
-    pub(super) fn respond_status(&mut self, c: u32, status: u16, keep_alive: bool, head: bool) {
+    pub(super) fn respond_status(
+        &mut self,
+        c: ConnSlot,
+        status: u16,
+        keep_alive: bool,
+        head: bool,
+    ) {
         let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         let plan = plan::plan_status(status, keep_alive, head, &ctx);
-        let started = start_plan(self.ring.tx_mut(c as usize), &plan);
+        let started = start_plan(self.ring.tx_mut(c), &plan);
         self.install(c, started, None);
     }
 
-    fn respond(&mut self, c: u32, req: &Request<'_>) {
+    fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         let limits = self.plan_limits();
         let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         if let Some(plan) = plan::plan_without_file(req, &limits, &ctx) {
-            let started = start_plan(self.ring.tx_mut(c as usize), &plan);
+            let started = start_plan(self.ring.tx_mut(c), &plan);
             return self.install(c, started, None);
         }
         let idx = match self
@@ -134,7 +141,7 @@ impl<R: RingOps> Shard<R> {
             content_type: mime::content_type_for(f.opened_path().as_bytes()),
         };
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
-        let started = start_plan(self.ring.tx_mut(c as usize), &plan);
+        let started = start_plan(self.ring.tx_mut(c), &plan);
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
             return self.install(c, started, None);
@@ -144,7 +151,7 @@ impl<R: RingOps> Shard<R> {
 
     /// Starts a planned response on the connection: its state, where its head is sent from,
     /// and its body work. `file` is the open-file entry the body reads (held until it is done).
-    fn install(&mut self, c: u32, started: Started, file: Option<u32>) {
+    fn install(&mut self, c: ConnSlot, started: Started, file: Option<FileSlot>) {
         let (file_fixed, align, rw_flags, source) = match file {
             Some(idx) => {
                 let f = self.files.get(idx);
@@ -168,8 +175,8 @@ impl<R: RingOps> Shard<R> {
             read_size_bytes: self.cfg.chunk_bytes,
         });
         let cx = self.cx();
-        let head_len = self.ring.tx_len(c as usize);
-        self.conns[c as usize].begin_response(
+        let head_len = self.ring.tx_len(c);
+        self.conns[c.index()].begin_response(
             started.status,
             started.keep_alive,
             head_len,

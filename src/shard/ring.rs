@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+use super::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
+
 /// Buffer group id of the provided-buffer ring used for receives.
 const RECV_BUFFER_GROUP: u16 = 0;
 /// `RWF_DONTCACHE` (Linux 6.14+); the io-uring crate has no constant for it yet.
@@ -389,8 +391,8 @@ impl Ring {
         self.recv.buffer_bytes
     }
 
-    fn arena_ptr(&mut self, slot: u16, offset: usize, len: usize) -> *mut u8 {
-        let i = usize::from(slot);
+    fn arena_ptr(&mut self, slot: ArenaSlot, offset: usize, len: usize) -> *mut u8 {
+        let i = slot.index();
         assert!(
             !self.arena.kernel_owned[i],
             "arena slot {slot} already in flight"
@@ -513,8 +515,8 @@ impl super::ring_ops::RingOps for Ring {
         }
     }
     /// Arms one receive on a fixed socket; the kernel picks a provided buffer when data comes.
-    fn recv(&mut self, socket: u32, token: u64) {
-        let e = opcode::Recv::new(types::Fixed(socket), std::ptr::null_mut(), 0)
+    fn recv(&mut self, socket: SocketSlot, token: u64) {
+        let e = opcode::Recv::new(types::Fixed(socket.raw()), std::ptr::null_mut(), 0)
             .buf_group(RECV_BUFFER_GROUP)
             .build()
             .flags(squeue::Flags::BUFFER_SELECT)
@@ -535,45 +537,45 @@ impl super::ring_ops::RingOps for Ring {
         self.recv.provide(bid);
     }
     /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
-    fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        self.tx.get_mut(conn)
+    fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8> {
+        self.tx.get_mut(conn.index())
     }
     /// Sends `tx[conn][from..]`; the buffer is the kernel's until `tx_done(conn)`.
-    fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64) {
+    fn send_tx(&mut self, conn: ConnSlot, socket: SocketSlot, from: usize, flags: i32, token: u64) {
         // `lend` keeps the Vec untouched (asserted) until tx_done, so the heap block the
         // kernel reads stays where it is.
-        let buf = self.tx.lend(conn, from);
+        let buf = self.tx.lend(conn.index(), from);
         let (ptr, len) = (buf.as_ptr(), buf.len());
-        let e = opcode::Send::new(types::Fixed(socket), ptr, len as u32)
+        let e = opcode::Send::new(types::Fixed(socket.raw()), ptr, len as u32)
             .flags(flags | libc::MSG_NOSIGNAL)
             .build()
             .user_data(token);
         self.push(e);
     }
     /// The kernel is done with `tx[conn]` (its send completed).
-    fn tx_done(&mut self, conn: usize) {
-        self.tx.done(conn);
+    fn tx_done(&mut self, conn: ConnSlot) {
+        self.tx.done(conn.index());
     }
     /// Bytes in connection `conn`'s header buffer.
-    fn tx_len(&self, conn: usize) -> usize {
-        self.tx.len(conn)
+    fn tx_len(&self, conn: ConnSlot) -> usize {
+        self.tx.len(conn.index())
     }
     /// Copies connection `conn`'s header buffer to the front of arena slot `slot`; returns
     /// its length. Neither may be in flight.
-    fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
-        let tx = std::mem::take(self.tx.get_mut(conn));
+    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize {
+        let tx = std::mem::take(self.tx.get_mut(conn.index()));
         let n = tx.len();
         self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        *self.tx.get_mut(conn) = tx;
+        *self.tx.get_mut(conn.index()) = tx;
         n
     }
     /// Releases the heap memory of an idle connection's header buffer.
-    fn tx_release(&mut self, conn: usize) {
-        self.tx.release(conn);
+    fn tx_release(&mut self, conn: ConnSlot) {
+        self.tx.release(conn.index());
     }
     /// Arena slot `slot` for writing by the shard (the kernel must not own it).
-    fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
-        let i = usize::from(slot);
+    fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8] {
+        let i = slot.index();
         assert!(
             !self.arena.kernel_owned[i],
             "arena slot {slot} mutated while in flight"
@@ -585,8 +587,8 @@ impl super::ring_ops::RingOps for Ring {
         }
     }
     /// Arena slot `slot` for reading by the shard (the kernel must not own it).
-    fn arena(&self, slot: u16) -> &[u8] {
-        let i = usize::from(slot);
+    fn arena(&self, slot: ArenaSlot) -> &[u8] {
+        let i = slot.index();
         assert!(
             !self.arena.kernel_owned[i],
             "arena slot {slot} read while in flight"
@@ -602,7 +604,7 @@ impl super::ring_ops::RingOps for Ring {
     #[allow(clippy::too_many_arguments)]
     fn read_fixed(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         buf_offset: usize,
         len: usize,
         file: u32,
@@ -612,7 +614,7 @@ impl super::ring_ops::RingOps for Ring {
     ) {
         assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
         let ptr = self.arena_ptr(slot, buf_offset, len);
-        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, slot)
+        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, slot.raw())
             .offset(file_offset)
             .rw_flags(rw_flags)
             .build()
@@ -628,10 +630,10 @@ impl super::ring_ops::RingOps for Ring {
     #[allow(clippy::too_many_arguments)]
     fn send_arena(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         offset: usize,
         len: usize,
-        socket: u32,
+        socket: SocketSlot,
         flags: i32,
         zerocopy: bool,
         token: u64,
@@ -639,20 +641,20 @@ impl super::ring_ops::RingOps for Ring {
         let ptr = self.arena_ptr(slot, offset, len);
         let flags = flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         let e = if zerocopy {
-            opcode::SendZc::new(types::Fixed(socket), ptr, len as u32)
-                .buf_index(Some(slot))
+            opcode::SendZc::new(types::Fixed(socket.raw()), ptr, len as u32)
+                .buf_index(Some(slot.raw()))
                 .flags(flags)
                 .build()
         } else {
-            opcode::Send::new(types::Fixed(socket), ptr, len as u32)
+            opcode::Send::new(types::Fixed(socket.raw()), ptr, len as u32)
                 .flags(flags)
                 .build()
         };
         self.push(e.user_data(token));
     }
     /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).
-    fn arena_done(&mut self, slot: u16) {
-        let i = usize::from(slot);
+    fn arena_done(&mut self, slot: ArenaSlot) {
+        let i = slot.index();
         assert!(
             self.arena.kernel_owned[i],
             "arena_done on slot {slot} not in flight"
@@ -662,16 +664,20 @@ impl super::ring_ops::RingOps for Ring {
     /// Sends static bytes (canned responses), optionally linked to a close of the socket.
     fn send_static_then_close(
         &mut self,
-        socket: u32,
+        socket: SocketSlot,
         bytes: &'static [u8],
         token: u64,
         close_token: u64,
     ) {
-        let e = opcode::Send::new(types::Fixed(socket), bytes.as_ptr(), bytes.len() as u32)
-            .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-            .build()
-            .flags(squeue::Flags::IO_HARDLINK)
-            .user_data(token);
+        let e = opcode::Send::new(
+            types::Fixed(socket.raw()),
+            bytes.as_ptr(),
+            bytes.len() as u32,
+        )
+        .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        .build()
+        .flags(squeue::Flags::IO_HARDLINK)
+        .user_data(token);
         self.push(e);
         self.close_fixed(socket, close_token);
     }
@@ -694,16 +700,16 @@ impl super::ring_ops::RingOps for Ring {
             .take()
             .expect("log write completion without a write")
     }
-    /// Closes a fixed-file slot (socket or file).
-    fn close_fixed(&mut self, slot: u32, token: u64) {
-        let e = opcode::Close::new(types::Fixed(slot))
+    /// Closes fixed socket `socket`.
+    fn close_fixed(&mut self, socket: SocketSlot, token: u64) {
+        let e = opcode::Close::new(types::Fixed(socket.raw()))
             .build()
             .user_data(token);
         self.push(e);
     }
     /// Cancels every operation in flight on fixed socket `socket`.
-    fn cancel_socket(&mut self, socket: u32, token: u64) {
-        let b = types::CancelBuilder::fd(types::Fixed(socket)).all();
+    fn cancel_socket(&mut self, socket: SocketSlot, token: u64) {
+        let b = types::CancelBuilder::fd(types::Fixed(socket.raw())).all();
         let e = opcode::AsyncCancel2::new(b).build().user_data(token);
         self.push(e);
     }
@@ -713,35 +719,35 @@ impl super::ring_ops::RingOps for Ring {
         self.push(e);
     }
     /// Places an open file in fixed-file slot `index` (relative to the file range).
-    fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
-        assert!(index < self.file_slots);
+    fn register_file(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()> {
+        assert!(index.raw() < self.file_slots);
         self.uring
             .submitter()
-            .register_files_update(self.socket_slots + index, &[fd.as_raw_fd()])?;
+            .register_files_update(self.socket_slots + index.raw(), &[fd.as_raw_fd()])?;
         Ok(())
     }
     /// Empties fixed-file slot `index` (relative to the file range).
-    fn unregister_file(&mut self, index: u32) -> io::Result<()> {
-        assert!(index < self.file_slots);
+    fn unregister_file(&mut self, index: FileSlot) -> io::Result<()> {
+        assert!(index.raw() < self.file_slots);
         self.uring
             .submitter()
-            .register_files_update(self.socket_slots + index, &[-1])?;
+            .register_files_update(self.socket_slots + index.raw(), &[-1])?;
         Ok(())
     }
     /// The absolute fixed-file index of file slot `index`.
-    fn file_fixed_index(&self, index: u32) -> u32 {
-        self.socket_slots + index
+    fn file_fixed_index(&self, index: FileSlot) -> u32 {
+        self.socket_slots + index.raw()
     }
     /// Arms a one-shot poll for socket `socket` to become writable (no buffer involved).
-    fn poll_writable(&mut self, socket: u32, token: u64) {
-        let e = opcode::PollAdd::new(types::Fixed(socket), libc::POLLOUT as u32)
+    fn poll_writable(&mut self, socket: SocketSlot, token: u64) {
+        let e = opcode::PollAdd::new(types::Fixed(socket.raw()), libc::POLLOUT as u32)
             .build()
             .user_data(token);
         self.push(e);
     }
     /// Shuts down the write side of socket `socket` (a FIN after what was sent).
-    fn shutdown_write(&mut self, socket: u32, token: u64) {
-        let e = opcode::Shutdown::new(types::Fixed(socket), libc::SHUT_WR)
+    fn shutdown_write(&mut self, socket: SocketSlot, token: u64) {
+        let e = opcode::Shutdown::new(types::Fixed(socket.raw()), libc::SHUT_WR)
             .build()
             .user_data(token);
         self.push(e);

@@ -11,6 +11,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use super::ring::Completion;
+use super::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// What a shard needs from a ring (see `Ring` for each method's contract).
 pub trait RingOps {
@@ -35,7 +36,7 @@ pub trait RingOps {
     /// connections (the simulator).
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64);
     /// Arms one receive on a fixed socket (into a provided buffer).
-    fn recv(&mut self, socket: u32, token: u64);
+    fn recv(&mut self, socket: SocketSlot, token: u64);
     /// Takes ownership of provided buffer `bid` named by a receive completion.
     fn claim_recv(&mut self, bid: u16);
     /// The bytes a receive placed in provided buffer `bid`.
@@ -44,27 +45,27 @@ pub trait RingOps {
     fn recycle_recv(&mut self, bid: u16);
 
     /// The header buffer of connection slot `conn`, for writing (not in flight).
-    fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8>;
+    fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8>;
     /// Sends `tx[conn][from..]`; the buffer is the ring's until `tx_done(conn)`.
-    fn send_tx(&mut self, conn: usize, socket: u32, from: usize, flags: i32, token: u64);
+    fn send_tx(&mut self, conn: ConnSlot, socket: SocketSlot, from: usize, flags: i32, token: u64);
     /// The send from `tx[conn]` completed.
-    fn tx_done(&mut self, conn: usize);
+    fn tx_done(&mut self, conn: ConnSlot);
     /// Bytes in connection `conn`'s header buffer.
-    fn tx_len(&self, conn: usize) -> usize;
+    fn tx_len(&self, conn: ConnSlot) -> usize;
     /// Copies `tx[conn]` to the front of arena slot `slot`; returns its length.
-    fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize;
+    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize;
     /// Releases the memory of an idle connection's header buffer.
-    fn tx_release(&mut self, conn: usize);
+    fn tx_release(&mut self, conn: ConnSlot);
 
     /// Arena slot `slot` for writing by the shard (not in flight).
-    fn arena_mut(&mut self, slot: u16) -> &mut [u8];
+    fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8];
     /// Arena slot `slot` for reading by the shard (not in flight).
-    fn arena(&self, slot: u16) -> &[u8];
+    fn arena(&self, slot: ArenaSlot) -> &[u8];
     /// Reads `len` bytes of fixed file `file` at `file_offset` into `slot` at `buf_offset`.
     #[allow(clippy::too_many_arguments)]
     fn read_fixed(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         buf_offset: usize,
         len: usize,
         file: u32,
@@ -77,20 +78,20 @@ pub trait RingOps {
     #[allow(clippy::too_many_arguments)]
     fn send_arena(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         offset: usize,
         len: usize,
-        socket: u32,
+        socket: SocketSlot,
         flags: i32,
         zerocopy: bool,
         token: u64,
     );
     /// The ring is done with arena slot `slot`.
-    fn arena_done(&mut self, slot: u16);
+    fn arena_done(&mut self, slot: ArenaSlot);
     /// Sends static bytes, then closes the socket (linked).
     fn send_static_then_close(
         &mut self,
-        socket: u32,
+        socket: SocketSlot,
         bytes: &'static [u8],
         token: u64,
         close_token: u64,
@@ -100,22 +101,22 @@ pub trait RingOps {
     /// The log write completed: its buffer, for reuse.
     fn log_write_done(&mut self) -> Vec<u8>;
 
-    /// Closes a fixed-file slot (socket or file).
-    fn close_fixed(&mut self, slot: u32, token: u64);
+    /// Closes fixed socket `socket`.
+    fn close_fixed(&mut self, socket: SocketSlot, token: u64);
     /// Cancels every operation in flight on fixed socket `socket`.
-    fn cancel_socket(&mut self, socket: u32, token: u64);
+    fn cancel_socket(&mut self, socket: SocketSlot, token: u64);
     /// Cancels the operation submitted with `target`.
     fn cancel_token(&mut self, target: u64, token: u64);
     /// Places an open file in file slot `index`.
-    fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()>;
+    fn register_file(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()>;
     /// Empties file slot `index`.
-    fn unregister_file(&mut self, index: u32) -> io::Result<()>;
+    fn unregister_file(&mut self, index: FileSlot) -> io::Result<()>;
     /// The absolute fixed-file index of file slot `index`.
-    fn file_fixed_index(&self, index: u32) -> u32;
+    fn file_fixed_index(&self, index: FileSlot) -> u32;
     /// Arms a one-shot poll for socket `socket` to become writable.
-    fn poll_writable(&mut self, socket: u32, token: u64);
+    fn poll_writable(&mut self, socket: SocketSlot, token: u64);
     /// Shuts down the write side of socket `socket`.
-    fn shutdown_write(&mut self, socket: u32, token: u64);
+    fn shutdown_write(&mut self, socket: SocketSlot, token: u64);
 
     /// Submits queued entries and waits for at least `want` completions or `timeout`.
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()>;

@@ -6,6 +6,7 @@
 //! wants more it goes to the back, so one fast connection cannot hold the shard.
 
 use super::intrusive::ListSet;
+use super::slots::ConnSlot;
 
 /// What a connection did with its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,22 +38,22 @@ impl ReadyQueue {
     }
 
     /// Queues `conn` ahead of bulk work (a new request); one waiting in bulk is promoted.
-    pub fn push_urgent(&mut self, conn: u32) {
-        if self.lists.list_of(conn) != Some(URGENT) {
-            self.lists.push_back(URGENT, conn);
+    pub fn push_urgent(&mut self, conn: ConnSlot) {
+        if self.lists.list_of(conn.raw()) != Some(URGENT) {
+            self.lists.push_back(URGENT, conn.raw());
         }
     }
 
     /// Queues `conn` at the back of the bulk queue (unless already queued).
-    pub fn push_bulk(&mut self, conn: u32) {
-        if self.lists.list_of(conn).is_none() {
-            self.lists.push_back(BULK, conn);
+    pub fn push_bulk(&mut self, conn: ConnSlot) {
+        if self.lists.list_of(conn.raw()).is_none() {
+            self.lists.push_back(BULK, conn.raw());
         }
     }
 
     /// Drops `conn` from the queues (it is closing).
-    pub fn remove(&mut self, conn: u32) {
-        self.lists.remove(conn);
+    pub fn remove(&mut self, conn: ConnSlot) {
+        self.lists.remove(conn.raw());
     }
 
     /// Connections queued now.
@@ -75,19 +76,19 @@ impl ReadyQueue {
     /// The caller re-queues it (`push_bulk`) if it wants another turn.
     /// With `bulk_allowed` false (the shard's budget for this tick is spent) only urgent
     /// connections are returned; the unvisited bulk ones keep their place at the front.
-    pub fn next_conn(&mut self, bulk_allowed: bool) -> Option<u32> {
+    pub fn next_conn(&mut self, bulk_allowed: bool) -> Option<ConnSlot> {
         if let Some(c) = self.lists.pop_front(URGENT) {
-            return Some(c);
+            return Some(ConnSlot::new(c));
         }
         if bulk_allowed && self.bulk_rounds > 0 {
             self.bulk_rounds -= 1;
-            return self.lists.pop_front(BULK);
+            return self.lists.pop_front(BULK).map(ConnSlot::new);
         }
         None
     }
 
     /// Runs one tick with `visit` deciding each connection's turn.
-    pub fn run_tick(&mut self, mut visit: impl FnMut(u32) -> Turn) {
+    pub fn run_tick(&mut self, mut visit: impl FnMut(ConnSlot) -> Turn) {
         self.begin_tick();
         while let Some(c) = self.next_conn(true) {
             if visit(c) == Turn::MoreWork {
@@ -133,15 +134,19 @@ mod tests {
     const BUDGET: usize = 1024 * 1024;
     const DEPTH: usize = 4;
 
-    fn visit(sims: &mut [Sim], c: u32, log: &mut Vec<u32>) -> Turn {
-        let s = &mut sims[c as usize];
+    fn c(raw: u32) -> ConnSlot {
+        ConnSlot::new(raw)
+    }
+
+    fn visit(sims: &mut [Sim], c: ConnSlot, log: &mut Vec<u32>) -> Turn {
+        let s = &mut sims[c.index()];
         let mut budget = TickBudget::new(BUDGET);
         while budget.has_room() && s.outstanding < DEPTH && s.remaining > 0 {
             let n = CHUNK.min(s.remaining);
             s.remaining -= n;
             s.outstanding += 1;
             budget.charge(n);
-            log.push(c);
+            log.push(c.raw());
         }
         if s.remaining > 0 && s.outstanding < DEPTH {
             Turn::MoreWork
@@ -162,8 +167,8 @@ mod tests {
             .collect();
         sims[100].remaining = 1024;
         let mut q = ReadyQueue::new(101);
-        for c in 0..100 {
-            q.push_bulk(c);
+        for i in 0..100 {
+            q.push_bulk(c(i));
         }
         let mut log = Vec::new();
         q.run_tick(|c| visit(&mut sims, c, &mut log));
@@ -173,7 +178,7 @@ mod tests {
             s.outstanding = 0; // their chunks completed
         }
         // The small request arrives; bulk connections are all queued again.
-        q.push_urgent(100);
+        q.push_urgent(c(100));
         log.clear();
         q.run_tick(|c| visit(&mut sims, c, &mut log));
         assert_eq!(log[0], 100, "small request must be first in the tick");
@@ -189,8 +194,8 @@ mod tests {
             })
             .collect();
         let mut q = ReadyQueue::new(3);
-        for c in 0..3 {
-            q.push_bulk(c);
+        for i in 0..3 {
+            q.push_bulk(c(i));
         }
         let mut log = Vec::new();
         q.run_tick(|c| visit(&mut sims, c, &mut log));
@@ -201,37 +206,37 @@ mod tests {
     #[test]
     fn spent_shard_budget_serves_urgent_and_keeps_bulk_order() {
         let mut q = ReadyQueue::new(8);
-        for c in [1, 2, 3] {
-            q.push_bulk(c);
+        for i in [1, 2, 3] {
+            q.push_bulk(c(i));
         }
         q.begin_tick();
-        assert_eq!(q.next_conn(true), Some(1));
+        assert_eq!(q.next_conn(true), Some(c(1)));
         // The shard's budget is spent: bulk waits, a new request is still served.
-        q.push_urgent(5);
-        assert_eq!(q.next_conn(false), Some(5));
+        q.push_urgent(c(5));
+        assert_eq!(q.next_conn(false), Some(c(5)));
         assert_eq!(q.next_conn(false), None);
         // Next tick: 2 and 3 come first, before connections queued after them.
-        q.push_bulk(4);
+        q.push_bulk(c(4));
         q.begin_tick();
-        let order: Vec<u32> = std::iter::from_fn(|| q.next_conn(true)).collect();
-        assert_eq!(order, vec![2, 3, 4]);
+        let order: Vec<ConnSlot> = std::iter::from_fn(|| q.next_conn(true)).collect();
+        assert_eq!(order, vec![c(2), c(3), c(4)]);
     }
 
     #[test]
     fn a_connection_is_queued_once() {
         let mut q = ReadyQueue::new(4);
-        q.push_bulk(1);
-        q.push_bulk(1);
-        q.push_urgent(1);
+        q.push_bulk(c(1));
+        q.push_bulk(c(1));
+        q.push_urgent(c(1));
         assert_eq!(q.len(), 1);
         let mut seen = Vec::new();
-        q.run_tick(|c| {
-            seen.push(c);
+        q.run_tick(|conn| {
+            seen.push(conn);
             Turn::Idle
         });
-        assert_eq!(seen, vec![1]);
-        q.push_bulk(2);
-        q.remove(2);
+        assert_eq!(seen, vec![c(1)]);
+        q.push_bulk(c(2));
+        q.remove(c(2));
         assert!(q.is_empty());
     }
 }

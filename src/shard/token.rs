@@ -3,6 +3,10 @@
 //! Layout (64 bits): `op:8 | aux:16 | generation:16 | slot:24`. `op` is never 0, so 0 is never
 //! a valid token. `slot` is the connection slot, `generation` guards against a slot reused
 //! while a stale completion is still queued, `aux` carries the arena slot of chunk operations.
+//! The fields stay integers only inside this module: tokens are built from and read back as
+//! typed handles (`ConnSlot`, `ArenaSlot`, `SocketSlot`).
+
+use super::slots::{ArenaSlot, ConnSlot, SocketSlot};
 
 /// Largest connection slot index a token can carry.
 pub const MAX_SLOT: u32 = (1 << 24) - 1;
@@ -66,16 +70,46 @@ pub struct Token {
     /// What the operation was.
     pub op: Op,
     /// Connection slot (or fixed socket index for overflow ops).
-    pub slot: u32,
+    slot: u32,
     /// Generation of the slot when the operation was submitted.
     pub generation: u16,
     /// Op-specific extra (arena slot for chunk ops).
-    pub aux: u16,
+    aux: u16,
 }
 
 impl Token {
-    /// A token for `op` on `slot` at `generation`.
-    pub fn new(op: Op, slot: u32, generation: u16, aux: u16) -> Token {
+    /// A token for an operation of the shard itself (accept, log write): no slot.
+    pub fn shard(op: Op) -> Token {
+        Token::new(op, 0, 0, 0)
+    }
+
+    /// A token for `op` of connection `conn` at `generation`.
+    pub fn conn(op: Op, conn: ConnSlot, generation: u16) -> Token {
+        Token::new(op, conn.raw(), generation, 0)
+    }
+
+    /// A token for a chunk operation (read, send) of connection `conn` on arena slot `slot`.
+    pub fn chunk(op: Op, conn: ConnSlot, generation: u16, slot: ArenaSlot) -> Token {
+        Token::new(op, conn.raw(), generation, slot.raw())
+    }
+
+    /// A token for `op` on a socket that has no connection slot (over the cap).
+    pub fn socket(op: Op, socket: SocketSlot) -> Token {
+        Token::new(op, socket.raw(), 0, 0)
+    }
+
+    /// The connection slot the operation belongs to.
+    pub fn conn_slot(self) -> ConnSlot {
+        ConnSlot::new(self.slot)
+    }
+
+    /// The arena slot of a chunk operation.
+    pub fn arena_slot(self) -> ArenaSlot {
+        ArenaSlot::new(self.aux)
+    }
+
+    /// The raw fields packed as they are (the typed constructors above call it).
+    fn new(op: Op, slot: u32, generation: u16, aux: u16) -> Token {
         assert!(slot <= MAX_SLOT, "slot {slot} does not fit a token");
         Token {
             op,

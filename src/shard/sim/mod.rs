@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use super::conn::{ChunkState, Deadline};
 use super::machine::{ArenaWait, Lifecycle};
+use super::slots::ArenaSlot;
 use super::{Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
 use crate::config::{Config, ZeroCopy};
 use crate::metrics::ShardMetrics;
@@ -259,7 +260,7 @@ fn random_range(rng: &mut Rng, size: u64) -> Option<String> {
 #[derive(Default)]
 struct Previous {
     /// Chunks held per connection: (conn, slot, file offset, length).
-    chunks: HashSet<(u32, u16, u64, u32)>,
+    chunks: HashSet<(u32, ArenaSlot, u64, u32)>,
     /// Connections (with generation) that had a complete request waiting, with the start of
     /// their last request and the bytes waiting (either changes once the request is served).
     pending_heads: HashSet<(u32, u16, u64, usize)>,
@@ -305,7 +306,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         return Err(f.clone());
     }
     let total = shard.cfg.arena_slots();
-    let mut held: HashMap<u16, u32> = HashMap::new();
+    let mut held: HashMap<ArenaSlot, u32> = HashMap::new();
     let mut planned: HashMap<u32, u64> = HashMap::new();
     let now_ms = shard.now_ms;
     for (c, conn) in shard.conns.iter().enumerate() {
@@ -386,7 +387,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             shard.arena.free_count()
         ));
     }
-    for slot in 0..total as u16 {
+    for slot in (0..total as u16).map(ArenaSlot::new) {
         if ring.arena_owned(slot) && !held.contains_key(&slot) {
             return Err(format!("arena slot {slot} is in flight but held by nobody"));
         }

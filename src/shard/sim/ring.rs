@@ -16,6 +16,7 @@ use super::net::Net;
 use super::rng::Rng;
 use crate::shard::ring::{Completion, RingConfig};
 use crate::shard::ring_ops::RingOps;
+use crate::shard::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// CQE flag: a provided buffer was used (its id in the upper 16 bits).
 const CQE_F_BUFFER: u32 = 1;
@@ -75,45 +76,45 @@ pub struct Paths {
 #[derive(Clone, Debug)]
 enum SimOp {
     Recv {
-        socket: u32,
+        socket: SocketSlot,
     },
     SendTx {
-        conn: usize,
-        socket: u32,
+        conn: ConnSlot,
+        socket: SocketSlot,
         from: usize,
     },
     SendArena {
-        slot: u16,
+        slot: ArenaSlot,
         off: usize,
         len: usize,
-        socket: u32,
+        socket: SocketSlot,
         zc: bool,
     },
     ZcNotif {
-        socket: u32,
+        socket: SocketSlot,
     },
     SendStatic {
-        socket: u32,
+        socket: SocketSlot,
         bytes: &'static [u8],
     },
     Read {
-        slot: u16,
+        slot: ArenaSlot,
         buf_off: usize,
         len: usize,
         file: u32,
         off: u64,
     },
     PollOut {
-        socket: u32,
+        socket: SocketSlot,
     },
     Shutdown {
-        socket: u32,
+        socket: SocketSlot,
     },
     Close {
-        slot: u32,
+        slot: SocketSlot,
     },
     CancelSocket {
-        socket: u32,
+        socket: SocketSlot,
     },
     CancelToken {
         target: u64,
@@ -125,7 +126,7 @@ enum SimOp {
 
 impl SimOp {
     /// The socket slot this operation acts on, if any.
-    fn socket(&self) -> Option<u32> {
+    fn socket(&self) -> Option<SocketSlot> {
         match *self {
             SimOp::Recv { socket }
             | SimOp::SendTx { socket, .. }
@@ -243,8 +244,8 @@ impl SimRing {
     }
 
     /// Arena slots the kernel holds now.
-    pub fn arena_owned(&self, slot: u16) -> bool {
-        self.arena_owned[usize::from(slot)]
+    pub fn arena_owned(&self, slot: ArenaSlot) -> bool {
+        self.arena_owned[slot.index()]
     }
 
     /// Receive buffers not in the provided ring (held by the shard or in a posted completion).
@@ -309,12 +310,12 @@ impl SimRing {
         }
     }
 
-    fn socket_id(&self, slot: u32) -> Option<usize> {
-        self.fixed_sockets.get(slot as usize).copied().flatten()
+    fn socket_id(&self, slot: SocketSlot) -> Option<usize> {
+        self.fixed_sockets.get(slot.index()).copied().flatten()
     }
 
-    fn take_arena(&mut self, slot: u16, offset: usize, len: usize) {
-        let i = usize::from(slot);
+    fn take_arena(&mut self, slot: ArenaSlot, offset: usize, len: usize) {
+        let i = slot.index();
         assert!(!self.arena_owned[i], "arena slot {slot} already in flight");
         assert!(
             offset + len <= self.arena[i].len(),
@@ -393,7 +394,7 @@ impl SimRing {
         let done = match op {
             SimOp::Recv { socket } => self.complete_recv(token, socket),
             SimOp::SendTx { conn, socket, from } => {
-                let bytes = self.tx.in_flight(conn, from).to_vec();
+                let bytes = self.tx.in_flight(conn.index(), from).to_vec();
                 self.complete_send(token, socket, &bytes, true, false, true)
             }
             SimOp::SendArena {
@@ -403,7 +404,7 @@ impl SimRing {
                 socket,
                 zc,
             } => {
-                let bytes = self.arena[usize::from(slot)][off..off + len].to_vec();
+                let bytes = self.arena[slot.index()][off..off + len].to_vec();
                 let done = self.complete_send(token, socket, &bytes, false, zc, true);
                 if done && zc {
                     // SEND_ZC: the buffer comes back with a notification, later.
@@ -500,7 +501,7 @@ impl SimRing {
         n
     }
 
-    fn complete_recv(&mut self, token: u64, socket: u32) -> bool {
+    fn complete_recv(&mut self, token: u64, socket: SocketSlot) -> bool {
         let Some(id) = self.socket_id(socket) else {
             self.post(token, -libc::EBADF, 0);
             return true;
@@ -546,7 +547,7 @@ impl SimRing {
     fn complete_send(
         &mut self,
         token: u64,
-        socket: u32,
+        socket: SocketSlot,
         bytes: &[u8],
         blocking: bool,
         zc: bool,
@@ -593,7 +594,7 @@ impl SimRing {
         true
     }
 
-    fn complete_poll(&mut self, token: u64, socket: u32) -> bool {
+    fn complete_poll(&mut self, token: u64, socket: SocketSlot) -> bool {
         let Some(id) = self.socket_id(socket) else {
             self.post(token, -libc::EBADF, 0);
             return true;
@@ -618,7 +619,7 @@ impl SimRing {
     fn complete_read(
         &mut self,
         token: u64,
-        slot: u16,
+        slot: ArenaSlot,
         buf_off: usize,
         len: usize,
         file: u32,
@@ -644,7 +645,7 @@ impl SimRing {
         } else {
             len
         };
-        let buf = &mut self.arena[usize::from(slot)][buf_off..buf_off + want];
+        let buf = &mut self.arena[slot.index()][buf_off..buf_off + want];
         let res = match f.read_at(buf, off) {
             Ok(n) => n as i32,
             Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
@@ -652,8 +653,8 @@ impl SimRing {
         self.post(token, res, 0);
     }
 
-    fn complete_close(&mut self, token: u64, slot: u32) {
-        if slot < self.socket_slots {
+    fn complete_close(&mut self, token: u64, slot: SocketSlot) {
+        if slot.raw() < self.socket_slots {
             let others = self
                 .ops
                 .iter()
@@ -664,7 +665,7 @@ impl SimRing {
                     "socket slot {slot} closed with {others} operations in flight"
                 ));
             }
-            match self.fixed_sockets[slot as usize].take() {
+            match self.fixed_sockets[slot.index()].take() {
                 Some(id) => self.net.socks[id].server_closed = true,
                 None => self
                     .violations
@@ -725,7 +726,7 @@ impl RingOps for SimRing {
         assert!(self.accept.is_none(), "second multishot accept armed");
         self.accept = Some(token);
     }
-    fn recv(&mut self, socket: u32, token: u64) {
+    fn recv(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::Recv { socket });
     }
     fn claim_recv(&mut self, bid: u16) {
@@ -747,46 +748,53 @@ impl RingOps for SimRing {
         *s = RecvBuf::Provided;
         self.recv_free.push_back(bid);
     }
-    fn tx_mut(&mut self, conn: usize) -> &mut Vec<u8> {
-        self.tx.get_mut(conn)
+    fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8> {
+        self.tx.get_mut(conn.index())
     }
-    fn send_tx(&mut self, conn: usize, socket: u32, from: usize, _flags: i32, token: u64) {
-        self.tx.lend(conn, from);
+    fn send_tx(
+        &mut self,
+        conn: ConnSlot,
+        socket: SocketSlot,
+        from: usize,
+        _flags: i32,
+        token: u64,
+    ) {
+        self.tx.lend(conn.index(), from);
         self.push(token, SimOp::SendTx { conn, socket, from });
     }
-    fn tx_done(&mut self, conn: usize) {
-        self.tx.done(conn);
+    fn tx_done(&mut self, conn: ConnSlot) {
+        self.tx.done(conn.index());
     }
-    fn tx_len(&self, conn: usize) -> usize {
-        self.tx.len(conn)
+    fn tx_len(&self, conn: ConnSlot) -> usize {
+        self.tx.len(conn.index())
     }
-    fn copy_tx_to_arena(&mut self, conn: usize, slot: u16) -> usize {
-        let tx = std::mem::take(self.tx.get_mut(conn));
+    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize {
+        let tx = std::mem::take(self.tx.get_mut(conn.index()));
         let n = tx.len();
         self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        *self.tx.get_mut(conn) = tx;
+        *self.tx.get_mut(conn.index()) = tx;
         n
     }
-    fn tx_release(&mut self, conn: usize) {
-        self.tx.release(conn);
+    fn tx_release(&mut self, conn: ConnSlot) {
+        self.tx.release(conn.index());
     }
-    fn arena_mut(&mut self, slot: u16) -> &mut [u8] {
+    fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8] {
         assert!(
-            !self.arena_owned[usize::from(slot)],
+            !self.arena_owned[slot.index()],
             "arena slot {slot} mutated while in flight"
         );
-        &mut self.arena[usize::from(slot)]
+        &mut self.arena[slot.index()]
     }
-    fn arena(&self, slot: u16) -> &[u8] {
+    fn arena(&self, slot: ArenaSlot) -> &[u8] {
         assert!(
-            !self.arena_owned[usize::from(slot)],
+            !self.arena_owned[slot.index()],
             "arena slot {slot} read while in flight"
         );
-        &self.arena[usize::from(slot)]
+        &self.arena[slot.index()]
     }
     fn read_fixed(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         buf_offset: usize,
         len: usize,
         file: u32,
@@ -809,10 +817,10 @@ impl RingOps for SimRing {
     }
     fn send_arena(
         &mut self,
-        slot: u16,
+        slot: ArenaSlot,
         offset: usize,
         len: usize,
-        socket: u32,
+        socket: SocketSlot,
         _flags: i32,
         zerocopy: bool,
         token: u64,
@@ -830,8 +838,8 @@ impl RingOps for SimRing {
             },
         );
     }
-    fn arena_done(&mut self, slot: u16) {
-        let i = usize::from(slot);
+    fn arena_done(&mut self, slot: ArenaSlot) {
+        let i = slot.index();
         assert!(
             self.arena_owned[i],
             "arena_done on slot {slot} not in flight"
@@ -840,7 +848,7 @@ impl RingOps for SimRing {
     }
     fn send_static_then_close(
         &mut self,
-        socket: u32,
+        socket: SocketSlot,
         bytes: &'static [u8],
         token: u64,
         close_token: u64,
@@ -859,42 +867,41 @@ impl RingOps for SimRing {
             .take()
             .expect("log write completion without a write")
     }
-    fn close_fixed(&mut self, slot: u32, token: u64) {
-        self.push(token, SimOp::Close { slot });
+    fn close_fixed(&mut self, socket: SocketSlot, token: u64) {
+        self.push(token, SimOp::Close { slot: socket });
     }
-    fn cancel_socket(&mut self, socket: u32, token: u64) {
+    fn cancel_socket(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::CancelSocket { socket });
     }
     fn cancel_token(&mut self, target: u64, token: u64) {
         self.push(token, SimOp::CancelToken { target });
     }
-    fn register_file(&mut self, index: u32, fd: BorrowedFd<'_>) -> io::Result<()> {
-        assert!(index < self.file_slots);
-        self.files[index as usize] = Some(std::fs::File::from(fd.try_clone_to_owned()?));
+    fn register_file(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()> {
+        assert!(index.raw() < self.file_slots);
+        self.files[index.index()] = Some(std::fs::File::from(fd.try_clone_to_owned()?));
         Ok(())
     }
-    fn unregister_file(&mut self, index: u32) -> io::Result<()> {
-        assert!(index < self.file_slots);
-        let busy = self
-            .ops
-            .iter()
-            .any(|o| matches!(o.op, SimOp::Read { file, .. } if file == self.socket_slots + index));
+    fn unregister_file(&mut self, index: FileSlot) -> io::Result<()> {
+        assert!(index.raw() < self.file_slots);
+        let busy = self.ops.iter().any(
+            |o| matches!(o.op, SimOp::Read { file, .. } if file == self.socket_slots + index.raw()),
+        );
         if busy {
             self.violations.push(format!(
                 "file slot {index} unregistered with a read in flight"
             ));
         }
-        self.files[index as usize] = None;
+        self.files[index.index()] = None;
         Ok(())
     }
-    fn file_fixed_index(&self, index: u32) -> u32 {
-        self.socket_slots + index
+    fn file_fixed_index(&self, index: FileSlot) -> u32 {
+        self.socket_slots + index.raw()
     }
-    fn poll_writable(&mut self, socket: u32, token: u64) {
+    fn poll_writable(&mut self, socket: SocketSlot, token: u64) {
         self.paths.polls += 1;
         self.push(token, SimOp::PollOut { socket });
     }
-    fn shutdown_write(&mut self, socket: u32, token: u64) {
+    fn shutdown_write(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::Shutdown { socket });
     }
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
