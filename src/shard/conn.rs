@@ -198,4 +198,41 @@ impl Body {
     pub fn is_done(&self) -> bool {
         self.segments.is_empty() && self.chunks.is_empty()
     }
+
+    /// The body's queues, emptied, for the next response (their capacity is kept).
+    pub fn into_buffers(self) -> BodyBuffers {
+        let mut b = BodyBuffers {
+            segments: self.segments,
+            chunks: self.chunks,
+            framing: self.framing,
+        };
+        b.segments.clear();
+        b.chunks.clear();
+        b.framing.clear();
+        b
+    }
+}
+
+/// A response body's queues, kept in a per-shard pool between responses so that starting a
+/// response allocates nothing once the pool has seen as many responses at once as now.
+#[derive(Debug, Default)]
+pub struct BodyBuffers {
+    /// Body work to plan.
+    pub segments: VecDeque<Segment>,
+    /// The chunk pipeline.
+    pub chunks: VecDeque<Chunk>,
+    /// Multipart framing bytes.
+    pub framing: Vec<u8>,
+}
+
+impl BodyBuffers {
+    /// Empty queues with room for a response of up to `segments` segments and a pipeline of
+    /// `chunks` chunks.
+    pub fn with_capacity(segments: usize, chunks: usize) -> BodyBuffers {
+        BodyBuffers {
+            segments: VecDeque::with_capacity(segments),
+            chunks: VecDeque::with_capacity(chunks),
+            framing: Vec::new(),
+        }
+    }
 }

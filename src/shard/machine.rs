@@ -19,7 +19,9 @@
 //! close). A connection is freed only when it is 0.
 
 use super::buffers::Demand;
-use super::conn::{Body, Chunk, ChunkState, CloseReason, Deadline, Origin, Segment, Source};
+use super::conn::{
+    Body, BodyBuffers, Chunk, ChunkState, CloseReason, Deadline, Origin, Segment, Source,
+};
 use super::sched::{TickBudget, Turn};
 use super::slots::{ArenaSlot, FileSlot, SocketSlot};
 use super::{
@@ -354,6 +356,8 @@ pub struct ConnMachine {
     pub log_request: Vec<u8>,
     /// Range header of the current request, for the access log.
     pub log_range: Vec<u8>,
+    /// The queues of the last body, emptied; the driver returns them to the shard's pool.
+    pub spare: Option<BodyBuffers>,
 }
 
 impl Default for ConnMachine {
@@ -386,6 +390,7 @@ impl ConnMachine {
             resp_bytes: 0,
             log_request: Vec::new(),
             log_range: Vec::new(),
+            spare: None,
         }
     }
 
@@ -541,6 +546,7 @@ impl ConnMachine {
                 if let Some(f) = body.file {
                     out.push(Action::ReleaseFile(f));
                 }
+                self.spare = Some(body.into_buffers());
             }
             out.push(Action::ResponseDone {
                 status: resp.status,
@@ -1349,6 +1355,7 @@ impl ConnMachine {
             if let Some(f) = body.file {
                 out.push(Action::ReleaseFile(f));
             }
+            self.spare = Some(body.into_buffers());
         }
         out.push(Action::ResponseDone {
             status: resp.status,

@@ -82,6 +82,8 @@ pub const LINGER_MAX_BYTES: u64 = 256 * 1024;
 /// Action buffers allocated at start-up (nesting: an action of one machine may drive another's
 /// event, e.g. a released slot handed to a waiting connection).
 pub const ACTION_POOL_BUFFERS: usize = 8;
+/// Body queue sets allocated at start-up (responses in progress at once before the pool grows).
+pub const BODY_POOL_BUFFERS: usize = 256;
 /// Completions a wait tries to gather (within `wait_batch_usec`) before the shard wakes.
 pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 /// Most completions handled per batch before the ready queue runs.
@@ -156,6 +158,9 @@ struct Shard<R: RingOps> {
     zc_conns: ListSet<1>,
     /// Action buffers for the machines' events (one per nesting level; allocated at start).
     action_pool: Vec<Actions>,
+    /// Body queues between responses (allocated at start; grows only past the most
+    /// responses ever in progress at once).
+    body_pool: Vec<conn::BodyBuffers>,
     /// Each connection's deadline (header, idle, send, linger), mirrored from its machine
     /// after every event: the sweep visits only what expired, never every slot.
     timers: TimerWheel,
@@ -276,6 +281,11 @@ impl<R: RingOps> Shard<R> {
             parked: ListSet::new(max_conns),
             zc_conns: ListSet::new(max_conns),
             timers: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
+            body_pool: (0..max_conns.min(BODY_POOL_BUFFERS))
+                .map(|_| {
+                    conn::BodyBuffers::with_capacity(2 * cfg.max_ranges + 1, cfg.pipeline_depth)
+                })
+                .collect(),
             action_pool: (0..ACTION_POOL_BUFFERS)
                 .map(|_| Vec::with_capacity(machine::ACTIONS_PER_EVENT_MAX))
                 .collect(),
@@ -449,6 +459,9 @@ impl<R: RingOps> Shard<R> {
         }
         out.clear();
         self.action_pool.push(out);
+        if let Some(spare) = self.conns[c.index()].spare.take() {
+            self.body_pool.push(spare);
+        }
         self.sync_timer(c);
     }
 

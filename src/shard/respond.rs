@@ -2,9 +2,7 @@
 //! (side effects), hand what the cache knows to the pure `http::plan`, write the plan's head
 //! into the connection's header buffer and its body parts into the chunk pipeline's segments.
 
-use std::collections::VecDeque;
-
-use super::conn::{Body, Segment, Source};
+use super::conn::{Body, BodyBuffers, Segment, Source};
 use super::files::{ReadMode, TargetError};
 use super::slots::{ConnSlot, FileSlot};
 use super::{access_log, ring, RingOps, Shard};
@@ -99,7 +97,8 @@ impl<R: RingOps> Shard<R> {
     ) {
         let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         let plan = plan::plan_status(status, keep_alive, head, &ctx);
-        let started = start_plan(self.ring.tx_mut(c), &plan);
+        let bufs = self.body_pool.pop().unwrap_or_default();
+        let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
         self.install(c, started, None);
     }
 
@@ -109,7 +108,8 @@ impl<R: RingOps> Shard<R> {
         let limits = self.plan_limits();
         let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         if let Some(plan) = plan::plan_without_file(req, &limits, &ctx) {
-            let started = start_plan(self.ring.tx_mut(c), &plan);
+            let bufs = self.body_pool.pop().unwrap_or_default();
+            let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
             return self.install(c, started, None);
         }
         let idx = match self
@@ -141,7 +141,8 @@ impl<R: RingOps> Shard<R> {
             content_type: mime::content_type_for(f.opened_path().as_bytes()),
         };
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
-        let started = start_plan(self.ring.tx_mut(c), &plan);
+        let bufs = self.body_pool.pop().unwrap_or_default();
+        let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
             return self.install(c, started, None);
@@ -160,20 +161,26 @@ impl<R: RingOps> Shard<R> {
             }
             None => (0, 1, 0, Source::Memory),
         };
-        let body = (!started.segments.is_empty()).then(|| Body {
-            file,
-            file_fixed,
-            align,
-            rw_flags,
-            source,
-            segments: started.segments,
-            framing: started.framing,
-            chunks: VecDeque::with_capacity(self.cfg.pipeline_depth),
-            inline_head: started.inline_head,
-            small: started.inline_head,
-            read_ahead: super::READ_AHEAD_START_CHUNKS,
-            read_size_bytes: self.cfg.chunk_bytes,
-        });
+        let bufs = started.buffers;
+        let body = if bufs.segments.is_empty() {
+            self.body_pool.push(bufs);
+            None
+        } else {
+            Some(Body {
+                file,
+                file_fixed,
+                align,
+                rw_flags,
+                source,
+                segments: bufs.segments,
+                framing: bufs.framing,
+                chunks: bufs.chunks,
+                inline_head: started.inline_head,
+                small: started.inline_head,
+                read_ahead: super::READ_AHEAD_START_CHUNKS,
+                read_size_bytes: self.cfg.chunk_bytes,
+            })
+        };
         let cx = self.cx();
         let head_len = self.ring.tx_len(c);
         self.conns[c.index()].begin_response(
@@ -192,25 +199,26 @@ struct Started {
     keep_alive: bool,
     inline_head: bool,
     reads_file: bool,
-    segments: VecDeque<Segment>,
-    /// The multipart framing (every part header and the closing boundary) in one buffer.
-    framing: Vec<u8>,
+    /// The segments and the multipart framing (every part header and the closing boundary,
+    /// in one buffer), in queues from the shard's pool.
+    buffers: BodyBuffers,
 }
 
 /// Writes the plan's head into the connection's header buffer and turns its body parts into
 /// the chunk pipeline's segments (framing rendered once into one buffer per response).
-fn start_plan(tx: &mut Vec<u8>, plan: &ResponsePlan<'_>) -> Started {
+fn start_plan(tx: &mut Vec<u8>, plan: &ResponsePlan<'_>, mut buffers: BodyBuffers) -> Started {
     tx.clear();
     plan.write_head(tx);
-    let mut segments = VecDeque::new();
-    let mut framing = Vec::new();
+    let BodyBuffers {
+        segments, framing, ..
+    } = &mut buffers;
     for part in plan.parts() {
         segments.push_back(match part {
             BodyPart::File { start, end } => Segment::File { pos: start, end },
             BodyPart::Zero { len } => Segment::Zero { remaining: len },
             BodyPart::PartHeader { .. } | BodyPart::Closing => {
                 let start = framing.len() as u32;
-                plan.render_to(part, &mut framing);
+                plan.render_to(part, framing);
                 Segment::Mem {
                     start,
                     end: framing.len() as u32,
@@ -223,8 +231,7 @@ fn start_plan(tx: &mut Vec<u8>, plan: &ResponsePlan<'_>) -> Started {
         keep_alive: plan.keep_alive(),
         inline_head: plan.inline_head(),
         reads_file: plan.reads_file(),
-        segments,
-        framing,
+        buffers,
     }
 }
 
@@ -309,7 +316,7 @@ mod tests {
             FileRead::Direct { align: 512 },
         );
         let mut tx = b"left over from the last response".to_vec();
-        let started = start_plan(&mut tx, &plan);
+        let started = start_plan(&mut tx, &plan, BodyBuffers::default());
         let mut head = Vec::new();
         plan.write_head(&mut head);
         assert_eq!(tx, head);
@@ -318,7 +325,7 @@ mod tests {
         // Framing, range, framing, range, closing; the bytes add up to Content-Length.
         let mut total = 0u64;
         let mut files = Vec::new();
-        for (seg, part) in started.segments.iter().zip(plan.parts()) {
+        for (seg, part) in started.buffers.segments.iter().zip(plan.parts()) {
             match (seg, part) {
                 (Segment::File { pos, end }, BodyPart::File { start, end: e }) => {
                     assert_eq!((*pos, *end), (start, e));
@@ -326,7 +333,7 @@ mod tests {
                     total += e - start;
                 }
                 (Segment::Mem { start, end }, BodyPart::PartHeader { .. } | BodyPart::Closing) => {
-                    let bytes = &started.framing[*start as usize..*end as usize];
+                    let bytes = &started.buffers.framing[*start as usize..*end as usize];
                     let mut want = Vec::new();
                     plan.render_to(part, &mut want);
                     assert_eq!(bytes, want);
@@ -335,7 +342,7 @@ mod tests {
                 other => panic!("segment does not match its part: {other:?}"),
             }
         }
-        assert_eq!(started.segments.len(), 5);
+        assert_eq!(started.buffers.segments.len(), 5);
         assert_eq!(files, [(0, 10), (100, 110)]);
         assert_eq!(total, plan.body_len());
     }
@@ -345,18 +352,23 @@ mod tests {
         let started = start_plan(
             &mut Vec::new(),
             &plan_for(&request(None), FileRead::Buffered),
+            BodyBuffers::default(),
         );
         assert!(started.inline_head && started.reads_file);
         assert!(matches!(
-            started.segments.front(),
+            started.buffers.segments.front(),
             Some(Segment::File { pos: 0, end: 1000 })
         ));
         let head_only = Request {
             method: Method::Head,
             ..request(None)
         };
-        let started = start_plan(&mut Vec::new(), &plan_for(&head_only, FileRead::Buffered));
-        assert!(started.segments.is_empty() && !started.reads_file && !started.inline_head);
+        let started = start_plan(
+            &mut Vec::new(),
+            &plan_for(&head_only, FileRead::Buffered),
+            BodyBuffers::default(),
+        );
+        assert!(started.buffers.segments.is_empty() && !started.reads_file && !started.inline_head);
     }
 
     #[test]
