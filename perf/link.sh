@@ -25,7 +25,8 @@
 # process in each namespace, then removes it all and checks that nothing is left (exit 0 =
 # clean); it times nothing. Needs root (except --dry-run). Writes perf/LINK.md by default.
 # Environment: SHARDLINE_BIN (default: cargo build --release), LINK_SERVER_CPU (0),
-# LINK_CLIENT_CPU (1).
+# LINK_CLIENT_CPU (1), LINK_SHARDLINE_CONFIG (extra TOML lines for shardline's config, e.g.
+# 'notsent_lowat_bytes = 524288'; written into the report).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -408,7 +409,7 @@ start_server() { # start_server on|off|ng TAG
     spawn_ns "$NS_S" "$SERVER_CPU" "$log" nginx -p "$RUN/nginx" -c "$RUN/nginx/nginx.conf"
   else
     port=$SL_PORT
-    printf 'zerocopy = "%s"\n' "$v" >"$RUN/zerocopy-$v.toml"
+    printf 'zerocopy = "%s"\n%s\n' "$v" "${LINK_SHARDLINE_CONFIG:-}" >"$RUN/zerocopy-$v.toml"
     spawn_ns "$NS_S" "$SERVER_CPU" "$log" "$SL_BIN" serve --config "$RUN/zerocopy-$v.toml" --root "$ROOT" \
       --listen "$SRV_IP:$port" --admin "$ADMIN" --shards 1 --cpus "$SERVER_CPU"
   fi
@@ -753,7 +754,7 @@ report() {
     echo
     echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC') (start $START_DATE); command: \`perf/link.sh ${LINK_ARGS[*]}\`; took $(( (SECONDS - T0) / 60 )) min $(( (SECONDS - T0) % 60 )) s"
     echo "- Host: kernel $kernel, CPU \"$cpu_model\" x $(nproc), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM; **load average at start $START_LOAD, at end $end_load** (other work on the host adds noise: read this first)"
-    echo "- shardline \`$SL_BIN\` (commit $sl_rev): \`serve --config zerocopy-{on,off}.toml --root ROOT --listen $SRV_IP:$SL_PORT --admin $ADMIN --shards 1 --cpus $SERVER_CPU\`, every other key at its default; $NGINX_VERSION with \`perf/nginx.conf\` (1 worker; only its listen address changed to $SRV_IP:$NG_PORT). Each cell starts a fresh server; servers pinned to CPU $SERVER_CPU in \`$NS_S\`, every client pinned to CPU $CLIENT_CPU in \`$NS_C\`; nice $NICE"
+    echo "- shardline \`$SL_BIN\` (commit $sl_rev): \`serve --config zerocopy-{on,off}.toml --root ROOT --listen $SRV_IP:$SL_PORT --admin $ADMIN --shards 1 --cpus $SERVER_CPU\`, every other key at its default${LINK_SHARDLINE_CONFIG:+ except \`$LINK_SHARDLINE_CONFIG\`}; $NGINX_VERSION with \`perf/nginx.conf\` (1 worker; only its listen address changed to $SRV_IP:$NG_PORT). Each cell starts a fresh server; servers pinned to CPU $SERVER_CPU in \`$NS_S\`, every client pinned to CPU $CLIENT_CPU in \`$NS_C\`; nice $NICE"
     echo "- Link: \`ip link add $VETH_S netns $NS_S type veth peer name $VETH_C netns $NS_C\`, $SRV_IP/$NET_PREFIX and $CLI_IP/$NET_PREFIX, MTU $(cat "$RUN/mtu.txt" 2>/dev/null || echo 1500), offloads as veth sets them; \`tc qdisc add dev $VETH_S root ${TBF[*]}\` on the server side ($RATE = $(calc "$RATE_BITS / 8e9" | sed 's/0*$//; s/\.$//') GB/s)"
     echo "- Disk: $DISK_DESC; one O_DIRECT reader of large.bin with 512 KiB reads (cold cache): **${DISK_MBS:-?} MB/s**"
     echo "- Fixtures: large.bin $LARGE_BYTES bytes, 5m.bin $FIVE_BYTES, small.bin $SMALL_BYTES; deterministic content (\`loadgen gen\`), every verified body checked byte for byte"
