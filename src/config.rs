@@ -15,8 +15,11 @@ pub const MIN_CHUNK_BYTES: usize = 64 * 1024;
 pub const MAX_CHUNK_BYTES: usize = 16 * 1024 * 1024;
 /// Most chunks one connection may have in flight.
 pub const MAX_PIPELINE_DEPTH: usize = 16;
-/// Default TCP_NOTSENT_LOWAT of served sockets (see `notsent_lowat_bytes`).
-pub const DEFAULT_NOTSENT_LOWAT_BYTES: u32 = 0;
+/// Default bound on a served socket's unsent bytes (TCP_NOTSENT_LOWAT, see
+/// `notsent_lowat_bytes`): one chunk. Without a bound, a host's default (no limit) lets each
+/// stalled client's socket queue megabytes, and 1000 of them push the host into TCP memory
+/// pressure that slows every other transfer (`perf/LINK.md`).
+pub const DEFAULT_NOTSENT_LOWAT_BYTES: u32 = 512 * 1024;
 /// Smallest non-zero `notsent_lowat_bytes` accepted.
 pub const MIN_NOTSENT_LOWAT_BYTES: u32 = 16 * 1024;
 /// Most arena slots per shard (buffer indices are u16 and the kernel caps registrations).
@@ -175,8 +178,9 @@ pub struct Config {
     pub zerocopy: ZeroCopy,
     /// Smallest chunk sent with SEND_ZC.
     pub zerocopy_min_bytes: usize,
-    /// TCP_NOTSENT_LOWAT for served connections (set on the listeners, inherited by accepted
-    /// sockets); 0 keeps the host's `net.ipv4.tcp_notsent_lowat`.
+    /// Most unsent bytes a served socket queues (TCP_NOTSENT_LOWAT, set on the listeners and
+    /// inherited by accepted sockets) when the host's `net.ipv4.tcp_notsent_lowat` is higher;
+    /// a lower host value is kept. 0 always keeps the host's.
     pub notsent_lowat_bytes: u32,
     /// Most ranges in one multi-range request before it is served whole.
     pub max_ranges: usize,

@@ -117,6 +117,7 @@ fn bind_group_on(
     let shards = incoming_cpus.len();
     let mut addr = cfg.listen;
     let mut out = Vec::with_capacity(shards);
+    let host_notsent_lowat = host_tcp_notsent_lowat();
     for _ in 0..shards {
         let bind_err = |e: std::io::Error| ConfigError {
             key: "listen".into(),
@@ -128,11 +129,10 @@ fn bind_group_on(
         sock.set_reuse_port(true).map_err(bind_err)?;
         // Accepted sockets inherit TCP_NODELAY: small responses leave at once.
         sock.set_tcp_nodelay(true).map_err(bind_err)?;
-        // Accepted sockets inherit TCP_NOTSENT_LOWAT too: shardline's own value for its bulk
-        // sockets, whatever the host-wide sysctl says for other services.
-        if cfg.notsent_lowat_bytes != 0 {
-            sock.set_tcp_notsent_lowat(cfg.notsent_lowat_bytes)
-                .map_err(bind_err)?;
+        // Accepted sockets inherit TCP_NOTSENT_LOWAT too: a bound on what a socket queues
+        // unsent, never looser than the host's own.
+        if let Some(bytes) = notsent_lowat_to_set(cfg.notsent_lowat_bytes, host_notsent_lowat) {
+            sock.set_tcp_notsent_lowat(bytes).map_err(bind_err)?;
         }
         if let Some(cpu) = incoming_cpus[out.len()] {
             sock.set_cpu_affinity(cpu).map_err(bind_err)?;
@@ -157,6 +157,21 @@ const CAP_IPC_LOCK_BIT: u32 = 14;
 const NOFILE_RESERVE: u64 = 64;
 /// Fewest connections per shard worth starting with when RLIMIT_NOFILE is tight.
 const MIN_CONNECTIONS_PER_SHARD: usize = 16;
+
+/// The host's (this network namespace's) `net.ipv4.tcp_notsent_lowat`; unreadable counts as
+/// the kernel default, no limit.
+fn host_tcp_notsent_lowat() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_notsent_lowat")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+/// The TCP_NOTSENT_LOWAT to set on the listeners: the configured bound when it is tighter
+/// than the host's, else none (0 configured: always the host's).
+fn notsent_lowat_to_set(configured: u32, host: u32) -> Option<u32> {
+    (configured != 0 && configured < host).then_some(configured)
+}
 
 fn has_cap_ipc_lock() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -747,6 +762,18 @@ fn reload(started: &Config, lifecycle: &crate::lifecycle::Lifecycle, reloader: &
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn notsent_lowat_bounds_but_never_loosens_the_host() {
+        use super::notsent_lowat_to_set as set;
+        // The kernel default (no limit): the bound applies.
+        assert_eq!(set(512 * 1024, u32::MAX), Some(512 * 1024));
+        // The field profile's 16 KiB is tighter: kept.
+        assert_eq!(set(512 * 1024, 16384), None);
+        assert_eq!(set(512 * 1024, 512 * 1024), None);
+        // 0: always the host's.
+        assert_eq!(set(0, u32::MAX), None);
+    }
+
     use super::*;
 
     const PAGE: u64 = 4096;
