@@ -519,15 +519,38 @@ impl ConnMachine {
         out.push(Action::Unqueue);
         out.push(Action::Unlist);
         self.leave_arena_queue(cx, out);
-        if let ArenaWait::Handed { slot } = self.arena {
-            self.arena = ArenaWait::None;
-            out.push(Action::ReleaseSlot(slot));
-        }
+        self.give_back_handed(out);
         if self.in_flight() > 0 {
             self.ops.cancel = true;
             out.push(Action::CancelAll);
         }
         self.maybe_finish_close(out);
+    }
+
+    /// A slot handed over while waiting and not used goes back to the arena.
+    fn give_back_handed(&mut self, out: &mut Actions) {
+        if let ArenaWait::Handed { slot } = self.arena {
+            self.arena = ArenaWait::None;
+            out.push(Action::ReleaseSlot(slot));
+        }
+    }
+
+    /// A response ends (complete, or aborted with nothing in flight): its chunks' slots and
+    /// its file go back, its queues are kept for the next one, and it is counted and logged.
+    fn end_response(&mut self, resp: Response, out: &mut Actions) {
+        if let Some(body) = resp.body {
+            for ch in &body.chunks {
+                out.push(Action::ReleaseSlot(ch.slot));
+            }
+            if let Some(f) = body.file {
+                out.push(Action::ReleaseFile(f));
+            }
+            self.spare = Some(body.into_buffers());
+        }
+        out.push(Action::ResponseDone {
+            status: resp.status,
+            bytes: self.resp_bytes,
+        });
     }
 
     /// Closing and nothing in flight: every buffer is ours again; give them back and close.
@@ -539,19 +562,7 @@ impl ConnMachine {
             return;
         }
         if let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle) {
-            if let Some(body) = resp.body {
-                for ch in &body.chunks {
-                    out.push(Action::ReleaseSlot(ch.slot));
-                }
-                if let Some(f) = body.file {
-                    out.push(Action::ReleaseFile(f));
-                }
-                self.spare = Some(body.into_buffers());
-            }
-            out.push(Action::ResponseDone {
-                status: resp.status,
-                bytes: self.resp_bytes,
-            });
+            self.end_response(resp, out);
         }
         self.ops.close = true;
         if self.rx.capacity() > 2 * RECV_BUFFER_BYTES {
@@ -757,10 +768,7 @@ impl ConnMachine {
             {
                 // No more read-ahead wanted now: a slot handed over while waiting goes back.
                 self.leave_arena_queue(cx, out);
-                if let ArenaWait::Handed { slot } = self.arena {
-                    self.arena = ArenaWait::None;
-                    out.push(Action::ReleaseSlot(slot));
-                }
+                self.give_back_handed(out);
                 return Turn::Idle;
             }
             // A small response's single chunk is never held back; bulk work stops at the
@@ -1342,31 +1350,20 @@ impl ConnMachine {
     /// The response is complete: release what it held, then keep the connection (and parse
     /// a pipelined request or wait for one), linger, or close.
     fn finish_response(&mut self, cx: &Ctx, out: &mut Actions) {
-        if let ArenaWait::Handed { slot } = self.arena {
-            self.arena = ArenaWait::None;
-            out.push(Action::ReleaseSlot(slot));
-        }
+        self.give_back_handed(out);
         let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle)
         else {
             panic!("finishing a response that was not started");
         };
-        if let Some(body) = resp.body {
-            assert!(body.chunks.is_empty());
-            if let Some(f) = body.file {
-                out.push(Action::ReleaseFile(f));
-            }
-            self.spare = Some(body.into_buffers());
-        }
-        out.push(Action::ResponseDone {
-            status: resp.status,
-            bytes: self.resp_bytes,
-        });
+        assert!(resp.body.as_ref().is_none_or(|b| b.chunks.is_empty()));
+        let (status, keep_alive) = (resp.status, resp.keep_alive);
+        self.end_response(resp, out);
         let eof = self.read == ReadState::Eof;
-        if !resp.keep_alive && !eof && resp.status >= 400 {
+        if !keep_alive && !eof && status >= 400 {
             self.begin_linger(cx, out);
             return;
         }
-        if !resp.keep_alive || eof || cx.draining {
+        if !keep_alive || eof || cx.draining {
             self.close(CloseReason::Normal, cx, out);
             return;
         }
