@@ -498,6 +498,19 @@ watch_client() {
   V[$p|rss_mib]=$(calc "$peak / 1024")
 }
 
+# core_sample CPU DELAY_S WINDOW_S OUT: after DELAY_S, CPU's busy and total jiffies over WINDOW_S
+# (every context: the server process, softirq, ksoftirqd, kworkers), as "busy total" in OUT.
+# The server is alone on its CPU, so this is what its traffic costs the core wherever the
+# kernel accounts it; the process's own CPU time misses softirq work run by ksoftirqd.
+core_sample() {
+  local cpu=$1 a b
+  sleep "$2"
+  a=$(awk -v c="cpu$cpu" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  sleep "$3"
+  b=$(awk -v c="cpu$cpu" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  echo "$a $b" | awk '{ print $3 - $1, $4 - $2 }' >"$4"
+}
+
 # ------------------------------------------------------------------ workloads
 # Load cells (fast, paced, big): the swarm, the TTFB prober and one unaligned ranged GET.
 cell_load() { # cell_load PROFILE WORKLOAD VARIANT
@@ -526,6 +539,8 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
     "$LOADGEN" get --addr "$SRV_IP:$SRV_PORT" --path /large.bin \
     --range "$PROBE_RANGE_START-$((PROBE_RANGE_START + PROBE_RANGE_BYTES - 1))" --seed "$LARGE_SEED"
   prg=$LAST_PID
+  core_sample "$SERVER_CPU" "$warm" "$DURATION_S" "$RUN/$tag-core.txt" &
+  local pcore=$!
   watch_client "$psw" "$p" $((DURATION_S + ${warm%.*} + 60))
   reap "$psw" || failure "$tag: swarm exited non-zero ($(tail -n 1 "$fs"))"
   metrics_snap "$RUN/$tag-m1.txt"
@@ -544,9 +559,11 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
     V[$p|range]=FAILED
     failure "$tag: unaligned ranged GET failed: $(kv "$fr" error)"
   fi
+  wait "$pcore" 2>/dev/null || true
   stop_server "$tag"
   # Figures.
-  local bps bytes cpu win ccpu
+  local bps bytes cpu win ccpu core_busy core_total
+  read -r core_busy core_total <"$RUN/$tag-core.txt" 2>/dev/null || true
   bps=$(kv "$fs" bytes_per_s) bytes=$(kv "$fs" window_bytes) cpu=$(kv "$fs" server_cpu_s)
   win=$(kv "$fs" window_s) ccpu=$(kv "$fs" client_cpu_s)
   if [[ -n $bps ]]; then
@@ -556,6 +573,10 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
   if [[ -n $bytes && -n $cpu && $bytes != 0 ]]; then V[$p|cpu_gib]=$(calc "$cpu / ($bytes / 1073741824)"); fi
   if [[ -n $win && -n $cpu && $win != 0.000 ]]; then V[$p|cpu_pct]=$(calc "100 * $cpu / $win"); fi
   if [[ -n $win && -n $ccpu && $win != 0.000 ]]; then V[$p|client_pct]=$(calc "100 * $ccpu / $win"); fi
+  if [[ -n ${core_total:-} && $core_total != 0 ]]; then
+    V[$p|core_pct]=$(calc "100 * $core_busy / $core_total")
+    [[ -n $bps && $bps != 0 ]] && V[$p|core_gib]=$(calc "$core_busy / $core_total / ($bps / 1073741824)")
+  fi
   V[$p|slowest]=$(kv "$fs" conn_mb_per_s_min)
   V[$p|established]=$(kv "$fs" conns_established)
   V[$p|gapped]=$(kv "$fs" conns_gap_over_threshold)
@@ -681,6 +702,8 @@ report_load() { # report_load PROFILE WORKLOAD
   row "fraction of the shaped rate" %.3f "$p" frac
   row "server CPU s per GiB" %.3f "$p" cpu_gib
   row "server CPU %" %.0f "$p" cpu_pct
+  row "server core (CPU $SERVER_CPU, every context) busy %" %.0f "$p" core_pct
+  row "server core s per GiB (every context)" %.3f "$p" core_gib
   row "server peak RSS (MiB)" %.0f "$p" rss_mib
   row "client CPU % (CPU $CLIENT_CPU)" %.0f "$p" client_pct
   row "1 KiB TTFB p50 (ms)" %.2f "$p" ttfb_p50
@@ -760,6 +783,7 @@ report() {
     echo "- Fixtures: large.bin $LARGE_BYTES bytes, 5m.bin $FIVE_BYTES, small.bin $SMALL_BYTES; deterministic content (\`loadgen gen\`), every verified body checked byte for byte"
     echo "- Cells: load workloads ${DURATION_S} s measured after a warm-up of $WARMUP_S s ($BIG_WARMUP_S s for the big one) with \`loadgen swarm\` (one epoll thread); TTFB: \`loadgen ttfb\` at $TTFB_RATE/s on fresh connections (SCHED_FIFO) inside the window; one \`loadgen get\` of bytes $PROBE_RANGE_START-$((PROBE_RANGE_START + PROBE_RANGE_BYTES - 1)) of large.bin per cell, verified; stall cells: \`loadgen swarm --stall 1\` or \`--rate-bytes-per-s 1 --read-bytes 1\`, then \`loadgen fetch\` after $SETTLE_S s"
     echo "- Read gaps: a connection \"waited > 1 s\" when more than 1 s passed between two of its reads (or from its request to its first byte) while its client was ready to read (pacing pauses do not count)"
+    echo "- Server CPU rows: \"server CPU\" is the server process's own CPU time (loadgen reads its process group); \"server core\" is everything CPU $SERVER_CPU did over the measured window (/proc/stat: user, system, irq and softirq, including ksoftirqd and the loop device's kworkers), which is what the traffic costs the core wherever the kernel accounts it (busy % near 100 means the core, not the link, set the pace)"
     echo "- /metrics rows: deltas of shardline's counters (admin listener, inside $NS_S) over the cell, per GiB of \`shardline_bytes_sent_total\`; nginx has none"
     echo
     echo "## What this link models, and what it does not"

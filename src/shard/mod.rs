@@ -2,8 +2,9 @@
 //! touch. Shards share nothing mutable; each only writes its own metrics.
 //!
 //! One loop tick: submit and wait (bounded by the timer interval), drain completions into a
-//! bounded batch, dispatch each by its token, run the ready queue round-robin under the per-tick
-//! budget, sweep timers.
+//! bounded batch, dispatch each by its token, answer new connections and requests in up to
+//! `URGENT_ROUNDS_MAX` short enters of their own, run the ready queue round-robin under the
+//! per-tick budget, sweep timers.
 
 pub mod access_log;
 pub mod buffers;
@@ -69,6 +70,9 @@ pub const ZC_WARMUP_BYTES: u64 = 2 * 1024 * 1024;
 /// the arena; the unsent bytes are then re-read when the socket drains. Under arena pressure
 /// parked chunks are given back at once.
 pub const PARK_HOLD_MS: u64 = 200;
+/// Most extra enters a tick makes for new connections and requests (`answer_new_requests`):
+/// accept -> receive -> response is two steps.
+pub const URGENT_ROUNDS_MAX: usize = 2;
 /// Smallest file read planned for a connection whose socket takes little per writable round.
 pub const MIN_READ_BYTES: usize = 64 * 1024;
 /// Longest the ready-queue walk of one tick may run before bulk work waits for the next tick
@@ -167,6 +171,8 @@ struct Shard<R: RingOps> {
     now_ms: u64,
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
+    /// A connection was accepted since the last urgent round (its receive is to go out).
+    accepted_in_round: bool,
     zerocopy: bool,
     /// Arena slots lent to SEND_ZC and not yet released by a notification.
     zc_held: usize,
@@ -292,6 +298,7 @@ impl<R: RingOps> Shard<R> {
             now_ms: 0,
             drain_deadline_ms: None,
             open_conns: 0,
+            accepted_in_round: false,
             zerocopy,
             zc_held: 0,
             last_sweep_ms: 0,
@@ -366,21 +373,8 @@ impl<R: RingOps> Shard<R> {
                 self.ring
                     .submit_and_wait_batched(Duration::from_millis(TIMER_SWEEP_MS), batch)?;
             }
-            loop {
-                self.batch.clear();
-                let mut batch = std::mem::take(&mut self.batch);
-                self.ring
-                    .drain_completions(&mut batch, COMPLETION_BATCH_MAX);
-                let n = batch.len();
-                for cqe in &batch {
-                    self.dispatch(*cqe);
-                }
-                ShardMetrics::add(&self.metrics.ring_cqes, n as u64);
-                self.batch = batch;
-                if n < COMPLETION_BATCH_MAX {
-                    break;
-                }
-            }
+            self.reap();
+            self.answer_new_requests(tick_budget)?;
             self.now_ms = self.ring.now().as_millis() as u64;
             if self.now_ms >= self.last_sweep_ms + TIMER_SWEEP_MS {
                 self.last_sweep_ms = self.now_ms;
@@ -408,6 +402,47 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
         }
         Ok(true)
+    }
+
+    /// Takes every completion the ring holds, in bounded batches, and dispatches each.
+    fn reap(&mut self) {
+        loop {
+            self.batch.clear();
+            let mut batch = std::mem::take(&mut self.batch);
+            self.ring
+                .drain_completions(&mut batch, COMPLETION_BATCH_MAX);
+            let n = batch.len();
+            for cqe in &batch {
+                self.dispatch(*cqe);
+            }
+            ShardMetrics::add(&self.metrics.ring_cqes, n as u64);
+            self.batch = batch;
+            if n < COMPLETION_BATCH_MAX {
+                break;
+            }
+        }
+    }
+
+    /// Connections accepted and requests parsed in the completions just reaped take their
+    /// next step now, in a short enter of their own (only their entries and what the
+    /// completions queued), instead of after the next tick's bulk work: a new connection's
+    /// receive completes inline, then its response goes out, at most `URGENT_ROUNDS_MAX`
+    /// extra enters a tick. Bulk connections are not visited here.
+    fn answer_new_requests(&mut self, tick_budget: usize) -> std::io::Result<()> {
+        for _ in 0..URGENT_ROUNDS_MAX {
+            let accepted = std::mem::take(&mut self.accepted_in_round);
+            if !accepted && !self.ready.has_urgent() {
+                break;
+            }
+            while let Some(c) = self.ready.next_conn(false) {
+                if self.visit(c, tick_budget) == Turn::MoreWork {
+                    self.ready.push_bulk(c);
+                }
+            }
+            self.ring.submit_and_wait(0, None)?;
+            self.reap();
+        }
+        Ok(())
     }
 
     /// The moment and shard-wide facts a machine event is judged by.
@@ -688,6 +723,7 @@ impl<R: RingOps> Shard<R> {
         };
         ShardMetrics::add(&self.metrics.accepted, 1);
         self.open_conns += 1;
+        self.accepted_in_round = true;
         self.drive(c, |m, cx, out| m.open(socket, cx, out));
     }
 

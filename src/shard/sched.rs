@@ -61,6 +61,11 @@ impl ReadyQueue {
         self.lists.len(URGENT) + self.lists.len(BULK)
     }
 
+    /// Whether a connection waits in the urgent queue.
+    pub fn has_urgent(&self) -> bool {
+        self.lists.len(URGENT) > 0
+    }
+
     /// True when no connection is queued.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
