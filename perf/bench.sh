@@ -29,10 +29,7 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
-usage() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/shellcheck|SC2317/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
-  exit "${1:-0}"
-}
+usage() { print_usage "${BASH_SOURCE[0]}" "${1:-0}"; }
 
 BENCH_ARGS=("$@")
 QUICK=0 LARGE_MIB='' DURATION_S='' OUT='' VALIDATE=0 NICE=0 DISK=ram

@@ -87,6 +87,13 @@ kill_group() {
   return 1
 }
 
+# print_usage SCRIPT [CODE]: prints SCRIPT's header comment (the lines after the shebang up to
+# the first non-comment line, shellcheck directives left out) and exits with CODE (0).
+print_usage() {
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/shellcheck|SC2317/ { sub(/^# ?/, ""); print }' "$1"
+  exit "${2:-0}"
+}
+
 # kv FILE KEY: the value of KEY=... in FILE (loadgen and wrk-summary.lua output), empty when absent.
 kv() {
   sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1

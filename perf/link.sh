@@ -35,10 +35,7 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
-usage() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/shellcheck/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
-  exit "${1:-0}"
-}
+usage() { print_usage "${BASH_SOURCE[0]}" "${1:-0}"; }
 # Bad arguments: one clear line, exit 2 (nothing has been created yet).
 usage_error() {
   echo "link.sh: $*" >&2

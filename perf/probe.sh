@@ -40,10 +40,7 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
-usage() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
-  exit "${1:-0}"
-}
+usage() { print_usage "${BASH_SOURCE[0]}" "${1:-0}"; }
 
 ARGS=("$@")
 DISK=repo DURATION_S=20 REPS=2 RATE=50 LARGE_MIB=2048 NICE=-10 PROFILES=default SERVERS=sl,ng

@@ -25,10 +25,7 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
-usage() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
-  exit "${1:-0}"
-}
+usage() { print_usage "${BASH_SOURCE[0]}" "${1:-0}"; }
 
 ARGS=("$@")
 QUICK=0 OUT='' REPORT_ONLY=0

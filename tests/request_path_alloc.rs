@@ -14,12 +14,9 @@ use std::os::fd::BorrowedFd;
 
 use shardline::config::{EtagSource, SymlinkPolicy};
 use shardline::fs::resolve::{resolve_into, ResolveError, ResolveScratch, MAX_PATH_BYTES};
-use shardline::http::conditional::{self, Conditions, Precondition, Validators};
 use shardline::http::date::DateCache;
-use shardline::http::mime;
-use shardline::http::range::{parse_range, RangeOutcome};
+use shardline::http::plan::{plan_response, FileFacts, PlanContext, PlanLimits};
 use shardline::http::request::{parse_request, Parsed, MAX_REQUEST_LINE_BYTES};
-use shardline::http::response::{self, ContentRange, Head};
 use shardline::shard::files::{FileCache, FileCacheConfig, FileTable, OpenError, TargetError};
 use shardline::shard::slots::FileSlot;
 
@@ -324,10 +321,10 @@ fn refusals_and_misses_keep_their_statuses() {
     files.release(&mut table, b);
 }
 
-/// What `Shard::respond` does for a file hit up to its body segments, using the same library
-/// calls: parse, resolve and acquire, preconditions, range, content type, head. The segment
-/// and chunk queues it then builds (`respond.rs`: `plan_body`, `Body::chunks`) are not
-/// covered here.
+/// What `Shard::respond` does for a file hit up to its body segments, with the same library
+/// calls: parse, resolve and acquire, then the response plan (`http::plan::plan_response`:
+/// preconditions, range, head) and its head written out. The segment and chunk queues it then
+/// builds (`respond.rs`: `start_plan`, `Body::chunks`) are not covered here.
 fn plan_hit(
     files: &mut FileCache,
     table: &mut FakeTable,
@@ -342,52 +339,29 @@ fn plan_hit(
         .acquire_target(table, req.path, 1)
         .expect("cached file");
     let f = files.get(idx);
-    let validators = Validators {
+    let facts = FileFacts {
+        size: f.size,
         etag: f.etag(),
+        last_modified: &f.last_modified,
         mtime_secs: f.mtime_secs,
+        read: f.mode,
+        content_type: f.content_type,
     };
-    let conditions = Conditions {
-        if_match: req.if_match,
-        if_unmodified_since: req.if_unmodified_since,
-        if_none_match: req.if_none_match,
-        if_modified_since: req.if_modified_since,
-        if_range: req.if_range,
-        has_range: req.range.is_some(),
+    let limits = PlanLimits {
+        max_ranges: 16,
+        chunk_bytes: 512 * 1024,
+        diag_endpoint: false,
+        health_path: b"",
     };
-    let content_type = mime::content_type_for(f.opened_path().as_bytes());
-    let (status, content_range, len) = match conditional::evaluate(&conditions, &validators) {
-        Precondition::NotModified => (304, None, 0),
-        Precondition::Failed => (412, None, 0),
-        Precondition::Proceed { use_range } => match req.range {
-            Some(range) if use_range => match parse_range(range, f.size, 16) {
-                RangeOutcome::Single(r) => (
-                    206,
-                    Some(ContentRange::Bytes {
-                        start: r.start,
-                        end_inclusive: r.end - 1,
-                        total: f.size,
-                    }),
-                    r.end - r.start,
-                ),
-                other => panic!("a single range, not {other:?}"),
-            },
-            _ => (200, None, f.size),
-        },
-    };
-    let head = Head {
-        status,
-        keep_alive: req.keep_alive,
+    let ctx = PlanContext {
         date: date.header_value(),
-        content_length: (status != 304).then_some(len),
-        content_type: Some(content_type),
-        last_modified: Some(&f.last_modified),
-        etag: Some(f.etag()),
-        content_range,
-        accept_ranges: true,
-        allow: false,
+        leaving: false,
+        boundary_seed: 0,
     };
+    let plan = plan_response(&req, &facts, &limits, &ctx);
     tx.clear();
-    response::write_head(&head, tx);
+    plan.write_head(tx);
+    let status = plan.status();
     files.release(table, idx);
     status
 }

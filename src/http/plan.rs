@@ -28,15 +28,26 @@ const DIAG_ZERO_CONTENT_TYPE: &str = "application/octet-stream";
 /// How the file's bytes are read, as the open-file cache chose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileRead {
-    /// O_DIRECT with this offset/length alignment.
+    /// O_DIRECT with this offset/length alignment: never touches the page cache.
     Direct {
-        /// Offset and length alignment in bytes.
+        /// Offset and length alignment from statx (or the block device).
         align: u32,
     },
-    /// Buffered with RWF_DONTCACHE.
+    /// Buffered with RWF_DONTCACHE: pages the read brought in are dropped afterwards.
     DontCache,
-    /// Plain buffered reads.
+    /// Plain buffered reads (small, hot files; or where nothing better works).
     Buffered,
+}
+
+impl FileRead {
+    /// Label used in logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            FileRead::Direct { .. } => "direct",
+            FileRead::DontCache => "dontcache",
+            FileRead::Buffered => "buffered",
+        }
+    }
 }
 
 /// What the open-file cache knows about the file a request names.

@@ -199,6 +199,15 @@ impl Body {
         self.segments.is_empty() && self.chunks.is_empty()
     }
 
+    /// Where the chunk in arena slot `slot` sits in the pipeline; a slot the body does not
+    /// hold is a driver bug (a completion routed to the wrong connection), so it panics.
+    pub fn chunk_index(&self, slot: ArenaSlot) -> usize {
+        self.chunks
+            .iter()
+            .position(|ch| ch.slot == slot)
+            .expect("completion for a chunk the connection does not hold")
+    }
+
     /// The body's queues, emptied, for the next response (their capacity is kept).
     pub fn into_buffers(self) -> BodyBuffers {
         let mut b = BodyBuffers {

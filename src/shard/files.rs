@@ -24,8 +24,8 @@ use rustix::io::Errno;
 use crate::config::{EtagSource, SymlinkPolicy};
 use crate::fs::resolve::{resolve_into, ResolveError, ResolveScratch};
 use crate::http::conditional::{self, ETAG_MAX_BYTES};
-use crate::http::date;
 use crate::http::request::MAX_REQUEST_LINE_BYTES;
+use crate::http::{date, mime};
 use crate::shard::ring_ops::RingOps;
 use crate::shard::slots::FileSlot;
 
@@ -58,30 +58,8 @@ impl<R: RingOps> FileTable for R {
     }
 }
 
-/// How a file's bytes are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadMode {
-    /// O_DIRECT with this offset/length alignment: never touches the page cache.
-    Direct {
-        /// Offset and length alignment from statx (or the block device).
-        align: u32,
-    },
-    /// Buffered with RWF_DONTCACHE: pages the read brought in are dropped afterwards.
-    DontCache,
-    /// Plain buffered reads (small, hot files; or where nothing better works).
-    Buffered,
-}
-
-impl ReadMode {
-    /// Label used in logs and metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            ReadMode::Direct { .. } => "direct",
-            ReadMode::DontCache => "dontcache",
-            ReadMode::Buffered => "buffered",
-        }
-    }
-}
+/// How a file's bytes are read (the cache chooses; the response plan and the pipeline follow).
+pub use crate::http::plan::FileRead as ReadMode;
 
 /// An open, validated file in the fixed-file table.
 pub struct OpenFile {
@@ -101,6 +79,8 @@ pub struct OpenFile {
     pub last_modified: [u8; 29],
     /// How to read it.
     pub mode: ReadMode,
+    /// `Content-Type` of the opened path (looked up once, at open).
+    pub content_type: &'static str,
     /// Resolved path (relative to root) it is cached under, with `wants_dir` its map.
     key: Box<str>,
     wants_dir: bool,
@@ -119,7 +99,7 @@ impl OpenFile {
     pub fn etag(&self) -> &[u8] {
         &self.etag[..self.etag_len]
     }
-    /// The path that was opened, relative to the root (for `Content-Type`).
+    /// The path that was opened, relative to the root.
     pub fn opened_path(&self) -> &str {
         // Built from a `&str`, so always UTF-8.
         self.opened.to_str().unwrap_or_default()
@@ -556,6 +536,7 @@ impl FileCache {
             etag_len,
             last_modified: date::format_http_date(st.stx_mtime.tv_sec),
             mode,
+            content_type: mime::content_type_for(opened.as_bytes()),
             key: key.into(),
             wants_dir,
             // A resolved path has no NUL (refused as NulByte), nor has INDEX_FILE.

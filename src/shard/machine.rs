@@ -348,8 +348,6 @@ pub struct ConnMachine {
     pub method: Option<Method>,
     /// When the current request was parsed (shard clock, µs).
     pub request_start_us: u64,
-    /// The first byte of the current response has been sent.
-    pub first_byte_sent: bool,
     /// Bytes sent for the current response.
     pub resp_bytes: u64,
     /// `METHOD target VERSION` of the current request, for the access log (empty when off).
@@ -386,7 +384,6 @@ impl ConnMachine {
             fast_drain: false,
             method: None,
             request_start_us: 0,
-            first_byte_sent: false,
             resp_bytes: 0,
             log_request: Vec::new(),
             log_range: Vec::new(),
@@ -469,9 +466,11 @@ impl ConnMachine {
     }
 
     fn chunk_mut(&mut self, slot: ArenaSlot) -> &mut Chunk {
-        self.body_mut()
-            .and_then(|b| b.chunks.iter_mut().find(|ch| ch.slot == slot))
-            .expect("completion for a chunk the connection does not hold")
+        let body = self
+            .body_mut()
+            .expect("completion for a chunk the connection does not hold");
+        let i = body.chunk_index(slot);
+        &mut body.chunks[i]
     }
 
     fn set_deadline(&mut self, kind: Deadline, at_ms: u64) {
@@ -703,7 +702,6 @@ impl ConnMachine {
     pub fn request_parsed(&mut self, method: Option<Method>, cx: &Ctx) {
         self.request_start_us = cx.now_us;
         self.method = method;
-        self.first_byte_sent = false;
         self.resp_bytes = 0;
     }
 
@@ -829,9 +827,9 @@ impl ConnMachine {
         }
     }
 
-    /// The arena handed this waiting connection a slot; returns whether it is a small
-    /// response (queue it urgently) or bulk.
-    pub fn slot_handed(&mut self, slot: ArenaSlot, cx: &Ctx, out: &mut Actions) -> bool {
+    /// The arena handed this waiting connection a slot: a small response is queued urgently,
+    /// bulk work at the back.
+    pub fn slot_handed(&mut self, slot: ArenaSlot, cx: &Ctx, out: &mut Actions) {
         let ArenaWait::Waiting { since_us } = self.arena else {
             panic!(
                 "a slot handed to a connection that was not waiting: {:?}",
@@ -840,16 +838,17 @@ impl ConnMachine {
         };
         out.push(Action::BufferWaited(cx.now_us.saturating_sub(since_us)));
         self.arena = ArenaWait::Handed { slot };
-        self.body().is_some_and(|b| b.inline_head)
+        let small = self.body().is_some_and(|b| b.inline_head);
+        out.push(if small {
+            Action::QueueUrgent
+        } else {
+            Action::QueueBulk
+        });
     }
 
     fn submit_read(&mut self, slot: ArenaSlot, out: &mut Actions) {
         let body = self.body().expect("reading without a body");
-        let ch = body
-            .chunks
-            .iter()
-            .find(|ch| ch.slot == slot)
-            .expect("chunk for read");
+        let ch = &body.chunks[body.chunk_index(slot)];
         let got = ch.read_got;
         out.push(Action::Read {
             slot,
@@ -871,23 +870,19 @@ impl ConnMachine {
         cx: &Ctx,
         out: &mut Actions,
     ) {
-        let ch = self.chunk_mut(slot);
+        let open = self.is_open();
+        let body = self.body_mut().expect("read completion without a body");
+        let i = body.chunk_index(slot);
         assert_eq!(
-            ch.state,
+            body.chunks[i].state,
             ChunkState::Reading,
             "read completion for a chunk not reading"
         );
-        if !self.is_open() {
-            self.chunk_mut(slot).state = ChunkState::Ready;
+        if !open {
+            body.chunks[i].state = ChunkState::Ready;
             self.maybe_finish_close(out);
             return;
         }
-        let body = self.body_mut().expect("read completion without a body");
-        let i = body
-            .chunks
-            .iter()
-            .position(|ch| ch.slot == slot)
-            .expect("checked above");
         if res < 0 {
             // Judged by the chunk, not the body: with several chunks in flight, every read
             // submitted with RWF_DONTCACHE comes back refused, not only the first.
@@ -1009,7 +1004,14 @@ impl ConnMachine {
         }
         let (slot, off, len) = (ch.slot, ch.send_off + ch.sent, ch.send_len - ch.sent);
         let zc_busy = body.chunks.iter().any(|c| c.zerocopy);
-        let more = !(body.segments.is_empty() && body.chunks.len() == 1);
+        // More bytes follow this send (MSG_MORE): body not yet planned, or another chunk with
+        // bytes still to leave. A chunk fully handed to SEND_ZC, waiting only for its
+        // notification, has none: counting it corked the response's last segment.
+        let more = !body.segments.is_empty()
+            || body
+                .chunks
+                .iter()
+                .any(|c| c.slot != slot && c.sent < c.send_len);
         // SEND_ZC keeps the buffer until the peer acknowledges it: only for a connection
         // that drains fast; a slow or stalled one gets copy sends and holds nothing.
         let zc = cx.limits.zerocopy
@@ -1018,11 +1020,8 @@ impl ConnMachine {
             && len as usize >= cx.limits.zerocopy_min_bytes
             && cx.zc_room
             && !zc_busy;
-        let ch = body
-            .chunks
-            .iter_mut()
-            .find(|ch| ch.slot == slot)
-            .expect("chunk being sent");
+        let i = body.chunk_index(slot);
+        let ch = &mut body.chunks[i];
         ch.zerocopy = zc;
         if zc {
             out.push(Action::ZcTaken);
@@ -1151,11 +1150,7 @@ impl ConnMachine {
     /// A chunk is done: its slot goes back, and the connection may plan more.
     fn remove_chunk(&mut self, slot: ArenaSlot, out: &mut Actions) {
         let body = self.body_mut().expect("a chunk without a body");
-        let i = body
-            .chunks
-            .iter()
-            .position(|ch| ch.slot == slot)
-            .expect("chunk still queued");
+        let i = body.chunk_index(slot);
         body.chunks.remove(i);
         let more = !body.segments.is_empty();
         out.push(Action::ReleaseSlot(slot));
@@ -1164,15 +1159,16 @@ impl ConnMachine {
         }
     }
 
-    /// Counts bytes that left for the current response; the first ones mark its first byte.
+    /// Counts `n` (> 0) bytes that left for the current response; the first ones mark its
+    /// first byte.
     fn sent_bytes(&mut self, n: u64, cx: &Ctx, out: &mut Actions) {
-        self.resp_bytes += n;
-        if !self.first_byte_sent {
-            self.first_byte_sent = true;
+        debug_assert!(n > 0, "only bytes that left are counted");
+        if self.resp_bytes == 0 {
             out.push(Action::Ttfb(
                 cx.now_us.saturating_sub(self.request_start_us),
             ));
         }
+        self.resp_bytes += n;
     }
 
     /// Learns from one send how much the socket takes: a whole send lets the connection read
@@ -1184,25 +1180,28 @@ impl ConnMachine {
         let chunk_bytes = cx.limits.chunk_bytes;
         self.round_bytes += u64::from(took);
         self.fast_drain = whole;
-        let round = self.round_bytes;
-        let estimate = (round as usize).clamp(MIN_READ_BYTES, chunk_bytes);
+        if whole {
+            if let Some(body) = self.body_mut() {
+                body.read_ahead = cx.limits.pipeline_depth;
+                body.read_size_bytes = body.read_size_bytes.saturating_mul(2).min(chunk_bytes);
+            }
+            return;
+        }
+        // What one writable round took: the size of reads once parked chunks are reclaimed
+        // (a re-read of what a slow socket could not take wastes disk time).
+        self.round_estimate_bytes = (self.round_bytes as usize).clamp(MIN_READ_BYTES, chunk_bytes);
+        self.cut_read_ahead(out);
+    }
+
+    /// Back to `READ_AHEAD_START_CHUNKS` of read-ahead: the chunks beyond it that the kernel
+    /// does not hold go back to the arena.
+    fn cut_read_ahead(&mut self, out: &mut Actions) {
         let Some(body) = self.body_mut() else {
             return;
         };
-        if whole {
-            body.read_ahead = cx.limits.pipeline_depth;
-            body.read_size_bytes = body.read_size_bytes.saturating_mul(2).min(chunk_bytes);
-        } else {
-            // What one writable round took: the size of reads once parked chunks are
-            // reclaimed (a re-read of what a slow socket could not take wastes disk time).
-            let cut = body.read_ahead > READ_AHEAD_START_CHUNKS;
-            if cut {
-                body.read_ahead = READ_AHEAD_START_CHUNKS;
-            }
-            self.round_estimate_bytes = estimate;
-            if cut {
-                self.give_back_chunks(READ_AHEAD_START_CHUNKS, out);
-            }
+        if body.read_ahead > READ_AHEAD_START_CHUNKS {
+            body.read_ahead = READ_AHEAD_START_CHUNKS;
+            self.give_back_chunks(READ_AHEAD_START_CHUNKS, out);
         }
     }
 
@@ -1272,10 +1271,7 @@ impl ConnMachine {
                 })
         });
         if stuck {
-            if let Some(b) = self.body_mut() {
-                b.read_ahead = READ_AHEAD_START_CHUNKS;
-            }
-            self.give_back_chunks(READ_AHEAD_START_CHUNKS, out);
+            self.cut_read_ahead(out);
         }
     }
 
@@ -1292,7 +1288,7 @@ impl ConnMachine {
             let Some(last) = body.chunks.back() else {
                 break;
             };
-            let ours = matches!(last.state, ChunkState::Ready | ChunkState::Parked);
+            let ours = !last.state.kernel_holds();
             let unsent_at = last.send_off + last.sent;
             let head_unsent = last.origin == Origin::File && unsent_at < last.read_buf_off;
             if !ours || head_unsent {
@@ -1416,7 +1412,7 @@ fn plan_chunk(
         zerocopy: false,
         origin: Origin::File,
     };
-    if let Some(chunk) = plan_framed_part(body, chunk_bytes, &mut chunk) {
+    if plan_framed_part(body, chunk_bytes, &mut chunk) {
         return chunk;
     }
     let seg = body
@@ -1486,19 +1482,20 @@ fn plan_chunk(
 
 /// A part header followed by its file range, planned into one chunk: the read lands at the
 /// first aligned offset past the header's length, and the header is copied in front of the
-/// data when the read is done (`on_read`). None when the front is not such a pair.
-fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> Option<Chunk> {
+/// data when the read is done (`on_read`). False (nothing planned) when the front is not
+/// such a pair.
+fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> bool {
     let (Some(&Segment::Mem { start, end }), Some(&Segment::File { pos, end: file_end })) =
         (body.segments.front(), body.segments.get(1))
     else {
-        return None;
+        return false;
     };
     let header = (end - start) as usize;
     let align = (body.align as usize).max(1);
     let read_at = header.div_ceil(align) * align;
     let room = chunk_bytes.saturating_sub(read_at) / align * align;
     if body.inline_head || header > SHARED_FRAMING_MAX_BYTES || room <= align {
-        return None;
+        return false;
     }
     let read_cap = read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes).min(room);
     let plan = crate::fs::dio::plan_chunk(pos, file_end, body.align, read_cap);
@@ -1513,17 +1510,15 @@ fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> O
     chunk.read_file_off = plan.read_offset;
     chunk.read_len = plan.read_len as u32;
     chunk.read_need = (plan.skip + plan.send_len) as u32;
+    // The header is planned; the file range goes on from where this read ends.
     body.segments.pop_front();
-    match body.segments.front_mut() {
-        Some(Segment::File { pos, end }) => {
-            *pos += plan.send_len as u64;
-            if *pos >= *end {
-                body.segments.pop_front();
-            }
-        }
-        _ => unreachable!("checked above"),
+    let pos = pos + plan.send_len as u64;
+    if pos >= file_end {
+        body.segments.pop_front();
+    } else {
+        body.segments[0] = Segment::File { pos, end: file_end };
     }
-    Some(*chunk)
+    true
 }
 
 /// Bytes a file read may ask for: the connection's estimate of what its socket takes,
@@ -1837,8 +1832,8 @@ mod tests {
         assert_eq!(pump(&mut m, &mut none, &mut out), Turn::Idle);
         assert!(out.contains(&Action::WaitArena(Demand::Bulk)));
         out.clear();
-        assert!(!m.slot_handed(a(4), &cx(5), &mut out));
-        assert_eq!(out, [Action::BufferWaited(4000)]);
+        m.slot_handed(a(4), &cx(5), &mut out);
+        assert_eq!(out, [Action::BufferWaited(4000), Action::QueueBulk]);
         out.clear();
         pump(&mut m, &mut none, &mut out);
         assert!(out

@@ -373,6 +373,8 @@ impl<R: RingOps> Shard<R> {
                 self.ring
                     .submit_and_wait_batched(Duration::from_millis(TIMER_SWEEP_MS), batch)?;
             }
+            // Only this reap's accepts (and later rounds') count for the urgent rounds.
+            self.accepted_in_round = false;
             self.reap();
             self.answer_new_requests(tick_budget)?;
             self.now_ms = self.ring.now().as_millis() as u64;
@@ -793,12 +795,7 @@ impl<R: RingOps> Shard<R> {
     /// Returns an arena slot; a waiting connection gets it handed over and is queued.
     fn release_slot(&mut self, slot: ArenaSlot) {
         if let Some((w, s)) = self.arena.give_back(slot) {
-            let small = self.drive(w, |m, cx, out| m.slot_handed(s, cx, out));
-            if small {
-                self.ready.push_urgent(w);
-            } else {
-                self.ready.push_bulk(w);
-            }
+            self.drive(w, |m, cx, out| m.slot_handed(s, cx, out));
         }
     }
 

@@ -7,10 +7,7 @@ use super::files::{ReadMode, TargetError};
 use super::slots::{ConnSlot, FileSlot};
 use super::{access_log, ring, RingOps, Shard};
 use crate::http::date::DateCache;
-use crate::http::mime;
-use crate::http::plan::{
-    self, BodyPart, FileFacts, FileRead, PlanContext, PlanLimits, ResponsePlan,
-};
+use crate::http::plan::{self, BodyPart, FileFacts, PlanContext, PlanLimits, ResponsePlan};
 use crate::http::request::{parse_request, Method, Parsed, Request};
 
 impl<R: RingOps> Shard<R> {
@@ -137,8 +134,8 @@ impl<R: RingOps> Shard<R> {
             etag: f.etag(),
             last_modified: &f.last_modified,
             mtime_secs: f.mtime_secs,
-            read: file_read(f.mode),
-            content_type: mime::content_type_for(f.opened_path().as_bytes()),
+            read: f.mode,
+            content_type: f.content_type,
         };
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.body_pool.pop().unwrap_or_default();
@@ -245,15 +242,6 @@ fn plan_context(date: &DateCache, leaving: bool, boundary_seed: u64) -> PlanCont
     }
 }
 
-/// The plan's view of how the cache reads a file.
-fn file_read(mode: ReadMode) -> FileRead {
-    match mode {
-        ReadMode::Direct { align } => FileRead::Direct { align },
-        ReadMode::DontCache => FileRead::DontCache,
-        ReadMode::Buffered => FileRead::Buffered,
-    }
-}
-
 /// Read alignment, `rw_flags` and counter label for a file body.
 fn read_params(mode: ReadMode) -> (u64, i32, Source) {
     match mode {
@@ -286,7 +274,7 @@ mod tests {
         }
     }
 
-    fn plan_for(req: &Request<'_>, read: FileRead) -> ResponsePlan<'static> {
+    fn plan_for(req: &Request<'_>, read: ReadMode) -> ResponsePlan<'static> {
         let facts = FileFacts {
             size: 1000,
             etag: b"\"e\"",
@@ -313,7 +301,7 @@ mod tests {
     fn multipart_plan_becomes_framing_and_file_segments() {
         let plan = plan_for(
             &request(Some(b"bytes=0-9,100-109")),
-            FileRead::Direct { align: 512 },
+            ReadMode::Direct { align: 512 },
         );
         let mut tx = b"left over from the last response".to_vec();
         let started = start_plan(&mut tx, &plan, BodyBuffers::default());
@@ -351,7 +339,7 @@ mod tests {
     fn small_buffered_file_keeps_its_head_for_the_chunk() {
         let started = start_plan(
             &mut Vec::new(),
-            &plan_for(&request(None), FileRead::Buffered),
+            &plan_for(&request(None), ReadMode::Buffered),
             BodyBuffers::default(),
         );
         assert!(started.inline_head && started.reads_file);
@@ -365,7 +353,7 @@ mod tests {
         };
         let started = start_plan(
             &mut Vec::new(),
-            &plan_for(&head_only, FileRead::Buffered),
+            &plan_for(&head_only, ReadMode::Buffered),
             BodyBuffers::default(),
         );
         assert!(started.buffers.segments.is_empty() && !started.reads_file && !started.inline_head);
@@ -382,9 +370,5 @@ mod tests {
             (1, ring::RWF_DONTCACHE, Source::DontCache)
         );
         assert_eq!(read_params(ReadMode::Buffered), (1, 0, Source::Buffered));
-        assert_eq!(
-            file_read(ReadMode::Direct { align: 512 }),
-            FileRead::Direct { align: 512 }
-        );
     }
 }

@@ -560,15 +560,6 @@ impl super::ring_ops::RingOps for Ring {
     fn tx_len(&self, conn: ConnSlot) -> usize {
         self.tx.len(conn.index())
     }
-    /// Copies connection `conn`'s header buffer to the front of arena slot `slot`; returns
-    /// its length. Neither may be in flight.
-    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize {
-        let tx = std::mem::take(self.tx.get_mut(conn.index()));
-        let n = tx.len();
-        self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        *self.tx.get_mut(conn.index()) = tx;
-        n
-    }
     /// Releases the heap memory of an idle connection's header buffer.
     fn tx_release(&mut self, conn: ConnSlot) {
         self.tx.release(conn.index());

@@ -52,8 +52,16 @@ pub trait RingOps {
     fn tx_done(&mut self, conn: ConnSlot);
     /// Bytes in connection `conn`'s header buffer.
     fn tx_len(&self, conn: ConnSlot) -> usize;
-    /// Copies `tx[conn]` to the front of arena slot `slot`; returns its length.
-    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize;
+    /// Copies `tx[conn]` to the front of arena slot `slot`; returns its length. Neither may
+    /// be in flight.
+    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize {
+        // Taken out and put back: the header buffer and the arena are both borrowed from self.
+        let tx = std::mem::take(self.tx_mut(conn));
+        let n = tx.len();
+        self.arena_mut(slot)[..n].copy_from_slice(&tx);
+        *self.tx_mut(conn) = tx;
+        n
+    }
     /// Releases the memory of an idle connection's header buffer.
     fn tx_release(&mut self, conn: ConnSlot);
 

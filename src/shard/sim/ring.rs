@@ -768,13 +768,6 @@ impl RingOps for SimRing {
     fn tx_len(&self, conn: ConnSlot) -> usize {
         self.tx.len(conn.index())
     }
-    fn copy_tx_to_arena(&mut self, conn: ConnSlot, slot: ArenaSlot) -> usize {
-        let tx = std::mem::take(self.tx.get_mut(conn.index()));
-        let n = tx.len();
-        self.arena_mut(slot)[..n].copy_from_slice(&tx);
-        *self.tx.get_mut(conn.index()) = tx;
-        n
-    }
     fn tx_release(&mut self, conn: ConnSlot) {
         self.tx.release(conn.index());
     }
