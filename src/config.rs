@@ -141,6 +141,26 @@ pub enum AccessLogFormat {
 /// Largest body the network-only diagnostic endpoint will generate.
 pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
 
+/// Smallest `tls_record_bytes` (a record smaller than a TCP segment only adds overhead).
+pub const MIN_TLS_RECORD_BYTES: usize = 1024;
+/// Largest `tls_record_bytes` (TLS caps a record's plaintext at 2^14).
+pub const MAX_TLS_RECORD_BYTES: usize = 16 * 1024;
+/// Most `[[tls_certificate]]` entries.
+pub const MAX_TLS_CERTIFICATES: usize = 256;
+
+/// One certificate the TLS listener serves (`[[tls_certificate]]`; the first is the default).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificate {
+    /// PEM chain: the end-entity certificate first, then its intermediates.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, SEC1 or PKCS#1).
+    pub key: PathBuf,
+    /// A DER OCSP response to staple (refreshed by replacing the file and sending SIGHUP).
+    #[serde(default)]
+    pub ocsp: Option<PathBuf>,
+}
+
 /// Every setting of the server; defaults are the documented ones.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -225,6 +245,23 @@ pub struct Config {
     /// Path on the serving listener that answers 200, or 503 once draining, without touching
     /// a file: what a load balancer on another host checks. Empty means off.
     pub health_path: String,
+    /// Address of the TLS (HTTPS) listener, served by every shard beside `listen`; absent
+    /// means no TLS.
+    pub tls_listen: Option<SocketAddr>,
+    /// Certificates served on `tls_listen`, picked by SNI (exact name, wildcard, then the
+    /// first as default).
+    pub tls_certificate: Vec<TlsCertificate>,
+    /// Session-ticket keys shared by the fleet (48 bytes: current key; 96: current, then
+    /// previous); absent means random keys per process, rotated every 6 hours.
+    pub tls_ticket_key_file: Option<PathBuf>,
+    /// Lifetime announced for tickets made with `tls_ticket_key_file` (seconds).
+    pub tls_ticket_lifetime_s: u32,
+    /// Plaintext bytes per TLS record (the last record of a chunk may be shorter).
+    pub tls_record_bytes: usize,
+    /// Time a client has from accept to a completed handshake.
+    pub tls_handshake_timeout_ms: u64,
+    /// Handshakes per shard that may wait for their turn; a new one past it is closed.
+    pub tls_max_pending_handshakes: usize,
 }
 
 impl Default for Config {
@@ -266,6 +303,13 @@ impl Default for Config {
             recv_buffers: 1024,
             admin: DEFAULT_ADMIN.into(),
             health_path: DEFAULT_HEALTH_PATH.into(),
+            tls_listen: None,
+            tls_certificate: Vec::new(),
+            tls_ticket_key_file: None,
+            tls_ticket_lifetime_s: 12 * 3600,
+            tls_record_bytes: MAX_TLS_RECORD_BYTES,
+            tls_handshake_timeout_ms: 10_000,
+            tls_max_pending_handshakes: 1024,
         }
     }
 }
@@ -466,6 +510,7 @@ impl Config {
                 "must be empty (off) or an absolute path without a query, e.g. \"/__shardline/health\"",
             ));
         }
+        self.validate_tls()?;
         if let Some(admin) = self.admin_addr()? {
             if admin.ip() == self.listen.ip()
                 && admin.port() == self.listen.port()
@@ -476,6 +521,51 @@ impl Config {
                     format!("{admin} is also the data listener (listen)"),
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let Some(tls) = self.tls_listen else {
+            return Ok(());
+        };
+        if tls == self.listen && tls.port() != 0 {
+            return Err(err(
+                "tls_listen",
+                format!("{tls} is also the cleartext listener (listen)"),
+            ));
+        }
+        if self.tls_certificate.is_empty() {
+            return Err(err(
+                "tls_certificate",
+                "tls_listen is set: add at least one [[tls_certificate]] with cert and key",
+            ));
+        }
+        if self.tls_certificate.len() > MAX_TLS_CERTIFICATES {
+            return Err(err(
+                "tls_certificate",
+                format!("at most {MAX_TLS_CERTIFICATES}"),
+            ));
+        }
+        if !(MIN_TLS_RECORD_BYTES..=MAX_TLS_RECORD_BYTES).contains(&self.tls_record_bytes) {
+            return Err(err(
+                "tls_record_bytes",
+                format!("must be {MIN_TLS_RECORD_BYTES}..={MAX_TLS_RECORD_BYTES}"),
+            ));
+        }
+        if self.tls_handshake_timeout_ms == 0 {
+            return Err(err("tls_handshake_timeout_ms", "must be greater than 0"));
+        }
+        if self.tls_max_pending_handshakes == 0 {
+            return Err(err("tls_max_pending_handshakes", "must be at least 1"));
+        }
+        if self.tls_ticket_lifetime_s == 0 || self.tls_ticket_lifetime_s > 7 * 86_400 {
+            return Err(err(
+                "tls_ticket_lifetime_s",
+                "must be 1..=604800 (RFC 8446 caps ticket lifetimes at 7 days)",
+            ));
         }
         Ok(())
     }
@@ -499,6 +589,11 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "log_level",
     "diag_endpoint",
     "health_path",
+    "tls_certificate",
+    "tls_ticket_key_file",
+    "tls_ticket_lifetime_s",
+    "tls_handshake_timeout_ms",
+    "tls_max_pending_handshakes",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -546,6 +641,8 @@ impl Config {
             log_format,
             recv_buffers,
             admin,
+            tls_listen,
+            tls_record_bytes,
         );
         let mut config = self.clone();
         macro_rules! reloadable {
@@ -570,6 +667,11 @@ impl Config {
             log_level,
             diag_endpoint,
             health_path,
+            tls_certificate,
+            tls_ticket_key_file,
+            tls_ticket_lifetime_s,
+            tls_handshake_timeout_ms,
+            tls_max_pending_handshakes,
         );
         config.validate()?;
         Ok(Reload { config, refused })

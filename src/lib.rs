@@ -2,7 +2,8 @@
 //!
 //! The folder layout is the architecture: `shard/` is the per-core event loop (and the only
 //! place with `unsafe`, in `shard/ring` and `shard/ring_sys`), `http/` is pure protocol logic,
-//! `fs/` is path resolution and O_DIRECT alignment math, `topology`/`plan`/`steering` decide
+//! `fs/` is path resolution and O_DIRECT alignment math, `tls/` is HTTPS (certificates,
+//! ticket keys, the record layer, one connection's TLS session), `topology`/`plan`/`steering` decide
 //! where shards run and which shard a connection lands on.
 
 // `unsafe` is refused everywhere but the ring modules (allowed in `shard/mod.rs`), and every
@@ -22,4 +23,5 @@ pub mod plan;
 pub mod server;
 pub mod shard;
 pub mod steering;
+pub mod tls;
 pub mod topology;

@@ -1,0 +1,1008 @@
+//! One connection's TLS: the handshake driven through rustls's unbuffered (sans-IO) API, then
+//! the record state of `record.rs` (keys, sequence numbers, what is due next).
+//!
+//! The connection machine owns a `TlsSession` and calls it with the bytes it received; what
+//! the session wants sent goes to `outgoing`, which the shard swaps into the connection's
+//! header buffer and sends. After the handshake, rustls is kept only as a
+//! `KernelConnection` (it computes the next traffic secret at a TLS 1.3 KeyUpdate); every
+//! record is sealed and opened here.
+
+use std::sync::Arc;
+
+use rustls::kernel::KernelConnection;
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{ConnectionState, EncodeError, UnbufferedStatus};
+use rustls::{HandshakeKind, ProtocolVersion, ServerConfig, SupportedCipherSuite};
+
+use super::record::{
+    alert, RecordCut, RecordError, RecordKey, CONTENT_ALERT, CONTENT_APPLICATION_DATA,
+    CONTENT_HANDSHAKE, MAX_PLAINTEXT_BYTES, RECORD_HEADER_BYTES,
+};
+use super::sniff::{self, FirstBytes};
+
+/// Most TLS bytes a connection buffers before its handshake completes (a ClientHello with a
+/// post-quantum key share is ~1.8 KiB; this leaves room for big extension lists): more is
+/// refused with a close.
+pub const HANDSHAKE_INCOMING_MAX_BYTES: usize = 32 * 1024;
+/// Most TLS bytes buffered after the handshake: one whole record of the largest size, plus a
+/// receive buffer's worth that arrived behind it.
+pub const INCOMING_MAX_BYTES: usize = super::record::MAX_RECORD_BYTES + 4096;
+/// Records of our own per key before a TLS 1.3 KeyUpdate is sent (half of AES-GCM's
+/// confidentiality limit of 2^24 full records, RFC 8446 5.5), or before a TLS 1.2 connection
+/// stops keeping alive (it has no KeyUpdate).
+pub const RECORDS_PER_KEY_SOFT_MAX: u64 = 1 << 23;
+/// Consecutive empty application-data records or warning alerts accepted from a client
+/// (they cost work and carry nothing).
+pub const EMPTY_RECORDS_MAX: u32 = 32;
+/// Rounds of one handshake turn at most (each processes a message or emits a record; a
+/// full TLS 1.3 flight is under 10).
+const HANDSHAKE_ROUNDS_MAX: usize = 64;
+/// A TLS 1.3 KeyUpdate handshake message (type 24, length 1, update_not_requested).
+const KEY_UPDATE_NOT_REQUESTED: [u8; 5] = [24, 0, 0, 1, 0];
+
+/// The answer to cleartext HTTP on the TLS port (nginx says the same), then a close.
+pub static PLAIN_HTTP_ON_TLS_PORT: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 46\r\nConnection: close\r\n\r\nThe plain HTTP request was sent to HTTPS port\n";
+
+/// TLS version of an established connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    /// TLS 1.2.
+    Tls12,
+    /// TLS 1.3.
+    Tls13,
+}
+
+impl Version {
+    /// As logged: `TLSv1.2`, `TLSv1.3`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::Tls12 => "TLSv1.2",
+            Version::Tls13 => "TLSv1.3",
+        }
+    }
+}
+
+/// What a handshake settled, for the access log and metrics.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// Protocol version.
+    pub version: Version,
+    /// Cipher suite (IANA name).
+    pub cipher: &'static str,
+    /// The SNI name the client sent, if any.
+    pub sni: Option<Box<str>>,
+    /// The client resumed a session (ticket).
+    pub resumed: bool,
+}
+
+/// A record that went out in part and was given back: the next run starts with it again,
+/// sealed with the same length and sequence number, and its first `skip` bytes (already
+/// sent) are not sent twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// Plaintext bytes of the record.
+    pub len: u32,
+    /// Ciphertext bytes of it that already left.
+    pub skip: u32,
+}
+
+/// How to seal the next run of plaintext (`plan_run`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunPlan {
+    /// How the run is cut into records.
+    pub cut: RecordCut,
+    /// Sequence number of its first record.
+    pub first_seq: u64,
+    /// Ciphertext bytes at its front that already left (a resumed record).
+    pub skip: u32,
+}
+
+/// The outcome of a handshake turn.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HandshakeStep {
+    /// More bytes from the client are needed (anything to send is in `outgoing`).
+    NeedInput,
+    /// The handshake is complete; records from now on. Application data the client sent
+    /// with its Finished went to the caller's buffer.
+    Complete,
+    /// The client spoke cleartext HTTP: `outgoing` holds the plain 400, then close.
+    PlainHttp,
+    /// The handshake failed; `outgoing` holds the alert rustls chose (if any), then close.
+    Failed(HandshakeFailure),
+}
+
+/// Why a handshake failed (a metrics label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// rustls refused what the client sent (version, suites, bad message...).
+    Protocol,
+    /// The client sent an alert or closed.
+    Peer,
+    /// More handshake bytes than `HANDSHAKE_INCOMING_MAX_BYTES`.
+    TooLarge,
+}
+
+/// What the records a client sent after the handshake asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Received {
+    /// Application data (if any) went to the caller's buffer; keep going.
+    Data,
+    /// The client sent close_notify: no more data will come.
+    PeerClosed,
+    /// The client sent a fatal alert: close without one of ours.
+    PeerAlert,
+    /// The client broke the protocol: `outgoing` holds our alert; close after sending it.
+    Fatal,
+}
+
+enum State {
+    Handshaking(Box<UnbufferedServerConnection>),
+    Open(Box<Records>),
+    /// Failed or finished: nothing more is processed.
+    Done,
+}
+
+/// The record state of an established connection.
+struct Records {
+    kernel: KernelConnection<ServerConnectionData>,
+    version: ProtocolVersion,
+    tx: RecordKey,
+    tx_seq: u64,
+    rx: RecordKey,
+    rx_seq: u64,
+    /// The next run begins with a record that went out in part.
+    resume: Option<Resume>,
+    /// A KeyUpdate of ours is due before the next run (the client asked, or our key is
+    /// near its limit).
+    key_update_due: bool,
+    /// Our records per key before the key must change (TLS 1.3) or the connection end (1.2).
+    tx_records_max: u64,
+    /// Consecutive empty records and warning alerts from the client.
+    empties: u32,
+}
+
+/// One connection's TLS state.
+pub struct TlsSession {
+    state: State,
+    /// TLS bytes received and not yet consumed (bounded).
+    pub incoming: Vec<u8>,
+    /// Bytes for the client, produced by the session (handshake flights, alerts,
+    /// close_notify, KeyUpdate); the shard swaps them into the header buffer to send.
+    pub outgoing: Vec<u8>,
+    /// What the handshake settled (set when it completes).
+    pub facts: Option<Facts>,
+    sni: Option<Box<str>>,
+}
+
+impl std::fmt::Debug for TlsSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Handshaking(_) => "handshaking",
+            State::Open(_) => "open",
+            State::Done => "done",
+        };
+        f.debug_struct("TlsSession")
+            .field("state", &state)
+            .field("incoming", &self.incoming.len())
+            .field("outgoing", &self.outgoing.len())
+            .field("facts", &self.facts)
+            .finish()
+    }
+}
+
+fn records_max(suite: SupportedCipherSuite) -> u64 {
+    let limit = match suite {
+        SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
+        SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
+    };
+    limit.min(RECORDS_PER_KEY_SOFT_MAX)
+}
+
+impl TlsSession {
+    /// A session for a new connection under `config` (which must allow secret extraction).
+    pub fn new(config: Arc<ServerConfig>) -> Result<TlsSession, rustls::Error> {
+        debug_assert!(config.enable_secret_extraction);
+        Ok(TlsSession {
+            state: State::Handshaking(Box::new(UnbufferedServerConnection::new(config)?)),
+            incoming: Vec::new(),
+            outgoing: Vec::new(),
+            facts: None,
+            sni: None,
+        })
+    }
+
+    /// Whether the handshake is still running.
+    pub fn handshaking(&self) -> bool {
+        matches!(self.state, State::Handshaking(_))
+    }
+
+    /// Whether records flow (the handshake completed and nothing failed).
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, State::Open(_))
+    }
+
+    /// Adds received bytes; false when that would pass the buffering limit (the caller
+    /// closes).
+    pub fn receive(&mut self, data: &[u8]) -> bool {
+        let max = if self.handshaking() {
+            HANDSHAKE_INCOMING_MAX_BYTES
+        } else {
+            INCOMING_MAX_BYTES
+        };
+        if self.incoming.len() + data.len() > max {
+            return false;
+        }
+        self.incoming.extend_from_slice(data);
+        true
+    }
+
+    /// Frees the buffers of an idle connection (nothing pending in them).
+    pub fn shrink_idle(&mut self) {
+        if self.incoming.is_empty() && self.incoming.capacity() > 0 {
+            self.incoming = Vec::new();
+        }
+        if self.outgoing.is_empty() && self.outgoing.capacity() > 0 {
+            self.outgoing = Vec::new();
+        }
+    }
+
+    /// Runs the handshake over what has been received: rustls's records for the client go
+    /// to `outgoing`, application data that arrived with the client's Finished to `app`.
+    pub fn handshake(&mut self, app: &mut Vec<u8>) -> HandshakeStep {
+        let State::Handshaking(conn) = &mut self.state else {
+            return HandshakeStep::Failed(HandshakeFailure::Protocol);
+        };
+        if self.sni.is_none() {
+            match sniff::classify(&self.incoming) {
+                FirstBytes::Unknown => return HandshakeStep::NeedInput,
+                FirstBytes::PlainHttp => {
+                    self.state = State::Done;
+                    self.outgoing.clear();
+                    self.outgoing.extend_from_slice(PLAIN_HTTP_ON_TLS_PORT);
+                    return HandshakeStep::PlainHttp;
+                }
+                FirstBytes::TlsHandshake | FirstBytes::Other => {}
+            }
+            self.sni = sniff::client_hello_sni(&self.incoming).map(Box::from);
+        }
+        let mut failed = None;
+        for _ in 0..HANDSHAKE_ROUNDS_MAX {
+            let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut self.incoming);
+            let round = match state {
+                Err(e) => {
+                    if failed.is_none() {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                    }
+                    // rustls queued its alert (if any): the next rounds encode it.
+                    Round::Error(failure_of(&e))
+                }
+                Ok(ConnectionState::EncodeTlsData(mut enc)) => {
+                    encode_into(&mut self.outgoing, |buf| enc.encode(buf));
+                    Round::Continue
+                }
+                // The bytes are ours to send from `outgoing`; rustls needs no more than that.
+                Ok(ConnectionState::TransmitTlsData(t)) => {
+                    t.done();
+                    Round::Continue
+                }
+                Ok(ConnectionState::BlockedHandshake) => Round::NeedInput,
+                Ok(ConnectionState::ReadTraffic(mut r)) => {
+                    while let Some(Ok(rec)) = r.next_record() {
+                        app.extend_from_slice(rec.payload);
+                    }
+                    Round::Continue
+                }
+                Ok(ConnectionState::ReadEarlyData(mut r)) => {
+                    // 0-RTT is off (max_early_data_size = 0): rustls never accepts any.
+                    while r.next_record().is_some() {}
+                    Round::Continue
+                }
+                Ok(ConnectionState::WriteTraffic(_)) => Round::WriteTraffic,
+                Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
+                    Round::Error(HandshakeFailure::Peer)
+                }
+                Ok(_) => Round::Error(HandshakeFailure::Protocol),
+            };
+            self.incoming.drain(..discard);
+            match round {
+                Round::Continue => {}
+                Round::Error(f) if failed.is_none() => failed = Some(f),
+                Round::Error(f) => {
+                    self.state = State::Done;
+                    return HandshakeStep::Failed(f);
+                }
+                Round::NeedInput | Round::WriteTraffic if failed.is_some() => {
+                    self.state = State::Done;
+                    return HandshakeStep::Failed(failed.unwrap_or(HandshakeFailure::Protocol));
+                }
+                Round::NeedInput => return HandshakeStep::NeedInput,
+                Round::WriteTraffic if conn.is_handshaking() => return HandshakeStep::NeedInput,
+                Round::WriteTraffic => return self.establish(),
+            }
+        }
+        self.state = State::Done;
+        HandshakeStep::Failed(failed.unwrap_or(HandshakeFailure::Protocol))
+    }
+
+    /// The handshake is complete: take the traffic secrets from rustls and keep the rest
+    /// of it only for key updates.
+    fn establish(&mut self) -> HandshakeStep {
+        let State::Handshaking(conn) = std::mem::replace(&mut self.state, State::Done) else {
+            unreachable!("establish outside a handshake");
+        };
+        let version = conn.protocol_version();
+        let suite = conn.negotiated_cipher_suite();
+        let resumed = conn.handshake_kind() == Some(HandshakeKind::Resumed);
+        let (Some(version), Some(suite)) = (version, suite) else {
+            return HandshakeStep::Failed(HandshakeFailure::Protocol);
+        };
+        let (secrets, kernel) = match conn.dangerous_into_kernel_connection() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "TLS secrets not extractable");
+                return HandshakeStep::Failed(HandshakeFailure::Protocol);
+            }
+        };
+        let (tx_seq, tx) = secrets.tx;
+        let (rx_seq, rx) = secrets.rx;
+        let (Some(tx), Some(rx)) = (RecordKey::new(version, &tx), RecordKey::new(version, &rx))
+        else {
+            tracing::warn!(
+                ?suite,
+                "negotiated a cipher suite the record layer does not speak"
+            );
+            return HandshakeStep::Failed(HandshakeFailure::Protocol);
+        };
+        self.facts = Some(Facts {
+            version: if version == ProtocolVersion::TLSv1_3 {
+                Version::Tls13
+            } else {
+                Version::Tls12
+            },
+            cipher: suite.suite().as_str().unwrap_or("unknown"),
+            sni: self.sni.take(),
+            resumed,
+        });
+        self.state = State::Open(Box::new(Records {
+            kernel,
+            version,
+            tx,
+            tx_seq,
+            rx,
+            rx_seq,
+            resume: None,
+            key_update_due: false,
+            tx_records_max: records_max(suite),
+            empties: 0,
+        }));
+        HandshakeStep::Complete
+    }
+
+    fn records(&self) -> Option<&Records> {
+        match &self.state {
+            State::Open(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn records_mut(&mut self) -> Option<&mut Records> {
+        match &mut self.state {
+            State::Open(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The key that seals our records (the shard seals chunks with it in place).
+    pub fn tx_key(&self) -> &RecordKey {
+        &self
+            .records()
+            .expect("sealing before the handshake completed")
+            .tx
+    }
+
+    /// Bytes each record adds, once established.
+    pub fn overhead(&self) -> Option<u32> {
+        self.records().map(|r| r.tx.protection().overhead() as u32)
+    }
+
+    /// A KeyUpdate must go out before the next run is sealed (and nothing blocks it: a
+    /// record that went out in part is finished first, with the key it began with).
+    pub fn key_update_ready(&self) -> bool {
+        self.records()
+            .is_some_and(|r| r.key_update_due && r.resume.is_none())
+    }
+
+    /// TLS 1.2 without key updates has used most of what its key may seal: the connection
+    /// is not kept alive after this response.
+    pub fn wants_close(&self) -> bool {
+        self.records()
+            .is_some_and(|r| r.version != ProtocolVersion::TLSv1_3 && r.tx_seq >= r.tx_records_max)
+    }
+
+    /// Plans sealing the next run of `pt_len` plaintext bytes into records of
+    /// `record_len`: its cut, first sequence number and resumed prefix. None when the run
+    /// cannot be sealed (the key is exhausted, or a resumed record does not fit: the
+    /// connection must abort rather than send a different record under the same number).
+    pub fn plan_run(&mut self, pt_len: u32, record_len: u32) -> Option<RunPlan> {
+        let r = self.records_mut()?;
+        let overhead = r.tx.protection().overhead() as u32;
+        let (first, skip) = match r.resume {
+            Some(res) if res.len > pt_len || res.len > record_len => return None,
+            Some(res) => (Some(res.len), res.skip),
+            None => (None, 0),
+        };
+        let cut = RecordCut::new(pt_len, first, record_len, overhead);
+        let first_seq = r.tx_seq;
+        let end = first_seq.checked_add(u64::from(cut.records()))?;
+        // A TLS 1.2 key never goes past twice the soft limit (still well inside 2^24).
+        if r.version != ProtocolVersion::TLSv1_3 && end > 2 * r.tx_records_max {
+            return None;
+        }
+        r.tx_seq = end;
+        r.resume = None;
+        if r.version == ProtocolVersion::TLSv1_3 && r.tx_seq >= r.tx_records_max {
+            r.key_update_due = true;
+        }
+        Some(RunPlan {
+            cut,
+            first_seq,
+            skip,
+        })
+    }
+
+    /// The unsent tail of sealed runs was given back: the next record to seal is number
+    /// `seq`, resuming `resume` if it went out in part.
+    pub fn rewind(&mut self, seq: u64, resume: Option<Resume>) {
+        let r = self
+            .records_mut()
+            .expect("rewinding before the handshake completed");
+        assert!(seq <= r.tx_seq, "rewind to record {seq} past {}", r.tx_seq);
+        r.tx_seq = seq;
+        r.resume = resume;
+    }
+
+    /// Seals `buf[from..]` (a response head) in place into records of `record_len` (a
+    /// KeyUpdate first, when one is due).
+    pub fn seal_tail(&mut self, buf: &mut Vec<u8>, from: usize, record_len: u32) {
+        let r = self
+            .records_mut()
+            .expect("sealing before the handshake completed");
+        assert!(
+            r.resume.is_none(),
+            "a head sealed while a record is half sent"
+        );
+        let plain = buf.split_off(from);
+        if r.key_update_due {
+            r.append_key_update(buf);
+        }
+        let at = buf.len();
+        let cut = RecordCut::new(
+            plain.len() as u32,
+            None,
+            record_len,
+            r.tx.protection().overhead() as u32,
+        );
+        buf.extend_from_slice(&plain);
+        buf.resize(at + cut.ct_len() as usize, 0);
+        super::record::seal_run(&r.tx, buf, at, &cut, CONTENT_APPLICATION_DATA, r.tx_seq);
+        r.tx_seq += u64::from(cut.records());
+    }
+
+    /// Appends our KeyUpdate to `outgoing` and switches to the next key (the caller checked
+    /// `key_update_ready`).
+    pub fn queue_key_update(&mut self) {
+        let TlsSession {
+            state, outgoing, ..
+        } = self;
+        if let State::Open(r) = state {
+            r.append_key_update(outgoing);
+        }
+    }
+
+    /// Appends close_notify to `outgoing` (a clean close).
+    pub fn queue_close_notify(&mut self) {
+        self.queue_alert(alert::CLOSE_NOTIFY);
+    }
+
+    /// Appends an alert (close_notify is a warning, anything else fatal) to `outgoing`,
+    /// protected once the handshake is done. A session that is not open sends nothing.
+    pub fn queue_alert(&mut self, desc: u8) {
+        let level = if desc == alert::CLOSE_NOTIFY { 1 } else { 2 };
+        let TlsSession {
+            state, outgoing, ..
+        } = self;
+        if let State::Open(r) = state {
+            r.tx.seal_append(outgoing, &[level, desc], CONTENT_ALERT, r.tx_seq);
+            r.tx_seq += 1;
+        }
+        if desc != alert::CLOSE_NOTIFY {
+            self.state = State::Done;
+        }
+    }
+
+    /// Opens every whole record in `incoming`: application data is appended to `app`; a
+    /// KeyUpdate changes the receive key (and schedules ours if the client asks); alerts
+    /// and protocol errors end the session.
+    pub fn open_records(&mut self, app: &mut Vec<u8>) -> Received {
+        let TlsSession {
+            state,
+            incoming,
+            outgoing,
+            ..
+        } = self;
+        let State::Open(r) = state else {
+            return Received::PeerAlert;
+        };
+        let mut used = 0;
+        let outcome = loop {
+            let rest = &mut incoming[used..];
+            if rest.len() < RECORD_HEADER_BYTES {
+                break Received::Data;
+            }
+            let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+            if len > r.rx.protection().max_fragment_bytes() {
+                break r.fail(outgoing, alert::RECORD_OVERFLOW);
+            }
+            if rest.len() < RECORD_HEADER_BYTES + len {
+                break Received::Data;
+            }
+            let rec = &mut rest[..RECORD_HEADER_BYTES + len];
+            used += rec.len();
+            let (typ, range) = match r.rx.open_one(rec, r.rx_seq) {
+                Ok(v) => v,
+                Err(RecordError { alert }) => break r.fail(outgoing, alert),
+            };
+            r.rx_seq += 1;
+            let payload = &rec[range];
+            match typ {
+                CONTENT_APPLICATION_DATA => {
+                    if payload.is_empty() {
+                        r.empties += 1;
+                        if r.empties > EMPTY_RECORDS_MAX {
+                            break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
+                        }
+                    } else {
+                        r.empties = 0;
+                        app.extend_from_slice(payload);
+                    }
+                }
+                CONTENT_ALERT => {
+                    let [level, desc] = payload else {
+                        break r.fail(outgoing, alert::DECODE_ERROR);
+                    };
+                    if *desc == alert::CLOSE_NOTIFY {
+                        break Received::PeerClosed;
+                    }
+                    // TLS 1.2 warnings other than close_notify carry nothing we act on.
+                    if *level == 1 && r.version != ProtocolVersion::TLSv1_3 {
+                        r.empties += 1;
+                        if r.empties > EMPTY_RECORDS_MAX {
+                            break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
+                        }
+                        continue;
+                    }
+                    break Received::PeerAlert;
+                }
+                CONTENT_HANDSHAKE if r.version == ProtocolVersion::TLSv1_3 => {
+                    if let Err(desc) = r.on_post_handshake(payload) {
+                        break r.fail(outgoing, desc);
+                    }
+                }
+                // TLS 1.2: a ClientHello here asks for renegotiation, which we never do.
+                CONTENT_HANDSHAKE => break r.fail(outgoing, alert::NO_RENEGOTIATION),
+                _ => break r.fail(outgoing, alert::UNEXPECTED_MESSAGE),
+            }
+        };
+        incoming.drain(..used);
+        if matches!(outcome, Received::Fatal | Received::PeerAlert) {
+            *state = State::Done;
+        }
+        outcome
+    }
+}
+
+impl Records {
+    /// Seals our alert into `outgoing` and reports the session as failed.
+    fn fail(&mut self, outgoing: &mut Vec<u8>, desc: u8) -> Received {
+        let level = if desc == alert::NO_RENEGOTIATION {
+            1
+        } else {
+            2
+        };
+        // no_renegotiation is only a warning; we close after it anyway.
+        self.tx
+            .seal_append(outgoing, &[level, desc], CONTENT_ALERT, self.tx_seq);
+        self.tx_seq += 1;
+        Received::Fatal
+    }
+
+    /// A handshake record after a TLS 1.3 handshake: only KeyUpdate is legal from a client
+    /// (RFC 8446 4.6.3), and it must come whole in one record here.
+    fn on_post_handshake(&mut self, payload: &[u8]) -> Result<(), u8> {
+        match payload {
+            [24, 0, 0, 1, request] if *request <= 1 => {
+                let (seq, secrets) = self
+                    .kernel
+                    .update_rx_secret()
+                    .map_err(|_| alert::INTERNAL_ERROR)?;
+                self.rx = RecordKey::new(self.version, &secrets).ok_or(alert::INTERNAL_ERROR)?;
+                self.rx_seq = seq;
+                if *request == 1 {
+                    self.key_update_due = true;
+                }
+                Ok(())
+            }
+            [24, ..] => Err(alert::DECODE_ERROR),
+            _ => Err(alert::UNEXPECTED_MESSAGE),
+        }
+    }
+
+    /// Appends our KeyUpdate (sealed with the current key) to `out`, then moves to the next
+    /// key with sequence numbers from 0.
+    fn append_key_update(&mut self, out: &mut Vec<u8>) {
+        self.tx.seal_append(
+            out,
+            &KEY_UPDATE_NOT_REQUESTED,
+            CONTENT_HANDSHAKE,
+            self.tx_seq,
+        );
+        match self.kernel.update_tx_secret() {
+            Ok((seq, secrets)) => match RecordKey::new(self.version, &secrets) {
+                Some(key) => {
+                    self.tx = key;
+                    self.tx_seq = seq;
+                }
+                None => tracing::error!("next TLS key not usable; keeping the current one"),
+            },
+            Err(e) => tracing::error!(error = %e, "TLS key update failed"),
+        }
+        self.key_update_due = false;
+    }
+}
+
+/// What one `process_tls_records` round asked for.
+enum Round {
+    Continue,
+    NeedInput,
+    WriteTraffic,
+    Error(HandshakeFailure),
+}
+
+/// Appends what `encode` writes to `out`, growing it to the size rustls asks for.
+fn encode_into(out: &mut Vec<u8>, mut encode: impl FnMut(&mut [u8]) -> Result<usize, EncodeError>) {
+    let start = out.len();
+    let mut want = 512;
+    loop {
+        out.resize(start + want, 0);
+        match encode(&mut out[start..]) {
+            Ok(n) => {
+                out.truncate(start + n);
+                return;
+            }
+            Err(EncodeError::InsufficientSize(s)) => want = s.required_size,
+            Err(EncodeError::AlreadyEncoded) => {
+                out.truncate(start);
+                return;
+            }
+        }
+    }
+}
+
+fn failure_of(e: &rustls::Error) -> HandshakeFailure {
+    match e {
+        rustls::Error::AlertReceived(_) => HandshakeFailure::Peer,
+        _ => HandshakeFailure::Protocol,
+    }
+}
+
+/// The plaintext cap of one record: the configured size within what TLS allows.
+pub fn clamp_record_bytes(bytes: usize) -> u32 {
+    bytes.clamp(1, MAX_PLAINTEXT_BYTES) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::tls::record::seal_run;
+    use crate::tls::testing::{self, KeyKind};
+    use crate::tls::TlsBuilder;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::ClientConnection;
+    use std::io::{Read, Write};
+
+    struct World {
+        _dir: tempfile::TempDir,
+        server: Arc<ServerConfig>,
+        cert: CertificateDer<'static>,
+    }
+
+    fn world() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = testing::write_cert(dir.path(), "edge", KeyKind::EcdsaP256, &["edge.test"]);
+        let cert = CertificateDer::from_pem_file(&spec.cert).unwrap();
+        let cfg = Config {
+            tls_listen: Some("127.0.0.1:0".parse().unwrap()),
+            tls_certificate: vec![spec],
+            ..Config::default()
+        };
+        let ctx = TlsBuilder::new().unwrap().build(&cfg).unwrap().unwrap();
+        World {
+            _dir: dir,
+            server: ctx.server.clone(),
+            cert,
+        }
+    }
+
+    fn client(
+        w: &World,
+        cfg: Option<Arc<rustls::ClientConfig>>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> (ClientConnection, Arc<rustls::ClientConfig>) {
+        let cc = cfg.unwrap_or_else(|| {
+            let base = testing::client_config(&w.cert, None);
+            let mut cc = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_protocol_versions(versions)
+                .unwrap()
+                .with_root_certificates({
+                    let mut r = rustls::RootCertStore::empty();
+                    r.add(w.cert.clone()).unwrap();
+                    r
+                })
+                .with_no_client_auth();
+            cc.alpn_protocols = vec![b"http/1.1".to_vec()];
+            cc.resumption = base.resumption.clone();
+            Arc::new(cc)
+        });
+        let c =
+            ClientConnection::new(cc.clone(), ServerName::try_from("edge.test").unwrap()).unwrap();
+        (c, cc)
+    }
+
+    fn to_server(c: &mut ClientConnection, s: &mut TlsSession) {
+        let mut buf = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut buf).unwrap();
+        }
+        assert!(s.receive(&buf));
+    }
+
+    fn to_client(s: &mut TlsSession, c: &mut ClientConnection) -> Vec<u8> {
+        let out = std::mem::take(&mut s.outgoing);
+        let mut rd = &out[..];
+        let mut got = Vec::new();
+        while !rd.is_empty() {
+            c.read_tls(&mut rd).unwrap();
+            c.process_new_packets().unwrap();
+            let _ = c.reader().read_to_end(&mut got);
+        }
+        got
+    }
+
+    /// Runs the handshake to completion; returns what the client sent with its Finished.
+    fn shake(s: &mut TlsSession, c: &mut ClientConnection) -> Vec<u8> {
+        let mut app = Vec::new();
+        for _ in 0..10 {
+            to_server(c, s);
+            match s.handshake(&mut app) {
+                HandshakeStep::NeedInput => {
+                    to_client(s, c);
+                }
+                HandshakeStep::Complete => {
+                    to_client(s, c);
+                    assert!(!c.is_handshaking());
+                    return app;
+                }
+                other => panic!("handshake: {other:?}"),
+            }
+        }
+        panic!("handshake did not complete");
+    }
+
+    #[test]
+    fn both_versions_handshake_then_carry_data_both_ways() {
+        let w = world();
+        for versions in [
+            &[&rustls::version::TLS13][..],
+            &[&rustls::version::TLS12][..],
+        ] {
+            let (mut c, _) = client(&w, None, versions);
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            c.writer()
+                .write_all(b"GET /early HTTP/1.1\r\n\r\n")
+                .unwrap();
+            let early = shake(&mut s, &mut c);
+            let facts = s.facts.clone().unwrap();
+            assert_eq!(facts.sni.as_deref(), Some("edge.test"));
+            assert!(!facts.resumed);
+            assert_eq!(c.alpn_protocol(), Some(&b"http/1.1"[..]));
+            // The request written before the handshake ended arrives, in the handshake or after.
+            let mut app = early;
+            c.writer().write_all(b"GET /next HTTP/1.1\r\n\r\n").unwrap();
+            to_server(&mut c, &mut s);
+            assert_eq!(s.open_records(&mut app), Received::Data);
+            assert_eq!(
+                app, b"GET /early HTTP/1.1\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
+                "{versions:?}"
+            );
+            // A head sealed in a buffer, then a run sealed in place.
+            let mut head = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+            s.seal_tail(&mut head, 0, 16384);
+            s.outgoing = head;
+            assert_eq!(to_client(&mut s, &mut c), b"HTTP/1.1 200 OK\r\n\r\n");
+            let body: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+            let plan = s.plan_run(body.len() as u32, 16384).unwrap();
+            let mut slot = vec![0u8; plan.cut.ct_len() as usize];
+            slot[..body.len()].copy_from_slice(&body);
+            seal_run(
+                s.tx_key(),
+                &mut slot,
+                0,
+                &plan.cut,
+                CONTENT_APPLICATION_DATA,
+                plan.first_seq,
+            );
+            s.outgoing = slot;
+            assert_eq!(to_client(&mut s, &mut c), body);
+            // Our close_notify; the client's close_notify.
+            s.queue_close_notify();
+            to_client(&mut s, &mut c);
+            c.send_close_notify();
+            to_server(&mut c, &mut s);
+            assert_eq!(s.open_records(&mut Vec::new()), Received::PeerClosed);
+        }
+    }
+
+    #[test]
+    fn a_rewound_partial_record_is_sent_again_byte_for_byte() {
+        let w = world();
+        let (mut c, _) = client(&w, None, &[&rustls::version::TLS13]);
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        shake(&mut s, &mut c);
+        let body: Vec<u8> = (0..50_000u32).map(|i| (i * 31) as u8).collect();
+        let plan = s.plan_run(50_000, 16384).unwrap();
+        let mut first = vec![0u8; plan.cut.ct_len() as usize];
+        first[..50_000].copy_from_slice(&body);
+        seal_run(
+            s.tx_key(),
+            &mut first,
+            0,
+            &plan.cut,
+            CONTENT_APPLICATION_DATA,
+            plan.first_seq,
+        );
+        // 20 000 ciphertext bytes left; the rest is given back and planned again from disk.
+        let sent = 20_000;
+        let (k, within) = plan.cut.locate(sent);
+        assert_eq!(k, 1);
+        s.rewind(
+            plan.first_seq + u64::from(k),
+            Some(Resume {
+                len: plan.cut.pt_len_of(k),
+                skip: within,
+            }),
+        );
+        let rest = &body[plan.cut.pt_start(k) as usize..];
+        let again = s.plan_run(rest.len() as u32, 16384).unwrap();
+        assert_eq!(again.skip, within);
+        let mut second = vec![0u8; again.cut.ct_len() as usize];
+        second[..rest.len()].copy_from_slice(rest);
+        seal_run(
+            s.tx_key(),
+            &mut second,
+            0,
+            &again.cut,
+            CONTENT_APPLICATION_DATA,
+            again.first_seq,
+        );
+        let mut wire = first[..sent as usize].to_vec();
+        wire.extend_from_slice(&second[again.skip as usize..]);
+        s.outgoing = wire;
+        assert_eq!(to_client(&mut s, &mut c), body);
+        // A resumed record longer than the run cannot be sealed: the caller aborts.
+        s.rewind(
+            again.first_seq,
+            Some(Resume {
+                len: 16384,
+                skip: 5,
+            }),
+        );
+        assert!(s.plan_run(100, 16384).is_none());
+    }
+
+    #[test]
+    fn a_requested_key_update_is_answered_before_the_next_run() {
+        let w = world();
+        let (mut c, _) = client(&w, None, &[&rustls::version::TLS13]);
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        shake(&mut s, &mut c);
+        c.refresh_traffic_keys().unwrap();
+        c.writer().write_all(b"after update").unwrap();
+        to_server(&mut c, &mut s);
+        let mut app = Vec::new();
+        assert_eq!(s.open_records(&mut app), Received::Data);
+        assert_eq!(app, b"after update", "the new receive key opened it");
+        assert!(s.key_update_ready());
+        s.queue_key_update();
+        assert!(!s.key_update_ready());
+        to_client(&mut s, &mut c);
+        let mut head = b"new key".to_vec();
+        s.seal_tail(&mut head, 0, 16384);
+        s.outgoing = head;
+        assert_eq!(to_client(&mut s, &mut c), b"new key");
+    }
+
+    #[test]
+    fn a_second_connection_resumes_with_the_ticket() {
+        let w = world();
+        let (mut c, cc) = client(&w, None, &[&rustls::version::TLS13]);
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        shake(&mut s, &mut c);
+        let (mut c2, _) = client(&w, Some(cc), &[]);
+        let mut s2 = TlsSession::new(w.server.clone()).unwrap();
+        shake(&mut s2, &mut c2);
+        assert!(s2.facts.unwrap().resumed);
+    }
+
+    #[test]
+    fn wrong_protocols_and_bad_records_end_with_the_right_answer() {
+        let w = world();
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        assert!(s.receive(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert_eq!(s.handshake(&mut Vec::new()), HandshakeStep::PlainHttp);
+        assert_eq!(s.outgoing, PLAIN_HTTP_ON_TLS_PORT);
+        let text = std::str::from_utf8(PLAIN_HTTP_ON_TLS_PORT).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("Content-Length: {}", body.len())));
+        // A handshake record with garbage in it: rustls's alert, then failure.
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        assert!(s.receive(&[0x16, 3, 1, 0, 6, 1, 0, 0, 2, 0xff, 0xff]));
+        assert!(matches!(
+            s.handshake(&mut Vec::new()),
+            HandshakeStep::Failed(HandshakeFailure::Protocol)
+        ));
+        assert_eq!(&s.outgoing[..1], &[CONTENT_ALERT], "an alert record");
+        // Too many handshake bytes.
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        assert!(!s.receive(&vec![0x16; HANDSHAKE_INCOMING_MAX_BYTES + 1]));
+        // After the handshake: a tampered record gets bad_record_mac.
+        let (mut c, _) = client(&w, None, &[&rustls::version::TLS13]);
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        shake(&mut s, &mut c);
+        c.writer().write_all(b"x").unwrap();
+        let mut buf = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut buf).unwrap();
+        }
+        let last = buf.len() - 1;
+        buf[last] ^= 0x40;
+        assert!(s.receive(&buf));
+        assert_eq!(s.open_records(&mut Vec::new()), Received::Fatal);
+        let mut rd = &s.outgoing[..];
+        c.read_tls(&mut rd).unwrap();
+        let e = c.process_new_packets().unwrap_err();
+        assert!(format!("{e}").contains("BadRecordMac"), "{e}");
+        // A record header announcing more than TLS allows.
+        let (mut c, _) = client(&w, None, &[&rustls::version::TLS13]);
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        shake(&mut s, &mut c);
+        assert!(s.receive(&[23, 3, 3, 0x48, 0x01]));
+        assert_eq!(s.open_records(&mut Vec::new()), Received::Fatal);
+    }
+
+    #[test]
+    fn every_truncation_of_a_client_hello_waits_and_never_panics() {
+        let w = world();
+        let hello = testing::client_hello(Some("edge.test"));
+        for cut in 0..hello.len() {
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            assert!(s.receive(&hello[..cut]));
+            assert_eq!(
+                s.handshake(&mut Vec::new()),
+                HandshakeStep::NeedInput,
+                "cut at {cut}"
+            );
+        }
+    }
+}
