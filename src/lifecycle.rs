@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::Config;
+use crate::tls::TlsContext;
 
 /// Process-wide state shared by the main thread (writer) and the shards (readers).
 pub struct Lifecycle {
@@ -14,6 +15,9 @@ pub struct Lifecycle {
     config: Mutex<Arc<Config>>,
     /// Bumped by every accepted reload, so a shard compares one integer per tick.
     epoch: AtomicU64,
+    /// Certificates and ticket keys new TLS handshakes use; replaced by a reload whose every
+    /// TLS file loaded.
+    tls: Mutex<Option<Arc<TlsContext>>>,
 }
 
 impl Lifecycle {
@@ -23,7 +27,19 @@ impl Lifecycle {
             leaving: Arc::new(AtomicBool::new(false)),
             config: Mutex::new(config),
             epoch: AtomicU64::new(0),
+            tls: Mutex::new(None),
         })
+    }
+
+    /// The TLS context new handshakes use (None: no TLS listener).
+    pub fn tls(&self) -> Option<Arc<TlsContext>> {
+        self.tls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `tls` the context of new handshakes (shards pick it up with the next `publish`,
+    /// or at start-up); connections already established keep theirs.
+    pub fn set_tls(&self, tls: Option<Arc<TlsContext>>) {
+        *self.tls.lock().unwrap_or_else(|e| e.into_inner()) = tls;
     }
 
     /// The "leaving" flag itself, for the admin listener's `/healthz`.

@@ -1,5 +1,6 @@
 //! The `shardline` command line: parse flags, then hand over to the library.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -23,6 +24,20 @@ enum Command {
     /// Check this host (sysctls, NIC rings/offloads/MTU/drops, memlock, O_DIRECT) for the
     /// traps that masquerade as slow storage or a slow network.
     Doctor(shardline::doctor::DoctorArgs),
+    /// TLS helpers for operators.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Rotate a session-ticket key file: a new random key becomes the current one and the
+    /// old current key stays as the previous (tickets it issued still resume). Copy the file
+    /// to every edge, then send SIGHUP.
+    NewTicketKey {
+        /// The key file (created if missing; replaced atomically).
+        file: PathBuf,
+    },
 }
 
 /// Flags of `shardline serve`; each overrides the same key of the config file.
@@ -54,6 +69,16 @@ struct ServeArgs {
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
+    /// Address of the HTTPS listener (needs --tls-cert and --tls-key, or [[tls_certificate]]
+    /// in the config file).
+    #[arg(long, value_name = "ADDR:PORT")]
+    tls_listen: Option<std::net::SocketAddr>,
+    /// PEM certificate chain served on the TLS listener (the default certificate).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -62,6 +87,36 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Plan(args) => shardline::plan::run_plan_cli(&args),
         Command::Doctor(args) => shardline::doctor::run_doctor_cli(&args),
+        Command::Tls(TlsCommand::NewTicketKey { file }) => new_ticket_key(&file),
+    }
+}
+
+fn new_ticket_key(file: &std::path::Path) -> ExitCode {
+    let old = std::fs::read(file).ok();
+    let bytes = match shardline::tls::tickets::rotated_key_file(old.as_deref()) {
+        Ok(b) => b,
+        Err(e) => return config_error(&e.to_string()),
+    };
+    let tmp = file.with_extension("new");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, file));
+    match written {
+        Ok(()) => {
+            let keys = bytes.len() / shardline::tls::tickets::TICKET_KEY_BYTES;
+            println!(
+                "{}: new current key, {} key(s) in all",
+                file.display(),
+                keys
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => config_error(&format!("{}: {e}", file.display())),
     }
 }
 
@@ -112,6 +167,20 @@ fn load_config(args: &ServeArgs) -> Result<Config, shardline::config::ConfigErro
     }
     if args.log_json {
         cfg.log_format = LogFormat::Json;
+    }
+    if let Some(v) = args.tls_listen {
+        cfg.tls_listen = Some(v);
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        // The flag's certificate is the default one, ahead of the file's.
+        cfg.tls_certificate.insert(
+            0,
+            shardline::config::TlsCertificate {
+                cert: cert.clone(),
+                key: key.clone(),
+                ocsp: None,
+            },
+        );
     }
     Ok(cfg)
 }

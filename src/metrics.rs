@@ -65,6 +65,10 @@ macro_rules! counters {
             pub buffer_wait: Histogram,
             /// Requests answered, by method and status class (`count_request`).
             pub requests: RequestCounters,
+            /// TLS handshakes by outcome, version and resumption (`TlsCounters::count`).
+            pub tls_handshakes: TlsCounters,
+            /// Time from accept to a completed TLS handshake, in microseconds.
+            pub tls_handshake_time: Histogram,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -140,6 +144,14 @@ counters! {
     ring_unqueued: Counter "ring_unqueued_total",
     /// Completions the kernel had to hold back because the CQ was full.
     ring_cq_overflow: Counter "ring_cq_overflow_total",
+    /// TLS connections accepted on the TLS listener.
+    tls_accepted: Counter "tls_connections_accepted_total",
+    /// TLS handshakes waiting for their turn on the shard now.
+    tls_pending_handshakes: Gauge "tls_pending_handshakes",
+    /// TLS bytes received (records of every kind, handshakes included).
+    tls_bytes_in: Counter "tls_bytes_total" { direction = "in" },
+    /// TLS bytes sent (records of every kind, handshakes included).
+    tls_bytes_out: Counter "tls_bytes_total" { direction = "out" },
 }
 
 /// HELP text of families whose members differ by a label (the fields' own docs describe
@@ -147,7 +159,11 @@ counters! {
 fn family_help(family: &str) -> Option<&'static str> {
     Some(match family {
         "connections_closed_total" => "Connections closed, by reason.",
-        "bytes_sent_total" => "Bytes sent, by source (direct, dontcache, buffered, memory).",
+        "bytes_sent_total" => {
+            "Bytes sent, by source (direct, dontcache, buffered, memory); over TLS the records' \
+             framing counts with the bytes it carries."
+        }
+        "tls_bytes_total" => "TLS bytes, by direction (in, out), handshakes included.",
         _ => return None,
     })
 }
@@ -220,6 +236,56 @@ impl RequestCounters {
             .iter()
             .flatten()
             .fold(0u64, |a, c| a.wrapping_add(c.load(Ordering::Relaxed)))
+    }
+}
+
+/// `result` label values of `shardline_tls_handshakes_total` other than `ok`, in
+/// `TlsCounters::failed` order.
+pub const TLS_FAILURES: [&str; 6] = [
+    "failed",
+    "peer_closed",
+    "timeout",
+    "queue_full",
+    "too_large",
+    "plain_http",
+];
+/// `version` label values of completed handshakes.
+pub const TLS_VERSIONS: [&str; 2] = ["TLSv1.2", "TLSv1.3"];
+
+/// TLS handshakes: completed ones by version and resumption, the others by why they ended.
+#[derive(Default, Debug)]
+pub struct TlsCounters {
+    ok: [[AtomicU64; 2]; TLS_VERSIONS.len()],
+    failed: [AtomicU64; TLS_FAILURES.len()],
+}
+
+impl TlsCounters {
+    /// Counts a completed handshake (`version` a `TLS_VERSIONS` index).
+    pub fn count_ok(&self, version: usize, resumed: bool) {
+        ShardMetrics::add(&self.ok[version][usize::from(resumed)], 1);
+    }
+
+    /// Counts a handshake that did not complete (`why` a `TLS_FAILURES` index).
+    pub fn count_failed(&self, why: usize) {
+        ShardMetrics::add(&self.failed[why], 1);
+    }
+
+    /// Completed handshakes so far for `version` (a `TLS_VERSIONS` value).
+    pub fn ok(&self, version: &str, resumed: bool) -> u64 {
+        TLS_VERSIONS
+            .iter()
+            .position(|&v| v == version)
+            .map_or(0, |v| {
+                self.ok[v][usize::from(resumed)].load(Ordering::Relaxed)
+            })
+    }
+
+    /// Handshakes that ended for `why` (a `TLS_FAILURES` value).
+    pub fn failed(&self, why: &str) -> u64 {
+        TLS_FAILURES
+            .iter()
+            .position(|&w| w == why)
+            .map_or(0, |w| self.failed[w].load(Ordering::Relaxed))
     }
 }
 
@@ -361,7 +427,37 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         }
     }
 
-    let histograms: [(&str, &str, PickHistogram); 2] = [
+    let name = "shardline_tls_handshakes_total";
+    write_family_header(
+        &mut out,
+        name,
+        "counter",
+        "TLS handshakes, by result (ok, failed, peer_closed, timeout, queue_full, too_large, \
+         plain_http), version and whether a ticket resumed the session.",
+    );
+    for (v, version) in TLS_VERSIONS.iter().enumerate() {
+        for resumed in [false, true] {
+            for (shard, m) in shards.iter().enumerate() {
+                let n = m.tls_handshakes.ok[v][usize::from(resumed)].load(Ordering::Relaxed);
+                let r = if resumed { "yes" } else { "no" };
+                let _ = writeln!(
+                    out,
+                    "{name}{{result=\"ok\",version=\"{version}\",resumed=\"{r}\",shard=\"{shard}\"}} {n}"
+                );
+            }
+        }
+    }
+    for (w, why) in TLS_FAILURES.iter().enumerate() {
+        for (shard, m) in shards.iter().enumerate() {
+            let n = m.tls_handshakes.failed[w].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}{{result=\"{why}\",version=\"none\",resumed=\"no\",shard=\"{shard}\"}} {n}"
+            );
+        }
+    }
+
+    let histograms: [(&str, &str, PickHistogram); 3] = [
         (
             "shardline_ttfb_seconds",
             "Time from a parsed request head to its first response byte, in seconds.",
@@ -372,6 +468,12 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
             "Time a response waited for a registered arena buffer, in seconds (one observation \
              per wait; a stalled download shows here first).",
             |m| &m.buffer_wait,
+        ),
+        (
+            "shardline_tls_handshake_seconds",
+            "Time from accepting a TLS connection to its completed handshake, in seconds \
+             (waiting for a turn in the shard's handshake queue included).",
+            |m| &m.tls_handshake_time,
         ),
     ];
     for (name, help, pick) in histograms {
@@ -650,7 +752,9 @@ mod tests {
         let histogram_or_requests = |n: &str| {
             n.starts_with("shardline_ttfb")
                 || n.starts_with("shardline_buffer_wait")
+                || n.starts_with("shardline_tls_handshake_seconds")
                 || n == "shardline_requests_total"
+                || n == "shardline_tls_handshakes_total"
         };
         assert_eq!(
             samples
@@ -665,6 +769,13 @@ mod tests {
                 .filter(|s| s.name == "shardline_requests_total")
                 .count(),
             REQUEST_METHODS.len() * STATUS_CLASSES.len() * 3
+        );
+        assert_eq!(
+            samples
+                .iter()
+                .filter(|s| s.name == "shardline_tls_handshakes_total")
+                .count(),
+            (TLS_VERSIONS.len() * 2 + TLS_FAILURES.len()) * 3
         );
         // Counters carry _total; gauges do not.
         for f in FIELDS {

@@ -103,7 +103,7 @@ pub fn shard_cpus(cfg: &Config) -> Result<Vec<usize>, ConfigError> {
 
 /// Binds one listener per shard on the same address (SO_REUSEPORT group).
 pub fn bind_group(cfg: &Config, shards: usize) -> Result<Vec<TcpListener>, ConfigError> {
-    bind_group_on(cfg, &vec![None; shards])
+    bind_group_on(cfg, "listen", cfg.listen, &vec![None; shards])
 }
 
 /// Like `bind_group`, one listener per entry of `incoming_cpus`; a `Some(cpu)` listener is
@@ -112,15 +112,17 @@ pub fn bind_group(cfg: &Config, shards: usize) -> Result<Vec<TcpListener>, Confi
 /// listener of the CPU that received the SYN (Linux 6.2+; older kernels ignore the mark).
 fn bind_group_on(
     cfg: &Config,
+    key: &str,
+    addr: std::net::SocketAddr,
     incoming_cpus: &[Option<usize>],
 ) -> Result<Vec<TcpListener>, ConfigError> {
     let shards = incoming_cpus.len();
-    let mut addr = cfg.listen;
+    let mut addr = addr;
     let mut out = Vec::with_capacity(shards);
     let host_notsent_lowat = host_tcp_notsent_lowat();
     for _ in 0..shards {
         let bind_err = |e: std::io::Error| ConfigError {
-            key: "listen".into(),
+            key: key.into(),
             message: format!("{addr}: {e}"),
         };
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
@@ -504,10 +506,17 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     cpus.truncate(shards);
     fit_file_table_to_nofile(&mut cfg)?;
     let incoming: Vec<Option<usize>> = cpus.iter().map(|&c| cfg.steering.then_some(c)).collect();
-    let listeners = bind_group_on(&cfg, &incoming)?;
+    let listeners = bind_group_on(&cfg, "listen", cfg.listen, &incoming)?;
     let local = listeners[0]
         .local_addr()
         .map_err(|e| ServeError::Runtime(e.to_string()))?;
+    let tls_builder = crate::tls::TlsBuilder::new().map_err(tls_config_error)?;
+    let tls_context = tls_builder.build(&cfg).map_err(tls_config_error)?;
+    let tls_listeners = match cfg.tls_listen {
+        Some(addr) => bind_group_on(&cfg, "tls_listen", addr, &incoming)?,
+        None => Vec::new(),
+    };
+    let tls_local = tls_listeners.first().and_then(|l| l.local_addr().ok());
     let own_inodes = socket_inodes(&listeners);
     let predecessor = foreign_listeners(&local, &own_inodes);
     if predecessor > 0 {
@@ -521,18 +530,28 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     } else if cfg.steering && listeners.len() > 1 {
         // Every socket is listening, so group index == shard index == listen order.
         let program = crate::steering::reuseport_cbpf_program(&cpus);
-        crate::shard::ring_sys::attach_reuseport_cbpf(listeners[0].as_fd(), &program)
-            .map_err(|e| ServeError::Runtime(format!("attaching reuseport steering: {e}")))?;
+        for group in [&listeners, &tls_listeners] {
+            if let Some(first) = group.first() {
+                crate::shard::ring_sys::attach_reuseport_cbpf(first.as_fd(), &program).map_err(
+                    |e| ServeError::Runtime(format!("attaching reuseport steering: {e}")),
+                )?;
+            }
+        }
     }
     // The main thread keeps its own descriptors of the listeners until step 2 of the stop,
     // to steer the group away from them at a handover.
-    let listener_fds: Vec<TcpListener> = listeners
-        .iter()
-        .map(TcpListener::try_clone)
-        .collect::<Result<_, _>>()
-        .map_err(|e| ServeError::Runtime(format!("duplicating a listener: {e}")))?;
+    let clone_all = |group: &[TcpListener]| -> Result<Vec<TcpListener>, ServeError> {
+        group
+            .iter()
+            .map(TcpListener::try_clone)
+            .collect::<Result<_, _>>()
+            .map_err(|e| ServeError::Runtime(format!("duplicating a listener: {e}")))
+    };
+    let listener_fds = clone_all(&listeners)?;
+    let tls_listener_fds = clone_all(&tls_listeners)?;
     let cfg = Arc::new(cfg);
     let lifecycle = crate::lifecycle::Lifecycle::new(cfg.clone());
+    lifecycle.set_tls(tls_context);
     let shutdown = Arc::new(AtomicBool::new(false));
     let log_epoch = Arc::new(AtomicU64::new(0));
     let signals = signal_hook::iterator::Signals::new([
@@ -545,6 +564,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, std::io::Result<()>)>();
     let mut handles = Vec::with_capacity(cpus.len());
     let mut all_metrics = Vec::with_capacity(cpus.len());
+    let mut tls_listeners = tls_listeners.into_iter();
     for (index, (listener, &cpu)) in listeners.into_iter().zip(&cpus).enumerate() {
         let metrics = Arc::new(ShardMetrics::default());
         all_metrics.push(metrics.clone());
@@ -552,6 +572,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
             index,
             config: cfg.clone(),
             listener,
+            tls_listener: tls_listeners.next(),
             shutdown: shutdown.clone(),
             metrics,
             log_epoch: log_epoch.clone(),
@@ -620,6 +641,10 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         if cpus.len() == 1 { "" } else { "s" },
         cpus
     );
+    if let Some(tls) = tls_local {
+        tracing::info!(tls_listen = %tls, "TLS listener serving");
+        println!("shardline: HTTPS at https://{tls}/");
+    }
     if let Some(a) = &admin {
         tracing::info!(admin = %a.local_addr(), "admin listener serving /metrics and /healthz");
         // After the serving line: tools that take the first "http://" line get the data port.
@@ -634,7 +659,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 libc::SIGUSR1 => {
                     log_epoch.fetch_add(1, Ordering::Relaxed);
                 }
-                libc::SIGHUP => reload(&started_cfg, &lifecycle, &reloader),
+                libc::SIGHUP => reload(&started_cfg, &lifecycle, &reloader, &tls_builder),
                 _ => stop_signal = Some(sig),
             }
         }
@@ -656,6 +681,14 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     let successor = foreign_listeners(&local, &own_inodes);
     let accept_for_ms = if successor > 0 {
         hand_over(&listener_fds, successor, &cpus);
+        if !tls_listener_fds.is_empty() {
+            let tls_addr = tls_local.unwrap_or(local);
+            let tls_inodes = socket_inodes(&tls_listener_fds);
+            let tls_successor = foreign_listeners(&tls_addr, &tls_inodes);
+            if tls_successor > 0 {
+                hand_over(&tls_listener_fds, tls_successor, &cpus);
+            }
+        }
         HANDOVER_GRACE_MS
     } else {
         running.drain_accept_ms
@@ -670,6 +703,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     wait_or_signal(&mut signals, Duration::from_millis(accept_for_ms));
     // Step 2: listeners close (the shards drop theirs; ours go first), in-flight drains.
     drop(listener_fds);
+    drop(tls_listener_fds);
     shutdown.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();
@@ -680,6 +714,14 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
 }
 
 /// Sleeps up to `d`; a further SIGTERM/SIGINT ends it early (an operator in a hurry).
+/// A certificate or key-file problem at start-up, as a configuration error naming the file.
+fn tls_config_error(e: crate::tls::TlsError) -> ServeError {
+    ServeError::Config(ConfigError {
+        key: e.file.display().to_string(),
+        message: e.message,
+    })
+}
+
 fn wait_or_signal(signals: &mut signal_hook::iterator::Signals, d: Duration) {
     let end = std::time::Instant::now() + d;
     while std::time::Instant::now() < end {
@@ -724,7 +766,12 @@ fn hand_over(listeners: &[TcpListener], successor: usize, cpus: &[usize]) {
 
 /// SIGHUP: load the configuration again, apply what may change at runtime, and name every
 /// key that may not (its running value stays).
-fn reload(started: &Config, lifecycle: &crate::lifecycle::Lifecycle, reloader: &Reloader) {
+fn reload(
+    started: &Config,
+    lifecycle: &crate::lifecycle::Lifecycle,
+    reloader: &Reloader,
+    tls: &crate::tls::TlsBuilder,
+) {
     let new = match (reloader.load)() {
         Ok(c) => c,
         Err(e) => {
@@ -733,13 +780,28 @@ fn reload(started: &Config, lifecycle: &crate::lifecycle::Lifecycle, reloader: &
         }
     };
     let running = lifecycle.config();
-    let outcome = match running.reload(started, &new) {
+    let mut outcome = match running.reload(started, &new) {
         Ok(o) => o,
         Err(e) => {
             tracing::error!(key = %e.key, error = %e.message, "reload refused: {e}");
             return;
         }
     };
+    // Certificates and ticket keys are read again even when the file names did not change
+    // (renewed in place); a file that fails keeps everything TLS as it runs.
+    match tls.build(&outcome.config) {
+        Ok(ctx) => lifecycle.set_tls(ctx),
+        Err(e) => {
+            tracing::error!(
+                file = %e.file.display(),
+                error = %e.message,
+                "reload: TLS not reloaded, the running certificates and ticket keys stay: {e}"
+            );
+            outcome.config.tls_certificate = running.tls_certificate.clone();
+            outcome.config.tls_ticket_key_file = running.tls_ticket_key_file.clone();
+            outcome.config.tls_ticket_lifetime_s = running.tls_ticket_lifetime_s;
+        }
+    }
     for key in &outcome.refused {
         tracing::warn!(
             key,

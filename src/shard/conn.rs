@@ -19,6 +19,8 @@ pub enum Deadline {
     Send,
     /// A lingering close (write side shut after an error response) ends by then.
     Linger,
+    /// A TLS handshake must complete by then (`tls_handshake_timeout_ms` from accept).
+    Handshake,
 }
 
 /// Why a connection is closed (for counters and logs).
@@ -86,6 +88,20 @@ pub struct Chunk {
     pub zerocopy: bool,
     /// Where its bytes are planned again from when the chunk is given back unsent.
     pub origin: Origin,
+    /// On a TLS connection, once sealed: how its plaintext became records. `send_off`,
+    /// `send_len` and `sent` then count ciphertext; this maps them back to plaintext.
+    pub tls: Option<SealedRun>,
+}
+
+/// A chunk's plaintext sealed into TLS records in place (`tls::record::seal_run`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedRun {
+    /// How the plaintext was cut into records.
+    pub cut: crate::tls::record::RecordCut,
+    /// Sequence number of its first record.
+    pub first_seq: u64,
+    /// Offset in the slot where the plaintext began (and the ciphertext begins).
+    pub pt_at: u32,
 }
 
 impl ChunkState {

@@ -20,7 +20,7 @@
 
 use super::buffers::Demand;
 use super::conn::{
-    Body, BodyBuffers, Chunk, ChunkState, CloseReason, Deadline, Origin, Segment, Source,
+    Body, BodyBuffers, Chunk, ChunkState, CloseReason, Deadline, Origin, SealedRun, Segment, Source,
 };
 use super::sched::{TickBudget, Turn};
 use super::slots::{ArenaSlot, FileSlot, SocketSlot};
@@ -29,6 +29,8 @@ use super::{
     READ_AHEAD_START_CHUNKS, RECV_BUFFER_BYTES, ZC_WARMUP_BYTES,
 };
 use crate::http::request::Method;
+use crate::tls::record::RecordCut;
+use crate::tls::session::{HandshakeFailure, HandshakeStep, Received, Resume, TlsSession, Version};
 
 /// Where a connection slot is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +138,45 @@ pub struct OpSlots {
     pub close: bool,
 }
 
+/// A send of TLS bytes the session produced (handshake flight, alert, close_notify,
+/// KeyUpdate), from the header buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsSend {
+    /// None in flight.
+    Idle,
+    /// Bytes `from..len` of the header buffer are being sent.
+    Sending {
+        /// First byte of the send.
+        from: u32,
+        /// Bytes in the buffer.
+        len: u32,
+    },
+}
+
+/// How a TLS handshake ended (a metrics label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeOutcome {
+    /// Completed.
+    Ok {
+        /// Version negotiated.
+        version: Version,
+        /// A session ticket was used.
+        resumed: bool,
+    },
+    /// rustls refused what the client sent.
+    Failed,
+    /// The client sent an alert or closed.
+    PeerClosed,
+    /// `tls_handshake_timeout_ms` passed.
+    Timeout,
+    /// The shard's queue of waiting handshakes was full.
+    QueueFull,
+    /// Too many handshake bytes.
+    TooLarge,
+    /// Cleartext HTTP on the TLS port (answered with a plain 400).
+    PlainHttp,
+}
+
 /// Counters the machine bumps through the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
@@ -149,6 +190,12 @@ pub enum Counter {
     ReclaimedChunks,
     /// A connection began closing, by reason.
     Closed(CloseReason),
+    /// A TLS handshake ended.
+    Handshake(HandshakeOutcome),
+    /// TLS bytes received.
+    TlsBytesIn,
+    /// TLS bytes sent (records of every kind).
+    TlsBytesOut,
 }
 
 /// What the driver does for the machine, in order.
@@ -258,6 +305,31 @@ pub enum Action {
     Ttfb(u64),
     /// The connection waited this long for an arena slot (µs).
     BufferWaited(u64),
+    /// Join the shard's queue of handshakes waiting for their turn (closed if it is full).
+    QueueHandshake,
+    /// Leave that queue.
+    LeaveHandshakeQueue,
+    /// Send TLS bytes from the header buffer from `from`; `swap` first puts the session's
+    /// `outgoing` bytes there.
+    SendTls {
+        /// First byte.
+        from: u32,
+        /// Fill the header buffer from `TlsSession::outgoing` first.
+        swap: bool,
+    },
+    /// Seal a chunk's plaintext into records in place (`tls::record::seal_run`).
+    Seal {
+        /// Arena slot.
+        slot: ArenaSlot,
+        /// Where its plaintext starts in the slot.
+        at: u32,
+        /// How it is cut into records.
+        cut: RecordCut,
+        /// Sequence number of the first record.
+        first_seq: u64,
+    },
+    /// A TLS handshake completed this long after accept (µs).
+    HandshakeTime(u64),
     /// A response ended (complete or aborted): count it and write the access-log line.
     ResponseDone {
         /// Status code.
@@ -295,6 +367,13 @@ pub struct Limits {
     pub zerocopy: bool,
     /// Smallest send made with SEND_ZC.
     pub zerocopy_min_bytes: usize,
+    /// Plaintext bytes per TLS record.
+    pub tls_record_bytes: u32,
+    /// Plaintext bytes a chunk may carry on a TLS connection (room left for the records'
+    /// framing, `tls::record::chunk_plaintext_capacity`).
+    pub tls_chunk_bytes: usize,
+    /// A TLS handshake must complete within this (ms) of accept.
+    pub tls_handshake_timeout_ms: u64,
 }
 
 /// The moment and the shard-wide facts an event is judged by.
@@ -356,6 +435,14 @@ pub struct ConnMachine {
     pub log_range: Vec<u8>,
     /// The queues of the last body, emptied; the driver returns them to the shard's pool.
     pub spare: Option<BodyBuffers>,
+    /// The connection's TLS, on the TLS listener (handshake, then record keys).
+    pub tls: Option<Box<TlsSession>>,
+    /// A send of the session's own bytes in flight.
+    pub tls_send: TlsSend,
+    /// Lingering over TLS: the write side is shut once close_notify has left.
+    pub linger_shutdown_due: bool,
+    /// When the connection was accepted (shard clock, µs).
+    pub accepted_us: u64,
 }
 
 impl Default for ConnMachine {
@@ -388,6 +475,10 @@ impl ConnMachine {
             log_request: Vec::new(),
             log_range: Vec::new(),
             spare: None,
+            tls: None,
+            tls_send: TlsSend::Idle,
+            linger_shutdown_due: false,
+            accepted_us: 0,
         }
     }
 
@@ -402,6 +493,7 @@ impl ConnMachine {
         });
         usize::from(self.read == ReadState::Armed)
             + usize::from(head)
+            + usize::from(self.tls_send != TlsSend::Idle)
             + chunks
             + usize::from(self.ops.poll)
             + usize::from(self.ops.cancel)
@@ -457,9 +549,10 @@ impl ConnMachine {
         self.is_open() && self.ops.poll
     }
 
-    /// Whether a send (head or chunk) is in flight.
+    /// Whether a send (head, TLS bytes or chunk) is in flight.
     fn send_in_flight(&self) -> bool {
-        matches!(self.head(), Some(HeadState::Sending { .. }))
+        self.tls_send != TlsSend::Idle
+            || matches!(self.head(), Some(HeadState::Sending { .. }))
             || self
                 .body()
                 .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Sending))
@@ -480,9 +573,15 @@ impl ConnMachine {
 
     // ---- life --------------------------------------------------------------------------
 
-    /// A newly accepted socket takes this (free) slot: the header clock starts and a receive
-    /// is armed.
-    pub fn open(&mut self, socket: SocketSlot, cx: &Ctx, out: &mut Actions) {
+    /// A newly accepted socket takes this (free) slot: the header clock starts (or, on the
+    /// TLS listener, the handshake clock) and a receive is armed.
+    pub fn open(
+        &mut self,
+        socket: SocketSlot,
+        tls: Option<Box<TlsSession>>,
+        cx: &Ctx,
+        out: &mut Actions,
+    ) {
         assert_eq!(self.life, Lifecycle::Free);
         assert_eq!(
             self.in_flight(),
@@ -503,7 +602,16 @@ impl ConnMachine {
         self.log_range = log_range;
         self.life = Lifecycle::Open;
         self.socket = socket;
-        self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
+        self.accepted_us = cx.now_us;
+        if tls.is_some() {
+            self.set_deadline(
+                Deadline::Handshake,
+                cx.now_ms + cx.limits.tls_handshake_timeout_ms,
+            );
+        } else {
+            self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
+        }
+        self.tls = tls;
         self.arm_recv(out);
     }
 
@@ -512,6 +620,24 @@ impl ConnMachine {
     pub fn close(&mut self, reason: CloseReason, cx: &Ctx, out: &mut Actions) {
         if !self.is_live() {
             return;
+        }
+        if let Some(tls) = self.tls.as_mut() {
+            // A clean end says so (close_notify), so a client can tell it from a cut; an
+            // abort or a stuck client gets none (a truncated body must not look complete).
+            let clean = matches!(reason, CloseReason::Normal | CloseReason::Drain)
+                || (reason == CloseReason::Timeout && self.deadline == Deadline::Idle);
+            if clean && tls.is_open() {
+                tls.queue_close_notify();
+            }
+            if tls.handshaking() {
+                out.push(Action::LeaveHandshakeQueue);
+                if reason == CloseReason::Timeout {
+                    out.push(Action::Count(
+                        Counter::Handshake(HandshakeOutcome::Timeout),
+                        1,
+                    ));
+                }
+            }
         }
         self.life = Lifecycle::Closing { reason };
         out.push(Action::Count(Counter::Closed(reason), 1));
@@ -560,10 +686,17 @@ impl ConnMachine {
         if self.in_flight() > 0 {
             return;
         }
+        // The session's last words (close_notify or an alert, or the plain 400 for cleartext
+        // on the TLS port) leave before the socket closes.
+        if self.tls.as_ref().is_some_and(|t| !t.outgoing.is_empty()) {
+            self.send_tls_output(out);
+            return;
+        }
         if let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle) {
             self.end_response(resp, out);
         }
         self.ops.close = true;
+        self.tls = None;
         if self.rx.capacity() > 2 * RECV_BUFFER_BYTES {
             self.rx = Vec::new();
         }
@@ -665,6 +798,12 @@ impl ConnMachine {
         }
         if res == 0 {
             self.read = ReadState::Eof;
+            if self.tls.as_ref().is_some_and(|t| t.handshaking()) {
+                out.push(Action::Count(
+                    Counter::Handshake(HandshakeOutcome::PeerClosed),
+                    1,
+                ));
+            }
             if !self.responding() {
                 self.close(CloseReason::Normal, cx, out);
             }
@@ -685,13 +824,192 @@ impl ConnMachine {
             return;
         };
         let was_empty = self.rx.is_empty();
-        self.rx.extend_from_slice(data);
+        if self.tls.is_some() {
+            if !self.receive_tls(data, cx, out) {
+                return;
+            }
+        } else {
+            self.rx.extend_from_slice(data);
+        }
         // The first byte after an idle keep-alive pause starts the header clock; a new
         // connection's clock started at accept and is not restarted by a trickle.
-        if was_empty && !self.responding() && self.deadline == Deadline::Idle {
+        if was_empty && !self.rx.is_empty() && !self.responding() && self.deadline == Deadline::Idle
+        {
             self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
         }
         if !self.responding() {
+            out.push(Action::QueueUrgent);
+        }
+    }
+
+    // ---- TLS -------------------------------------------------------------------------
+
+    /// TLS bytes arrived: during the handshake they wait for the connection's handshake
+    /// turn; after it, records are opened into `rx`. False when the connection stops here
+    /// (closing, or waiting for its turn).
+    fn receive_tls(&mut self, data: &[u8], cx: &Ctx, out: &mut Actions) -> bool {
+        let tls = self.tls.as_mut().expect("TLS bytes without a session");
+        out.push(Action::Count(Counter::TlsBytesIn, data.len() as u64));
+        if !tls.receive(data) {
+            if tls.handshaking() {
+                out.push(Action::Count(
+                    Counter::Handshake(HandshakeOutcome::TooLarge),
+                    1,
+                ));
+            }
+            self.close(CloseReason::ProtocolError, cx, out);
+            return false;
+        }
+        if tls.handshaking() {
+            out.push(Action::QueueHandshake);
+            return false;
+        }
+        match tls.open_records(&mut self.rx) {
+            Received::Data => true,
+            Received::PeerClosed => {
+                // close_notify says what a FIN says: nothing more will come.
+                self.read = ReadState::Eof;
+                if !self.responding() {
+                    self.close(CloseReason::Normal, cx, out);
+                    return false;
+                }
+                true
+            }
+            Received::PeerAlert => {
+                self.close(CloseReason::Abort, cx, out);
+                false
+            }
+            Received::Fatal => {
+                self.close(CloseReason::ProtocolError, cx, out);
+                false
+            }
+        }
+    }
+
+    /// This connection's turn in the shard's handshake queue: rustls processes what was
+    /// received and its answer goes out; a completed handshake starts the request clock.
+    pub fn handshake_turn(&mut self, cx: &Ctx, out: &mut Actions) {
+        if !self.is_open() {
+            return;
+        }
+        let Some(tls) = self.tls.as_mut().filter(|t| t.handshaking()) else {
+            return;
+        };
+        match tls.handshake(&mut self.rx) {
+            HandshakeStep::NeedInput => {
+                self.send_tls_output(out);
+                self.arm_recv(out);
+            }
+            HandshakeStep::Complete => {
+                let facts = tls.facts.as_ref().expect("facts of a completed handshake");
+                let outcome = HandshakeOutcome::Ok {
+                    version: facts.version,
+                    resumed: facts.resumed,
+                };
+                out.push(Action::Count(Counter::Handshake(outcome), 1));
+                out.push(Action::HandshakeTime(
+                    cx.now_us.saturating_sub(self.accepted_us),
+                ));
+                self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
+                self.send_tls_output(out);
+                self.arm_recv(out);
+                if !self.rx.is_empty() && self.can_start_request() {
+                    out.push(Action::QueueUrgent);
+                }
+            }
+            HandshakeStep::PlainHttp => {
+                out.push(Action::Count(
+                    Counter::Handshake(HandshakeOutcome::PlainHttp),
+                    1,
+                ));
+                self.close(CloseReason::ProtocolError, cx, out);
+            }
+            HandshakeStep::Failed(f) => {
+                let outcome = match f {
+                    HandshakeFailure::Protocol => HandshakeOutcome::Failed,
+                    HandshakeFailure::Peer => HandshakeOutcome::PeerClosed,
+                    HandshakeFailure::TooLarge => HandshakeOutcome::TooLarge,
+                };
+                out.push(Action::Count(Counter::Handshake(outcome), 1));
+                self.close(CloseReason::ProtocolError, cx, out);
+            }
+        }
+    }
+
+    /// A request may be parsed and answered: no TLS handshake or TLS send stands in the
+    /// way (the header buffer is free for the head).
+    pub fn can_start_request(&self) -> bool {
+        self.tls_send == TlsSend::Idle
+            && self
+                .tls
+                .as_ref()
+                .is_none_or(|t| t.is_open() && t.outgoing.is_empty())
+    }
+
+    /// Sends what the session queued for the client, unless a TLS send is in flight (its
+    /// completion sends the rest).
+    fn send_tls_output(&mut self, out: &mut Actions) {
+        if self.tls_send != TlsSend::Idle {
+            return;
+        }
+        let Some(tls) = self.tls.as_ref().filter(|t| !t.outgoing.is_empty()) else {
+            return;
+        };
+        self.tls_send = TlsSend::Sending {
+            from: 0,
+            len: tls.outgoing.len() as u32,
+        };
+        out.push(Action::SendTls {
+            from: 0,
+            swap: true,
+        });
+    }
+
+    /// A send of the session's bytes completed with `res`.
+    pub fn on_tls_sent(&mut self, res: i32, cx: &Ctx, out: &mut Actions) {
+        let TlsSend::Sending { from, len } = self.tls_send else {
+            panic!("TLS send completion without a TLS send");
+        };
+        self.tls_send = TlsSend::Idle;
+        if res <= 0 {
+            // The client is gone: nothing more of ours reaches it.
+            if let Some(tls) = self.tls.as_mut() {
+                tls.outgoing.clear();
+            }
+            if self.is_live() {
+                self.close(CloseReason::Abort, cx, out);
+            } else {
+                self.maybe_finish_close(out);
+            }
+            return;
+        }
+        out.push(Action::Count(Counter::TlsBytesOut, res as u64));
+        let from = from + res as u32;
+        if from < len {
+            self.tls_send = TlsSend::Sending { from, len };
+            out.push(Action::SendTls { from, swap: false });
+            return;
+        }
+        if !self.is_live() {
+            self.maybe_finish_close(out);
+            return;
+        }
+        let Some(tls) = self.tls.as_ref() else {
+            return;
+        };
+        if !tls.outgoing.is_empty() {
+            self.send_tls_output(out);
+        } else if self.linger_shutdown_due {
+            self.linger_shutdown_due = false;
+            self.ops.shutdown = true;
+            out.push(Action::ShutdownWrite);
+        } else if tls.handshaking() {
+            if !tls.incoming.is_empty() {
+                out.push(Action::QueueHandshake);
+            }
+        } else if self.responding() {
+            self.try_send(cx, out);
+        } else if !self.rx.is_empty() {
             out.push(Action::QueueUrgent);
         }
     }
@@ -753,7 +1071,7 @@ impl ConnMachine {
         out: &mut Actions,
     ) -> Turn {
         let depth = cx.limits.pipeline_depth;
-        let chunk_bytes = cx.limits.chunk_bytes;
+        let chunk_bytes = self.payload_cap(cx);
         loop {
             let socket_full = self.ops.poll;
             let Some(body) = self.body_mut() else {
@@ -815,6 +1133,16 @@ impl ConnMachine {
             if reading {
                 self.submit_read(slot, out);
             }
+        }
+    }
+
+    /// Plaintext bytes one chunk carries: the whole slot, or on a TLS connection what still
+    /// fits once every record's framing is added in place.
+    fn payload_cap(&self, cx: &Ctx) -> usize {
+        if self.tls.is_some() {
+            cx.limits.tls_chunk_bytes
+        } else {
+            cx.limits.chunk_bytes
         }
     }
 
@@ -962,7 +1290,9 @@ impl ConnMachine {
     }
 
     /// Sends what is next (the head, or the first chunk not yet sent) unless a send is in
-    /// flight or the socket is full; finishes the response when nothing is left.
+    /// flight or the socket is full; finishes the response when nothing is left. On a TLS
+    /// connection a chunk is sealed into records right before its first send (so only what
+    /// is about to leave is encrypted), after our KeyUpdate if one is due.
     pub fn try_send(&mut self, cx: &Ctx, out: &mut Actions) {
         if !self.is_open() || self.send_in_flight() {
             return;
@@ -970,7 +1300,8 @@ impl ConnMachine {
         let poll = self.ops.poll;
         let fast_drain = self.fast_drain;
         let warm = self.resp_bytes >= ZC_WARMUP_BYTES;
-        let Some(resp) = self.response_mut() else {
+        let ConnMachine { write, tls, .. } = self;
+        let WriteState::Responding(resp) = write else {
             return;
         };
         if let HeadState::Pending { from } = resp.head {
@@ -997,6 +1328,32 @@ impl ConnMachine {
         };
         if ch.state != ChunkState::Ready || poll {
             return;
+        }
+        if let (Some(session), None) = (tls.as_mut(), ch.tls) {
+            if session.key_update_ready() {
+                session.queue_key_update();
+                self.send_tls_output(out);
+                return;
+            }
+            let Some(plan) = session.plan_run(ch.send_len, cx.limits.tls_record_bytes) else {
+                tracing::warn!("TLS record sequence cannot continue; aborting the response");
+                self.close(CloseReason::Abort, cx, out);
+                return;
+            };
+            assert_eq!(ch.sent, 0, "a chunk sealed after it began to leave");
+            out.push(Action::Seal {
+                slot: ch.slot,
+                at: ch.send_off,
+                cut: plan.cut,
+                first_seq: plan.first_seq,
+            });
+            ch.tls = Some(SealedRun {
+                cut: plan.cut,
+                first_seq: plan.first_seq,
+                pt_at: ch.send_off,
+            });
+            ch.send_off += plan.skip;
+            ch.send_len = plan.cut.ct_len() - plan.skip;
         }
         ch.state = ChunkState::Sending;
         if ch.sent == 0 {
@@ -1053,6 +1410,9 @@ impl ConnMachine {
         }
         let from = from + res as usize;
         out.push(Action::Count(Counter::Bytes(Source::Memory), res as u64));
+        if self.tls.is_some() {
+            out.push(Action::Count(Counter::TlsBytesOut, res as u64));
+        }
         self.sent_bytes(res as u64, cx, out);
         let resp = self.response_mut().expect("checked above");
         resp.head = if from < head_len {
@@ -1131,8 +1491,12 @@ impl ConnMachine {
             ChunkState::Parked
         };
         ch.state = state;
+        let tls = ch.tls.is_some();
         if took > 0 {
             out.push(Action::Count(Counter::Bytes(source), u64::from(took)));
+            if tls {
+                out.push(Action::Count(Counter::TlsBytesOut, u64::from(took)));
+            }
             self.sent_bytes(u64::from(took), cx, out);
             self.deadline_ms = cx.now_ms + cx.limits.send_timeout_ms;
         }
@@ -1177,7 +1541,7 @@ impl ConnMachine {
     /// beyond `READ_AHEAD_START_CHUNKS`, so a slow client is never handed more than it can
     /// take.
     fn note_socket_round(&mut self, took: u32, whole: bool, cx: &Ctx, out: &mut Actions) {
-        let chunk_bytes = cx.limits.chunk_bytes;
+        let chunk_bytes = self.payload_cap(cx);
         self.round_bytes += u64::from(took);
         self.fast_drain = whole;
         if whole {
@@ -1280,7 +1644,11 @@ impl ConnMachine {
     /// are planned again when the client catches up: the disk, not the arena, buffers a slow
     /// client. A chunk whose response header has not fully left is kept.
     fn give_back_chunks(&mut self, keep: usize, out: &mut Actions) -> usize {
-        let Some(body) = self.body_mut() else {
+        let ConnMachine { write, tls, .. } = self;
+        let WriteState::Responding(Response {
+            body: Some(body), ..
+        }) = write
+        else {
             return 0;
         };
         let mut freed = 0;
@@ -1289,18 +1657,46 @@ impl ConnMachine {
                 break;
             };
             let ours = !last.state.kernel_holds();
-            let unsent_at = last.send_off + last.sent;
+            // Plaintext offsets in the slot: where the chunk's bytes began, the first one not
+            // yet delivered, the end. A sealed chunk goes back to the start of its first
+            // record that did not leave whole; one that left in part is sealed again
+            // identically later (same length and sequence number, its sent bytes skipped).
+            let (pt_off, unsent_at, send_end, rewind) = match last.tls {
+                None => (
+                    last.send_off,
+                    last.send_off + last.sent,
+                    last.send_off + last.send_len,
+                    None,
+                ),
+                Some(run) => {
+                    let (k, within) = run.cut.locate(last.send_off - run.pt_at + last.sent);
+                    let resume = (within > 0).then(|| Resume {
+                        len: run.cut.pt_len_of(k),
+                        skip: within,
+                    });
+                    (
+                        run.pt_at,
+                        run.pt_at + run.cut.pt_start(k),
+                        run.pt_at + run.cut.pt_len,
+                        Some((run.first_seq + u64::from(k), resume)),
+                    )
+                }
+            };
             let head_unsent = last.origin == Origin::File && unsent_at < last.read_buf_off;
             if !ours || head_unsent {
                 break;
             }
-            let send_end = last.send_off + last.send_len;
+            if let Some((seq, resume)) = rewind {
+                tls.as_mut()
+                    .expect("a sealed chunk on a connection without TLS")
+                    .rewind(seq, resume);
+            }
             let rest = send_end - unsent_at;
             // Each chunk comes from one segment, and segments follow in stream order, so the
             // unsent bytes go in front of whatever is still to plan.
             match last.origin {
                 Origin::Framing { at } => {
-                    let start = at + (unsent_at - last.send_off);
+                    let start = at + (unsent_at - pt_off);
                     body.segments.push_front(Segment::Mem {
                         start,
                         end: start + rest,
@@ -1317,7 +1713,7 @@ impl ConnMachine {
                         Origin::FramedFile { at, len } => (at, len),
                         _ => (0, 0),
                     };
-                    let data_at = unsent_at.max(last.send_off + framing_len);
+                    let data_at = unsent_at.max(pt_off + framing_len);
                     let start = last.read_file_off + u64::from(data_at - last.read_buf_off);
                     let end = last.read_file_off + u64::from(send_end - last.read_buf_off);
                     match body.segments.front_mut() {
@@ -1326,7 +1722,7 @@ impl ConnMachine {
                         // That range was planned to its end (a part header or nothing follows).
                         _ => body.segments.push_front(Segment::File { pos: start, end }),
                     }
-                    let header_sent = unsent_at - last.send_off;
+                    let header_sent = unsent_at - pt_off;
                     if header_sent < framing_len {
                         // The part header did not fully leave: its rest goes first.
                         body.segments.push_front(Segment::Mem {
@@ -1352,7 +1748,8 @@ impl ConnMachine {
             panic!("finishing a response that was not started");
         };
         assert!(resp.body.as_ref().is_none_or(|b| b.chunks.is_empty()));
-        let (status, keep_alive) = (resp.status, resp.keep_alive);
+        let tls_done = self.tls.as_ref().is_some_and(|t| t.wants_close());
+        let (status, keep_alive) = (resp.status, resp.keep_alive && !tls_done);
         self.end_response(resp, out);
         let eof = self.read == ReadState::Eof;
         if !keep_alive && !eof && status >= 400 {
@@ -1381,8 +1778,18 @@ impl ConnMachine {
         self.life = Lifecycle::Lingering { dropped_bytes: 0 };
         self.rx.clear();
         self.set_deadline(Deadline::Linger, cx.now_ms + LINGER_TIMEOUT_MS);
-        self.ops.shutdown = true;
-        out.push(Action::ShutdownWrite);
+        match self.tls.as_mut().filter(|t| t.is_open()) {
+            // close_notify first; the write side is shut once it has left.
+            Some(tls) => {
+                tls.queue_close_notify();
+                self.linger_shutdown_due = true;
+                self.send_tls_output(out);
+            }
+            None => {
+                self.ops.shutdown = true;
+                out.push(Action::ShutdownWrite);
+            }
+        }
         self.arm_recv(out);
     }
 }
@@ -1411,6 +1818,7 @@ fn plan_chunk(
         source: body.source,
         zerocopy: false,
         origin: Origin::File,
+        tls: None,
     };
     if plan_framed_part(body, chunk_bytes, &mut chunk) {
         return chunk;
@@ -1558,6 +1966,9 @@ mod tests {
                 pipeline_depth: 4,
                 zerocopy: false,
                 zerocopy_min_bytes: 16 * 1024,
+                tls_record_bytes: 16 * 1024,
+                tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(CHUNK, 16 * 1024),
+                tls_handshake_timeout_ms: 10_000,
             },
         }
     }
@@ -1583,7 +1994,7 @@ mod tests {
     fn responding(len: u64) -> ConnMachine {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
-        m.open(SocketSlot::new(3), &cx(0), &mut out);
+        m.open(SocketSlot::new(3), None, &cx(0), &mut out);
         m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &cx(0));
@@ -1608,7 +2019,7 @@ mod tests {
     fn a_new_connection_arms_a_receive_and_the_header_clock() {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
-        m.open(SocketSlot::new(5), &cx(1000), &mut out);
+        m.open(SocketSlot::new(5), None, &cx(1000), &mut out);
         assert_eq!(out, [Action::Recv]);
         assert_eq!((m.deadline, m.deadline_ms), (Deadline::Header, 11_000));
         assert_eq!(m.in_flight(), 1);
@@ -1732,7 +2143,7 @@ mod tests {
     fn an_error_response_with_close_lingers_and_its_timer_is_a_normal_end() {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
-        m.open(SocketSlot::new(3), &cx(0), &mut out);
+        m.open(SocketSlot::new(3), None, &cx(0), &mut out);
         m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
         m.begin_response(431, false, 50, None, &cx(0));
         m.try_send(&cx(0), &mut out);

@@ -10,6 +10,7 @@ pub mod access_log;
 pub mod buffers;
 pub mod conn;
 pub mod files;
+mod handshakes;
 pub mod header_buffers;
 pub mod intrusive;
 pub mod machine;
@@ -112,6 +113,8 @@ pub struct ShardParams {
     pub config: Arc<Config>,
     /// This shard's listener (already bound, part of the reuseport group).
     pub listener: TcpListener,
+    /// This shard's TLS listener, when `tls_listen` is set (its own reuseport group).
+    pub tls_listener: Option<TcpListener>,
     /// Set by the main thread on SIGTERM/SIGINT.
     pub shutdown: Arc<AtomicBool>,
     /// This shard's counters.
@@ -146,9 +149,20 @@ struct Shard<R: RingOps> {
     arena: ArenaSlots,
     files: FileCache,
     listener: Option<TcpListener>,
+    /// The TLS listener (None without `tls_listen`).
+    tls_listener: Option<TcpListener>,
     /// The ring itself produces connections (the simulator has no listener).
     ring_accepts: bool,
     accept_armed: bool,
+    tls_accept_armed: bool,
+    /// Certificates and ticket keys for new handshakes (replaced by a reload).
+    tls: Option<Arc<crate::tls::TlsContext>>,
+    /// Connections whose handshake waits for its turn, oldest first: those under way, then
+    /// new ones (`handshakes.rs`).
+    handshakes: ListSet<2>,
+    /// Time this tick's handshakes may take, and have taken (µs).
+    hs_budget_us: u64,
+    hs_spent_us: u64,
     accept_retry_ms: u64,
     accept_warned_ms: u64,
     date: DateCache,
@@ -210,6 +224,7 @@ impl Shard<Ring> {
             p.config,
             ring,
             Some(p.listener),
+            p.tls_listener,
             loopback,
             p.metrics,
             p.shutdown,
@@ -228,6 +243,7 @@ impl<R: RingOps> Shard<R> {
         cfg: Arc<Config>,
         ring: R,
         listener: Option<TcpListener>,
+        tls_listener: Option<TcpListener>,
         loopback: bool,
         metrics: Arc<ShardMetrics>,
         shutdown: Arc<AtomicBool>,
@@ -276,7 +292,13 @@ impl<R: RingOps> Shard<R> {
             files,
             ring_accepts: listener.is_none(),
             listener,
+            tls_listener,
             accept_armed: false,
+            tls_accept_armed: false,
+            tls: lifecycle.tls(),
+            handshakes: ListSet::new(max_conns),
+            hs_budget_us: 0,
+            hs_spent_us: 0,
             accept_retry_ms: 0,
             accept_warned_ms: 0,
             date: DateCache::new(now),
@@ -334,7 +356,8 @@ impl<R: RingOps> Shard<R> {
             }
             if let Some(deadline) = self.drain_deadline_ms {
                 let log_busy = self.access_log.as_ref().is_some_and(|l| l.busy());
-                if self.open_conns == 0 && !self.accept_armed && !log_busy {
+                let accepting = self.accept_armed || self.tls_accept_armed;
+                if self.open_conns == 0 && !accepting && !log_busy {
                     return Ok(false);
                 }
                 if self.now_ms >= deadline {
@@ -359,8 +382,13 @@ impl<R: RingOps> Shard<R> {
                     self.ready.push_bulk(c);
                 }
             }
+            let other_work_us = self.ring.now().saturating_sub(tick_started).as_micros() as u64;
+            self.budget_handshakes(other_work_us);
+            self.run_handshakes();
 
-            let busy = !self.ready.is_empty() || !self.recv_retry.is_empty();
+            let busy = !self.ready.is_empty()
+                || !self.recv_retry.is_empty()
+                || self.pending_handshakes() > 0;
             if busy {
                 self.ring.submit_and_wait(0, None)?;
             } else {
@@ -402,6 +430,10 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::set(&self.metrics.ring_cq_overflow, overflow);
             ShardMetrics::set(&self.metrics.file_cache_hits, self.files.hits);
             ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
+            ShardMetrics::set(
+                &self.metrics.tls_pending_handshakes,
+                self.pending_handshakes() as u64,
+            );
         }
         Ok(true)
     }
@@ -433,9 +465,12 @@ impl<R: RingOps> Shard<R> {
     fn answer_new_requests(&mut self, tick_budget: usize) -> std::io::Result<()> {
         for _ in 0..URGENT_ROUNDS_MAX {
             let accepted = std::mem::take(&mut self.accepted_in_round);
-            if !accepted && !self.ready.has_urgent() {
+            let handshakes = self.pending_handshakes() > 0 && self.hs_spent_us < self.hs_budget_us;
+            if !accepted && !self.ready.has_urgent() && !handshakes {
                 break;
             }
+            // A ClientHello or Finished that just arrived is answered in this round too.
+            self.run_handshakes();
             while let Some(c) = self.ready.next_conn(false) {
                 if self.visit(c, tick_budget) == Turn::MoreWork {
                     self.ready.push_bulk(c);
@@ -462,6 +497,12 @@ impl<R: RingOps> Shard<R> {
                 pipeline_depth: self.cfg.pipeline_depth,
                 zerocopy: self.zerocopy,
                 zerocopy_min_bytes: self.cfg.zerocopy_min_bytes,
+                tls_record_bytes: self.cfg.tls_record_bytes as u32,
+                tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(
+                    self.cfg.chunk_bytes,
+                    self.cfg.tls_record_bytes,
+                ),
+                tls_handshake_timeout_ms: self.cfg.tls_handshake_timeout_ms,
             },
         }
     }
@@ -629,6 +670,47 @@ impl<R: RingOps> Shard<R> {
                     .expect("SEND_ZC share count underflow");
                 self.zc_conns.remove(c.raw());
             }
+            Action::QueueHandshake => self.queue_handshake(c),
+            Action::LeaveHandshakeQueue => {
+                self.handshakes.remove(c.raw());
+            }
+            Action::SendTls { from, swap } => {
+                if swap {
+                    let tls = self.conns[c.index()]
+                        .tls
+                        .as_mut()
+                        .expect("TLS bytes without a session");
+                    let tx = self.ring.tx_mut(c);
+                    std::mem::swap(tx, &mut tls.outgoing);
+                    tls.outgoing.clear();
+                }
+                let t = self.token(Op::SendTls, c);
+                self.ring.send_tx(c, socket, from as usize, 0, t);
+            }
+            Action::Seal {
+                slot,
+                at,
+                cut,
+                first_seq,
+            } => {
+                let tls = self.conns[c.index()]
+                    .tls
+                    .as_ref()
+                    .expect("sealing without a session");
+                crate::tls::record::seal_run(
+                    tls.tx_key(),
+                    self.ring.arena_mut(slot),
+                    at as usize,
+                    &cut,
+                    crate::tls::record::CONTENT_APPLICATION_DATA,
+                    first_seq,
+                );
+            }
+            Action::HandshakeTime(us) => self.metrics.tls_handshake_time.observe(us),
+            Action::Count(Counter::Handshake(outcome), n) => {
+                debug_assert_eq!(n, 1);
+                self.count_handshake(outcome);
+            }
             Action::Count(counter, n) => self.count(counter, n),
             Action::Ttfb(us) => self.metrics.ttfb.observe(us),
             Action::BufferWaited(us) => self.metrics.observe_buffer_wait(Duration::from_micros(us)),
@@ -650,6 +732,9 @@ impl<R: RingOps> Shard<R> {
             Counter::Closed(CloseReason::Timeout) => &m.closed_timeout,
             Counter::Closed(CloseReason::ProtocolError) => &m.closed_error,
             Counter::Closed(CloseReason::Abort) => &m.closed_abort,
+            Counter::TlsBytesIn => &m.tls_bytes_in,
+            Counter::TlsBytesOut => &m.tls_bytes_out,
+            Counter::Handshake(outcome) => return self.count_handshake(outcome),
         };
         ShardMetrics::add(counter, n);
     }
@@ -675,23 +760,34 @@ impl<R: RingOps> Shard<R> {
     // ---- accept ----------------------------------------------------------------------------
 
     fn arm_accept(&mut self) {
-        if self.accept_armed
+        if (self.accept_armed && (self.tls_accept_armed || self.tls_listener.is_none()))
             || self.drain_deadline_ms.is_some()
             || self.now_ms < self.accept_retry_ms
         {
             return;
         }
         let listener = self.listener.as_ref().map(|l| l.as_fd());
-        if listener.is_some() || self.ring_accepts {
+        if !self.accept_armed && (listener.is_some() || self.ring_accepts) {
             let t = Token::shard(Op::Accept).encode();
             self.ring.accept_multi(listener, t);
             self.accept_armed = true;
         }
+        if !self.tls_accept_armed {
+            if let Some(l) = self.tls_listener.as_ref() {
+                let t = Token::shard(Op::AcceptTls).encode();
+                self.ring.accept_multi(Some(l.as_fd()), t);
+                self.tls_accept_armed = true;
+            }
+        }
     }
 
-    fn on_accept(&mut self, cqe: Completion) {
+    fn on_accept(&mut self, cqe: Completion, tls: bool) {
         if !cqe.more() {
-            self.accept_armed = false;
+            if tls {
+                self.tls_accept_armed = false;
+            } else {
+                self.accept_armed = false;
+            }
         }
         if cqe.result < 0 {
             let errno = -cqe.result;
@@ -724,9 +820,18 @@ impl<R: RingOps> Shard<R> {
             return;
         };
         ShardMetrics::add(&self.metrics.accepted, 1);
+        let session = if tls { self.new_tls_session() } else { None };
+        if tls && session.is_none() {
+            // No context (a reload turned TLS off under us) or rustls refused: nothing to
+            // speak with this client.
+            self.free_conns.push(c);
+            let t = Token::socket(Op::OverflowClose, socket).encode();
+            self.ring.close_fixed(socket, t);
+            return;
+        }
         self.open_conns += 1;
         self.accepted_in_round = true;
-        self.drive(c, |m, cx, out| m.open(socket, cx, out));
+        self.drive(c, |m, cx, out| m.open(socket, session, cx, out));
     }
 
     // ---- receive ---------------------------------------------------------------------------
@@ -769,6 +874,9 @@ impl<R: RingOps> Shard<R> {
             return Turn::Idle;
         }
         if !self.conns[c.index()].responding() {
+            if !self.conns[c.index()].can_start_request() {
+                return Turn::Idle;
+            }
             self.start_request(c);
         }
         let conn = &self.conns[c.index()];
@@ -861,6 +969,12 @@ impl<R: RingOps> Shard<R> {
             let t = Token::shard(Op::CancelAccept).encode();
             self.ring.cancel_token(target, t);
         }
+        if self.tls_accept_armed {
+            let target = Token::shard(Op::AcceptTls).encode();
+            let t = Token::shard(Op::CancelAccept).encode();
+            self.ring.cancel_token(target, t);
+        }
+        self.tls_listener = None;
         // Close the listening socket: connections still in its backlog are reset and new ones
         // refused, instead of waiting unanswered until the process exits. An accept still in
         // flight holds its own reference to the socket until the cancel above completes.
@@ -904,7 +1018,8 @@ impl<R: RingOps> Shard<R> {
             return;
         };
         match t.op {
-            Op::Accept => return self.on_accept(cqe),
+            Op::Accept => return self.on_accept(cqe, false),
+            Op::AcceptTls => return self.on_accept(cqe, true),
             Op::OverflowClose => return self.socket_slot_freed(),
             Op::Overflow | Op::CancelAccept => return,
             Op::LogWrite => {
@@ -954,8 +1069,17 @@ impl<R: RingOps> Shard<R> {
             Op::Cancel => self.drive(c, |m, _, out| m.on_cancel_done(out)),
             Op::PollOut => self.drive(c, |m, cx, out| m.on_writable(res, cx, out)),
             Op::Shutdown => self.drive(c, |m, _, out| m.on_shutdown_done(out)),
+            Op::SendTls => {
+                self.ring.tx_done(c);
+                self.drive(c, |m, cx, out| m.on_tls_sent(res, cx, out));
+            }
             Op::Close => self.on_close(c),
-            Op::Accept | Op::Overflow | Op::OverflowClose | Op::CancelAccept | Op::LogWrite => {
+            Op::Accept
+            | Op::AcceptTls
+            | Op::Overflow
+            | Op::OverflowClose
+            | Op::CancelAccept
+            | Op::LogWrite => {
                 unreachable!()
             }
         }

@@ -50,6 +50,9 @@ impl<R: RingOps> Shard<R> {
                 self.lifecycle.log_change_pending = true;
             }
             self.files.set_valid_ms(new.open_file_valid_ms);
+            // New handshakes use the reloaded certificates and ticket keys; sessions under
+            // way keep the configuration they started with.
+            self.tls = self.lifecycle.shared.tls();
             tracing::debug!(shard = self.index, epoch, "configuration reloaded");
             self.cfg = new;
         }

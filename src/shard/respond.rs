@@ -9,6 +9,10 @@ use super::{access_log, ring, RingOps, Shard};
 use crate::http::date::DateCache;
 use crate::http::plan::{self, BodyPart, FileFacts, PlanContext, PlanLimits, ResponsePlan};
 use crate::http::request::{parse_request, Method, Parsed, Request};
+use crate::tls::sniff::FirstBytes;
+
+/// The answer to a TLS ClientHello on the cleartext port, then a close.
+pub static TLS_ON_CLEARTEXT_PORT: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 63\r\nConnection: close\r\n\r\nA TLS handshake was sent to a plain HTTP port: use http:// here\n";
 
 impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
@@ -21,6 +25,10 @@ impl<R: RingOps> Shard<R> {
         }
         let consumed = match parsed {
             Parsed::Partial => 0,
+            Parsed::Rejected(_) if crate::tls::sniff::classify(&rx) == FirstBytes::TlsHandshake => {
+                self.respond_canned(c, 400, TLS_ON_CLEARTEXT_PORT);
+                0
+            }
             Parsed::Rejected(reject) => {
                 self.respond_status(c, reject.status, false, false);
                 0
@@ -73,11 +81,20 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    /// The configured limits the response plan obeys.
-    fn plan_limits(&self) -> PlanLimits<'_> {
+    /// The configured limits the response plan obeys on connection `c` (a TLS chunk
+    /// carries less plaintext: its records' framing must fit the slot).
+    fn plan_limits(&self, c: ConnSlot) -> PlanLimits<'_> {
+        let chunk_bytes = if self.conns[c.index()].tls.is_some() {
+            crate::tls::record::chunk_plaintext_capacity(
+                self.cfg.chunk_bytes,
+                self.cfg.tls_record_bytes,
+            )
+        } else {
+            self.cfg.chunk_bytes
+        };
         PlanLimits {
             max_ranges: self.cfg.max_ranges,
-            chunk_bytes: self.cfg.chunk_bytes,
+            chunk_bytes,
             diag_endpoint: self.cfg.diag_endpoint,
             health_path: self.cfg.health_path.as_bytes(),
         }
@@ -99,10 +116,26 @@ impl<R: RingOps> Shard<R> {
         self.install(c, started, None);
     }
 
+    /// A fixed answer (wrong protocol on this port), then a close.
+    fn respond_canned(&mut self, c: ConnSlot, status: u16, bytes: &'static [u8]) {
+        let tx = self.ring.tx_mut(c);
+        tx.clear();
+        tx.extend_from_slice(bytes);
+        let bufs = self.body_pool.pop().unwrap_or_default();
+        let started = Started {
+            status,
+            keep_alive: false,
+            inline_head: false,
+            reads_file: false,
+            buffers: bufs,
+        };
+        self.install(c, started, None);
+    }
+
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
-        let limits = self.plan_limits();
+        let limits = self.plan_limits(c);
         let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         if let Some(plan) = plan::plan_without_file(req, &limits, &ctx) {
             let bufs = self.body_pool.pop().unwrap_or_default();
@@ -126,7 +159,7 @@ impl<R: RingOps> Shard<R> {
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
-        let limits = self.plan_limits();
+        let limits = self.plan_limits(c);
         let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         let f = self.files.get(idx);
         let facts = FileFacts {
@@ -179,6 +212,13 @@ impl<R: RingOps> Shard<R> {
             })
         };
         let cx = self.cx();
+        if !started.inline_head {
+            // Over TLS the head leaves as records of its own (a small response's head is
+            // sealed with its body, in the chunk).
+            if let Some(tls) = self.conns[c.index()].tls.as_mut() {
+                tls.seal_tail(self.ring.tx_mut(c), 0, self.cfg.tls_record_bytes as u32);
+            }
+        }
         let head_len = self.ring.tx_len(c);
         self.conns[c.index()].begin_response(
             started.status,

@@ -41,6 +41,10 @@ pub enum Op {
     PollOut = 12,
     /// Shutdown of a connection's write side (lingering close).
     Shutdown = 13,
+    /// Multishot accept on the shard's TLS listener.
+    AcceptTls = 14,
+    /// Send of TLS bytes the session produced, from the header buffer.
+    SendTls = 15,
 }
 
 impl Op {
@@ -59,6 +63,8 @@ impl Op {
             11 => Op::LogWrite,
             12 => Op::PollOut,
             13 => Op::Shutdown,
+            14 => Op::AcceptTls,
+            15 => Op::SendTls,
             _ => return None,
         })
     }
@@ -159,6 +165,8 @@ mod tests {
             Op::LogWrite,
             Op::PollOut,
             Op::Shutdown,
+            Op::AcceptTls,
+            Op::SendTls,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {
@@ -184,7 +192,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=13) {
+        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=15) {
             let op = Op::from_u8(op).unwrap();
             let t = Token::new(op, slot, generation, aux);
             proptest::prop_assert_eq!(Token::decode(t.encode()), Some(t));

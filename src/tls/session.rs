@@ -172,6 +172,8 @@ pub struct TlsSession {
     /// What the handshake settled (set when it completes).
     pub facts: Option<Facts>,
     sni: Option<Box<str>>,
+    /// Handshake turns taken so far.
+    turns: u32,
 }
 
 impl std::fmt::Debug for TlsSession {
@@ -208,7 +210,13 @@ impl TlsSession {
             outgoing: Vec::new(),
             facts: None,
             sni: None,
+            turns: 0,
         })
+    }
+
+    /// Handshake turns taken so far (0: the ClientHello has not been processed).
+    pub fn turns(&self) -> u32 {
+        self.turns
     }
 
     /// Whether the handshake is still running.
@@ -265,6 +273,7 @@ impl TlsSession {
             }
             self.sni = sniff::client_hello_sni(&self.incoming).map(Box::from);
         }
+        self.turns += 1;
         let mut failed = None;
         for _ in 0..HANDSHAKE_ROUNDS_MAX {
             let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut self.incoming);

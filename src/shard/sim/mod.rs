@@ -490,6 +490,7 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
         cfg.clone(),
         ring,
         None,
+        None,
         false,
         Arc::new(ShardMetrics::default()),
         Arc::new(AtomicBool::new(false)),

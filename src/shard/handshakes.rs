@@ -1,0 +1,128 @@
+//! TLS handshakes on the shard thread: a bounded queue of connections whose handshake has
+//! bytes to process, and a turn per tick that may take only a share of the tick's time, so
+//! a flood of ClientHellos cannot starve transfers in flight or keep-alive requests.
+//!
+//! A full handshake costs ~115 µs of CPU here (ECDSA P-256, X25519; `perf/TLS-PROVIDER.md`),
+//! RSA-2048 ~640 µs: far more than one request. Connections whose handshake is under way
+//! (they answered our flight) go before new ones, so admitted handshakes finish; a new one
+//! that finds `tls_max_pending_handshakes` waiting is closed and counted (`queue_full`).
+
+use super::machine::HandshakeOutcome;
+use super::slots::ConnSlot;
+use super::{RingOps, Shard};
+use crate::metrics::ShardMetrics;
+use crate::tls::session::{TlsSession, Version};
+
+/// Most of a busy tick's time (transfers or requests waiting) its handshakes may take, in
+/// percent of the time the rest of the tick took.
+pub const TLS_HANDSHAKE_SHARE_PERCENT: u64 = 25;
+/// Longest the handshakes of one tick may run, busy or not: bounds what anything else waits.
+pub const TLS_HANDSHAKE_TICK_MAX_US: u64 = 2000;
+/// List of handshakes under way (their client answered): they go first.
+const CONTINUING: usize = 0;
+/// List of handshakes that have not had a turn yet.
+const NEW: usize = 1;
+
+impl<R: RingOps> Shard<R> {
+    /// A session for a connection accepted on the TLS listener (None: no TLS context).
+    pub(super) fn new_tls_session(&mut self) -> Option<Box<TlsSession>> {
+        let ctx = self.tls.as_ref()?;
+        ShardMetrics::add(&self.metrics.tls_accepted, 1);
+        match TlsSession::new(ctx.server.clone()) {
+            Ok(s) => Some(Box::new(s)),
+            Err(e) => {
+                tracing::warn!(shard = self.index, error = %e, "cannot start a TLS session");
+                None
+            }
+        }
+    }
+
+    /// Connection `c` received handshake bytes: it waits for a turn. A new handshake that
+    /// finds the queue full is closed.
+    pub(super) fn queue_handshake(&mut self, c: ConnSlot) {
+        if self.handshakes.list_of(c.raw()).is_some() {
+            return;
+        }
+        let started = self.conns[c.index()]
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.turns() > 0);
+        if started {
+            self.handshakes.push_back(CONTINUING, c.raw());
+            return;
+        }
+        if self.handshakes.len(NEW) + self.handshakes.len(CONTINUING)
+            >= self.cfg.tls_max_pending_handshakes
+        {
+            self.count_handshake(HandshakeOutcome::QueueFull);
+            self.drive(c, |m, cx, out| {
+                m.close(super::conn::CloseReason::ProtocolError, cx, out)
+            });
+            return;
+        }
+        self.handshakes.push_back(NEW, c.raw());
+    }
+
+    /// Handshakes waiting now.
+    pub(super) fn pending_handshakes(&self) -> usize {
+        self.handshakes.len(CONTINUING) + self.handshakes.len(NEW)
+    }
+
+    /// Sets this tick's time for handshakes: `TLS_HANDSHAKE_SHARE_PERCENT` of
+    /// `other_work_us` (what the tick spent on everything else) while transfers are in
+    /// flight, else `TLS_HANDSHAKE_TICK_MAX_US`.
+    pub(super) fn budget_handshakes(&mut self, other_work_us: u64) {
+        let transfers = self.arena.free_count() < self.cfg.arena_slots() || !self.ready.is_empty();
+        self.hs_budget_us = if transfers {
+            (other_work_us * TLS_HANDSHAKE_SHARE_PERCENT / 100).min(TLS_HANDSHAKE_TICK_MAX_US)
+        } else {
+            TLS_HANDSHAKE_TICK_MAX_US
+        };
+        self.hs_spent_us = 0;
+    }
+
+    /// Gives waiting handshakes their turns, continuing ones first, until this tick's
+    /// handshake time is spent; at least one turn a tick.
+    pub(super) fn run_handshakes(&mut self) {
+        if self.pending_handshakes() == 0
+            || (self.hs_spent_us > 0 && self.hs_spent_us >= self.hs_budget_us)
+        {
+            return;
+        }
+        let started = self.ring.now();
+        while let Some(c) = self
+            .handshakes
+            .pop_front(CONTINUING)
+            .or_else(|| self.handshakes.pop_front(NEW))
+            .map(ConnSlot::new)
+        {
+            self.drive(c, |m, cx, out| m.handshake_turn(cx, out));
+            let spent = self.ring.now().saturating_sub(started).as_micros() as u64;
+            if self.hs_spent_us + spent.max(1) >= self.hs_budget_us {
+                break;
+            }
+        }
+        let spent = self.ring.now().saturating_sub(started).as_micros() as u64;
+        self.hs_spent_us += spent.max(1);
+    }
+
+    /// Counts how a handshake ended.
+    pub(super) fn count_handshake(&self, outcome: HandshakeOutcome) {
+        let t = &self.metrics.tls_handshakes;
+        match outcome {
+            HandshakeOutcome::Ok { version, resumed } => {
+                let v = match version {
+                    Version::Tls12 => 0,
+                    Version::Tls13 => 1,
+                };
+                t.count_ok(v, resumed);
+            }
+            HandshakeOutcome::Failed => t.count_failed(0),
+            HandshakeOutcome::PeerClosed => t.count_failed(1),
+            HandshakeOutcome::Timeout => t.count_failed(2),
+            HandshakeOutcome::QueueFull => t.count_failed(3),
+            HandshakeOutcome::TooLarge => t.count_failed(4),
+            HandshakeOutcome::PlainHttp => t.count_failed(5),
+        }
+    }
+}
