@@ -12,7 +12,7 @@ use crate::http::request::{parse_request, Method, Parsed, Request};
 use crate::tls::sniff::FirstBytes;
 
 /// The answer to a TLS ClientHello on the cleartext port, then a close.
-pub static TLS_ON_CLEARTEXT_PORT: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 63\r\nConnection: close\r\n\r\nA TLS handshake was sent to a plain HTTP port: use http:// here\n";
+pub static TLS_ON_CLEARTEXT_PORT: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 64\r\nConnection: close\r\n\r\nA TLS handshake was sent to a plain HTTP port: use http:// here\n";
 
 impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
@@ -397,6 +397,22 @@ mod tests {
             BodyBuffers::default(),
         );
         assert!(started.buffers.segments.is_empty() && !started.reads_file && !started.inline_head);
+    }
+
+    #[test]
+    fn canned_answers_declare_their_length() {
+        for canned in [
+            TLS_ON_CLEARTEXT_PORT,
+            crate::tls::session::PLAIN_HTTP_ON_TLS_PORT,
+        ] {
+            let text = std::str::from_utf8(canned).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+            assert!(
+                head.contains(&format!("\r\nContent-Length: {}\r\n", body.len())),
+                "{head}"
+            );
+        }
     }
 
     #[test]

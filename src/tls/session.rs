@@ -256,7 +256,24 @@ impl TlsSession {
 
     /// Runs the handshake over what has been received: rustls's records for the client go
     /// to `outgoing`, application data that arrived with the client's Finished to `app`.
+    ///
+    /// rustls parses what any client sends; should it ever panic on some input, that ends
+    /// this connection (logged loudly), not the shard and every download on it.
     pub fn handshake(&mut self, app: &mut Vec<u8>) -> HandshakeStep {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.handshake_unguarded(app)
+        }));
+        run.unwrap_or_else(|_| {
+            tracing::error!(
+                "the TLS handshake code panicked on a client's input; closing that connection"
+            );
+            self.state = State::Done;
+            self.outgoing.clear();
+            HandshakeStep::Failed(HandshakeFailure::Protocol)
+        })
+    }
+
+    fn handshake_unguarded(&mut self, app: &mut Vec<u8>) -> HandshakeStep {
         let State::Handshaking(conn) = &mut self.state else {
             return HandshakeStep::Failed(HandshakeFailure::Protocol);
         };
@@ -287,12 +304,12 @@ impl TlsSession {
                 }
                 Ok(ConnectionState::EncodeTlsData(mut enc)) => {
                     encode_into(&mut self.outgoing, |buf| enc.encode(buf));
-                    Round::Continue
+                    Round::Encoded
                 }
                 // The bytes are ours to send from `outgoing`; rustls needs no more than that.
                 Ok(ConnectionState::TransmitTlsData(t)) => {
                     t.done();
-                    Round::Continue
+                    Round::Encoded
                 }
                 Ok(ConnectionState::BlockedHandshake) => Round::NeedInput,
                 Ok(ConnectionState::ReadTraffic(mut r)) => {
@@ -313,17 +330,23 @@ impl TlsSession {
                 Ok(_) => Round::Error(HandshakeFailure::Protocol),
             };
             self.incoming.drain(..discard);
-            match round {
-                Round::Continue => {}
-                Round::Error(f) if failed.is_none() => failed = Some(f),
-                Round::Error(f) => {
+            if let Some(f) = failed {
+                // After an error, rustls hands over what it queued (its alert last) before it
+                // parses anything; once that is out, another round would parse the bad input
+                // again (and alert twice).
+                if !matches!(round, Round::Encoded) || !conn.wants_write() {
                     self.state = State::Done;
                     return HandshakeStep::Failed(f);
                 }
-                Round::NeedInput | Round::WriteTraffic if failed.is_some() => {
+                continue;
+            }
+            match round {
+                Round::Continue | Round::Encoded => {}
+                Round::Error(f) if !conn.wants_write() => {
                     self.state = State::Done;
-                    return HandshakeStep::Failed(failed.unwrap_or(HandshakeFailure::Protocol));
+                    return HandshakeStep::Failed(f);
                 }
+                Round::Error(f) => failed = Some(f),
                 Round::NeedInput => return HandshakeStep::NeedInput,
                 Round::WriteTraffic if conn.is_handshaking() => return HandshakeStep::NeedInput,
                 Round::WriteTraffic => return self.establish(),
@@ -672,6 +695,8 @@ impl Records {
 /// What one `process_tls_records` round asked for.
 enum Round {
     Continue,
+    /// A record was encoded into `outgoing` (or marked transmitted).
+    Encoded,
     NeedInput,
     WriteTraffic,
     Error(HandshakeFailure),
@@ -998,6 +1023,114 @@ mod tests {
         shake(&mut s, &mut c);
         assert!(s.receive(&[23, 3, 3, 0x48, 0x01]));
         assert_eq!(s.open_records(&mut Vec::new()), Received::Fatal);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::tls::testing::fuzz_cases(300)))]
+
+        /// Whatever a client sends before and during the handshake, in whatever pieces: no
+        /// panic (rustls's debug assertions included: the unguarded path), and the buffer
+        /// stays within its bound.
+        #[test]
+        fn arbitrary_handshake_bytes_never_panic(
+            mutations in proptest::collection::vec((0usize..2000, proptest::prelude::any::<u8>()), 0..8),
+            cut in 0usize..2100,
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            pieces in proptest::collection::vec(1usize..700, 1..6),
+        ) {
+            let w = fuzz_world();
+            let mut input = testing::client_hello(Some("edge.test"));
+            for (at, b) in &mutations {
+                if let Some(x) = input.get_mut(*at) {
+                    *x ^= b | 1;
+                }
+            }
+            input.truncate(cut.min(input.len()));
+            input.extend_from_slice(&junk);
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            let mut at = 0;
+            for p in pieces {
+                let end = (at + p).min(input.len());
+                if !s.receive(&input[at..end]) {
+                    break;
+                }
+                at = end;
+                let step = s.handshake_unguarded(&mut Vec::new());
+                proptest::prop_assert!(s.incoming.len() <= HANDSHAKE_INCOMING_MAX_BYTES);
+                if step != HandshakeStep::NeedInput {
+                    break;
+                }
+            }
+        }
+
+        /// After a real handshake, a client's records with bytes flipped, cut or added: opened,
+        /// refused with an alert, or waited for; never a panic.
+        #[test]
+        fn arbitrary_records_after_the_handshake_never_panic(
+            flips in proptest::collection::vec((0usize..400, 1u8..=255), 0..4),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            tls12 in proptest::prelude::any::<bool>(),
+        ) {
+            let w = fuzz_world();
+            let versions: &[&'static rustls::SupportedProtocolVersion] = if tls12 {
+                &[&rustls::version::TLS12]
+            } else {
+                &[&rustls::version::TLS13]
+            };
+            let (mut c, _) = client(w, None, versions);
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            shake(&mut s, &mut c);
+            c.writer().write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            if !tls12 {
+                c.refresh_traffic_keys().unwrap();
+                c.writer().write_all(b"more").unwrap();
+            }
+            let mut wire = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut wire).unwrap();
+            }
+            for (at, b) in &flips {
+                let n = wire.len();
+                wire[at % n] ^= b;
+            }
+            wire.extend_from_slice(&tail);
+            let mut app = Vec::new();
+            if s.receive(&wire) {
+                let _ = s.open_records(&mut app);
+            }
+            proptest::prop_assert!(app.len() <= wire.len());
+        }
+    }
+
+    #[test]
+    fn a_client_without_http11_in_alpn_gets_an_alert() {
+        let w = world();
+        let mut cc = testing::client_config(&w.cert, None);
+        cc.alpn_protocols = vec![b"h2".to_vec()];
+        let mut c = ClientConnection::new(Arc::new(cc), ServerName::try_from("edge.test").unwrap())
+            .unwrap();
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        to_server(&mut c, &mut s);
+        assert_eq!(
+            s.handshake(&mut Vec::new()),
+            HandshakeStep::Failed(HandshakeFailure::Protocol)
+        );
+        let out = std::mem::take(&mut s.outgoing);
+        let mut rd = &out[..];
+        while !rd.is_empty() {
+            c.read_tls(&mut rd).unwrap();
+            if let Err(e) = c.process_new_packets() {
+                assert!(format!("{e}").contains("NoApplicationProtocol"), "{e}");
+                return;
+            }
+        }
+        panic!("the client saw no alert");
+    }
+
+    /// One configuration for every fuzz case (building it generates a key).
+    fn fuzz_world() -> &'static World {
+        static W: std::sync::OnceLock<World> = std::sync::OnceLock::new();
+        W.get_or_init(world)
     }
 
     #[test]

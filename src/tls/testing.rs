@@ -183,3 +183,11 @@ pub fn client_hello(sni: Option<&str>) -> Vec<u8> {
     }
     out
 }
+
+/// Cases a TLS fuzz property runs: `default`, or `SHARDLINE_TLS_FUZZ_CASES` for a long run.
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("SHARDLINE_TLS_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -2,6 +2,8 @@
 //! loopback port over a temporary root, talk raw HTTP/1.1 to it, stop it with SIGTERM.
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -17,6 +19,10 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The HTTPS listener's address (servers started with `start_tls`).
+    pub tls_addr: Option<SocketAddr>,
+    /// The admin listener's address (servers started with `start_with_admin`).
+    pub admin: Option<SocketAddr>,
     pub root: PathBuf,
     stderr_path: PathBuf,
     _dir: Option<tempfile::TempDir>,
@@ -91,12 +97,41 @@ impl Server {
         Self::start_wrapped(&[], root, extra, dir)
     }
 
+    /// Like `start` with a TLS listener among `extra`'s settings: also waits for the
+    /// `shardline: HTTPS at https://ADDR/` line (`tls_addr`).
+    pub fn start_tls(root: &Path, extra: &[&str]) -> Server {
+        Self::start_full(&[], root, extra, None, true)
+    }
+
     /// Starts the server as `WRAPPER... shardline serve ...` (an empty wrapper runs it directly).
     fn start_wrapped(
         wrapper: &[&str],
         root: &Path,
         extra: &[&str],
         dir: Option<tempfile::TempDir>,
+    ) -> Server {
+        Self::start_full(wrapper, root, extra, dir, false)
+    }
+
+    fn start_full(
+        wrapper: &[&str],
+        root: &Path,
+        extra: &[&str],
+        dir: Option<tempfile::TempDir>,
+        want_tls: bool,
+    ) -> Server {
+        Self::start_announced(wrapper, root, extra, dir, want_tls, false)
+    }
+
+    /// Starts the server and waits for the addresses it prints: the data listener always,
+    /// the HTTPS and admin listeners when asked for.
+    fn start_announced(
+        wrapper: &[&str],
+        root: &Path,
+        extra: &[&str],
+        dir: Option<tempfile::TempDir>,
+        want_tls: bool,
+        want_admin: bool,
     ) -> Server {
         let stderr_path = std::env::temp_dir().join(format!(
             "shardline-test-{}-{}.log",
@@ -113,10 +148,18 @@ impl Server {
             }
             None => Command::new(bin),
         };
+        let admin_arg = if want_admin { "127.0.0.1:0" } else { "" };
         cmd.arg("serve")
             .arg("--root")
             .arg(root)
-            .args(["--listen", "127.0.0.1:0", "--shards", "1", "--admin", ""])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--shards",
+                "1",
+                "--admin",
+                admin_arg,
+            ])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -127,23 +170,47 @@ impl Server {
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
-                if let Some(rest) = line.split("http://").nth(1) {
-                    let addr = rest.split('/').next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
+                // "serving DIR at http://A/", "HTTPS at https://A/", "admin at http://A/".
+                let kind = if line.starts_with("shardline: admin at ") {
+                    Announced::Admin
+                } else if line.starts_with("shardline: HTTPS at ") {
+                    Announced::Tls
+                } else {
+                    Announced::Data
+                };
+                let rest = line.split("://").nth(1);
+                if let Some(addr) = rest.and_then(|r| r.split('/').next()) {
+                    let _ = tx.send((kind, addr.to_string()));
                 }
             }
         });
-        let addr = match rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(a) => a.parse().expect("listening address"),
-            Err(_) => {
-                let _ = child.kill();
-                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                panic!("shardline did not start:\n{log}");
+        let (mut addr, mut tls_addr, mut admin) = (None, None, None);
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while addr.is_none() || (want_tls && tls_addr.is_none()) || (want_admin && admin.is_none())
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((kind, a)) => {
+                    let parsed: SocketAddr = a.parse().expect("announced address");
+                    let slot = match kind {
+                        Announced::Data => &mut addr,
+                        Announced::Tls => &mut tls_addr,
+                        Announced::Admin => &mut admin,
+                    };
+                    slot.get_or_insert(parsed);
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                    panic!("shardline did not start:\n{log}");
+                }
             }
-        };
+        }
         Server {
             child,
-            addr,
+            addr: addr.expect("listening address"),
+            tls_addr,
+            admin,
             root: root.to_path_buf(),
             stderr_path,
             _dir: dir,
@@ -191,6 +258,14 @@ impl Server {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
+}
+
+/// Which address a line of the server's stdout announces.
+#[derive(Clone, Copy)]
+enum Announced {
+    Data,
+    Tls,
+    Admin,
 }
 
 static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -290,59 +365,16 @@ pub fn read_to_eof(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 /// loopback port (`--admin 127.0.0.1:0`); returns the server and the admin address, read from
 /// the `shardline: admin at http://ADDR/` line the server prints after its serving line.
 pub fn start_with_admin(root: &Path, extra: &[&str]) -> (Server, SocketAddr) {
-    let stderr_path = std::env::temp_dir().join(format!(
-        "shardline-test-{}-admin-{}.log",
-        std::process::id(),
-        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let stderr = std::fs::File::create(&stderr_path).expect("stderr log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shardline"))
-        .arg("serve")
-        .arg("--root")
-        .arg(root)
-        .args(["--listen", "127.0.0.1:0", "--shards", "1"])
-        .args(["--admin", "127.0.0.1:0"])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn shardline");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Some(Ok(line)) = lines.next() {
-            let admin = line.starts_with("shardline: admin at ");
-            if let Some(rest) = line.split("http://").nth(1) {
-                let addr = rest.split('/').next().unwrap_or("").to_string();
-                let _ = tx.send((admin, addr));
-            }
-        }
-    });
-    let mut addr = None;
-    let mut admin = None;
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while addr.is_none() || admin.is_none() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((true, a)) => admin = Some(a.parse().expect("admin address")),
-            Ok((false, a)) => addr = Some(a.parse().expect("listening address")),
-            Err(_) => {
-                let _ = child.kill();
-                let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                panic!("shardline did not start with an admin listener:\n{log}");
-            }
-        }
-    }
-    let server = Server {
-        child,
-        addr: addr.unwrap(),
-        root: root.to_path_buf(),
-        stderr_path,
-        _dir: None,
-    };
-    (server, admin.unwrap())
+    let server = Server::start_announced(&[], root, extra, None, false, true);
+    let admin = server.admin.expect("admin address");
+    (server, admin)
+}
+
+/// `start_with_admin` with a TLS listener among `extra`'s settings (`tls_addr` is set).
+pub fn start_tls_with_admin(root: &Path, extra: &[&str]) -> (Server, SocketAddr) {
+    let server = Server::start_announced(&[], root, extra, None, true, true);
+    let admin = server.admin.expect("admin address");
+    (server, admin)
 }
 
 /// `start_with_admin` that also owns the temp dir holding the root (removed with the server).
