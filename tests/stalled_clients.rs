@@ -143,6 +143,94 @@ fn stalled_and_trickling_clients_do_not_hold_the_arena() {
     }
 }
 
+/// The same over HTTPS: clients that complete the handshake, ask for the large file and never
+/// read hold no arena chunk once settled (their ciphertext is made again from the file when
+/// they read again: `tls::record`), and a fresh HTTPS download completes meanwhile.
+#[test]
+fn stalled_https_clients_do_not_hold_the_arena() {
+    let dir = common::disk_tempdir();
+    let root = dir.path();
+    write_pattern_file(&root.join("large.bin"), LARGE_BYTES);
+    write_pattern_file(&root.join("5m.bin"), FRESH_BYTES);
+    let pki = common::tls::Pki::new();
+    let leaf = pki.leaf("localhost", &["localhost"], common::tls::Key::EcdsaP256, 30);
+    let cfg = pki.config(
+        &[leaf],
+        "arena_bytes = 8388608\nsend_timeout_ms = 120000\npipeline_depth = 4\n",
+    );
+    let (server, admin) = common::start_tls_with_admin(root, &["--config", cfg.to_str().unwrap()]);
+    let tls = server.tls_addr.expect("HTTPS address");
+    let cc = pki.client();
+    let stalled: Vec<_> = (0..STALLED + TRICKLING)
+        .map(|_| {
+            let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+            s.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+            s.connect(&tls.into()).expect("connect");
+            let tcp: TcpStream = s.into();
+            let name = "localhost".try_into().unwrap();
+            let conn = rustls::ClientConnection::new(cc.clone(), name).unwrap();
+            let mut st = rustls::StreamOwned::new(conn, tcp);
+            while st.conn.is_handshaking() {
+                st.conn.complete_io(&mut st.sock).expect("handshake");
+            }
+            st.write_all(b"GET /large.bin HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            st.flush().unwrap();
+            st
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let t0 = Instant::now();
+    let mut fresh = common::tls::TlsConn::connect(tls, cc.clone(), "localhost").unwrap();
+    let r = fresh.get("/5m.bin", &[]);
+    assert!(
+        r.status == 200 && r.body == pattern_range(0, FRESH_BYTES as usize),
+        "fresh HTTPS body"
+    );
+    let (a, b) = (1_000_001u64, 11_000_000u64);
+    let r = fresh.get("/large.bin", &[("Range", &format!("bytes={a}-{b}"))]);
+    assert!(
+        r.status == 206 && r.body == pattern_range(a, (b - a + 1) as usize),
+        "ranged HTTPS body"
+    );
+    assert!(
+        t0.elapsed() < FRESH_DEADLINE,
+        "fresh HTTPS downloads waited {:?}",
+        t0.elapsed()
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut held = admin_metric(admin, "shardline_chunks_in_flight", "");
+    while held > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        held = admin_metric(admin, "shardline_chunks_in_flight", "");
+    }
+    assert_eq!(
+        held, 0,
+        "stalled HTTPS connections still hold {held} arena chunks"
+    );
+    let open = admin_metric(admin, "shardline_connections_open", "");
+    assert!(
+        open >= (STALLED + TRICKLING) as u64,
+        "stalled HTTPS connections were dropped ({open} open)"
+    );
+    assert_direct_bytes_sent(admin, 0, "stalled HTTPS clients");
+    // A stalled client that reads again gets its bytes, sealed again identically: the rest of
+    // its body arrives intact after a while of holding nothing.
+    let mut st = stalled.into_iter().next().unwrap();
+    st.sock
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let resp =
+        read_response(&mut BufReader::new(&mut st), false).expect("the stalled client's response");
+    assert_eq!(resp.status, 200);
+    assert!(
+        resp.body == pattern_range(0, LARGE_BYTES as usize),
+        "resumed body differs from the file"
+    );
+}
+
 /// SEND_ZC to a reader that cannot keep up: the socket takes part of a chunk, and the rest of
 /// that chunk must leave before the next chunk. (The engine before the parked-chunk change sent
 /// the next chunk while the first one's tail waited for its notification, which corrupted

@@ -104,6 +104,32 @@ pub struct SealedRun {
     pub pt_at: u32,
 }
 
+impl Chunk {
+    /// Where in the slot its bytes began, the first one not yet delivered, and the end, in
+    /// plaintext offsets. For a sealed TLS chunk the first undelivered byte is the start of
+    /// the first record that did not leave whole (a record sent in part delivers nothing);
+    /// also returned: that record's index and how many of its bytes left.
+    pub fn plaintext_progress(&self) -> (u32, u32, u32, Option<(u32, u32)>) {
+        match self.tls {
+            None => (
+                self.send_off,
+                self.send_off + self.sent,
+                self.send_off + self.send_len,
+                None,
+            ),
+            Some(run) => {
+                let (k, within) = run.cut.locate(self.send_off - run.pt_at + self.sent);
+                (
+                    run.pt_at,
+                    run.pt_at + run.cut.pt_start(k),
+                    run.pt_at + run.cut.pt_len,
+                    Some((k, within)),
+                )
+            }
+        }
+    }
+}
+
 impl ChunkState {
     /// The kernel holds the slot (a read or a send is in flight, or SEND_ZC's notification is
     /// still to come): the chunk cannot be given back, and the connection cannot be freed.

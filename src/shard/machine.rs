@@ -441,6 +441,10 @@ pub struct ConnMachine {
     pub tls_send: TlsSend,
     /// Lingering over TLS: the write side is shut once close_notify has left.
     pub linger_shutdown_due: bool,
+    /// A clean close asked for while a TLS send (close_notify) was in flight: it happens
+    /// when the send completes, so the client gets the whole record (the connection's
+    /// deadline still bounds the wait).
+    pub close_after_tls_send: Option<CloseReason>,
     /// When the connection was accepted (shard clock, µs).
     pub accepted_us: u64,
 }
@@ -478,6 +482,7 @@ impl ConnMachine {
             tls: None,
             tls_send: TlsSend::Idle,
             linger_shutdown_due: false,
+            close_after_tls_send: None,
             accepted_us: 0,
         }
     }
@@ -626,6 +631,10 @@ impl ConnMachine {
             // abort or a stuck client gets none (a truncated body must not look complete).
             let clean = matches!(reason, CloseReason::Normal | CloseReason::Drain)
                 || (reason == CloseReason::Timeout && self.deadline == Deadline::Idle);
+            if clean && self.tls_send != TlsSend::Idle {
+                self.close_after_tls_send = Some(reason);
+                return;
+            }
             if clean && tls.is_open() {
                 tls.queue_close_notify();
             }
@@ -805,7 +814,13 @@ impl ConnMachine {
                 ));
             }
             if !self.responding() {
-                self.close(CloseReason::Normal, cx, out);
+                if self.rx.is_empty() || !self.is_open() {
+                    self.close(CloseReason::Normal, cx, out);
+                } else if self.can_start_request() {
+                    // A request that arrived before the FIN is still answered (over TLS it
+                    // may wait for the handshake's last flight to leave: `on_tls_sent`).
+                    out.push(Action::QueueUrgent);
+                }
             }
             return;
         }
@@ -994,6 +1009,10 @@ impl ConnMachine {
             self.maybe_finish_close(out);
             return;
         }
+        if let Some(reason) = self.close_after_tls_send.take() {
+            self.close(reason, cx, out);
+            return;
+        }
         let Some(tls) = self.tls.as_ref() else {
             return;
         };
@@ -1009,8 +1028,13 @@ impl ConnMachine {
             }
         } else if self.responding() {
             self.try_send(cx, out);
-        } else if !self.rx.is_empty() {
-            out.push(Action::QueueUrgent);
+        } else {
+            // The request waited for the header buffer (or has not fully arrived: a record
+            // may still be cut short in `incoming`).
+            if !self.rx.is_empty() {
+                out.push(Action::QueueUrgent);
+            }
+            self.arm_recv(out);
         }
     }
 
@@ -1051,10 +1075,16 @@ impl ConnMachine {
     }
 
     /// The parser needs more bytes: arm a receive.
-    pub fn need_more_request(&mut self, out: &mut Actions) {
-        if !self.responding() {
-            self.arm_recv(out);
+    pub fn need_more_request(&mut self, cx: &Ctx, out: &mut Actions) {
+        if self.responding() {
+            return;
         }
+        if self.read == ReadState::Eof && self.is_open() {
+            // The client closed its side with only part of a request sent: none will come.
+            self.close(CloseReason::Normal, cx, out);
+            return;
+        }
+        self.arm_recv(out);
     }
 
     // ---- the chunk pipeline ------------------------------------------------------------
@@ -1553,7 +1583,8 @@ impl ConnMachine {
         }
         // What one writable round took: the size of reads once parked chunks are reclaimed
         // (a re-read of what a slow socket could not take wastes disk time).
-        self.round_estimate_bytes = (self.round_bytes as usize).clamp(MIN_READ_BYTES, chunk_bytes);
+        self.round_estimate_bytes =
+            (self.round_bytes as usize).clamp(MIN_READ_BYTES.min(chunk_bytes), chunk_bytes);
         self.cut_read_ahead(out);
     }
 
@@ -1661,27 +1692,14 @@ impl ConnMachine {
             // yet delivered, the end. A sealed chunk goes back to the start of its first
             // record that did not leave whole; one that left in part is sealed again
             // identically later (same length and sequence number, its sent bytes skipped).
-            let (pt_off, unsent_at, send_end, rewind) = match last.tls {
-                None => (
-                    last.send_off,
-                    last.send_off + last.sent,
-                    last.send_off + last.send_len,
-                    None,
-                ),
-                Some(run) => {
-                    let (k, within) = run.cut.locate(last.send_off - run.pt_at + last.sent);
-                    let resume = (within > 0).then(|| Resume {
-                        len: run.cut.pt_len_of(k),
-                        skip: within,
-                    });
-                    (
-                        run.pt_at,
-                        run.pt_at + run.cut.pt_start(k),
-                        run.pt_at + run.cut.pt_len,
-                        Some((run.first_seq + u64::from(k), resume)),
-                    )
-                }
-            };
+            let (pt_off, unsent_at, send_end, record) = last.plaintext_progress();
+            let rewind = last.tls.zip(record).map(|(run, (k, within))| {
+                let resume = (within > 0).then(|| Resume {
+                    len: run.cut.pt_len_of(k),
+                    skip: within,
+                });
+                (run.first_seq + u64::from(k), resume)
+            });
             let head_unsent = last.origin == Origin::File && unsent_at < last.read_buf_off;
             if !ours || head_unsent {
                 break;
@@ -1756,7 +1774,8 @@ impl ConnMachine {
             self.begin_linger(cx, out);
             return;
         }
-        if !keep_alive || eof || cx.draining {
+        // After a FIN, requests already received (pipelined) are still answered.
+        if !keep_alive || (eof && self.rx.is_empty()) || cx.draining {
             self.close(CloseReason::Normal, cx, out);
             return;
         }
@@ -1933,7 +1952,7 @@ fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> b
 /// rounded up to the read alignment, between `MIN_READ_BYTES` and a whole chunk.
 pub fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize {
     let align = (align as usize).max(1);
-    let want = estimate.clamp(MIN_READ_BYTES, chunk_bytes);
+    let want = estimate.clamp(MIN_READ_BYTES.min(chunk_bytes), chunk_bytes);
     let cap = want.div_ceil(align) * align;
     cap.min(chunk_bytes)
 }
@@ -1948,6 +1967,16 @@ mod tests {
 
     fn a(raw: u16) -> ArenaSlot {
         ArenaSlot::new(raw)
+    }
+
+    #[test]
+    fn read_caps_fit_a_tls_chunk_smaller_than_the_minimum_read() {
+        // A 64 KiB chunk carries 60 KiB of plaintext over TLS: below MIN_READ_BYTES.
+        let cap = crate::tls::record::chunk_plaintext_capacity(64 * 1024, 16 * 1024);
+        assert!(cap < MIN_READ_BYTES);
+        assert_eq!(read_cap_bytes(0, 4096, cap), cap);
+        assert_eq!(read_cap_bytes(usize::MAX, 512, cap), cap);
+        assert_eq!(read_cap_bytes(10_000, 1, cap), cap);
     }
 
     const CHUNK: usize = 64 * 1024;

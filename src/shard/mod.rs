@@ -101,6 +101,9 @@ pub const ACCEPT_BACKOFF_MS: u64 = 100;
 pub const ACCEPT_WARN_INTERVAL_MS: u64 = 1000;
 /// Bytes per provided receive buffer.
 pub const RECV_BUFFER_BYTES: usize = 4096;
+/// Canned answer to a connection over the per-shard cap on the TLS port: a plaintext fatal
+/// alert (internal_error), which a TLS client understands where it could not read a 503.
+pub static OVER_CAP_TLS_ALERT: &[u8] = &[21, 3, 3, 0, 2, 2, 80];
 /// Canned answer to a connection over the per-shard cap.
 pub static OVER_CAP_RESPONSE: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n";
@@ -760,7 +763,8 @@ impl<R: RingOps> Shard<R> {
     // ---- accept ----------------------------------------------------------------------------
 
     fn arm_accept(&mut self) {
-        if (self.accept_armed && (self.tls_accept_armed || self.tls_listener.is_none()))
+        let tls_wanted = self.tls_listener.is_some() || (self.ring_accepts && self.tls.is_some());
+        if (self.accept_armed && (self.tls_accept_armed || !tls_wanted))
             || self.drain_deadline_ms.is_some()
             || self.now_ms < self.accept_retry_ms
         {
@@ -772,12 +776,13 @@ impl<R: RingOps> Shard<R> {
             self.ring.accept_multi(listener, t);
             self.accept_armed = true;
         }
-        if !self.tls_accept_armed {
-            if let Some(l) = self.tls_listener.as_ref() {
-                let t = Token::shard(Op::AcceptTls).encode();
-                self.ring.accept_multi(Some(l.as_fd()), t);
-                self.tls_accept_armed = true;
-            }
+        let tls_listener = self.tls_listener.as_ref().map(|l| l.as_fd());
+        // The simulator's ring produces TLS connections too when the shard has a context.
+        let ring_tls = self.ring_accepts && self.tls.is_some();
+        if !self.tls_accept_armed && (tls_listener.is_some() || ring_tls) {
+            let t = Token::shard(Op::AcceptTls).encode();
+            self.ring.accept_multi(tls_listener, t);
+            self.tls_accept_armed = true;
         }
     }
 
@@ -815,8 +820,12 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::add(&self.metrics.refused_over_cap, 1);
             let t = Token::socket(Op::Overflow, socket).encode();
             let tc = Token::socket(Op::OverflowClose, socket).encode();
-            self.ring
-                .send_static_then_close(socket, OVER_CAP_RESPONSE, t, tc);
+            let canned = if tls {
+                OVER_CAP_TLS_ALERT
+            } else {
+                OVER_CAP_RESPONSE
+            };
+            self.ring.send_static_then_close(socket, canned, t, tc);
             return;
         };
         ShardMetrics::add(&self.metrics.accepted, 1);

@@ -41,7 +41,7 @@ impl<R: RingOps> Shard<R> {
         let conn = &mut self.conns[c.index()];
         conn.rx = rx;
         conn.rx.drain(..consumed);
-        self.drive(c, |m, _, out| m.need_more_request(out));
+        self.drive(c, |m, cx, out| m.need_more_request(cx, out));
     }
 
     /// Seed for a multipart boundary: differs per shard, connection and moment.

@@ -26,6 +26,8 @@ pub enum KeyKind {
     Rsa2048,
     /// RSA 4096.
     Rsa4096,
+    /// Ed25519 (deterministic signatures of one length: the simulator's runs replay exactly).
+    Ed25519,
 }
 
 /// A self-signed certificate for `names` and its key, as PEM strings.
@@ -39,6 +41,7 @@ pub fn generate(kind: KeyKind, names: &[&str]) -> (String, String) {
         KeyKind::Rsa4096 => {
             rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_4096)
         }
+        KeyKind::Ed25519 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519),
     }
     .expect("key generation");
     let mut params =

@@ -47,6 +47,11 @@ pub const DEFAULT_SEEDS: u64 = 2000;
 const SIM_CHUNK_BYTES: usize = 64 * 1024;
 /// Most ticks one run may take before it counts as hung.
 const MAX_TICKS: u64 = 200_000;
+/// Share of clients that speak HTTPS (a rustls client on the simulated side).
+const TLS_CLIENT_PERCENT: u64 = 40;
+/// Most TLS bytes the session may queue for a client (a handshake flight with the test
+/// certificate is ~1-5 KiB; a KeyUpdate or alert is tiny).
+const TLS_OUTGOING_MAX_BYTES: usize = 64 * 1024;
 /// Most virtual time one run may take before it counts as hung (ms).
 const MAX_VIRTUAL_MS: u64 = 120_000;
 
@@ -99,6 +104,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         });
     }
     let n_clients = rng.range(1, 6);
+    let mut tls_rng = Rng::new(seed ^ 0x7715_5eed);
     let mut clients = Vec::new();
     for _ in 0..n_clients {
         let n_requests = rng.range(1, 3) as usize;
@@ -165,6 +171,8 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
             },
             idle_at_end: rng.chance(10),
             half_close: rng.chance(10),
+            // Drawn apart from the rest, so a seed's cleartext world stays what it was.
+            tls: tls_rng.chance(TLS_CLIENT_PERCENT),
         }));
     }
     let mut file_faults = VecDeque::new();
@@ -217,10 +225,45 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         open_file_valid_ms: 50,
         recv_buffers: 1 << rng.range(2, 4),
         diag_endpoint: true,
+        // Records from 1 KiB (many per chunk: rewinds land inside runs) to the full 16 KiB.
+        tls_record_bytes: [1024, 4096, 16 * 1024][tls_rng.below(3) as usize],
+        tls_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        tls_certificate: vec![sim_certificate().clone()],
         ..Config::default()
     };
-    let net = Net::new(files, clients, file_faults, seed);
+    let mut net = Net::new(files, clients, file_faults, seed);
+    net.tls_client = Some(sim_tls_client());
     Ok((cfg, net, faults, zerocopy))
+}
+
+/// The certificate every run's TLS listener serves (generated once per test process).
+fn sim_certificate() -> &'static crate::config::TlsCertificate {
+    static CERT: std::sync::OnceLock<(tempfile::TempDir, crate::config::TlsCertificate)> =
+        std::sync::OnceLock::new();
+    &CERT
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let spec = crate::tls::testing::write_cert(
+                dir.path(),
+                "sim",
+                // Fixed-length signatures: every byte count, so every run, replays exactly.
+                crate::tls::testing::KeyKind::Ed25519,
+                &["sim.test"],
+            );
+            (dir, spec)
+        })
+        .1
+}
+
+/// The rustls client configuration of the simulated TLS clients: trusts the run's
+/// certificate, offers TLS 1.3 and 1.2, keeps no sessions (every handshake is full).
+fn sim_tls_client() -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let cert = rustls::pki_types::CertificateDer::from_pem_file(&sim_certificate().cert)
+        .expect("sim certificate");
+    let mut cc = crate::tls::testing::client_config(&cert, None);
+    cc.resumption = rustls::client::Resumption::disabled();
+    Arc::new(cc)
 }
 
 /// A `Range` value inside a file of `size` bytes (or none): single, suffix, open-ended,
@@ -287,7 +330,7 @@ fn observe(shard: &SimShard) -> Previous {
                 p.waiting_small.insert((c, conn.generation));
             }
         }
-        let idle = conn.is_open() && !conn.responding();
+        let idle = conn.is_open() && !conn.responding() && conn.can_start_request();
         if idle && has_complete_head(&conn.rx) {
             p.pending_heads
                 .insert((c, conn.generation, conn.request_start_us, conn.rx.len()));
@@ -313,6 +356,22 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         let c = c as u32;
         if conn.life == Lifecycle::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
             return Err(format!("free connection {c} has operations or a body"));
+        }
+        // The TLS memory bound: received bytes wait for at most a record (or a handshake's
+        // bound), queued output for at most a flight.
+        if let Some(tls) = conn.tls.as_ref() {
+            let limit = if tls.handshaking() {
+                crate::tls::session::HANDSHAKE_INCOMING_MAX_BYTES
+            } else {
+                crate::tls::session::INCOMING_MAX_BYTES
+            };
+            if tls.incoming.len() > limit || tls.outgoing.len() > TLS_OUTGOING_MAX_BYTES {
+                return Err(format!(
+                    "connection {c}: TLS buffers {} in / {} out over their bound",
+                    tls.incoming.len(),
+                    tls.outgoing.len()
+                ));
+            }
         }
         // The timer wheel mirrors the machine's deadline, so the sweep finds every timeout.
         let want = (conn.is_live() && conn.deadline != Deadline::None).then_some(conn.deadline_ms);
@@ -367,8 +426,9 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
                 .chunks
                 .iter()
                 .filter(|ch| {
+                    let (_, unsent_at, _, _) = ch.plaintext_progress();
                     matches!(ch.state, ChunkState::Ready | ChunkState::Parked)
-                        && ch.send_off + ch.sent >= ch.read_buf_off
+                        && unsent_at >= ch.read_buf_off
                 })
                 .count();
             if reclaimable > 0 {
@@ -457,7 +517,7 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
                 c.plan.requests
             ));
         }
-        let refused = c.statuses.contains(&503);
+        let refused = c.statuses.contains(&503) || c.refused;
         let disturbed = c.plan.stall.is_some() || c.plan.vanish_us.is_some() || refused;
         if strict && !disturbed && (c.cut_short || c.responses < c.plan.requests.len()) {
             let sock = c.sock.map(|id| &ring.net.socks[id]);
@@ -495,7 +555,14 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
         Arc::new(ShardMetrics::default()),
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),
-        crate::lifecycle::Lifecycle::new(cfg),
+        {
+            let lifecycle = crate::lifecycle::Lifecycle::new(cfg.clone());
+            let tls = crate::tls::TlsBuilder::new()
+                .and_then(|b| b.build(&cfg))
+                .map_err(|e| format!("tls: {e}"))?;
+            lifecycle.set_tls(tls);
+            lifecycle
+        },
     )
     .map_err(|e| format!("shard: {e}"))?;
     let mut stats = RunStats::default();

@@ -3,8 +3,10 @@
 //! and check every body byte against the file.
 
 use std::collections::VecDeque;
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::rng::Rng;
@@ -102,6 +104,8 @@ pub struct ClientPlan {
     pub idle_at_end: bool,
     /// Shuts its write side as soon as every request is written (and still reads).
     pub half_close: bool,
+    /// Speaks HTTPS to the TLS listener (a rustls client on this side).
+    pub tls: bool,
 }
 
 /// A parsed response head.
@@ -146,6 +150,12 @@ pub struct Client {
     pub received: u64,
     stalled_until: Option<u64>,
     fin_sent: bool,
+    /// The client's TLS (rustls): requests go in as plaintext, `out` holds its records.
+    tls: Option<Box<rustls::ClientConnection>>,
+    /// The server's close_notify arrived.
+    close_notify: bool,
+    /// The TLS port refused it (over the connection cap).
+    pub refused: bool,
 }
 
 impl Client {
@@ -166,7 +176,31 @@ impl Client {
             received: 0,
             stalled_until: None,
             fin_sent: false,
+            tls: None,
+            close_notify: false,
+            refused: false,
         }
+    }
+
+    /// Moves the records rustls has for the server into `out`.
+    fn drain_tls_out(&mut self) {
+        if let Some(tls) = self.tls.as_mut() {
+            while tls.wants_write() {
+                if tls.write_tls(&mut self.out).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Everything the client means to send has been sent (for a TLS client: past the
+    /// handshake, nothing left inside rustls).
+    fn all_written(&self) -> bool {
+        self.written == self.out.len()
+            && self
+                .tls
+                .as_ref()
+                .is_none_or(|t| !t.is_handshaking() && !t.wants_write())
     }
 
     fn stalled(&self, now: u64) -> bool {
@@ -200,8 +234,10 @@ impl Client {
 pub struct Net {
     /// Every socket ever opened (ids are indices).
     pub socks: Vec<SimSocket>,
-    /// Connections waiting to be accepted.
-    pub backlog: VecDeque<usize>,
+    /// Connections waiting to be accepted: (socket, on the TLS listener).
+    pub backlog: VecDeque<(usize, bool)>,
+    /// What TLS clients trust and offer (None: no TLS listener in this run).
+    pub tls_client: Option<Arc<rustls::ClientConfig>>,
     /// The clients.
     pub clients: Vec<Client>,
     /// The served files.
@@ -226,6 +262,7 @@ impl Net {
         Net {
             socks: Vec::new(),
             backlog: VecDeque::new(),
+            tls_client: None,
             clients,
             files,
             file_faults,
@@ -317,7 +354,18 @@ impl Net {
                 sndbuf_bytes: c.plan.sndbuf_bytes,
                 ..SimSocket::default()
             });
-            self.backlog.push_back(id);
+            let tls = c.plan.tls;
+            if tls {
+                let cfg = self
+                    .tls_client
+                    .clone()
+                    .expect("a TLS client in a run without TLS");
+                let name = rustls::pki_types::ServerName::try_from("sim.test").expect("name");
+                c.tls = Some(Box::new(
+                    rustls::ClientConnection::new(cfg, name).expect("client"),
+                ));
+            }
+            self.backlog.push_back((id, tls));
             c.sock = Some(id);
             self.queue_requests(i);
             return;
@@ -337,10 +385,7 @@ impl Net {
             s.to_server.extend(&c.out[c.written..c.written + n]);
             c.written += n;
             acted = true;
-            if c.plan.half_close
-                && c.written == c.out.len()
-                && c.queued_requests == c.plan.requests.len()
-            {
+            if c.plan.half_close && c.all_written() && c.queued_requests == c.plan.requests.len() {
                 s.client_fin = true;
             }
         }
@@ -362,7 +407,10 @@ impl Net {
             s.read_total += n as u64;
             c.received += n as u64;
             acted = true;
-            self.feed(i, &bytes);
+            match self.clients[i].tls.is_some() {
+                true => self.feed_tls(i, &bytes),
+                false => self.feed(i, &bytes),
+            }
             let c = &mut self.clients[i];
             if let Some((after, for_us)) = c.plan.stall {
                 if c.received >= after && c.stalled_until.is_none() {
@@ -374,6 +422,17 @@ impl Net {
         let s = &mut self.socks[id];
         let all_answered = c.responses >= c.plan.requests.len();
         if s.to_client.is_empty() && (s.server_closed || s.server_shut) {
+            // Every response arrived whole and the server ended the connection: over TLS a
+            // clean end says so.
+            let clean = all_answered && matches!(&c.parse, Parse::Head(h) if h.is_empty());
+            if c.tls.is_some() && clean && !c.close_notify && !c.done {
+                self.fail(
+                    i,
+                    "the server closed a finished TLS connection without close_notify".into(),
+                );
+                return;
+            }
+            let c = &mut self.clients[i];
             // End of the stream.
             if !matches!(&c.parse, Parse::Head(h) if h.is_empty()) || !all_answered {
                 c.cut_short = true;
@@ -418,9 +477,54 @@ impl Net {
                 req.push_str("Connection: close\r\n");
             }
             req.push_str("\r\n");
-            c.out.extend_from_slice(req.as_bytes());
+            match c.tls.as_mut() {
+                // rustls holds the plaintext until its handshake is done.
+                Some(tls) => tls
+                    .writer()
+                    .write_all(req.as_bytes())
+                    .expect("rustls buffers it"),
+                None => c.out.extend_from_slice(req.as_bytes()),
+            }
             c.queued_requests += 1;
         }
+        c.drain_tls_out();
+    }
+
+    /// TLS bytes from the server: through rustls (which checks every record), then the
+    /// plaintext is parsed like any response; whatever rustls answers goes out.
+    fn feed_tls(&mut self, i: usize, mut bytes: &[u8]) {
+        let mut plain = Vec::new();
+        while !bytes.is_empty() {
+            let c = &mut self.clients[i];
+            let tls = c.tls.as_mut().expect("a TLS client");
+            match tls.read_tls(&mut bytes) {
+                // Nothing more is read after the server's close_notify.
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => return self.fail(i, format!("TLS read: {e}")),
+            }
+            match tls.process_new_packets() {
+                // Over the connection cap the TLS port answers with a plaintext alert (the
+                // cleartext port's 503): a refusal, not a fault.
+                Err(rustls::Error::AlertReceived(rustls::AlertDescription::InternalError))
+                    if c.responses == 0 =>
+                {
+                    c.refused = true;
+                    c.done = true;
+                    return;
+                }
+                Err(e) => return self.fail(i, format!("TLS error from the server's records: {e}")),
+                Ok(_) => {}
+            }
+            match tls.reader().read_to_end(&mut plain) {
+                Ok(_) => c.close_notify = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return self.fail(i, format!("TLS plaintext: {e}")),
+            }
+        }
+        self.clients[i].drain_tls_out();
+        self.feed(i, &plain);
+        self.clients[i].drain_tls_out();
     }
 
     fn feed(&mut self, i: usize, mut bytes: &[u8]) {
@@ -500,7 +604,15 @@ impl Net {
     fn fail(&mut self, i: usize, what: String) {
         let c = &mut self.clients[i];
         c.done = true;
-        self.failures.push(format!("client {i}: {what}"));
+        let detail = if std::env::var_os("SHARDLINE_SIM_VERBOSE").is_some() {
+            format!(
+                " [plan {:?}; {} responses, statuses {:?}, received {}]",
+                c.plan, c.responses, c.statuses, c.received
+            )
+        } else {
+            String::new()
+        };
+        self.failures.push(format!("client {i}: {what}{detail}"));
     }
 
     /// Checks a response (`whole`: all of its body arrived) against the request and the file.

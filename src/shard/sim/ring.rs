@@ -199,6 +199,8 @@ pub struct SimRing {
     /// Completions that did not fit in the CQ.
     cq_overflow: VecDeque<Completion>,
     accept: Option<u64>,
+    /// The multishot accept of the TLS listener.
+    accept_tls: Option<u64>,
     sqes_pushed: u64,
     enters: u64,
     /// Protocol violations seen by the ring (the run fails on any).
@@ -236,6 +238,7 @@ impl SimRing {
             cq: VecDeque::new(),
             cq_overflow: VecDeque::new(),
             accept: None,
+            accept_tls: None,
             sqes_pushed: 0,
             enters: 0,
             violations: Vec::new(),
@@ -371,13 +374,18 @@ impl SimRing {
     }
 
     fn accept_ready(&mut self) {
-        let Some(token) = self.accept else {
-            return;
-        };
-        while let Some(&id) = self.net.backlog.front() {
+        while let Some(&(id, tls)) = self.net.backlog.front() {
+            let armed = if tls {
+                &mut self.accept_tls
+            } else {
+                &mut self.accept
+            };
+            let Some(token) = *armed else {
+                return;
+            };
             let Some(slot) = self.fixed_sockets.iter().position(|s| s.is_none()) else {
                 // No fixed slot left: the multishot accept ends with ENFILE.
-                self.accept = None;
+                *armed = None;
                 self.post(token, -libc::ENFILE, 0);
                 return;
             };
@@ -462,10 +470,17 @@ impl SimRing {
             }
             SimOp::CancelToken { target } => {
                 let mut n = self.cancel_where(|o| o.token == target);
-                if self.accept == Some(target) {
-                    self.accept = None;
-                    self.post(target, -libc::ECANCELED, 0);
-                    n += 1;
+                for tls in [false, true] {
+                    let armed = if tls {
+                        &mut self.accept_tls
+                    } else {
+                        &mut self.accept
+                    };
+                    if *armed == Some(target) {
+                        *armed = None;
+                        self.post(target, -libc::ECANCELED, 0);
+                        n += 1;
+                    }
                 }
                 self.post(token, if n > 0 { 0 } else { -libc::ENOENT }, 0);
                 true
@@ -723,8 +738,15 @@ impl RingOps for SimRing {
     }
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
         assert!(listener.is_none(), "the simulator has no listener");
-        assert!(self.accept.is_none(), "second multishot accept armed");
-        self.accept = Some(token);
+        let tls = crate::shard::token::Token::decode(token)
+            .is_some_and(|t| t.op == crate::shard::token::Op::AcceptTls);
+        let armed = if tls {
+            &mut self.accept_tls
+        } else {
+            &mut self.accept
+        };
+        assert!(armed.is_none(), "second multishot accept armed");
+        *armed = Some(token);
     }
     fn recv(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::Recv { socket });
