@@ -83,6 +83,11 @@ impl Pki {
         params.not_before = (now - Duration::from_secs(86_400)).into();
         params.not_after = (now + Duration::from_secs(86_400 * days)).into();
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        // Where revocation would be checked (testssl rates a certificate without one NOT ok).
+        params.crl_distribution_points = vec![rcgen::CrlDistributionPoint {
+            uris: vec!["http://ca.shardline.test/crl".to_string()],
+        }];
         let cert = params.signed_by(&kp, &self.ca_cert, &self.ca_key).unwrap();
         let crt = self.dir.path().join(format!("{stem}.crt"));
         let key_path = self.dir.path().join(format!("{stem}.key"));
