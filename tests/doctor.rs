@@ -24,6 +24,7 @@ fn args(root: PathBuf, data_root: &Path) -> DoctorArgs {
         data_root: data_root.to_path_buf(),
         arena_bytes: 64 << 20,
         shards: None,
+        config: None,
     }
 }
 

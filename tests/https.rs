@@ -741,7 +741,16 @@ fn clean_closes_send_close_notify() {
     let dir = root();
     let (pki, certs) = pki_with_localhost();
     let cfg = pki.config(&certs, "keepalive_timeout_ms = 700");
-    let server = Server::start_tls(dir.path(), &["--config", cfg.to_str().unwrap()]);
+    let log = dir.path().join("access.log");
+    let server = Server::start_tls(
+        dir.path(),
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
+    );
     let addr = tls_port(&server);
     for versions in [
         &[&rustls::version::TLS13][..],

@@ -13,6 +13,7 @@ pub mod report;
 pub mod storage;
 pub mod sysctl;
 pub mod system;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,9 @@ pub struct DoctorArgs {
     /// Number of shards (default: online CPUs under --root).
     #[arg(long)]
     pub shards: Option<usize>,
+    /// The server's config file: its certificates and ticket keys are checked too.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// Outcome of one check.
@@ -124,6 +128,8 @@ pub struct DoctorContext {
     pub runner: Box<dyn CommandRunner>,
     /// Takes the two drop-counter snapshots.
     pub sampler: Box<dyn CounterSampler>,
+    /// The server's configuration, when given (`--config`): its TLS files are checked.
+    pub config: Option<crate::config::Config>,
 }
 
 impl DoctorContext {
@@ -155,6 +161,7 @@ impl DoctorContext {
             shards,
             runner,
             sampler,
+            config: None,
         }
     }
 }
@@ -174,11 +181,19 @@ pub fn run_checks(ctx: &DoctorContext) -> Vec<Check> {
         system::transparent_hugepages(&ctx.tree),
         system::cpu_governor(&ctx.tree),
         system::irqbalance(&ctx.tree),
+        tls::cpu_aes(&ctx.tree),
+        tls::ktls(&ctx.tree),
     ];
     let window = ctx.sampler.finish_window(start, ctx.sample);
     checks.extend(nic::checks(ctx, &nics, &first, window));
     checks.extend(storage);
     checks.extend(cpu);
+    if let Some(cfg) = &ctx.config {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        checks.extend(tls::certificates(cfg, now));
+    }
     checks
 }
 
@@ -198,7 +213,16 @@ pub fn exit_code(checks: &[Check]) -> ExitCode {
 
 /// `shardline doctor`: runs the checks, prints a table or JSON, exits 1 on any FAIL.
 pub fn run_doctor_cli(args: &DoctorArgs) -> ExitCode {
-    let ctx = DoctorContext::from_args(args);
+    let mut ctx = DoctorContext::from_args(args);
+    if let Some(path) = &args.config {
+        match crate::config::Config::from_file(path) {
+            Ok(cfg) => ctx.config = Some(cfg),
+            Err(e) => {
+                eprintln!("shardline doctor: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let checks = run_checks(&ctx);
     let out = if args.json {
         report::to_json(&checks)

@@ -36,6 +36,8 @@ pub struct Entry<'a> {
     pub shard: usize,
     /// `Date`-style time of the response (IMF-fixdate).
     pub date: &'a [u8],
+    /// What the connection's TLS handshake settled (None: cleartext).
+    pub tls: Option<&'a crate::tls::session::Facts>,
 }
 
 /// A shard's access log.
@@ -149,8 +151,9 @@ pub fn sanitize_into(out: &mut Vec<u8>, src: &[u8], max: usize) {
 }
 
 /// Formats one line: common log format (client shown as `-`: accepted sockets are direct
-/// descriptors and multishot accept reports no peer address) plus bytes, duration, range and
-/// shard; or a JSON object.
+/// descriptors and multishot accept reports no peer address) plus bytes, duration, range,
+/// shard and the connection's TLS (version, cipher, SNI, resumed; `tls=-` for cleartext); or
+/// a JSON object with the same fields.
 pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
     // IMF-fixdate "Sun, 06 Nov 1994 08:49:37 GMT" -> CLF "06/Nov/1994:08:49:37 +0000".
     let mut clf = [0u8; 26];
@@ -186,7 +189,27 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
             e.status, e.bytes, e.duration_us
         );
         out.extend_from_slice(e.range);
-        let _ = writeln!(out, "\",\"shard\":{}}}", e.shard);
+        let _ = write!(out, "\",\"shard\":{},\"tls\":", e.shard);
+        match e.tls {
+            None => out.extend_from_slice(b"null"),
+            Some(t) => {
+                let _ = write!(
+                    out,
+                    "{{\"version\":\"{}\",\"cipher\":\"{}\",\"sni\":",
+                    t.version.as_str(),
+                    t.cipher
+                );
+                match &t.sni {
+                    // Plausible host names only (`sniff::client_hello_sni`): nothing to escape.
+                    Some(sni) => {
+                        let _ = write!(out, "\"{sni}\"");
+                    }
+                    None => out.extend_from_slice(b"null"),
+                }
+                let _ = write!(out, ",\"resumed\":{}}}", t.resumed);
+            }
+        }
+        out.extend_from_slice(b"}\n");
     } else {
         out.extend_from_slice(b"- - - [");
         out.extend_from_slice(clf_time);
@@ -198,7 +221,20 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
             e.status, e.bytes, e.duration_us
         );
         out.extend_from_slice(if e.range.is_empty() { b"-" } else { e.range });
-        let _ = writeln!(out, "\" shard={}", e.shard);
+        let _ = write!(out, "\" shard={}", e.shard);
+        match e.tls {
+            None => out.extend_from_slice(b" tls=-\n"),
+            Some(t) => {
+                let _ = writeln!(
+                    out,
+                    " tls={} cipher={} sni={} resumed={}",
+                    t.version.as_str(),
+                    t.cipher,
+                    t.sni.as_deref().unwrap_or("-"),
+                    if t.resumed { "yes" } else { "no" }
+                );
+            }
+        }
     }
 }
 
@@ -215,6 +251,16 @@ mod tests {
             range,
             shard: 1,
             date: b"Sun, 06 Nov 1994 08:49:37 GMT",
+            tls: None,
+        }
+    }
+
+    fn facts() -> crate::tls::session::Facts {
+        crate::tls::session::Facts {
+            version: crate::tls::session::Version::Tls13,
+            cipher: "TLS13_AES_128_GCM_SHA256",
+            sni: Some("edge.test".into()),
+            resumed: true,
         }
     }
 
@@ -225,8 +271,18 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "- - - [06/Nov/1994:08:49:37 +0000] \"GET /a HTTP/1.1\" 206 1234 dur_us=56 \
-             range=\"bytes=0-9\" shard=1\n"
+             range=\"bytes=0-9\" shard=1 tls=-\n"
         );
+        let f = facts();
+        let mut out = Vec::new();
+        let e = Entry {
+            tls: Some(&f),
+            ..entry(b"GET /a HTTP/1.1", b"")
+        };
+        format_line(&mut out, &e, false);
+        assert!(String::from_utf8(out).unwrap().ends_with(
+            "shard=1 tls=TLSv1.3 cipher=TLS13_AES_128_GCM_SHA256 sni=edge.test resumed=yes\n"
+        ));
     }
 
     #[test]
@@ -237,6 +293,18 @@ mod tests {
         assert_eq!(v["status"], 206);
         assert_eq!(v["shard"], 1);
         assert_eq!(v["request"], "GET /a HTTP/1.1");
+        assert!(v["tls"].is_null());
+        let f = facts();
+        let mut out = Vec::new();
+        let e = Entry {
+            tls: Some(&f),
+            ..entry(b"GET /a HTTP/1.1", b"")
+        };
+        format_line(&mut out, &e, true);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["tls"]["version"], "TLSv1.3");
+        assert_eq!(v["tls"]["sni"], "edge.test");
+        assert_eq!(v["tls"]["resumed"], true);
     }
 
     #[test]

@@ -705,7 +705,6 @@ impl ConnMachine {
             self.end_response(resp, out);
         }
         self.ops.close = true;
-        self.tls = None;
         if self.rx.capacity() > 2 * RECV_BUFFER_BYTES {
             self.rx = Vec::new();
         }
@@ -719,6 +718,7 @@ impl ConnMachine {
         self.ops.close = false;
         assert_eq!(self.in_flight(), 0, "operations in flight after close");
         self.life = Lifecycle::Free;
+        self.tls = None;
         self.generation = self.generation.wrapping_add(1);
     }
 

@@ -756,6 +756,7 @@ impl<R: RingOps> Shard<R> {
                 range: &conn.log_range,
                 shard: self.index,
                 date: self.date.header_value(),
+                tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
             });
         }
     }
