@@ -115,6 +115,7 @@ fn dry_run_then_apply_is_idempotent() {
         data_root: data.path().to_path_buf(),
         arena_bytes: 64 << 20,
         shards: None,
+        config: None,
     });
     let checks = run_checks(&ctx);
     for c in checks
