@@ -779,6 +779,33 @@ mod tests {
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
         assert_eq!(c.admin, d.admin);
+        assert_eq!(c.tls_listen, d.tls_listen);
+        assert_eq!(c.tls_record_bytes, d.tls_record_bytes);
+        assert_eq!(c.tls_ticket_lifetime_s, d.tls_ticket_lifetime_s);
+        assert_eq!(c.tls_handshake_timeout_ms, d.tls_handshake_timeout_ms);
+        assert_eq!(c.tls_max_pending_handshakes, d.tls_max_pending_handshakes);
+    }
+
+    #[test]
+    fn tls_settings_are_checked() {
+        let base = "tls_listen = \"127.0.0.1:8443\"\n";
+        let e = parse(base).unwrap().validate().unwrap_err();
+        assert_eq!(e.key, "tls_certificate");
+        let with_cert = format!("{base}[[tls_certificate]]\ncert = \"a.pem\"\nkey = \"a.key\"\n");
+        parse(&with_cert).unwrap().validate().unwrap();
+        for (line, key) in [
+            ("tls_record_bytes = 100\n", "tls_record_bytes"),
+            ("tls_record_bytes = 20000\n", "tls_record_bytes"),
+            ("tls_handshake_timeout_ms = 0\n", "tls_handshake_timeout_ms"),
+            ("tls_max_pending_handshakes = 0\n", "tls_max_pending_handshakes"),
+            ("tls_ticket_lifetime_s = 700000\n", "tls_ticket_lifetime_s"),
+        ] {
+            let c = parse(&format!("{line}{with_cert}")).unwrap();
+            assert_eq!(c.validate().unwrap_err().key, key, "{line}");
+        }
+        let same = parse(&format!("listen = \"127.0.0.1:8443\"\n{with_cert}")).unwrap();
+        assert_eq!(same.validate().unwrap_err().key, "tls_listen");
+        assert_eq!(parse("[[tls_certificate]]\ncert = \"a\"\nkey = \"b\"\nextra = 1\n").unwrap_err().key, "extra");
     }
 
     #[test]

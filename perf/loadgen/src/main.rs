@@ -1,4 +1,5 @@
-//! loadgen: the precise half of `perf/bench.sh`. std only, no dependencies.
+//! loadgen: the precise half of `perf/bench.sh`. std only but for rustls: every subcommand
+//! speaks HTTPS with `--tls 1` (`tls.rs` lists the TLS options).
 //!
 //! Subcommands (every one prints `key=value` lines that bench.sh parses):
 //!   gen    --path P --size N --seed S          write N bytes of the deterministic stream
@@ -26,6 +27,13 @@
 //!   fetch  --addr A --clients N --file-path U --file-seed S --file-len L --range-path U
 //!          --range START-END --range-seed S [--timeout-s T]
 //!          N fresh clients at once, each fetches a file and then a range (verified): times.
+//!   handshakes --addr A --conns C --duration-s D [--warmup-s W] [--path U] [--rate R]
+//!          [--pgid G] (with --tls 1): C workers connect, complete a TLS handshake, GET U (if
+//!          given) and close, over and over (full handshakes with --tls-resume 0, resumed
+//!          ones after the first with 1); with --rate, attempts start at R/s in all (a flood:
+//!          failed attempts count too). Completed handshakes/s and server CPU per handshake.
+//!   ttfb ... --keepalive 1: the probes share one kept-alive connection (reconnected if
+//!          closed) instead of a fresh connection each.
 //!
 //! Fixture content: byte `o` of a file made with seed `s` is byte `o % 8` (little endian) of
 //! `splitmix64(s, o / 8)`, so any range of any fixture can be verified without reading the file
@@ -42,6 +50,9 @@ use std::time::{Duration, Instant};
 
 mod fetch;
 mod swarm;
+mod tls;
+
+use tls::Stream;
 
 const HEAD_MAX: usize = 64 * 1024;
 const READ_BUF: usize = 1 << 20;
@@ -268,7 +279,7 @@ struct Head {
 }
 
 struct Conn {
-    s: TcpStream,
+    s: Stream,
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -282,6 +293,8 @@ impl Conn {
         };
         s.set_nodelay(true)?;
         s.set_read_timeout(timeout)?;
+        s.set_write_timeout(timeout)?;
+        let s = Stream::over(s)?;
         Ok(Conn {
             s,
             buf: vec![0u8; buf_len.max(HEAD_MAX)],
@@ -300,7 +313,8 @@ impl Conn {
             req.push_str("Connection: close\r\n");
         }
         req.push_str("\r\n");
-        self.s.write_all(req.as_bytes())
+        self.s.write_all(req.as_bytes())?;
+        self.s.flush()
     }
 
     fn read_head(&mut self) -> io::Result<Head> {
@@ -599,13 +613,26 @@ fn cmd_ttfb(a: &Args) {
     let delay = a.f64_or("delay-s", 0.0);
     let seed = a.opt_u64("seed");
     let expect_len = a.opt_u64("expect-len");
+    let keepalive = a.opt_u64("keepalive").unwrap_or(0) != 0;
     thread::sleep(Duration::from_secs_f64(delay));
     let n = (rate * duration).floor().max(1.0) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate);
     let (tx, rx) = mpsc::channel::<(u64, Result<Timing, String>)>();
     let start = Instant::now();
     let mut handles = Vec::new();
+    let mut kept: Option<Conn> = None;
     for i in 0..n {
+        if keepalive {
+            // One connection, probes in order (a probe that overruns its slot delays the next).
+            let at = start + interval * i as u32;
+            thread::sleep(at.saturating_duration_since(Instant::now()));
+            let r = one_small_on(&mut kept, addr, &path, seed, expect_len).map_err(|e| e.to_string());
+            if r.is_err() {
+                kept = None;
+            }
+            let _ = tx.send((i, r));
+            continue;
+        }
         let at = start + interval * i as u32;
         thread::sleep(at.saturating_duration_since(Instant::now()));
         let tx = tx.clone();
@@ -691,6 +718,57 @@ struct Timing {
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
     sorted[rank.min(sorted.len()) - 1]
+}
+
+/// One request on the kept-alive connection `kept` (opened first if there is none); time to
+/// first byte is measured from the request's write (the handshake is not part of it).
+fn one_small_on(
+    kept: &mut Option<Conn>,
+    addr: SocketAddr,
+    path: &str,
+    seed: Option<u64>,
+    expect_len: Option<u64>,
+) -> io::Result<Timing> {
+    let connect_t = Instant::now();
+    if kept.is_none() {
+        *kept = Some(Conn::connect(&addr, HEAD_MAX, Some(Duration::from_secs(10)))?);
+    }
+    let connect_ms = connect_t.elapsed().as_secs_f64() * 1000.0;
+    let c = kept.as_mut().expect("connected");
+    let wait0 = thread_runqueue_wait_ns();
+    let t0 = Instant::now();
+    c.send_get(path, None, false)?;
+    let h = c.read_head()?;
+    let wait1 = thread_runqueue_wait_ns();
+    let cpu = current_cpu();
+    let ttfb = (h.first_byte - t0).as_secs_f64() * 1000.0;
+    if h.status != 200 {
+        return Err(bad(&format!("status {}", h.status)));
+    }
+    let len = h.content_length.ok_or_else(|| bad("no Content-Length"))?;
+    if let Some(e) = expect_len {
+        if len != e {
+            return Err(bad(&format!("Content-Length {len}, expected {e}")));
+        }
+    }
+    let mut v = seed.map(|s| Verifier::new(s, 0));
+    c.read_body(len, |d| {
+        if let Some(v) = v.as_mut() {
+            v.feed(d)
+        }
+    })?;
+    if h.close {
+        *kept = None;
+    }
+    if let Some(at) = v.and_then(|v| v.bad_at) {
+        return Err(bad(&format!("body differs from the fixture at byte {at}")));
+    }
+    Ok(Timing {
+        connect_ms,
+        ttfb_ms: ttfb,
+        client_wait_ms: wait1.saturating_sub(wait0) as f64 / 1e6,
+        cpu,
+    })
 }
 
 /// One request on a fresh connection; returns time to first byte in ms (from before connect).
@@ -877,7 +955,7 @@ fn cmd_idle(a: &Args) {
     let fd1 = pid.and_then(fd_count);
     let mut still_open = 0u64;
     for c in &mut conns {
-        if c.s.set_nonblocking(true).is_err() {
+        if c.s.tcp().set_nonblocking(true).is_err() {
             continue;
         }
         let mut b = [0u8; 1];
@@ -902,6 +980,120 @@ fn cmd_idle(a: &Args) {
     if let Some(e) = first_error {
         println!("first_error={e}");
     }
+}
+
+// ---------------------------------------------------------------- handshakes
+
+struct HandshakeShared {
+    done: AtomicU64,
+    resumed: AtomicU64,
+    attempts: AtomicU64,
+    errors: AtomicU64,
+    /// Attempt slots handed out (open loop, `--rate`).
+    slots: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+fn cmd_handshakes(a: &Args) {
+    if tls::client().is_none() {
+        die("handshakes needs --tls 1");
+    }
+    let addr = resolve(&a.str("addr"));
+    let conns = a.u64("conns") as usize;
+    let duration = a.f64("duration-s");
+    let warmup = a.f64_or("warmup-s", 1.0).min(duration / 2.0);
+    let path = a.opt_str("path");
+    let rate = a.f64_or("rate", 0.0);
+    let pgid = a.opt_u64("pgid").map(|g| g as u32);
+    let sh = Arc::new(HandshakeShared {
+        done: AtomicU64::new(0),
+        resumed: AtomicU64::new(0),
+        attempts: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        slots: AtomicU64::new(0),
+        first_error: Mutex::new(None),
+    });
+    let t_start = Instant::now();
+    for _ in 0..conns {
+        let sh = sh.clone();
+        let path = path.clone();
+        thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || loop {
+                if rate > 0.0 {
+                    // Open loop: attempt k starts at k / rate, whatever became of the others.
+                    let k = sh.slots.fetch_add(1, Ordering::Relaxed);
+                    let at = t_start + Duration::from_secs_f64(k as f64 / rate);
+                    thread::sleep(at.saturating_duration_since(Instant::now()));
+                }
+                sh.attempts.fetch_add(1, Ordering::Relaxed);
+                let r = (|| -> io::Result<bool> {
+                    let mut c = Conn::connect(&addr, HEAD_MAX, Some(Duration::from_secs(10)))?;
+                    let resumed = c.s.resumed().unwrap_or(false);
+                    if let Some(p) = &path {
+                        c.send_get(p, None, true)?;
+                        let h = c.read_head()?;
+                        let len = h.content_length.ok_or_else(|| bad("no Content-Length"))?;
+                        c.read_body(len, |_| {})?;
+                    }
+                    Ok(resumed)
+                })();
+                match r {
+                    Ok(resumed) => {
+                        sh.done.fetch_add(1, Ordering::Relaxed);
+                        if resumed {
+                            sh.resumed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        sh.errors.fetch_add(1, Ordering::Relaxed);
+                        let mut fe = sh.first_error.lock().unwrap();
+                        fe.get_or_insert(e.to_string());
+                    }
+                }
+            })
+            .expect("spawn");
+    }
+    thread::sleep(Duration::from_secs_f64(warmup));
+    let t0 = Instant::now();
+    let (d0, r0, a0, e0) = (
+        sh.done.load(Ordering::SeqCst),
+        sh.resumed.load(Ordering::SeqCst),
+        sh.attempts.load(Ordering::SeqCst),
+        sh.errors.load(Ordering::SeqCst),
+    );
+    let c0 = pgid.map(group_cpu_s);
+    let me0 = self_cpu_s();
+    let end = t_start + Duration::from_secs_f64(duration);
+    thread::sleep(end.saturating_duration_since(Instant::now()));
+    let secs = t0.elapsed().as_secs_f64();
+    let done = sh.done.load(Ordering::SeqCst) - d0;
+    let resumed = sh.resumed.load(Ordering::SeqCst) - r0;
+    let attempts = sh.attempts.load(Ordering::SeqCst) - a0;
+    let errors = sh.errors.load(Ordering::SeqCst) - e0;
+    let c1 = pgid.map(group_cpu_s);
+    let me1 = self_cpu_s();
+    println!("window_s={secs:.3}");
+    println!("handshakes={done}");
+    println!("handshakes_per_s={:.0}", done as f64 / secs);
+    println!("resumed={resumed}");
+    println!("attempts_per_s={:.0}", attempts as f64 / secs);
+    println!("errors={errors}");
+    if let (Some(c0), Some(c1)) = (c0, c1) {
+        let cpu = c1 - c0;
+        println!("server_cpu_s={cpu:.3}");
+        if done > 0 {
+            println!("server_cpu_us_per_handshake={:.1}", cpu * 1e6 / done as f64);
+            // What one fully busy core would complete at this cost.
+            println!("handshakes_per_core_s={:.0}", done as f64 / cpu.max(1e-9));
+        }
+    }
+    println!("client_cpu_s={:.3}", me1 - me0);
+    if let Some(e) = sh.first_error.lock().unwrap().as_ref() {
+        println!("first_error={e}");
+    }
+    let _ = io::stdout().flush();
+    exit(0);
 }
 
 // ---------------------------------------------------------------- args
@@ -965,10 +1157,12 @@ fn die(msg: &str) -> ! {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = argv.split_first() else {
-        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch --key value ...")
+        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes --key value ...")
     };
     let a = Args::parse(rest);
+    tls::init(&a);
     match cmd.as_str() {
+        "handshakes" => cmd_handshakes(&a),
         "gen" => cmd_gen(&a),
         "cpu" => cmd_cpu(&a),
         "bulk" => cmd_bulk(&a),

@@ -5,6 +5,10 @@
 //! client (a token bucket on its reads), optionally with a small receive buffer, or stalled
 //! (sends its GET and never reads). It measures over the window [warm-up, end) like `bulk`, and
 //! tracks read gaps: how long a connection that wanted to read waited for bytes.
+//!
+//! With `--tls 1` every connection speaks HTTPS: the handshake runs on the same loop, the
+//! token bucket paces the bytes read off the socket (records, as a NIC would see them), and
+//! the plaintext they carry is what is counted as body.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -135,6 +139,8 @@ enum State {
     /// Waiting to be (re)connected.
     Idle,
     Connecting,
+    /// TLS handshake under way (`--tls 1`).
+    Handshaking,
     Head,
     Body,
     /// Stall mode: request sent, never read again.
@@ -143,6 +149,8 @@ enum State {
 
 struct Conn {
     s: Option<TcpStream>,
+    /// The connection's TLS (`--tls 1`).
+    tls: Option<Box<rustls::ClientConnection>>,
     state: State,
     head: Vec<u8>,
     body_left: u64,
@@ -221,9 +229,55 @@ impl Swarm {
             self.connecting -= 1;
         }
         c.s = None;
+        c.tls = None;
         c.state = State::Idle;
         c.throttled = false;
         c.gen = c.gen.wrapping_add(1);
+    }
+
+    /// Writes what rustls has for the server (a ClientHello, a Finished, a request's records);
+    /// the socket takes these few hundred bytes whole.
+    fn tls_flush(&mut self, k: usize) -> Result<(), String> {
+        let c = &mut self.conns[k];
+        let (Some(tls), Some(s)) = (c.tls.as_mut(), c.s.as_mut()) else {
+            return Ok(());
+        };
+        while tls.wants_write() {
+            match tls.write_tls(s) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(format!("TLS write: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Handshake bytes arrived: feed rustls; once it is done, the request goes out.
+    fn handshake_step(&mut self, k: usize, now: Instant) {
+        loop {
+            let c = &mut self.conns[k];
+            let (Some(tls), Some(s)) = (c.tls.as_mut(), c.s.as_mut()) else {
+                return;
+            };
+            match tls.read_tls(s) {
+                Ok(0) => return self.error(k, "connection closed during the TLS handshake"),
+                Ok(_) => {
+                    if let Err(e) = tls.process_new_packets() {
+                        return self.error(k, format!("TLS handshake: {e}"));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return self.error(k, format!("TLS read: {e}")),
+            }
+        }
+        if let Err(e) = self.tls_flush(k) {
+            return self.error(k, e);
+        }
+        if !self.conns[k].tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+            self.send_request(k, now);
+            self.conns[k].readable = true;
+            self.service(k, now);
+        }
     }
 
     fn open(&mut self, k: usize) {
@@ -253,6 +307,23 @@ impl Swarm {
 
     fn send_request(&mut self, k: usize, now: Instant) {
         let c = &mut self.conns[k];
+        if let Some(tls) = c.tls.as_mut() {
+            if let Err(e) = tls.writer().write_all(&self.cfg.request) {
+                return self.error(k, format!("TLS request: {e}"));
+            }
+            if let Err(e) = self.tls_flush(k) {
+                return self.error(k, e);
+            }
+            let c = &mut self.conns[k];
+            c.state = if self.cfg.stall {
+                State::Stalled
+            } else {
+                State::Head
+            };
+            c.head.clear();
+            c.want_since = now;
+            return;
+        }
         let s = c.s.as_mut().expect("connected");
         // A fresh (or just drained) socket takes a ~100-byte request whole.
         match s.write(&self.cfg.request) {
@@ -287,11 +358,33 @@ impl Swarm {
                 self.connecting -= 1;
                 self.conns[k].ever_established = true;
                 self.conns[k].state = State::Idle;
+                if let Some((cfg, name)) = crate::tls::client() {
+                    match rustls::ClientConnection::new(cfg.clone(), name.clone()) {
+                        Ok(t) => self.conns[k].tls = Some(Box::new(t)),
+                        Err(e) => return self.error(k, format!("TLS: {e}")),
+                    }
+                    self.conns[k].state = State::Handshaking;
+                    if let Err(e) = self.tls_flush(k) {
+                        return self.error(k, e);
+                    }
+                    if events & EPOLLIN != 0 {
+                        self.handshake_step(k, now);
+                    }
+                    return;
+                }
                 self.send_request(k, now);
                 if events & EPOLLIN != 0 {
                     self.conns[k].readable = true;
                 }
                 self.service(k, now);
+            }
+            State::Handshaking => {
+                if events & (EPOLLERR | EPOLLHUP) != 0 && events & EPOLLIN == 0 {
+                    return self.error(k, "connection lost during the TLS handshake");
+                }
+                if events & (EPOLLIN | EPOLLRDHUP) != 0 {
+                    self.handshake_step(k, now);
+                }
             }
             State::Stalled => {
                 if events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP) != 0 {
@@ -334,6 +427,61 @@ impl Swarm {
                 allow = allow.min(c.body_left.max(1) as usize);
             }
             let s = c.s.as_mut().expect("open");
+            if let Some(tls) = c.tls.as_mut() {
+                // Records off the socket (what the bucket paces), then their plaintext.
+                let got = match tls.read_tls(&mut Read::by_ref(s).take(allow as u64)) {
+                    Ok(0) => Ok(0),
+                    Ok(n) => match tls.process_new_packets() {
+                        Ok(_) => Ok(n),
+                        Err(e) => return self.error(k, format!("TLS: {e}")),
+                    },
+                    Err(e) => Err(e),
+                };
+                let wire = match got {
+                    Ok(0) => {
+                        let what = if c.state == State::Head {
+                            "connection closed before a response head".to_string()
+                        } else {
+                            format!("connection closed with {} body bytes missing", c.body_left)
+                        };
+                        return self.error(k, what);
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        c.readable = false;
+                        return;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return self.error(k, format!("read: {e}")),
+                };
+                let gap = now.saturating_duration_since(c.want_since);
+                if self.st.measuring {
+                    self.st.max_gap = self.st.max_gap.max(gap);
+                    if gap > self.cfg.gap_threshold {
+                        c.gapped_in_window = true;
+                    }
+                }
+                c.want_since = now;
+                if paced {
+                    c.tokens -= wire as f64;
+                }
+                loop {
+                    let c = &mut self.conns[k];
+                    let tls = c.tls.as_mut().expect("TLS");
+                    let n = match tls.reader().read(&mut self.scratch) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if let Err(e) = self.consume(k, n, now) {
+                        return self.error(k, e);
+                    }
+                    if self.conns[k].tls.is_none() {
+                        // The response ended the connection (Connection: close).
+                        return;
+                    }
+                }
+                continue;
+            }
             match s.read(&mut self.scratch[..allow]) {
                 Ok(0) => {
                     let what = if c.state == State::Head {
@@ -492,6 +640,7 @@ pub fn cmd_swarm(a: &Args) {
         conns: (0..n)
             .map(|_| Conn {
                 s: None,
+                tls: None,
                 state: State::Idle,
                 head: Vec::new(),
                 body_left: 0,
