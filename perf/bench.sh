@@ -71,6 +71,12 @@ SERVER_CPU=${BENCH_SERVER_CPU:-0} CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
 free_port() { local p=$1; while port_busy "$p" || [[ $p == "${2:-}" ]]; do p=$((p + 1)); done; echo "$p"; }
 SL_PORT=${SHARDLINE_PORT:-$(free_port 28080)}
 NG_PORT=${NGINX_PORT:-$(free_port $((SL_PORT + 1)) "$SL_PORT")}
+# HTTPS (issue 18): both servers also serve the same fixtures over TLS with one certificate.
+SL_TLS_PORT=$(free_port $((NG_PORT + 1)) "$SL_PORT")
+NG_TLS_PORT=$(free_port $((SL_TLS_PORT + 1)) "$NG_PORT")
+# Handshake cells: closed-loop workers, and the flood's rate in multiples of each server's own
+# full-handshake capacity.
+HS_CONNS=8 FLOOD_FACTOR=2
 OUTDIR=$HERE/out ROOT=$HERE/out/root RUN=$HERE/out/run
 # --disk ram: the mount point of the ram disk (created after the build); stamps live beside the
 # fixtures, so perf/out/root's stamps stay valid for --disk repo runs.
@@ -136,6 +142,7 @@ ensure_tools() {
   command -v pgrep >/dev/null || missing+=(procps)
   command -v ss >/dev/null || missing+=(iproute2)
   command -v curl >/dev/null || missing+=(curl)
+  command -v openssl >/dev/null || missing+=(openssl)
   ((${#missing[@]} == 0)) && return 0
   [[ $(id -u) == 0 ]] || die "missing ${missing[*]}; run as root (or install them) first"
   log "installing: ${missing[*]} (apt-get)"
@@ -181,6 +188,7 @@ metrics_snap() {
 
 declare -A V=()   # V[sl.key] / V[ng.key]: measured values (empty = failed to measure)
 declare -A PORT=([sl]=$SL_PORT [ng]=$NG_PORT)
+declare -A TLS_PORT=([sl]=$SL_TLS_PORT [ng]=$NG_TLS_PORT)
 declare -A NAME=([sl]=shardline [ng]=nginx)
 declare -A PG=()  # process group (leader pid) of each running server
 
@@ -190,9 +198,10 @@ start_server() { # start_server sl|ng
   port_busy "${PORT[$s]}" && die "port ${PORT[$s]} is in use (set SHARDLINE_PORT / NGINX_PORT)"
   if [[ $s == sl ]]; then
     spawn "$SERVER_CPU" "$log" "$SL_BIN" serve --root "$ROOT" --listen "127.0.0.1:${PORT[sl]}" \
-      --shards 1 --cpus "$SERVER_CPU" "${SL_EXTRA[@]}"
+      --shards 1 --cpus "$SERVER_CPU" "${SL_EXTRA[@]}" "${SL_TLS[@]}"
   else
-    render_nginx_conf "$HERE/nginx.conf" "$OUTDIR/nginx" "$ROOT" "${PORT[ng]}" "$SERVER_CPU"
+    render_nginx_conf "$HERE/nginx.conf" "$OUTDIR/nginx" "$ROOT" "${PORT[ng]}" "$SERVER_CPU" \
+      "${TLS_PORT[ng]}" "$TLS_DIR/cert.pem" "$TLS_DIR/key.pem"
     spawn "$SERVER_CPU" "$log" nginx -p "$OUTDIR/nginx" -c "$OUTDIR/nginx/nginx.conf"
   fi
   PG[$s]=$LAST_PID
@@ -398,6 +407,127 @@ w_idle() {
   log "${NAME[$s]} idle: RSS $r0 -> $r1 KiB, fds $f0 -> $f1, $open/$est open"
 }
 
+# ------------------------------------------------------------------ HTTPS (issue 18)
+# Every HTTPS client: rustls on aws-lc-rs, no certificate check (see perf/loadgen/src/tls.rs).
+TLS_ARGS=(--tls 1 --tls-sni localhost)
+
+# H1 + H2: the bulk download and the small probe of workloads 1 + 2 over HTTPS; the probe
+# asks on one kept-alive connection (its handshake is not part of what it measures).
+w_tls_bulk() {
+  local s=$1 port=${TLS_PORT[$1]} fb=$RUN/$1-tls-bulk.txt ft=$RUN/$1-tls-ttfb.txt pb pt ttfb_s
+  drop_caches || true
+  cat "$ROOT/small.bin" >/dev/null
+  ttfb_s=$(calc "$DURATION_S - $WARMUP_S - 0.5")
+  spawn "$CLIENT_CPU" "$fb" "$LOADGEN" bulk --addr "127.0.0.1:$port" --path /large.bin \
+    --conns "$BULK_CONNS" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --pgid "${PG[$s]}" \
+    --expect-len "$LARGE_BYTES" "${TLS_ARGS[@]}"
+  pb=$LAST_PID
+  spawn "$CLIENT_CPU" "$ft" "${CHRT[@]}" "$LOADGEN" ttfb --addr "127.0.0.1:$port" --path /small.bin \
+    --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$WARMUP_S" --seed "$SMALL_SEED" \
+    --expect-len "$SMALL_BYTES" --keepalive 1 "${TLS_ARGS[@]}"
+  pt=$LAST_PID
+  reap "$pb" || failure "${NAME[$s]} HTTPS bulk client exited non-zero ($(tail -n 1 "$fb"))"
+  reap "$pt" || failure "${NAME[$s]} HTTPS ttfb client exited non-zero ($(tail -n 1 "$ft"))"
+  local bps bytes cpu win
+  bps=$(kv "$fb" bytes_per_s) bytes=$(kv "$fb" window_bytes) cpu=$(kv "$fb" server_cpu_s) win=$(kv "$fb" window_s)
+  [[ -n $bps ]] && V[$s.tbulk_gbs]=$(calc "$bps / 1e9")
+  [[ -n $bytes && -n $cpu && $bytes != 0 ]] && V[$s.tbulk_cpu_gib]=$(calc "$cpu / ($bytes / 1073741824)")
+  [[ -n ${V[$s.tbulk_cpu_gib]:-} && -n ${V[$s.bulk_cpu_gib]:-} ]] && V[$s.tbulk_vs_clear]=$(calc "${V[$s.tbulk_cpu_gib]} / ${V[$s.bulk_cpu_gib]}")
+  [[ -n $win && -n $cpu ]] && V[$s.tbulk_server_pct]=$(calc "100 * $cpu / $win")
+  V[$s.tttfb_p50]=$(kv "$ft" ttfb_p50_ms)
+  V[$s.tttfb_p99]=$(kv "$ft" ttfb_p99_ms)
+  V[$s.tttfb_max]=$(kv "$ft" ttfb_max_ms)
+  local be te
+  be=$(kv "$fb" errors) te=$(kv "$ft" errors)
+  [[ ${be:-0} == 0 ]] || note "${NAME[$s]} HTTPS bulk: $be request errors (first: $(kv "$fb" first_error))"
+  [[ ${te:-0} == 0 ]] || note "${NAME[$s]} HTTPS small-under-bulk: $te of $(kv "$ft" requests) requests failed (first: $(kv "$ft" first_error))"
+  log "${NAME[$s]} HTTPS bulk: ${V[$s.tbulk_gbs]:-?} GB/s, ${V[$s.tbulk_cpu_gib]:-?} CPU s/GiB; keep-alive ttfb p50/p99 ${V[$s.tttfb_p50]:-?}/${V[$s.tttfb_p99]:-?} ms"
+}
+
+# H3: handshakes on the server's one core: TLS 1.3, X25519, full (no resumption) and resumed
+# (tickets), then full with the post-quantum hybrid; each connection GETs the 1 KiB file (so the
+# server finishes the handshake, tickets included) and closes. "Per core" = completed handshakes
+# per second of server CPU (the client's one CPU may not saturate the server).
+w_tls_handshake() {
+  local s=$1 port=${TLS_PORT[$1]} kind f resume group
+  for kind in full resumed pq; do
+    if [[ $kind == pq && $s == ng ]] && ! openssl list -kem-algorithms 2>/dev/null | grep -qi mlkem; then
+      # OpenSSL before 3.5 (nginx 1.22 here links 3.0) has no ML-KEM: nothing to measure.
+      V[ng.hs_pq_core]=none
+      continue
+    fi
+    f=$RUN/$s-tls-hs-$kind.txt resume=0 group=x25519
+    [[ $kind == resumed ]] && resume=1
+    [[ $kind == pq ]] && group=mlkem
+    run_client "$f" "$LOADGEN" handshakes --addr "127.0.0.1:$port" --conns "$HS_CONNS" \
+      --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --path /small.bin --pgid "${PG[$s]}" \
+      "${TLS_ARGS[@]}" --tls-version 13 --tls-resume "$resume" --tls-group "$group" ||
+      failure "${NAME[$s]} $kind handshake client exited non-zero"
+    V[$s.hs_${kind}_core]=$(kv "$f" handshakes_per_core_s)
+    V[$s.hs_${kind}_rate]=$(kv "$f" handshakes_per_s)
+    V[$s.hs_${kind}_us]=$(kv "$f" server_cpu_us_per_handshake)
+    local e
+    e=$(kv "$f" errors)
+    [[ ${e:-0} == 0 ]] || note "${NAME[$s]} $kind handshakes: $e errors (first: $(kv "$f" first_error))"
+    if [[ $kind == resumed ]]; then
+      local r n
+      r=$(kv "$f" resumed) n=$(kv "$f" handshakes)
+      [[ -n $r && -n $n && $n != 0 ]] && V[$s.hs_resumed_share]=$(calc "100 * $r / $n")
+    fi
+  done
+  log "${NAME[$s]} handshakes per core: full ${V[$s.hs_full_core]:-?}, resumed ${V[$s.hs_resumed_core]:-?} (${V[$s.hs_resumed_share]:-?}% resumed), PQ full ${V[$s.hs_pq_core]:-?}"
+}
+
+# H4: a ClientHello flood at FLOOD_FACTOR x the server's own full-handshake rate (from H3): an
+# open loop of connections replaying one ClientHello (the flooding client does no crypto, as an
+# attacker would not), each held until the server answers with its flight; during the HTTPS bulk
+# download and the kept-alive probe: goodput against H1's (no flood) and the probe's p99.
+w_tls_flood() {
+  local s=$1 port=${TLS_PORT[$1]} fb=$RUN/$1-flood-bulk.txt ft=$RUN/$1-flood-ttfb.txt ff=$RUN/$1-flood.txt
+  local pb pt pf ttfb_s rate
+  rate=$(calc "${V[$s.hs_full_rate]:-1000} * $FLOOD_FACTOR")
+  ttfb_s=$(calc "$DURATION_S - $WARMUP_S - 0.5")
+  spawn "$CLIENT_CPU" "$fb" "$LOADGEN" bulk --addr "127.0.0.1:$port" --path /large.bin \
+    --conns "$BULK_CONNS" --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" --pgid "${PG[$s]}" \
+    --expect-len "$LARGE_BYTES" "${TLS_ARGS[@]}"
+  pb=$LAST_PID
+  spawn "$CLIENT_CPU" "$ft" "${CHRT[@]}" "$LOADGEN" ttfb --addr "127.0.0.1:$port" --path /small.bin \
+    --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$WARMUP_S" --seed "$SMALL_SEED" \
+    --expect-len "$SMALL_BYTES" --keepalive 1 "${TLS_ARGS[@]}"
+  pt=$LAST_PID
+  spawn "$CLIENT_CPU" "$ff" "$LOADGEN" flood --addr "127.0.0.1:$port" --rate "$rate" \
+    --duration-s "$DURATION_S" --warmup-s "$WARMUP_S" "${TLS_ARGS[@]}" --tls-version 13 --tls-group x25519
+  pf=$LAST_PID
+  reap "$pb" || failure "${NAME[$s]} flood bulk client exited non-zero"
+  reap "$pt" || failure "${NAME[$s]} flood ttfb client exited non-zero"
+  reap "$pf" || failure "${NAME[$s]} flood client exited non-zero"
+  local bps
+  bps=$(kv "$fb" bytes_per_s)
+  [[ -n $bps ]] && V[$s.flood_gbs]=$(calc "$bps / 1e9")
+  [[ -n ${V[$s.flood_gbs]:-} && -n ${V[$s.tbulk_gbs]:-} ]] && V[$s.flood_keep]=$(calc "${V[$s.flood_gbs]} / ${V[$s.tbulk_gbs]}")
+  V[$s.flood_p99]=$(kv "$ft" ttfb_p99_ms)
+  V[$s.flood_offered]=$(kv "$ff" attempts_per_s)
+  V[$s.flood_done]=$(kv "$ff" answered_per_s)
+  local te
+  te=$(kv "$ft" errors)
+  [[ ${te:-0} == 0 ]] || note "${NAME[$s]} kept-alive probe under the flood: $te of $(kv "$ft" requests) requests failed (first: $(kv "$ft" first_error))"
+  log "${NAME[$s]} flood at ${V[$s.flood_offered]:-?}/s offered (${V[$s.flood_done]:-?}/s answered): bulk ${V[$s.flood_gbs]:-?} GB/s (x${V[$s.flood_keep]:-?} of no flood), keep-alive ttfb p99 ${V[$s.flood_p99]:-?} ms"
+}
+
+# H5: the idle workload over HTTPS: RSS per idle TLS keep-alive connection.
+w_tls_idle() {
+  local s=$1 f=$RUN/$1-tls-idle.txt
+  run_client "$f" "$LOADGEN" idle --addr "127.0.0.1:${TLS_PORT[$s]}" --path /small.bin \
+    --conns "$IDLE_CONNS" --pid "$(serving_pid "${PG[$s]}")" --settle-s 1 "${TLS_ARGS[@]}" ||
+    failure "${NAME[$s]} HTTPS idle client exited non-zero"
+  local r0 r1 est
+  r0=$(kv "$f" rss_before_kib) r1=$(kv "$f" rss_after_kib) est=$(kv "$f" conns_established)
+  [[ $r0 =~ ^[0-9]+$ && $r1 =~ ^[0-9]+$ && ${est:-0} != 0 ]] && V[$s.tidle_kib_per_conn]=$(calc "($r1 - $r0) / $est")
+  [[ $est == "$IDLE_CONNS" ]] || note "${NAME[$s]} HTTPS idle: only ${est:-0} of $IDLE_CONNS connections established (first error: $(kv "$f" first_error))"
+  sleep 1
+  log "${NAME[$s]} HTTPS idle: RSS $r0 -> $r1 KiB over $est connections"
+}
+
 # ------------------------------------------------------------------ report
 fmt_row() { # fmt_row LABEL BETTER FORMAT SLKEY NGKEY TARGET MEANING
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${V[sl.$4]:-}" "${V[ng.$5]:-}" "$6" "$7"
@@ -484,6 +614,42 @@ report() {
       "Open file descriptors of the serving process before."
     fmt_row "6 Idle: server fds with $IDLE_CONNS idle" info %.0f idle_fd1 idle_fd1 "" \
       "The same with the connections open; io_uring direct descriptors (fixed-file table) are not in /proc/PID/fd, so shardline may show none of them."
+    fmt_row "H1 HTTPS bulk: throughput (GB/s)" higher %.2f tbulk_gbs tbulk_gbs "ratio>=1.0" \
+      "Workload 1 over TLS 1.3 (AES-128-GCM chosen by both servers): $BULK_CONNS keep-alive HTTPS clients (rustls) downloading large.bin; the client decrypts on its one CPU too."
+    fmt_row "H1 HTTPS bulk: server CPU s per GiB" lower %.3f tbulk_cpu_gib tbulk_cpu_gib "ratio<=1.0" \
+      "Server CPU per GiB of body over HTTPS: sealing included (shardline: in place in the arena slot; nginx: OpenSSL into its buffer, then the socket copy)."
+    fmt_row "H1 HTTPS bulk: HTTPS / cleartext CPU per GiB" info %.2f tbulk_vs_clear tbulk_vs_clear "" \
+      "Each server's HTTPS CPU per GiB divided by its own cleartext figure (row 1): what TLS costs it."
+    fmt_row "H1 HTTPS bulk: server CPU %" info %.0f tbulk_server_pct tbulk_server_pct "" \
+      "Server CPU time as a share of one CPU during the HTTPS bulk window."
+    fmt_row "H2 HTTPS small under bulk, kept-alive: TTFB p50 (ms)" lower %.3f tttfb_p50 tttfb_p50 "" \
+      "$TTFB_RATE 1 KiB GETs/s on one kept-alive HTTPS connection during H1 (SCHED_FIFO prober): request write to first response byte."
+    fmt_row "H2 HTTPS small under bulk, kept-alive: TTFB p99 (ms)" lower %.3f tttfb_p99 tttfb_p99 "ratio<=0.25" \
+      "The 99th percentile of the same."
+    fmt_row "H2 HTTPS small under bulk, kept-alive: TTFB max (ms)" lower %.3f tttfb_max tttfb_max "" \
+      "The slowest of the same."
+    fmt_row "H3 Handshakes per core: full, TLS 1.3 ECDSA P-256 X25519 (/s)" higher %.0f hs_full_core hs_full_core "ratio>=1.2" \
+      "Full handshakes (no resumption) per second of server CPU: $HS_CONNS client workers connect, handshake, GET the 1 KiB file, close; completed handshakes divided by the server's CPU seconds."
+    fmt_row "H3 Handshakes per core: resumed (ticket) (/s)" higher %.0f hs_resumed_core hs_resumed_core "ratio>=1.2" \
+      "The same with session tickets kept and offered by the client (psk_dhe_ke: a key exchange still, no signature)."
+    fmt_row "H3 Handshakes: share resumed in the resumed run (%)" info %.0f hs_resumed_share hs_resumed_share "" \
+      "Of the handshakes in the resumed run, the share the server resumed (the first of each worker is full)."
+    fmt_row "H3 Handshakes per core: full, X25519MLKEM768 (/s)" higher %.0f hs_pq_core hs_pq_core "" \
+      "Full handshakes with the post-quantum hybrid group only (nginx 1.22 with OpenSSL 3.0 has no ML-KEM: n/a or a failure there)."
+    fmt_row "H3 Handshakes: full, completed per second (wall)" info %.0f hs_full_rate hs_full_rate "" \
+      "What the client achieved in wall-clock time (bounded by the client's CPU when it is below the per-core figure)."
+    fmt_row "H3 Handshakes: server CPU us per full handshake" lower %.1f hs_full_us hs_full_us "" \
+      "Server CPU per full handshake, kernel TCP work (accept, close) included."
+    fmt_row "H4 Handshake flood: offered (/s)" info %.0f flood_offered flood_offered "" \
+      "ClientHellos per second of the open-loop flood (loadgen flood: one ClientHello replayed, no client crypto): $FLOOD_FACTOR x each server's own full-handshake rate from H3 (wall), during an H1 download."
+    fmt_row "H4 Handshake flood: answered (/s)" info %.0f flood_done flood_done "" \
+      "ClientHellos the server answered with its flight (a key exchange and a signature each); the rest were closed unanswered or held 2 s."
+    fmt_row "H4 Handshake flood: HTTPS bulk goodput kept (x of H1)" higher %.2f flood_keep flood_keep "sl>=0.8" \
+      "Bulk throughput during the flood divided by H1's without it."
+    fmt_row "H4 Handshake flood: kept-alive 1 KiB TTFB p99 (ms)" lower %.3f flood_p99 flood_p99 "sl<=10" \
+      "The kept-alive probe's p99 during the flood."
+    fmt_row "H5 Idle HTTPS: RSS per idle TLS connection (KiB)" lower %.2f tidle_kib_per_conn tidle_kib_per_conn "ratio<=0.5" \
+      "Workload 6 over TLS: $IDLE_CONNS HTTPS keep-alive connections after one request each, idle: VmRSS growth per connection (the TLS state kept per connection)."
   } >"$RUN/rows.tsv"
 
   {
@@ -499,7 +665,7 @@ report() {
     echo "- Page cache dropped before workloads 1, 4 (each GET) and 5: $DROP_OK; nice level of servers and clients: $NICE"
     echo "- Disk baseline: one O_DIRECT reader of large.bin with 512 KiB reads (dd iflag=direct, cold cache): ${DISK_MBS:-?} MB/s; bulk and Range figures near it are disk-bound"
     echo
-    echo "| Workload / metric | Better | shardline | nginx | shardline / nginx | Ahead | Target (issue 4) |"
+    echo "| Workload / metric | Better | shardline | nginx | shardline / nginx | Ahead | Target (issues 4, 18) |"
     echo "|---|---|---:|---:|---:|---|---|"
     awk -F'\t' -f "$HERE/report-rows.awk" -v mode=table "$RUN/rows.tsv"
     echo
@@ -571,6 +737,9 @@ build_tools  # sets SL_BIN
 # that another shardline on the host cannot make ours fail, and read its counters.
 SL_EXTRA=()
 [[ $("$SL_BIN" serve --help 2>&1) == *--admin* ]] && SL_EXTRA=(--admin 127.0.0.1:0)
+TLS_DIR=$OUTDIR/tls
+tls_test_cert "$TLS_DIR"
+SL_TLS=(--tls-listen "127.0.0.1:${TLS_PORT[sl]}" --tls-cert "$TLS_DIR/cert.pem" --tls-key "$TLS_DIR/key.pem")
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 (($(ulimit -n) > IDLE_CONNS + 1000)) || die "ulimit -n is $(ulimit -n): too low for $IDLE_CONNS connections"
@@ -603,7 +772,7 @@ log "disk ($DISK): one O_DIRECT reader, 512 KiB reads: ${DISK_MBS:-?} MB/s"
 T0=$SECONDS
 start_server sl
 start_server ng
-for w in bulk rate range pagecache idle; do
+for w in bulk rate range pagecache idle tls_bulk tls_handshake tls_flood tls_idle; do
   for s in sl ng; do
     ensure_up "$s" "$w"
     log "workload $w: ${NAME[$s]}"

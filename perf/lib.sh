@@ -12,13 +12,30 @@ cpu_mask() {
   printf '%s\n' "$mask"
 }
 
-# render_nginx_conf TEMPLATE PREFIX ROOT PORT CPU: writes PREFIX/nginx.conf from the anchor.
+# render_nginx_conf TEMPLATE PREFIX ROOT PORT CPU [TLS_PORT CERT KEY]: writes PREFIX/nginx.conf
+# from the anchor; without a TLS port the HTTPS server (# tls:begin .. # tls:end) is left out.
 render_nginx_conf() {
-  local template=$1 prefix=$2 root=$3 port=$4 cpu=$5 mask
+  local template=$1 prefix=$2 root=$3 port=$4 cpu=$5 tls_port=${6:-} cert=${7:-} key=${8:-} mask
   mask=$(cpu_mask "$cpu")
   mkdir -p "$prefix/tmp"
-  sed -e "s|@PREFIX@|$prefix|g" -e "s|@ROOT@|$root|g" -e "s|@PORT@|$port|g" \
-      -e "s|@CPU_MASK@|$mask|g" "$template" > "$prefix/nginx.conf"
+  if [[ -n $tls_port ]]; then
+    sed -e "s|@TLS_PORT@|$tls_port|g" -e "s|@TLS_CERT@|$cert|g" -e "s|@TLS_KEY@|$key|g" "$template"
+  else
+    sed -e '/# tls:begin/,/# tls:end/d' "$template"
+  fi | sed -e "s|@PREFIX@|$prefix|g" -e "s|@ROOT@|$root|g" -e "s|@PORT@|$port|g" \
+      -e "s|@CPU_MASK@|$mask|g" > "$prefix/nginx.conf"
+}
+
+# tls_test_cert DIR: an ECDSA P-256 certificate for localhost (DIR/cert.pem, DIR/key.pem), made
+# once with openssl and reused; the same one for both servers.
+tls_test_cert() {
+  local dir=$1
+  mkdir -p "$dir"
+  [[ -s $dir/cert.pem && -s $dir/key.pem ]] && return 0
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+    -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+    -keyout "$dir/key.pem" -out "$dir/cert.pem" >/dev/null 2>&1 || die "openssl could not make a test certificate"
+  chmod 644 "$dir/cert.pem" "$dir/key.pem"
 }
 
 # port_busy PORT: true when something listens on 127.0.0.1:PORT (or any address) already.

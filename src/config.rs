@@ -797,7 +797,10 @@ mod tests {
             ("tls_record_bytes = 100\n", "tls_record_bytes"),
             ("tls_record_bytes = 20000\n", "tls_record_bytes"),
             ("tls_handshake_timeout_ms = 0\n", "tls_handshake_timeout_ms"),
-            ("tls_max_pending_handshakes = 0\n", "tls_max_pending_handshakes"),
+            (
+                "tls_max_pending_handshakes = 0\n",
+                "tls_max_pending_handshakes",
+            ),
             ("tls_ticket_lifetime_s = 700000\n", "tls_ticket_lifetime_s"),
         ] {
             let c = parse(&format!("{line}{with_cert}")).unwrap();
@@ -805,7 +808,12 @@ mod tests {
         }
         let same = parse(&format!("listen = \"127.0.0.1:8443\"\n{with_cert}")).unwrap();
         assert_eq!(same.validate().unwrap_err().key, "tls_listen");
-        assert_eq!(parse("[[tls_certificate]]\ncert = \"a\"\nkey = \"b\"\nextra = 1\n").unwrap_err().key, "extra");
+        assert_eq!(
+            parse("[[tls_certificate]]\ncert = \"a\"\nkey = \"b\"\nextra = 1\n")
+                .unwrap_err()
+                .key,
+            "extra"
+        );
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! TLS handshakes on the shard thread: a bounded queue of connections whose handshake has
-//! bytes to process, and a turn per tick that may take only a share of the tick's time, so
-//! a flood of ClientHellos cannot starve transfers in flight or keep-alive requests.
+//! bytes to process, and turns that may take only a share of the thread's time, so a flood
+//! of ClientHellos cannot starve transfers in flight or keep-alive requests.
 //!
 //! A full handshake costs ~115 µs of CPU here (ECDSA P-256, X25519; `perf/TLS-PROVIDER.md`),
-//! RSA-2048 ~640 µs: far more than one request. Connections whose handshake is under way
-//! (they answered our flight) go before new ones, so admitted handshakes finish; a new one
-//! that finds `tls_max_pending_handshakes` waiting is closed and counted (`queue_full`).
+//! RSA-2048 ~640 µs: far more than one request. Handshake time is earned like tokens: a
+//! share of the wall time while transfers run, a whole burst when nothing else waits.
+//! Connections whose handshake is under way (they answered our flight) go before new ones,
+//! so admitted handshakes finish; a new one that finds `tls_max_pending_handshakes` waiting
+//! is closed and counted (`queue_full`).
 
 use super::machine::HandshakeOutcome;
 use super::slots::ConnSlot;
@@ -13,11 +15,12 @@ use super::{RingOps, Shard};
 use crate::metrics::ShardMetrics;
 use crate::tls::session::{TlsSession, Version};
 
-/// Most of a busy tick's time (transfers or requests waiting) its handshakes may take, in
-/// percent of the time the rest of the tick took.
-pub const TLS_HANDSHAKE_SHARE_PERCENT: u64 = 25;
-/// Longest the handshakes of one tick may run, busy or not: bounds what anything else waits.
-pub const TLS_HANDSHAKE_TICK_MAX_US: u64 = 2000;
+/// Share of the shard thread's wall time handshakes may take while transfers or requests are
+/// in progress (the rest keeps their pace under a flood of ClientHellos).
+pub const TLS_HANDSHAKE_SHARE_PERCENT: u64 = 15;
+/// Most handshake time saved up (and what handshakes get at once when nothing else waits):
+/// bounds how long a burst of handshakes holds up everything else.
+pub const TLS_HANDSHAKE_BURST_US: u64 = 2000;
 /// List of handshakes under way (their client answered): they go first.
 const CONTINUING: usize = 0;
 /// List of handshakes that have not had a turn yet.
@@ -68,42 +71,44 @@ impl<R: RingOps> Shard<R> {
         self.handshakes.len(CONTINUING) + self.handshakes.len(NEW)
     }
 
-    /// Sets this tick's time for handshakes: `TLS_HANDSHAKE_SHARE_PERCENT` of
-    /// `other_work_us` (what the tick spent on everything else) while transfers are in
-    /// flight, else `TLS_HANDSHAKE_TICK_MAX_US`.
-    pub(super) fn budget_handshakes(&mut self, other_work_us: u64) {
-        let transfers = self.arena.free_count() < self.cfg.arena_slots() || !self.ready.is_empty();
-        self.hs_budget_us = if transfers {
-            (other_work_us * TLS_HANDSHAKE_SHARE_PERCENT / 100).min(TLS_HANDSHAKE_TICK_MAX_US)
+    /// Earns handshake time: while transfers or requests are in progress, handshakes get
+    /// `TLS_HANDSHAKE_SHARE_PERCENT` of the wall time that passes (the shard thread is
+    /// what both run on), up to `TLS_HANDSHAKE_BURST_US` saved; with nothing else to do, the
+    /// whole burst at once.
+    pub(super) fn earn_handshake_time(&mut self) {
+        let now = self.ring.now();
+        let elapsed_us = now.saturating_sub(self.hs_earned_at).as_micros() as i64;
+        self.hs_earned_at = now;
+        let busy = self.arena.free_count() < self.cfg.arena_slots() || !self.ready.is_empty();
+        self.hs_credit_us = if busy {
+            (self.hs_credit_us + elapsed_us * TLS_HANDSHAKE_SHARE_PERCENT as i64 / 100)
+                .min(TLS_HANDSHAKE_BURST_US as i64)
         } else {
-            TLS_HANDSHAKE_TICK_MAX_US
+            TLS_HANDSHAKE_BURST_US as i64
         };
-        self.hs_spent_us = 0;
     }
 
-    /// Gives waiting handshakes their turns, continuing ones first, until this tick's
-    /// handshake time is spent; at least one turn a tick.
+    /// Gives waiting handshakes their turns, continuing ones first, while handshake time is
+    /// left; a turn that overruns is paid back before the next one.
     pub(super) fn run_handshakes(&mut self) {
-        if self.pending_handshakes() == 0
-            || (self.hs_spent_us > 0 && self.hs_spent_us >= self.hs_budget_us)
-        {
+        if self.pending_handshakes() == 0 {
             return;
         }
-        let started = self.ring.now();
-        while let Some(c) = self
-            .handshakes
-            .pop_front(CONTINUING)
-            .or_else(|| self.handshakes.pop_front(NEW))
-            .map(ConnSlot::new)
-        {
-            self.drive(c, |m, cx, out| m.handshake_turn(cx, out));
-            let spent = self.ring.now().saturating_sub(started).as_micros() as u64;
-            if self.hs_spent_us + spent.max(1) >= self.hs_budget_us {
+        self.earn_handshake_time();
+        while self.hs_credit_us > 0 {
+            let Some(c) = self
+                .handshakes
+                .pop_front(CONTINUING)
+                .or_else(|| self.handshakes.pop_front(NEW))
+                .map(ConnSlot::new)
+            else {
                 break;
-            }
+            };
+            let started = self.ring.now();
+            self.drive(c, |m, cx, out| m.handshake_turn(cx, out));
+            let spent = self.ring.now().saturating_sub(started).as_micros() as i64;
+            self.hs_credit_us -= spent;
         }
-        let spent = self.ring.now().saturating_sub(started).as_micros() as u64;
-        self.hs_spent_us += spent.max(1);
     }
 
     /// Counts how a handshake ended.

@@ -273,6 +273,8 @@ pub enum Action {
     CloseSocket,
     /// Release the header buffer's memory.
     ReleaseHeadBuffer,
+    /// Cut an idle connection's header buffer back to a response head's size.
+    ShrinkHeadBuffer,
     /// Give an arena slot back (a waiter may get it).
     ReleaseSlot(ArenaSlot),
     /// Release the open-file cache entry the response held.
@@ -1033,8 +1035,20 @@ impl ConnMachine {
             // may still be cut short in `incoming`).
             if !self.rx.is_empty() {
                 out.push(Action::QueueUrgent);
+            } else {
+                self.idle_tls_memory(out);
             }
             self.arm_recv(out);
+        }
+    }
+
+    /// An idle TLS connection keeps no more than it needs to resume: its record state, and
+    /// buffers cut back to nothing (the session's) and a head's size (the header buffer,
+    /// which carried the handshake flight).
+    fn idle_tls_memory(&mut self, out: &mut Actions) {
+        if let Some(tls) = self.tls.as_mut().filter(|t| t.is_open()) {
+            tls.shrink_idle();
+            out.push(Action::ShrinkHeadBuffer);
         }
     }
 
@@ -1781,6 +1795,7 @@ impl ConnMachine {
         }
         if self.rx.is_empty() {
             self.set_deadline(Deadline::Idle, cx.now_ms + cx.limits.keepalive_timeout_ms);
+            self.idle_tls_memory(out);
             self.arm_recv(out);
         } else {
             // A pipelined request is already here.

@@ -99,6 +99,9 @@ pub const OVERFLOW_SOCKET_SLOTS: u32 = 64;
 pub const ACCEPT_BACKOFF_MS: u64 = 100;
 /// Shortest interval between two "accept failed" log lines.
 pub const ACCEPT_WARN_INTERVAL_MS: u64 = 1000;
+/// Capacity an idle TLS connection's header buffer is cut back to (it carried a handshake
+/// flight of a few KiB; a response head is ~300 bytes).
+pub const IDLE_HEAD_BUFFER_BYTES: usize = 512;
 /// Bytes per provided receive buffer.
 pub const RECV_BUFFER_BYTES: usize = 4096;
 /// Canned answer to a connection over the per-shard cap on the TLS port: a plaintext fatal
@@ -163,9 +166,10 @@ struct Shard<R: RingOps> {
     /// Connections whose handshake waits for its turn, oldest first: those under way, then
     /// new ones (`handshakes.rs`).
     handshakes: ListSet<2>,
-    /// Time this tick's handshakes may take, and have taken (µs).
-    hs_budget_us: u64,
-    hs_spent_us: u64,
+    /// Handshake time left to spend (µs; negative: a turn overran) and when it was last
+    /// earned (`handshakes.rs`).
+    hs_credit_us: i64,
+    hs_earned_at: Duration,
     accept_retry_ms: u64,
     accept_warned_ms: u64,
     date: DateCache,
@@ -300,8 +304,8 @@ impl<R: RingOps> Shard<R> {
             tls_accept_armed: false,
             tls: lifecycle.tls(),
             handshakes: ListSet::new(max_conns),
-            hs_budget_us: 0,
-            hs_spent_us: 0,
+            hs_credit_us: 0,
+            hs_earned_at: Duration::ZERO,
             accept_retry_ms: 0,
             accept_warned_ms: 0,
             date: DateCache::new(now),
@@ -385,8 +389,6 @@ impl<R: RingOps> Shard<R> {
                     self.ready.push_bulk(c);
                 }
             }
-            let other_work_us = self.ring.now().saturating_sub(tick_started).as_micros() as u64;
-            self.budget_handshakes(other_work_us);
             self.run_handshakes();
 
             let busy = !self.ready.is_empty()
@@ -468,7 +470,10 @@ impl<R: RingOps> Shard<R> {
     fn answer_new_requests(&mut self, tick_budget: usize) -> std::io::Result<()> {
         for _ in 0..URGENT_ROUNDS_MAX {
             let accepted = std::mem::take(&mut self.accepted_in_round);
-            let handshakes = self.pending_handshakes() > 0 && self.hs_spent_us < self.hs_budget_us;
+            let handshakes = self.pending_handshakes() > 0 && {
+                self.earn_handshake_time();
+                self.hs_credit_us > 0
+            };
             if !accepted && !self.ready.has_urgent() && !handshakes {
                 break;
             }
@@ -643,6 +648,7 @@ impl<R: RingOps> Shard<R> {
                 self.ring.close_fixed(socket, t);
             }
             Action::ReleaseHeadBuffer => self.ring.tx_release(c),
+            Action::ShrinkHeadBuffer => self.ring.tx_mut(c).shrink_to(IDLE_HEAD_BUFFER_BYTES),
             Action::ReleaseSlot(slot) => self.release_slot(slot),
             Action::ReleaseFile(f) => self.files.release(&mut self.ring, f),
             Action::DemoteFile(f) => self.files.demote_to_buffered(f),

@@ -272,8 +272,18 @@ static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // Whether the server had already exited (a crash) tells a failing test's reader much.
+        let exited = self.child.try_wait().ok().flatten();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("server (exited before the end of the test: {exited:?}) stderr, last lines:");
+            for line in tail.iter().rev() {
+                eprintln!("  {line}");
+            }
+        }
         let _ = std::fs::remove_file(&self.stderr_path);
     }
 }

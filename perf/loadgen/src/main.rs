@@ -32,6 +32,9 @@
 //!          given) and close, over and over (full handshakes with --tls-resume 0, resumed
 //!          ones after the first with 1); with --rate, attempts start at R/s in all (a flood:
 //!          failed attempts count too). Completed handshakes/s and server CPU per handshake.
+//!   flood  --addr A --rate R --duration-s D [--warmup-s W] [--hold-ms H] (with --tls 1): an
+//!          open loop of R connections/s, each replaying one ClientHello (no client crypto)
+//!          and held until the server answers with its flight or H ms pass (`flood.rs`).
 //!   ttfb ... --keepalive 1: the probes share one kept-alive connection (reconnected if
 //!          closed) instead of a fresh connection each.
 //!
@@ -49,6 +52,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod fetch;
+mod flood;
 mod swarm;
 mod tls;
 
@@ -626,7 +630,8 @@ fn cmd_ttfb(a: &Args) {
             // One connection, probes in order (a probe that overruns its slot delays the next).
             let at = start + interval * i as u32;
             thread::sleep(at.saturating_duration_since(Instant::now()));
-            let r = one_small_on(&mut kept, addr, &path, seed, expect_len).map_err(|e| e.to_string());
+            let r =
+                one_small_on(&mut kept, addr, &path, seed, expect_len).map_err(|e| e.to_string());
             if r.is_err() {
                 kept = None;
             }
@@ -731,7 +736,11 @@ fn one_small_on(
 ) -> io::Result<Timing> {
     let connect_t = Instant::now();
     if kept.is_none() {
-        *kept = Some(Conn::connect(&addr, HEAD_MAX, Some(Duration::from_secs(10)))?);
+        *kept = Some(Conn::connect(
+            &addr,
+            HEAD_MAX,
+            Some(Duration::from_secs(10)),
+        )?);
     }
     let connect_ms = connect_t.elapsed().as_secs_f64() * 1000.0;
     let c = kept.as_mut().expect("connected");
@@ -1163,6 +1172,7 @@ fn main() {
     tls::init(&a);
     match cmd.as_str() {
         "handshakes" => cmd_handshakes(&a),
+        "flood" => flood::cmd_flood(&a),
         "gen" => cmd_gen(&a),
         "cpu" => cmd_cpu(&a),
         "bulk" => cmd_bulk(&a),

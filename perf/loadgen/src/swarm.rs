@@ -28,13 +28,13 @@ const SO_RCVBUF: i32 = 8;
 const IPPROTO_TCP: i32 = 6;
 const TCP_NODELAY: i32 = 1;
 const EINPROGRESS: i32 = 115;
-const EPOLL_CTL_ADD: i32 = 1;
-const EPOLLIN: u32 = 0x1;
-const EPOLLOUT: u32 = 0x4;
-const EPOLLERR: u32 = 0x8;
-const EPOLLHUP: u32 = 0x10;
-const EPOLLRDHUP: u32 = 0x2000;
-const EPOLLET: u32 = 1 << 31;
+pub(crate) const EPOLL_CTL_ADD: i32 = 1;
+pub(crate) const EPOLLIN: u32 = 0x1;
+pub(crate) const EPOLLOUT: u32 = 0x4;
+pub(crate) const EPOLLERR: u32 = 0x8;
+pub(crate) const EPOLLHUP: u32 = 0x10;
+pub(crate) const EPOLLRDHUP: u32 = 0x2000;
+pub(crate) const EPOLLET: u32 = 1 << 31;
 
 /// One read never asks for more than this (the scratch buffer every connection shares).
 const SCRATCH_BYTES: usize = 256 * 1024;
@@ -62,18 +62,18 @@ struct SockaddrIn {
 #[cfg_attr(target_arch = "x86_64", repr(C, packed))]
 #[cfg_attr(not(target_arch = "x86_64"), repr(C))]
 #[derive(Clone, Copy)]
-struct EpollEvent {
-    events: u32,
-    data: u64,
+pub(crate) struct EpollEvent {
+    pub(crate) events: u32,
+    pub(crate) data: u64,
 }
 
 extern "C" {
     fn socket(domain: i32, ty: i32, proto: i32) -> i32;
     fn connect(fd: i32, addr: *const SockaddrIn, len: u32) -> i32;
     fn setsockopt(fd: i32, level: i32, name: i32, val: *const i32, len: u32) -> i32;
-    fn epoll_create1(flags: i32) -> i32;
-    fn epoll_ctl(epfd: i32, op: i32, fd: i32, ev: *mut EpollEvent) -> i32;
-    fn epoll_wait(epfd: i32, evs: *mut EpollEvent, max: i32, timeout_ms: i32) -> i32;
+    pub(crate) fn epoll_create1(flags: i32) -> i32;
+    pub(crate) fn epoll_ctl(epfd: i32, op: i32, fd: i32, ev: *mut EpollEvent) -> i32;
+    pub(crate) fn epoll_wait(epfd: i32, evs: *mut EpollEvent, max: i32, timeout_ms: i32) -> i32;
 }
 
 fn set_int_opt(fd: i32, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -87,7 +87,7 @@ fn set_int_opt(fd: i32, level: i32, name: i32, v: i32) -> io::Result<()> {
 
 /// A non-blocking IPv4 socket whose connect is under way (or done); SO_RCVBUF set before
 /// connect so that the window scale follows it.
-fn start_connect(addr: &SocketAddr, rcvbuf_bytes: usize) -> io::Result<TcpStream> {
+pub(crate) fn start_connect(addr: &SocketAddr, rcvbuf_bytes: usize) -> io::Result<TcpStream> {
     let SocketAddr::V4(a) = addr else {
         return Err(io::Error::other("swarm supports IPv4 addresses only"));
     };
@@ -273,7 +273,11 @@ impl Swarm {
         if let Err(e) = self.tls_flush(k) {
             return self.error(k, e);
         }
-        if !self.conns[k].tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+        if !self.conns[k]
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.is_handshaking())
+        {
             self.send_request(k, now);
             self.conns[k].readable = true;
             self.service(k, now);

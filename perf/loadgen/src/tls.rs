@@ -64,7 +64,9 @@ pub fn init(a: &Args) {
         let mut provider = rustls::crypto::aws_lc_rs::default_provider();
         match a.opt_str("tls-group").as_deref() {
             None | Some("any") => {}
-            Some("x25519") => provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519],
+            Some("x25519") => {
+                provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519]
+            }
             Some("mlkem") => {
                 provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768]
             }
@@ -73,13 +75,13 @@ pub fn init(a: &Args) {
         let schemes = provider
             .signature_verification_algorithms
             .supported_schemes();
-        let versions: &[&'static rustls::SupportedProtocolVersion] =
-            match a.opt_u64("tls-version") {
-                None => &[&rustls::version::TLS13, &rustls::version::TLS12],
-                Some(13) => &[&rustls::version::TLS13],
-                Some(12) => &[&rustls::version::TLS12],
-                Some(v) => crate::die(&format!("--tls-version {v}: 12 or 13")),
-            };
+        let versions: &[&'static rustls::SupportedProtocolVersion] = match a.opt_u64("tls-version")
+        {
+            None => &[&rustls::version::TLS13, &rustls::version::TLS12],
+            Some(13) => &[&rustls::version::TLS13],
+            Some(12) => &[&rustls::version::TLS12],
+            Some(v) => crate::die(&format!("--tls-version {v}: 12 or 13")),
+        };
         let mut cc = ClientConfig::builder_with_provider(Arc::new(provider))
             .with_protocol_versions(versions)
             .unwrap_or_else(|e| crate::die(&format!("TLS versions: {e}")))
@@ -93,8 +95,8 @@ pub fn init(a: &Args) {
             cc.resumption = rustls::client::Resumption::in_memory_sessions(65_536);
         }
         let sni = a.opt_str("tls-sni").unwrap_or_else(|| "localhost".into());
-        let name = ServerName::try_from(sni)
-            .unwrap_or_else(|e| crate::die(&format!("--tls-sni: {e}")));
+        let name =
+            ServerName::try_from(sni).unwrap_or_else(|e| crate::die(&format!("--tls-sni: {e}")));
         (Arc::new(cc), name)
     });
     let _ = CLIENT.set(client);
@@ -119,8 +121,8 @@ impl Stream {
         let Some((cfg, name)) = client() else {
             return Ok(Stream::Plain(tcp));
         };
-        let conn = rustls::ClientConnection::new(cfg.clone(), name.clone())
-            .map_err(io::Error::other)?;
+        let conn =
+            rustls::ClientConnection::new(cfg.clone(), name.clone()).map_err(io::Error::other)?;
         let mut s = rustls::StreamOwned::new(conn, tcp);
         while s.conn.is_handshaking() {
             s.conn.complete_io(&mut s.sock)?;
