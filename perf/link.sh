@@ -4,7 +4,7 @@
 #
 #   perf/link.sh [--quick] [--rate RATE] [--disk ram|repo] [--sysctl default|seed|both]
 #                [--duration-s N] [--big-conns N] [--workloads LIST] [--out FILE] [--nice N]
-#                [--dry-run] [--check-cleanup]
+#                [--tls] [--dry-run] [--check-cleanup]
 #
 # The server runs in network namespace pl-srv-PID pinned to CPU 0, the clients in pl-cli-PID
 # pinned to CPU 1, joined by a veth pair whose server side is shaped with
@@ -19,6 +19,13 @@
 # 10000), stall (20 fresh clients fetch 5m.bin and a 100 MiB range while N clients stall or
 # read 1 byte/s, N = 64 and 1000, and with none). During fast/paced/big: 1 KiB probes at 50/s
 # on fresh connections and one unaligned ranged GET, verified.
+# --tls: every cell over HTTPS (issue 18): shardline serves --tls-listen with zerocopy on and
+# off, nginx its TLS server from perf/nginx.conf, both with the same ECDSA P-256 certificate
+# (perf/lib.sh tls_test_cert), and every client is loadgen with --tls 1 (rustls, TLS 1.3,
+# X25519, tickets: fresh connections resume). The fast and paced workloads add a fourth column,
+# shardline over cleartext HTTP in the same run, and the fast one a 4 s CPU profile of the
+# server's core (perf record -e cpu-clock) for shardline and nginx: the AEAD's and the copies'
+# shares. Writes perf/LINK-HTTPS.md by default.
 # --quick: harness check, small file, 2 s cells, N = 64 only, under 3 minutes after the builds;
 # writes perf/out/link-quick.md. --dry-run prints the plan and touches nothing.
 # --check-cleanup creates the namespaces, link, qdisc, ram disk and seed sysctls, starts a
@@ -45,7 +52,7 @@ usage_error() {
 need_value() { (($2 >= 2)) || usage_error "$1 needs a value"; }
 
 LINK_ARGS=("$@")
-QUICK=0 RATE=10gbit DISK=ram SYSCTL=both DURATION_S='' BIG_CONNS='' WORKLOADS='' OUT='' NICE=0
+TLS=0 QUICK=0 RATE=10gbit DISK=ram SYSCTL=both DURATION_S='' BIG_CONNS='' WORKLOADS='' OUT='' NICE=0
 MODE=run
 while (($#)); do
   case $1 in
@@ -58,6 +65,7 @@ while (($#)); do
     --workloads) need_value "$1" $#; WORKLOADS=$2; shift 2 ;;
     --out) need_value "$1" $#; OUT=$2; shift 2 ;;
     --nice) need_value "$1" $#; NICE=$2; shift 2 ;;
+    --tls) TLS=1; shift ;;
     --dry-run) MODE=dry; shift ;;
     --check-cleanup) MODE=cleanup; shift ;;
     -h | --help) usage 0 ;;
@@ -105,15 +113,18 @@ fi
 
 # ------------------------------------------------------------------ plan
 if ((QUICK)); then
-  : "${DURATION_S:=2}" "${BIG_CONNS:=1000}" "${OUT:=$HERE/out/link-quick.md}"
+  : "${DURATION_S:=2}" "${BIG_CONNS:=1000}"
+  if ((TLS)); then : "${OUT:=$HERE/out/link-https-quick.md}"; else : "${OUT:=$HERE/out/link-quick.md}"; fi
   LARGE_MIB=256 WARMUP_S=0.5 BIG_WARMUP_S=1 PACED_CONNS=200 STALL_NS=(64)
-  FETCH_RANGE_MIB=20 FETCH_TIMEOUT_S=5 SETTLE_S=1
+  FETCH_RANGE_MIB=20 FETCH_TIMEOUT_S=5 SETTLE_S=1 PROFILE_S=0.8
 else
-  : "${DURATION_S:=12}" "${BIG_CONNS:=10000}" "${OUT:=$HERE/LINK.md}"
+  : "${DURATION_S:=12}" "${BIG_CONNS:=10000}"
+  if ((TLS)); then : "${OUT:=$HERE/LINK-HTTPS.md}"; else : "${OUT:=$HERE/LINK.md}"; fi
   LARGE_MIB=1024 WARMUP_S=3 BIG_WARMUP_S=5 PACED_CONNS=1000 STALL_NS=(64 1000)
-  FETCH_RANGE_MIB=100 FETCH_TIMEOUT_S=20 SETTLE_S=2
+  FETCH_RANGE_MIB=100 FETCH_TIMEOUT_S=20 SETTLE_S=2 PROFILE_S=4
 fi
 FAST_CONNS=100
+# PROFILE_S: the profiled stretch of the fast HTTPS cells (seconds, inside the measured window).
 FETCH_CLIENTS=20
 TTFB_RATE=50
 # Paced clients together ask this much more than the link carries: slow home connections,
@@ -131,11 +142,17 @@ LARGE_SEED=1 SMALL_SEED=2 FIVE_SEED=3
 FETCH_RANGE_START=1000 FETCH_RANGE_BYTES=$((FETCH_RANGE_MIB * 1024 * 1024))
 SERVER_CPU=${LINK_SERVER_CPU:-0} CLIENT_CPU=${LINK_CLIENT_CPU:-1}
 VARIANTS=(on off ng)
-declare -A VNAME=([on]='shardline zc=on' [off]='shardline zc=off' [ng]=nginx)
+declare -A VNAME=([on]='shardline zc=on' [off]='shardline zc=off' [ng]=nginx [cl]='shardline HTTP zc=on')
+if ((TLS)); then
+  # cl: shardline over cleartext in the same run, the reference for what TLS costs.
+  VARIANTS=(on off ng cl)
+  VNAME=([on]='shardline HTTPS zc=on' [off]='shardline HTTPS zc=off' [ng]='nginx HTTPS' [cl]='shardline HTTP zc=on')
+fi
 TAG=$$
 NS_S=pl-srv-$TAG NS_C=pl-cli-$TAG VETH_S=pl-s$TAG VETH_C=pl-c$TAG
 SRV_IP=10.231.0.1 CLI_IP=10.231.0.2 NET_PREFIX=30
-SL_PORT=8080 NG_PORT=8081 ADMIN=127.0.0.1:9900
+SL_PORT=8080 NG_PORT=8081 SL_TLS_PORT=8443 NG_TLS_PORT=8444 ADMIN=127.0.0.1:9900
+TLS_DIR=$HERE/out/link-tls
 TBF=(tbf rate "$RATE" burst 256kb latency 1ms)
 OUTDIR=$HERE/out RUN=$HERE/out/link
 # --check-cleanup keeps out of a real run's outputs (and removes its own directory).
@@ -153,7 +170,10 @@ plan() {
   echo "  link: veth $VETH_S ($NS_S, $SRV_IP/$NET_PREFIX) <-> $VETH_C ($NS_C, $CLI_IP/$NET_PREFIX); tc qdisc add dev $VETH_S root ${TBF[*]}"
   echo "  disk: $DISK ($ROOT); large.bin $LARGE_MIB MiB, 5m.bin, small.bin"
   echo "  sysctl profiles: ${PROFILES[*]} (seed = scripts/tune-host.sh --apply in $NS_S: ${SYSCTL_KEYS[*]})"
-  echo "  servers: ${VNAME[on]}, ${VNAME[off]}, ${VNAME[ng]} on CPU $SERVER_CPU; clients on CPU $CLIENT_CPU; nice $NICE"
+  local v names=()
+  for v in "${VARIANTS[@]}"; do names+=("${VNAME[$v]}"); done
+  echo "  servers: $(IFS=,; echo "${names[*]}" | sed 's/,/, /g') on CPU $SERVER_CPU; clients on CPU $CLIENT_CPU; nice $NICE"
+  ((TLS)) && echo "  HTTPS: certificate $TLS_DIR/cert.pem (ECDSA P-256), loadgen --tls 1; the cleartext column runs the fast and paced workloads only; fast HTTPS cells profile CPU $SERVER_CPU for $PROFILE_S s"
   echo "  workloads: ${WLIST[*]}; cells ${DURATION_S} s (warm-up $WARMUP_S s, big $BIG_WARMUP_S s);"
   echo "    fast $FAST_CONNS, paced $PACED_CONNS, big $BIG_CONNS connections; stall N = ${STALL_NS[*]}, $FETCH_CLIENTS fresh clients, timeout $FETCH_TIMEOUT_S s"
   echo "  report: $OUT; raw outputs: $RUN"
@@ -366,6 +386,10 @@ ensure_tools() {
   command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
   command -v pgrep >/dev/null || missing+=(procps)
   command -v curl >/dev/null || missing+=(curl)
+  if ((TLS)); then
+    command -v openssl >/dev/null || missing+=(openssl)
+    command -v perf >/dev/null || missing+=(linux-perf)
+  fi
   ((${#missing[@]} == 0)) && return 0
   log "installing: ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
@@ -393,22 +417,36 @@ wait_ns_port() { # wait_ns_port PORT PID SECONDS: until $SRV_IP:PORT accepts fro
   return 1
 }
 
-start_server() { # start_server on|off|ng TAG
-  local v=$1 tag=$2 log=$RUN/$2-server.log port
-  SRV_VARIANT=$v
+start_server() { # start_server on|off|ng|cl TAG: sets SRV_PORT (the port clients use) and LG_TLS
+  local v=$1 tag=$2 log=$RUN/$2-server.log port zc=$1 tls=() l
+  SRV_VARIANT=$v LG_TLS=()
+  # X25519 alone: nginx's OpenSSL may lack the ML-KEM hybrid that rustls would pick with shardline.
+  if ((TLS)) && [[ $v != cl ]]; then LG_TLS=(--tls 1 --tls-version 13 --tls-group x25519); fi
   if [[ $v == ng ]]; then
     port=$NG_PORT
-    render_nginx_conf "$HERE/nginx.conf" "$RUN/nginx" "$ROOT" "$port" "$SERVER_CPU"
-    # Same anchor file; only the address differs: the server namespace's veth address.
-    sed -i "s|listen 127.0.0.1:$port |listen $SRV_IP:$port |" "$RUN/nginx/nginx.conf"
-    grep -q "listen $SRV_IP:$port " "$RUN/nginx/nginx.conf" || die "could not point perf/nginx.conf's listen line at $SRV_IP:$port"
+    if ((TLS)); then
+      render_nginx_conf "$HERE/nginx.conf" "$RUN/nginx" "$ROOT" "$NG_PORT" "$SERVER_CPU" "$NG_TLS_PORT" "$TLS_DIR/cert.pem" "$TLS_DIR/key.pem"
+      port=$NG_TLS_PORT
+    else
+      render_nginx_conf "$HERE/nginx.conf" "$RUN/nginx" "$ROOT" "$port" "$SERVER_CPU"
+    fi
+    # Same anchor file; only the addresses differ: the server namespace's veth address.
+    for l in $NG_PORT ${LG_TLS:+$NG_TLS_PORT}; do
+      sed -i "s|listen 127.0.0.1:$l |listen $SRV_IP:$l |" "$RUN/nginx/nginx.conf"
+      grep -q "listen $SRV_IP:$l " "$RUN/nginx/nginx.conf" || die "could not point perf/nginx.conf's listen line at $SRV_IP:$l"
+    done
     : >"$RUN/nginx/error.log"
     spawn_ns "$NS_S" "$SERVER_CPU" "$log" nginx -p "$RUN/nginx" -c "$RUN/nginx/nginx.conf"
   else
     port=$SL_PORT
-    printf 'zerocopy = "%s"\n%s\n' "$v" "${LINK_SHARDLINE_CONFIG:-}" >"$RUN/zerocopy-$v.toml"
-    spawn_ns "$NS_S" "$SERVER_CPU" "$log" "$SL_BIN" serve --config "$RUN/zerocopy-$v.toml" --root "$ROOT" \
-      --listen "$SRV_IP:$port" --admin "$ADMIN" --shards 1 --cpus "$SERVER_CPU"
+    [[ $v == cl ]] && zc=on
+    if ((${#LG_TLS[@]})); then
+      tls=(--tls-listen "$SRV_IP:$SL_TLS_PORT" --tls-cert "$TLS_DIR/cert.pem" --tls-key "$TLS_DIR/key.pem")
+      port=$SL_TLS_PORT
+    fi
+    printf 'zerocopy = "%s"\n%s\n' "$zc" "${LINK_SHARDLINE_CONFIG:-}" >"$RUN/zerocopy-$zc.toml"
+    spawn_ns "$NS_S" "$SERVER_CPU" "$log" "$SL_BIN" serve --config "$RUN/zerocopy-$zc.toml" --root "$ROOT" \
+      --listen "$SRV_IP:$SL_PORT" "${tls[@]}" --admin "$ADMIN" --shards 1 --cpus "$SERVER_CPU"
   fi
   SRV_PG=$LAST_PID
   if ! wait_ns_port "$port" "$SRV_PG" 15; then
@@ -508,6 +546,26 @@ core_sample() {
   echo "$a $b" | awk '{ print $3 - $1, $4 - $2 }' >"$4"
 }
 
+# profile_shares DATA PREFIX OUT: the profile's top symbols into OUT, and into V the shares of
+# the AEAD (AES-GCM, GHASH, ChaCha20-Poly1305), of byte copies (kernel copies to and from user
+# memory, memcpy/memmove) and of the server's own code, in percent of the core's samples.
+profile_shares() {
+  local data=$1 p=$2 out=$3
+  [[ -s $data ]] || return 0
+  perf report -i "$data" --stdio --no-children --sort comm,dso,sym -q 2>/dev/null |
+    awk 'NF && $1 ~ /%$/' >"$out.all" || true
+  head -n 15 "$out.all" >"$out"
+  local aead copy idle
+  read -r aead copy idle < <(awk '
+    { pct = $1; sub(/%/, "", pct); line = tolower($0) }
+    line ~ /aes|gcm|ghash|gfmul|chacha|poly1305/ { aead += pct; next }
+    line ~ /copy_user|copy_from_iter|copy_to_iter|memcpy|memmove|rep_movs|copy_page|_copy_/ { copy += pct; next }
+    line ~ /swapper|cpuidle|poll_idle|intel_idle|acpi_idle|default_idle/ { idle += pct }
+    END { printf "%.1f %.1f %.1f\n", aead, copy, idle }' "$out.all")
+  V[$p|aead_pct]=$aead V[$p|copy_pct]=$copy V[$p|idle_pct]=$idle
+  rm -f "$out.all"
+}
+
 # ------------------------------------------------------------------ workloads
 # Load cells (fast, paced, big): the swarm, the TTFB prober and one unaligned ranged GET.
 cell_load() { # cell_load PROFILE WORKLOAD VARIANT
@@ -523,21 +581,27 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
   rm -f "$STOP_FILE"
   start_server "$v" "$tag"
   metrics_snap "$RUN/$tag-m0.txt"
-  spawn_ns "$NS_C" "$CLIENT_CPU" "$fs" "$LOADGEN" swarm --addr "$SRV_IP:$SRV_PORT" --path /large.bin \
+  spawn_ns "$NS_C" "$CLIENT_CPU" "$fs" "$LOADGEN" swarm --addr "$SRV_IP:$SRV_PORT" "${LG_TLS[@]}" --path /large.bin \
     --conns "$conns" --duration-s "$((DURATION_S + ${warm%.*}))" --warmup-s "$warm" --rate-bytes-per-s "$rate" \
     --pgid "$SRV_PG" --expect-len "$LARGE_BYTES" --stop-file "$STOP_FILE"
   psw=$LAST_PID
   ttfb_s=$(calc "$DURATION_S - 0.7")
   # SCHED_FIFO: the prober measures the server's delay, not its wait behind the swarm on CPU 1.
-  spawn_ns "$NS_C" "$CLIENT_CPU" "$ft" "${CHRT[@]}" "$LOADGEN" ttfb --addr "$SRV_IP:$SRV_PORT" --path /small.bin \
+  spawn_ns "$NS_C" "$CLIENT_CPU" "$ft" "${CHRT[@]}" "$LOADGEN" ttfb --addr "$SRV_IP:$SRV_PORT" "${LG_TLS[@]}" --path /small.bin \
     --rate "$TTFB_RATE" --duration-s "$ttfb_s" --delay-s "$(calc "$warm + 0.2")" --seed "$SMALL_SEED" --expect-len "$SMALL_BYTES"
   pt=$LAST_PID
   spawn_ns "$NS_C" "$CLIENT_CPU" "$fr" bash -c 'sleep "$1"; shift; exec "$@"' _ "$(calc "$warm + 0.5")" \
-    "$LOADGEN" get --addr "$SRV_IP:$SRV_PORT" --path /large.bin \
+    "$LOADGEN" get --addr "$SRV_IP:$SRV_PORT" "${LG_TLS[@]}" --path /large.bin \
     --range "$PROBE_RANGE_START-$((PROBE_RANGE_START + PROBE_RANGE_BYTES - 1))" --seed "$LARGE_SEED"
   prg=$LAST_PID
   core_sample "$SERVER_CPU" "$warm" "$DURATION_S" "$RUN/$tag-core.txt" &
-  local pcore=$!
+  local pcore=$! pprof=''
+  if ((TLS)) && [[ $w == fast ]]; then
+    # What the server's core spends its time on, for every context on it (softirq copies too).
+    bash -c 'sleep "$1"; exec perf record -q -e cpu-clock -C "$2" -o "$3" -- sleep "$4"' _ \
+      "$(calc "$warm + 1")" "$SERVER_CPU" "$RUN/$tag.perf.data" "$PROFILE_S" >"$RUN/$tag-perf.log" 2>&1 &
+    pprof=$!
+  fi
   watch_client "$psw" "$p" $((DURATION_S + ${warm%.*} + 60))
   reap "$psw" || failure "$tag: swarm exited non-zero ($(tail -n 1 "$fs"))"
   metrics_snap "$RUN/$tag-m1.txt"
@@ -557,6 +621,10 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
     failure "$tag: unaligned ranged GET failed: $(kv "$fr" error)"
   fi
   wait "$pcore" 2>/dev/null || true
+  if [[ -n $pprof ]]; then
+    wait "$pprof" 2>/dev/null || note "$tag: perf record failed ($(tail -n 1 "$RUN/$tag-perf.log"))"
+    profile_shares "$RUN/$tag.perf.data" "$p" "$RUN/$tag-profile.txt"
+  fi
   stop_server "$tag"
   # Figures.
   local bps bytes cpu win ccpu core_busy core_total
@@ -603,7 +671,7 @@ cell_stall() { # cell_stall PROFILE KIND N VARIANT; KIND = none|stall|trickle
   if [[ $kind != none ]]; then
     local mode=(--stall 1)
     [[ $kind == trickle ]] && mode=(--rate-bytes-per-s 1 --read-bytes 1)
-    spawn_ns "$NS_C" "$CLIENT_CPU" "$fs" "$LOADGEN" swarm --addr "$SRV_IP:$SRV_PORT" --path /large.bin \
+    spawn_ns "$NS_C" "$CLIENT_CPU" "$fs" "$LOADGEN" swarm --addr "$SRV_IP:$SRV_PORT" "${LG_TLS[@]}" --path /large.bin \
       --conns "$n" --duration-s 600 --warmup-s 0 "${mode[@]}" --rcvbuf-bytes "$STALL_RCVBUF_BYTES" \
       --ready-file "$READY_FILE" --stop-file "$STOP_FILE"
     psw=$LAST_PID
@@ -614,7 +682,7 @@ cell_stall() { # cell_stall PROFILE KIND N VARIANT; KIND = none|stall|trickle
     sleep "$SETTLE_S"
   fi
   metrics_snap "$RUN/$tag-m0.txt"
-  spawn_ns "$NS_C" "$CLIENT_CPU" "$ff" "$LOADGEN" fetch --addr "$SRV_IP:$SRV_PORT" --clients "$FETCH_CLIENTS" \
+  spawn_ns "$NS_C" "$CLIENT_CPU" "$ff" "$LOADGEN" fetch --addr "$SRV_IP:$SRV_PORT" "${LG_TLS[@]}" --clients "$FETCH_CLIENTS" \
     --file-path /5m.bin --file-seed "$FIVE_SEED" --file-len "$FIVE_BYTES" --range-path /large.bin \
     --range "$FETCH_RANGE_START-$((FETCH_RANGE_START + FETCH_RANGE_BYTES - 1))" --range-seed "$LARGE_SEED" \
     --timeout-s "$FETCH_TIMEOUT_S"
@@ -671,19 +739,22 @@ ratio() { # ratio A B: A / B with 2 decimals, or —
 fmtv() { # fmtv FORMAT VALUE: number formatted, text as is, empty as —
   if [[ -z $2 ]]; then printf '—'; elif [[ $2 =~ ^-?[0-9.]+$ ]]; then printf "$1" "$2"; else printf '%s' "$2"; fi
 }
-# row LABEL FORMAT PREFIX KEY [noratio]: one table row over the three variants.
+# row LABEL FORMAT PREFIX KEY [noratio]: one table row over the variants, then each shardline
+# HTTPS (or, without --tls, cleartext) variant divided by nginx.
 row() {
-  local label=$1 f=$2 p=$3 k=$4 on off ng
-  on=${V[$p|on|$k]:-} off=${V[$p|off|$k]:-} ng=${V[$p|ng|$k]:-}
-  if [[ ${5:-} == noratio ]]; then
-    printf '| %s | %s | %s | %s | | |\n' "$label" "$(fmtv "$f" "$on")" "$(fmtv "$f" "$off")" "$(fmtv "$f" "$ng")"
-  else
-    printf '| %s | %s | %s | %s | %s | %s |\n' "$label" "$(fmtv "$f" "$on")" "$(fmtv "$f" "$off")" "$(fmtv "$f" "$ng")" \
-      "$(ratio "$on" "$ng")" "$(ratio "$off" "$ng")"
-  fi
+  local label=$1 f=$2 p=$3 k=$4 v line
+  line="| $label |"
+  for v in "${VARIANTS[@]}"; do line="$line $(fmtv "$f" "${V[$p|$v|$k]:-}") |"; done
+  for v in on off; do
+    if [[ ${5:-} == noratio ]]; then line="$line |"; else line="$line $(ratio "${V[$p|$v|$k]:-}" "${V[$p|ng|$k]:-}") |"; fi
+  done
+  printf '%s\n' "$line"
 }
-TABLE_HEAD='| Row | shardline zc=on | shardline zc=off | nginx | on / nginx | off / nginx |
-|---|---:|---:|---:|---:|---:|'
+table_head() {
+  local v line="| Row |" sep="|---|"
+  for v in "${VARIANTS[@]}"; do line="$line ${VNAME[$v]} |"; sep="$sep---:|"; done
+  printf '%s on / nginx | off / nginx |\n%s---:|---:|\n' "$line" "$sep"
+}
 
 report_load() { # report_load PROFILE WORKLOAD
   local pr=$1 w=$2 p="$1|$2" conns rate
@@ -694,7 +765,7 @@ report_load() { # report_load PROFILE WORKLOAD
     big) echo "#### $conns paced clients ($(calc "$rate / 1e3" | sed 's/0*$//; s/\.$//') kB/s each: ${PACE_OVERSUBSCRIPTION}x the link together)$([[ $conns != 10000 ]] && echo "; 10 000 asked for, $conns run (--big-conns)")" ;;
   esac
   echo
-  echo "$TABLE_HEAD"
+  table_head
   row "goodput (GB/s)" %.3f "$p" gbs
   row "fraction of the shaped rate" %.3f "$p" frac
   row "server CPU s per GiB" %.3f "$p" cpu_gib
@@ -717,14 +788,32 @@ report_load() { # report_load PROFILE WORKLOAD
   row "SQEs per GiB" %.0f "$p" sqes_gib noratio
   row "CQEs per GiB" %.0f "$p" cqes_gib noratio
   row "arena waits per GiB" %.1f "$p" arena_waits_gib noratio
+  if ((TLS)) && [[ $w == fast ]]; then
+    row "profile: AEAD share of the core (%)" %.1f "$p" aead_pct noratio
+    row "profile: byte copies' share of the core (%)" %.1f "$p" copy_pct noratio
+    row "profile: idle share of the core (%)" %.1f "$p" idle_pct noratio
+  fi
   echo
+  if ((TLS)) && [[ $w == fast ]]; then
+    local v f
+    for v in on ng cl; do
+      f=$RUN/$pr-$w-$v-profile.txt
+      [[ -s $f ]] || continue
+      echo "Top of the server core's profile, ${VNAME[$v]} (\`perf record -e cpu-clock -C $SERVER_CPU\`, $PROFILE_S s inside the window; command, object, symbol):"
+      echo
+      echo '```'
+      cut -c1-150 "$f"
+      echo '```'
+      echo
+    done
+  fi
 }
 
 report_stall() { # report_stall PROFILE
   local pr=$1 c kind n p label
   echo "#### Stalled and 1-byte/s clients: $FETCH_CLIENTS fresh clients each fetch 5m.bin, then bytes $FETCH_RANGE_START-$((FETCH_RANGE_START + FETCH_RANGE_BYTES - 1)) of large.bin (timeout $FETCH_TIMEOUT_S s)"
   echo
-  echo "$TABLE_HEAD"
+  table_head
   for c in "${STALL_CONDS[@]}"; do
     read -r kind n <<<"$c"
     p="$pr|stall-$kind-$n"
@@ -767,13 +856,16 @@ report() {
     done
   done
   {
-    echo "# shardline vs nginx on a shaped link (perf/link.sh)"
+    if ((TLS)); then echo "# shardline vs nginx over HTTPS on a shaped link (perf/link.sh --tls)"; else echo "# shardline vs nginx on a shaped link (perf/link.sh)"; fi
     echo
     if ((QUICK)); then echo "**Quick mode** (harness check: $LARGE_MIB MiB file, ${DURATION_S} s cells; the numbers mean little)."; echo; fi
     echo "## Machine and run"
     echo
     echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC') (start $START_DATE); command: \`perf/link.sh ${LINK_ARGS[*]}\`; took $(( (SECONDS - T0) / 60 )) min $(( (SECONDS - T0) % 60 )) s"
     echo "- Host: kernel $kernel, CPU \"$cpu_model\" x $(nproc), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM; **load average at start $START_LOAD, at end $end_load** (other work on the host adds noise: read this first)"
+    if ((TLS)); then
+      echo "- HTTPS: shardline adds \`--tls-listen $SRV_IP:$SL_TLS_PORT --tls-cert cert.pem --tls-key key.pem\` (defaults: 16 KiB records, TLS 1.3 first, AES-128-GCM first, tickets with random keys); nginx serves the \`# tls:begin\` server of \`perf/nginx.conf\` on $SRV_IP:$NG_TLS_PORT (TLS 1.2/1.3, tickets on, sendfile on, AES-128-GCM first); one ECDSA P-256 certificate for both ($(openssl version 2>/dev/null | cut -d' ' -f1-2) made it); every client is \`loadgen ... --tls 1 --tls-version 13 --tls-group x25519\`: rustls (aws-lc-rs), in-memory tickets, so a client's later connections resume. \"${VNAME[cl]}\" is the same shardline build over cleartext, in the same run (fast and paced workloads)"
+    fi
     echo "- shardline \`$SL_BIN\` (commit $sl_rev): \`serve --config zerocopy-{on,off}.toml --root ROOT --listen $SRV_IP:$SL_PORT --admin $ADMIN --shards 1 --cpus $SERVER_CPU\`, every other key at its default${LINK_SHARDLINE_CONFIG:+ except \`$LINK_SHARDLINE_CONFIG\`}; $NGINX_VERSION with \`perf/nginx.conf\` (1 worker; only its listen address changed to $SRV_IP:$NG_PORT). Each cell starts a fresh server; servers pinned to CPU $SERVER_CPU in \`$NS_S\`, every client pinned to CPU $CLIENT_CPU in \`$NS_C\`; nice $NICE"
     echo "- Link: \`ip link add $VETH_S netns $NS_S type veth peer name $VETH_C netns $NS_C\`, $SRV_IP/$NET_PREFIX and $CLI_IP/$NET_PREFIX, MTU $(cat "$RUN/mtu.txt" 2>/dev/null || echo 1500), offloads as veth sets them; \`tc qdisc add dev $VETH_S root ${TBF[*]}\` on the server side ($RATE = $(calc "$RATE_BITS / 8e9" | sed 's/0*$//; s/\.$//') GB/s)"
     echo "- Disk: $DISK_DESC; one O_DIRECT reader of large.bin with 512 KiB reads (cold cache): **${DISK_MBS:-?} MB/s**"
@@ -901,6 +993,7 @@ DISK_MBS=$(disk_baseline "$ROOT/large.bin" "$LARGE_MIB")
 log "disk ($DISK): one O_DIRECT reader, 512 KiB reads: ${DISK_MBS:-?} MB/s"
 
 build_stall_conds
+((TLS)) && tls_test_cert "$TLS_DIR"
 for pr in "${PROFILES[@]}"; do
   net_up "$pr"
   ip netns exec "$NS_S" cat "/sys/class/net/$VETH_S/mtu" >"$RUN/mtu.txt" 2>/dev/null || true
@@ -908,10 +1001,10 @@ for pr in "${PROFILES[@]}"; do
     if [[ $w == stall ]]; then
       for c in "${STALL_CONDS[@]}"; do
         read -r kind n <<<"$c"
-        for v in "${VARIANTS[@]}"; do cell_stall "$pr" "$kind" "$n" "$v"; done
+        for v in "${VARIANTS[@]}"; do [[ $v == cl ]] || cell_stall "$pr" "$kind" "$n" "$v"; done
       done
     else
-      for v in "${VARIANTS[@]}"; do cell_load "$pr" "$w" "$v"; done
+      for v in "${VARIANTS[@]}"; do [[ $v == cl && $w == big ]] || cell_load "$pr" "$w" "$v"; done
     fi
   done
   net_down

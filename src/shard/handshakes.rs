@@ -14,6 +14,7 @@ use super::slots::ConnSlot;
 use super::{RingOps, Shard};
 use crate::metrics::ShardMetrics;
 use crate::tls::session::{TlsSession, Version};
+use std::time::Duration;
 
 /// Share of the shard thread's wall time handshakes may take while transfers or requests are
 /// in progress (the rest keeps their pace under a flood of ClientHellos).
@@ -86,6 +87,23 @@ impl<R: RingOps> Shard<R> {
         } else {
             TLS_HANDSHAKE_BURST_US as i64
         };
+    }
+
+    /// How long the loop may sleep for the handshakes' sake: `None` with none waiting, zero
+    /// when one may run now, else until enough time is earned for the next turn (the loop
+    /// waits for completions meanwhile instead of spinning).
+    pub(super) fn handshake_wait(&mut self) -> Option<Duration> {
+        if self.pending_handshakes() == 0 {
+            return None;
+        }
+        self.earn_handshake_time();
+        if self.hs_credit_us > 0 {
+            return Some(Duration::ZERO);
+        }
+        let owed_us = (1 - self.hs_credit_us) as u64;
+        Some(Duration::from_micros(
+            owed_us * 100 / TLS_HANDSHAKE_SHARE_PERCENT,
+        ))
     }
 
     /// Gives waiting handshakes their turns, continuing ones first, while handshake time is

@@ -391,20 +391,22 @@ impl<R: RingOps> Shard<R> {
             }
             self.run_handshakes();
 
+            let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
                 || !self.recv_retry.is_empty()
-                || self.pending_handshakes() > 0;
+                || handshake_wait == Some(Duration::ZERO);
             if busy {
                 self.ring.submit_and_wait(0, None)?;
             } else {
+                let sweep = Duration::from_millis(TIMER_SWEEP_MS);
+                let timeout = handshake_wait.map_or(sweep, |w| w.min(sweep));
                 let batch = (self.cfg.wait_batch_usec > 0).then(|| {
                     (
                         WAIT_BATCH_COMPLETIONS,
                         Duration::from_micros(self.cfg.wait_batch_usec),
                     )
                 });
-                self.ring
-                    .submit_and_wait_batched(Duration::from_millis(TIMER_SWEEP_MS), batch)?;
+                self.ring.submit_and_wait_batched(timeout, batch)?;
             }
             // Only this reap's accepts (and later rounds') count for the urgent rounds.
             self.accepted_in_round = false;
