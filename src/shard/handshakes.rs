@@ -2,8 +2,8 @@
 //! bytes to process, and turns that may take only a share of the thread's time, so a flood
 //! of ClientHellos cannot starve transfers in flight or keep-alive requests.
 //!
-//! A full handshake costs ~115 µs of CPU here (ECDSA P-256, X25519; `perf/TLS-PROVIDER.md`),
-//! RSA-2048 ~640 µs: far more than one request. Handshake time is earned like tokens: a
+//! A full handshake costs ~110 µs of CPU here (ECDSA P-256, X25519; `perf/TLS-PROVIDER.md`),
+//! RSA-2048 ~450 µs: far more than one request. Handshake time is earned like tokens: a
 //! share of the wall time while transfers run, a whole burst when nothing else waits.
 //! Connections whose handshake is under way (they answered our flight) go before new ones,
 //! so admitted handshakes finish; a new one that finds `tls_max_pending_handshakes` waiting
