@@ -2,8 +2,8 @@
 //! cipher categories and order, forward secrecy, server defaults, HTTP headers, every
 //! vulnerability check and the client simulations. Nothing may be rated VULNERABLE or NOT ok,
 //! and no finding may be HIGH or CRITICAL. The run's text and JSON output are kept in
-//! `target/testssl/` (the committed copy of a run is `perf/testssl/`, made by
-//! `perf/testssl.sh`).
+//! `target/tmp/testssl/`, or in `$SHARDLINE_TESTSSL_OUT` when set (the committed copy of a run
+//! is `perf/testssl/`, made by `perf/testssl.sh`).
 
 mod common;
 
@@ -24,7 +24,9 @@ fn testssl_finds_nothing_vulnerable_or_not_ok() {
     let cfg = pki.config(&[ecdsa, rsa], "");
     let server = common::Server::start_tls(dir.path(), &["--config", cfg.to_str().unwrap()]);
     let port = server.tls_addr.expect("HTTPS address").port();
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("testssl");
+    let out = std::env::var_os("SHARDLINE_TESTSSL_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("testssl"));
     std::fs::create_dir_all(&out).unwrap();
     let json = out.join("testssl.json");
     let _ = std::fs::remove_file(&json);
