@@ -472,10 +472,7 @@ impl<R: RingOps> Shard<R> {
     fn answer_new_requests(&mut self, tick_budget: usize) -> std::io::Result<()> {
         for _ in 0..URGENT_ROUNDS_MAX {
             let accepted = std::mem::take(&mut self.accepted_in_round);
-            let handshakes = self.pending_handshakes() > 0 && {
-                self.earn_handshake_time();
-                self.hs_credit_us > 0
-            };
+            let handshakes = self.handshake_wait() == Some(Duration::ZERO);
             if !accepted && !self.ready.has_urgent() && !handshakes {
                 break;
             }
@@ -718,10 +715,6 @@ impl<R: RingOps> Shard<R> {
                 );
             }
             Action::HandshakeTime(us) => self.metrics.tls_handshake_time.observe(us),
-            Action::Count(Counter::Handshake(outcome), n) => {
-                debug_assert_eq!(n, 1);
-                self.count_handshake(outcome);
-            }
             Action::Count(counter, n) => self.count(counter, n),
             Action::Ttfb(us) => self.metrics.ttfb.observe(us),
             Action::BufferWaited(us) => self.metrics.observe_buffer_wait(Duration::from_micros(us)),
@@ -745,7 +738,10 @@ impl<R: RingOps> Shard<R> {
             Counter::Closed(CloseReason::Abort) => &m.closed_abort,
             Counter::TlsBytesIn => &m.tls_bytes_in,
             Counter::TlsBytesOut => &m.tls_bytes_out,
-            Counter::Handshake(outcome) => return self.count_handshake(outcome),
+            Counter::Handshake(outcome) => {
+                debug_assert_eq!(n, 1, "one handshake outcome per count");
+                return self.count_handshake(outcome);
+            }
         };
         ShardMetrics::add(counter, n);
     }
