@@ -23,9 +23,12 @@
 # off, nginx its TLS server from perf/nginx.conf, both with the same ECDSA P-256 certificate
 # (perf/lib.sh tls_test_cert), and every client is loadgen with --tls 1 (rustls, TLS 1.3,
 # X25519, tickets: fresh connections resume). The fast and paced workloads add a fourth column,
-# shardline over cleartext HTTP in the same run, and the fast one a 4 s CPU profile of the
-# server's core (perf record -e cpu-clock) for shardline and nginx: the AEAD's and the copies'
-# shares. Writes perf/LINK-HTTPS.md by default.
+# shardline over cleartext HTTP in the same run, and a 4 s CPU profile of the server's core
+# (perf record -g -e cpu-clock) for every column: the AEAD's and the copies' shares, and the
+# share of the RAM disk's loop worker (its copy from /dev/shm is what an NVMe drive does by DMA,
+# so the core's s/GiB is also given without it). Every load cell reports the disk bytes read
+# per byte sent (/sys/class/block/DEV/stat of the fixtures' device over the measured window).
+# Writes perf/LINK-HTTPS.md by default.
 # --quick: harness check, small file, 2 s cells, N = 64 only, under 3 minutes after the builds;
 # writes perf/out/link-quick.md. --dry-run prints the plan and touches nothing.
 # --check-cleanup creates the namespaces, link, qdisc, ram disk and seed sysctls, starts a
@@ -173,7 +176,7 @@ plan() {
   local v names=()
   for v in "${VARIANTS[@]}"; do names+=("${VNAME[$v]}"); done
   echo "  servers: $(IFS=,; echo "${names[*]}" | sed 's/,/, /g') on CPU $SERVER_CPU; clients on CPU $CLIENT_CPU; nice $NICE"
-  ((TLS)) && echo "  HTTPS: certificate $TLS_DIR/cert.pem (ECDSA P-256), loadgen --tls 1; the cleartext column runs the fast and paced workloads only; fast HTTPS cells profile CPU $SERVER_CPU for $PROFILE_S s"
+  ((TLS)) && echo "  HTTPS: certificate $TLS_DIR/cert.pem (ECDSA P-256), loadgen --tls 1; the cleartext column runs the fast and paced workloads only; fast and paced cells profile CPU $SERVER_CPU for $PROFILE_S s"
   echo "  workloads: ${WLIST[*]}; cells ${DURATION_S} s (warm-up $WARMUP_S s, big $BIG_WARMUP_S s);"
   echo "    fast $FAST_CONNS, paced $PACED_CONNS, big $BIG_CONNS connections; stall N = ${STALL_NS[*]}, $FETCH_CLIENTS fresh clients, timeout $FETCH_TIMEOUT_S s"
   echo "  report: $OUT; raw outputs: $RUN"
@@ -538,12 +541,26 @@ watch_client() {
 # The server is alone on its CPU, so this is what its traffic costs the core wherever the
 # kernel accounts it; the process's own CPU time misses softirq work run by ksoftirqd.
 core_sample() {
-  local cpu=$1 a b
+  local cpu=$1 a b da db
   sleep "$2"
   a=$(awk -v c="cpu$cpu" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  da=$(disk_read_bytes)
   sleep "$3"
   b=$(awk -v c="cpu$cpu" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  db=$(disk_read_bytes)
   echo "$a $b" | awk '{ print $3 - $1, $4 - $2 }' >"$4"
+  [[ -n $da && -n $db ]] && echo $((db - da)) >"$4.disk"
+  return 0
+}
+
+# disk_read_bytes: bytes read so far from the block device that holds the fixtures ($ROOT),
+# from /sys/block/DEV/stat (sectors of 512 bytes); empty when it cannot be found.
+disk_read_bytes() {
+  local src dev
+  src=$(findmnt -n -o SOURCE --target "$ROOT" 2>/dev/null) || return 0
+  dev=$(basename "$src")
+  [[ -r /sys/class/block/$dev/stat ]] || return 0
+  awk '{ printf "%.0f\n", $3 * 512 }' "/sys/class/block/$dev/stat"
 }
 
 # profile_shares DATA PREFIX OUT: the profile's top symbols into OUT, and into V the shares of
@@ -555,14 +572,21 @@ profile_shares() {
   perf report -i "$data" --stdio --no-children --sort comm,dso,sym -q 2>/dev/null |
     awk 'NF && $1 ~ /%$/' >"$out.all" || true
   head -n 15 "$out.all" >"$out"
-  local aead copy idle
+  local aead copy idle ramdisk
+  # The RAM disk's own work: the loop device's worker copying from /dev/shm (what an NVMe
+  # drive does by DMA, with no CPU), counted apart from the three shares below: samples whose
+  # call chain passes through the loop driver (kworker names change with the last work item).
+  ramdisk=$(perf script -i "$data" -F comm,ip,sym 2>/dev/null | awk '
+    /^[^ \t]/ { n++; if (hit) r++; hit = 0; next }
+    /loop_process_work|lo_rw_aio|loop_handle_cmd/ { hit = 1 }
+    END { if (hit) r++; if (n) printf "%.1f\n", 100 * r / n; else print "" }')
   read -r aead copy idle < <(awk '
     { pct = $1; sub(/%/, "", pct); line = tolower($0) }
     line ~ /aes|gcm|ghash|gfmul|chacha|poly1305/ { aead += pct; next }
     line ~ /copy_user|copy_from_iter|copy_to_iter|memcpy|memmove|rep_movs|copy_page|_copy_/ { copy += pct; next }
     line ~ /swapper|cpuidle|poll_idle|intel_idle|acpi_idle|default_idle/ { idle += pct }
     END { printf "%.1f %.1f %.1f\n", aead, copy, idle }' "$out.all")
-  V[$p|aead_pct]=$aead V[$p|copy_pct]=$copy V[$p|idle_pct]=$idle
+  V[$p|aead_pct]=$aead V[$p|copy_pct]=$copy V[$p|idle_pct]=$idle V[$p|ramdisk_pct]=$ramdisk
   rm -f "$out.all"
 }
 
@@ -596,9 +620,9 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
   prg=$LAST_PID
   core_sample "$SERVER_CPU" "$warm" "$DURATION_S" "$RUN/$tag-core.txt" &
   local pcore=$! pprof=''
-  if ((TLS)) && [[ $w == fast ]]; then
+  if ((TLS)) && [[ $w == fast || $w == paced ]]; then
     # What the server's core spends its time on, for every context on it (softirq copies too).
-    bash -c 'sleep "$1"; exec perf record -q -e cpu-clock -C "$2" -o "$3" -- sleep "$4"' _ \
+    bash -c 'sleep "$1"; exec perf record -q -g -e cpu-clock -C "$2" -o "$3" -- sleep "$4"' _ \
       "$(calc "$warm + 1")" "$SERVER_CPU" "$RUN/$tag.perf.data" "$PROFILE_S" >"$RUN/$tag-perf.log" 2>&1 &
     pprof=$!
   fi
@@ -641,6 +665,14 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
   if [[ -n ${core_total:-} && $core_total != 0 ]]; then
     V[$p|core_pct]=$(calc "100 * $core_busy / $core_total")
     [[ -n $bps && $bps != 0 ]] && V[$p|core_gib]=$(calc "$core_busy / $core_total / ($bps / 1073741824)")
+  fi
+  if [[ -n ${V[$p|core_gib]:-} && -n ${V[$p|ramdisk_pct]:-} ]]; then
+    V[$p|core_gib_nodisk]=$(calc "${V[$p|core_gib]} * (1 - ${V[$p|ramdisk_pct]} / 100)")
+  fi
+  local disk_b
+  read -r disk_b 2>/dev/null <"$RUN/$tag-core.txt.disk" || true
+  if [[ -n ${disk_b:-} && -n $bps && $bps != 0 && -n $win && $win != 0.000 ]]; then
+    V[$p|read_amp]=$(calc "$disk_b / ($bps * $win)")
   fi
   V[$p|slowest]=$(kv "$fs" conn_mb_per_s_min)
   V[$p|established]=$(kv "$fs" conns_established)
@@ -788,13 +820,16 @@ report_load() { # report_load PROFILE WORKLOAD
   row "SQEs per GiB" %.0f "$p" sqes_gib noratio
   row "CQEs per GiB" %.0f "$p" cqes_gib noratio
   row "arena waits per GiB" %.1f "$p" arena_waits_gib noratio
-  if ((TLS)) && [[ $w == fast ]]; then
+  if ((TLS)) && [[ $w == fast || $w == paced ]]; then
     row "profile: AEAD share of the core (%)" %.1f "$p" aead_pct noratio
     row "profile: byte copies' share of the core (%)" %.1f "$p" copy_pct noratio
     row "profile: idle share of the core (%)" %.1f "$p" idle_pct noratio
+    row "profile: RAM disk's loop worker share of the core (%)" %.1f "$p" ramdisk_pct noratio
+    row "server core s per GiB without the RAM disk's loop worker" %.3f "$p" core_gib_nodisk
   fi
+  row "disk bytes read per byte sent" %.2f "$p" read_amp noratio
   echo
-  if ((TLS)) && [[ $w == fast ]]; then
+  if ((TLS)) && [[ $w == fast || $w == paced ]]; then
     local v f
     for v in on ng cl; do
       f=$RUN/$pr-$w-$v-profile.txt
@@ -871,6 +906,7 @@ report() {
     echo "- Disk: $DISK_DESC; one O_DIRECT reader of large.bin with 512 KiB reads (cold cache): **${DISK_MBS:-?} MB/s**"
     echo "- Fixtures: large.bin $LARGE_BYTES bytes, 5m.bin $FIVE_BYTES, small.bin $SMALL_BYTES; deterministic content (\`loadgen gen\`), every verified body checked byte for byte"
     echo "- Cells: load workloads ${DURATION_S} s measured after a warm-up of $WARMUP_S s ($BIG_WARMUP_S s for the big one) with \`loadgen swarm\` (one epoll thread); TTFB: \`loadgen ttfb\` at $TTFB_RATE/s on fresh connections (SCHED_FIFO) inside the window; one \`loadgen get\` of bytes $PROBE_RANGE_START-$((PROBE_RANGE_START + PROBE_RANGE_BYTES - 1)) of large.bin per cell, verified; stall cells: \`loadgen swarm --stall 1\` or \`--rate-bytes-per-s 1 --read-bytes 1\`, then \`loadgen fetch\` after $SETTLE_S s"
+    echo "- Disk and profile rows: \"disk bytes read per byte sent\" is the fixtures' block device's read bytes (/sys/class/block/DEV/stat) over the measured window divided by the bytes the clients got (above 1: bytes read into the arena, given back unsent and read again; near 0: served from the page cache). The profile's \"RAM disk's loop worker\" share is the samples whose call chain runs through the loop driver (its copy from /dev/shm stands in for an NVMe drive's DMA, which costs no CPU); \"without the RAM disk's loop worker\" is the core's s/GiB times (1 - that share)"
     echo "- Read gaps: a connection \"waited > 1 s\" when more than 1 s passed between two of its reads (or from its request to its first byte) while its client was ready to read (pacing pauses do not count)"
     echo "- Server CPU rows: \"server CPU\" is the server process's own CPU time (loadgen reads its process group); \"server core\" is everything CPU $SERVER_CPU did over the measured window (/proc/stat: user, system, irq and softirq, including ksoftirqd and the loop device's kworkers), which is what the traffic costs the core wherever the kernel accounts it (busy % near 100 means the core, not the link, set the pace)"
     echo "- /metrics rows: deltas of shardline's counters (admin listener, inside $NS_S) over the cell, per GiB of \`shardline_bytes_sent_total\`; nginx has none"

@@ -138,6 +138,10 @@ counters! {
     parked_sends: Counter "parked_sends_total",
     /// Chunks given back by connections behind full sockets (their bytes are read again).
     reclaimed_chunks: Counter "reclaimed_chunks_total",
+    /// File bytes read but given back unsent from a parked connection (read again later).
+    given_back_reclaim: Counter "given_back_bytes_total" { why = "reclaim" },
+    /// File bytes read but given back unsent when a send fell short (read-ahead cut).
+    given_back_read_ahead: Counter "given_back_bytes_total" { why = "read_ahead" },
     /// io_uring_enter calls the kernel answered EBUSY (overflowed completions to reap first).
     ring_busy: Counter "ring_busy_total",
     /// Submissions that waited in the unqueued FIFO because the SQ was full.
@@ -164,6 +168,10 @@ fn family_help(family: &str) -> Option<&'static str> {
              framing counts with the bytes it carries."
         }
         "tls_bytes_total" => "TLS bytes, by direction (in, out), handshakes included.",
+        "given_back_bytes_total" => {
+            "File bytes read into the arena but given back unsent (to be read again), by why: \
+             reclaim (behind a full socket) or read_ahead (cut after a short send)."
+        }
         _ => return None,
     })
 }

@@ -177,6 +177,15 @@ pub enum HandshakeOutcome {
     PlainHttp,
 }
 
+/// Why read bytes went back to the arena unsent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GiveBack {
+    /// The connection was parked behind a full socket (arena pressure or `PARK_HOLD_MS`).
+    Reclaim,
+    /// A short send cut the read-ahead.
+    ReadAhead,
+}
+
 /// Counters the machine bumps through the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
@@ -188,6 +197,8 @@ pub enum Counter {
     ParkedSend,
     /// Chunks given back from a parked connection.
     ReclaimedChunks,
+    /// File bytes given back unsent, by why.
+    GivenBack(GiveBack),
     /// A connection began closing, by reason.
     Closed(CloseReason),
     /// A TLS handshake ended.
@@ -1589,9 +1600,20 @@ impl ConnMachine {
         self.round_bytes += u64::from(took);
         self.fast_drain = whole;
         if whole {
+            // Until its socket has once filled up, a connection doubles its reads (a fresh
+            // download reaches full-size reads within a few sends). After that it knows what a
+            // round takes and grows by one step per whole send: doubling past the estimate
+            // made every other read overshoot the socket by the estimate, and under arena
+            // pressure that overshoot was given back and read again.
+            let learnt = self.round_estimate_bytes > 0;
             if let Some(body) = self.body_mut() {
                 body.read_ahead = cx.limits.pipeline_depth;
-                body.read_size_bytes = body.read_size_bytes.saturating_mul(2).min(chunk_bytes);
+                let grown = if learnt {
+                    body.read_size_bytes.saturating_add(MIN_READ_BYTES)
+                } else {
+                    body.read_size_bytes.saturating_mul(2)
+                };
+                body.read_size_bytes = grown.min(chunk_bytes);
             }
             return;
         }
@@ -1610,7 +1632,7 @@ impl ConnMachine {
         };
         if body.read_ahead > READ_AHEAD_START_CHUNKS {
             body.read_ahead = READ_AHEAD_START_CHUNKS;
-            self.give_back_chunks(READ_AHEAD_START_CHUNKS, out);
+            self.give_back_chunks(READ_AHEAD_START_CHUNKS, GiveBack::ReadAhead, out);
         }
     }
 
@@ -1656,7 +1678,7 @@ impl ConnMachine {
     /// been parked longer than `PARK_HOLD_MS`); its later reads are sized to what its socket
     /// takes per writable round, so the next reclaim wastes little.
     pub fn reclaim(&mut self, out: &mut Actions) {
-        let freed = self.give_back_chunks(0, out);
+        let freed = self.give_back_chunks(0, GiveBack::Reclaim, out);
         out.push(Action::Count(Counter::ReclaimedChunks, freed as u64));
         let estimate = self.round_estimate_bytes;
         if let Some(body) = self.body_mut() {
@@ -1688,7 +1710,7 @@ impl ConnMachine {
     /// or the unsent rest of a parked chunk), newest first, and rewinds the body so those bytes
     /// are planned again when the client catches up: the disk, not the arena, buffers a slow
     /// client. A chunk whose response header has not fully left is kept.
-    fn give_back_chunks(&mut self, keep: usize, out: &mut Actions) -> usize {
+    fn give_back_chunks(&mut self, keep: usize, why: GiveBack, out: &mut Actions) -> usize {
         let ConnMachine { write, tls, .. } = self;
         let WriteState::Responding(Response {
             body: Some(body), ..
@@ -1748,6 +1770,9 @@ impl ConnMachine {
                     let data_at = unsent_at.max(pt_off + framing_len);
                     let start = last.read_file_off + u64::from(data_at - last.read_buf_off);
                     let end = last.read_file_off + u64::from(send_end - last.read_buf_off);
+                    if end > start {
+                        out.push(Action::Count(Counter::GivenBack(why), end - start));
+                    }
                     match body.segments.front_mut() {
                         // The rest of the same file range: extend it back.
                         Some(Segment::File { pos, .. }) if *pos == end => *pos = start,
@@ -2146,6 +2171,47 @@ mod tests {
             Some(Segment::File { pos: 1000, end }) if *end == 2 * CHUNK as u64
         ));
         assert_eq!(body.read_size_bytes, MIN_READ_BYTES);
+    }
+
+    #[test]
+    fn a_reclaim_counts_the_bytes_given_back_and_later_reads_grow_by_steps() {
+        let mut m = responding(2 * CHUNK as u64);
+        m.response_mut().unwrap().head = HeadState::Done;
+        let mut out = Actions::new();
+        let mut free = vec![11, 10];
+        pump(&mut m, &mut free, &mut out);
+        m.on_read(a(10), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.on_read(a(11), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.try_send(&cx(1), &mut out);
+        m.on_send(a(10), 1000, false, false, &cx(2), &mut out);
+        out.clear();
+        m.reclaim(&mut out);
+        let given: u64 = out
+            .iter()
+            .filter_map(|a| match a {
+                Action::Count(Counter::GivenBack(GiveBack::Reclaim), n) => Some(*n),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(
+            given,
+            2 * CHUNK as u64 - 1000,
+            "every byte read but not sent"
+        );
+        // The socket has filled once: whole sends now grow reads one step at a time.
+        assert_eq!(m.body().unwrap().read_size_bytes, MIN_READ_BYTES);
+        // Slots large enough for reads to grow into.
+        let mut big = cx(3);
+        big.limits.chunk_bytes = 16 * MIN_READ_BYTES;
+        m.note_socket_round(MIN_READ_BYTES as u32, true, &big, &mut out);
+        m.note_socket_round(MIN_READ_BYTES as u32, true, &big, &mut out);
+        assert_eq!(m.body().unwrap().read_size_bytes, 3 * MIN_READ_BYTES);
+        // A fresh connection still doubles.
+        let mut f = responding(2 * CHUNK as u64);
+        f.body_mut().unwrap().read_size_bytes = MIN_READ_BYTES;
+        f.note_socket_round(MIN_READ_BYTES as u32, true, &big, &mut out);
+        f.note_socket_round(MIN_READ_BYTES as u32, true, &big, &mut out);
+        assert_eq!(f.body().unwrap().read_size_bytes, 4 * MIN_READ_BYTES);
     }
 
     #[test]

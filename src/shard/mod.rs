@@ -41,7 +41,7 @@ use buffers::ArenaSlots;
 use conn::{CloseReason, Deadline, Source};
 use files::{FileCache, FileCacheConfig};
 use intrusive::ListSet;
-use machine::{Action, Actions, ConnMachine, Counter, Ctx, Lifecycle, Limits};
+use machine::{Action, Actions, ConnMachine, Counter, Ctx, GiveBack, Lifecycle, Limits};
 use ring::{Completion, Ring, RingConfig};
 use ring_ops::RingOps;
 use sched::{ReadyQueue, TickBudget, Turn};
@@ -732,6 +732,8 @@ impl<R: RingOps> Shard<R> {
             Counter::Bytes(Source::Memory) => &m.bytes_memory,
             Counter::ParkedSend => &m.parked_sends,
             Counter::ReclaimedChunks => &m.reclaimed_chunks,
+            Counter::GivenBack(GiveBack::Reclaim) => &m.given_back_reclaim,
+            Counter::GivenBack(GiveBack::ReadAhead) => &m.given_back_read_ahead,
             Counter::Closed(CloseReason::Normal | CloseReason::Drain) => &m.closed_normal,
             Counter::Closed(CloseReason::Timeout) => &m.closed_timeout,
             Counter::Closed(CloseReason::ProtocolError) => &m.closed_error,
