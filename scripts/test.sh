@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/test-deps.sh
 source scripts/test-deps.sh
 install_test_tools
+install_sslyze
 
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings

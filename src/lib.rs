@@ -12,6 +12,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod admin;
+pub mod client;
 pub mod config;
 pub mod doctor;
 pub mod fs;

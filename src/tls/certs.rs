@@ -166,8 +166,13 @@ impl CertStore {
         sni: Option<&str>,
         schemes: &[rustls::SignatureScheme],
     ) -> Option<Arc<CertifiedKey>> {
+        // None fits the client's signature schemes: still answer with the first candidate,
+        // so that rustls refuses the handshake with handshake_failure (RFC 8446 4.1.1, "no
+        // shared parameters"). A None here made rustls send access_denied, which scanners
+        // (sslyze's ROBOT check) take for a broken server.
         self.candidates(sni)
             .find(|c| c.key.choose_scheme(schemes).is_some())
+            .or_else(|| self.candidates(sni).next())
             .cloned()
     }
 }
@@ -371,6 +376,10 @@ mod tests {
         // Only RSA acceptable: the RSA certificate for the name, not the ECDSA one.
         let c = store.pick(Some("a.cdn.test"), &rsa_only).unwrap();
         assert!(c.key.choose_scheme(&rsa_only).is_some());
+        // Nothing fits: still the name's first candidate (rustls then refuses with
+        // handshake_failure, not access_denied).
+        let ed_only = [rustls::SignatureScheme::ED25519];
+        assert_eq!(names(Some("b.cdn.test"), &ed_only), ["*.cdn.test"]);
     }
 
     #[test]

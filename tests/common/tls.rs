@@ -88,6 +88,8 @@ impl Pki {
         params.crl_distribution_points = vec![rcgen::CrlDistributionPoint {
             uris: vec!["http://ca.shardline.test/crl".to_string()],
         }];
+        // RFC 5280 4.2.1.1: strict path validators (sslyze's) require the issuer's key id.
+        params.use_authority_key_identifier_extension = true;
         let cert = params.signed_by(&kp, &self.ca_cert, &self.ca_key).unwrap();
         let crt = self.dir.path().join(format!("{stem}.crt"));
         let key_path = self.dir.path().join(format!("{stem}.key"));
