@@ -38,6 +38,8 @@ pub struct Entry<'a> {
     pub date: &'a [u8],
     /// What the connection's TLS handshake settled (None: cleartext).
     pub tls: Option<&'a crate::tls::session::Facts>,
+    /// The client's address (None: the kernel did not give the peer's).
+    pub client: Option<std::net::IpAddr>,
 }
 
 /// A shard's access log.
@@ -150,10 +152,9 @@ pub fn sanitize_into(out: &mut Vec<u8>, src: &[u8], max: usize) {
     }
 }
 
-/// Formats one line: common log format (client shown as `-`: accepted sockets are direct
-/// descriptors and multishot accept reports no peer address) plus bytes, duration, range,
-/// shard and the connection's TLS (version, cipher, SNI, resumed; `tls=-` for cleartext); or
-/// a JSON object with the same fields.
+/// Formats one line: common log format (the client's address first, `-` when unknown) plus
+/// bytes, duration, range, shard and the connection's TLS (version, cipher, SNI, resumed;
+/// `tls=-` for cleartext); or a JSON object with the same fields.
 pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
     // IMF-fixdate "Sun, 06 Nov 1994 08:49:37 GMT" -> CLF "06/Nov/1994:08:49:37 +0000".
     let mut clf = [0u8; 26];
@@ -179,7 +180,13 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
         _ => b"-",
     };
     if json {
-        out.extend_from_slice(b"{\"time\":\"");
+        match e.client {
+            Some(ip) => {
+                let _ = write!(out, "{{\"client\":\"{ip}\",");
+            }
+            None => out.extend_from_slice(b"{\"client\":null,"),
+        }
+        out.extend_from_slice(b"\"time\":\"");
         out.extend_from_slice(clf_time);
         out.extend_from_slice(b"\",\"request\":\"");
         out.extend_from_slice(e.request);
@@ -211,7 +218,12 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
         }
         out.extend_from_slice(b"}\n");
     } else {
-        out.extend_from_slice(b"- - - [");
+        match e.client {
+            Some(ip) => {
+                let _ = write!(out, "{ip} - - [");
+            }
+            None => out.extend_from_slice(b"- - - ["),
+        }
         out.extend_from_slice(clf_time);
         out.extend_from_slice(b"] \"");
         out.extend_from_slice(e.request);
@@ -252,6 +264,7 @@ mod tests {
             shard: 1,
             date: b"Sun, 06 Nov 1994 08:49:37 GMT",
             tls: None,
+            client: None,
         }
     }
 
@@ -283,6 +296,18 @@ mod tests {
         assert!(String::from_utf8(out).unwrap().ends_with(
             "shard=1 tls=TLSv1.3 cipher=TLS13_AES_128_GCM_SHA256 sni=edge.test resumed=yes\n"
         ));
+        for (ip, want) in [
+            ("203.0.113.9", "203.0.113.9 - - ["),
+            ("2001:db8::1", "2001:db8::1 - - ["),
+        ] {
+            let mut out = Vec::new();
+            let e = Entry {
+                client: Some(ip.parse().unwrap()),
+                ..entry(b"GET /a HTTP/1.1", b"")
+            };
+            format_line(&mut out, &e, false);
+            assert!(String::from_utf8(out).unwrap().starts_with(want));
+        }
     }
 
     #[test]
@@ -305,6 +330,15 @@ mod tests {
         assert_eq!(v["tls"]["version"], "TLSv1.3");
         assert_eq!(v["tls"]["sni"], "edge.test");
         assert_eq!(v["tls"]["resumed"], true);
+        assert!(v["client"].is_null());
+        let mut out = Vec::new();
+        let e = Entry {
+            client: Some("2001:db8::7".parse().unwrap()),
+            ..entry(b"GET /a HTTP/1.1", b"")
+        };
+        format_line(&mut out, &e, true);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["client"], "2001:db8::7");
     }
 
     #[test]

@@ -136,6 +136,8 @@ pub struct OpSlots {
     pub shutdown: bool,
     /// The close of the socket.
     pub close: bool,
+    /// The request for the peer's address (`SO_PEERNAME`), sent at accept.
+    pub peer: bool,
 }
 
 /// A send of TLS bytes the session produced (handshake flight, alert, close_notify,
@@ -274,6 +276,8 @@ pub enum Action {
         /// Bytes.
         len: usize,
     },
+    /// Ask the kernel for the peer's address.
+    GetPeer,
     /// Arm a one-shot writability poll.
     PollWritable,
     /// Shut the write side.
@@ -419,6 +423,8 @@ pub struct ConnMachine {
     pub write: WriteState,
     /// Operations in flight that no other state records.
     pub ops: OpSlots,
+    /// Who is asking: the peer, and the address a trusted proxy gave.
+    pub client: crate::client::Client,
     /// Place in the arena's wait queue.
     pub arena: ArenaWait,
     /// Request bytes received and not yet consumed (pipelined requests wait here).
@@ -478,6 +484,7 @@ impl ConnMachine {
             read: ReadState::Idle,
             write: WriteState::Idle,
             ops: OpSlots::default(),
+            client: crate::client::Client::default(),
             arena: ArenaWait::None,
             rx: Vec::new(),
             deadline: Deadline::None,
@@ -517,6 +524,7 @@ impl ConnMachine {
             + usize::from(self.ops.cancel)
             + usize::from(self.ops.shutdown)
             + usize::from(self.ops.close)
+            + usize::from(self.ops.peer)
     }
 
     /// Serving requests (not free, not closing, not lingering).
@@ -630,7 +638,22 @@ impl ConnMachine {
             self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
         }
         self.tls = tls;
+        // Before the receive: the kernel answers it at once, so the address is known before
+        // the first bytes are looked at (PROXY protocol, trusted proxies).
+        self.ops.peer = true;
+        out.push(Action::GetPeer);
         self.arm_recv(out);
+    }
+
+    /// The kernel answered the peer-address request (None: it could not, e.g. the client
+    /// already reset; the connection then counts as from an unknown, untrusted peer).
+    pub fn on_peer(&mut self, peer: Option<std::net::SocketAddr>, out: &mut Actions) {
+        assert!(self.ops.peer, "peer completion without a request");
+        self.ops.peer = false;
+        self.client.peer = peer;
+        if !self.is_open() {
+            self.maybe_finish_close(out);
+        }
     }
 
     /// Begins closing (once): leaves every queue, cancels what is in flight, and closes the
@@ -2064,6 +2087,7 @@ mod tests {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
+        m.on_peer(Some("192.0.2.1:4000".parse().unwrap()), &mut out);
         m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &cx(0));
@@ -2089,8 +2113,15 @@ mod tests {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
         m.open(SocketSlot::new(5), None, &cx(1000), &mut out);
-        assert_eq!(out, [Action::Recv]);
+        // The peer's address is asked for before the receive goes out.
+        assert_eq!(out, [Action::GetPeer, Action::Recv]);
         assert_eq!((m.deadline, m.deadline_ms), (Deadline::Header, 11_000));
+        assert_eq!(m.in_flight(), 2);
+        out.clear();
+        let peer: std::net::SocketAddr = "198.51.100.7:5000".parse().unwrap();
+        m.on_peer(Some(peer), &mut out);
+        assert!(out.is_empty());
+        assert_eq!(m.client.addr(), Some(peer));
         assert_eq!(m.in_flight(), 1);
         out.clear();
         m.on_recv(4, Some(b"GET "), &cx(1001), &mut out);
@@ -2254,6 +2285,7 @@ mod tests {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
+        m.on_peer(None, &mut out);
         m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
         m.begin_response(431, false, 50, None, &cx(0));
         m.try_send(&cx(0), &mut out);

@@ -172,6 +172,8 @@ struct Shard<R: RingOps> {
     hs_earned_at: Duration,
     accept_retry_ms: u64,
     accept_warned_ms: u64,
+    /// The kernel refused a peer-address request once (logged once).
+    peer_warned: bool,
     date: DateCache,
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
@@ -308,6 +310,7 @@ impl<R: RingOps> Shard<R> {
             hs_earned_at: Duration::ZERO,
             accept_retry_ms: 0,
             accept_warned_ms: 0,
+            peer_warned: false,
             date: DateCache::new(now),
             metrics,
             shutdown,
@@ -630,6 +633,12 @@ impl<R: RingOps> Shard<R> {
                     .copy_from_slice(&body.framing[from..from + len]);
             }
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
+            Action::GetPeer => {
+                let t = self.token(Op::PeerName, c);
+                let tls = self.conns[c.index()].tls.is_some();
+                let len = self.peer_sockaddr_bytes(tls);
+                self.ring.get_peer(c, socket, len, t);
+            }
             Action::PollWritable => {
                 let t = self.token(Op::PollOut, c);
                 self.ring.poll_writable(socket, t);
@@ -763,11 +772,28 @@ impl<R: RingOps> Shard<R> {
                 shard: self.index,
                 date: self.date.header_value(),
                 tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
+                client: conn.client.addr().map(|a| a.ip()),
             });
         }
     }
 
     // ---- accept ----------------------------------------------------------------------------
+
+    /// Bytes of the peer `sockaddr` a connection from the TLS (or cleartext) listener has:
+    /// the kernel refuses a longer buffer for `SO_PEERNAME`, and a socket's peers share its
+    /// listener's family (IPv4 clients of an IPv6 listener come as mapped addresses).
+    fn peer_sockaddr_bytes(&self, tls: bool) -> usize {
+        let listen = if tls {
+            self.cfg.tls_listen.unwrap_or(self.cfg.listen)
+        } else {
+            self.cfg.listen
+        };
+        if listen.is_ipv6() {
+            crate::client::sockaddr::SOCKADDR_IN6_BYTES
+        } else {
+            crate::client::sockaddr::SOCKADDR_IN_BYTES
+        }
+    }
 
     fn arm_accept(&mut self) {
         let tls_wanted = self.tls_listener.is_some() || (self.ring_accepts && self.tls.is_some());
@@ -1083,6 +1109,21 @@ impl<R: RingOps> Shard<R> {
                 });
             }
             Op::Cancel => self.drive(c, |m, _, out| m.on_cancel_done(out)),
+            Op::PeerName => {
+                let len = usize::try_from(res).unwrap_or(0);
+                let peer = crate::client::sockaddr::parse(self.ring.peer_done(c, len));
+                if res < 0 && res != -libc::ENOTCONN && !self.peer_warned {
+                    // EOPNOTSUPP: a kernel before 6.7 (no socket getsockopt command).
+                    self.peer_warned = true;
+                    tracing::warn!(
+                        shard = self.index,
+                        errno = -res,
+                        "the kernel did not give a connection's peer address; clients are \
+                         logged as \"-\" and count as untrusted (logged once)"
+                    );
+                }
+                self.drive(c, |m, _, out| m.on_peer(peer, out));
+            }
             Op::PollOut => self.drive(c, |m, cx, out| m.on_writable(res, cx, out)),
             Op::Shutdown => self.drive(c, |m, _, out| m.on_shutdown_done(out)),
             Op::SendTls => {

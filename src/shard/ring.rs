@@ -227,6 +227,8 @@ pub struct Ring {
     arena: Arena,
     recv: RecvBuffers,
     tx: super::header_buffers::HeaderBuffers,
+    /// Per connection slot: where the kernel writes the peer's `sockaddr` (`get_peer`).
+    peers: PeerBuffers,
     log_in_flight: Option<Vec<u8>>,
     /// Entries that did not fit in the SQ, in submission order (TigerBeetle's `unqueued`).
     unqueued: VecDeque<squeue::Entry>,
@@ -308,6 +310,7 @@ impl Ring {
             arena,
             recv,
             tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
+            peers: PeerBuffers::new(cfg.conn_slots),
             log_in_flight: None,
             unqueued: VecDeque::with_capacity(usize::try_from(cfg.sq_entries).unwrap_or(0)),
             socket_slots: cfg.socket_slots,
@@ -551,6 +554,28 @@ impl super::ring_ops::RingOps for Ring {
             .build()
             .user_data(token);
         self.push(e);
+    }
+    /// Asks for the peer address of `socket` (`SO_PEERNAME`, a socket command on the direct
+    /// descriptor) into connection `conn`'s peer buffer; `len` is the listener family's
+    /// `sockaddr` size (the kernel refuses a buffer longer than the address).
+    fn get_peer(&mut self, conn: ConnSlot, socket: SocketSlot, len: usize, token: u64) {
+        let buf = self.peers.lend(conn.index());
+        assert!(len <= buf.len(), "peer address longer than its buffer");
+        let e = opcode::GetSockOpt::new(
+            types::Fixed(socket.raw()),
+            libc::SOL_SOCKET as u32,
+            libc::SO_PEERNAME as u32,
+            buf.as_mut_ptr().cast(),
+            len as u32,
+        )
+        .build()
+        .user_data(token);
+        self.push(e);
+    }
+    /// The peer address `get_peer` wrote (`len` bytes: the completion's result); the buffer
+    /// is ours again.
+    fn peer_done(&mut self, conn: ConnSlot, len: usize) -> &[u8] {
+        self.peers.done(conn.index(), len)
     }
     /// The kernel is done with `tx[conn]` (its send completed).
     fn tx_done(&mut self, conn: ConnSlot) {
@@ -895,6 +920,38 @@ pub mod opcodes {
     pub const SEND_ZC: u8 = io_uring::opcode::SendZc::CODE;
     /// Multishot-capable ACCEPT.
     pub const ACCEPT: u8 = io_uring::opcode::Accept::CODE;
+}
+
+/// One `sockaddr_in6`-sized buffer per connection slot for `SO_PEERNAME`, allocated at start-up.
+/// The kernel writes a buffer only while it is lent (one request per slot at a time); the
+/// boxed slice never moves or shrinks while the Ring lives.
+struct PeerBuffers {
+    bufs: Box<[[u8; crate::client::sockaddr::SOCKADDR_IN6_BYTES]]>,
+    lent: Vec<bool>,
+}
+
+impl PeerBuffers {
+    fn new(slots: usize) -> PeerBuffers {
+        PeerBuffers {
+            bufs: vec![[0; crate::client::sockaddr::SOCKADDR_IN6_BYTES]; slots].into_boxed_slice(),
+            lent: vec![false; slots],
+        }
+    }
+
+    fn lend(&mut self, i: usize) -> &mut [u8] {
+        assert!(!self.lent[i], "second peer request for slot {i} in flight");
+        self.lent[i] = true;
+        &mut self.bufs[i]
+    }
+
+    fn done(&mut self, i: usize, len: usize) -> &[u8] {
+        assert!(
+            self.lent[i],
+            "peer completion for slot {i} without a request"
+        );
+        self.lent[i] = false;
+        &self.bufs[i][..len.min(crate::client::sockaddr::SOCKADDR_IN6_BYTES)]
+    }
 }
 
 #[cfg(test)]

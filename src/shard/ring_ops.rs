@@ -48,6 +48,12 @@ pub trait RingOps {
     fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8>;
     /// Sends `tx[conn][from..]`; the buffer is the ring's until `tx_done(conn)`.
     fn send_tx(&mut self, conn: ConnSlot, socket: SocketSlot, from: usize, flags: i32, token: u64);
+    /// Asks the kernel for `socket`'s peer address (`len`: the listener family's `sockaddr`
+    /// size) into connection `conn`'s peer buffer.
+    fn get_peer(&mut self, conn: ConnSlot, socket: SocketSlot, len: usize, token: u64);
+    /// The address bytes `get_peer` produced (`len` from its completion); the buffer is free
+    /// for the slot's next connection.
+    fn peer_done(&mut self, conn: ConnSlot, len: usize) -> &[u8];
     /// The send from `tx[conn]` completed.
     fn tx_done(&mut self, conn: ConnSlot);
     /// Bytes in connection `conn`'s header buffer.

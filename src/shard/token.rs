@@ -45,6 +45,8 @@ pub enum Op {
     AcceptTls = 14,
     /// Send of TLS bytes the session produced, from the header buffer.
     SendTls = 15,
+    /// The peer-address request of a new connection (`SO_PEERNAME`).
+    PeerName = 16,
 }
 
 impl Op {
@@ -65,6 +67,7 @@ impl Op {
             13 => Op::Shutdown,
             14 => Op::AcceptTls,
             15 => Op::SendTls,
+            16 => Op::PeerName,
             _ => return None,
         })
     }

@@ -122,6 +122,11 @@ enum SimOp {
     LogWrite {
         len: usize,
     },
+    GetPeer {
+        conn: ConnSlot,
+        socket: SocketSlot,
+        len: usize,
+    },
 }
 
 impl SimOp {
@@ -134,6 +139,7 @@ impl SimOp {
             | SimOp::ZcNotif { socket, .. }
             | SimOp::SendStatic { socket, .. }
             | SimOp::PollOut { socket }
+            | SimOp::GetPeer { socket, .. }
             | SimOp::Shutdown { socket } => Some(socket),
             SimOp::Close { slot } => Some(slot),
             _ => None,
@@ -189,6 +195,9 @@ pub struct SimRing {
     recv_state: Vec<RecvBuf>,
     recv_free: VecDeque<u16>,
     tx: crate::shard::header_buffers::HeaderBuffers,
+    /// Per connection slot: the peer address a `get_peer` wrote, and whether one is pending.
+    peers: Vec<[u8; crate::client::sockaddr::SOCKADDR_IN6_BYTES]>,
+    peer_lent: Vec<bool>,
     log_in_flight: Option<Vec<u8>>,
     files: Vec<Option<std::fs::File>>,
     /// Fixed socket slot -> socket id in `net`.
@@ -230,6 +239,8 @@ impl SimRing {
             recv_state: vec![RecvBuf::Provided; usize::from(cfg.recv_buffers)],
             recv_free: (0..cfg.recv_buffers).collect(),
             tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
+            peers: vec![[0; crate::client::sockaddr::SOCKADDR_IN6_BYTES]; cfg.conn_slots],
+            peer_lent: vec![false; cfg.conn_slots],
             log_in_flight: None,
             files: (0..cfg.file_slots).map(|_| None).collect(),
             fixed_sockets: vec![None; cfg.socket_slots as usize],
@@ -487,6 +498,25 @@ impl SimRing {
             }
             SimOp::LogWrite { len } => {
                 self.post(token, len as i32, 0);
+                true
+            }
+            SimOp::GetPeer { conn, socket, len } => {
+                // Each simulated client has its own address: 10.x.y.z from its socket id.
+                let res = match self.socket_id(socket) {
+                    Some(id) if len >= crate::client::sockaddr::SOCKADDR_IN_BYTES => {
+                        let id = id as u32 + 1;
+                        let ip = std::net::Ipv4Addr::from(0x0a00_0000 | (id & 0x00ff_ffff));
+                        let addr =
+                            std::net::SocketAddr::new(ip.into(), 40_000 + (id % 20_000) as u16);
+                        let mut b = [0u8; crate::client::sockaddr::SOCKADDR_IN6_BYTES];
+                        let n = crate::client::sockaddr::encode(addr, &mut b);
+                        self.peers[conn.index()][..n].copy_from_slice(&b[..n]);
+                        n as i32
+                    }
+                    Some(_) => -libc::EINVAL,
+                    None => -libc::ENOTCONN,
+                };
+                self.post(token, res, 0);
                 true
             }
         };
@@ -783,6 +813,22 @@ impl RingOps for SimRing {
     ) {
         self.tx.lend(conn.index(), from);
         self.push(token, SimOp::SendTx { conn, socket, from });
+    }
+    fn get_peer(&mut self, conn: ConnSlot, socket: SocketSlot, len: usize, token: u64) {
+        assert!(
+            !self.peer_lent[conn.index()],
+            "second peer request in flight"
+        );
+        self.peer_lent[conn.index()] = true;
+        self.push(token, SimOp::GetPeer { conn, socket, len });
+    }
+    fn peer_done(&mut self, conn: ConnSlot, len: usize) -> &[u8] {
+        assert!(
+            self.peer_lent[conn.index()],
+            "peer completion without a request"
+        );
+        self.peer_lent[conn.index()] = false;
+        &self.peers[conn.index()][..len.min(crate::client::sockaddr::SOCKADDR_IN6_BYTES)]
     }
     fn tx_done(&mut self, conn: ConnSlot) {
         self.tx.done(conn.index());
