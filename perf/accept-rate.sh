@@ -4,7 +4,7 @@
 # builds side by side in one run: BEFORE (a git revision without the capture, built in a
 # worktree under perf/out/) and the current tree.
 #
-#   perf/accept-rate.sh [--before REV] [--duration-s N] [--rounds N] [--out FILE]
+#   perf/accept-rate.sh [--before REV] [--duration-s N] [--rounds N] [--out FILE] [--report-only]
 #
 # Each round runs both builds, alternating (A B A B ...), a fresh server each time, 1 shard
 # pinned to CPU 0, wrk pinned to CPU 1, on a 1 KiB file over loopback:
@@ -13,19 +13,21 @@
 #   kept-alive: 64 kept-alive connections (the small-file rate of perf/bench.sh, row 3).
 # Writes perf/ACCEPT-RATE.md (requests/s of each run, the medians and after/before ratios).
 # Default: --before 6e0f3c3 (the last commit before the capture), 8 s per run, 3 rounds.
+# --report-only rewrites the report from the last run's outputs (perf/out/accept-rate/).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
-BEFORE=6e0f3c3 DURATION_S=8 ROUNDS=3 OUT=$HERE/ACCEPT-RATE.md
+BEFORE=6e0f3c3 DURATION_S=8 ROUNDS=3 OUT=$HERE/ACCEPT-RATE.md REPORT_ONLY=0
 while (($#)); do
   case $1 in
     --before) BEFORE=$2; shift 2 ;;
     --duration-s) DURATION_S=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --report-only) REPORT_ONLY=1; shift ;;
     -h | --help) print_usage "$0" ;;
     *) echo "accept-rate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -37,7 +39,7 @@ command -v wrk >/dev/null || {
 
 RUN=$HERE/out/accept-rate WT=$HERE/out/accept-before-wt
 mkdir -p "$RUN"
-rm -f "$RUN"/*.txt
+((REPORT_ONLY)) || rm -f "$RUN"/*.txt "$RUN"/*.rps
 PORT=28580
 SRV_PID=''
 cleanup() {
@@ -46,6 +48,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if ((REPORT_ONLY == 0)); then
 log "building the current tree"
 (cd "$REPO" && cargo build --release --quiet)
 AFTER_BIN=$REPO/target/release/shardline
@@ -77,7 +80,7 @@ run_one() { # run_one NAME BIN MODE ROUND
   SRV_PID=''
   local req dur
   req=$(kv "$f" wrk_requests) dur=$(kv "$f" wrk_duration_us)
-  calc "$req / ($dur / 1e6)" >"$f.rps"
+  echo "$(calc "$req / ($dur / 1e6)")" >"$f.rps"
   log "$name $mode round $round: $(cat "$f.rps") req/s (errors: connect $(kv "$f" wrk_err_connect), read $(kv "$f" wrk_err_read), status $(kv "$f" wrk_err_status))"
 }
 
@@ -87,7 +90,17 @@ for mode in fresh kept; do
     run_one after "$AFTER_BIN" "$mode" "$r"
   done
 done
-
+echo "$BEFORE_REV $AFTER_REV" >"$RUN/revs"
+fi
+read -r BEFORE_REV AFTER_REV <"$RUN/revs"
+# Requests per second of each run, one per line (from wrk's totals).
+rps_of() { # rps_of NAME MODE
+  local f req dur
+  for f in "$RUN/$1-$2"-*.txt; do
+    req=$(kv "$f" wrk_requests) dur=$(kv "$f" wrk_duration_us)
+    printf '%.0f\n' "$(calc "$req / ($dur / 1e6)")"
+  done
+}
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 {
   echo "# What capturing every client's address costs (perf/accept-rate.sh)"
@@ -99,12 +112,13 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
   echo "| workload | before req/s (each run) | after req/s (each run) | median before | median after | after / before |"
   echo "|---|---|---|---:|---:|---:|"
   for mode in fresh kept; do
-    b=$(cat "$RUN"/before-$mode-*.txt.rps | tr '\n' ' ')
-    a=$(cat "$RUN"/after-$mode-*.txt.rps | tr '\n' ' ')
-    mb=$(cat "$RUN"/before-$mode-*.txt.rps | median)
-    ma=$(cat "$RUN"/after-$mode-*.txt.rps | median)
+    b=$(rps_of before "$mode" | paste -sd' ')
+    a=$(rps_of after "$mode" | paste -sd' ')
+    mb=$(rps_of before "$mode" | median)
+    ma=$(rps_of after "$mode" | median)
     label=$([[ $mode == fresh ]] && echo "fresh connection per request (accept rate)" || echo "kept-alive (small-file rate)")
     printf '| %s | %s | %s | %.0f | %.0f | %.3f |\n' "$label" "$b" "$a" "$mb" "$ma" "$(calc "$ma / $mb")"
+    grep -h "wrk_err_" "$RUN/before-$mode"-*.txt "$RUN/after-$mode"-*.txt | grep -v '=0$' >>"$RUN/errors" || true
   done
   echo
   echo "Target (issue 19): the small-file request rate with address capture >= 0.95 of before."
