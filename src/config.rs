@@ -262,6 +262,14 @@ pub struct Config {
     pub tls_handshake_timeout_ms: u64,
     /// Handshakes per shard that may wait for their turn; a new one past it is closed.
     pub tls_max_pending_handshakes: usize,
+    /// Every connection on `listen` starts with a PROXY protocol header (v1 or v2) from a
+    /// peer in `trusted_proxies`, naming the client; anything else is closed and counted.
+    pub proxy_protocol: bool,
+    /// The same for connections on `tls_listen` (the header comes before the ClientHello).
+    pub tls_proxy_protocol: bool,
+    /// Peers (IP addresses or CIDR blocks) trusted to name the client: with a PROXY header,
+    /// or with X-Forwarded-For / Forwarded. Empty: nobody.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for Config {
@@ -310,6 +318,9 @@ impl Default for Config {
             tls_record_bytes: MAX_TLS_RECORD_BYTES,
             tls_handshake_timeout_ms: 10_000,
             tls_max_pending_handshakes: 1024,
+            proxy_protocol: false,
+            tls_proxy_protocol: false,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -511,6 +522,19 @@ impl Config {
             ));
         }
         self.validate_tls()?;
+        let trusted = crate::client::TrustedProxies::parse(&self.trusted_proxies)
+            .map_err(|e| err("trusted_proxies", e))?;
+        if (self.proxy_protocol || self.tls_proxy_protocol) && trusted.is_empty() {
+            let key = if self.proxy_protocol {
+                "proxy_protocol"
+            } else {
+                "tls_proxy_protocol"
+            };
+            return Err(err(
+                key,
+                "needs trusted_proxies: the PROXY header is accepted only from them",
+            ));
+        }
         if let Some(admin) = self.admin_addr()? {
             if admin.ip() == self.listen.ip()
                 && admin.port() == self.listen.port()
@@ -594,6 +618,7 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "tls_ticket_lifetime_s",
     "tls_handshake_timeout_ms",
     "tls_max_pending_handshakes",
+    "trusted_proxies",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -643,6 +668,8 @@ impl Config {
             admin,
             tls_listen,
             tls_record_bytes,
+            proxy_protocol,
+            tls_proxy_protocol,
         );
         let mut config = self.clone();
         macro_rules! reloadable {
@@ -672,6 +699,7 @@ impl Config {
             tls_ticket_lifetime_s,
             tls_handshake_timeout_ms,
             tls_max_pending_handshakes,
+            trusted_proxies,
         );
         config.validate()?;
         Ok(Reload { config, refused })
@@ -784,6 +812,33 @@ mod tests {
         assert_eq!(c.tls_ticket_lifetime_s, d.tls_ticket_lifetime_s);
         assert_eq!(c.tls_handshake_timeout_ms, d.tls_handshake_timeout_ms);
         assert_eq!(c.tls_max_pending_handshakes, d.tls_max_pending_handshakes);
+        assert_eq!(c.proxy_protocol, d.proxy_protocol);
+        assert_eq!(c.tls_proxy_protocol, d.tls_proxy_protocol);
+        assert_eq!(c.trusted_proxies, d.trusted_proxies);
+    }
+
+    #[test]
+    fn proxy_settings_need_valid_trusted_proxies() {
+        let e = parse("proxy_protocol = true\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "proxy_protocol");
+        let e = parse("tls_proxy_protocol = true\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "tls_proxy_protocol");
+        let e = parse("trusted_proxies = [\"10.0.0.1/8\"]\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "trusted_proxies");
+        assert!(e.message.contains("10.0.0.1/8"), "{}", e.message);
+        parse("proxy_protocol = true\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n")
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -156,6 +156,16 @@ counters! {
     tls_bytes_in: Counter "tls_bytes_total" { direction = "in" },
     /// TLS bytes sent (records of every kind, handshakes included).
     tls_bytes_out: Counter "tls_bytes_total" { direction = "out" },
+    /// PROXY headers from trusted peers that named the client.
+    proxy_accepted: Counter "proxy_headers_total" { result = "accepted" },
+    /// PROXY headers for the proxy's own connection (LOCAL, UNKNOWN).
+    proxy_local: Counter "proxy_headers_total" { result = "local" },
+    /// Connections closed: bytes where a PROXY header was due, from an untrusted peer.
+    proxy_untrusted: Counter "proxy_headers_total" { result = "untrusted" },
+    /// Connections closed: not a valid PROXY header.
+    proxy_malformed: Counter "proxy_headers_total" { result = "malformed" },
+    /// Connections closed before their PROXY header was complete.
+    proxy_truncated: Counter "proxy_headers_total" { result = "truncated" },
 }
 
 /// HELP text of families whose members differ by a label (the fields' own docs describe
@@ -168,6 +178,10 @@ fn family_help(family: &str) -> Option<&'static str> {
              framing counts with the bytes it carries."
         }
         "tls_bytes_total" => "TLS bytes, by direction (in, out), handshakes included.",
+        "proxy_headers_total" => {
+            "PROXY protocol headers on listeners that expect them, by result: accepted, local, \
+             untrusted, malformed, truncated (the last three closed the connection)."
+        }
         "given_back_bytes_total" => {
             "File bytes read into the arena but given back unsent (to be read again), by why: \
              reclaim (behind a full socket) or read_ahead (cut after a short send)."

@@ -1,10 +1,15 @@
 //! Who is asking (issue 19): every connection's peer address reaches the access log, over
-//! cleartext and HTTPS, from several source addresses (loopback has all of 127.0.0.0/8).
+//! cleartext and HTTPS, from several source addresses (loopback has all of 127.0.0.0/8); behind
+//! HAProxy with `send-proxy-v2` the logged address is the client's; a PROXY header from an
+//! untrusted peer, a malformed one and one truncated at every byte offset close the connection
+//! and are counted.
 
 mod common;
 
 use common::tls::{run_bounded, tool, Key, Pki};
-use std::process::Command;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The access log's JSON lines once `n` have been written (waits up to 10 s).
@@ -81,4 +86,243 @@ fn the_access_log_names_each_clients_own_address() {
         assert_eq!(line["client"], src, "{line}");
         assert_eq!(line["status"], 200);
     }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// HAProxy in TCP mode on 127.0.0.1:`port` in front of `backend`, with `send-proxy-v2`.
+struct Haproxy {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    fn start(port: u16, backend: SocketAddr) -> Haproxy {
+        let haproxy = tool("haproxy", "haproxy");
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("haproxy.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 30s\n  \
+                 timeout server 30s\nfrontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
+                 backend b\n  server s {backend} send-proxy-v2\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new(haproxy)
+            .arg("-db")
+            .arg("-f")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn haproxy");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "haproxy did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Haproxy { child, _dir: dir }
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server whose listeners both expect PROXY headers from `trusted`, with a JSON access log.
+fn proxied_server(
+    trusted: &str,
+) -> (
+    common::Server,
+    SocketAddr,
+    Pki,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    common::write_pattern_file(&root.join("a.bin"), 100_000);
+    let log = dir.path().join("access.log");
+    let pki = Pki::new();
+    let leaf = pki.leaf("leaf", &["localhost"], Key::EcdsaP256, 30);
+    let cfg = pki.config(
+        &[leaf],
+        &format!(
+            "access_log_format = \"json\"\nproxy_protocol = true\ntls_proxy_protocol = true\n\
+             trusted_proxies = [\"{trusted}\"]"
+        ),
+    );
+    let (server, admin) = common::start_tls_with_admin(
+        &root,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    (server, admin, pki, dir, log)
+}
+
+#[test]
+fn behind_haproxy_send_proxy_v2_the_log_names_the_client_not_the_balancer() {
+    let (server, admin, pki, _dir, log) = proxied_server("127.0.0.1");
+    let (p_http, p_https) = (free_port(), free_port());
+    let _h1 = Haproxy::start(p_http, server.addr);
+    let _h2 = Haproxy::start(p_https, server.tls_addr.expect("HTTPS address"));
+    // Our readiness probes of HAProxy made connections (and headers) of their own.
+    let accepted = |admin| {
+        common::admin_metric(
+            admin,
+            "shardline_proxy_headers_total",
+            "result=\"accepted\"",
+        )
+    };
+    let before = accepted(admin);
+    let curl = tool("curl", "curl");
+    let sources = ["127.0.0.8", "127.0.0.9"];
+    for (i, src) in sources.iter().enumerate() {
+        let url = if i == 0 {
+            format!("http://127.0.0.1:{p_http}/a.bin?via=haproxy")
+        } else {
+            format!("https://localhost:{p_https}/a.bin?via=haproxy-tls")
+        };
+        let o = run_bounded(
+            Command::new(&curl)
+                .args(["-sS", "--fail", "--interface", src, "-o"])
+                .arg(_dir.path().join(format!("got-{i}")))
+                .args(["--cacert", pki.ca.to_str().unwrap()])
+                .args(["--resolve", &format!("localhost:{p_https}:127.0.0.1")])
+                .arg(&url),
+            Duration::from_secs(30),
+        );
+        assert!(
+            o.status.success(),
+            "curl via haproxy from {src}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got = std::fs::read(_dir.path().join(format!("got-{i}"))).unwrap();
+        assert_eq!(got, common::pattern(100_000), "body through haproxy");
+    }
+    let lines = log_lines(&log, 2);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (line, src) in lines.iter().zip(sources) {
+        assert_eq!(line["client"], src, "{line}");
+    }
+    // Each curl is one connection through HAProxy, with one header (the probes' own
+    // connections may still be arriving: at least the two, at most two more).
+    let after = accepted(admin);
+    assert!(
+        after >= before + 2 && after <= 4,
+        "accepted {before} -> {after}"
+    );
+}
+
+/// Sends `bytes` on a fresh connection (then closes the write side when `close`) and returns
+/// what the server answered before it closed.
+fn exchange(addr: SocketAddr, bytes: &[u8], close: bool) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(bytes).unwrap();
+    if close {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    got
+}
+
+#[test]
+fn untrusted_malformed_and_truncated_proxy_headers_are_closed_and_counted() {
+    let request = b"GET /a.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    let mut v2 = Vec::new();
+    shardline::client::proxy_protocol::encode_v2(
+        "198.51.100.1:5000".parse().unwrap(),
+        "127.0.0.1:80".parse().unwrap(),
+        &mut v2,
+    );
+    let v1 = b"PROXY TCP4 198.51.100.2 127.0.0.1 5001 80\r\n".to_vec();
+
+    // From an untrusted peer, even a valid header is refused.
+    let (server, admin, _pki, _dir, _log) = proxied_server("10.9.9.9");
+    let got = exchange(server.addr, &[v2.clone(), request.to_vec()].concat(), false);
+    assert!(
+        got.is_empty(),
+        "an untrusted peer got an answer: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert_eq!(
+        common::admin_metric(
+            admin,
+            "shardline_proxy_headers_total",
+            "result=\"untrusted\""
+        ),
+        1
+    );
+    drop(server);
+
+    let (server, admin, _pki, _dir, _log) = proxied_server("127.0.0.0/8");
+    // A request without a header, and a spoofed header after bytes, are malformed.
+    for bad in [request.to_vec(), [b"GET ".to_vec(), v1.clone()].concat()] {
+        let got = exchange(server.addr, &bad, false);
+        assert!(
+            got.is_empty(),
+            "malformed got: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    // Every truncation of both versions, then a close.
+    let mut truncations = 0;
+    for h in [&v1, &v2] {
+        for cut in 1..h.len() {
+            let got = exchange(server.addr, &h[..cut], true);
+            assert!(got.is_empty(), "truncated at {cut} got an answer");
+            truncations += 1;
+        }
+    }
+    // Every truncation followed by the request instead of the rest: never served.
+    for h in [&v1, &v2] {
+        for cut in 1..h.len() {
+            let got = exchange(server.addr, &[&h[..cut], &request[..]].concat(), false);
+            assert!(
+                !got.starts_with(b"HTTP/1.1 200"),
+                "a header cut at {cut} and a request were served"
+            );
+        }
+    }
+    let m = |r: &str| {
+        common::admin_metric(
+            admin,
+            "shardline_proxy_headers_total",
+            &format!("result=\"{r}\""),
+        )
+    };
+    assert_eq!(m("truncated"), truncations);
+    assert!(m("malformed") >= 2, "malformed {}", m("malformed"));
+    // The server still serves a proper client. (A v2 header cut after its length field and
+    // followed by request bytes is a complete header with nonsense addresses: length-prefixed
+    // binary cannot tell; the request after it is then malformed, never a 200, as above.)
+    let before = m("accepted");
+    let got = exchange(server.addr, &[v1.clone(), request.to_vec()].concat(), false);
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&got[..got.len().min(200)])
+    );
+    assert_eq!(m("accepted"), before + 1);
 }

@@ -34,6 +34,8 @@ pub struct Client {
     pub peer: Option<SocketAddr>,
     /// The address a trusted proxy gave for the connection (PROXY protocol).
     pub proxied: Option<SocketAddr>,
+    /// The peer is in `trusted_proxies` (it may name the client).
+    pub trusted: bool,
 }
 
 impl Client {
@@ -81,7 +83,7 @@ mod tests {
         let peer: SocketAddr = "10.0.0.1:4000".parse().unwrap();
         let mut c = Client {
             peer: Some(peer),
-            proxied: None,
+            ..Client::default()
         };
         assert_eq!(c.addr(), Some(peer));
         assert_eq!(c.source(), Source::Peer);

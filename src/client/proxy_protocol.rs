@@ -221,6 +221,101 @@ pub fn encode_v2(source: SocketAddr, dest: SocketAddr, out: &mut Vec<u8>) {
     }
 }
 
+/// How a connection's PROXY header ended (counted by result).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A header from a trusted peer named the client.
+    Accepted,
+    /// A header from a trusted peer for the proxy's own connection (v2 LOCAL, v1 UNKNOWN):
+    /// the peer stands for itself.
+    Local,
+    /// Bytes from a peer not in `trusted_proxies` (or whose address is unknown).
+    Untrusted,
+    /// Bytes that are not a valid header, or one over `MAX_HEADER_BYTES`.
+    Malformed,
+    /// The peer closed before its header was complete.
+    Truncated,
+}
+
+impl Outcome {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Local => "local",
+            Outcome::Untrusted => "untrusted",
+            Outcome::Malformed => "malformed",
+            Outcome::Truncated => "truncated",
+        }
+    }
+}
+
+/// What the bytes received so far decide.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Feed {
+    /// The header is not complete yet: receive more.
+    NeedMore,
+    /// Close the connection.
+    Refuse(Outcome),
+    /// The header is done: `client` (None: the peer stands) and the client's own bytes that
+    /// came after it in the same receive.
+    Done {
+        /// Accepted or Local.
+        outcome: Outcome,
+        /// The client's address.
+        client: Option<SocketAddr>,
+        /// Bytes after the header.
+        rest: Vec<u8>,
+    },
+}
+
+/// A connection waiting for its PROXY header: at most `MAX_HEADER_BYTES` buffered.
+#[derive(Debug, Default)]
+pub struct Stage {
+    buf: Vec<u8>,
+}
+
+impl Stage {
+    /// Takes the next received bytes; `trusted`: the peer is in `trusted_proxies`.
+    pub fn feed(&mut self, data: &[u8], trusted: bool) -> Feed {
+        if !trusted {
+            return Feed::Refuse(Outcome::Untrusted);
+        }
+        // One byte past the limit is enough to know the header is too long.
+        let room = (MAX_HEADER_BYTES + 1).saturating_sub(self.buf.len());
+        let take = data.len().min(room);
+        self.buf.extend_from_slice(&data[..take]);
+        match parse(&self.buf) {
+            Parse::Incomplete if self.buf.len() > MAX_HEADER_BYTES => {
+                Feed::Refuse(Outcome::Malformed)
+            }
+            Parse::Incomplete => Feed::NeedMore,
+            Parse::Invalid(_) => Feed::Refuse(Outcome::Malformed),
+            Parse::Done { len, source } => {
+                // The header ends inside what we buffered; the rest of `data` follows it.
+                let mut rest = self.buf.split_off(len);
+                rest.extend_from_slice(&data[take..]);
+                self.buf = Vec::new();
+                let outcome = if source.is_some() {
+                    Outcome::Accepted
+                } else {
+                    Outcome::Local
+                };
+                Feed::Done {
+                    outcome,
+                    client: source,
+                    rest,
+                }
+            }
+        }
+    }
+
+    /// Whether part of a header has arrived (a close now is a truncation).
+    pub fn started(&self) -> bool {
+        !self.buf.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,5 +466,51 @@ mod tests {
                 prop_assert!(len <= with_sig.len());
             }
         }
+    }
+
+    #[test]
+    fn the_stage_hands_on_the_bytes_after_the_header_in_any_split() {
+        let mut h = Vec::new();
+        encode_v2(addr("198.51.100.4:61000"), addr("10.0.0.1:443"), &mut h);
+        h.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        for cut in 0..h.len() {
+            let mut st = Stage::default();
+            let first = st.feed(&h[..cut], true);
+            // Bytes after the header that arrived with it; the rest of `h` would come later.
+            let (got, rest) = if cut >= 28 {
+                (first, h[28..cut].to_vec())
+            } else {
+                assert_eq!(first, Feed::NeedMore, "cut {cut}");
+                assert_eq!(st.started(), cut > 0);
+                (st.feed(&h[cut..], true), h[28..].to_vec())
+            };
+            assert_eq!(
+                got,
+                Feed::Done {
+                    outcome: Outcome::Accepted,
+                    client: Some(addr("198.51.100.4:61000")),
+                    rest
+                },
+                "cut {cut}"
+            );
+        }
+        assert_eq!(
+            Stage::default().feed(&h, false),
+            Feed::Refuse(Outcome::Untrusted)
+        );
+        assert_eq!(
+            Stage::default().feed(b"GET / HTTP/1.1\r\n", true),
+            Feed::Refuse(Outcome::Malformed)
+        );
+        // A v2 header that claims the largest payload: refused once over the limit, never
+        // buffered past it.
+        let mut big = V2_SIGNATURE.to_vec();
+        big.extend_from_slice(&[0x21, 0x11]);
+        big.extend_from_slice(&(V2_MAX_PAYLOAD_BYTES as u16).to_be_bytes());
+        let mut st = Stage::default();
+        assert_eq!(st.feed(&big, true), Feed::NeedMore);
+        let pad = vec![0u8; 600];
+        assert_eq!(st.feed(&pad, true), Feed::NeedMore);
+        assert!(matches!(st.feed(&pad, true), Feed::Done { .. }));
     }
 }

@@ -28,6 +28,7 @@ use super::{
     LINGER_MAX_BYTES, LINGER_TIMEOUT_MS, MIN_READ_BYTES, READ_AHEAD_FAST_SEND_MS,
     READ_AHEAD_START_CHUNKS, RECV_BUFFER_BYTES, ZC_WARMUP_BYTES,
 };
+use crate::client::proxy_protocol::{Feed as ProxyFeed, Outcome as ProxyOutcome};
 use crate::http::request::Method;
 use crate::tls::record::RecordCut;
 use crate::tls::session::{HandshakeFailure, HandshakeStep, Received, Resume, TlsSession, Version};
@@ -209,6 +210,8 @@ pub enum Counter {
     TlsBytesIn,
     /// TLS bytes sent (records of every kind).
     TlsBytesOut,
+    /// A PROXY protocol header ended, by outcome.
+    Proxy(crate::client::proxy_protocol::Outcome),
 }
 
 /// What the driver does for the machine, in order.
@@ -391,6 +394,10 @@ pub struct Limits {
     pub tls_chunk_bytes: usize,
     /// A TLS handshake must complete within this (ms) of accept.
     pub tls_handshake_timeout_ms: u64,
+    /// Connections on the cleartext listener start with a PROXY header.
+    pub proxy_protocol: bool,
+    /// Connections on the TLS listener start with a PROXY header.
+    pub tls_proxy_protocol: bool,
 }
 
 /// The moment and the shard-wide facts an event is judged by.
@@ -425,6 +432,8 @@ pub struct ConnMachine {
     pub ops: OpSlots,
     /// Who is asking: the peer, and the address a trusted proxy gave.
     pub client: crate::client::Client,
+    /// Waiting for the PROXY protocol header (None: not expected, or done).
+    pub proxy: Option<Box<crate::client::proxy_protocol::Stage>>,
     /// Place in the arena's wait queue.
     pub arena: ArenaWait,
     /// Request bytes received and not yet consumed (pipelined requests wait here).
@@ -485,6 +494,7 @@ impl ConnMachine {
             write: WriteState::Idle,
             ops: OpSlots::default(),
             client: crate::client::Client::default(),
+            proxy: None,
             arena: ArenaWait::None,
             rx: Vec::new(),
             deadline: Deadline::None,
@@ -637,6 +647,14 @@ impl ConnMachine {
         } else {
             self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
         }
+        let proxied_listener = if tls.is_some() {
+            cx.limits.tls_proxy_protocol
+        } else {
+            cx.limits.proxy_protocol
+        };
+        if proxied_listener {
+            self.proxy = Some(Box::default());
+        }
         self.tls = tls;
         // Before the receive: the kernel answers it at once, so the address is known before
         // the first bytes are looked at (PROXY protocol, trusted proxies).
@@ -647,10 +665,16 @@ impl ConnMachine {
 
     /// The kernel answered the peer-address request (None: it could not, e.g. the client
     /// already reset; the connection then counts as from an unknown, untrusted peer).
-    pub fn on_peer(&mut self, peer: Option<std::net::SocketAddr>, out: &mut Actions) {
+    pub fn on_peer(
+        &mut self,
+        peer: Option<std::net::SocketAddr>,
+        trusted: bool,
+        out: &mut Actions,
+    ) {
         assert!(self.ops.peer, "peer completion without a request");
         self.ops.peer = false;
         self.client.peer = peer;
+        self.client.trusted = peer.is_some() && trusted;
         if !self.is_open() {
             self.maybe_finish_close(out);
         }
@@ -843,6 +867,14 @@ impl ConnMachine {
         }
         if res == 0 {
             self.read = ReadState::Eof;
+            if let Some(stage) = self.proxy.take() {
+                // A balancer's health check may connect and close without a byte: not counted.
+                if stage.started() {
+                    out.push(Action::Count(Counter::Proxy(ProxyOutcome::Truncated), 1));
+                }
+                self.close(CloseReason::ProtocolError, cx, out);
+                return;
+            }
             if self.tls.as_ref().is_some_and(|t| t.handshaking()) {
                 out.push(Action::Count(
                     Counter::Handshake(HandshakeOutcome::PeerClosed),
@@ -873,6 +905,37 @@ impl ConnMachine {
         let Some(data) = data else {
             self.close(CloseReason::ProtocolError, cx, out);
             return;
+        };
+        let after_header;
+        let data = match self.proxy.as_mut() {
+            None => data,
+            Some(stage) => match stage.feed(data, self.client.trusted) {
+                ProxyFeed::NeedMore => {
+                    self.arm_recv(out);
+                    return;
+                }
+                ProxyFeed::Refuse(outcome) => {
+                    out.push(Action::Count(Counter::Proxy(outcome), 1));
+                    self.proxy = None;
+                    self.close(CloseReason::ProtocolError, cx, out);
+                    return;
+                }
+                ProxyFeed::Done {
+                    outcome,
+                    client,
+                    rest,
+                } => {
+                    out.push(Action::Count(Counter::Proxy(outcome), 1));
+                    self.client.proxied = client;
+                    self.proxy = None;
+                    if rest.is_empty() {
+                        self.arm_recv(out);
+                        return;
+                    }
+                    after_header = rest;
+                    &after_header[..]
+                }
+            },
         };
         let was_empty = self.rx.is_empty();
         if self.tls.is_some() {
@@ -2061,8 +2124,60 @@ mod tests {
                 tls_record_bytes: 16 * 1024,
                 tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(CHUNK, 16 * 1024),
                 tls_handshake_timeout_ms: 10_000,
+                proxy_protocol: false,
+                tls_proxy_protocol: false,
             },
         }
+    }
+
+    #[test]
+    fn a_proxy_header_names_the_client_and_only_from_a_trusted_peer() {
+        let mut pcx = cx(0);
+        pcx.limits.proxy_protocol = true;
+        let lb: std::net::SocketAddr = "10.0.0.5:40000".parse().unwrap();
+        let real: std::net::SocketAddr = "203.0.113.9:5555".parse().unwrap();
+        let mut header = Vec::new();
+        crate::client::proxy_protocol::encode_v2(real, "10.0.0.1:80".parse().unwrap(), &mut header);
+        // Trusted peer: header in two pieces, then the request in the same receive.
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(SocketSlot::new(3), None, &pcx, &mut out);
+        m.on_peer(Some(lb), true, &mut out);
+        out.clear();
+        m.on_recv(5, Some(&header[..5]), &pcx, &mut out);
+        assert_eq!(out, [Action::Recv], "more of the header is needed");
+        assert!(
+            m.rx.is_empty(),
+            "header bytes never reach the request parser"
+        );
+        out.clear();
+        let mut rest = header[5..].to_vec();
+        rest.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        m.on_recv(rest.len() as i32, Some(&rest), &pcx, &mut out);
+        assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Accepted), 1)));
+        assert_eq!(m.rx, b"GET / HTTP/1.1\r\n\r\n");
+        assert_eq!(m.client.addr(), Some(real));
+        assert_eq!(m.client.peer, Some(lb));
+        // Untrusted peer: closed and counted, whatever it sends.
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(SocketSlot::new(4), None, &pcx, &mut out);
+        m.on_peer(Some("192.0.2.77:1".parse().unwrap()), false, &mut out);
+        out.clear();
+        m.on_recv(header.len() as i32, Some(&header), &pcx, &mut out);
+        assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Untrusted), 1)));
+        assert!(!m.is_open());
+        assert_eq!(m.client.proxied, None);
+        // A truncated header, then the peer closes: counted as truncated.
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(SocketSlot::new(5), None, &pcx, &mut out);
+        m.on_peer(Some(lb), true, &mut out);
+        m.on_recv(7, Some(&header[..7]), &pcx, &mut out);
+        out.clear();
+        m.on_recv(0, None, &pcx, &mut out);
+        assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Truncated), 1)));
+        assert!(!m.is_open());
     }
 
     fn file_body(len: u64) -> Body {
@@ -2087,7 +2202,7 @@ mod tests {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
-        m.on_peer(Some("192.0.2.1:4000".parse().unwrap()), &mut out);
+        m.on_peer(Some("192.0.2.1:4000".parse().unwrap()), false, &mut out);
         m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &cx(0));
@@ -2119,7 +2234,7 @@ mod tests {
         assert_eq!(m.in_flight(), 2);
         out.clear();
         let peer: std::net::SocketAddr = "198.51.100.7:5000".parse().unwrap();
-        m.on_peer(Some(peer), &mut out);
+        m.on_peer(Some(peer), false, &mut out);
         assert!(out.is_empty());
         assert_eq!(m.client.addr(), Some(peer));
         assert_eq!(m.in_flight(), 1);
@@ -2285,7 +2400,7 @@ mod tests {
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
-        m.on_peer(None, &mut out);
+        m.on_peer(None, false, &mut out);
         m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
         m.begin_response(431, false, 50, None, &cx(0));
         m.try_send(&cx(0), &mut out);

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::client::proxy_protocol::Outcome as ProxyOutcome;
 use crate::config::{Config, ZeroCopy};
 use crate::http::date::DateCache;
 use crate::metrics::ShardMetrics;
@@ -174,6 +175,8 @@ struct Shard<R: RingOps> {
     accept_warned_ms: u64,
     /// The kernel refused a peer-address request once (logged once).
     peer_warned: bool,
+    /// Peers that may name the client (`trusted_proxies`, parsed; replaced on reload).
+    trusted: crate::client::TrustedProxies,
     date: DateCache,
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
@@ -311,6 +314,8 @@ impl<R: RingOps> Shard<R> {
             accept_retry_ms: 0,
             accept_warned_ms: 0,
             peer_warned: false,
+            trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
+                .expect("validated at load"),
             date: DateCache::new(now),
             metrics,
             shutdown,
@@ -513,6 +518,8 @@ impl<R: RingOps> Shard<R> {
                     self.cfg.tls_record_bytes,
                 ),
                 tls_handshake_timeout_ms: self.cfg.tls_handshake_timeout_ms,
+                proxy_protocol: self.cfg.proxy_protocol,
+                tls_proxy_protocol: self.cfg.tls_proxy_protocol,
             },
         }
     }
@@ -749,6 +756,11 @@ impl<R: RingOps> Shard<R> {
             Counter::Closed(CloseReason::Abort) => &m.closed_abort,
             Counter::TlsBytesIn => &m.tls_bytes_in,
             Counter::TlsBytesOut => &m.tls_bytes_out,
+            Counter::Proxy(ProxyOutcome::Accepted) => &m.proxy_accepted,
+            Counter::Proxy(ProxyOutcome::Local) => &m.proxy_local,
+            Counter::Proxy(ProxyOutcome::Untrusted) => &m.proxy_untrusted,
+            Counter::Proxy(ProxyOutcome::Malformed) => &m.proxy_malformed,
+            Counter::Proxy(ProxyOutcome::Truncated) => &m.proxy_truncated,
             Counter::Handshake(outcome) => {
                 debug_assert_eq!(n, 1, "one handshake outcome per count");
                 return self.count_handshake(outcome);
@@ -1122,7 +1134,8 @@ impl<R: RingOps> Shard<R> {
                          logged as \"-\" and count as untrusted (logged once)"
                     );
                 }
-                self.drive(c, |m, _, out| m.on_peer(peer, out));
+                let trusted = peer.is_some_and(|p| self.trusted.trusts(p.ip()));
+                self.drive(c, |m, _, out| m.on_peer(peer, trusted, out));
             }
             Op::PollOut => self.drive(c, |m, cx, out| m.on_writable(res, cx, out)),
             Op::Shutdown => self.drive(c, |m, _, out| m.on_shutdown_done(out)),

@@ -50,6 +50,10 @@ impl<R: RingOps> Shard<R> {
                 self.lifecycle.log_change_pending = true;
             }
             self.files.set_valid_ms(new.open_file_valid_ms);
+            // The next connection's peer is judged by the new list; open ones keep theirs.
+            if let Ok(t) = crate::client::TrustedProxies::parse(&new.trusted_proxies) {
+                self.trusted = t;
+            }
             // New handshakes use the reloaded certificates and ticket keys; sessions under
             // way keep the configuration they started with.
             self.tls = self.lifecycle.shared.tls();
