@@ -326,3 +326,81 @@ fn untrusted_malformed_and_truncated_proxy_headers_are_closed_and_counted() {
     );
     assert_eq!(m("accepted"), before + 1);
 }
+
+#[test]
+fn x_forwarded_for_counts_only_from_a_trusted_peer_right_most_untrusted_hop() {
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    common::write_pattern_file(&root.join("a.bin"), 1000);
+    let log = dir.path().join("access.log");
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        "access_log_format = \"json\"\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\"]\n",
+    )
+    .unwrap();
+    let server = common::Server::start(
+        &root,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let curl = tool("curl", "curl");
+    let port = server.addr.port();
+    // (source address, header, logged client)
+    let cases = [
+        // A trusted peer: the right-most hop that is not a trusted proxy.
+        (
+            "127.0.0.1",
+            "X-Forwarded-For: 203.0.113.1, 198.51.100.9, 10.1.1.1",
+            "198.51.100.9",
+        ),
+        (
+            "127.0.0.1",
+            "Forwarded: for=\"[2001:db8::5]:443\"",
+            "2001:db8::5",
+        ),
+        // An untrusted peer spoofing the header: its own address.
+        ("127.0.0.6", "X-Forwarded-For: 203.0.113.66", "127.0.0.6"),
+        ("127.0.0.6", "Forwarded: for=203.0.113.67", "127.0.0.6"),
+    ];
+    for (i, (src, header, _)) in cases.iter().enumerate() {
+        let o = run_bounded(
+            Command::new(&curl)
+                .args([
+                    "-sS",
+                    "--fail",
+                    "-o",
+                    "/dev/null",
+                    "--interface",
+                    src,
+                    "-H",
+                    header,
+                ])
+                .arg(format!("http://127.0.0.1:{port}/a.bin?case={i}")),
+            Duration::from_secs(30),
+        );
+        assert!(
+            o.status.success(),
+            "curl case {i}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let lines = log_lines(&log, cases.len());
+    for (i, (_, header, want)) in cases.iter().enumerate() {
+        let line = lines
+            .iter()
+            .find(|l| {
+                l["request"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains(&format!("case={i} "))
+            })
+            .unwrap_or_else(|| panic!("no line for case {i}: {lines:?}"));
+        assert_eq!(line["client"], *want, "{header}: {line}");
+    }
+}

@@ -25,14 +25,26 @@ pub fn client_ip(
     if !trusted.trusts(peer) {
         return peer;
     }
-    let mut hops: Vec<Option<IpAddr>> = Vec::new();
-    if let Some(v) = xff {
-        hops.extend(split_list(v).map(parse_xff_hop));
-    } else if let Some(v) = fwd {
-        hops.extend(split_list(v).map(parse_forwarded_element));
+    // Right to left, without collecting: the nearest hop first.
+    match (xff, fwd) {
+        (Some(v), _) => walk(peer, split_list(v).rev().map(parse_xff_hop), trusted),
+        (None, Some(v)) => walk(
+            peer,
+            split_list(v).rev().map(parse_forwarded_element),
+            trusted,
+        ),
+        (None, None) => peer,
     }
+}
+
+/// Steps left from `peer` through `hops` (nearest first) while the address in hand is trusted.
+fn walk(
+    peer: IpAddr,
+    hops: impl Iterator<Item = Option<IpAddr>>,
+    trusted: &TrustedProxies,
+) -> IpAddr {
     let mut client = peer;
-    for hop in hops.into_iter().rev().take(FORWARDED_HOPS_MAX) {
+    for hop in hops.take(FORWARDED_HOPS_MAX) {
         if !trusted.trusts(client) {
             break;
         }

@@ -80,6 +80,11 @@ pub struct Request<'a> {
     pub if_modified_since: Option<&'a [u8]>,
     /// `If-Range` value, if present.
     pub if_range: Option<&'a [u8]>,
+    /// The last `X-Forwarded-For` value, if present (the hops a trusted proxy appended are
+    /// at its right end).
+    pub x_forwarded_for: Option<&'a [u8]>,
+    /// The last `Forwarded` value (RFC 7239), if present.
+    pub forwarded: Option<&'a [u8]>,
 }
 
 /// Why a request was refused; every refusal closes the connection after the response.
@@ -372,6 +377,8 @@ struct Fields<'a> {
     if_none_match: Option<&'a [u8]>,
     if_modified_since: Option<&'a [u8]>,
     if_range: Option<&'a [u8]>,
+    x_forwarded_for: Option<&'a [u8]>,
+    forwarded: Option<&'a [u8]>,
 }
 
 fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Reject> {
@@ -420,6 +427,12 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
             set_once(&mut f.if_modified_since, h.value)?;
         } else if is("if-range") {
             set_once(&mut f.if_range, h.value)?;
+        } else if is("x-forwarded-for") {
+            // Read only from a trusted peer (`client::forwarded`); the last line holds the
+            // hops nearest to us.
+            f.x_forwarded_for = Some(h.value);
+        } else if is("forwarded") {
+            f.forwarded = Some(h.value);
         }
     }
     Ok(f)
@@ -605,6 +618,8 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
             if_none_match: f.if_none_match,
             if_modified_since: f.if_modified_since,
             if_range: f.if_range,
+            x_forwarded_for: f.x_forwarded_for,
+            forwarded: f.forwarded,
         },
         head_len: fields_start.saturating_add(fields_len),
     }
@@ -770,6 +785,18 @@ mod tests {
             let req = format!("GET / HTTP/{other}\r\nHost: a\r\n\r\n");
             assert_eq!(rejected(req.as_bytes()), 505, "{req:?}");
         }
+    }
+
+    #[test]
+    fn forwarding_headers_are_kept_the_last_line_of_each() {
+        let (r, _) = complete(
+            b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 1.1.1.1\r\n\
+              x-forwarded-for: 2.2.2.2, 10.0.0.1\r\nForwarded: for=3.3.3.3\r\n\r\n",
+        );
+        assert_eq!(r.x_forwarded_for, Some(&b"2.2.2.2, 10.0.0.1"[..]));
+        assert_eq!(r.forwarded, Some(&b"for=3.3.3.3"[..]));
+        let (r, _) = complete(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!((r.x_forwarded_for, r.forwarded), (None, None));
     }
 
     #[test]

@@ -432,6 +432,8 @@ pub struct ConnMachine {
     pub ops: OpSlots,
     /// Who is asking: the peer, and the address a trusted proxy gave.
     pub client: crate::client::Client,
+    /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
+    pub request_client: Option<std::net::IpAddr>,
     /// Waiting for the PROXY protocol header (None: not expected, or done).
     pub proxy: Option<Box<crate::client::proxy_protocol::Stage>>,
     /// Place in the arena's wait queue.
@@ -495,6 +497,7 @@ impl ConnMachine {
             ops: OpSlots::default(),
             client: crate::client::Client::default(),
             proxy: None,
+            request_client: None,
             arena: ArenaWait::None,
             rx: Vec::new(),
             deadline: Deadline::None,

@@ -784,7 +784,7 @@ impl<R: RingOps> Shard<R> {
                 shard: self.index,
                 date: self.date.header_value(),
                 tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
-                client: conn.client.addr().map(|a| a.ip()),
+                client: conn.request_client.or(conn.client.addr().map(|a| a.ip())),
             });
         }
     }

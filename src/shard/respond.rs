@@ -59,6 +59,17 @@ impl<R: RingOps> Shard<R> {
             _ => None,
         };
         conn.request_parsed(method, &cx);
+        // The request's client: the connection's (PROXY-given or peer), or the right-most
+        // untrusted hop of X-Forwarded-For / Forwarded when that one is a trusted proxy.
+        conn.request_client = conn.client.addr().map(|a| match parsed {
+            Parsed::Complete { request, .. } => crate::client::forwarded::client_ip(
+                a.ip(),
+                request.x_forwarded_for,
+                request.forwarded,
+                &self.trusted,
+            ),
+            _ => a.ip(),
+        });
         if !logging {
             return;
         }
@@ -311,6 +322,8 @@ mod tests {
             if_none_match: None,
             if_modified_since: None,
             if_range: None,
+            x_forwarded_for: None,
+            forwarded: None,
         }
     }
 
