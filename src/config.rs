@@ -270,6 +270,8 @@ pub struct Config {
     /// Peers (IP addresses or CIDR blocks) trusted to name the client: with a PROXY header,
     /// or with X-Forwarded-For / Forwarded. Empty: nobody.
     pub trusted_proxies: Vec<String>,
+    /// Path prefixes whose requests must carry a valid signature (`[[signed_url]]`).
+    pub signed_url: Vec<crate::signing::RuleConfig>,
 }
 
 impl Default for Config {
@@ -321,6 +323,7 @@ impl Default for Config {
             proxy_protocol: false,
             tls_proxy_protocol: false,
             trusted_proxies: Vec::new(),
+            signed_url: Vec::new(),
         }
     }
 }
@@ -522,6 +525,15 @@ impl Config {
             ));
         }
         self.validate_tls()?;
+        if self.signed_url.len() > crate::signing::MAX_SIGNED_URL_RULES {
+            return Err(err(
+                "signed_url",
+                format!("at most {} rules", crate::signing::MAX_SIGNED_URL_RULES),
+            ));
+        }
+        for rule in &self.signed_url {
+            rule.validate().map_err(|e| err("signed_url", e))?;
+        }
         let trusted = crate::client::TrustedProxies::parse(&self.trusted_proxies)
             .map_err(|e| err("trusted_proxies", e))?;
         if (self.proxy_protocol || self.tls_proxy_protocol) && trusted.is_empty() {
@@ -619,6 +631,7 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "tls_handshake_timeout_ms",
     "tls_max_pending_handshakes",
     "trusted_proxies",
+    "signed_url",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -700,6 +713,7 @@ impl Config {
             tls_handshake_timeout_ms,
             tls_max_pending_handshakes,
             trusted_proxies,
+            signed_url,
         );
         config.validate()?;
         Ok(Reload { config, refused })

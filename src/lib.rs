@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod plan;
 pub mod server;
 pub mod shard;
+pub mod signing;
 pub mod steering;
 pub mod tls;
 pub mod topology;

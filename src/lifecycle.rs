@@ -18,6 +18,8 @@ pub struct Lifecycle {
     /// Certificates and ticket keys new TLS handshakes use; replaced by a reload whose every
     /// TLS file loaded.
     tls: Mutex<Option<Arc<TlsContext>>>,
+    /// Signed-URL rules with their keys; replaced by a reload whose every key file loaded.
+    signing: Mutex<Arc<crate::signing::Signing>>,
 }
 
 impl Lifecycle {
@@ -28,6 +30,7 @@ impl Lifecycle {
             config: Mutex::new(config),
             epoch: AtomicU64::new(0),
             tls: Mutex::new(None),
+            signing: Mutex::new(Arc::default()),
         })
     }
 
@@ -40,6 +43,19 @@ impl Lifecycle {
     /// or at start-up); connections already established keep theirs.
     pub fn set_tls(&self, tls: Option<Arc<TlsContext>>) {
         *self.tls.lock().unwrap_or_else(|e| e.into_inner()) = tls;
+    }
+
+    /// The signed-URL rules requests are judged by.
+    pub fn signing(&self) -> Arc<crate::signing::Signing> {
+        self.signing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Makes `signing` the rules of new requests (shards pick it up with the next `publish`).
+    pub fn set_signing(&self, signing: Arc<crate::signing::Signing>) {
+        *self.signing.lock().unwrap_or_else(|e| e.into_inner()) = signing;
     }
 
     /// The "leaving" flag itself, for the admin listener's `/healthz`.

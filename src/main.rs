@@ -27,6 +27,29 @@ enum Command {
     /// TLS helpers for operators.
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// Sign a URL for a `[[signed_url]]` prefix: prints it with its expiry, key id and
+    /// HMAC-SHA256 signature appended.
+    Sign(SignArgs),
+}
+
+/// Flags of `shardline sign`.
+#[derive(Args)]
+struct SignArgs {
+    /// The URL (https://host/path?query) or path to sign.
+    url: String,
+    /// Id of the key to sign with (a line of the rule's key file).
+    #[arg(long, value_name = "ID")]
+    key_id: String,
+    /// Seconds from now until the URL expires.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    expires_in: u64,
+    /// The server's config file: the `[[signed_url]]` rule covering the path gives the key
+    /// file and parameter names.
+    #[arg(long, value_name = "FILE", conflicts_with = "key_file")]
+    config: Option<PathBuf>,
+    /// A key file, with the default parameter names (expires, key_id, signature).
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -88,7 +111,87 @@ fn main() -> ExitCode {
         Command::Plan(args) => shardline::plan::run_plan_cli(&args),
         Command::Doctor(args) => shardline::doctor::run_doctor_cli(&args),
         Command::Tls(TlsCommand::NewTicketKey { file }) => new_ticket_key(&file),
+        Command::Sign(args) => sign(&args),
     }
+}
+
+fn sign(a: &SignArgs) -> ExitCode {
+    use shardline::signing::{sign_query, KeyRing, RuleConfig};
+    // Split scheme://authority, path, query (the fragment, if any, is dropped).
+    let url = a.url.split('#').next().unwrap_or_default();
+    let (origin, rest) = match url.find("://") {
+        Some(i) => match url[i + 3..].find('/') {
+            Some(j) => url.split_at(i + 3 + j),
+            None => (url, "/"),
+        },
+        None => ("", url),
+    };
+    let (raw_path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let resolved = match shardline::fs::resolve::resolve_target(raw_path.as_bytes()) {
+        Ok(r) => r,
+        Err(e) => return config_error(&format!("{raw_path}: {e:?}")),
+    };
+    let mut path = format!("/{}", resolved.rel_path);
+    if resolved.wants_dir && !resolved.rel_path.is_empty() {
+        path.push('/');
+    }
+    let rule = match (&a.config, &a.key_file) {
+        (Some(cfg), _) => {
+            let cfg = match Config::from_file(cfg) {
+                Ok(c) => c,
+                Err(e) => return config_error(&e.to_string()),
+            };
+            let rule = cfg
+                .signed_url
+                .iter()
+                .filter(|r| path.starts_with(r.prefix.as_str()))
+                .max_by_key(|r| r.prefix.len())
+                .cloned();
+            match rule {
+                Some(r) => r,
+                None => return config_error(&format!("no [[signed_url]] prefix covers {path}")),
+            }
+        }
+        (None, Some(file)) => RuleConfig {
+            prefix: "/".into(),
+            key_file: file.clone(),
+            expires_param: "expires".into(),
+            key_id_param: "key_id".into(),
+            signature_param: "signature".into(),
+        },
+        (None, None) => return config_error("give --config FILE or --key-file FILE"),
+    };
+    let ring = match KeyRing::load(&rule.key_file) {
+        Ok(r) => r,
+        Err(e) => return config_error(&format!("{}: {e}", rule.key_file.display())),
+    };
+    let Some(key) = ring.get(&a.key_id) else {
+        return config_error(&format!(
+            "{}: no key '{}'",
+            rule.key_file.display(),
+            a.key_id
+        ));
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let signed = sign_query(
+        &rule,
+        &path,
+        &a.key_id,
+        key,
+        now.saturating_add(a.expires_in),
+    );
+    let sep = if query.is_some_and(|q| !q.is_empty()) {
+        "&"
+    } else {
+        ""
+    };
+    println!("{origin}{raw_path}?{}{sep}{signed}", query.unwrap_or(""));
+    ExitCode::SUCCESS
 }
 
 fn new_ticket_key(file: &std::path::Path) -> ExitCode {

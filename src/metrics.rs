@@ -166,6 +166,14 @@ counters! {
     proxy_malformed: Counter "proxy_headers_total" { result = "malformed" },
     /// Connections closed before their PROXY header was complete.
     proxy_truncated: Counter "proxy_headers_total" { result = "truncated" },
+    /// Signed-prefix requests refused (403): a signing parameter missing or repeated.
+    signed_url_missing: Counter "signed_url_refused_total" { reason = "missing" },
+    /// Signed-prefix requests refused (403): a key id not in the key file.
+    signed_url_unknown_key: Counter "signed_url_refused_total" { reason = "unknown_key" },
+    /// Signed-prefix requests refused (403): the signature does not match.
+    signed_url_bad_signature: Counter "signed_url_refused_total" { reason = "bad_signature" },
+    /// Signed-prefix requests refused (403): a good signature past its expiry.
+    signed_url_expired: Counter "signed_url_refused_total" { reason = "expired" },
 }
 
 /// HELP text of families whose members differ by a label (the fields' own docs describe
@@ -181,6 +189,10 @@ fn family_help(family: &str) -> Option<&'static str> {
         "proxy_headers_total" => {
             "PROXY protocol headers on listeners that expect them, by result: accepted, local, \
              untrusted, malformed, truncated (the last three closed the connection)."
+        }
+        "signed_url_refused_total" => {
+            "Requests to a signed_url prefix refused with 403, by reason: missing, unknown_key, \
+             bad_signature, expired."
         }
         "given_back_bytes_total" => {
             "File bytes read into the arena but given back unsent (to be read again), by why: \

@@ -512,6 +512,12 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         .map_err(|e| ServeError::Runtime(e.to_string()))?;
     let tls_builder = crate::tls::TlsBuilder::new().map_err(tls_config_error)?;
     let tls_context = tls_builder.build(&cfg).map_err(tls_config_error)?;
+    let signing = crate::signing::Signing::load(&cfg.signed_url).map_err(|e| {
+        ServeError::Config(ConfigError {
+            key: e.file.display().to_string(),
+            message: format!("signed_url key file: {}", e.message),
+        })
+    })?;
     let tls_listeners = match cfg.tls_listen {
         Some(addr) => bind_group_on(&cfg, "tls_listen", addr, &incoming)?,
         None => Vec::new(),
@@ -552,6 +558,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     let cfg = Arc::new(cfg);
     let lifecycle = crate::lifecycle::Lifecycle::new(cfg.clone());
     lifecycle.set_tls(tls_context);
+    lifecycle.set_signing(Arc::new(signing));
     let shutdown = Arc::new(AtomicBool::new(false));
     let log_epoch = Arc::new(AtomicU64::new(0));
     let signals = signal_hook::iterator::Signals::new([
@@ -800,6 +807,19 @@ fn reload(
             outcome.config.tls_certificate = running.tls_certificate.clone();
             outcome.config.tls_ticket_key_file = running.tls_ticket_key_file.clone();
             outcome.config.tls_ticket_lifetime_s = running.tls_ticket_lifetime_s;
+        }
+    }
+    // Signing keys are read again too (rotated in place); a file that fails keeps the rules
+    // and keys as they run.
+    match crate::signing::Signing::load(&outcome.config.signed_url) {
+        Ok(s) => lifecycle.set_signing(Arc::new(s)),
+        Err(e) => {
+            tracing::error!(
+                file = %e.file.display(),
+                error = %e.message,
+                "reload: signed_url keys not reloaded, the running rules and keys stay: {e}"
+            );
+            outcome.config.signed_url = running.signed_url.clone();
         }
     }
     for key in &outcome.refused {

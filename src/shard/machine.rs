@@ -212,6 +212,8 @@ pub enum Counter {
     TlsBytesOut,
     /// A PROXY protocol header ended, by outcome.
     Proxy(crate::client::proxy_protocol::Outcome),
+    /// A request to a signed prefix was refused, by reason.
+    SignedUrl(crate::signing::Refusal),
 }
 
 /// What the driver does for the machine, in order.

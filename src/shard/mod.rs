@@ -38,6 +38,7 @@ use crate::client::proxy_protocol::Outcome as ProxyOutcome;
 use crate::config::{Config, ZeroCopy};
 use crate::http::date::DateCache;
 use crate::metrics::ShardMetrics;
+use crate::signing::Refusal;
 use buffers::ArenaSlots;
 use conn::{CloseReason, Deadline, Source};
 use files::{FileCache, FileCacheConfig};
@@ -177,6 +178,8 @@ struct Shard<R: RingOps> {
     peer_warned: bool,
     /// Peers that may name the client (`trusted_proxies`, parsed; replaced on reload).
     trusted: crate::client::TrustedProxies,
+    /// Signed-URL rules and keys (replaced on reload).
+    signing: Arc<crate::signing::Signing>,
     date: DateCache,
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
@@ -316,6 +319,7 @@ impl<R: RingOps> Shard<R> {
             peer_warned: false,
             trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
                 .expect("validated at load"),
+            signing: lifecycle.signing(),
             date: DateCache::new(now),
             metrics,
             shutdown,
@@ -761,6 +765,10 @@ impl<R: RingOps> Shard<R> {
             Counter::Proxy(ProxyOutcome::Untrusted) => &m.proxy_untrusted,
             Counter::Proxy(ProxyOutcome::Malformed) => &m.proxy_malformed,
             Counter::Proxy(ProxyOutcome::Truncated) => &m.proxy_truncated,
+            Counter::SignedUrl(Refusal::Missing) => &m.signed_url_missing,
+            Counter::SignedUrl(Refusal::UnknownKey) => &m.signed_url_unknown_key,
+            Counter::SignedUrl(Refusal::BadSignature) => &m.signed_url_bad_signature,
+            Counter::SignedUrl(Refusal::Expired) => &m.signed_url_expired,
             Counter::Handshake(outcome) => {
                 debug_assert_eq!(n, 1, "one handshake outcome per count");
                 return self.count_handshake(outcome);

@@ -57,6 +57,7 @@ impl<R: RingOps> Shard<R> {
             // New handshakes use the reloaded certificates and ticket keys; sessions under
             // way keep the configuration they started with.
             self.tls = self.lifecycle.shared.tls();
+            self.signing = self.lifecycle.shared.signing();
             tracing::debug!(shard = self.index, epoch, "configuration reloaded");
             self.cfg = new;
         }

@@ -153,6 +153,12 @@ impl<R: RingOps> Shard<R> {
             let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
             return self.install(c, started, None);
         }
+        if !self.signing.is_empty() {
+            if let Err(refusal) = self.check_signature(req) {
+                self.count(super::machine::Counter::SignedUrl(refusal), 1);
+                return self.respond_status(c, 403, keep_alive, head_only);
+            }
+        }
         let idx = match self
             .files
             .acquire_target(&mut self.ring, req.path, self.now_ms)
@@ -189,6 +195,24 @@ impl<R: RingOps> Shard<R> {
             return self.install(c, started, None);
         }
         self.install(c, started, Some(idx));
+    }
+
+    /// Judges a request against the signed-URL rules by the canonical path it would be served
+    /// from (a path that does not resolve is left to `acquire_target`'s own answer).
+    fn check_signature(&self, req: &Request<'_>) -> Result<(), crate::signing::Refusal> {
+        let Ok(resolved) = crate::fs::resolve::resolve_target(req.path) else {
+            return Ok(());
+        };
+        let mut path = String::with_capacity(resolved.rel_path.len() + 2);
+        path.push('/');
+        path.push_str(&resolved.rel_path);
+        if resolved.wants_dir && !resolved.rel_path.is_empty() {
+            path.push('/');
+        }
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.signing.check(&path, req.query, now_s)
     }
 
     /// Starts a planned response on the connection: its state, where its head is sent from,

@@ -1,0 +1,325 @@
+//! Signed URLs: per path prefix, a request must carry an expiry, a key id and an
+//! HMAC-SHA256 signature over the path, the expiry and the key id, made with one of the
+//! publisher's keys (a key file with several keys named by id, so keys rotate).
+//!
+//! The signed message is `PATH "\n" EXPIRES "\n" KEY_ID`, where PATH is the canonical path
+//! the edge serves (`/` + the resolved relative path: percent-decoded once, `.`/`..`
+//! applied), so `/free/../beta/x` is judged, and signed, as `/beta/x`. EXPIRES is Unix
+//! seconds in decimal, exactly as in the URL. The signature is base64url without padding.
+//! `shardline sign` makes such URLs. Query parameters never choose the file: the path does.
+
+pub mod keys;
+
+use std::path::PathBuf;
+
+use aws_lc_rs::hmac;
+use base64::Engine as _;
+
+pub use keys::KeyRing;
+
+/// Most `[[signed_url]]` rules.
+pub const MAX_SIGNED_URL_RULES: usize = 64;
+/// Longest query string looked at for the signing parameters.
+pub const MAX_QUERY_BYTES: usize = 4096;
+
+/// One `[[signed_url]]` entry of the configuration.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Canonical path prefix the rule covers (starts with `/`; `/beta/` covers `/beta/x`).
+    pub prefix: String,
+    /// The key file: lines of `KEY_ID HEX_SECRET` (at least 32 bytes), `#` comments.
+    pub key_file: PathBuf,
+    /// Query parameter holding the expiry (Unix seconds).
+    #[serde(default = "default_expires_param")]
+    pub expires_param: String,
+    /// Query parameter holding the key id.
+    #[serde(default = "default_key_id_param")]
+    pub key_id_param: String,
+    /// Query parameter holding the signature.
+    #[serde(default = "default_signature_param")]
+    pub signature_param: String,
+}
+
+fn default_expires_param() -> String {
+    "expires".into()
+}
+fn default_key_id_param() -> String {
+    "key_id".into()
+}
+fn default_signature_param() -> String {
+    "signature".into()
+}
+
+impl RuleConfig {
+    /// Checks the entry's own shape (the key file is read by `Signing::load`).
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.prefix.starts_with('/') {
+            return Err(format!("prefix '{}' must start with '/'", self.prefix));
+        }
+        let params = [
+            &self.expires_param,
+            &self.key_id_param,
+            &self.signature_param,
+        ];
+        if params
+            .iter()
+            .any(|p| p.is_empty() || p.contains(['&', '=', '#']))
+        {
+            return Err("parameter names must be non-empty, without '&', '=' or '#'".into());
+        }
+        if params[0] == params[1] || params[1] == params[2] || params[0] == params[2] {
+            return Err("expires_param, key_id_param and signature_param must differ".into());
+        }
+        Ok(())
+    }
+}
+
+/// Why a request to a signed prefix was refused (403); the metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A signing parameter is missing (or repeated).
+    Missing,
+    /// The key id is not in the key file.
+    UnknownKey,
+    /// The signature does not match (or the expiry is not a number).
+    BadSignature,
+    /// The signature matches, and the expiry has passed.
+    Expired,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing",
+            Refusal::UnknownKey => "unknown_key",
+            Refusal::BadSignature => "bad_signature",
+            Refusal::Expired => "expired",
+        }
+    }
+}
+
+/// The rules in force, with their keys loaded.
+#[derive(Debug, Default)]
+pub struct Signing {
+    rules: Vec<(RuleConfig, KeyRing)>,
+}
+
+/// A key file that could not be used: which, and why.
+#[derive(Debug)]
+pub struct LoadError {
+    /// The file.
+    pub file: PathBuf,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.file.display(), self.message)
+    }
+}
+
+impl Signing {
+    /// Reads every rule's key file.
+    pub fn load(rules: &[RuleConfig]) -> Result<Signing, LoadError> {
+        let rules = rules
+            .iter()
+            .map(|r| {
+                KeyRing::load(&r.key_file)
+                    .map(|k| (r.clone(), k))
+                    .map_err(|message| LoadError {
+                        file: r.key_file.clone(),
+                        message,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Signing { rules })
+    }
+
+    /// Whether any prefix is signed (if not, requests skip the check entirely).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Judges a request for canonical path `path` (starting with `/`) with query `query` at
+    /// Unix time `now_s`: Ok when no rule covers the path or its signature is good.
+    pub fn check(&self, path: &str, query: Option<&[u8]>, now_s: u64) -> Result<(), Refusal> {
+        // The longest covering prefix decides (a more specific rule wins).
+        let Some((rule, ring)) = self
+            .rules
+            .iter()
+            .filter(|(r, _)| path.starts_with(r.prefix.as_str()))
+            .max_by_key(|(r, _)| r.prefix.len())
+        else {
+            return Ok(());
+        };
+        let query = query.unwrap_or_default();
+        let query = &query[..query.len().min(MAX_QUERY_BYTES)];
+        let (Some(expires), Some(key_id), Some(sig)) = (
+            param(query, &rule.expires_param),
+            param(query, &rule.key_id_param),
+            param(query, &rule.signature_param),
+        ) else {
+            return Err(Refusal::Missing);
+        };
+        let key_id = std::str::from_utf8(key_id).map_err(|_| Refusal::UnknownKey)?;
+        let key = ring.get(key_id).ok_or(Refusal::UnknownKey)?;
+        let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(sig)
+            .map_err(|_| Refusal::BadSignature)?;
+        let expires_s = std::str::from_utf8(expires)
+            .ok()
+            .filter(|e| !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|e| e.parse::<u64>().ok())
+            .ok_or(Refusal::BadSignature)?;
+        let msg = message(path, expires, key_id.as_bytes());
+        // Constant time (aws-lc's HMAC verify).
+        hmac::verify(key, &msg, &sig).map_err(|_| Refusal::BadSignature)?;
+        if now_s > expires_s {
+            return Err(Refusal::Expired);
+        }
+        Ok(())
+    }
+}
+
+/// The signed message.
+fn message(path: &str, expires: &[u8], key_id: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(path.len() + expires.len() + key_id.len() + 2);
+    m.extend_from_slice(path.as_bytes());
+    m.push(b'\n');
+    m.extend_from_slice(expires);
+    m.push(b'\n');
+    m.extend_from_slice(key_id);
+    m
+}
+
+/// The one value of `name` in `query` (raw, not percent-decoded: the values are digits, key
+/// ids and base64url); None when absent or repeated (a repeated one is ambiguous).
+fn param<'a>(query: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let mut found = None;
+    for pair in query.split(|&b| b == b'&') {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &pair[..0]),
+        };
+        if k == name.as_bytes() {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(v);
+        }
+    }
+    found
+}
+
+/// The query string that signs `path` (canonical, starting with `/`) until `expires_s` with
+/// key `key_id`, under `rule`'s parameter names.
+pub fn sign_query(
+    rule: &RuleConfig,
+    path: &str,
+    key_id: &str,
+    key: &hmac::Key,
+    expires_s: u64,
+) -> String {
+    let expires = expires_s.to_string();
+    let tag = hmac::sign(key, &message(path, expires.as_bytes(), key_id.as_bytes()));
+    format!(
+        "{}={expires}&{}={key_id}&{}={}",
+        rule.expires_param,
+        rule.key_id_param,
+        rule.signature_param,
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, Signing, RuleConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys");
+        std::fs::write(
+            &file,
+            format!(
+                "# publisher keys\nk1 {}\nk2 {}\n",
+                "11".repeat(32),
+                "22".repeat(32)
+            ),
+        )
+        .unwrap();
+        let rule = RuleConfig {
+            prefix: "/beta/".into(),
+            key_file: file,
+            expires_param: default_expires_param(),
+            key_id_param: default_key_id_param(),
+            signature_param: default_signature_param(),
+        };
+        let s = Signing::load(std::slice::from_ref(&rule)).unwrap();
+        (dir, s, rule)
+    }
+
+    #[test]
+    fn a_signed_url_passes_until_it_expires_and_any_change_breaks_it() {
+        let (_d, s, rule) = setup();
+        let key = s.rules[0].1.get("k2").unwrap();
+        let q = sign_query(&rule, "/beta/game.pak", "k2", key, 1000);
+        assert_eq!(s.check("/beta/game.pak", Some(q.as_bytes()), 999), Ok(()));
+        assert_eq!(s.check("/beta/game.pak", Some(q.as_bytes()), 1000), Ok(()));
+        assert_eq!(
+            s.check("/beta/game.pak", Some(q.as_bytes()), 1001),
+            Err(Refusal::Expired)
+        );
+        // Another path, a later expiry, another key id: the signature no longer matches.
+        assert_eq!(
+            s.check("/beta/other.pak", Some(q.as_bytes()), 999),
+            Err(Refusal::BadSignature)
+        );
+        let later = q.replace("expires=1000", "expires=9000");
+        assert_eq!(
+            s.check("/beta/game.pak", Some(later.as_bytes()), 999),
+            Err(Refusal::BadSignature)
+        );
+        let other_kid = q.replace("key_id=k2", "key_id=k1");
+        assert_eq!(
+            s.check("/beta/game.pak", Some(other_kid.as_bytes()), 999),
+            Err(Refusal::BadSignature)
+        );
+        let unknown = q.replace("key_id=k2", "key_id=k9");
+        assert_eq!(
+            s.check("/beta/game.pak", Some(unknown.as_bytes()), 999),
+            Err(Refusal::UnknownKey)
+        );
+        // Extra parameters are fine; missing or repeated ones are not.
+        let extra = format!("x=1&{q}&y=2");
+        assert_eq!(
+            s.check("/beta/game.pak", Some(extra.as_bytes()), 999),
+            Ok(())
+        );
+        assert_eq!(s.check("/beta/game.pak", None, 999), Err(Refusal::Missing));
+        let twice = format!("{q}&expires=1000");
+        assert_eq!(
+            s.check("/beta/game.pak", Some(twice.as_bytes()), 999),
+            Err(Refusal::Missing)
+        );
+        // Outside the prefix nothing is asked.
+        assert_eq!(s.check("/free/game.pak", None, 999), Ok(()));
+        assert_eq!(s.check("/beta", None, 999), Ok(()), "the prefix is /beta/");
+    }
+
+    #[test]
+    fn bad_rules_are_refused() {
+        let (_d, _s, rule) = setup();
+        let mut r = rule.clone();
+        r.prefix = "beta/".into();
+        assert!(r.validate().is_err());
+        let mut r = rule.clone();
+        r.key_id_param = "expires".into();
+        assert!(r.validate().is_err());
+        let mut r = rule;
+        r.signature_param = "a&b".into();
+        assert!(r.validate().is_err());
+    }
+}
