@@ -138,6 +138,17 @@ pub enum AccessLogFormat {
     Json,
 }
 
+/// What a client over `max_connections_per_client` gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum ClientCapAction {
+    /// Its request is answered `429 Too Many Requests` with `Retry-After`, then a close.
+    #[serde(rename = "429")]
+    TooManyRequests,
+    /// The connection is closed before any request is read.
+    #[serde(rename = "close")]
+    Close,
+}
+
 /// Largest body the network-only diagnostic endpoint will generate.
 pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
 
@@ -272,6 +283,13 @@ pub struct Config {
     pub trusted_proxies: Vec<String>,
     /// Path prefixes whose requests must carry a valid signature (`[[signed_url]]`).
     pub signed_url: Vec<crate::signing::RuleConfig>,
+    /// Connections one client (address; IPv6 by `client_ipv6_prefix`) may hold open over all
+    /// shards; 0 = no cap.
+    pub max_connections_per_client: u32,
+    /// Leading bits of an IPv6 address that name one client for the cap.
+    pub client_ipv6_prefix: u8,
+    /// What a connection over the cap gets.
+    pub client_cap_action: ClientCapAction,
 }
 
 impl Default for Config {
@@ -324,6 +342,9 @@ impl Default for Config {
             tls_proxy_protocol: false,
             trusted_proxies: Vec::new(),
             signed_url: Vec::new(),
+            max_connections_per_client: 0,
+            client_ipv6_prefix: 64,
+            client_cap_action: ClientCapAction::TooManyRequests,
         }
     }
 }
@@ -525,6 +546,9 @@ impl Config {
             ));
         }
         self.validate_tls()?;
+        if !(16..=128).contains(&self.client_ipv6_prefix) {
+            return Err(err("client_ipv6_prefix", "must be 16..=128"));
+        }
         if self.signed_url.len() > crate::signing::MAX_SIGNED_URL_RULES {
             return Err(err(
                 "signed_url",
@@ -632,6 +656,9 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "tls_max_pending_handshakes",
     "trusted_proxies",
     "signed_url",
+    "max_connections_per_client",
+    "client_ipv6_prefix",
+    "client_cap_action",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -714,6 +741,9 @@ impl Config {
             tls_max_pending_handshakes,
             trusted_proxies,
             signed_url,
+            max_connections_per_client,
+            client_ipv6_prefix,
+            client_cap_action,
         );
         config.validate()?;
         Ok(Reload { config, refused })

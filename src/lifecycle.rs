@@ -20,6 +20,8 @@ pub struct Lifecycle {
     tls: Mutex<Option<Arc<TlsContext>>>,
     /// Signed-URL rules with their keys; replaced by a reload whose every key file loaded.
     signing: Mutex<Arc<crate::signing::Signing>>,
+    /// Connections per client over all shards (`max_connections_per_client`).
+    client_counts: Arc<crate::client::cap::ClientCounts>,
 }
 
 impl Lifecycle {
@@ -31,6 +33,7 @@ impl Lifecycle {
             epoch: AtomicU64::new(0),
             tls: Mutex::new(None),
             signing: Mutex::new(Arc::default()),
+            client_counts: Arc::default(),
         })
     }
 
@@ -56,6 +59,11 @@ impl Lifecycle {
     /// Makes `signing` the rules of new requests (shards pick it up with the next `publish`).
     pub fn set_signing(&self, signing: Arc<crate::signing::Signing>) {
         *self.signing.lock().unwrap_or_else(|e| e.into_inner()) = signing;
+    }
+
+    /// The per-client connection counts every shard shares.
+    pub fn client_counts(&self) -> Arc<crate::client::cap::ClientCounts> {
+        self.client_counts.clone()
     }
 
     /// The "leaving" flag itself, for the admin listener's `/healthz`.

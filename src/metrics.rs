@@ -166,6 +166,8 @@ counters! {
     proxy_malformed: Counter "proxy_headers_total" { result = "malformed" },
     /// Connections closed before their PROXY header was complete.
     proxy_truncated: Counter "proxy_headers_total" { result = "truncated" },
+    /// Connections over `max_connections_per_client` (closed, or answered 429).
+    refused_client_cap: Counter "client_cap_refused_total",
     /// Signed-prefix requests refused (403): a signing parameter missing or repeated.
     signed_url_missing: Counter "signed_url_refused_total" { reason = "missing" },
     /// Signed-prefix requests refused (403): a key id not in the key file.

@@ -404,3 +404,97 @@ fn x_forwarded_for_counts_only_from_a_trusted_peer_right_most_untrusted_hop() {
         assert_eq!(line["client"], *want, "{header}: {line}");
     }
 }
+
+/// A kept-alive connection from `src` that has had one 200.
+fn connect_from(src: &str, server: SocketAddr) -> TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let from: SocketAddr = format!("{src}:0").parse().unwrap();
+    sock.bind(&from.into()).unwrap();
+    sock.connect(&server.into()).unwrap();
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Sends a GET of the 1000-byte file on `s` and reads the response head and body (keep-alive)
+/// or everything until the close; the status.
+fn get_on(s: &mut TcpStream) -> (u16, String) {
+    s.write_all(b"GET /a.bin HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if len.is_some_and(|l| body.len() >= l) {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+#[test]
+fn the_connection_cap_holds_per_client_across_shards() {
+    for action in ["429", "close"] {
+        let dir = common::disk_tempdir();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        common::write_pattern_file(&root.join("a.bin"), 1000);
+        let cfg = dir.path().join("shardline.toml");
+        std::fs::write(
+            &cfg,
+            format!("max_connections_per_client = 3\nclient_cap_action = \"{action}\"\n"),
+        )
+        .unwrap();
+        let (server, admin) =
+            common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "2"]);
+        // Three kept-alive connections from one address, spread over both shards by the
+        // kernel's hash: all served.
+        let mut held: Vec<TcpStream> = (0..3)
+            .map(|_| connect_from("127.0.0.2", server.addr))
+            .collect();
+        for s in held.iter_mut() {
+            assert_eq!(get_on(s).0, 200, "{action}: under the cap");
+        }
+        // A fourth from the same address: over the cap.
+        let mut fourth = connect_from("127.0.0.2", server.addr);
+        let (status, text) = get_on(&mut fourth);
+        if action == "429" {
+            assert_eq!(status, 429, "{text}");
+            assert!(text.contains("Retry-After: 5"), "{text}");
+        } else {
+            assert_eq!(status, 0, "closed before any answer: {text}");
+        }
+        // Another client is not affected.
+        assert_eq!(get_on(&mut connect_from("127.0.0.3", server.addr)).0, 200);
+        assert_eq!(
+            common::admin_metric(admin, "shardline_client_cap_refused_total", ""),
+            1
+        );
+        // One of the three closes: its place is free again.
+        drop(held.pop());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (status, _) = get_on(&mut connect_from("127.0.0.2", server.addr));
+            if status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{action}: the freed place never came back"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

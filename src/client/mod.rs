@@ -7,6 +7,7 @@
 //! `X-Forwarded-For` / `Forwarded` header of a request (`forwarded`). Everything here is pure
 //! parsing and matching; the shard's machine holds one `Client` per connection.
 
+pub mod cap;
 pub mod cidr;
 pub mod forwarded;
 pub mod proxy_protocol;

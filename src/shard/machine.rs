@@ -283,6 +283,8 @@ pub enum Action {
     },
     /// Ask the kernel for the peer's address.
     GetPeer,
+    /// The connection's client address is settled (peer, or PROXY header): count it.
+    ClientKnown,
     /// Arm a one-shot writability poll.
     PollWritable,
     /// Shut the write side.
@@ -434,6 +436,10 @@ pub struct ConnMachine {
     pub ops: OpSlots,
     /// Who is asking: the peer, and the address a trusted proxy gave.
     pub client: crate::client::Client,
+    /// Counted against `max_connections_per_client` under this key (released at close).
+    pub cap_key: Option<crate::client::cap::ClientKey>,
+    /// Over `max_connections_per_client`: its first request gets a 429.
+    pub over_cap: bool,
     /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
     pub request_client: Option<std::net::IpAddr>,
     /// Waiting for the PROXY protocol header (None: not expected, or done).
@@ -500,6 +506,8 @@ impl ConnMachine {
             client: crate::client::Client::default(),
             proxy: None,
             request_client: None,
+            cap_key: None,
+            over_cap: false,
             arena: ArenaWait::None,
             rx: Vec::new(),
             deadline: Deadline::None,
@@ -680,6 +688,9 @@ impl ConnMachine {
         self.ops.peer = false;
         self.client.peer = peer;
         self.client.trusted = peer.is_some() && trusted;
+        if self.proxy.is_none() {
+            out.push(Action::ClientKnown);
+        }
         if !self.is_open() {
             self.maybe_finish_close(out);
         }
@@ -933,6 +944,10 @@ impl ConnMachine {
                     out.push(Action::Count(Counter::Proxy(outcome), 1));
                     self.client.proxied = client;
                     self.proxy = None;
+                    out.push(Action::ClientKnown);
+                    if !self.is_open() {
+                        return;
+                    }
                     if rest.is_empty() {
                         self.arm_recv(out);
                         return;
@@ -2160,6 +2175,10 @@ mod tests {
         rest.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
         m.on_recv(rest.len() as i32, Some(&rest), &pcx, &mut out);
         assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Accepted), 1)));
+        assert!(
+            out.contains(&Action::ClientKnown),
+            "counted once the header named the client"
+        );
         assert_eq!(m.rx, b"GET / HTTP/1.1\r\n\r\n");
         assert_eq!(m.client.addr(), Some(real));
         assert_eq!(m.client.peer, Some(lb));
@@ -2240,7 +2259,7 @@ mod tests {
         out.clear();
         let peer: std::net::SocketAddr = "198.51.100.7:5000".parse().unwrap();
         m.on_peer(Some(peer), false, &mut out);
-        assert!(out.is_empty());
+        assert_eq!(out, [Action::ClientKnown], "counted against its cap now");
         assert_eq!(m.client.addr(), Some(peer));
         assert_eq!(m.in_flight(), 1);
         out.clear();

@@ -180,6 +180,8 @@ struct Shard<R: RingOps> {
     trusted: crate::client::TrustedProxies,
     /// Signed-URL rules and keys (replaced on reload).
     signing: Arc<crate::signing::Signing>,
+    /// Connections per client over all shards.
+    client_counts: Arc<crate::client::cap::ClientCounts>,
     date: DateCache,
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
@@ -320,6 +322,7 @@ impl<R: RingOps> Shard<R> {
             trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
                 .expect("validated at load"),
             signing: lifecycle.signing(),
+            client_counts: lifecycle.client_counts(),
             date: DateCache::new(now),
             metrics,
             shutdown,
@@ -644,6 +647,7 @@ impl<R: RingOps> Shard<R> {
                     .copy_from_slice(&body.framing[from..from + len]);
             }
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
+            Action::ClientKnown => self.count_client(c),
             Action::GetPeer => {
                 let t = self.token(Op::PeerName, c);
                 let tls = self.conns[c.index()].tls.is_some();
@@ -798,6 +802,33 @@ impl<R: RingOps> Shard<R> {
     }
 
     // ---- accept ----------------------------------------------------------------------------
+
+    /// Counts connection `c` against its client's cap (`max_connections_per_client`, over
+    /// all shards); over it, the connection is closed or its request answered 429. A client
+    /// whose address the kernel did not give is not counted.
+    fn count_client(&mut self, c: ConnSlot) {
+        let cap = self.cfg.max_connections_per_client;
+        let Some(addr) = self.conns[c.index()].client.addr() else {
+            return;
+        };
+        if cap == 0 {
+            return;
+        }
+        let key = crate::client::cap::ClientKey::new(addr.ip(), self.cfg.client_ipv6_prefix);
+        if self.client_counts.acquire(key, cap) {
+            self.conns[c.index()].cap_key = Some(key);
+            return;
+        }
+        ShardMetrics::add(&self.metrics.refused_client_cap, 1);
+        match self.cfg.client_cap_action {
+            crate::config::ClientCapAction::Close => {
+                self.drive(c, |m, cx, out| m.close(CloseReason::Abort, cx, out));
+            }
+            crate::config::ClientCapAction::TooManyRequests => {
+                self.conns[c.index()].over_cap = true;
+            }
+        }
+    }
 
     /// Bytes of the peer `sockaddr` a connection from the TLS (or cleartext) listener has:
     /// the kernel refuses a longer buffer for `SO_PEERNAME`, and a socket's peers share its
@@ -1059,6 +1090,9 @@ impl<R: RingOps> Shard<R> {
 
     /// A connection's socket is closed: its slot goes back on the free list.
     fn on_close(&mut self, c: ConnSlot) {
+        if let Some(key) = self.conns[c.index()].cap_key.take() {
+            self.client_counts.release(key);
+        }
         self.conns[c.index()].on_closed();
         self.timers.cancel(c.raw());
         self.free_conns.push(c);

@@ -14,6 +14,10 @@ use crate::tls::sniff::FirstBytes;
 /// The answer to a TLS ClientHello on the cleartext port, then a close.
 pub static TLS_ON_CLEARTEXT_PORT: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 64\r\nConnection: close\r\n\r\nA TLS handshake was sent to a plain HTTP port: use http:// here\n";
 
+/// The answer to a request on a connection over `max_connections_per_client`, then a close
+/// (`Retry-After` is `client::cap::CLIENT_CAP_RETRY_AFTER_S`).
+pub static CLIENT_OVER_CAP: &[u8] = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 5\r\nContent-Type: text/plain\r\nContent-Length: 51\r\nConnection: close\r\n\r\nToo many connections from this client: retry later\n";
+
 impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
     /// receive when the head is not complete yet.
@@ -23,8 +27,13 @@ impl<R: RingOps> Shard<R> {
         if !matches!(parsed, Parsed::Partial) {
             self.note_request(c, &rx, &parsed);
         }
+        let over_cap = self.conns[c.index()].over_cap;
         let consumed = match parsed {
             Parsed::Partial => 0,
+            _ if over_cap => {
+                self.respond_canned(c, 429, CLIENT_OVER_CAP);
+                0
+            }
             Parsed::Rejected(_) if crate::tls::sniff::classify(&rx) == FirstBytes::TlsHandshake => {
                 self.respond_canned(c, 400, TLS_ON_CLEARTEXT_PORT);
                 0
@@ -438,18 +447,26 @@ mod tests {
 
     #[test]
     fn canned_answers_declare_their_length() {
-        for canned in [
-            TLS_ON_CLEARTEXT_PORT,
-            crate::tls::session::PLAIN_HTTP_ON_TLS_PORT,
+        for (canned, status) in [
+            (TLS_ON_CLEARTEXT_PORT, 400),
+            (crate::tls::session::PLAIN_HTTP_ON_TLS_PORT, 400),
+            (CLIENT_OVER_CAP, 429),
         ] {
             let text = std::str::from_utf8(canned).unwrap();
             let (head, body) = text.split_once("\r\n\r\n").unwrap();
-            assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+            assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
             assert!(
                 head.contains(&format!("\r\nContent-Length: {}\r\n", body.len())),
                 "{head}"
             );
         }
+        let retry = format!(
+            "\r\nRetry-After: {}\r\n",
+            crate::client::cap::CLIENT_CAP_RETRY_AFTER_S
+        );
+        assert!(std::str::from_utf8(CLIENT_OVER_CAP)
+            .unwrap()
+            .contains(&retry));
     }
 
     #[test]
