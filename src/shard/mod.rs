@@ -1166,7 +1166,8 @@ impl<R: RingOps> Shard<R> {
             Op::PeerName => {
                 let len = usize::try_from(res).unwrap_or(0);
                 let peer = crate::client::sockaddr::parse(self.ring.peer_done(c, len));
-                if res < 0 && res != -libc::ENOTCONN && !self.peer_warned {
+                let refused = res < 0 && res != -libc::ENOTCONN && res != -libc::ECANCELED;
+                if refused && !self.peer_warned {
                     // EOPNOTSUPP: a kernel before 6.7 (no socket getsockopt command).
                     self.peer_warned = true;
                     tracing::warn!(
