@@ -13,6 +13,8 @@
 #   kept-alive: 64 kept-alive connections (the small-file rate of perf/bench.sh, row 3).
 # Writes perf/ACCEPT-RATE.md (requests/s of each run, the medians and after/before ratios).
 # Default: --before 6e0f3c3 (the last commit before the capture), 8 s per run, 3 rounds.
+# --after-config 'TOML LINES' runs the current build with those config lines (for example
+# 'max_connections_per_client = 1000', to price the per-client cap's shared counters).
 # --report-only rewrites the report from the last run's outputs (perf/out/accept-rate/).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +22,7 @@ REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
-BEFORE=6e0f3c3 DURATION_S=8 ROUNDS=3 OUT=$HERE/ACCEPT-RATE.md REPORT_ONLY=0
+BEFORE=6e0f3c3 DURATION_S=8 ROUNDS=3 OUT=$HERE/ACCEPT-RATE.md REPORT_ONLY=0 AFTER_CONFIG=''
 while (($#)); do
   case $1 in
     --before) BEFORE=$2; shift 2 ;;
@@ -28,6 +30,7 @@ while (($#)); do
     --rounds) ROUNDS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --report-only) REPORT_ONLY=1; shift ;;
+    --after-config) AFTER_CONFIG=$2; shift 2 ;;
     -h | --help) print_usage "$0" ;;
     *) echo "accept-rate.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -64,10 +67,12 @@ ROOT=$RUN/root
 mkdir -p "$ROOT"
 head -c 1024 /dev/urandom >"$ROOT/small.bin"
 
+printf '%s\n' "$AFTER_CONFIG" >"$RUN/after.toml"
+echo "" >"$RUN/before.toml"
 run_one() { # run_one NAME BIN MODE ROUND
   local name=$1 bin=$2 mode=$3 round=$4 f
   f=$RUN/$name-$mode-$round.txt
-  taskset -c 0 "$bin" serve --root "$ROOT" --listen "127.0.0.1:$PORT" --admin '' --shards 1 --cpus 0 \
+  taskset -c 0 "$bin" serve --config "$RUN/$name.toml" --root "$ROOT" --listen "127.0.0.1:$PORT" --admin '' --shards 1 --cpus 0 \
     >"$RUN/$name-server.log" 2>&1 &
   SRV_PID=$!
   wait_port "$PORT" "$SRV_PID" 10 || die "$name did not start"
@@ -91,8 +96,10 @@ for mode in fresh kept; do
   done
 done
 echo "$BEFORE_REV $AFTER_REV" >"$RUN/revs"
+printf '%s\n' "$AFTER_CONFIG" >"$RUN/after-config"
 fi
 read -r BEFORE_REV AFTER_REV <"$RUN/revs"
+AFTER_CONFIG=$(cat "$RUN/after-config" 2>/dev/null || true)
 # Requests per second of each run, one per line (from wrk's totals).
 rps_of() { # rps_of NAME MODE
   local f req dur
@@ -105,7 +112,8 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 {
   echo "# What capturing every client's address costs (perf/accept-rate.sh)"
   echo
-  echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/accept-rate.sh --before $BEFORE --duration-s $DURATION_S --rounds $ROUNDS\`"
+  echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/accept-rate.sh --before $BEFORE --duration-s $DURATION_S --rounds $ROUNDS${AFTER_CONFIG:+ --after-config '$AFTER_CONFIG'}\`"
+  [[ -n $AFTER_CONFIG ]] && echo "- after runs with the config lines: \`$AFTER_CONFIG\`"
   echo "- Host: kernel $(uname -r), $(nproc) CPUs; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "- before: $BEFORE_REV (no address capture); after: $AFTER_REV (SO_PEERNAME on every accepted socket, client address in the log path). Same flags: \`serve --shards 1 --cpus 0\`, default config, wrk -t1 -c64 pinned to CPU 1, a 1 KiB file on loopback; builds alternate, a fresh server per run"
   echo
