@@ -290,6 +290,11 @@ pub struct Config {
     pub client_ipv6_prefix: u8,
     /// What a connection over the cap gets.
     pub client_cap_action: ClientCapAction,
+    /// Bytes per second one response may send once `limit_rate_after_bytes` have gone (as
+    /// nginx's `limit_rate`); 0 = no limit.
+    pub limit_rate_bytes_per_s: u64,
+    /// Bytes a response sends at full speed before `limit_rate_bytes_per_s` applies.
+    pub limit_rate_after_bytes: u64,
 }
 
 impl Default for Config {
@@ -345,6 +350,8 @@ impl Default for Config {
             max_connections_per_client: 0,
             client_ipv6_prefix: 64,
             client_cap_action: ClientCapAction::TooManyRequests,
+            limit_rate_bytes_per_s: 0,
+            limit_rate_after_bytes: 0,
         }
     }
 }
@@ -659,6 +666,8 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "max_connections_per_client",
     "client_ipv6_prefix",
     "client_cap_action",
+    "limit_rate_bytes_per_s",
+    "limit_rate_after_bytes",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -744,6 +753,8 @@ impl Config {
             max_connections_per_client,
             client_ipv6_prefix,
             client_cap_action,
+            limit_rate_bytes_per_s,
+            limit_rate_after_bytes,
         );
         config.validate()?;
         Ok(Reload { config, refused })

@@ -19,6 +19,7 @@ pub mod fs;
 pub mod handover;
 pub mod http;
 pub mod lifecycle;
+pub mod limits;
 pub mod metrics;
 pub mod plan;
 pub mod server;

@@ -166,6 +166,10 @@ counters! {
     proxy_malformed: Counter "proxy_headers_total" { result = "malformed" },
     /// Connections closed before their PROXY header was complete.
     proxy_truncated: Counter "proxy_headers_total" { result = "truncated" },
+    /// Times a rate-limited response waited for its allowance (holding no arena slot).
+    limit_waits: Counter "limit_waits_total",
+    /// Bytes sent under a rate limit (past `limit_rate_after_bytes`).
+    limited_bytes: Counter "limited_bytes_total",
     /// Connections over `max_connections_per_client` (closed, or answered 429).
     refused_client_cap: Counter "client_cap_refused_total",
     /// Signed-prefix requests refused (403): a signing parameter missing or repeated.

@@ -40,6 +40,8 @@ pub struct Entry<'a> {
     pub tls: Option<&'a crate::tls::session::Facts>,
     /// The client's address (None: the kernel did not give the peer's).
     pub client: Option<std::net::IpAddr>,
+    /// The limiter that held the response back, if one did (`rate`: its connection's rate).
+    pub limiter: Option<&'static str>,
 }
 
 /// A shard's access log.
@@ -196,7 +198,14 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
             e.status, e.bytes, e.duration_us
         );
         out.extend_from_slice(e.range);
-        let _ = write!(out, "\",\"shard\":{},\"tls\":", e.shard);
+        out.push(b'"');
+        match e.limiter {
+            Some(l) => {
+                let _ = write!(out, ",\"limiter\":\"{l}\"");
+            }
+            None => out.extend_from_slice(b",\"limiter\":null"),
+        }
+        let _ = write!(out, ",\"shard\":{},\"tls\":", e.shard);
         match e.tls {
             None => out.extend_from_slice(b"null"),
             Some(t) => {
@@ -234,6 +243,9 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
         );
         out.extend_from_slice(if e.range.is_empty() { b"-" } else { e.range });
         let _ = write!(out, "\" shard={}", e.shard);
+        if let Some(l) = e.limiter {
+            let _ = write!(out, " limiter={l}");
+        }
         match e.tls {
             None => out.extend_from_slice(b" tls=-\n"),
             Some(t) => {
@@ -265,6 +277,7 @@ mod tests {
             date: b"Sun, 06 Nov 1994 08:49:37 GMT",
             tls: None,
             client: None,
+            limiter: None,
         }
     }
 
@@ -339,6 +352,20 @@ mod tests {
         format_line(&mut out, &e, true);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["client"], "2001:db8::7");
+        assert!(v["limiter"].is_null());
+        let mut out = Vec::new();
+        let e = Entry {
+            limiter: Some("rate"),
+            ..entry(b"GET /a HTTP/1.1", b"")
+        };
+        format_line(&mut out, &e, true);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["limiter"], "rate");
+        let mut out = Vec::new();
+        format_line(&mut out, &e, false);
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains(" shard=1 limiter=rate tls=-"));
     }
 
     #[test]

@@ -233,9 +233,24 @@ pub struct Body {
     /// round (it grows again while the client keeps up), so a slow socket is not handed a
     /// whole chunk it cannot take.
     pub read_size_bytes: usize,
+    /// What the connection's rate limit lets the next chunk plan (`usize::MAX`: no limit;
+    /// set by `pump` before each chunk).
+    pub limit_cap_bytes: usize,
 }
 
 impl Body {
+    /// Bytes still to plan into chunks (file ranges, framing and zeros not yet planned).
+    pub fn unplanned_bytes(&self) -> u64 {
+        self.segments
+            .iter()
+            .map(|s| match *s {
+                Segment::File { pos, end } => end.saturating_sub(pos),
+                Segment::Mem { start, end } => u64::from(end.saturating_sub(start)),
+                Segment::Zero { remaining } => remaining,
+            })
+            .sum()
+    }
+
     /// Nothing left to plan or send.
     pub fn is_done(&self) -> bool {
         self.segments.is_empty() && self.chunks.is_empty()

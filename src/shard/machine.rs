@@ -214,6 +214,10 @@ pub enum Counter {
     Proxy(crate::client::proxy_protocol::Outcome),
     /// A request to a signed prefix was refused, by reason.
     SignedUrl(crate::signing::Refusal),
+    /// A rate-limited response waited for its allowance.
+    LimitWait,
+    /// Bytes planned under a rate limit (past `limit_rate_after_bytes`).
+    LimitedBytes,
 }
 
 /// What the driver does for the machine, in order.
@@ -285,6 +289,11 @@ pub enum Action {
     GetPeer,
     /// The connection's client address is settled (peer, or PROXY header): count it.
     ClientKnown,
+    /// The response waits for its rate limit: wake the connection at this shard time (ms).
+    LimitWait {
+        /// When enough bytes are allowed again.
+        at_ms: u64,
+    },
     /// Arm a one-shot writability poll.
     PollWritable,
     /// Shut the write side.
@@ -398,6 +407,10 @@ pub struct Limits {
     pub tls_chunk_bytes: usize,
     /// A TLS handshake must complete within this (ms) of accept.
     pub tls_handshake_timeout_ms: u64,
+    /// Rate limit of a response once `limit_rate_after_bytes` have gone (0 = none).
+    pub limit_rate_bytes_per_s: u64,
+    /// Bytes a response sends before its rate limit applies.
+    pub limit_rate_after_bytes: u64,
     /// Connections on the cleartext listener start with a PROXY header.
     pub proxy_protocol: bool,
     /// Connections on the TLS listener start with a PROXY header.
@@ -440,6 +453,10 @@ pub struct ConnMachine {
     pub cap_key: Option<crate::client::cap::ClientKey>,
     /// Over `max_connections_per_client`: its first request gets a 429.
     pub over_cap: bool,
+    /// The last response waited for its rate limit (the access log's `limiter`).
+    pub limited: bool,
+    /// The current response's rate limit (`limit_rate_bytes_per_s`), if one applies.
+    pub rate_limit: Option<crate::limits::RateLimit>,
     /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
     pub request_client: Option<std::net::IpAddr>,
     /// Waiting for the PROXY protocol header (None: not expected, or done).
@@ -508,6 +525,8 @@ impl ConnMachine {
             request_client: None,
             cap_key: None,
             over_cap: false,
+            limited: false,
+            rate_limit: None,
             arena: ArenaWait::None,
             rx: Vec::new(),
             deadline: Deadline::None,
@@ -1191,6 +1210,15 @@ impl ConnMachine {
     ) {
         assert!(!self.responding(), "a response while one is in progress");
         let inline = body.as_ref().is_some_and(|b| b.inline_head);
+        // The limits in force when the response begins apply to all of it.
+        self.rate_limit = body.as_ref().filter(|b| !b.inline_head).and_then(|_| {
+            crate::limits::RateLimit::new(
+                cx.limits.limit_rate_bytes_per_s,
+                cx.limits.limit_rate_after_bytes,
+                cx.now_us,
+            )
+        });
+        self.limited = false;
         self.write = WriteState::Responding(Response {
             status,
             keep_alive,
@@ -1235,6 +1263,7 @@ impl ConnMachine {
         let chunk_bytes = self.payload_cap(cx);
         loop {
             let socket_full = self.ops.poll;
+            let limit = self.rate_limit;
             let Some(body) = self.body_mut() else {
                 return Turn::Idle;
             };
@@ -1252,6 +1281,24 @@ impl ConnMachine {
             // connection's budget or when the shard's budget for this tick is spent.
             if !body.inline_head && (!budget.has_room() || !shard_budget.has_room()) {
                 return Turn::MoreWork;
+            }
+            if let Some(limit) = limit {
+                let allowance = limit.allowance(cx.now_us);
+                let step = limit.step_bytes();
+                let rest = body.unplanned_bytes();
+                if allowance < step.min(rest) {
+                    // Wait on the wheel, holding nothing planned ahead (no arena slot).
+                    let at_ms = limit.ready_at_ms(step.min(rest), cx.now_us);
+                    if let Some(l) = self.rate_limit.as_mut() {
+                        l.waits += 1;
+                    }
+                    out.push(Action::Count(Counter::LimitWait, 1));
+                    out.push(Action::LimitWait { at_ms });
+                    self.leave_arena_queue(cx, out);
+                    self.give_back_handed(out);
+                    return Turn::Idle;
+                }
+                body.limit_cap_bytes = usize::try_from(allowance).unwrap_or(usize::MAX);
             }
             let demand = if body.inline_head {
                 Demand::Small
@@ -1287,12 +1334,21 @@ impl ConnMachine {
             let head_len = self.response().map_or(0, |r| r.head_len);
             let body = self.body_mut().expect("checked above");
             let chunk = plan_chunk(body, slot, head_len, chunk_bytes, out);
+            let planned = u64::from(chunk.send_len);
             budget.charge(chunk.send_len as usize);
             shard_budget.charge(chunk.send_len as usize);
             let reading = chunk.state == ChunkState::Reading;
             body.chunks.push_back(chunk);
             if reading {
                 self.submit_read(slot, out);
+            }
+            if let Some(l) = self.rate_limit.as_mut() {
+                let before = l.planned_bytes;
+                l.planned_bytes += planned;
+                let limited = l.planned_bytes.saturating_sub(before.max(l.after_bytes));
+                if limited > 0 {
+                    out.push(Action::Count(Counter::LimitedBytes, limited));
+                }
             }
         }
     }
@@ -1792,6 +1848,13 @@ impl ConnMachine {
         }
     }
 
+    /// Its rate limit allows more bytes now: plan them.
+    pub fn on_limit_wake(&mut self, out: &mut Actions) {
+        if self.is_open() && self.body().is_some() {
+            out.push(Action::QueueBulk);
+        }
+    }
+
     /// The timer sweep for a connection holding a SEND_ZC chunk: a buffer the peer is slow
     /// to acknowledge gives no completion to learn from, so the read-ahead behind it is given
     /// back here.
@@ -1817,7 +1880,12 @@ impl ConnMachine {
     /// are planned again when the client catches up: the disk, not the arena, buffers a slow
     /// client. A chunk whose response header has not fully left is kept.
     fn give_back_chunks(&mut self, keep: usize, why: GiveBack, out: &mut Actions) -> usize {
-        let ConnMachine { write, tls, .. } = self;
+        let ConnMachine {
+            write,
+            tls,
+            rate_limit,
+            ..
+        } = self;
         let WriteState::Responding(Response {
             body: Some(body), ..
         }) = write
@@ -1879,6 +1947,10 @@ impl ConnMachine {
                     if end > start {
                         out.push(Action::Count(Counter::GivenBack(why), end - start));
                     }
+                    // Given back unsent: the limit lets those bytes be planned again.
+                    if let Some(l) = rate_limit.as_mut() {
+                        l.planned_bytes = l.planned_bytes.saturating_sub(end - start);
+                    }
                     match body.segments.front_mut() {
                         // The rest of the same file range: extend it back.
                         Some(Segment::File { pos, .. }) if *pos == end => *pos = start,
@@ -1906,6 +1978,7 @@ impl ConnMachine {
     /// a pipelined request or wait for one), linger, or close.
     fn finish_response(&mut self, cx: &Ctx, out: &mut Actions) {
         self.give_back_handed(out);
+        self.limited = self.rate_limit.is_some_and(|l| l.waits > 0);
         let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle)
         else {
             panic!("finishing a response that was not started");
@@ -1988,13 +2061,14 @@ fn plan_chunk(
     if plan_framed_part(body, chunk_bytes, &mut chunk) {
         return chunk;
     }
+    let limit_cap = limit_read_cap(body);
     let seg = body
         .segments
         .front_mut()
         .expect("planning with nothing to plan");
     match seg {
         Segment::Mem { start, end } => {
-            let n = ((*end - *start) as usize).min(chunk_bytes);
+            let n = ((*end - *start) as usize).min(chunk_bytes).min(limit_cap);
             out.push(Action::CopyFraming {
                 slot,
                 from: *start as usize,
@@ -2010,7 +2084,7 @@ fn plan_chunk(
             }
         }
         Segment::Zero { remaining } => {
-            let n = (*remaining).min(chunk_bytes as u64) as usize;
+            let n = (*remaining).min(chunk_bytes as u64).min(limit_cap as u64) as usize;
             out.push(Action::ZeroFill { slot, len: n });
             chunk.send_len = n as u32;
             chunk.source = Source::Memory;
@@ -2035,7 +2109,8 @@ fn plan_chunk(
                 body.inline_head = false;
                 *pos = *end;
             } else {
-                let read_cap = read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes);
+                let read_cap =
+                    read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes).min(limit_cap);
                 let plan = crate::fs::dio::plan_chunk(*pos, *end, body.align, read_cap);
                 chunk.state = ChunkState::Reading;
                 chunk.send_off = plan.skip as u32;
@@ -2070,7 +2145,9 @@ fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> b
     if body.inline_head || header > SHARED_FRAMING_MAX_BYTES || room <= align {
         return false;
     }
-    let read_cap = read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes).min(room);
+    let read_cap = read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes)
+        .min(room)
+        .min(limit_read_cap(body));
     let plan = crate::fs::dio::plan_chunk(pos, file_end, body.align, read_cap);
     chunk.state = ChunkState::Reading;
     chunk.origin = Origin::FramedFile {
@@ -2092,6 +2169,16 @@ fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> b
         body.segments[0] = Segment::File { pos, end: file_end };
     }
     true
+}
+
+/// The most a rate-limited body may read for its next chunk: its allowance, aligned down for
+/// O_DIRECT (an allowance is at least `LIMIT_STEP_MIN_BYTES`, one aligned block or more).
+fn limit_read_cap(body: &Body) -> usize {
+    if body.limit_cap_bytes == usize::MAX {
+        return usize::MAX;
+    }
+    let align = (body.align as usize).max(1);
+    (body.limit_cap_bytes / align * align).max(align)
 }
 
 /// Bytes a file read may ask for: the connection's estimate of what its socket takes,
@@ -2146,8 +2233,73 @@ mod tests {
                 tls_handshake_timeout_ms: 10_000,
                 proxy_protocol: false,
                 tls_proxy_protocol: false,
+                limit_rate_bytes_per_s: 0,
+                limit_rate_after_bytes: 0,
             },
         }
+    }
+
+    #[test]
+    fn a_limited_response_plans_only_its_allowance_and_waits_holding_nothing() {
+        // 40 kB/s: a step is 4096 bytes (the minimum), after 8192 bytes at full speed.
+        let mut lcx = cx(0);
+        lcx.limits.limit_rate_bytes_per_s = 40_000;
+        lcx.limits.limit_rate_after_bytes = 8192;
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(SocketSlot::new(3), None, &lcx, &mut out);
+        m.on_peer(None, false, &mut out);
+        m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &lcx, &mut out);
+        m.rx.clear();
+        m.request_parsed(Some(Method::Get), &lcx);
+        m.begin_response(200, true, 100, Some(file_body(10 * CHUNK as u64)), &lcx);
+        m.response_mut().unwrap().head = HeadState::Done;
+        out.clear();
+        let mut free: Vec<u16> = (10..20).collect();
+        let mut budget = TickBudget::new(1 << 20);
+        let mut shard = TickBudget::new(8 << 20);
+        let mut take = |_| free.pop().map(ArenaSlot::new);
+        // At once: `after` plus one step, in one read.
+        m.pump(&mut budget, &mut shard, &mut take, &lcx, &mut out);
+        let body = m.body().unwrap();
+        let planned: u32 = body.chunks.iter().map(|c| c.send_len).sum();
+        assert_eq!(planned, 8192 + 4096);
+        let wait = out.iter().find_map(|a| match a {
+            Action::LimitWait { at_ms } => Some(*at_ms),
+            _ => None,
+        });
+        // 4096 more bytes are earned in 102.4 ms.
+        assert_eq!(wait, Some(103), "{out:?}");
+        assert!(
+            !out.iter().any(|a| matches!(a, Action::WaitArena(_))),
+            "no arena wait"
+        );
+        // The chunk is read and sent whole: nothing is held while the limit waits.
+        let slot = m.body().unwrap().chunks[0].slot;
+        m.on_read(slot, planned as i32, &mut |_| true, &lcx, &mut out);
+        m.try_send(&lcx, &mut out);
+        m.on_send(slot, planned as i32, false, false, &lcx, &mut out);
+        assert!(m.body().unwrap().chunks.is_empty(), "no slot while waiting");
+        out.clear();
+        m.pump(&mut budget, &mut shard, &mut take, &lcx, &mut out);
+        assert!(
+            m.body().unwrap().chunks.is_empty(),
+            "still not allowed at t=0"
+        );
+        assert!(out.iter().any(|a| matches!(a, Action::LimitWait { .. })));
+        // Once woken, one step more.
+        let mut later = cx(103);
+        later.limits = lcx.limits;
+        out.clear();
+        m.on_limit_wake(&mut out);
+        assert_eq!(out, [Action::QueueBulk]);
+        m.pump(&mut budget, &mut shard, &mut take, &later, &mut out);
+        let planned: u32 = m.body().unwrap().chunks.iter().map(|c| c.send_len).sum();
+        assert_eq!(
+            planned,
+            4096 + 24,
+            "the step plus what the 0.6 ms past it earned"
+        );
     }
 
     #[test]
@@ -2218,6 +2370,7 @@ mod tests {
             small: false,
             read_ahead: READ_AHEAD_START_CHUNKS,
             read_size_bytes: CHUNK,
+            limit_cap_bytes: usize::MAX,
         }
     }
 

@@ -199,6 +199,8 @@ struct Shard<R: RingOps> {
     /// Each connection's deadline (header, idle, send, linger), mirrored from its machine
     /// after every event: the sweep visits only what expired, never every slot.
     timers: TimerWheel,
+    /// Rate-limited responses waiting for their allowance: when to wake each (no slot held).
+    limit_waits: TimerWheel,
     now_ms: u64,
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
@@ -331,6 +333,7 @@ impl<R: RingOps> Shard<R> {
             parked: ListSet::new(max_conns),
             zc_conns: ListSet::new(max_conns),
             timers: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
+            limit_waits: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
             body_pool: (0..max_conns.min(BODY_POOL_BUFFERS))
                 .map(|_| {
                     conn::BodyBuffers::with_capacity(2 * cfg.max_ranges + 1, cfg.pipeline_depth)
@@ -527,6 +530,8 @@ impl<R: RingOps> Shard<R> {
                 tls_handshake_timeout_ms: self.cfg.tls_handshake_timeout_ms,
                 proxy_protocol: self.cfg.proxy_protocol,
                 tls_proxy_protocol: self.cfg.tls_proxy_protocol,
+                limit_rate_bytes_per_s: self.cfg.limit_rate_bytes_per_s,
+                limit_rate_after_bytes: self.cfg.limit_rate_after_bytes,
             },
         }
     }
@@ -648,6 +653,7 @@ impl<R: RingOps> Shard<R> {
             }
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
             Action::ClientKnown => self.count_client(c),
+            Action::LimitWait { at_ms } => self.limit_waits.arm(c.raw(), at_ms),
             Action::GetPeer => {
                 let t = self.token(Op::PeerName, c);
                 let tls = self.conns[c.index()].tls.is_some();
@@ -769,6 +775,8 @@ impl<R: RingOps> Shard<R> {
             Counter::Proxy(ProxyOutcome::Untrusted) => &m.proxy_untrusted,
             Counter::Proxy(ProxyOutcome::Malformed) => &m.proxy_malformed,
             Counter::Proxy(ProxyOutcome::Truncated) => &m.proxy_truncated,
+            Counter::LimitWait => &m.limit_waits,
+            Counter::LimitedBytes => &m.limited_bytes,
             Counter::SignedUrl(Refusal::Missing) => &m.signed_url_missing,
             Counter::SignedUrl(Refusal::UnknownKey) => &m.signed_url_unknown_key,
             Counter::SignedUrl(Refusal::BadSignature) => &m.signed_url_bad_signature,
@@ -797,6 +805,7 @@ impl<R: RingOps> Shard<R> {
                 date: self.date.header_value(),
                 tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
                 client: conn.request_client.or(conn.client.addr().map(|a| a.ip())),
+                limiter: conn.limited.then_some("rate"),
             });
         }
     }
@@ -1039,6 +1048,9 @@ impl<R: RingOps> Shard<R> {
 
     fn sweep_timers(&mut self) {
         self.expire_parked();
+        while let Some(c) = self.limit_waits.pop_expired(self.now_ms).map(ConnSlot::new) {
+            self.drive(c, |m, _, out| m.on_limit_wake(out));
+        }
         while let Some(c) = self.timers.pop_expired(self.now_ms).map(ConnSlot::new) {
             // The machine judges by its own deadline (the wheel only mirrors it); if the slot
             // did not close, `run_actions` arms the wheel again from what the machine says.
@@ -1090,6 +1102,7 @@ impl<R: RingOps> Shard<R> {
 
     /// A connection's socket is closed: its slot goes back on the free list.
     fn on_close(&mut self, c: ConnSlot) {
+        self.limit_waits.cancel(c.raw());
         if let Some(key) = self.conns[c.index()].cap_key.take() {
             self.client_counts.release(key);
         }

@@ -253,6 +253,7 @@ impl<R: RingOps> Shard<R> {
                 small: started.inline_head,
                 read_ahead: super::READ_AHEAD_START_CHUNKS,
                 read_size_bytes: self.cfg.chunk_bytes,
+                limit_cap_bytes: usize::MAX,
             })
         };
         let cx = self.cx();

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use super::conn::{ChunkState, Deadline};
 use super::machine::{ArenaWait, Lifecycle};
 use super::slots::ArenaSlot;
-use super::{Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
+use super::{RingOps as _, Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
 use crate::config::{Config, ZeroCopy};
 use crate::metrics::ShardMetrics;
 use net::{Client, ClientPlan, FileFault, Net, Request, SimFile, Target};
@@ -105,6 +105,8 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
     }
     let n_clients = rng.range(1, 6);
     let mut tls_rng = Rng::new(seed ^ 0x7715_5eed);
+    // Its own stream, so the other draws (and what every earlier seed did) stay as they were.
+    let mut limit_rng = Rng::new(seed ^ 0x1141_7e55);
     let mut clients = Vec::new();
     for _ in 0..n_clients {
         let n_requests = rng.range(1, 3) as usize;
@@ -229,6 +231,13 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         tls_record_bytes: [1024, 4096, 16 * 1024][tls_rng.below(3) as usize],
         tls_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
         tls_certificate: vec![sim_certificate().clone()],
+        // A third of the runs rate-limit every response (fast enough that clients finish).
+        limit_rate_bytes_per_s: if limit_rng.chance(33) {
+            limit_rng.range(200_000, 4_000_000)
+        } else {
+            0
+        },
+        limit_rate_after_bytes: limit_rng.range(0, 64 * 1024),
         ..Config::default()
     };
     let mut net = Net::new(files, clients, file_faults, seed);
@@ -356,6 +365,19 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         let c = c as u32;
         if conn.life == Lifecycle::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
             return Err(format!("free connection {c} has operations or a body"));
+        }
+        // A rate-limited response never plans past its allowance (a multipart part header
+        // planned with its data may add its own bytes), so one that waits has nothing read
+        // ahead of its limit.
+        if let Some(l) = conn.rate_limit.filter(|_| conn.body().is_some()) {
+            let allowed = l.allowed_total(shard.ring.now().as_micros() as u64);
+            let slack = super::machine::SHARED_FRAMING_MAX_BYTES as u64;
+            if l.planned_bytes > allowed + slack {
+                return Err(format!(
+                    "connection {c} planned {} bytes with {allowed} allowed by its rate limit",
+                    l.planned_bytes
+                ));
+            }
         }
         // The TLS memory bound: received bytes wait for at most a record (or a handshake's
         // bound), queued output for at most a flight.
