@@ -134,25 +134,24 @@ fn sign(a: &SignArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return config_error(&format!("{raw_path}: {e:?}")),
     };
-    let mut path = format!("/{}", resolved.rel_path);
-    if resolved.wants_dir && !resolved.rel_path.is_empty() {
-        path.push('/');
-    }
+    let path = shardline::fs::resolve::ResolvedRef {
+        rel_path: &resolved.rel_path,
+        wants_dir: resolved.wants_dir,
+    };
     let rule = match (&a.config, &a.key_file) {
         (Some(cfg), _) => {
             let cfg = match Config::from_file(cfg) {
                 Ok(c) => c,
                 Err(e) => return config_error(&e.to_string()),
             };
-            let rule = cfg
-                .signed_url
-                .iter()
-                .filter(|r| path.starts_with(r.prefix.as_str()))
-                .max_by_key(|r| r.prefix.len())
-                .cloned();
-            match rule {
-                Some(r) => r,
-                None => return config_error(&format!("no [[signed_url]] prefix covers {path}")),
+            match shardline::signing::covering_rule(&cfg.signed_url, &path) {
+                Some((_, r)) => r.clone(),
+                None => {
+                    return config_error(&format!(
+                        "no [[signed_url]] prefix covers /{}",
+                        resolved.rel_path
+                    ))
+                }
             }
         }
         (None, Some(file)) => RuleConfig {

@@ -124,9 +124,13 @@ fn signed_urls_are_checked_counted_and_rotate_on_sighup() {
         signature_param: "signature".into(),
     };
     let ring = shardline::signing::KeyRing::load(&keys).unwrap();
+    let game = shardline::fs::resolve::resolve_target(b"/beta/game.pak").unwrap();
     let old = shardline::signing::sign_query(
         &rule,
-        "/beta/game.pak",
+        &shardline::fs::resolve::ResolvedRef {
+            rel_path: &game.rel_path,
+            wants_dir: game.wants_dir,
+        },
         "k1",
         ring.get("k1").unwrap(),
         1_000_000,

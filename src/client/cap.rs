@@ -28,14 +28,10 @@ impl ClientKey {
                 bits: u128::from(u32::from(a)),
                 v4: true,
             },
-            IpAddr::V6(a) => {
-                let p = u32::from(v6_prefix.min(128));
-                let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
-                ClientKey {
-                    bits: u128::from(a) & mask,
-                    v4: false,
-                }
-            }
+            IpAddr::V6(a) => ClientKey {
+                bits: super::cidr::mask128(u128::from(a), v6_prefix.min(128)),
+                v4: false,
+            },
         }
     }
 

@@ -33,7 +33,8 @@ fn mask32(v: u32, prefix: u8) -> u32 {
     }
 }
 
-fn mask128(v: u128, prefix: u8) -> u128 {
+/// `v` with only its first `prefix` bits kept.
+pub(super) fn mask128(v: u128, prefix: u8) -> u128 {
     if prefix == 0 {
         0
     } else {

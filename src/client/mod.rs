@@ -17,17 +17,6 @@ use std::net::{IpAddr, SocketAddr};
 
 pub use cidr::{Cidr, TrustedProxies};
 
-/// Where a connection's client address came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The TCP peer itself.
-    Peer,
-    /// A PROXY protocol header from a trusted peer.
-    ProxyProtocol,
-    /// An `X-Forwarded-For` or `Forwarded` header from a trusted peer.
-    Forwarded,
-}
-
 /// One connection's view of who is asking.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Client {
@@ -43,15 +32,6 @@ impl Client {
     /// The connection's client: the proxied address if a trusted proxy gave one, else the peer.
     pub fn addr(&self) -> Option<SocketAddr> {
         self.proxied.or(self.peer)
-    }
-
-    /// Where `addr()` comes from.
-    pub fn source(&self) -> Source {
-        if self.proxied.is_some() {
-            Source::ProxyProtocol
-        } else {
-            Source::Peer
-        }
     }
 }
 
@@ -87,11 +67,9 @@ mod tests {
             ..Client::default()
         };
         assert_eq!(c.addr(), Some(peer));
-        assert_eq!(c.source(), Source::Peer);
         let real: SocketAddr = "203.0.113.7:5555".parse().unwrap();
         c.proxied = Some(real);
         assert_eq!(c.addr(), Some(real));
-        assert_eq!(c.source(), Source::ProxyProtocol);
         let mapped: SocketAddr = "[::ffff:192.0.2.1]:80".parse().unwrap();
         assert_eq!(canonical(mapped), "192.0.2.1:80".parse().unwrap());
         let v6: SocketAddr = "[2001:db8::1]:80".parse().unwrap();

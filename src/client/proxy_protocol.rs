@@ -193,7 +193,7 @@ fn parse_v1(buf: &[u8]) -> Parse {
     }
 }
 
-/// A version 2 header for `source` -> `dest` (tests, the simulator, and loadgen's use).
+/// A version 2 header for `source` -> `dest` (what HAProxy's `send-proxy-v2` sends; for tests).
 pub fn encode_v2(source: SocketAddr, dest: SocketAddr, out: &mut Vec<u8>) {
     out.extend_from_slice(&V2_SIGNATURE);
     out.push(0x21);
@@ -257,19 +257,21 @@ pub enum Feed {
     NeedMore,
     /// Close the connection.
     Refuse(Outcome),
-    /// The header is done: `client` (None: the peer stands) and the client's own bytes that
-    /// came after it in the same receive.
+    /// The header is done: `client` (None: the peer stands); the client's own bytes are the
+    /// ones of this receive from `rest_from` on (every earlier byte was the header's).
     Done {
         /// Accepted or Local.
         outcome: Outcome,
         /// The client's address.
         client: Option<SocketAddr>,
-        /// Bytes after the header.
-        rest: Vec<u8>,
+        /// Where the client's bytes begin in the data just fed.
+        rest_from: usize,
     },
 }
 
-/// A connection waiting for its PROXY header: at most `MAX_HEADER_BYTES` buffered.
+/// A connection waiting for its PROXY header. A header that arrives whole in one receive is
+/// parsed where it lies; only one split over receives is buffered, at most
+/// `MAX_HEADER_BYTES` of it.
 #[derive(Debug, Default)]
 pub struct Stage {
     buf: Vec<u8>,
@@ -281,20 +283,34 @@ impl Stage {
         if !trusted {
             return Feed::Refuse(Outcome::Untrusted);
         }
-        // One byte past the limit is enough to know the header is too long.
-        let room = (MAX_HEADER_BYTES + 1).saturating_sub(self.buf.len());
-        let take = data.len().min(room);
-        self.buf.extend_from_slice(&data[..take]);
-        match parse(&self.buf) {
-            Parse::Incomplete if self.buf.len() > MAX_HEADER_BYTES => {
-                Feed::Refuse(Outcome::Malformed)
+        // Header bytes buffered from earlier receives (an incomplete parse means every one
+        // of them belongs to the header).
+        let before = self.buf.len();
+        let parsed = if before == 0 {
+            parse(data)
+        } else {
+            // One byte past the limit is enough to know the header is too long.
+            let take = data
+                .len()
+                .min((MAX_HEADER_BYTES + 1).saturating_sub(before));
+            self.buf.extend_from_slice(&data[..take]);
+            parse(&self.buf)
+        };
+        match parsed {
+            Parse::Incomplete => {
+                if before == 0 {
+                    let take = data.len().min(MAX_HEADER_BYTES + 1);
+                    self.buf.extend_from_slice(&data[..take]);
+                }
+                if self.buf.len() > MAX_HEADER_BYTES {
+                    Feed::Refuse(Outcome::Malformed)
+                } else {
+                    Feed::NeedMore
+                }
             }
-            Parse::Incomplete => Feed::NeedMore,
             Parse::Invalid(_) => Feed::Refuse(Outcome::Malformed),
             Parse::Done { len, source } => {
-                // The header ends inside what we buffered; the rest of `data` follows it.
-                let mut rest = self.buf.split_off(len);
-                rest.extend_from_slice(&data[take..]);
+                assert!(len >= before, "buffered bytes past the header");
                 self.buf = Vec::new();
                 let outcome = if source.is_some() {
                     Outcome::Accepted
@@ -304,7 +320,7 @@ impl Stage {
                 Feed::Done {
                     outcome,
                     client: source,
-                    rest,
+                    rest_from: len - before,
                 }
             }
         }
@@ -476,23 +492,28 @@ mod tests {
         for cut in 0..h.len() {
             let mut st = Stage::default();
             let first = st.feed(&h[..cut], true);
-            // Bytes after the header that arrived with it; the rest of `h` would come later.
-            let (got, rest) = if cut >= 28 {
-                (first, h[28..cut].to_vec())
+            // The client's bytes are the fed data's from `rest_from` on.
+            let (got, fed) = if cut >= 28 {
+                (first, &h[..cut])
             } else {
                 assert_eq!(first, Feed::NeedMore, "cut {cut}");
                 assert_eq!(st.started(), cut > 0);
-                (st.feed(&h[cut..], true), h[28..].to_vec())
+                (st.feed(&h[cut..], true), &h[cut..])
             };
-            assert_eq!(
-                got,
-                Feed::Done {
-                    outcome: Outcome::Accepted,
-                    client: Some(addr("198.51.100.4:61000")),
-                    rest
-                },
-                "cut {cut}"
-            );
+            let Feed::Done {
+                outcome,
+                client,
+                rest_from,
+            } = got
+            else {
+                panic!("cut {cut}: {got:?}");
+            };
+            assert_eq!(outcome, Outcome::Accepted);
+            assert_eq!(client, Some(addr("198.51.100.4:61000")));
+            let rest_at = if cut >= 28 { 28 } else { 28 - cut };
+            assert_eq!(rest_from, rest_at, "cut {cut}");
+            assert_eq!(&fed[rest_from..], &h[28..28 + fed.len() - rest_from]);
+            assert!(!st.started(), "nothing kept once done");
         }
         assert_eq!(
             Stage::default().feed(&h, false),

@@ -460,7 +460,7 @@ pub struct ConnMachine {
     /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
     pub request_client: Option<std::net::IpAddr>,
     /// Waiting for the PROXY protocol header (None: not expected, or done).
-    pub proxy: Option<Box<crate::client::proxy_protocol::Stage>>,
+    pub proxy: Option<crate::client::proxy_protocol::Stage>,
     /// Place in the arena's wait queue.
     pub arena: ArenaWait,
     /// Request bytes received and not yet consumed (pipelined requests wait here).
@@ -685,7 +685,7 @@ impl ConnMachine {
             cx.limits.proxy_protocol
         };
         if proxied_listener {
-            self.proxy = Some(Box::default());
+            self.proxy = Some(crate::client::proxy_protocol::Stage::default());
         }
         self.tls = tls;
         // Before the receive: the kernel answers it at once, so the address is known before
@@ -941,7 +941,6 @@ impl ConnMachine {
             self.close(CloseReason::ProtocolError, cx, out);
             return;
         };
-        let after_header;
         let data = match self.proxy.as_mut() {
             None => data,
             Some(stage) => match stage.feed(data, self.client.trusted) {
@@ -958,7 +957,7 @@ impl ConnMachine {
                 ProxyFeed::Done {
                     outcome,
                     client,
-                    rest,
+                    rest_from,
                 } => {
                     out.push(Action::Count(Counter::Proxy(outcome), 1));
                     self.client.proxied = client;
@@ -967,12 +966,11 @@ impl ConnMachine {
                     if !self.is_open() {
                         return;
                     }
-                    if rest.is_empty() {
+                    if rest_from == data.len() {
                         self.arm_recv(out);
                         return;
                     }
-                    after_header = rest;
-                    &after_header[..]
+                    &data[rest_from..]
                 }
             },
         };

@@ -180,6 +180,8 @@ struct Shard<R: RingOps> {
     trusted: crate::client::TrustedProxies,
     /// Signed-URL rules and keys (replaced on reload).
     signing: Arc<crate::signing::Signing>,
+    /// Where a signed-prefix check resolves the request path (no allocation per request).
+    sign_scratch: crate::fs::resolve::ResolveScratch,
     /// Connections per client over all shards.
     client_counts: Arc<crate::client::cap::ClientCounts>,
     date: DateCache,
@@ -324,6 +326,9 @@ impl<R: RingOps> Shard<R> {
             trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
                 .expect("validated at load"),
             signing: lifecycle.signing(),
+            sign_scratch: crate::fs::resolve::ResolveScratch::with_capacity(
+                crate::http::request::MAX_REQUEST_LINE_BYTES,
+            ),
             client_counts: lifecycle.client_counts(),
             date: DateCache::new(now),
             metrics,
@@ -817,12 +822,12 @@ impl<R: RingOps> Shard<R> {
     /// whose address the kernel did not give is not counted.
     fn count_client(&mut self, c: ConnSlot) {
         let cap = self.cfg.max_connections_per_client;
-        let Some(addr) = self.conns[c.index()].client.addr() else {
-            return;
-        };
         if cap == 0 {
             return;
         }
+        let Some(addr) = self.conns[c.index()].client.addr() else {
+            return;
+        };
         let key = crate::client::cap::ClientKey::new(addr.ip(), self.cfg.client_ipv6_prefix);
         if self.client_counts.acquire(key, cap) {
             self.conns[c.index()].cap_key = Some(key);

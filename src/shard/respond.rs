@@ -207,21 +207,19 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Judges a request against the signed-URL rules by the canonical path it would be served
-    /// from (a path that does not resolve is left to `acquire_target`'s own answer).
-    fn check_signature(&self, req: &Request<'_>) -> Result<(), crate::signing::Refusal> {
-        let Ok(resolved) = crate::fs::resolve::resolve_target(req.path) else {
-            return Ok(());
-        };
-        let mut path = String::with_capacity(resolved.rel_path.len() + 2);
-        path.push('/');
-        path.push_str(&resolved.rel_path);
-        if resolved.wants_dir && !resolved.rel_path.is_empty() {
-            path.push('/');
-        }
+    /// from, resolved into the shard's own scratch (a path that does not resolve is left to
+    /// `acquire_target`'s own answer).
+    fn check_signature(&mut self, req: &Request<'_>) -> Result<(), crate::signing::Refusal> {
         let now_s = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        self.signing.check(&path, req.query, now_s)
+        let mut scratch = std::mem::take(&mut self.sign_scratch);
+        let verdict = match crate::fs::resolve::resolve_into(req.path, &mut scratch) {
+            Ok(path) => self.signing.check(&path, req.query, now_s),
+            Err(_) => Ok(()),
+        };
+        self.sign_scratch = scratch;
+        verdict
     }
 
     /// Starts a planned response on the connection: its state, where its head is sent from,

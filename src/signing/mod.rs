@@ -12,8 +12,10 @@ pub mod keys;
 
 use std::path::PathBuf;
 
-use aws_lc_rs::hmac;
+use aws_lc_rs::{constant_time, hmac};
 use base64::Engine as _;
+
+use crate::fs::resolve::ResolvedRef;
 
 pub use keys::KeyRing;
 
@@ -100,10 +102,55 @@ impl Refusal {
     }
 }
 
-/// The rules in force, with their keys loaded.
+/// The rules in force, with their keys loaded (`rings[i]` holds `rules[i]`'s keys).
 #[derive(Debug, Default)]
 pub struct Signing {
-    rules: Vec<(RuleConfig, KeyRing)>,
+    rules: Vec<RuleConfig>,
+    rings: Vec<KeyRing>,
+}
+
+/// Whether the canonical path of `path` (`/` + the resolved path, `/` after a directory)
+/// starts with `prefix` (which starts with `/`).
+fn covers(prefix: &str, path: &ResolvedRef<'_>) -> bool {
+    let want = prefix.as_bytes().get(1..).unwrap_or_default();
+    let rel = path.rel_path.as_bytes();
+    let slash = path.wants_dir && !rel.is_empty();
+    match want.len().checked_sub(rel.len()) {
+        // The prefix ends inside the resolved path.
+        None => rel.starts_with(want),
+        Some(0) => want == rel,
+        // One byte more: the directory's trailing '/'.
+        Some(1) => slash && want.starts_with(rel) && want.ends_with(b"/"),
+        Some(_) => false,
+    }
+}
+
+/// The rule covering `path` and its index: the longest covering prefix (a more specific
+/// rule wins).
+pub fn covering_rule<'a>(
+    rules: &'a [RuleConfig],
+    path: &ResolvedRef<'_>,
+) -> Option<(usize, &'a RuleConfig)> {
+    rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| covers(&r.prefix, path))
+        .max_by_key(|(_, r)| r.prefix.len())
+}
+
+/// The MAC of `PATH "\n" EXPIRES "\n" KEY_ID` for the canonical path of `path`, fed in
+/// pieces (no buffer).
+fn mac(key: &hmac::Key, path: &ResolvedRef<'_>, expires: &[u8], key_id: &[u8]) -> hmac::Tag {
+    let mut ctx = hmac::Context::with_key(key);
+    ctx.update(b"/");
+    ctx.update(path.rel_path.as_bytes());
+    if path.wants_dir && !path.rel_path.is_empty() {
+        ctx.update(b"/");
+    }
+    for piece in [&b"\n"[..], expires, b"\n", key_id] {
+        ctx.update(piece);
+    }
+    ctx.sign()
 }
 
 /// A key file that could not be used: which, and why.
@@ -124,18 +171,19 @@ impl std::fmt::Display for LoadError {
 impl Signing {
     /// Reads every rule's key file.
     pub fn load(rules: &[RuleConfig]) -> Result<Signing, LoadError> {
-        let rules = rules
+        let rings = rules
             .iter()
             .map(|r| {
-                KeyRing::load(&r.key_file)
-                    .map(|k| (r.clone(), k))
-                    .map_err(|message| LoadError {
-                        file: r.key_file.clone(),
-                        message,
-                    })
+                KeyRing::load(&r.key_file).map_err(|message| LoadError {
+                    file: r.key_file.clone(),
+                    message,
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Signing { rules })
+        Ok(Signing {
+            rules: rules.to_vec(),
+            rings,
+        })
     }
 
     /// Whether any prefix is signed (if not, requests skip the check entirely).
@@ -143,18 +191,18 @@ impl Signing {
         self.rules.is_empty()
     }
 
-    /// Judges a request for canonical path `path` (starting with `/`) with query `query` at
-    /// Unix time `now_s`: Ok when no rule covers the path or its signature is good.
-    pub fn check(&self, path: &str, query: Option<&[u8]>, now_s: u64) -> Result<(), Refusal> {
-        // The longest covering prefix decides (a more specific rule wins).
-        let Some((rule, ring)) = self
-            .rules
-            .iter()
-            .filter(|(r, _)| path.starts_with(r.prefix.as_str()))
-            .max_by_key(|(r, _)| r.prefix.len())
-        else {
+    /// Judges a request for resolved path `path` with query `query` at Unix time `now_s`:
+    /// Ok when no rule covers the path or its signature is good.
+    pub fn check(
+        &self,
+        path: &ResolvedRef<'_>,
+        query: Option<&[u8]>,
+        now_s: u64,
+    ) -> Result<(), Refusal> {
+        let Some((i, rule)) = covering_rule(&self.rules, path) else {
             return Ok(());
         };
+        let ring = &self.rings[i];
         let query = query.unwrap_or_default();
         let query = &query[..query.len().min(MAX_QUERY_BYTES)];
         let (Some(expires), Some(key_id), Some(sig)) = (
@@ -174,25 +222,15 @@ impl Signing {
             .filter(|e| !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|e| e.parse::<u64>().ok())
             .ok_or(Refusal::BadSignature)?;
-        let msg = message(path, expires, key_id.as_bytes());
-        // Constant time (aws-lc's HMAC verify).
-        hmac::verify(key, &msg, &sig).map_err(|_| Refusal::BadSignature)?;
+        let tag = mac(key, path, expires, key_id.as_bytes());
+        // Constant time.
+        constant_time::verify_slices_are_equal(tag.as_ref(), &sig)
+            .map_err(|_| Refusal::BadSignature)?;
         if now_s > expires_s {
             return Err(Refusal::Expired);
         }
         Ok(())
     }
-}
-
-/// The signed message.
-fn message(path: &str, expires: &[u8], key_id: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(path.len() + expires.len() + key_id.len() + 2);
-    m.extend_from_slice(path.as_bytes());
-    m.push(b'\n');
-    m.extend_from_slice(expires);
-    m.push(b'\n');
-    m.extend_from_slice(key_id);
-    m
 }
 
 /// The one value of `name` in `query` (raw, not percent-decoded: the values are digits, key
@@ -214,17 +252,17 @@ fn param<'a>(query: &'a [u8], name: &str) -> Option<&'a [u8]> {
     found
 }
 
-/// The query string that signs `path` (canonical, starting with `/`) until `expires_s` with
-/// key `key_id`, under `rule`'s parameter names.
+/// The query string that signs `path` until `expires_s` with key `key_id`, under `rule`'s
+/// parameter names.
 pub fn sign_query(
     rule: &RuleConfig,
-    path: &str,
+    path: &ResolvedRef<'_>,
     key_id: &str,
     key: &hmac::Key,
     expires_s: u64,
 ) -> String {
     let expires = expires_s.to_string();
-    let tag = hmac::sign(key, &message(path, expires.as_bytes(), key_id.as_bytes()));
+    let tag = mac(key, path, expires.as_bytes(), key_id.as_bytes());
     format!(
         "{}={expires}&{}={key_id}&{}={}",
         rule.expires_param,
@@ -237,6 +275,19 @@ pub fn sign_query(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `raw` resolved, checked against `s`.
+    fn check(s: &Signing, raw: &str, q: Option<&[u8]>, now: u64) -> Result<(), Refusal> {
+        let r = crate::fs::resolve::resolve_target(raw.as_bytes()).unwrap();
+        s.check(&path_of(&r), q, now)
+    }
+
+    fn path_of(r: &crate::fs::resolve::Resolved) -> ResolvedRef<'_> {
+        ResolvedRef {
+            rel_path: &r.rel_path,
+            wants_dir: r.wants_dir,
+        }
+    }
 
     fn setup() -> (tempfile::TempDir, Signing, RuleConfig) {
         let dir = tempfile::tempdir().unwrap();
@@ -264,49 +315,71 @@ mod tests {
     #[test]
     fn a_signed_url_passes_until_it_expires_and_any_change_breaks_it() {
         let (_d, s, rule) = setup();
-        let key = s.rules[0].1.get("k2").unwrap();
-        let q = sign_query(&rule, "/beta/game.pak", "k2", key, 1000);
-        assert_eq!(s.check("/beta/game.pak", Some(q.as_bytes()), 999), Ok(()));
-        assert_eq!(s.check("/beta/game.pak", Some(q.as_bytes()), 1000), Ok(()));
+        let key = s.rings[0].get("k2").unwrap();
+        let game = crate::fs::resolve::resolve_target(b"/beta/game.pak").unwrap();
+        let q = sign_query(&rule, &path_of(&game), "k2", key, 1000);
+        assert_eq!(check(&s, "/beta/game.pak", Some(q.as_bytes()), 999), Ok(()));
         assert_eq!(
-            s.check("/beta/game.pak", Some(q.as_bytes()), 1001),
+            check(&s, "/beta/game.pak", Some(q.as_bytes()), 1000),
+            Ok(())
+        );
+        assert_eq!(
+            check(&s, "/beta/game.pak", Some(q.as_bytes()), 1001),
             Err(Refusal::Expired)
         );
         // Another path, a later expiry, another key id: the signature no longer matches.
         assert_eq!(
-            s.check("/beta/other.pak", Some(q.as_bytes()), 999),
+            check(&s, "/beta/other.pak", Some(q.as_bytes()), 999),
             Err(Refusal::BadSignature)
         );
         let later = q.replace("expires=1000", "expires=9000");
         assert_eq!(
-            s.check("/beta/game.pak", Some(later.as_bytes()), 999),
+            check(&s, "/beta/game.pak", Some(later.as_bytes()), 999),
             Err(Refusal::BadSignature)
         );
         let other_kid = q.replace("key_id=k2", "key_id=k1");
         assert_eq!(
-            s.check("/beta/game.pak", Some(other_kid.as_bytes()), 999),
+            check(&s, "/beta/game.pak", Some(other_kid.as_bytes()), 999),
             Err(Refusal::BadSignature)
         );
         let unknown = q.replace("key_id=k2", "key_id=k9");
         assert_eq!(
-            s.check("/beta/game.pak", Some(unknown.as_bytes()), 999),
+            check(&s, "/beta/game.pak", Some(unknown.as_bytes()), 999),
             Err(Refusal::UnknownKey)
         );
         // Extra parameters are fine; missing or repeated ones are not.
         let extra = format!("x=1&{q}&y=2");
         assert_eq!(
-            s.check("/beta/game.pak", Some(extra.as_bytes()), 999),
+            check(&s, "/beta/game.pak", Some(extra.as_bytes()), 999),
             Ok(())
         );
-        assert_eq!(s.check("/beta/game.pak", None, 999), Err(Refusal::Missing));
+        assert_eq!(
+            check(&s, "/beta/game.pak", None, 999),
+            Err(Refusal::Missing)
+        );
         let twice = format!("{q}&expires=1000");
         assert_eq!(
-            s.check("/beta/game.pak", Some(twice.as_bytes()), 999),
+            check(&s, "/beta/game.pak", Some(twice.as_bytes()), 999),
+            Err(Refusal::Missing)
+        );
+        // The canonical path decides: a detour into the prefix is judged as the prefix, and
+        // the directory itself is covered.
+        assert_eq!(
+            check(&s, "/free/../beta/game.pak", Some(q.as_bytes()), 999),
+            Ok(())
+        );
+        assert_eq!(check(&s, "/beta/", None, 999), Err(Refusal::Missing));
+        assert_eq!(
+            check(&s, "/beta//game.pak", None, 999),
             Err(Refusal::Missing)
         );
         // Outside the prefix nothing is asked.
-        assert_eq!(s.check("/free/game.pak", None, 999), Ok(()));
-        assert_eq!(s.check("/beta", None, 999), Ok(()), "the prefix is /beta/");
+        assert_eq!(check(&s, "/free/game.pak", None, 999), Ok(()));
+        assert_eq!(
+            check(&s, "/beta", None, 999),
+            Ok(()),
+            "the prefix is /beta/"
+        );
     }
 
     #[test]
