@@ -33,6 +33,9 @@ pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
 
+/// Default `egress_bypass_bytes`: a manifest or a small file goes whole past the egress queue.
+pub const DEFAULT_EGRESS_BYPASS_BYTES: u64 = 256 * 1024;
+
 /// Default health path on the serving listener (next to the diagnostic `/__shardline/zero`,
 /// where it cannot shadow a published file by accident).
 pub const DEFAULT_HEALTH_PATH: &str = "/__shardline/health";
@@ -295,6 +298,15 @@ pub struct Config {
     pub limit_rate_bytes_per_s: u64,
     /// Bytes a response sends at full speed before `limit_rate_bytes_per_s` applies.
     pub limit_rate_after_bytes: u64,
+    /// Path prefixes with a rate of their own (`[[rate_limit]]`), in place of
+    /// `limit_rate_bytes_per_s` for responses under them.
+    pub rate_limit: Vec<crate::limits::rate::PrefixRate>,
+    /// The whole edge's egress cap in bytes per second, over all shards and clients (an
+    /// edge held to its commit rate); 0 = none.
+    pub egress_limit_bytes_per_s: u64,
+    /// First bytes of every response that skip the egress cap's queue (charged to it all the
+    /// same, within a tenth of the cap): manifests and small files are never held behind bulk.
+    pub egress_bypass_bytes: u64,
 }
 
 impl Default for Config {
@@ -352,6 +364,9 @@ impl Default for Config {
             client_cap_action: ClientCapAction::TooManyRequests,
             limit_rate_bytes_per_s: 0,
             limit_rate_after_bytes: 0,
+            rate_limit: Vec::new(),
+            egress_limit_bytes_per_s: 0,
+            egress_bypass_bytes: DEFAULT_EGRESS_BYPASS_BYTES,
         }
     }
 }
@@ -565,6 +580,18 @@ impl Config {
         for rule in &self.signed_url {
             rule.validate().map_err(|e| err("signed_url", e))?;
         }
+        if self.rate_limit.len() > crate::limits::rate::MAX_RATE_LIMIT_RULES {
+            return Err(err(
+                "rate_limit",
+                format!(
+                    "at most {} rules",
+                    crate::limits::rate::MAX_RATE_LIMIT_RULES
+                ),
+            ));
+        }
+        for rule in &self.rate_limit {
+            rule.validate().map_err(|e| err("rate_limit", e))?;
+        }
         let trusted = crate::client::TrustedProxies::parse(&self.trusted_proxies)
             .map_err(|e| err("trusted_proxies", e))?;
         if (self.proxy_protocol || self.tls_proxy_protocol) && trusted.is_empty() {
@@ -668,6 +695,9 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "client_cap_action",
     "limit_rate_bytes_per_s",
     "limit_rate_after_bytes",
+    "rate_limit",
+    "egress_limit_bytes_per_s",
+    "egress_bypass_bytes",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -755,6 +785,9 @@ impl Config {
             client_cap_action,
             limit_rate_bytes_per_s,
             limit_rate_after_bytes,
+            rate_limit,
+            egress_limit_bytes_per_s,
+            egress_bypass_bytes,
         );
         config.validate()?;
         Ok(Reload { config, refused })

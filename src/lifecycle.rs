@@ -22,6 +22,8 @@ pub struct Lifecycle {
     signing: Mutex<Arc<crate::signing::Signing>>,
     /// Connections per client over all shards (`max_connections_per_client`).
     client_counts: Arc<crate::client::cap::ClientCounts>,
+    /// The edge's egress cap over all shards (`egress_limit_bytes_per_s`).
+    egress: Arc<crate::limits::EgressBucket>,
 }
 
 impl Lifecycle {
@@ -34,6 +36,7 @@ impl Lifecycle {
             tls: Mutex::new(None),
             signing: Mutex::new(Arc::default()),
             client_counts: Arc::default(),
+            egress: Arc::default(),
         })
     }
 
@@ -59,6 +62,11 @@ impl Lifecycle {
     /// Makes `signing` the rules of new requests (shards pick it up with the next `publish`).
     pub fn set_signing(&self, signing: Arc<crate::signing::Signing>) {
         *self.signing.lock().unwrap_or_else(|e| e.into_inner()) = signing;
+    }
+
+    /// The egress bucket every shard shares.
+    pub fn egress(&self) -> Arc<crate::limits::EgressBucket> {
+        self.egress.clone()
     }
 
     /// The per-client connection counts every shard shares.

@@ -170,6 +170,15 @@ counters! {
     limit_waits: Counter "limit_waits_total",
     /// Bytes sent under a rate limit (past `limit_rate_after_bytes`).
     limited_bytes: Counter "limited_bytes_total",
+    /// Times a response waited for its turn under the edge's egress cap (holding no slot).
+    egress_waits: Counter "egress_waits_total",
+    /// Bytes sent after waiting for the egress cap.
+    egress_delayed_bytes: Counter "egress_delayed_bytes_total",
+    /// Responses' first bytes that went at once on the egress cap's bypass.
+    egress_bypass_bytes: Counter "egress_bypass_bytes_total",
+    /// Bytes per second this shard sent over the last second (headers, bodies and TLS
+    /// framing; the edge's egress rate is the sum over shards).
+    egress_rate: Gauge "egress_bytes_per_s",
     /// Connections over `max_connections_per_client` (closed, or answered 429).
     refused_client_cap: Counter "client_cap_refused_total",
     /// Signed-prefix requests refused (403): a signing parameter missing or repeated.

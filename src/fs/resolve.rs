@@ -155,6 +155,23 @@ pub struct ResolvedRef<'a> {
 }
 
 impl ResolvedRef<'_> {
+    /// Whether the canonical path (`/` + the resolved path, `/` after a directory) starts
+    /// with `prefix` (which starts with `/`): `/beta/` covers `/beta/x` and the directory
+    /// `/beta/`; `/beta` covers `/beta` and `/beta-2`.
+    pub fn is_under(&self, prefix: &str) -> bool {
+        let want = prefix.as_bytes().get(1..).unwrap_or_default();
+        let rel = self.rel_path.as_bytes();
+        let slash = self.wants_dir && !rel.is_empty();
+        match want.len().checked_sub(rel.len()) {
+            // The prefix ends inside the resolved path.
+            None => rel.starts_with(want),
+            Some(0) => want == rel,
+            // One byte more: the directory's trailing '/'.
+            Some(1) => slash && want.starts_with(rel) && want.ends_with(b"/"),
+            Some(_) => false,
+        }
+    }
+
     /// An owned copy (allocates; for tests, fuzzers and tools, not the request path).
     pub fn to_owned(self) -> Resolved {
         Resolved {

@@ -30,6 +30,7 @@ use super::{
 };
 use crate::client::proxy_protocol::{Feed as ProxyFeed, Outcome as ProxyOutcome};
 use crate::http::request::Method;
+use crate::limits::EgressBucket;
 use crate::tls::record::RecordCut;
 use crate::tls::session::{HandshakeFailure, HandshakeStep, Received, Resume, TlsSession, Version};
 
@@ -218,6 +219,12 @@ pub enum Counter {
     LimitWait,
     /// Bytes planned under a rate limit (past `limit_rate_after_bytes`).
     LimitedBytes,
+    /// A response waited for its turn under the edge's egress cap.
+    EgressWait,
+    /// Bytes planned after waiting for the egress cap.
+    EgressDelayedBytes,
+    /// Bytes that went at once on the egress cap's bypass for first bytes.
+    EgressBypassBytes,
 }
 
 /// What the driver does for the machine, in order.
@@ -294,6 +301,9 @@ pub enum Action {
         /// When enough bytes are allowed again.
         at_ms: u64,
     },
+    /// Bytes reserved under the egress cap but not sent (given back, or the response ended):
+    /// the bucket gets them back.
+    EgressRefund(u64),
     /// Arm a one-shot writability poll.
     PollWritable,
     /// Shut the write side.
@@ -407,10 +417,10 @@ pub struct Limits {
     pub tls_chunk_bytes: usize,
     /// A TLS handshake must complete within this (ms) of accept.
     pub tls_handshake_timeout_ms: u64,
-    /// Rate limit of a response once `limit_rate_after_bytes` have gone (0 = none).
-    pub limit_rate_bytes_per_s: u64,
-    /// Bytes a response sends before its rate limit applies.
-    pub limit_rate_after_bytes: u64,
+    /// The edge's egress cap over all shards (0 = none).
+    pub egress_limit_bytes_per_s: u64,
+    /// First bytes of each response that may take the egress cap's bypass.
+    pub egress_bypass_bytes: u64,
     /// Connections on the cleartext listener start with a PROXY header.
     pub proxy_protocol: bool,
     /// Connections on the TLS listener start with a PROXY header.
@@ -430,6 +440,8 @@ pub struct Ctx {
     pub zc_room: bool,
     /// Configuration limits.
     pub limits: Limits,
+    /// The egress bucket's clock, µs (shared by every shard; `EgressBucket::now_us`).
+    pub egress_now_us: u64,
 }
 
 /// One connection slot.
@@ -453,10 +465,12 @@ pub struct ConnMachine {
     pub cap_key: Option<crate::client::cap::ClientKey>,
     /// Over `max_connections_per_client`: its first request gets a 429.
     pub over_cap: bool,
-    /// The last response waited for its rate limit (the access log's `limiter`).
-    pub limited: bool,
+    /// The limiter the last response waited for, if any (the access log's `limiter`).
+    pub limiter: Option<&'static str>,
     /// The current response's rate limit (`limit_rate_bytes_per_s`), if one applies.
     pub rate_limit: Option<crate::limits::RateLimit>,
+    /// The current response's place with the edge's egress cap, if one applies.
+    pub egress: Option<crate::limits::egress::EgressHold>,
     /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
     pub request_client: Option<std::net::IpAddr>,
     /// Waiting for the PROXY protocol header (None: not expected, or done).
@@ -525,8 +539,9 @@ impl ConnMachine {
             request_client: None,
             cap_key: None,
             over_cap: false,
-            limited: false,
+            limiter: None,
             rate_limit: None,
+            egress: None,
             arena: ArenaWait::None,
             rx: Vec::new(),
             deadline: Deadline::None,
@@ -767,6 +782,9 @@ impl ConnMachine {
     /// A response ends (complete, or aborted with nothing in flight): its chunks' slots and
     /// its file go back, its queues are kept for the next one, and it is counted and logged.
     fn end_response(&mut self, resp: Response, out: &mut Actions) {
+        if let Some(hold) = self.egress.take().filter(|h| h.reserved_bytes > 0) {
+            out.push(Action::EgressRefund(hold.reserved_bytes));
+        }
         if let Some(body) = resp.body {
             for ch in &body.chunks {
                 out.push(Action::ReleaseSlot(ch.slot));
@@ -1204,19 +1222,19 @@ impl ConnMachine {
         keep_alive: bool,
         head_len: usize,
         body: Option<Body>,
+        rate: crate::limits::RateSpec,
         cx: &Ctx,
     ) {
         assert!(!self.responding(), "a response while one is in progress");
+        assert!(self.egress.is_none_or(|e| e.reserved_bytes == 0));
         let inline = body.as_ref().is_some_and(|b| b.inline_head);
         // The limits in force when the response begins apply to all of it.
         self.rate_limit = body.as_ref().filter(|b| !b.inline_head).and_then(|_| {
-            crate::limits::RateLimit::new(
-                cx.limits.limit_rate_bytes_per_s,
-                cx.limits.limit_rate_after_bytes,
-                cx.now_us,
-            )
+            crate::limits::RateLimit::new(rate.rate_bytes_per_s, rate.after_bytes, cx.now_us)
         });
-        self.limited = false;
+        self.egress = (body.is_some() && cx.limits.egress_limit_bytes_per_s > 0)
+            .then(|| crate::limits::egress::EgressHold::new(cx.limits.egress_bypass_bytes));
+        self.limiter = None;
         self.write = WriteState::Responding(Response {
             status,
             keep_alive,
@@ -1254,6 +1272,7 @@ impl ConnMachine {
         budget: &mut TickBudget,
         shard_budget: &mut TickBudget,
         take: &mut dyn FnMut(Demand) -> Option<ArenaSlot>,
+        egress: Option<&EgressBucket>,
         cx: &Ctx,
         out: &mut Actions,
     ) -> Turn {
@@ -1280,10 +1299,11 @@ impl ConnMachine {
             if !body.inline_head && (!budget.has_room() || !shard_budget.has_room()) {
                 return Turn::MoreWork;
             }
+            let rest = body.unplanned_bytes();
+            let mut cap_bytes = u64::MAX;
             if let Some(limit) = limit {
                 let allowance = limit.allowance(cx.now_us);
                 let step = limit.step_bytes();
-                let rest = body.unplanned_bytes();
                 if allowance < step.min(rest) {
                     // Wait on the wheel, holding nothing planned ahead (no arena slot).
                     let at_ms = limit.ready_at_ms(step.min(rest), cx.now_us);
@@ -1296,8 +1316,26 @@ impl ConnMachine {
                     self.give_back_handed(out);
                     return Turn::Idle;
                 }
-                body.limit_cap_bytes = usize::try_from(allowance).unwrap_or(usize::MAX);
+                cap_bytes = allowance;
             }
+            let want = cap_bytes.min(chunk_bytes as u64).min(rest).max(1);
+            if let Some(at_ms) = self.egress_turn(egress, want, cx, out) {
+                // Its turn under the edge's cap is later: wait on the wheel, holding nothing.
+                out.push(Action::LimitWait { at_ms });
+                self.leave_arena_queue(cx, out);
+                self.give_back_handed(out);
+                return Turn::Idle;
+            }
+            if let Some(hold) = self.egress.filter(|_| egress.is_some()) {
+                cap_bytes = cap_bytes.min(hold.reserved_bytes.max(1));
+            }
+            // A record that left in part is sealed again whole, whatever the limiters say (at
+            // most a record past them; they count what is planned).
+            if let Some(len) = self.tls.as_ref().and_then(|t| t.pending_resume_bytes()) {
+                cap_bytes = cap_bytes.max(u64::from(len));
+            }
+            let body = self.body_mut().expect("checked above");
+            body.limit_cap_bytes = usize::try_from(cap_bytes).unwrap_or(usize::MAX);
             let demand = if body.inline_head {
                 Demand::Small
             } else if body.chunks.is_empty() {
@@ -1348,7 +1386,46 @@ impl ConnMachine {
                     out.push(Action::Count(Counter::LimitedBytes, limited));
                 }
             }
+            let rate = cx.limits.egress_limit_bytes_per_s;
+            if let (Some(bucket), Some(hold)) = (egress, self.egress.as_mut()) {
+                if rate > 0 {
+                    if hold.delayed {
+                        let delayed = planned.min(hold.reserved_bytes);
+                        out.push(Action::Count(Counter::EgressDelayedBytes, delayed));
+                    }
+                    hold.spend(bucket, planned, rate, cx.egress_now_us);
+                }
+            }
         }
+    }
+
+    /// The egress cap's say on the next `want` bytes: reserves them when nothing is reserved,
+    /// and returns when to wake (shard clock, ms) if they may not go yet.
+    fn egress_turn(
+        &mut self,
+        bucket: Option<&EgressBucket>,
+        want: u64,
+        cx: &Ctx,
+        out: &mut Actions,
+    ) -> Option<u64> {
+        let rate = cx.limits.egress_limit_bytes_per_s;
+        let (Some(bucket), Some(hold)) = (bucket, self.egress.as_mut()) else {
+            return None;
+        };
+        if rate == 0 {
+            // A reload lifted the cap: what is reserved goes, nothing more is reserved.
+            return None;
+        }
+        if hold.reserved_bytes == 0 {
+            let bypass_before = hold.bypass_left_bytes;
+            if hold.reserve(bucket, want, rate, cx.now_us, cx.egress_now_us) {
+                out.push(Action::Count(Counter::EgressWait, 1));
+            } else if bypass_before > hold.bypass_left_bytes {
+                let bypassed = bypass_before - hold.bypass_left_bytes;
+                out.push(Action::Count(Counter::EgressBypassBytes, bypassed));
+            }
+        }
+        (cx.now_us < hold.ready_at_us).then(|| hold.ready_at_us.div_ceil(1000))
     }
 
     /// Plaintext bytes one chunk carries: the whole slot, or on a TLS connection what still
@@ -1882,6 +1959,7 @@ impl ConnMachine {
             write,
             tls,
             rate_limit,
+            egress,
             ..
         } = self;
         let WriteState::Responding(Response {
@@ -1918,6 +1996,9 @@ impl ConnMachine {
                     .rewind(seq, resume);
             }
             let rest = send_end - unsent_at;
+            if egress.is_some() && rest > 0 {
+                out.push(Action::EgressRefund(u64::from(rest)));
+            }
             // Each chunk comes from one segment, and segments follow in stream order, so the
             // unsent bytes go in front of whatever is still to plan.
             match last.origin {
@@ -1976,7 +2057,14 @@ impl ConnMachine {
     /// a pipelined request or wait for one), linger, or close.
     fn finish_response(&mut self, cx: &Ctx, out: &mut Actions) {
         self.give_back_handed(out);
-        self.limited = self.rate_limit.is_some_and(|l| l.waits > 0);
+        let rate_waited = self.rate_limit.is_some_and(|l| l.waits > 0);
+        let egress_waited = self.egress.is_some_and(|e| e.waits > 0);
+        self.limiter = match (rate_waited, egress_waited) {
+            (true, true) => Some("rate+egress"),
+            (true, false) => Some("rate"),
+            (false, true) => Some("egress"),
+            (false, false) => None,
+        };
         let WriteState::Responding(resp) = std::mem::replace(&mut self.write, WriteState::Idle)
         else {
             panic!("finishing a response that was not started");
@@ -2170,13 +2258,16 @@ fn plan_framed_part(body: &mut Body, chunk_bytes: usize, chunk: &mut Chunk) -> b
 }
 
 /// The most a rate-limited body may read for its next chunk: its allowance, aligned down for
-/// O_DIRECT (an allowance is at least `LIMIT_STEP_MIN_BYTES`, one aligned block or more).
+/// O_DIRECT (the planned bytes may pass a small allowance by part of a block; the limiters
+/// count what was planned).
 fn limit_read_cap(body: &Body) -> usize {
     if body.limit_cap_bytes == usize::MAX {
         return usize::MAX;
     }
     let align = (body.align as usize).max(1);
-    (body.limit_cap_bytes / align * align).max(align)
+    // Two blocks at least: a read that starts inside a block may need the next one too
+    // (`dio::plan_chunk` wants a read longer than one block).
+    (body.limit_cap_bytes / align * align).max(2 * align)
 }
 
 /// Bytes a file read may ask for: the connection's estimate of what its socket takes,
@@ -2192,6 +2283,7 @@ pub fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize 
 mod tests {
     //! The machine driven by hand, with no ring: each test feeds events and checks the
     //! actions and the state they leave.
+    use crate::limits::RateSpec;
     use std::collections::VecDeque;
 
     use super::*;
@@ -2231,18 +2323,21 @@ mod tests {
                 tls_handshake_timeout_ms: 10_000,
                 proxy_protocol: false,
                 tls_proxy_protocol: false,
-                limit_rate_bytes_per_s: 0,
-                limit_rate_after_bytes: 0,
+                egress_limit_bytes_per_s: 0,
+                egress_bypass_bytes: 0,
             },
+            egress_now_us: now_ms * 1000,
         }
     }
 
     #[test]
     fn a_limited_response_plans_only_its_allowance_and_waits_holding_nothing() {
         // 40 kB/s: a step is 4096 bytes (the minimum), after 8192 bytes at full speed.
-        let mut lcx = cx(0);
-        lcx.limits.limit_rate_bytes_per_s = 40_000;
-        lcx.limits.limit_rate_after_bytes = 8192;
+        let lcx = cx(0);
+        let rate = crate::limits::RateSpec {
+            rate_bytes_per_s: 40_000,
+            after_bytes: 8192,
+        };
         let mut m = ConnMachine::new();
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &lcx, &mut out);
@@ -2250,7 +2345,14 @@ mod tests {
         m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &lcx, &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &lcx);
-        m.begin_response(200, true, 100, Some(file_body(10 * CHUNK as u64)), &lcx);
+        m.begin_response(
+            200,
+            true,
+            100,
+            Some(file_body(10 * CHUNK as u64)),
+            rate,
+            &lcx,
+        );
         m.response_mut().unwrap().head = HeadState::Done;
         out.clear();
         let mut free: Vec<u16> = (10..20).collect();
@@ -2258,7 +2360,7 @@ mod tests {
         let mut shard = TickBudget::new(8 << 20);
         let mut take = |_| free.pop().map(ArenaSlot::new);
         // At once: `after` plus one step, in one read.
-        m.pump(&mut budget, &mut shard, &mut take, &lcx, &mut out);
+        m.pump(&mut budget, &mut shard, &mut take, None, &lcx, &mut out);
         let body = m.body().unwrap();
         let planned: u32 = body.chunks.iter().map(|c| c.send_len).sum();
         assert_eq!(planned, 8192 + 4096);
@@ -2279,7 +2381,7 @@ mod tests {
         m.on_send(slot, planned as i32, false, false, &lcx, &mut out);
         assert!(m.body().unwrap().chunks.is_empty(), "no slot while waiting");
         out.clear();
-        m.pump(&mut budget, &mut shard, &mut take, &lcx, &mut out);
+        m.pump(&mut budget, &mut shard, &mut take, None, &lcx, &mut out);
         assert!(
             m.body().unwrap().chunks.is_empty(),
             "still not allowed at t=0"
@@ -2291,7 +2393,7 @@ mod tests {
         out.clear();
         m.on_limit_wake(&mut out);
         assert_eq!(out, [Action::QueueBulk]);
-        m.pump(&mut budget, &mut shard, &mut take, &later, &mut out);
+        m.pump(&mut budget, &mut shard, &mut take, None, &later, &mut out);
         let planned: u32 = m.body().unwrap().chunks.iter().map(|c| c.send_len).sum();
         assert_eq!(
             planned,
@@ -2381,7 +2483,14 @@ mod tests {
         m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &cx(0));
-        m.begin_response(200, true, 100, Some(file_body(len)), &cx(0));
+        m.begin_response(
+            200,
+            true,
+            100,
+            Some(file_body(len)),
+            RateSpec::default(),
+            &cx(0),
+        );
         m
     }
 
@@ -2393,6 +2502,7 @@ mod tests {
             &mut budget,
             &mut shard,
             &mut |_| free.pop().map(ArenaSlot::new),
+            None,
             &cx(1),
             out,
         )
@@ -2577,7 +2687,7 @@ mod tests {
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
         m.on_peer(None, false, &mut out);
         m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
-        m.begin_response(431, false, 50, None, &cx(0));
+        m.begin_response(431, false, 50, None, RateSpec::default(), &cx(0));
         m.try_send(&cx(0), &mut out);
         out.clear();
         m.on_head_sent(50, &cx(1), &mut out);

@@ -57,6 +57,8 @@ pub const SQ_ENTRIES: u32 = 4096;
 pub const CQ_ENTRIES: u32 = 16384;
 /// How often timers are checked, and the longest a shard sleeps in the kernel.
 pub const TIMER_SWEEP_MS: u64 = 100;
+/// Window over which a shard measures its egress rate (`egress_bytes_per_s`).
+pub const EGRESS_RATE_WINDOW_MS: u64 = 1000;
 /// Chunks a response reads ahead until its first chunk has left (and after a slow send).
 pub const READ_AHEAD_START_CHUNKS: usize = 2;
 /// A SEND_ZC buffer not yet released by the kernel after this long (the peer is slow to
@@ -184,6 +186,12 @@ struct Shard<R: RingOps> {
     sign_scratch: crate::fs::resolve::ResolveScratch,
     /// Connections per client over all shards.
     client_counts: Arc<crate::client::cap::ClientCounts>,
+    /// The edge's egress cap, shared by all shards (`egress_limit_bytes_per_s`).
+    egress: Arc<crate::limits::EgressBucket>,
+    /// The egress bucket's clock minus this ring's, µs (both run from their creation).
+    egress_clock_offset_us: u64,
+    /// When the current egress-rate window began (ms), and the bytes sent by then.
+    egress_window: (u64, u64),
     date: DateCache,
     metrics: Arc<ShardMetrics>,
     shutdown: Arc<AtomicBool>,
@@ -291,6 +299,8 @@ impl<R: RingOps> Shard<R> {
             ZeroCopy::Auto => !loopback,
         } && ring.probe_supports(ring::opcodes::SEND_ZC);
         let now = unix_now_secs();
+        let egress = lifecycle.egress();
+        let egress_clock_offset_us = ring.clock_offset_us(egress.epoch());
         let access_log = match cfg
             .access_log
             .as_ref()
@@ -330,6 +340,9 @@ impl<R: RingOps> Shard<R> {
                 crate::http::request::MAX_REQUEST_LINE_BYTES,
             ),
             client_counts: lifecycle.client_counts(),
+            egress_clock_offset_us,
+            egress,
+            egress_window: (0, 0),
             date: DateCache::new(now),
             metrics,
             shutdown,
@@ -513,10 +526,16 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// The moment and shard-wide facts a machine event is judged by.
+    /// The egress bucket's clock, µs, read through this ring's.
+    fn egress_now_us(&self) -> u64 {
+        self.ring.now().as_micros() as u64 + self.egress_clock_offset_us
+    }
+
     fn cx(&self) -> Ctx {
+        let now_us = self.ring.now().as_micros() as u64;
         Ctx {
             now_ms: self.now_ms,
-            now_us: self.ring.now().as_micros() as u64,
+            now_us,
             draining: self.drain_deadline_ms.is_some(),
             zc_room: self.zc_held < self.cfg.arena_slots() / ZC_ARENA_SHARE_DIVISOR,
             limits: Limits {
@@ -535,9 +554,10 @@ impl<R: RingOps> Shard<R> {
                 tls_handshake_timeout_ms: self.cfg.tls_handshake_timeout_ms,
                 proxy_protocol: self.cfg.proxy_protocol,
                 tls_proxy_protocol: self.cfg.tls_proxy_protocol,
-                limit_rate_bytes_per_s: self.cfg.limit_rate_bytes_per_s,
-                limit_rate_after_bytes: self.cfg.limit_rate_after_bytes,
+                egress_limit_bytes_per_s: self.cfg.egress_limit_bytes_per_s,
+                egress_bypass_bytes: self.cfg.egress_bypass_bytes,
             },
+            egress_now_us: now_us + self.egress_clock_offset_us,
         }
     }
 
@@ -659,6 +679,13 @@ impl<R: RingOps> Shard<R> {
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
             Action::ClientKnown => self.count_client(c),
             Action::LimitWait { at_ms } => self.limit_waits.arm(c.raw(), at_ms),
+            Action::EgressRefund(bytes) => {
+                let rate = self.cfg.egress_limit_bytes_per_s;
+                if rate > 0 {
+                    let now_us = self.egress_now_us();
+                    self.egress.refund(bytes, rate, now_us);
+                }
+            }
             Action::GetPeer => {
                 let t = self.token(Op::PeerName, c);
                 let tls = self.conns[c.index()].tls.is_some();
@@ -782,6 +809,9 @@ impl<R: RingOps> Shard<R> {
             Counter::Proxy(ProxyOutcome::Truncated) => &m.proxy_truncated,
             Counter::LimitWait => &m.limit_waits,
             Counter::LimitedBytes => &m.limited_bytes,
+            Counter::EgressWait => &m.egress_waits,
+            Counter::EgressDelayedBytes => &m.egress_delayed_bytes,
+            Counter::EgressBypassBytes => &m.egress_bypass_bytes,
             Counter::SignedUrl(Refusal::Missing) => &m.signed_url_missing,
             Counter::SignedUrl(Refusal::UnknownKey) => &m.signed_url_unknown_key,
             Counter::SignedUrl(Refusal::BadSignature) => &m.signed_url_bad_signature,
@@ -810,7 +840,7 @@ impl<R: RingOps> Shard<R> {
                 date: self.date.header_value(),
                 tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
                 client: conn.request_client.or(conn.client.addr().map(|a| a.ip())),
-                limiter: conn.limited.then_some("rate"),
+                limiter: conn.limiter,
             });
         }
     }
@@ -999,6 +1029,7 @@ impl<R: RingOps> Shard<R> {
             &mut budget,
             &mut self.shard_budget,
             &mut |demand| arena.take(demand),
+            Some(&self.egress),
             &cx,
             &mut out,
         );
@@ -1051,8 +1082,31 @@ impl<R: RingOps> Shard<R> {
 
     // ---- timers, drain ---------------------------------------------------------------------
 
+    /// Publishes the bytes per second this shard sent over the last window (`egress_bytes_per_s`).
+    fn measure_egress_rate(&mut self) {
+        let (since_ms, sent_then) = self.egress_window;
+        let elapsed_ms = self.now_ms.saturating_sub(since_ms);
+        if elapsed_ms < EGRESS_RATE_WINDOW_MS {
+            return;
+        }
+        let m = &self.metrics;
+        let sent = [
+            &m.bytes_direct,
+            &m.bytes_dontcache,
+            &m.bytes_buffered,
+            &m.bytes_memory,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum::<u64>();
+        let rate = sent.saturating_sub(sent_then) * 1000 / elapsed_ms;
+        ShardMetrics::set(&m.egress_rate, rate);
+        self.egress_window = (self.now_ms, sent);
+    }
+
     fn sweep_timers(&mut self) {
         self.expire_parked();
+        self.measure_egress_rate();
         while let Some(c) = self.limit_waits.pop_expired(self.now_ms).map(ConnSlot::new) {
             self.drive(c, |m, _, out| m.on_limit_wake(out));
         }

@@ -133,7 +133,7 @@ impl<R: RingOps> Shard<R> {
         let plan = plan::plan_status(status, keep_alive, head, &ctx);
         let bufs = self.body_pool.pop().unwrap_or_default();
         let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
-        self.install(c, started, None);
+        self.install(c, started, None, self.default_rate());
     }
 
     /// A fixed answer (wrong protocol on this port), then a close.
@@ -149,7 +149,7 @@ impl<R: RingOps> Shard<R> {
             reads_file: false,
             buffers: bufs,
         };
-        self.install(c, started, None);
+        self.install(c, started, None, self.default_rate());
     }
 
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
@@ -160,7 +160,7 @@ impl<R: RingOps> Shard<R> {
         if let Some(plan) = plan::plan_without_file(req, &limits, &ctx) {
             let bufs = self.body_pool.pop().unwrap_or_default();
             let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
-            return self.install(c, started, None);
+            return self.install(c, started, None, self.default_rate());
         }
         if !self.signing.is_empty() {
             if let Err(refusal) = self.check_signature(req) {
@@ -201,9 +201,34 @@ impl<R: RingOps> Shard<R> {
         let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
-            return self.install(c, started, None);
+            return self.install(c, started, None, self.default_rate());
         }
-        self.install(c, started, Some(idx));
+        let rate = self.response_rate(req);
+        self.install(c, started, Some(idx), rate);
+    }
+
+    /// The server-wide per-response rate (`limit_rate_bytes_per_s`).
+    fn default_rate(&self) -> crate::limits::RateSpec {
+        crate::limits::RateSpec {
+            rate_bytes_per_s: self.cfg.limit_rate_bytes_per_s,
+            after_bytes: self.cfg.limit_rate_after_bytes,
+        }
+    }
+
+    /// The rate of a file response: its `[[rate_limit]]` prefix's, judged by the canonical
+    /// path (resolved into the shard's scratch), else the server-wide one.
+    fn response_rate(&mut self, req: &Request<'_>) -> crate::limits::RateSpec {
+        let default = self.default_rate();
+        if self.cfg.rate_limit.is_empty() {
+            return default;
+        }
+        let mut scratch = std::mem::take(&mut self.sign_scratch);
+        let rate = match crate::fs::resolve::resolve_into(req.path, &mut scratch) {
+            Ok(path) => crate::limits::rate::rate_for(&self.cfg.rate_limit, &path, default),
+            Err(_) => default,
+        };
+        self.sign_scratch = scratch;
+        rate
     }
 
     /// Judges a request against the signed-URL rules by the canonical path it would be served
@@ -224,7 +249,13 @@ impl<R: RingOps> Shard<R> {
 
     /// Starts a planned response on the connection: its state, where its head is sent from,
     /// and its body work. `file` is the open-file entry the body reads (held until it is done).
-    fn install(&mut self, c: ConnSlot, started: Started, file: Option<FileSlot>) {
+    fn install(
+        &mut self,
+        c: ConnSlot,
+        started: Started,
+        file: Option<FileSlot>,
+        rate: crate::limits::RateSpec,
+    ) {
         let (file_fixed, align, rw_flags, source) = match file {
             Some(idx) => {
                 let f = self.files.get(idx);
@@ -268,6 +299,7 @@ impl<R: RingOps> Shard<R> {
             started.keep_alive,
             head_len,
             body,
+            rate,
             &cx,
         );
     }

@@ -486,6 +486,9 @@ impl super::ring_ops::RingOps for Ring {
     fn now(&self) -> Duration {
         self.started.elapsed()
     }
+    fn clock_offset_us(&self, epoch: std::time::Instant) -> u64 {
+        u64::try_from(self.started.saturating_duration_since(epoch).as_micros()).unwrap_or(0)
+    }
     /// Which io_uring opcodes this kernel supports.
     fn probe_supports(&self, opcode: u8) -> bool {
         let mut probe = io_uring::Probe::new();

@@ -17,6 +17,8 @@ use super::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 pub trait RingOps {
     /// Time since the ring was built; every shard timer runs on it.
     fn now(&self) -> Duration;
+    /// How far this ring's clock starts after `epoch`, µs (0 where the clock is simulated).
+    fn clock_offset_us(&self, epoch: std::time::Instant) -> u64;
     /// Which io_uring opcodes this ring supports.
     fn probe_supports(&self, opcode: u8) -> bool;
     /// Whether completions are deferred task work (DEFER_TASKRUN), for the start-up log.

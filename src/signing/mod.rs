@@ -109,22 +109,6 @@ pub struct Signing {
     rings: Vec<KeyRing>,
 }
 
-/// Whether the canonical path of `path` (`/` + the resolved path, `/` after a directory)
-/// starts with `prefix` (which starts with `/`).
-fn covers(prefix: &str, path: &ResolvedRef<'_>) -> bool {
-    let want = prefix.as_bytes().get(1..).unwrap_or_default();
-    let rel = path.rel_path.as_bytes();
-    let slash = path.wants_dir && !rel.is_empty();
-    match want.len().checked_sub(rel.len()) {
-        // The prefix ends inside the resolved path.
-        None => rel.starts_with(want),
-        Some(0) => want == rel,
-        // One byte more: the directory's trailing '/'.
-        Some(1) => slash && want.starts_with(rel) && want.ends_with(b"/"),
-        Some(_) => false,
-    }
-}
-
 /// The rule covering `path` and its index: the longest covering prefix (a more specific
 /// rule wins).
 pub fn covering_rule<'a>(
@@ -134,7 +118,7 @@ pub fn covering_rule<'a>(
     rules
         .iter()
         .enumerate()
-        .filter(|(_, r)| covers(&r.prefix, path))
+        .filter(|(_, r)| path.is_under(&r.prefix))
         .max_by_key(|(_, r)| r.prefix.len())
 }
 

@@ -482,6 +482,12 @@ impl TlsSession {
         })
     }
 
+    /// Plaintext bytes of the record that must be sealed again first (it left in part before
+    /// its chunk was given back), if one is pending: the next chunk must carry at least these.
+    pub fn pending_resume_bytes(&self) -> Option<u32> {
+        self.records().and_then(|r| r.resume).map(|res| res.len)
+    }
+
     /// The unsent tail of sealed runs was given back: the next record to seal is number
     /// `seq`, resuming `resume` if it went out in part.
     pub fn rewind(&mut self, seq: u64, resume: Option<Resume>) {

@@ -238,6 +238,13 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
             0
         },
         limit_rate_after_bytes: limit_rng.range(0, 64 * 1024),
+        // A third of the runs cap the whole edge (responses queue for their turns).
+        egress_limit_bytes_per_s: if limit_rng.chance(33) {
+            limit_rng.range(1_000_000, 20_000_000)
+        } else {
+            0
+        },
+        egress_bypass_bytes: limit_rng.range(0, 128 * 1024),
         ..Config::default()
     };
     let mut net = Net::new(files, clients, file_faults, seed);
@@ -379,6 +386,17 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
                 ));
             }
         }
+        // A response waiting for its turn under the egress cap holds no slot for what it has
+        // not planned: none handed to it, no place in the arena's queue.
+        if let Some(hold) = conn.egress.filter(|_| conn.body().is_some()) {
+            let waiting = shard.ring.now().as_micros() as u64 + 1000 < hold.ready_at_us;
+            if waiting && conn.arena != super::machine::ArenaWait::None {
+                return Err(format!(
+                    "connection {c} waits for the egress cap but holds {:?}",
+                    conn.arena
+                ));
+            }
+        }
         // The TLS memory bound: received bytes wait for at most a record (or a handshake's
         // bound), queued output for at most a flight.
         if let Some(tls) = conn.tls.as_ref() {
@@ -504,7 +522,9 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         let still = conn.generation == generation
             && conn.is_open()
             && conn.body().is_some_and(|b| b.small && b.inline_head);
-        if still {
+        // Past the egress cap's bypass share a small response queues like the rest.
+        let egress_queued = conn.egress.is_some_and(|h| h.delayed);
+        if still && !egress_queued {
             return Err(format!(
                 "connection {c}: a small response waited a tick with a slot free"
             ));

@@ -745,6 +745,9 @@ impl RingOps for SimRing {
     fn now(&self) -> Duration {
         self.now
     }
+    fn clock_offset_us(&self, _epoch: std::time::Instant) -> u64 {
+        0
+    }
     fn probe_supports(&self, opcode: u8) -> bool {
         opcode != crate::shard::ring::opcodes::SEND_ZC || self.zerocopy
     }
