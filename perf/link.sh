@@ -76,6 +76,9 @@ while (($#)); do
   esac
 done
 
+# shardline's egress cap, if LINK_SHARDLINE_CONFIG sets one (its goodput is also given against it).
+EGRESS_CAP=$(sed -n 's/^[[:space:]]*egress_limit_bytes_per_s[[:space:]]*=[[:space:]]*\([0-9]*\).*/\1/p' <<<"${LINK_SHARDLINE_CONFIG:-}" | head -n 1)
+
 # RATE as tc writes it: 10gbit, 2500mbit, 800kbit, 1gbps (bytes); RATE_BITS = bits per second.
 if [[ $RATE =~ ^([0-9]+)(gbit|mbit|kbit|bit|gbps|mbps|kbps)$ ]]; then
   case ${BASH_REMATCH[2]} in
@@ -658,6 +661,8 @@ cell_load() { # cell_load PROFILE WORKLOAD VARIANT
   if [[ -n $bps ]]; then
     V[$p|gbs]=$(calc "$bps / 1e9")
     V[$p|frac]=$(calc "$bps * 8 / $RATE_BITS")
+    # Against shardline's egress cap, when LINK_SHARDLINE_CONFIG sets one (nginx has none).
+    [[ -n $EGRESS_CAP && $v != ng ]] && V[$p|vs_cap]=$(calc "$bps / $EGRESS_CAP")
   fi
   if [[ -n $bytes && -n $cpu && $bytes != 0 ]]; then V[$p|cpu_gib]=$(calc "$cpu / ($bytes / 1073741824)"); fi
   if [[ -n $win && -n $cpu && $win != 0.000 ]]; then V[$p|cpu_pct]=$(calc "100 * $cpu / $win"); fi
@@ -800,6 +805,7 @@ report_load() { # report_load PROFILE WORKLOAD
   table_head
   row "goodput (GB/s)" %.3f "$p" gbs
   row "fraction of the shaped rate" %.3f "$p" frac
+  [[ -n $EGRESS_CAP ]] && row "goodput / egress_limit_bytes_per_s ($EGRESS_CAP)" %.4f "$p" vs_cap noratio
   row "server CPU s per GiB" %.3f "$p" cpu_gib
   row "server CPU %" %.0f "$p" cpu_pct
   row "server core (CPU $SERVER_CPU, every context) busy %" %.0f "$p" core_pct

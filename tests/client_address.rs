@@ -498,3 +498,47 @@ fn the_connection_cap_holds_per_client_across_shards() {
         }
     }
 }
+
+#[test]
+fn an_ipv6_listener_logs_and_caps_its_clients_by_their_ipv6_address() {
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    common::write_pattern_file(&root.join("a.bin"), 1000);
+    let log = dir.path().join("access.log");
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "access_log = \"{}\"\naccess_log_format = \"json\"\nmax_connections_per_client = 2\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let (server, admin) = common::start_with_admin(
+        &root,
+        &["--config", cfg.to_str().unwrap(), "--listen", "[::1]:0"],
+    );
+    assert!(server.addr.is_ipv6(), "listening on {}", server.addr);
+    let connect = || {
+        let s = TcpStream::connect(server.addr).expect("connect to [::1]");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let mut held = [connect(), connect()];
+    for s in held.iter_mut() {
+        assert_eq!(get_on(s).0, 200, "under the cap");
+    }
+    // A third from ::1 (the same /64): over the cap, answered 429.
+    let (status, text) = get_on(&mut connect());
+    assert_eq!(status, 429, "{text}");
+    assert_eq!(
+        common::admin_metric(admin, "shardline_client_cap_refused_total", ""),
+        1
+    );
+    let lines = log_lines(&log, 3);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["client"], "::1", "{line}");
+    }
+}

@@ -12,28 +12,22 @@ use super::TrustedProxies;
 /// Most hops looked at in one header (a longer chain is cut at its right-most hops).
 pub const FORWARDED_HOPS_MAX: usize = 32;
 
-/// The client's IP given the TCP peer (or PROXY address) `peer` and the header values of
-/// `X-Forwarded-For` (`xff`) and `Forwarded` (`fwd`): `peer` unless it is trusted and the
-/// header names someone further left. A hop that is not an address stops the walk.
-pub fn client_ip(
-    peer: IpAddr,
-    xff: Option<&[u8]>,
-    fwd: Option<&[u8]>,
-    trusted: &TrustedProxies,
-) -> IpAddr {
+/// The client's IP given the TCP peer (or PROXY address) `peer` and the lines of
+/// `X-Forwarded-For` (`xff`) and `Forwarded` (`fwd`), each read as one list (its lines joined
+/// by commas, as RFC 9110 5.3 says): `peer` unless it is trusted and the header names someone
+/// further left. A hop that is not an address stops the walk.
+pub fn client_ip(peer: IpAddr, xff: &[&[u8]], fwd: &[&[u8]], trusted: &TrustedProxies) -> IpAddr {
     let peer = super::canonical_ip(peer);
     if !trusted.trusts(peer) {
         return peer;
     }
     // Right to left, without collecting: the nearest hop first.
-    match (xff, fwd) {
-        (Some(v), _) => walk(peer, split_list(v).rev().map(parse_xff_hop), trusted),
-        (None, Some(v)) => walk(
-            peer,
-            split_list(v).rev().map(parse_forwarded_element),
-            trusted,
-        ),
-        (None, None) => peer,
+    if !xff.is_empty() {
+        let hops = xff.iter().rev().flat_map(|l| split_list(l).rev());
+        walk(peer, hops.map(parse_xff_hop), trusted)
+    } else {
+        let hops = fwd.iter().rev().flat_map(|l| split_list(l).rev());
+        walk(peer, hops.map(parse_forwarded_element), trusted)
     }
 }
 
@@ -120,33 +114,45 @@ mod tests {
         let t = trusted();
         let peer = ip("10.0.0.1");
         let xff = b"198.51.100.1, 203.0.113.5, 10.9.9.9";
-        assert_eq!(client_ip(peer, Some(xff), None, &t), ip("203.0.113.5"));
+        assert_eq!(client_ip(peer, &[&xff[..]], &[], &t), ip("203.0.113.5"));
         // All hops trusted: the left-most.
         assert_eq!(
-            client_ip(peer, Some(b"10.1.1.1 ,10.2.2.2"), None, &t),
+            client_ip(peer, &[&b"10.1.1.1 ,10.2.2.2"[..]], &[], &t),
             ip("10.1.1.1")
         );
         assert_eq!(
-            client_ip(peer, Some(b"[2001:db8::77]:443, 10.0.0.9:80"), None, &t),
+            client_ip(peer, &[&b"[2001:db8::77]:443, 10.0.0.9:80"[..]], &[], &t),
             ip("2001:db8::77")
         );
         // A hop that is not an address stops the walk at the last trusted address.
         assert_eq!(
-            client_ip(peer, Some(b"198.51.100.1, unknown, 10.0.0.3"), None, &t),
+            client_ip(peer, &[&b"198.51.100.1, unknown, 10.0.0.3"[..]], &[], &t),
             ip("10.0.0.3")
         );
+    }
+
+    #[test]
+    fn several_lines_read_as_one_list() {
+        let t = trusted();
+        let peer = ip("10.0.0.1");
+        // A proxy that added its own line instead of appending: the walk goes on leftwards
+        // into the earlier line.
+        let lines: [&[u8]; 2] = [b"198.51.100.1, 203.0.113.5", b"10.7.7.7"];
+        assert_eq!(client_ip(peer, &lines, &[], &t), ip("203.0.113.5"));
+        let lines: [&[u8]; 2] = [b"198.51.100.9", b"10.7.7.7, 10.8.8.8"];
+        assert_eq!(client_ip(peer, &lines, &[], &t), ip("198.51.100.9"));
     }
 
     #[test]
     fn an_untrusted_peer_cannot_spoof() {
         let t = trusted();
         let peer = ip("192.0.2.99");
-        assert_eq!(client_ip(peer, Some(b"1.1.1.1"), None, &t), peer);
-        assert_eq!(client_ip(peer, None, Some(b"for=1.1.1.1"), &t), peer);
+        assert_eq!(client_ip(peer, &[&b"1.1.1.1"[..]], &[], &t), peer);
+        assert_eq!(client_ip(peer, &[], &[&b"for=1.1.1.1"[..]], &t), peer);
         // Nobody trusted at all.
         let none = TrustedProxies::default();
         assert_eq!(
-            client_ip(ip("10.0.0.1"), Some(b"1.1.1.1"), None, &none),
+            client_ip(ip("10.0.0.1"), &[&b"1.1.1.1"[..]], &[], &none),
             ip("10.0.0.1")
         );
     }
@@ -156,15 +162,15 @@ mod tests {
         let t = trusted();
         let peer = ip("10.0.0.1");
         let f = b"for=192.0.2.60;proto=http;by=203.0.113.43, for=\"[2001:db8:cafe::17]:4711\"";
-        assert_eq!(client_ip(peer, None, Some(f), &t), ip("2001:db8:cafe::17"));
+        assert_eq!(client_ip(peer, &[], &[&f[..]], &t), ip("2001:db8:cafe::17"));
         assert_eq!(
-            client_ip(peer, None, Some(b"For=\"198.51.100.17\""), &t),
+            client_ip(peer, &[], &[&b"For=\"198.51.100.17\""[..]], &t),
             ip("198.51.100.17")
         );
-        assert_eq!(client_ip(peer, None, Some(b"for=_hidden"), &t), peer);
+        assert_eq!(client_ip(peer, &[], &[&b"for=_hidden"[..]], &t), peer);
         // X-Forwarded-For wins when both are there.
         assert_eq!(
-            client_ip(peer, Some(b"198.51.100.1"), Some(b"for=1.1.1.1"), &t),
+            client_ip(peer, &[&b"198.51.100.1"[..]], &[&b"for=1.1.1.1"[..]], &t),
             ip("198.51.100.1")
         );
     }

@@ -576,8 +576,8 @@ mod tests {
             if_none_match: None,
             if_modified_since: None,
             if_range: None,
-            x_forwarded_for: None,
-            forwarded: None,
+            x_forwarded_for: Default::default(),
+            forwarded: Default::default(),
         }
     }
 

@@ -80,11 +80,55 @@ pub struct Request<'a> {
     pub if_modified_since: Option<&'a [u8]>,
     /// `If-Range` value, if present.
     pub if_range: Option<&'a [u8]>,
-    /// The last `X-Forwarded-For` value, if present (the hops a trusted proxy appended are
-    /// at its right end).
-    pub x_forwarded_for: Option<&'a [u8]>,
-    /// The last `Forwarded` value (RFC 7239), if present.
-    pub forwarded: Option<&'a [u8]>,
+    /// The `X-Forwarded-For` lines, in order (the hops nearest to us are at the right end
+    /// of the last one).
+    pub x_forwarded_for: ListLines<'a>,
+    /// The `Forwarded` lines (RFC 7239), in order.
+    pub forwarded: ListLines<'a>,
+}
+
+/// Most lines of one forwarding header kept (a longer run keeps its last ones: the hops
+/// nearest to us).
+pub const FORWARDING_LINES_MAX: usize = 4;
+
+/// The lines of a list header that may repeat (RFC 9110 5.3: they read as one list joined
+/// by commas), kept as slices of the request: no allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListLines<'a> {
+    lines: [&'a [u8]; FORWARDING_LINES_MAX],
+    len: usize,
+}
+
+impl<'a> ListLines<'a> {
+    /// Lines holding `values`, in order (the last `FORWARDING_LINES_MAX` of them).
+    pub fn of(values: &[&'a [u8]]) -> ListLines<'a> {
+        let mut l = ListLines::default();
+        for v in values {
+            l.push(v);
+        }
+        l
+    }
+
+    /// Adds the next line; past the bound the oldest goes.
+    pub fn push(&mut self, value: &'a [u8]) {
+        if self.len == FORWARDING_LINES_MAX {
+            self.lines.rotate_left(1);
+            self.lines[FORWARDING_LINES_MAX - 1] = value;
+        } else {
+            self.lines[self.len] = value;
+            self.len += 1;
+        }
+    }
+
+    /// The lines, in order.
+    pub fn lines(&self) -> &[&'a [u8]] {
+        &self.lines[..self.len]
+    }
+
+    /// True when the header is absent.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// Why a request was refused; every refusal closes the connection after the response.
@@ -97,6 +141,9 @@ pub struct Reject {
 }
 
 /// Outcome of parsing the bytes received so far.
+// A `Complete` is a few hundred bytes of slices on the stack, once per request; boxing it to
+// even out the variants would allocate on the request path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parsed<'a> {
     /// A whole head; the next request (pipelining) starts at `buf[head_len..]`.
@@ -377,8 +424,8 @@ struct Fields<'a> {
     if_none_match: Option<&'a [u8]>,
     if_modified_since: Option<&'a [u8]>,
     if_range: Option<&'a [u8]>,
-    x_forwarded_for: Option<&'a [u8]>,
-    forwarded: Option<&'a [u8]>,
+    x_forwarded_for: ListLines<'a>,
+    forwarded: ListLines<'a>,
 }
 
 fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Reject> {
@@ -428,11 +475,11 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
         } else if is("if-range") {
             set_once(&mut f.if_range, h.value)?;
         } else if is("x-forwarded-for") {
-            // Read only from a trusted peer (`client::forwarded`); the last line holds the
-            // hops nearest to us.
-            f.x_forwarded_for = Some(h.value);
+            // Read only from a trusted peer (`client::forwarded`); every line counts, as
+            // one list.
+            f.x_forwarded_for.push(h.value);
         } else if is("forwarded") {
-            f.forwarded = Some(h.value);
+            f.forwarded.push(h.value);
         }
     }
     Ok(f)
@@ -788,15 +835,21 @@ mod tests {
     }
 
     #[test]
-    fn forwarding_headers_are_kept_the_last_line_of_each() {
+    fn forwarding_headers_keep_every_line_up_to_the_bound() {
         let (r, _) = complete(
             b"GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 1.1.1.1\r\n\
               x-forwarded-for: 2.2.2.2, 10.0.0.1\r\nForwarded: for=3.3.3.3\r\n\r\n",
         );
-        assert_eq!(r.x_forwarded_for, Some(&b"2.2.2.2, 10.0.0.1"[..]));
-        assert_eq!(r.forwarded, Some(&b"for=3.3.3.3"[..]));
+        assert_eq!(
+            r.x_forwarded_for.lines(),
+            [&b"1.1.1.1"[..], &b"2.2.2.2, 10.0.0.1"[..]]
+        );
+        assert_eq!(r.forwarded.lines(), [&b"for=3.3.3.3"[..]]);
         let (r, _) = complete(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
-        assert_eq!((r.x_forwarded_for, r.forwarded), (None, None));
+        assert!(r.x_forwarded_for.is_empty() && r.forwarded.is_empty());
+        // Past the bound, the last lines stay (the hops nearest to us).
+        let l = ListLines::of(&[b"a", b"b", b"c", b"d", b"e", b"f"]);
+        assert_eq!(l.lines(), [&b"c"[..], b"d", b"e", b"f"]);
     }
 
     #[test]

@@ -1590,7 +1590,12 @@ impl ConnMachine {
             return;
         }
         let poll = self.ops.poll;
-        let fast_drain = self.fast_drain;
+        // A response a limiter holds back is paced by it, not by its socket: a whole send
+        // only means the socket had room, and its bytes wait there for a client slower than
+        // the link. Copy sends free the slot at once.
+        let limiter_paced = self.rate_limit.is_some_and(|l| l.waits > 0)
+            || self.egress.is_some_and(|e| e.waits > 0);
+        let fast_drain = self.fast_drain && !limiter_paced;
         let warm = self.resp_bytes >= ZC_WARMUP_BYTES;
         let ConnMachine { write, tls, .. } = self;
         let WriteState::Responding(resp) = write else {

@@ -435,7 +435,11 @@ impl<R: RingOps> Shard<R> {
                 self.ring.submit_and_wait(0, None)?;
             } else {
                 let sweep = Duration::from_millis(TIMER_SWEEP_MS);
-                let timeout = handshake_wait.map_or(sweep, |w| w.min(sweep));
+                let mut timeout = handshake_wait.map_or(sweep, |w| w.min(sweep));
+                if let Some(at_ms) = self.limit_waits.next_deadline_ms() {
+                    let wait_ms = at_ms.saturating_sub(self.now_ms).max(1);
+                    timeout = timeout.min(Duration::from_millis(wait_ms));
+                }
                 let batch = (self.cfg.wait_batch_usec > 0).then(|| {
                     (
                         WAIT_BATCH_COMPLETIONS,
@@ -449,6 +453,7 @@ impl<R: RingOps> Shard<R> {
             self.reap();
             self.answer_new_requests(tick_budget)?;
             self.now_ms = self.ring.now().as_millis() as u64;
+            self.wake_limited();
             if self.now_ms >= self.last_sweep_ms + TIMER_SWEEP_MS {
                 self.last_sweep_ms = self.now_ms;
                 self.sweep_timers();
@@ -1082,6 +1087,15 @@ impl<R: RingOps> Shard<R> {
 
     // ---- timers, drain ---------------------------------------------------------------------
 
+    /// Wakes the responses whose limiter allows them to go on: every tick, so a wait ends
+    /// within the wheel's granularity, not at the next sweep (an egress turn left unused is
+    /// bandwidth the cap never gives back).
+    fn wake_limited(&mut self) {
+        while let Some(c) = self.limit_waits.pop_expired(self.now_ms).map(ConnSlot::new) {
+            self.drive(c, |m, _, out| m.on_limit_wake(out));
+        }
+    }
+
     /// Publishes the bytes per second this shard sent over the last window (`egress_bytes_per_s`).
     fn measure_egress_rate(&mut self) {
         let (since_ms, sent_then) = self.egress_window;
@@ -1107,9 +1121,6 @@ impl<R: RingOps> Shard<R> {
     fn sweep_timers(&mut self) {
         self.expire_parked();
         self.measure_egress_rate();
-        while let Some(c) = self.limit_waits.pop_expired(self.now_ms).map(ConnSlot::new) {
-            self.drive(c, |m, _, out| m.on_limit_wake(out));
-        }
         while let Some(c) = self.timers.pop_expired(self.now_ms).map(ConnSlot::new) {
             // The machine judges by its own deadline (the wheel only mirrors it); if the slot
             // did not close, `run_actions` arms the wheel again from what the machine says.

@@ -73,8 +73,8 @@ impl<R: RingOps> Shard<R> {
         conn.request_client = conn.client.addr().map(|a| match parsed {
             Parsed::Complete { request, .. } => crate::client::forwarded::client_ip(
                 a.ip(),
-                request.x_forwarded_for,
-                request.forwarded,
+                request.x_forwarded_for.lines(),
+                request.forwarded.lines(),
                 &self.trusted,
             ),
             _ => a.ip(),
@@ -386,8 +386,8 @@ mod tests {
             if_none_match: None,
             if_modified_since: None,
             if_range: None,
-            x_forwarded_for: None,
-            forwarded: None,
+            x_forwarded_for: Default::default(),
+            forwarded: Default::default(),
         }
     }
 
