@@ -22,8 +22,9 @@ pub const MAX_PIPELINE_DEPTH: usize = 16;
 pub const DEFAULT_NOTSENT_LOWAT_BYTES: u32 = 512 * 1024;
 /// Smallest non-zero `notsent_lowat_bytes` accepted.
 pub const MIN_NOTSENT_LOWAT_BYTES: u32 = 16 * 1024;
-/// Most arena slots per shard (buffer indices are u16 and the kernel caps registrations).
-pub const MAX_ARENA_SLOTS: usize = 16 * 1024;
+/// Most arena slots per shard: the kernel registers at most 2^14 buffers, and each shard
+/// registers one more than its slots (the spare that TLS records are sealed into).
+pub const MAX_ARENA_SLOTS: usize = 16 * 1024 - 1;
 /// Most connections per shard (token slot field and fixed-file table size).
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 1 << 20;
 /// Fewest provided receive buffers per shard (`recv_buffers` is a power of two from here).

@@ -772,14 +772,19 @@ impl<R: RingOps> Shard<R> {
                     .tls
                     .as_ref()
                     .expect("sealing without a session");
-                crate::tls::record::seal_run(
-                    tls.tx_key(),
-                    self.ring.arena_mut(slot),
-                    at as usize,
-                    &cut,
-                    crate::tls::record::CONTENT_APPLICATION_DATA,
-                    first_seq,
-                );
+                // Out of place into the spare buffer, which becomes the slot's: one pass
+                // over the bytes instead of a move to make room for framing, then the AEAD.
+                self.ring.arena_rewrite(slot, &mut |src, dst| {
+                    crate::tls::record::seal_run_into(
+                        tls.tx_key(),
+                        src,
+                        dst,
+                        at as usize,
+                        &cut,
+                        crate::tls::record::CONTENT_APPLICATION_DATA,
+                        first_seq,
+                    )
+                });
             }
             Action::HandshakeTime(us) => self.metrics.tls_handshake_time.observe(us),
             Action::Count(counter, n) => self.count(counter, n),

@@ -217,6 +217,19 @@ struct Arena {
     chunk_bytes: usize,
     /// True while the kernel may read or write the slot (a read, send or SEND_ZC in flight).
     kernel_owned: Vec<bool>,
+    /// The registered buffer each slot names now (`arena_rewrite` swaps one with `spare`).
+    buffer_of: Vec<u16>,
+    /// The one registered buffer no slot names: where a slot's bytes are rewritten out of
+    /// place. No kernel operation ever uses it while it is the spare.
+    spare: u16,
+}
+
+impl Arena {
+    /// Where registered buffer `buffer` starts in the mapping.
+    fn buffer_base(&self, buffer: u16) -> *mut u8 {
+        // SAFETY: `buffer` < slots + 1, the buffers the mapping was sized for.
+        unsafe { self.mem.base().add(usize::from(buffer) * self.slot_stride) }
+    }
 }
 
 /// A shard's io_uring plus all memory the kernel may touch for it.
@@ -263,8 +276,10 @@ impl Ring {
         register_file_alloc_range(uring.as_raw_fd(), 0, cfg.socket_slots)?;
 
         let slot_stride = cfg.chunk_bytes;
-        let mem = Mapping::new(usize::from(cfg.arena_slots) * slot_stride)?;
-        let iovecs: Vec<libc::iovec> = (0..usize::from(cfg.arena_slots))
+        // One buffer more than the slots: the spare that sealing writes into.
+        let buffers = usize::from(cfg.arena_slots) + 1;
+        let mem = Mapping::new(buffers * slot_stride)?;
+        let iovecs: Vec<libc::iovec> = (0..buffers)
             .map(|i| libc::iovec {
                 // SAFETY: in-bounds offset of the arena mapping.
                 iov_base: unsafe { mem.base().add(i * slot_stride) }.cast(),
@@ -288,6 +303,8 @@ impl Ring {
             slot_stride,
             chunk_bytes: cfg.chunk_bytes,
             kernel_owned: vec![false; usize::from(cfg.arena_slots)],
+            buffer_of: (0..cfg.arena_slots).collect(),
+            spare: cfg.arena_slots,
         };
 
         let mut recv = RecvBuffers::new(cfg.recv_buffers, cfg.recv_buffer_bytes)?;
@@ -405,12 +422,7 @@ impl Ring {
             .is_some_and(|end| end <= self.arena.chunk_bytes));
         self.arena.kernel_owned[i] = true;
         // SAFETY: bounds asserted above.
-        unsafe {
-            self.arena
-                .mem
-                .base()
-                .add(i * self.arena.slot_stride + offset)
-        }
+        unsafe { self.arena.buffer_base(self.arena.buffer_of[i]).add(offset) }
     }
 
     fn submit_and_wait_inner(
@@ -599,11 +611,10 @@ impl super::ring_ops::RingOps for Ring {
             !self.arena.kernel_owned[i],
             "arena slot {slot} mutated while in flight"
         );
-        let start = i * self.arena.slot_stride;
-        // SAFETY: in-bounds slot of the arena mapping that no kernel operation uses (asserted).
-        unsafe {
-            std::slice::from_raw_parts_mut(self.arena.mem.base().add(start), self.arena.chunk_bytes)
-        }
+        let base = self.arena.buffer_base(self.arena.buffer_of[i]);
+        // SAFETY: the slot's buffer, in the arena mapping, which no kernel operation uses
+        // (asserted); the &mut self borrow keeps any other view of it out.
+        unsafe { std::slice::from_raw_parts_mut(base, self.arena.chunk_bytes) }
     }
     /// Arena slot `slot` for reading by the shard (the kernel must not own it).
     fn arena(&self, slot: ArenaSlot) -> &[u8] {
@@ -612,11 +623,34 @@ impl super::ring_ops::RingOps for Ring {
             !self.arena.kernel_owned[i],
             "arena slot {slot} read while in flight"
         );
-        let start = i * self.arena.slot_stride;
+        let base = self.arena.buffer_base(self.arena.buffer_of[i]);
         // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
-        unsafe {
-            std::slice::from_raw_parts(self.arena.mem.base().add(start), self.arena.chunk_bytes)
-        }
+        unsafe { std::slice::from_raw_parts(base, self.arena.chunk_bytes) }
+    }
+    /// Rewrites slot `slot` out of place: `f` reads the slot's bytes and writes the spare
+    /// buffer, which then becomes the slot's (its old buffer is the new spare).
+    fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8])) {
+        let i = slot.index();
+        assert!(
+            !self.arena.kernel_owned[i],
+            "arena slot {slot} rewritten while in flight"
+        );
+        let (from, to) = (self.arena.buffer_of[i], self.arena.spare);
+        assert_ne!(from, to);
+        let len = self.arena.chunk_bytes;
+        // SAFETY: two distinct registered buffers of the arena mapping (buffers do not
+        // overlap: each is `slot_stride` >= `chunk_bytes` apart). No kernel operation uses
+        // either: the slot's is not in flight (asserted) and the spare is never handed to the
+        // kernel. The &mut self borrow keeps every other view out until `f` returns.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(self.arena.buffer_base(from), len),
+                std::slice::from_raw_parts_mut(self.arena.buffer_base(to), len),
+            )
+        };
+        f(src, dst);
+        self.arena.buffer_of[i] = to;
+        self.arena.spare = from;
     }
     /// Reads `len` bytes of fixed file `file` at `file_offset` into arena slot `slot` at
     /// `buf_offset` (a registered-buffer read). The slot is the kernel's until `arena_done`.
@@ -633,7 +667,8 @@ impl super::ring_ops::RingOps for Ring {
     ) {
         assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
         let ptr = self.arena_ptr(slot, buf_offset, len);
-        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, slot.raw())
+        let buffer = self.arena.buffer_of[slot.index()];
+        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, buffer)
             .offset(file_offset)
             .rw_flags(rw_flags)
             .build()
@@ -661,7 +696,7 @@ impl super::ring_ops::RingOps for Ring {
         let flags = flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         let e = if zerocopy {
             opcode::SendZc::new(types::Fixed(socket.raw()), ptr, len as u32)
-                .buf_index(Some(slot.raw()))
+                .buf_index(Some(self.arena.buffer_of[slot.index()]))
                 .flags(flags)
                 .build()
         } else {

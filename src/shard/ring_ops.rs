@@ -77,6 +77,9 @@ pub trait RingOps {
     fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8];
     /// Arena slot `slot` for reading by the shard (not in flight).
     fn arena(&self, slot: ArenaSlot) -> &[u8];
+    /// Rewrites arena slot `slot` out of place: `f(old bytes, new bytes)` fills a spare
+    /// buffer from the slot's, and the spare becomes the slot's (the kernel must not own it).
+    fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8]));
     /// Reads `len` bytes of fixed file `file` at `file_offset` into `slot` at `buf_offset`.
     #[allow(clippy::too_many_arguments)]
     fn read_fixed(

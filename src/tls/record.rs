@@ -241,6 +241,56 @@ impl RecordKey {
         total
     }
 
+    /// Seals the plaintext `pt` as one record into `rec` (out of place, one pass over the
+    /// bytes): header, explicit nonce (1.2 GCM), ciphertext, inner content type (1.3) and tag.
+    /// Returns the record's length (`pt.len() + overhead()`).
+    pub fn seal_one_into(&self, pt: &[u8], rec: &mut [u8], content_type: u8, seq: u64) -> usize {
+        let len = pt.len();
+        assert!(len <= MAX_PLAINTEXT_BYTES, "record plaintext over 2^14");
+        let p = self.protection;
+        let total = len + p.overhead();
+        assert!(rec.len() >= total, "no room for the record");
+        let fragment = total - RECORD_HEADER_BYTES;
+        let outer_type = match p {
+            Protection::Tls13 => CONTENT_APPLICATION_DATA,
+            _ => content_type,
+        };
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        header[0] = outer_type;
+        header[1..3].copy_from_slice(&RECORD_VERSION);
+        header[3..5].copy_from_slice(&(fragment as u16).to_be_bytes());
+        rec[..RECORD_HEADER_BYTES].copy_from_slice(&header);
+        let nonce = self.nonce(seq);
+        let off = p.payload_offset();
+        if p == Protection::Tls12Gcm {
+            rec[RECORD_HEADER_BYTES..off].copy_from_slice(&nonce[4..]);
+        }
+        // After the ciphertext: the inner content type (1.3) and the tag, sealed together.
+        let (ct, extra_and_tag) = rec[off..total].split_at_mut(len);
+        let nonce = Nonce::assume_unique_for_key(nonce);
+        let sealed = match p {
+            Protection::Tls13 => self.key.seal_out_of_place_scatter(
+                nonce,
+                Aad::from(header),
+                pt,
+                ct,
+                &[content_type],
+                extra_and_tag,
+            ),
+            Protection::Tls12Gcm | Protection::Tls12Chacha => self.key.seal_out_of_place_scatter(
+                nonce,
+                Aad::from(Self::tls12_aad(seq, content_type, len)),
+                pt,
+                ct,
+                &[],
+                extra_and_tag,
+            ),
+        };
+        // Sealing fails only for lengths the asserts above rule out.
+        sealed.expect("AEAD seal of a checked length");
+        total
+    }
+
     /// Seals `payload` as one record appended to `out` (handshake-sized control records:
     /// alerts, KeyUpdate, response heads).
     pub fn seal_append(&self, out: &mut Vec<u8>, payload: &[u8], content_type: u8, seq: u64) {
@@ -424,6 +474,39 @@ pub fn chunk_plaintext_capacity(chunk_bytes: usize, record_len: usize) -> usize 
     chunk_bytes - room
 }
 
+/// Seals the plaintext at `src[at..at + cut.pt_len]` into records (sequence numbers from
+/// `first_seq`) at `dst[at..at + cut.ct_len()]`: out of place, so each byte is read once and
+/// written once (the in-place `seal_run` also moves every record to make room for framing).
+/// The shard seals a chunk this way into its spare arena buffer (`arena_rewrite`).
+pub fn seal_run_into(
+    key: &RecordKey,
+    src: &[u8],
+    dst: &mut [u8],
+    at: usize,
+    cut: &RecordCut,
+    content_type: u8,
+    first_seq: u64,
+) {
+    assert_eq!(cut.overhead as usize, key.protection.overhead());
+    let end = at + cut.ct_len() as usize;
+    assert!(
+        end <= dst.len(),
+        "sealed run of {} bytes overruns the slot",
+        cut.ct_len()
+    );
+    for k in 0..cut.records() {
+        let pt = at + cut.pt_start(k) as usize;
+        let len = cut.pt_len_of(k) as usize;
+        let rec = at + cut.ct_start(k) as usize;
+        key.seal_one_into(
+            &src[pt..pt + len],
+            &mut dst[rec..end],
+            content_type,
+            first_seq + u64::from(k),
+        );
+    }
+}
+
 /// Seals the plaintext at `buf[at..at + cut.pt_len]` into records (sequence numbers from
 /// `first_seq`), in place: the ciphertext takes `buf[at..at + cut.ct_len()]`. Works from the
 /// last record to the first, each moved forward to make room for the framing of those
@@ -563,6 +646,28 @@ mod tests {
         b[..one.pt_len as usize].copy_from_slice(&plain[cut.pt_start(1) as usize..]);
         seal_run(&tx, &mut b, 0, &one, CONTENT_APPLICATION_DATA, 6);
         assert_eq!(&a[cut.ct_start(1) as usize..], &b[..]);
+    }
+
+    #[test]
+    fn sealing_out_of_place_writes_the_same_records_as_in_place() {
+        for suite in testing::all_suites() {
+            let (tx, ..) = keys(suite);
+            let overhead = tx.protection().overhead() as u32;
+            let plain: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+            for (at, first) in [(0usize, None), (4096, Some(1000)), (3, Some(16384))] {
+                let cut = RecordCut::new(plain.len() as u32, first, 16384, overhead);
+                let size = at + cut.ct_len() as usize + 64;
+                let mut in_place = vec![0u8; size];
+                in_place[at..at + plain.len()].copy_from_slice(&plain);
+                let src = in_place.clone();
+                seal_run(&tx, &mut in_place, at, &cut, CONTENT_APPLICATION_DATA, 9);
+                // The spare holds stale bytes: only the run may be relied on.
+                let mut dst = vec![0xa5u8; size];
+                seal_run_into(&tx, &src, &mut dst, at, &cut, CONTENT_APPLICATION_DATA, 9);
+                let run = at..at + cut.ct_len() as usize;
+                assert_eq!(in_place[run.clone()], dst[run], "{suite:?} at {at}");
+            }
+        }
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub struct SimRing {
     socket_slots: u32,
     file_slots: u32,
     arena: Vec<Vec<u8>>,
+    /// The buffer an out-of-place rewrite fills (`arena_rewrite`), then swaps in.
+    arena_spare: Vec<u8>,
     arena_owned: Vec<bool>,
     recv_bufs: Vec<Vec<u8>>,
     recv_state: Vec<RecvBuf>,
@@ -232,6 +234,7 @@ impl SimRing {
             arena: (0..cfg.arena_slots)
                 .map(|_| vec![0; cfg.chunk_bytes])
                 .collect(),
+            arena_spare: vec![0; cfg.chunk_bytes],
             arena_owned: vec![false; usize::from(cfg.arena_slots)],
             recv_bufs: (0..cfg.recv_buffers)
                 .map(|_| vec![0; cfg.recv_buffer_bytes])
@@ -855,6 +858,16 @@ impl RingOps for SimRing {
             "arena slot {slot} read while in flight"
         );
         &self.arena[slot.index()]
+    }
+    fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8])) {
+        assert!(
+            !self.arena_owned[slot.index()],
+            "arena slot {slot} rewritten while in flight"
+        );
+        // Stale bytes in the spare, as on the real ring: only what `f` writes may be used.
+        self.arena_spare.fill(0xa5);
+        f(&self.arena[slot.index()], &mut self.arena_spare);
+        std::mem::swap(&mut self.arena[slot.index()], &mut self.arena_spare);
     }
     fn read_fixed(
         &mut self,
