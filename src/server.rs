@@ -872,16 +872,17 @@ mod tests {
     #[test]
     fn ring_memory_is_counted_as_measured_on_6_18() {
         // Measured as nobody under an 8 MiB limit: 4096/16384 rings charge 133 pages; with no
-        // buffer ring 1915 4 KiB arena pages still fit, 1916 do not (2048 - 133 = 1915).
+        // buffer ring 1915 4 KiB arena pages still fit, 1916 do not (2048 - 133 = 1915). With
+        // no slot, the sealing spare is still registered: one chunk more.
         let rings = crate::shard::ring::memlock_bytes(4096, 16384, 0, 0, 4096, PAGE);
-        assert_eq!(rings, 133 * PAGE);
+        assert_eq!(rings, 134 * PAGE);
         // A 1024-entry buffer ring is 4 pages (1911 arena pages fit with it, as measured).
         let with_recv = crate::shard::ring::memlock_bytes(4096, 16384, 1024, 0, 4096, PAGE);
         assert_eq!(with_recv - rings, 4 * PAGE);
         assert_eq!(
             DEFAULT.memlock_bytes(PAGE),
-            137 * PAGE + 64 * MIB,
-            "arena + rings + buffer ring"
+            137 * PAGE + 64 * MIB + 512 * 1024,
+            "arena + its spare + rings + buffer ring"
         );
     }
 
@@ -919,7 +920,8 @@ mod tests {
             .unwrap();
         assert_eq!(fit.shards, 1);
         assert_eq!(fit.sizes.chunk_bytes, 512 * 1024);
-        assert_eq!(fit.sizes.arena_slots, 14);
+        // 13 slots and the sealing spare.
+        assert_eq!(fit.sizes.arena_slots, 13);
         assert!(fit.sizes.memlock_bytes(PAGE) + MEMLOCK_SLACK_BYTES <= 8 * MIB);
     }
 

@@ -903,7 +903,8 @@ pub fn memlock_bytes(
     pages(sq * SQE_BYTES)
         + pages(RINGS_HEADER_BYTES + cq * CQE_BYTES + sq * SQ_INDEX_BYTES)
         + pages(u64::from(recv_buffers) * entry_bytes)
-        + u64::from(arena_slots).saturating_mul(pages(chunk_bytes as u64))
+        // The slots, and the spare buffer records are sealed into.
+        + (u64::from(arena_slots) + 1).saturating_mul(pages(chunk_bytes as u64))
 }
 
 fn build_uring(sq: u32, cq: u32) -> io::Result<(IoUring, bool)> {
