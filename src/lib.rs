@@ -4,7 +4,8 @@
 //! place with `unsafe`, in `shard/ring` and `shard/ring_sys`), `http/` is pure protocol logic,
 //! `fs/` is path resolution and O_DIRECT alignment math, `tls/` is HTTPS (certificates,
 //! ticket keys, the record layer, one connection's TLS session), `topology`/`plan`/`steering` decide
-//! where shards run and which shard a connection lands on.
+//! where shards run and which shard a connection lands on, `limits/` how much a client may take,
+//! and `cache/` the pull-through cache's storage (its journal and index).
 
 // `unsafe` is refused everywhere but the ring modules (allowed in `shard/mod.rs`), and every
 // `unsafe` block there must say who keeps the memory alive until the kernel is done with it.
@@ -12,6 +13,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod admin;
+pub mod cache;
 pub mod client;
 pub mod config;
 pub mod doctor;

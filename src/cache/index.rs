@@ -1,0 +1,231 @@
+//! What the cache holds, in memory: each key's current version and the blocks of each version
+//! that are on disk, with their checksums. Built by replaying the journal; every change goes
+//! through `Index::apply`, the same function replay uses, so a running cache and one rebuilt
+//! after a crash agree.
+
+use std::collections::HashMap;
+
+use super::journal::{Record, MAX_BLOCKS_PER_OBJECT, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+
+/// One version of a cached object: what the origin said about it, and how it is stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectVersion {
+    /// The cache key (origin and path).
+    pub key: Vec<u8>,
+    /// This version's id, unique on this edge (blocks and the data file name it).
+    pub version: u64,
+    /// The object's size in bytes.
+    pub size: u64,
+    /// The block size it is stored in (its own: changing `cache_block_bytes` later
+    /// invalidates nothing).
+    pub block_bytes: u32,
+    /// When it was fetched or last revalidated (Unix seconds).
+    pub fetched_unix_s: u64,
+    /// The origin's ETag ("" if none).
+    pub etag: String,
+    /// The origin's Last-Modified ("" if none).
+    pub last_modified: String,
+    /// The origin's Content-Type ("" if none).
+    pub content_type: String,
+}
+
+impl ObjectVersion {
+    /// Blocks the object spans.
+    pub fn blocks(&self) -> u64 {
+        self.size.div_ceil(u64::from(self.block_bytes))
+    }
+
+    /// The bounds every stored version keeps: a power-of-two block size in range, and not
+    /// more blocks than `MAX_BLOCKS_PER_OBJECT`.
+    pub fn is_valid(&self) -> bool {
+        self.block_bytes.is_power_of_two()
+            && (MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
+            && self.blocks() <= MAX_BLOCKS_PER_OBJECT
+            && !self.key.is_empty()
+    }
+}
+
+/// A version and its blocks' checksums (None: not on disk).
+#[derive(Clone, Debug)]
+struct Stored {
+    meta: ObjectVersion,
+    blocks: Vec<Option<u32>>,
+    present: u64,
+}
+
+/// The cache's contents.
+#[derive(Debug, Default)]
+pub struct Index {
+    current: HashMap<Vec<u8>, u64>,
+    versions: HashMap<u64, Stored>,
+}
+
+impl Index {
+    /// An empty index with room for `versions` versions (replay sizes it from the journal, so
+    /// a rebuild does not grow its tables a step at a time).
+    pub fn with_capacity(versions: usize) -> Index {
+        Index {
+            current: HashMap::with_capacity(versions),
+            versions: HashMap::with_capacity(versions),
+        }
+    }
+
+    /// Applies one change; false when it names nothing the index has (it changes nothing).
+    pub fn apply(&mut self, record: Record) -> bool {
+        match record {
+            Record::Object(meta) => {
+                if !meta.is_valid() || self.versions.contains_key(&meta.version) {
+                    return false;
+                }
+                let blocks = vec![None; meta.blocks() as usize];
+                // The key's older version stays readable by the responses that began on it,
+                // until its own Drop record.
+                self.current.insert(meta.key.clone(), meta.version);
+                self.versions.insert(
+                    meta.version,
+                    Stored {
+                        meta,
+                        blocks,
+                        present: 0,
+                    },
+                );
+                true
+            }
+            Record::Block {
+                version,
+                block,
+                crc,
+            } => {
+                let Some(s) = self.versions.get_mut(&version) else {
+                    return false;
+                };
+                let Some(slot) = s.blocks.get_mut(block as usize) else {
+                    return false;
+                };
+                if slot.replace(crc).is_none() {
+                    s.present += 1;
+                }
+                true
+            }
+            Record::Drop { version } => {
+                let Some(s) = self.versions.remove(&version) else {
+                    return false;
+                };
+                if self.current.get(&s.meta.key) == Some(&version) {
+                    self.current.remove(&s.meta.key);
+                }
+                true
+            }
+        }
+    }
+
+    /// The key's current version.
+    pub fn current(&self, key: &[u8]) -> Option<&ObjectVersion> {
+        let v = self.current.get(key)?;
+        self.versions.get(v).map(|s| &s.meta)
+    }
+
+    /// The checksum of block `block` of `version`, if that block is on disk.
+    pub fn block_crc(&self, version: u64, block: u32) -> Option<u32> {
+        self.versions
+            .get(&version)?
+            .blocks
+            .get(block as usize)
+            .copied()
+            .flatten()
+    }
+
+    /// Blocks of `version` on disk.
+    pub fn blocks_present(&self, version: u64) -> u64 {
+        self.versions.get(&version).map_or(0, |s| s.present)
+    }
+
+    /// Versions held (current or still being read).
+    pub fn versions(&self) -> usize {
+        self.versions.len()
+    }
+
+    /// Keys with a current version.
+    pub fn keys(&self) -> usize {
+        self.current.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(key: &str, version: u64, size: u64) -> ObjectVersion {
+        ObjectVersion {
+            key: key.as_bytes().to_vec(),
+            version,
+            size,
+            block_bytes: 1 << 20,
+            fetched_unix_s: 0,
+            etag: String::new(),
+            last_modified: String::new(),
+            content_type: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_new_version_takes_the_key_and_the_old_one_stays_until_dropped() {
+        let mut ix = Index::default();
+        assert!(ix.apply(Record::Object(object("k", 1, 3 << 20))));
+        assert!(ix.apply(Record::Block {
+            version: 1,
+            block: 2,
+            crc: 9
+        }));
+        assert!(ix.apply(Record::Object(object("k", 2, 1 << 20))));
+        assert_eq!(ix.current(b"k").unwrap().version, 2);
+        // Responses that began on version 1 still find its blocks.
+        assert_eq!(ix.block_crc(1, 2), Some(9));
+        assert_eq!(ix.block_crc(2, 0), None, "nothing of version 2 yet");
+        assert!(ix.apply(Record::Drop { version: 1 }));
+        assert_eq!(ix.block_crc(1, 2), None);
+        assert_eq!(
+            ix.current(b"k").unwrap().version,
+            2,
+            "dropping the old keeps the new"
+        );
+        assert_eq!((ix.keys(), ix.versions()), (1, 1));
+    }
+
+    #[test]
+    fn records_naming_nothing_change_nothing() {
+        let mut ix = Index::default();
+        assert!(!ix.apply(Record::Block {
+            version: 5,
+            block: 0,
+            crc: 1
+        }));
+        assert!(ix.apply(Record::Object(object("k", 5, 2 << 20))));
+        assert!(!ix.apply(Record::Block {
+            version: 5,
+            block: 2,
+            crc: 1
+        }));
+        assert!(
+            !ix.apply(Record::Object(object("other", 5, 1))),
+            "id reused"
+        );
+        assert!(!ix.apply(Record::Drop { version: 6 }));
+        let mut bad = object("k", 6, 1);
+        bad.block_bytes = 3 << 20;
+        assert!(
+            !ix.apply(Record::Object(bad)),
+            "block size not a power of two"
+        );
+        assert_eq!(ix.blocks_present(5), 0);
+        // A block committed twice (fetched again after a bad checksum) counts once.
+        for crc in [1, 2] {
+            assert!(ix.apply(Record::Block {
+                version: 5,
+                block: 1,
+                crc
+            }));
+        }
+        assert_eq!((ix.blocks_present(5), ix.block_crc(5, 1)), (1, Some(2)));
+    }
+}

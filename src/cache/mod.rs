@@ -1,0 +1,29 @@
+//! The pull-through cache's storage (issue 20), step 1: what is on disk and how it is read back
+//! after a crash. Nothing here serves requests yet; the origin client and the fill path build
+//! on it.
+//!
+//! - `journal`: the append-only log every change to the cache is written to (an object
+//!   version, a block committed with its checksum, a version dropped), each record
+//!   checksummed, and its replay into the `Index` at start-up.
+//! - `index`: what is cached: each key's current version (validators, size, content type,
+//!   block size) and which of its blocks are on disk, with their checksums.
+//!
+//! The rules that keep a wrong byte from ever being served:
+//! - A block is visible only once its `BlockCommitted` record is in the journal, and that
+//!   record is written only after the block's bytes are. Its CRC-32C is checked on every read
+//!   from disk, so a block whose bytes did not reach the disk before a crash (the record did,
+//!   the data did not) is caught and fetched again, alone.
+//! - Each object records its own block size: changing `cache_block_bytes` invalidates nothing.
+//! - A new version of a key is a new `ObjectVersion` with a new id; blocks name the version
+//!   they belong to, so no response can mix two versions.
+
+pub mod index;
+pub mod journal;
+
+pub use index::{Index, ObjectVersion};
+pub use journal::{replay, Record, ReplayStats};
+
+/// CRC-32C (Castagnoli) of `bytes`, with the CPU's instruction where it has one.
+pub fn checksum(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
