@@ -7,6 +7,8 @@
 //!   checksummed, and its replay into the `Index` at start-up.
 //! - `index`: what is cached: each key's current version (validators, size, content type,
 //!   block size) and which of its blocks are on disk, with their checksums.
+//! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
+//!   read are pinned and never go), and the LRU it is measured against.
 //!
 //! The rules that keep a wrong byte from ever being served:
 //! - A block is visible only once its `BlockCommitted` record is in the journal, and that
@@ -17,6 +19,7 @@
 //! - A new version of a key is a new `ObjectVersion` with a new id; blocks name the version
 //!   they belong to, so no response can mix two versions.
 
+pub mod evict;
 pub mod index;
 pub mod journal;
 

@@ -1,0 +1,351 @@
+//! Which cached blocks go when the cache is over `cache_max_bytes`: S3-FIFO (Yang et al.,
+//! "FIFO queues are all you need for cache eviction", SOSP 2023), in bytes.
+//!
+//! Three FIFO queues: `small` (a tenth of the budget) takes every new entry, `main` the rest,
+//! and `ghost` remembers the keys recently evicted from `small` (keys only, no bytes). An entry
+//! read again while in `small` moves to `main` when it reaches the tail; one never read again
+//! goes, its key to `ghost`, so a one-time scan (a download nobody repeats) passes through
+//! `small` without pushing out what is popular. A new entry whose key is in `ghost` goes
+//! straight to `main`. In `main`, an entry read since its last pass goes round once more (its
+//! count decremented), as CLOCK does; one not read is evicted.
+//!
+//! Pinned entries (blocks being read by a response) are never evicted: eviction passes over
+//! them as if they had been read. Everything is O(1) per operation but the ghost set's hash.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+
+/// The share of the budget the small queue gets (1/10, as the paper).
+pub const SMALL_QUEUE_DIVISOR: u64 = 10;
+/// The most an entry's read count goes up to (2 bits, as the paper).
+pub const MAX_FREQ: u8 = 3;
+/// Entries one `evict` call passes over before it gives up (every one pinned or going round):
+/// bounds the work of a call whatever the queues hold.
+pub const EVICT_SCAN_MAX: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Queue {
+    Small,
+    Main,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    bytes: u64,
+    freq: u8,
+    queue: Queue,
+    pins: u32,
+}
+
+/// An S3-FIFO cache of keys with sizes, in bytes.
+#[derive(Debug)]
+pub struct S3Fifo<K: Hash + Eq + Clone> {
+    budget_bytes: u64,
+    entries: HashMap<K, Entry>,
+    small: VecDeque<K>,
+    main: VecDeque<K>,
+    small_bytes: u64,
+    main_bytes: u64,
+    ghost: VecDeque<K>,
+    ghost_set: HashSet<K>,
+}
+
+impl<K: Hash + Eq + Clone> S3Fifo<K> {
+    /// An empty cache of `budget_bytes`.
+    pub fn new(budget_bytes: u64) -> S3Fifo<K> {
+        S3Fifo {
+            budget_bytes,
+            entries: HashMap::new(),
+            small: VecDeque::new(),
+            main: VecDeque::new(),
+            small_bytes: 0,
+            main_bytes: 0,
+            ghost: VecDeque::new(),
+            ghost_set: HashSet::new(),
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.small_bytes + self.main_bytes
+    }
+
+    /// Whether `key` is held.
+    pub fn contains(&self, key: &K) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// A read of `key`: true on a hit (its count goes up).
+    pub fn touch(&mut self, key: &K) -> bool {
+        match self.entries.get_mut(key) {
+            Some(e) => {
+                e.freq = (e.freq + 1).min(MAX_FREQ);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds `key` of `bytes` (not held yet), then evicts down to the budget; the evicted keys
+    /// are appended to `evicted` (their bytes are to be freed on disk).
+    pub fn insert(&mut self, key: K, bytes: u64, evicted: &mut Vec<K>) {
+        assert!(!self.entries.contains_key(&key), "inserted twice");
+        let queue = if self.ghost_set.remove(&key) {
+            Queue::Main
+        } else {
+            Queue::Small
+        };
+        let entry = Entry {
+            bytes,
+            freq: 0,
+            queue,
+            pins: 0,
+        };
+        match queue {
+            Queue::Small => {
+                self.small.push_back(key.clone());
+                self.small_bytes += bytes;
+            }
+            Queue::Main => {
+                self.main.push_back(key.clone());
+                self.main_bytes += bytes;
+            }
+        }
+        self.entries.insert(key, entry);
+        self.evict(evicted);
+    }
+
+    /// A response began reading `key` (it must not be evicted until `unpin`).
+    pub fn pin(&mut self, key: &K) -> bool {
+        self.entries.get_mut(key).map(|e| e.pins += 1).is_some()
+    }
+
+    /// That response is done with `key`.
+    pub fn unpin(&mut self, key: &K) {
+        if let Some(e) = self.entries.get_mut(key) {
+            assert!(e.pins > 0, "unpinned more than pinned");
+            e.pins -= 1;
+        }
+    }
+
+    /// Removes `key` outright (its block was corrupt, or its version dropped).
+    pub fn remove(&mut self, key: &K) -> bool {
+        let Some(e) = self.entries.remove(key) else {
+            return false;
+        };
+        let (queue, bytes) = match e.queue {
+            Queue::Small => (&mut self.small, &mut self.small_bytes),
+            Queue::Main => (&mut self.main, &mut self.main_bytes),
+        };
+        // O(queue) but rare: removal is for damage and drops, not the read path.
+        if let Some(i) = queue.iter().position(|k| k == key) {
+            queue.remove(i);
+        }
+        *bytes -= e.bytes;
+        true
+    }
+
+    /// Evicts until the bytes held fit the budget (pinned entries stay, so it may stop above
+    /// it: a fill that cannot get space is passed through, not stored).
+    fn evict(&mut self, evicted: &mut Vec<K>) {
+        let mut scanned = 0;
+        while self.bytes() > self.budget_bytes && scanned < EVICT_SCAN_MAX {
+            scanned += 1;
+            let small_over = self.small_bytes > self.budget_bytes / SMALL_QUEUE_DIVISOR;
+            if (small_over || self.main.is_empty()) && !self.small.is_empty() {
+                self.evict_small(evicted);
+            } else if !self.main.is_empty() {
+                self.evict_main(evicted);
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn evict_small(&mut self, evicted: &mut Vec<K>) {
+        let key = self.small.pop_front().expect("checked non-empty");
+        let e = self.entries.get_mut(&key).expect("queued keys are held");
+        self.small_bytes -= e.bytes;
+        if e.freq > 0 || e.pins > 0 {
+            // Read again while new (or being read): it is worth keeping.
+            e.queue = Queue::Main;
+            e.freq = 0;
+            self.main_bytes += e.bytes;
+            self.main.push_back(key);
+            return;
+        }
+        self.entries.remove(&key);
+        self.remember_ghost(key.clone());
+        evicted.push(key);
+    }
+
+    fn evict_main(&mut self, evicted: &mut Vec<K>) {
+        let key = self.main.pop_front().expect("checked non-empty");
+        let e = self.entries.get_mut(&key).expect("queued keys are held");
+        if e.freq > 0 || e.pins > 0 {
+            e.freq = e.freq.saturating_sub(1);
+            self.main.push_back(key);
+            return;
+        }
+        self.main_bytes -= e.bytes;
+        self.entries.remove(&key);
+        evicted.push(key);
+    }
+
+    /// Keeps `key` in the ghost queue, bounded by the entries `main` holds.
+    fn remember_ghost(&mut self, key: K) {
+        if self.ghost_set.insert(key.clone()) {
+            self.ghost.push_back(key);
+        }
+        let bound = self.main.len().max(1);
+        while self.ghost.len() > bound {
+            if let Some(old) = self.ghost.pop_front() {
+                self.ghost_set.remove(&old);
+            }
+        }
+    }
+}
+
+/// Plain LRU over the same interface, the baseline the hit ratio is compared against.
+#[derive(Debug)]
+pub struct Lru<K: Hash + Eq + Clone> {
+    budget_bytes: u64,
+    bytes: u64,
+    tick: u64,
+    entries: HashMap<K, (u64, u64)>,
+    order: std::collections::BTreeMap<u64, K>,
+}
+
+impl<K: Hash + Eq + Clone> Lru<K> {
+    /// An empty LRU of `budget_bytes`.
+    pub fn new(budget_bytes: u64) -> Lru<K> {
+        Lru {
+            budget_bytes,
+            bytes: 0,
+            tick: 0,
+            entries: HashMap::new(),
+            order: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// A read: true on a hit (it becomes the most recent).
+    pub fn touch(&mut self, key: &K) -> bool {
+        let Some((bytes, at)) = self.entries.get(key).copied() else {
+            return false;
+        };
+        self.order.remove(&at);
+        self.tick += 1;
+        self.order.insert(self.tick, key.clone());
+        self.entries.insert(key.clone(), (bytes, self.tick));
+        true
+    }
+
+    /// Adds `key`, evicting the least recent entries down to the budget.
+    pub fn insert(&mut self, key: K, bytes: u64, evicted: &mut Vec<K>) {
+        self.tick += 1;
+        self.order.insert(self.tick, key.clone());
+        self.entries.insert(key, (bytes, self.tick));
+        self.bytes += bytes;
+        while self.bytes > self.budget_bytes {
+            let Some((_, old)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((b, _)) = self.entries.remove(&old) {
+                self.bytes -= b;
+            }
+            evicted.push(old);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_time_scan_does_not_push_out_what_is_read_again() {
+        // 100 blocks of budget; 20 hot blocks read over and over, then a scan of 1000 blocks
+        // read once each.
+        let mut c = S3Fifo::new(100);
+        let mut out = Vec::new();
+        for k in 0..20u32 {
+            c.insert(k, 1, &mut out);
+        }
+        for _ in 0..3 {
+            for k in 0..20 {
+                assert!(c.touch(&k));
+            }
+        }
+        for k in 1000..2000u32 {
+            c.insert(k, 1, &mut out);
+        }
+        assert!(
+            (0..20).all(|k| c.contains(&k)),
+            "the hot set survives the scan"
+        );
+        assert!(c.bytes() <= 100);
+        // The same against LRU: the scan wipes it.
+        let mut lru = Lru::new(100);
+        for k in 0..20u32 {
+            lru.insert(k, 1, &mut out);
+        }
+        for k in 1000..2000u32 {
+            lru.insert(k, 1, &mut out);
+        }
+        assert!((0..20).all(|k| !lru.touch(&k)));
+    }
+
+    #[test]
+    fn a_key_back_from_the_ghost_goes_to_main_and_pinned_entries_stay() {
+        let mut c = S3Fifo::new(10);
+        let mut out = Vec::new();
+        for k in 0..11u32 {
+            c.insert(k, 1, &mut out);
+        }
+        assert_eq!(out, [0], "the oldest new entry, never read again");
+        out.clear();
+        // 0 comes back: remembered, so it goes to main.
+        c.insert(0, 1, &mut out);
+        assert_eq!(c.entries[&0].queue, Queue::Main);
+        // Everything pinned: nothing can go, and the cache stays over budget rather than
+        // evict a block being read.
+        let mut p = S3Fifo::new(3);
+        for k in 0..3u32 {
+            p.insert(k, 1, &mut out);
+            assert!(p.pin(&k));
+        }
+        out.clear();
+        p.insert(3, 1, &mut out);
+        assert_eq!(out, [3], "only the new, unpinned entry can go");
+        p.unpin(&1);
+        out.clear();
+        p.insert(4, 1, &mut out);
+        assert_eq!(p.bytes(), 3);
+        assert!(
+            p.contains(&0) && p.contains(&2),
+            "pinned ones kept: {out:?}"
+        );
+        assert!(p.remove(&4) || !p.contains(&4));
+    }
+
+    #[test]
+    fn bytes_are_accounted_through_every_move() {
+        let mut c = S3Fifo::new(1000);
+        let mut out = Vec::new();
+        let mut seed = 7u64;
+        for i in 0..20_000u64 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let key = (seed >> 33) % 300;
+            if !c.touch(&key) {
+                c.insert(key, 1 + (seed >> 20) % 50, &mut out);
+            }
+            if i % 997 == 0 {
+                c.remove(&((seed >> 40) % 300));
+            }
+            let held: u64 = c.entries.values().map(|e| e.bytes).sum();
+            assert_eq!(held, c.bytes());
+            assert!(c.bytes() <= 1000);
+            assert_eq!(c.small.len() + c.main.len(), c.entries.len());
+        }
+    }
+}
