@@ -5,7 +5,8 @@
 //! `fs/` is path resolution and O_DIRECT alignment math, `tls/` is HTTPS (certificates,
 //! ticket keys, the record layer, one connection's TLS session), `topology`/`plan`/`steering` decide
 //! where shards run and which shard a connection lands on, `limits/` how much a client may take,
-//! and `cache/` the pull-through cache's storage (its journal and index).
+//! `cache/` the pull-through cache's storage (its journal, index and eviction) and `origin/` the
+//! requests it sends and the responses it judges.
 
 // `unsafe` is refused everywhere but the ring modules (allowed in `shard/mod.rs`), and every
 // `unsafe` block there must say who keeps the memory alive until the kernel is done with it.
@@ -23,6 +24,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
+pub mod origin;
 pub mod plan;
 pub mod server;
 pub mod shard;

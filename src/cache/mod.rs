@@ -7,6 +7,8 @@
 //!   checksummed, and its replay into the `Index` at start-up.
 //! - `index`: what is cached: each key's current version (validators, size, content type,
 //!   block size) and which of its blocks are on disk, with their checksums.
+//! - `blocks`: which blocks a response needs (a Range fetches only what it covers, plus a
+//!   bounded read-ahead) and the runs of missing ones a fill asks the origin for.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
 //!   read are pinned and never go), and the LRU it is measured against.
 //!
@@ -19,6 +21,7 @@
 //! - A new version of a key is a new `ObjectVersion` with a new id; blocks name the version
 //!   they belong to, so no response can mix two versions.
 
+pub mod blocks;
 pub mod evict;
 pub mod index;
 pub mod journal;

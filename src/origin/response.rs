@@ -1,0 +1,372 @@
+//! An origin's response head, and what a fill may do with it.
+//!
+//! A fill asks for a run of blocks (`Range: bytes=a-b`) of the version it believes in (its
+//! size and ETag, if it has them). The origin may answer 206 with that run, 200 with the whole
+//! object (an origin that ignores Range: the whole object is used), 304 to a revalidation, or
+//! something else. `judge` says which, and refuses everything that could mix bytes of two
+//! versions: another size, another ETag, a range other than the one asked for, or a body
+//! whose length the head does not give.
+
+/// Longest origin response head read.
+pub const MAX_RESPONSE_HEAD_BYTES: usize = 16 * 1024;
+/// Most header fields read from an origin's response.
+pub const MAX_RESPONSE_HEADERS: usize = 64;
+
+/// `Content-Range: bytes first-last/total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContentRange {
+    /// First byte.
+    pub first: u64,
+    /// Last byte (inclusive).
+    pub last: u64,
+    /// The object's size (None: `*`, unknown).
+    pub total: Option<u64>,
+}
+
+/// The fields of an origin's response head a fill uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginHead<'a> {
+    /// Status code.
+    pub status: u16,
+    /// Bytes of the head (the body starts here).
+    pub head_len: usize,
+    /// Content-Length.
+    pub content_length: Option<u64>,
+    /// Content-Range (206).
+    pub content_range: Option<ContentRange>,
+    /// ETag.
+    pub etag: Option<&'a str>,
+    /// Last-Modified.
+    pub last_modified: Option<&'a str>,
+    /// Content-Type.
+    pub content_type: Option<&'a str>,
+    /// The connection may carry the next fetch.
+    pub keep_alive: bool,
+    /// Transfer-Encoding other than identity was sent (the body's length is not in the head).
+    pub transfer_coded: bool,
+}
+
+/// Why a head could not be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadError {
+    /// Not an HTTP/1.x response head.
+    Malformed,
+    /// Longer than `MAX_RESPONSE_HEAD_BYTES`, or more fields than `MAX_RESPONSE_HEADERS`.
+    TooLarge,
+    /// A length or range field that is not a number, or two that disagree.
+    BadLength,
+}
+
+/// Parses the head at the front of `buf`: None while it is incomplete.
+pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let head_len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_RESPONSE_HEAD_BYTES => {
+            return Err(HeadError::TooLarge)
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(_) => return Err(HeadError::Malformed),
+    };
+    if head_len > MAX_RESPONSE_HEAD_BYTES {
+        return Err(HeadError::TooLarge);
+    }
+    let status = resp.code.ok_or(HeadError::Malformed)?;
+    let version = resp.version.ok_or(HeadError::Malformed)?;
+    let mut head = OriginHead {
+        status,
+        head_len,
+        content_length: None,
+        content_range: None,
+        etag: None,
+        last_modified: None,
+        content_type: None,
+        keep_alive: version == 1,
+        transfer_coded: false,
+    };
+    for h in resp.headers.iter() {
+        let value = std::str::from_utf8(h.value).map(str::trim);
+        let name = h.name;
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        if is("content-length") {
+            let n = value
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or(HeadError::BadLength)?;
+            if head.content_length.is_some_and(|m| m != n) {
+                return Err(HeadError::BadLength);
+            }
+            head.content_length = Some(n);
+        } else if is("content-range") {
+            head.content_range = Some(
+                value
+                    .ok()
+                    .and_then(parse_content_range)
+                    .ok_or(HeadError::BadLength)?,
+            );
+        } else if is("etag") {
+            head.etag = value.ok();
+        } else if is("last-modified") {
+            head.last_modified = value.ok();
+        } else if is("content-type") {
+            head.content_type = value.ok();
+        } else if is("transfer-encoding") {
+            head.transfer_coded = value.map_or(true, |v| !v.eq_ignore_ascii_case("identity"));
+        } else if is("connection") {
+            let v = value.unwrap_or("");
+            if v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")) {
+                head.keep_alive = false;
+            } else if v
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
+            {
+                head.keep_alive = true;
+            }
+        }
+    }
+    Ok(Some(head))
+}
+
+/// `bytes first-last/total` (or `/*`).
+fn parse_content_range(v: &str) -> Option<ContentRange> {
+    let rest = v.strip_prefix("bytes ")?;
+    let (span, total) = rest.split_once('/')?;
+    let (first, last) = span.split_once('-')?;
+    let (first, last) = (first.trim().parse().ok()?, last.trim().parse().ok()?);
+    let total = match total.trim() {
+        "*" => None,
+        t => Some(t.parse().ok()?),
+    };
+    (first <= last && total.is_none_or(|t| last < t)).then_some(ContentRange { first, last, total })
+}
+
+/// What the fill believes about the object when it asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expect<'a> {
+    /// The range asked for (first, last inclusive); None: the whole object.
+    pub range: Option<(u64, u64)>,
+    /// The size of the version being filled, once known.
+    pub size: Option<u64>,
+    /// The ETag of the version being filled, once known.
+    pub etag: Option<&'a str>,
+}
+
+/// What a fill does with a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The body is bytes `first..=last` of an object of `total` bytes, as asked.
+    Range {
+        /// First byte.
+        first: u64,
+        /// Last byte (inclusive).
+        last: u64,
+        /// The object's size.
+        total: u64,
+    },
+    /// The body is the whole object of `size` bytes (no range asked, or the origin ignored it:
+    /// the whole object is used).
+    Whole {
+        /// The object's size.
+        size: u64,
+    },
+    /// 304: the version is still good.
+    NotModified,
+    /// The object is not the version being filled (another size or ETag): the fill stops and
+    /// a new version begins; no byte of this response joins the old one.
+    VersionChanged,
+    /// The origin refused (status), or its answer cannot be used (no length, a transfer
+    /// coding, another range than asked): the fill is retried or the client gets an error.
+    Unusable(Unusable),
+}
+
+/// Why a response cannot be used for a fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unusable {
+    /// A status other than 200, 206 or 304 (the status is passed on).
+    Status(u16),
+    /// The body's length is not given by Content-Length (or the response is transfer-coded).
+    NoLength,
+    /// A 206 for another range than asked, or without a usable Content-Range.
+    WrongRange,
+}
+
+/// Judges `head` against what the fill expected.
+pub fn judge(head: &OriginHead<'_>, expect: &Expect<'_>) -> Verdict {
+    if head.status == 304 {
+        return Verdict::NotModified;
+    }
+    if head.status != 200 && head.status != 206 {
+        return Verdict::Unusable(Unusable::Status(head.status));
+    }
+    if let (Some(want), Some(got)) = (expect.etag, head.etag) {
+        if want != got {
+            return Verdict::VersionChanged;
+        }
+    }
+    if head.transfer_coded {
+        return Verdict::Unusable(Unusable::NoLength);
+    }
+    let Some(len) = head.content_length else {
+        return Verdict::Unusable(Unusable::NoLength);
+    };
+    let size = if head.status == 200 {
+        len
+    } else {
+        let Some(cr) = head.content_range else {
+            return Verdict::Unusable(Unusable::WrongRange);
+        };
+        let Some(total) = cr.total else {
+            return Verdict::Unusable(Unusable::WrongRange);
+        };
+        if cr.last - cr.first + 1 != len {
+            return Verdict::Unusable(Unusable::WrongRange);
+        }
+        total
+    };
+    if expect.size.is_some_and(|s| s != size) {
+        return Verdict::VersionChanged;
+    }
+    if head.status == 200 {
+        return Verdict::Whole { size };
+    }
+    let cr = head.content_range.expect("checked above");
+    match expect.range {
+        Some((first, last)) if (cr.first, cr.last) == (first, last.min(size.saturating_sub(1))) => {
+            Verdict::Range {
+                first: cr.first,
+                last: cr.last,
+                total: size,
+            }
+        }
+        _ => Verdict::Unusable(Unusable::WrongRange),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> OriginHead<'_> {
+        parse(text.as_bytes()).unwrap().expect("complete")
+    }
+
+    const ASK: Expect<'static> = Expect {
+        range: Some((1048576, 2097151)),
+        size: Some(10 << 20),
+        etag: Some("\"v1\""),
+    };
+
+    #[test]
+    fn a_206_for_the_asked_range_is_used_and_anything_else_is_not() {
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Length: 1048576\r\n\
+                  Content-Range: bytes 1048576-2097151/10485760\r\nETag: \"v1\"\r\n\r\n";
+        let h = head(ok);
+        assert_eq!(h.head_len, ok.len());
+        assert!(h.keep_alive);
+        assert_eq!(
+            judge(&h, &ASK),
+            Verdict::Range {
+                first: 1048576,
+                last: 2097151,
+                total: 10 << 20
+            }
+        );
+        // Another range than asked.
+        let other = "HTTP/1.1 206 Partial Content\r\nContent-Length: 1048576\r\n\
+                     Content-Range: bytes 0-1048575/10485760\r\n\r\n";
+        assert_eq!(
+            judge(&head(other), &ASK),
+            Verdict::Unusable(Unusable::WrongRange)
+        );
+        // A length that does not match the range.
+        let short = "HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n\
+                     Content-Range: bytes 1048576-2097151/10485760\r\n\r\n";
+        assert_eq!(
+            judge(&head(short), &ASK),
+            Verdict::Unusable(Unusable::WrongRange)
+        );
+        // The last run of a shorter tail: asked past the end, given up to it.
+        let tail = Expect {
+            range: Some((9 << 20, (11 << 20) - 1)),
+            ..ASK
+        };
+        let h = "HTTP/1.1 206 Partial Content\r\nContent-Length: 1048576\r\n\
+                 Content-Range: bytes 9437184-10485759/10485760\r\n\r\n";
+        assert!(matches!(judge(&head(h), &tail), Verdict::Range { .. }));
+    }
+
+    #[test]
+    fn a_200_to_a_range_request_is_the_whole_object() {
+        let h = head("HTTP/1.1 200 OK\r\nContent-Length: 10485760\r\nETag: \"v1\"\r\n\r\n");
+        assert_eq!(judge(&h, &ASK), Verdict::Whole { size: 10 << 20 });
+    }
+
+    #[test]
+    fn another_size_or_etag_is_another_version_never_mixed_in() {
+        let bigger = "HTTP/1.1 206 Partial Content\r\nContent-Length: 1048576\r\n\
+                      Content-Range: bytes 1048576-2097151/20971520\r\n\r\n";
+        assert_eq!(judge(&head(bigger), &ASK), Verdict::VersionChanged);
+        let other_tag = "HTTP/1.1 206 Partial Content\r\nContent-Length: 1048576\r\n\
+                         Content-Range: bytes 1048576-2097151/10485760\r\nETag: \"v2\"\r\n\r\n";
+        assert_eq!(judge(&head(other_tag), &ASK), Verdict::VersionChanged);
+        let whole = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+        assert_eq!(judge(&head(whole), &ASK), Verdict::VersionChanged);
+    }
+
+    #[test]
+    fn statuses_lengths_and_codings_the_fill_cannot_use() {
+        let cases = [
+            (
+                "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+                Verdict::NotModified,
+            ),
+            (
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+                Verdict::Unusable(Unusable::Status(404)),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Verdict::Unusable(Unusable::NoLength),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\n\r\n",
+                Verdict::Unusable(Unusable::NoLength),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(judge(&head(text), &ASK), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn heads_are_bounded_and_checked() {
+        assert_eq!(parse(b"HTTP/1.1 200 OK\r\nContent-Le"), Ok(None));
+        assert_eq!(parse(b"garbage\r\n\r\n"), Err(HeadError::Malformed));
+        let two = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
+        assert_eq!(parse(two.as_bytes()), Err(HeadError::BadLength));
+        let bad_range = "HTTP/1.1 206 P\r\nContent-Range: bytes 9-3/10\r\n\r\n";
+        assert_eq!(parse(bad_range.as_bytes()), Err(HeadError::BadLength));
+        let mut long = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+        long.resize(MAX_RESPONSE_HEAD_BYTES + 10, b'a');
+        assert_eq!(parse(&long), Err(HeadError::TooLarge));
+        let many: String = (0..MAX_RESPONSE_HEADERS + 1)
+            .map(|i| format!("X-{i}: 1\r\n"))
+            .collect();
+        let text = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        assert_eq!(parse(text.as_bytes()), Err(HeadError::TooLarge));
+        // HTTP/1.0 closes unless told otherwise; Connection: close always does.
+        assert!(!head("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n").keep_alive);
+        assert!(head("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n").keep_alive);
+        assert!(!head("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n").keep_alive);
+        assert_eq!(
+            parse_content_range("bytes 0-9/*"),
+            Some(ContentRange {
+                first: 0,
+                last: 9,
+                total: None
+            })
+        );
+    }
+}
