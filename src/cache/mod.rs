@@ -4,7 +4,8 @@
 //!
 //! - `journal`: the append-only log every change to the cache is written to (an object
 //!   version, a block committed with its checksum, a version dropped), each record
-//!   checksummed, and its replay into the `Index` at start-up.
+//!   checksummed, and its replay into the `Index` at start-up; `journal_file` opens it on disk,
+//!   cuts a damaged tail off and appends (tested by killing a writer with SIGKILL mid-append).
 //! - `index`: what is cached: each key's current version (validators, size, content type,
 //!   block size) and which of its blocks are on disk, with their checksums.
 //! - `blocks`: which blocks a response needs (a Range fetches only what it covers, plus a
@@ -25,6 +26,7 @@ pub mod blocks;
 pub mod evict;
 pub mod index;
 pub mod journal;
+pub mod journal_file;
 
 pub use index::{Index, ObjectVersion};
 pub use journal::{replay, Record, ReplayStats};
