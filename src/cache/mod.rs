@@ -8,6 +8,9 @@
 //!   cuts a damaged tail off and appends (tested by killing a writer with SIGKILL mid-append).
 //! - `index`: what is cached: each key's current version (validators, size, content type,
 //!   block size) and which of its blocks are on disk, with their checksums.
+//! - `store`: the data files (one per version, block `i` at `i * block_bytes`): a block is
+//!   durable before its record is journaled, and every read checks its checksum (tested by
+//!   killing a filler with SIGKILL).
 //! - `blocks`: which blocks a response needs (a Range fetches only what it covers, plus a
 //!   bounded read-ahead) and the runs of missing ones a fill asks the origin for.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
@@ -27,6 +30,7 @@ pub mod evict;
 pub mod index;
 pub mod journal;
 pub mod journal_file;
+pub mod store;
 
 pub use index::{Index, ObjectVersion};
 pub use journal::{replay, Record, ReplayStats};
