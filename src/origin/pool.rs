@@ -1,0 +1,157 @@
+//! One origin's connections, as a shard keeps them: a bounded set of idle keep-alive
+//! connections, at most `max_fetches` fetches at once, and the backoff after failures. Pure
+//! bookkeeping over connection ids; the shard's ring owns the sockets.
+
+use std::collections::VecDeque;
+
+/// First wait after a failed fetch before the next attempt.
+pub const RETRY_FIRST_MS: u64 = 50;
+/// Longest wait between attempts.
+pub const RETRY_MAX_MS: u64 = 5_000;
+/// Attempts a fetch makes before its error goes to the client.
+pub const RETRY_ATTEMPTS_MAX: u32 = 4;
+
+/// What a fetch may do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Send on this idle keep-alive connection.
+    Reuse(u32),
+    /// Open a new connection (the caller gets an id from its table and reports it with
+    /// `opened`).
+    Connect,
+    /// `max_fetches` are in flight: wait for one to end.
+    Wait,
+}
+
+/// One origin's pool.
+#[derive(Debug)]
+pub struct Pool {
+    max_fetches: usize,
+    max_idle: usize,
+    in_flight: usize,
+    idle: VecDeque<u32>,
+}
+
+impl Pool {
+    /// A pool that runs at most `max_fetches` fetches at once and keeps at most `max_idle`
+    /// idle connections.
+    pub fn new(max_fetches: usize, max_idle: usize) -> Pool {
+        assert!(max_fetches > 0);
+        Pool {
+            max_fetches,
+            max_idle,
+            in_flight: 0,
+            idle: VecDeque::with_capacity(max_idle),
+        }
+    }
+
+    /// A fetch wants to start: the most recently idled connection first (its socket is the
+    /// least likely to have been closed by the origin).
+    pub fn acquire(&mut self) -> Grant {
+        if self.in_flight >= self.max_fetches {
+            return Grant::Wait;
+        }
+        self.in_flight += 1;
+        match self.idle.pop_back() {
+            Some(c) => Grant::Reuse(c),
+            None => Grant::Connect,
+        }
+    }
+
+    /// A fetch ended on connection `conn`. With `keep` (a whole response on a keep-alive
+    /// connection), the connection goes idle if there is room; returns the connection to close
+    /// otherwise (it, or the oldest idle one it displaced).
+    pub fn release(&mut self, conn: u32, keep: bool) -> Option<u32> {
+        assert!(self.in_flight > 0, "a release without an acquire");
+        self.in_flight -= 1;
+        if !keep || self.max_idle == 0 {
+            return Some(conn);
+        }
+        self.idle.push_back(conn);
+        if self.idle.len() > self.max_idle {
+            return self.idle.pop_front();
+        }
+        None
+    }
+
+    /// An idle connection was closed by the origin (or timed out): forget it.
+    pub fn forget_idle(&mut self, conn: u32) -> bool {
+        match self.idle.iter().position(|&c| c == conn) {
+            Some(i) => {
+                self.idle.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Fetches in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Idle connections kept.
+    pub fn idle(&self) -> usize {
+        self.idle.len()
+    }
+}
+
+/// The wait before attempt `attempt` (1 = the first retry), or None once the attempts are
+/// spent. It doubles from `RETRY_FIRST_MS` up to `RETRY_MAX_MS`, with jitter from `seed` (the
+/// shard's randomness) over the upper half, so fetches that failed together do not retry
+/// together. A retry always goes out on another connection.
+pub fn retry_after_ms(attempt: u32, seed: u64) -> Option<u64> {
+    if attempt == 0 || attempt >= RETRY_ATTEMPTS_MAX {
+        return None;
+    }
+    let full = RETRY_FIRST_MS
+        .saturating_mul(1 << (attempt - 1).min(16))
+        .min(RETRY_MAX_MS);
+    let half = full / 2;
+    Some(half + seed % (full - half + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetches_are_bounded_and_idle_connections_are_reused_newest_first() {
+        let mut p = Pool::new(2, 2);
+        assert_eq!(p.acquire(), Grant::Connect);
+        assert_eq!(p.acquire(), Grant::Connect);
+        assert_eq!(p.acquire(), Grant::Wait, "at most 2 fetches");
+        assert_eq!(p.release(10, true), None);
+        assert_eq!(p.release(11, true), None);
+        assert_eq!((p.in_flight(), p.idle()), (0, 2));
+        assert_eq!(p.acquire(), Grant::Reuse(11));
+        assert_eq!(p.release(11, false), Some(11), "not kept: closed");
+        assert!(p.forget_idle(10));
+        assert!(!p.forget_idle(10));
+        assert_eq!(p.acquire(), Grant::Connect);
+        // Past max_idle the oldest idle one is closed.
+        let mut q = Pool::new(4, 1);
+        for _ in 0..2 {
+            q.acquire();
+        }
+        assert_eq!(q.release(1, true), None);
+        assert_eq!(q.release(2, true), Some(1));
+        assert_eq!(q.acquire(), Grant::Reuse(2));
+    }
+
+    #[test]
+    fn retries_back_off_with_jitter_and_stop() {
+        assert_eq!(retry_after_ms(0, 0), None);
+        for seed in [0u64, 1, 77, u64::MAX] {
+            let waits: Vec<u64> = (1..RETRY_ATTEMPTS_MAX)
+                .map(|a| retry_after_ms(a, seed).unwrap())
+                .collect();
+            for (i, w) in waits.iter().enumerate() {
+                let full = RETRY_FIRST_MS << i;
+                assert!(*w >= full / 2 && *w <= full, "attempt {} waits {w}", i + 1);
+            }
+        }
+        assert_eq!(retry_after_ms(RETRY_ATTEMPTS_MAX, 3), None);
+        assert!(retry_after_ms(3, 12345).unwrap() <= RETRY_MAX_MS);
+    }
+}
