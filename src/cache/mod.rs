@@ -13,6 +13,8 @@
 //!   killing a filler with SIGKILL).
 //! - `blocks`: which blocks a response needs (a Range fetches only what it covers, plus a
 //!   bounded read-ahead) and the runs of missing ones a fill asks the origin for.
+//! - `coalesce`: one origin fetch per block however many clients want it; waiters woken
+//!   together when it is on disk, retried or told of the failure together.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
 //!   read are pinned and never go), and the LRU it is measured against.
 //!
@@ -26,6 +28,7 @@
 //!   they belong to, so no response can mix two versions.
 
 pub mod blocks;
+pub mod coalesce;
 pub mod evict;
 pub mod index;
 pub mod journal;
