@@ -71,30 +71,21 @@ impl EgressBucket {
         self.epoch
     }
 
-    /// The bucket's clock, µs.
-    pub fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
     /// Reserves `bytes` at `rate_bytes_per_s` at `now_us` (bucket clock); returns the µs to
     /// wait before they may go (0: now).
     pub fn reserve(&self, bytes: u64, rate_bytes_per_s: u64, now_us: u64) -> u64 {
         let now_ns = now_us.saturating_mul(1000);
         let burst_ns = EGRESS_BURST_MS * 1_000_000;
         let cost = cost_ns(bytes, rate_bytes_per_s);
-        let mut old = self.bulk_tat_ns.load(Ordering::Relaxed);
-        loop {
-            let start = old.max(now_ns);
-            match self.bulk_tat_ns.compare_exchange_weak(
-                old,
-                start.saturating_add(cost),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return start.saturating_sub(now_ns + burst_ns).div_ceil(1000),
-                Err(seen) => old = seen,
-            }
-        }
+        let old = self
+            .bulk_tat_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.max(now_ns).saturating_add(cost))
+            })
+            .expect("the update always applies");
+        // These bytes start where the queue ended (or now, on an idle bucket).
+        let start = old.max(now_ns);
+        start.saturating_sub(now_ns + burst_ns).div_ceil(1000)
     }
 
     /// A response's first bytes: they go now if the bypass share has room (and are charged to
@@ -123,12 +114,7 @@ impl EgressBucket {
             }
         }
         // Charged to the cap: the bulk's next reservations move back by as much.
-        let cost = cost_ns(bytes, rate_bytes_per_s);
-        let _ = self
-            .bulk_tat_ns
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
-                Some(t.max(now_ns).saturating_add(cost))
-            });
+        let _ = self.reserve(bytes, rate_bytes_per_s, now_us);
         0
     }
 

@@ -93,7 +93,7 @@ pub struct Chunk {
     pub tls: Option<SealedRun>,
 }
 
-/// A chunk's plaintext sealed into TLS records in place (`tls::record::seal_run`).
+/// A chunk's plaintext sealed into TLS records (`tls::record::seal_run_into`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SealedRun {
     /// How the plaintext was cut into records.

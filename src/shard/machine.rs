@@ -360,7 +360,8 @@ pub enum Action {
         /// Fill the header buffer from `TlsSession::outgoing` first.
         swap: bool,
     },
-    /// Seal a chunk's plaintext into records in place (`tls::record::seal_run`).
+    /// Seal a chunk's plaintext into records (`tls::record::seal_run_into`, through the ring's
+    /// spare buffer).
     Seal {
         /// Arena slot.
         slot: ArenaSlot,
@@ -440,7 +441,7 @@ pub struct Ctx {
     pub zc_room: bool,
     /// Configuration limits.
     pub limits: Limits,
-    /// The egress bucket's clock, µs (shared by every shard; `EgressBucket::now_us`).
+    /// The egress bucket's clock, µs (one clock for every shard, from `EgressBucket::epoch`).
     pub egress_now_us: u64,
 }
 
@@ -1278,6 +1279,9 @@ impl ConnMachine {
     ) -> Turn {
         let depth = cx.limits.pipeline_depth;
         let chunk_bytes = self.payload_cap(cx);
+        // The cap applies while it is configured (a reload that lifts it lets what is
+        // reserved go and reserves nothing more).
+        let egress = egress.filter(|_| cx.limits.egress_limit_bytes_per_s > 0);
         loop {
             let socket_full = self.ops.poll;
             let limit = self.rate_limit;
@@ -1305,29 +1309,23 @@ impl ConnMachine {
                 let allowance = limit.allowance(cx.now_us);
                 let step = limit.step_bytes();
                 if allowance < step.min(rest) {
-                    // Wait on the wheel, holding nothing planned ahead (no arena slot).
                     let at_ms = limit.ready_at_ms(step.min(rest), cx.now_us);
                     if let Some(l) = self.rate_limit.as_mut() {
                         l.waits += 1;
                     }
                     out.push(Action::Count(Counter::LimitWait, 1));
-                    out.push(Action::LimitWait { at_ms });
-                    self.leave_arena_queue(cx, out);
-                    self.give_back_handed(out);
-                    return Turn::Idle;
+                    return self.wait_for_limiter(at_ms, cx, out);
                 }
                 cap_bytes = allowance;
             }
             let want = cap_bytes.min(chunk_bytes as u64).min(rest).max(1);
-            if let Some(at_ms) = self.egress_turn(egress, want, cx, out) {
-                // Its turn under the edge's cap is later: wait on the wheel, holding nothing.
-                out.push(Action::LimitWait { at_ms });
-                self.leave_arena_queue(cx, out);
-                self.give_back_handed(out);
-                return Turn::Idle;
-            }
-            if let Some(hold) = self.egress.filter(|_| egress.is_some()) {
-                cap_bytes = cap_bytes.min(hold.reserved_bytes.max(1));
+            if let Some(bucket) = egress {
+                if let Some(at_ms) = self.egress_turn(bucket, want, cx, out) {
+                    return self.wait_for_limiter(at_ms, cx, out);
+                }
+                if let Some(hold) = self.egress {
+                    cap_bytes = cap_bytes.min(hold.reserved_bytes.max(1));
+                }
             }
             // A record that left in part is sealed again whole, whatever the limiters say (at
             // most a record past them; they count what is planned).
@@ -1386,36 +1384,37 @@ impl ConnMachine {
                     out.push(Action::Count(Counter::LimitedBytes, limited));
                 }
             }
-            let rate = cx.limits.egress_limit_bytes_per_s;
             if let (Some(bucket), Some(hold)) = (egress, self.egress.as_mut()) {
-                if rate > 0 {
-                    if hold.delayed {
-                        let delayed = planned.min(hold.reserved_bytes);
-                        out.push(Action::Count(Counter::EgressDelayedBytes, delayed));
-                    }
-                    hold.spend(bucket, planned, rate, cx.egress_now_us);
+                if hold.delayed {
+                    let delayed = planned.min(hold.reserved_bytes);
+                    out.push(Action::Count(Counter::EgressDelayedBytes, delayed));
                 }
+                let rate = cx.limits.egress_limit_bytes_per_s;
+                hold.spend(bucket, planned, rate, cx.egress_now_us);
             }
         }
+    }
+
+    /// A limiter lets the response go on at `at_ms` (shard clock): wait on the wheel, holding
+    /// nothing planned ahead (no handed slot, no place in the arena's queue).
+    fn wait_for_limiter(&mut self, at_ms: u64, cx: &Ctx, out: &mut Actions) -> Turn {
+        out.push(Action::LimitWait { at_ms });
+        self.leave_arena_queue(cx, out);
+        self.give_back_handed(out);
+        Turn::Idle
     }
 
     /// The egress cap's say on the next `want` bytes: reserves them when nothing is reserved,
     /// and returns when to wake (shard clock, ms) if they may not go yet.
     fn egress_turn(
         &mut self,
-        bucket: Option<&EgressBucket>,
+        bucket: &EgressBucket,
         want: u64,
         cx: &Ctx,
         out: &mut Actions,
     ) -> Option<u64> {
         let rate = cx.limits.egress_limit_bytes_per_s;
-        let (Some(bucket), Some(hold)) = (bucket, self.egress.as_mut()) else {
-            return None;
-        };
-        if rate == 0 {
-            // A reload lifted the cap: what is reserved goes, nothing more is reserved.
-            return None;
-        }
+        let hold = self.egress.as_mut()?;
         if hold.reserved_bytes == 0 {
             let bypass_before = hold.bypass_left_bytes;
             if hold.reserve(bucket, want, rate, cx.now_us, cx.egress_now_us) {

@@ -182,8 +182,9 @@ struct Shard<R: RingOps> {
     trusted: crate::client::TrustedProxies,
     /// Signed-URL rules and keys (replaced on reload).
     signing: Arc<crate::signing::Signing>,
-    /// Where a signed-prefix check resolves the request path (no allocation per request).
-    sign_scratch: crate::fs::resolve::ResolveScratch,
+    /// Where the path rules (signed URLs, prefix rates) resolve the request path (no
+    /// allocation per request).
+    path_scratch: crate::fs::resolve::ResolveScratch,
     /// Connections per client over all shards.
     client_counts: Arc<crate::client::cap::ClientCounts>,
     /// The edge's egress cap, shared by all shards (`egress_limit_bytes_per_s`).
@@ -336,7 +337,7 @@ impl<R: RingOps> Shard<R> {
             trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
                 .expect("validated at load"),
             signing: lifecycle.signing(),
-            sign_scratch: crate::fs::resolve::ResolveScratch::with_capacity(
+            path_scratch: crate::fs::resolve::ResolveScratch::with_capacity(
                 crate::http::request::MAX_REQUEST_LINE_BYTES,
             ),
             client_counts: lifecycle.client_counts(),

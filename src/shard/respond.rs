@@ -162,11 +162,10 @@ impl<R: RingOps> Shard<R> {
             let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
             return self.install(c, started, None, self.default_rate());
         }
-        if !self.signing.is_empty() {
-            if let Err(refusal) = self.check_signature(req) {
-                self.count(super::machine::Counter::SignedUrl(refusal), 1);
-                return self.respond_status(c, 403, keep_alive, head_only);
-            }
+        let (signature, rate) = self.path_rules(req);
+        if let Err(refusal) = signature {
+            self.count(super::machine::Counter::SignedUrl(refusal), 1);
+            return self.respond_status(c, 403, keep_alive, head_only);
         }
         let idx = match self
             .files
@@ -203,7 +202,6 @@ impl<R: RingOps> Shard<R> {
             self.files.release(&mut self.ring, idx);
             return self.install(c, started, None, self.default_rate());
         }
-        let rate = self.response_rate(req);
         self.install(c, started, Some(idx), rate);
     }
 
@@ -215,36 +213,36 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    /// The rate of a file response: its `[[rate_limit]]` prefix's, judged by the canonical
-    /// path (resolved into the shard's scratch), else the server-wide one.
-    fn response_rate(&mut self, req: &Request<'_>) -> crate::limits::RateSpec {
+    /// What the rules on the request's canonical path decide before the file is opened: its
+    /// signature's verdict (`[[signed_url]]`) and its rate (`[[rate_limit]]`, else the
+    /// server-wide one). The path is resolved once, into the shard's scratch, and only when a
+    /// rule exists; a path that does not resolve is left to `acquire_target`'s own answer.
+    fn path_rules(
+        &mut self,
+        req: &Request<'_>,
+    ) -> (Result<(), crate::signing::Refusal>, crate::limits::RateSpec) {
         let default = self.default_rate();
-        if self.cfg.rate_limit.is_empty() {
-            return default;
+        if self.signing.is_empty() && self.cfg.rate_limit.is_empty() {
+            return (Ok(()), default);
         }
-        let mut scratch = std::mem::take(&mut self.sign_scratch);
-        let rate = match crate::fs::resolve::resolve_into(req.path, &mut scratch) {
-            Ok(path) => crate::limits::rate::rate_for(&self.cfg.rate_limit, &path, default),
-            Err(_) => default,
+        let mut scratch = std::mem::take(&mut self.path_scratch);
+        let rules = match crate::fs::resolve::resolve_into(req.path, &mut scratch) {
+            Ok(path) => {
+                let signature = if self.signing.is_empty() {
+                    Ok(())
+                } else {
+                    let now_s = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    self.signing.check(&path, req.query, now_s)
+                };
+                let rate = crate::limits::rate::rate_for(&self.cfg.rate_limit, &path, default);
+                (signature, rate)
+            }
+            Err(_) => (Ok(()), default),
         };
-        self.sign_scratch = scratch;
-        rate
-    }
-
-    /// Judges a request against the signed-URL rules by the canonical path it would be served
-    /// from, resolved into the shard's own scratch (a path that does not resolve is left to
-    /// `acquire_target`'s own answer).
-    fn check_signature(&mut self, req: &Request<'_>) -> Result<(), crate::signing::Refusal> {
-        let now_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let mut scratch = std::mem::take(&mut self.sign_scratch);
-        let verdict = match crate::fs::resolve::resolve_into(req.path, &mut scratch) {
-            Ok(path) => self.signing.check(&path, req.query, now_s),
-            Err(_) => Ok(()),
-        };
-        self.sign_scratch = scratch;
-        verdict
+        self.path_scratch = scratch;
+        rules
     }
 
     /// Starts a planned response on the connection: its state, where its head is sent from,

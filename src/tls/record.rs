@@ -66,6 +66,18 @@ pub mod alert {
     pub const NO_RENEGOTIATION: u8 = 100;
 }
 
+/// What `RecordKey::frame` leaves for a record's AEAD.
+struct Framing {
+    nonce: [u8; 12],
+    /// The additional data (`aad[..aad_len]`): the header (1.3) or seq/type/version/length.
+    aad: [u8; 13],
+    aad_len: usize,
+    /// Where the plaintext starts in the record.
+    off: usize,
+    /// The record's length.
+    total: usize,
+}
+
 /// How records are protected: decides the framing around every payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protection {
@@ -189,67 +201,14 @@ impl RecordKey {
         aad
     }
 
-    /// Seals one record in place. `rec[payload_offset()..][..len]` holds the plaintext;
-    /// the header, the inner content type (1.3), the explicit nonce (1.2 GCM) and the tag are
-    /// written around it. Returns the record's length (`len + overhead()`).
-    pub fn seal_one(&self, rec: &mut [u8], len: usize, content_type: u8, seq: u64) -> usize {
+    /// Writes a record's header (and 1.2 GCM's explicit nonce) for `len` bytes of plaintext
+    /// at the front of `rec`, and returns what its AEAD needs: the nonce, the additional
+    /// data, the plaintext's offset in `rec` and the record's length.
+    fn frame(&self, rec: &mut [u8], len: usize, content_type: u8, seq: u64) -> Framing {
         assert!(len <= MAX_PLAINTEXT_BYTES, "record plaintext over 2^14");
         let p = self.protection;
         let total = len + p.overhead();
         assert!(rec.len() >= total, "no room for the record's framing");
-        let fragment = total - RECORD_HEADER_BYTES;
-        let outer_type = match p {
-            Protection::Tls13 => CONTENT_APPLICATION_DATA,
-            _ => content_type,
-        };
-        rec[0] = outer_type;
-        rec[1..3].copy_from_slice(&RECORD_VERSION);
-        rec[3..5].copy_from_slice(&(fragment as u16).to_be_bytes());
-        let nonce = self.nonce(seq);
-        let off = p.payload_offset();
-        let sealed = match p {
-            Protection::Tls13 => {
-                rec[off + len] = content_type;
-                let header: [u8; RECORD_HEADER_BYTES] =
-                    rec[..RECORD_HEADER_BYTES].try_into().expect("5 bytes");
-                let (body, tag) = rec[off..total].split_at_mut(len + 1);
-                self.key
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(header),
-                        body,
-                    )
-                    .map(|t| tag.copy_from_slice(t.as_ref()))
-            }
-            Protection::Tls12Gcm | Protection::Tls12Chacha => {
-                if p == Protection::Tls12Gcm {
-                    rec[RECORD_HEADER_BYTES..off].copy_from_slice(&nonce[4..]);
-                }
-                let aad = Self::tls12_aad(seq, content_type, len);
-                let (body, tag) = rec[off..total].split_at_mut(len);
-                self.key
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(aad),
-                        body,
-                    )
-                    .map(|t| tag.copy_from_slice(t.as_ref()))
-            }
-        };
-        // Sealing fails only for lengths the asserts above rule out.
-        sealed.expect("AEAD seal of a checked length");
-        total
-    }
-
-    /// Seals the plaintext `pt` as one record into `rec` (out of place, one pass over the
-    /// bytes): header, explicit nonce (1.2 GCM), ciphertext, inner content type (1.3) and tag.
-    /// Returns the record's length (`pt.len() + overhead()`).
-    pub fn seal_one_into(&self, pt: &[u8], rec: &mut [u8], content_type: u8, seq: u64) -> usize {
-        let len = pt.len();
-        assert!(len <= MAX_PLAINTEXT_BYTES, "record plaintext over 2^14");
-        let p = self.protection;
-        let total = len + p.overhead();
-        assert!(rec.len() >= total, "no room for the record");
         let fragment = total - RECORD_HEADER_BYTES;
         let outer_type = match p {
             Protection::Tls13 => CONTENT_APPLICATION_DATA,
@@ -265,30 +224,72 @@ impl RecordKey {
         if p == Protection::Tls12Gcm {
             rec[RECORD_HEADER_BYTES..off].copy_from_slice(&nonce[4..]);
         }
-        // After the ciphertext: the inner content type (1.3) and the tag, sealed together.
-        let (ct, extra_and_tag) = rec[off..total].split_at_mut(len);
-        let nonce = Nonce::assume_unique_for_key(nonce);
-        let sealed = match p {
-            Protection::Tls13 => self.key.seal_out_of_place_scatter(
-                nonce,
-                Aad::from(header),
-                pt,
-                ct,
-                &[content_type],
-                extra_and_tag,
-            ),
-            Protection::Tls12Gcm | Protection::Tls12Chacha => self.key.seal_out_of_place_scatter(
-                nonce,
-                Aad::from(Self::tls12_aad(seq, content_type, len)),
-                pt,
-                ct,
-                &[],
-                extra_and_tag,
-            ),
+        let (aad, aad_len) = match p {
+            Protection::Tls13 => {
+                let mut a = [0u8; 13];
+                a[..RECORD_HEADER_BYTES].copy_from_slice(&header);
+                (a, RECORD_HEADER_BYTES)
+            }
+            Protection::Tls12Gcm | Protection::Tls12Chacha => {
+                (Self::tls12_aad(seq, content_type, len), 13)
+            }
         };
-        // Sealing fails only for lengths the asserts above rule out.
-        sealed.expect("AEAD seal of a checked length");
-        total
+        Framing {
+            nonce,
+            aad,
+            aad_len,
+            off,
+            total,
+        }
+    }
+
+    /// Seals one record in place. `rec[payload_offset()..][..len]` holds the plaintext;
+    /// the header, the inner content type (1.3), the explicit nonce (1.2 GCM) and the tag are
+    /// written around it. Returns the record's length (`len + overhead()`).
+    pub fn seal_one(&self, rec: &mut [u8], len: usize, content_type: u8, seq: u64) -> usize {
+        let f = self.frame(rec, len, content_type, seq);
+        let inner = usize::from(self.protection == Protection::Tls13);
+        if inner == 1 {
+            rec[f.off + len] = content_type;
+        }
+        let (body, tag) = rec[f.off..f.total].split_at_mut(len + inner);
+        self.key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(f.nonce),
+                Aad::from(&f.aad[..f.aad_len]),
+                body,
+            )
+            .map(|t| tag.copy_from_slice(t.as_ref()))
+            // Sealing fails only for lengths `frame` rules out.
+            .expect("AEAD seal of a checked length");
+        f.total
+    }
+
+    /// Seals the plaintext `pt` as one record into `rec` (out of place, one pass over the
+    /// bytes): header, explicit nonce (1.2 GCM), ciphertext, inner content type (1.3) and tag.
+    /// Returns the record's length (`pt.len() + overhead()`).
+    pub fn seal_one_into(&self, pt: &[u8], rec: &mut [u8], content_type: u8, seq: u64) -> usize {
+        let len = pt.len();
+        let f = self.frame(rec, len, content_type, seq);
+        let inner: &[u8] = if self.protection == Protection::Tls13 {
+            &[content_type]
+        } else {
+            &[]
+        };
+        // After the ciphertext: the inner content type (1.3) and the tag, sealed together.
+        let (ct, extra_and_tag) = rec[f.off..f.total].split_at_mut(len);
+        self.key
+            .seal_out_of_place_scatter(
+                Nonce::assume_unique_for_key(f.nonce),
+                Aad::from(&f.aad[..f.aad_len]),
+                pt,
+                ct,
+                inner,
+                extra_and_tag,
+            )
+            // Sealing fails only for lengths `frame` rules out.
+            .expect("AEAD seal of a checked length");
+        f.total
     }
 
     /// Seals `payload` as one record appended to `out` (handshake-sized control records:
