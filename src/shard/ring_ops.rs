@@ -137,6 +137,40 @@ pub trait RingOps {
     /// Shuts down the write side of socket `socket`.
     fn shutdown_write(&mut self, socket: SocketSlot, token: u64);
 
+    /// Arms a one-shot poll on a plain descriptor (an origin socket) for `events`.
+    fn poll_fd(&mut self, fd: BorrowedFd<'_>, events: u32, token: u64);
+    /// Sends `len` bytes of arena slot `slot` from `offset` on the plain socket `fd`.
+    fn send_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        token: u64,
+    );
+    /// Receives at most `len` bytes from the plain socket `fd` into arena slot `slot` at
+    /// `offset` (the slot is the kernel's until `arena_done`).
+    fn recv_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        token: u64,
+    );
+    /// Writes the first `len` bytes of arena slot `slot` to file `fd` at `file_offset`, from
+    /// the registered buffer (an O_DIRECT block write).
+    fn write_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        file_offset: u64,
+        token: u64,
+    );
+    /// Makes what was written to file `fd` durable (fdatasync).
+    fn fsync_fd(&mut self, fd: BorrowedFd<'_>, token: u64);
+
     /// Submits queued entries and waits for at least `want` completions or `timeout`.
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()>;
     /// Submits and waits up to `timeout`, gathering a batch (see `Ring`).

@@ -122,6 +122,9 @@ enum SimOp {
     LogWrite {
         len: usize,
     },
+    /// An origin-side operation (plain descriptors, block writes): the simulator models no
+    /// origin, so each one completes with -EOPNOTSUPP, as a kernel without it would answer.
+    NoOrigin,
     GetPeer {
         conn: ConnSlot,
         socket: SocketSlot,
@@ -501,6 +504,10 @@ impl SimRing {
             }
             SimOp::LogWrite { len } => {
                 self.post(token, len as i32, 0);
+                true
+            }
+            SimOp::NoOrigin => {
+                self.post(token, -libc::EOPNOTSUPP, 0);
                 true
             }
             SimOp::GetPeer { conn, socket, len } => {
@@ -980,6 +987,45 @@ impl RingOps for SimRing {
     }
     fn shutdown_write(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::Shutdown { socket });
+    }
+    fn poll_fd(&mut self, _fd: BorrowedFd<'_>, _events: u32, token: u64) {
+        self.push(token, SimOp::NoOrigin);
+    }
+    fn send_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        _fd: BorrowedFd<'_>,
+        token: u64,
+    ) {
+        self.take_arena(slot, offset, len);
+        self.push(token, SimOp::NoOrigin);
+    }
+    fn recv_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        _fd: BorrowedFd<'_>,
+        token: u64,
+    ) {
+        self.take_arena(slot, offset, len);
+        self.push(token, SimOp::NoOrigin);
+    }
+    fn write_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        len: usize,
+        _fd: BorrowedFd<'_>,
+        _file_offset: u64,
+        token: u64,
+    ) {
+        self.take_arena(slot, 0, len);
+        self.push(token, SimOp::NoOrigin);
+    }
+    fn fsync_fd(&mut self, _fd: BorrowedFd<'_>, token: u64) {
+        self.push(token, SimOp::NoOrigin);
     }
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.wait(want, timeout);
