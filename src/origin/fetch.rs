@@ -1,0 +1,787 @@
+//! One block fetch as a sans-IO machine: a ranged GET for a run of blocks on one origin
+//! connection, the answer received into one registered slot, each piece of a block written
+//! from that slot with O_DIRECT, each finished block made durable and only then reported
+//! with its checksum (the caller journals it: "a block is visible only once committed").
+//!
+//! The machine has at most one operation in flight, so it never needs to count: the caller
+//! carries out the `Io` it asks for and reports the result with the matching event. It never
+//! touches a socket, a file or the clock; the slot's bytes are lent to it on each event.
+//!
+//! A piece never crosses a block boundary, so a block's checksum is the running CRC-32C of
+//! its pieces. Writes are whole multiples of the disk's alignment: the object's tail is padded
+//! with zeros in the slot (the index keeps the true size; reads stop at it).
+
+use super::response::{self, Expect, HeadError, Unusable, Verdict};
+
+/// Longest validator or content type kept from an origin's head (longer ones are dropped).
+pub const MAX_HEAD_FIELD_BYTES: usize = 256;
+
+/// What to fetch and how big the pieces are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// First block of the run.
+    pub first_block: u32,
+    /// Last block of the run (inclusive).
+    pub last_block: u32,
+    /// The object's block size (a multiple of `align_bytes`).
+    pub block_bytes: u32,
+    /// The object's size when a version is known (None: the first fetch learns it).
+    pub size: Option<u64>,
+    /// The ETag of the version being filled, when known.
+    pub etag: Option<String>,
+    /// Bytes of the slot the answer is received into (a multiple of `align_bytes`).
+    pub slot_bytes: usize,
+    /// O_DIRECT alignment of the data file: every write is a multiple of it.
+    pub align_bytes: usize,
+}
+
+impl Plan {
+    /// The byte range the request asks for (inclusive), clamped to a known size.
+    pub fn range(&self) -> (u64, u64) {
+        let b = u64::from(self.block_bytes);
+        let first = u64::from(self.first_block) * b;
+        let mut last = (u64::from(self.last_block) + 1) * b - 1;
+        if let Some(size) = self.size {
+            last = last.min(size.saturating_sub(1));
+        }
+        (first, last)
+    }
+}
+
+/// Timeouts of one fetch, ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// From the connect to the socket being writable.
+    pub connect_ms: u64,
+    /// From the request's last byte to the head's end.
+    pub first_byte_ms: u64,
+    /// Between two receives of the body.
+    pub idle_ms: u64,
+}
+
+/// What the caller is asked to do (one at a time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Io {
+    /// Wait for the new connection's socket to become writable (the connect's end).
+    Connect,
+    /// Send `len` bytes of the slot from `offset` (the request head the caller wrote there).
+    Send {
+        /// Where in the slot.
+        offset: usize,
+        /// How many bytes.
+        len: usize,
+    },
+    /// Receive at most `len` bytes into the slot at `offset`.
+    Recv {
+        /// Where in the slot.
+        offset: usize,
+        /// At most this many bytes.
+        len: usize,
+    },
+    /// Write the first `len` bytes of the slot to the version's data file at `file_offset`.
+    Write {
+        /// Bytes (a multiple of the alignment).
+        len: usize,
+        /// Where in the data file (the object's byte offset).
+        file_offset: u64,
+    },
+    /// Make the data file's written bytes durable.
+    Sync,
+}
+
+/// What the origin's head said, kept past the slot's reuse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadFacts {
+    /// The object's size.
+    pub size: u64,
+    /// ETag, if the origin sent one that fits.
+    pub etag: Option<String>,
+    /// Last-Modified, if it fits.
+    pub last_modified: Option<String>,
+    /// Content-Type, if it fits.
+    pub content_type: Option<String>,
+    /// The origin sent the whole object (a 200 to the range): every block follows.
+    pub whole: bool,
+}
+
+/// Why a fetch ended without its blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FetchError {
+    /// The connect failed (errno).
+    Connect(i32),
+    /// A kept-alive connection was closed by the origin before any byte of the answer: try
+    /// again on a new connection (not an attempt of its own).
+    Stale,
+    /// A stage took longer than its timeout.
+    Timeout(&'static str),
+    /// The connection ended or failed mid-answer (errno, 0 for an orderly close).
+    Connection(i32),
+    /// The head is not a usable HTTP head.
+    Head(HeadError),
+    /// The answer cannot be used (status, no length, another range).
+    Unusable(Unusable),
+    /// The origin has another version than the one being filled.
+    VersionChanged,
+    /// 304 where no revalidation was asked.
+    NotModified,
+    /// More bytes arrived than the head announced.
+    Overrun,
+    /// A write or sync of the data file failed (errno), or wrote short.
+    Disk(i32),
+}
+
+/// What one event led to, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Carry this out and report it.
+    Io(Io),
+    /// The head was accepted: create or confirm the version before the next event.
+    Head(HeadFacts),
+    /// Block `block` is on disk and durable with checksum `crc`: journal it.
+    Committed {
+        /// Block number.
+        block: u32,
+        /// CRC-32C of its bytes.
+        crc: u32,
+    },
+    /// Every block of the run is committed; the connection may carry another fetch.
+    Done {
+        /// Whether the origin allows reuse.
+        keep_alive: bool,
+    },
+    /// The fetch ended (the caller closes the connection; committed blocks stay).
+    Failed(FetchError),
+}
+
+/// Where the machine is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Connecting,
+    Sending { sent: usize, len: usize },
+    Head { filled: usize },
+    Body,
+    Writing,
+    Syncing,
+    Ended,
+}
+
+/// One fetch (see the module doc).
+#[derive(Debug)]
+pub struct BlockFetch {
+    plan: Plan,
+    timeouts: Timeouts,
+    stage: Stage,
+    deadline_ms: Option<u64>,
+    /// The connection carried an earlier fetch (a close before any byte is `Stale`).
+    reused: bool,
+    /// The object's size, from the head.
+    size: u64,
+    /// Bytes of the body not yet received.
+    body_left: u64,
+    /// The object's byte offset of the slot's first byte.
+    piece_start: u64,
+    /// Bytes of the piece in the slot.
+    piece_filled: usize,
+    /// Running CRC-32C of the current block's pieces written so far.
+    block_crc: u32,
+    keep_alive: bool,
+}
+
+impl BlockFetch {
+    /// A fetch of `plan`; on a kept-alive connection (`reused`) it starts with the request,
+    /// otherwise with the connect. The caller has written the request head (`head_len` bytes)
+    /// at the slot's front.
+    pub fn start(
+        plan: Plan,
+        timeouts: Timeouts,
+        reused: bool,
+        head_len: usize,
+        now_ms: u64,
+        out: &mut Vec<Output>,
+    ) -> BlockFetch {
+        assert!(plan.first_block <= plan.last_block);
+        assert!(plan.align_bytes.is_power_of_two());
+        assert!(plan.slot_bytes.is_multiple_of(plan.align_bytes) && plan.slot_bytes > 0);
+        assert!((plan.block_bytes as usize).is_multiple_of(plan.align_bytes));
+        assert!(head_len > 0 && head_len <= plan.slot_bytes);
+        let mut f = BlockFetch {
+            plan,
+            timeouts,
+            stage: Stage::Connecting,
+            deadline_ms: None,
+            reused,
+            size: 0,
+            body_left: 0,
+            piece_start: 0,
+            piece_filled: 0,
+            block_crc: 0,
+            keep_alive: false,
+        };
+        if reused {
+            f.send(0, head_len, now_ms, out);
+        } else {
+            f.deadline_ms = Some(now_ms + timeouts.connect_ms);
+            out.push(Output::Io(Io::Connect));
+        }
+        f
+    }
+
+    /// When the current stage times out (ms on the caller's clock), if it can.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.deadline_ms
+    }
+
+    /// Whether the fetch has ended (done or failed).
+    pub fn ended(&self) -> bool {
+        self.stage == Stage::Ended
+    }
+
+    /// The plan this fetch carries out.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn send(&mut self, sent: usize, len: usize, now_ms: u64, out: &mut Vec<Output>) {
+        self.stage = Stage::Sending { sent, len };
+        self.deadline_ms = Some(now_ms + self.timeouts.idle_ms);
+        out.push(Output::Io(Io::Send {
+            offset: sent,
+            len: len - sent,
+        }));
+    }
+
+    fn fail(&mut self, e: FetchError, out: &mut Vec<Output>) {
+        self.stage = Stage::Ended;
+        self.deadline_ms = None;
+        out.push(Output::Failed(e));
+    }
+
+    /// The connect ended: `res` is the socket's pending error (0: connected).
+    pub fn on_connected(&mut self, res: i32, head_len: usize, now_ms: u64, out: &mut Vec<Output>) {
+        assert_eq!(self.stage, Stage::Connecting);
+        if res != 0 {
+            return self.fail(FetchError::Connect(res), out);
+        }
+        self.send(0, head_len, now_ms, out);
+    }
+
+    /// A send completed with `res` (bytes, or -errno).
+    pub fn on_sent(&mut self, res: i32, now_ms: u64, out: &mut Vec<Output>) {
+        let Stage::Sending { sent, len } = self.stage else {
+            panic!("send completion in {:?}", self.stage);
+        };
+        if res <= 0 {
+            let e = if self.reused && sent == 0 {
+                FetchError::Stale
+            } else {
+                FetchError::Connection(-res)
+            };
+            return self.fail(e, out);
+        }
+        let sent = sent + res as usize;
+        if sent < len {
+            return self.send(sent, len, now_ms, out);
+        }
+        self.stage = Stage::Head { filled: 0 };
+        self.deadline_ms = Some(now_ms + self.timeouts.first_byte_ms);
+        out.push(Output::Io(Io::Recv {
+            offset: 0,
+            len: response::MAX_RESPONSE_HEAD_BYTES.min(self.plan.slot_bytes),
+        }));
+    }
+
+    /// A receive completed with `res` (bytes, 0 at the origin's close, or -errno); `slot`
+    /// holds what arrived.
+    pub fn on_received(&mut self, res: i32, slot: &mut [u8], now_ms: u64, out: &mut Vec<Output>) {
+        match self.stage {
+            Stage::Head { filled } => self.head_bytes(res, filled, slot, now_ms, out),
+            Stage::Body => {
+                if res <= 0 {
+                    return self.fail(FetchError::Connection(-res), out);
+                }
+                let n = res as usize;
+                self.piece_filled += n;
+                self.body_left -= n as u64;
+                self.next(slot, now_ms, out);
+            }
+            s => panic!("receive completion in {s:?}"),
+        }
+    }
+
+    fn head_bytes(
+        &mut self,
+        res: i32,
+        filled: usize,
+        slot: &mut [u8],
+        now_ms: u64,
+        out: &mut Vec<Output>,
+    ) {
+        if res <= 0 {
+            let e = if self.reused && filled == 0 {
+                FetchError::Stale
+            } else {
+                FetchError::Connection(-res)
+            };
+            return self.fail(e, out);
+        }
+        let filled = filled + res as usize;
+        let head = match response::parse(&slot[..filled]) {
+            Err(e) => return self.fail(FetchError::Head(e), out),
+            Ok(None) => {
+                let room = response::MAX_RESPONSE_HEAD_BYTES.min(self.plan.slot_bytes);
+                if filled >= room {
+                    return self.fail(FetchError::Head(HeadError::TooLarge), out);
+                }
+                self.stage = Stage::Head { filled };
+                out.push(Output::Io(Io::Recv {
+                    offset: filled,
+                    len: room - filled,
+                }));
+                return;
+            }
+            Ok(Some(h)) => h,
+        };
+        let expect = Expect {
+            range: Some(self.plan.range()),
+            size: self.plan.size,
+            etag: self.plan.etag.as_deref(),
+        };
+        let keep = |v: Option<&str>| {
+            v.filter(|s| s.len() <= MAX_HEAD_FIELD_BYTES)
+                .map(str::to_owned)
+        };
+        let (size, first, whole) = match response::judge(&head, &expect) {
+            Verdict::Range { first, total, .. } => (total, first, false),
+            Verdict::Whole { size } => (size, 0, true),
+            Verdict::NotModified => return self.fail(FetchError::NotModified, out),
+            Verdict::VersionChanged => return self.fail(FetchError::VersionChanged, out),
+            Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
+        };
+        let facts = HeadFacts {
+            size,
+            etag: keep(head.etag),
+            last_modified: keep(head.last_modified),
+            content_type: keep(head.content_type),
+            whole,
+        };
+        let body_len = head.content_length.expect("judge checked the length");
+        let head_len = head.head_len;
+        self.keep_alive = head.keep_alive;
+        let extra = filled - head_len;
+        if extra as u64 > body_len {
+            return self.fail(FetchError::Overrun, out);
+        }
+        if whole {
+            // Every block follows, from the first.
+            self.plan.first_block = 0;
+            self.plan.last_block = u32::try_from(
+                size.div_ceil(u64::from(self.plan.block_bytes))
+                    .saturating_sub(1),
+            )
+            .unwrap_or(u32::MAX);
+        }
+        self.size = size;
+        self.plan.size = Some(size);
+        if self.plan.etag.is_none() {
+            self.plan.etag = facts.etag.clone();
+        }
+        out.push(Output::Head(facts));
+        // The body's first bytes came with the head: move them to the slot's front (at most
+        // one receive's worth, once per fetch).
+        slot.copy_within(head_len..filled, 0);
+        self.piece_start = first;
+        self.piece_filled = extra;
+        self.body_left = body_len - extra as u64;
+        self.block_crc = 0;
+        if size == 0 || body_len == 0 {
+            self.stage = Stage::Ended;
+            self.deadline_ms = None;
+            out.push(Output::Done {
+                keep_alive: self.keep_alive,
+            });
+            return;
+        }
+        self.stage = Stage::Body;
+        self.next(slot, now_ms, out);
+    }
+
+    /// Where the current block ends (the object's end for the last one).
+    fn block_end(&self) -> u64 {
+        let b = u64::from(self.plan.block_bytes);
+        ((self.piece_start / b + 1) * b).min(self.size)
+    }
+
+    /// Bytes the current piece holds when full.
+    fn piece_len(&self) -> usize {
+        (self.block_end() - self.piece_start).min(self.plan.slot_bytes as u64) as usize
+    }
+
+    /// After bytes arrived: write a full piece, or receive more.
+    fn next(&mut self, slot: &mut [u8], now_ms: u64, out: &mut Vec<Output>) {
+        let want = self.piece_len();
+        if self.piece_filled > want {
+            // A 206 body is exactly the run, a 200 exactly the object: more is a broken origin.
+            return self.fail(FetchError::Overrun, out);
+        }
+        if self.piece_filled < want {
+            if self.body_left == 0 {
+                return self.fail(FetchError::Connection(0), out);
+            }
+            self.stage = Stage::Body;
+            self.deadline_ms = Some(now_ms + self.timeouts.idle_ms);
+            let room = (want - self.piece_filled).min(self.body_left as usize);
+            out.push(Output::Io(Io::Recv {
+                offset: self.piece_filled,
+                len: room,
+            }));
+            return;
+        }
+        self.block_crc = crc32c::crc32c_append(self.block_crc, &slot[..want]);
+        let len = want.next_multiple_of(self.plan.align_bytes);
+        slot[want..len].fill(0);
+        self.stage = Stage::Writing;
+        self.deadline_ms = None;
+        out.push(Output::Io(Io::Write {
+            len,
+            file_offset: self.piece_start,
+        }));
+    }
+
+    /// A write of the current piece completed with `res`.
+    pub fn on_written(&mut self, res: i32, slot: &mut [u8], now_ms: u64, out: &mut Vec<Output>) {
+        assert_eq!(self.stage, Stage::Writing);
+        let want = self.piece_len();
+        if res < 0 || (res as usize) < want {
+            return self.fail(
+                FetchError::Disk(if res < 0 { -res } else { libc::EIO }),
+                out,
+            );
+        }
+        self.piece_start += want as u64;
+        self.piece_filled = 0;
+        if self.piece_start == self.block_end_of(self.piece_start - 1) {
+            self.stage = Stage::Syncing;
+            out.push(Output::Io(Io::Sync));
+            return;
+        }
+        self.next(slot, now_ms, out);
+    }
+
+    fn block_end_of(&self, byte: u64) -> u64 {
+        let b = u64::from(self.plan.block_bytes);
+        ((byte / b + 1) * b).min(self.size)
+    }
+
+    /// The sync after a block's last piece completed with `res`.
+    pub fn on_synced(&mut self, res: i32, slot: &mut [u8], now_ms: u64, out: &mut Vec<Output>) {
+        assert_eq!(self.stage, Stage::Syncing);
+        if res < 0 {
+            return self.fail(FetchError::Disk(-res), out);
+        }
+        let block = ((self.piece_start - 1) / u64::from(self.plan.block_bytes)) as u32;
+        out.push(Output::Committed {
+            block,
+            crc: self.block_crc,
+        });
+        self.block_crc = 0;
+        if self.piece_start >= self.size || block >= self.plan.last_block {
+            self.stage = Stage::Ended;
+            self.deadline_ms = None;
+            if self.body_left != 0 {
+                return self.fail(FetchError::Overrun, out);
+            }
+            out.push(Output::Done {
+                keep_alive: self.keep_alive,
+            });
+            return;
+        }
+        self.next(slot, now_ms, out);
+    }
+
+    /// The clock passed the deadline: the fetch ends (the caller cancels what is in flight).
+    pub fn on_timeout(&mut self, out: &mut Vec<Output>) {
+        let stage = match self.stage {
+            Stage::Connecting => "connect",
+            Stage::Head { .. } => "first byte",
+            Stage::Sending { .. } | Stage::Body => "idle",
+            Stage::Writing | Stage::Syncing | Stage::Ended => return,
+        };
+        self.fail(FetchError::Timeout(stage), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALIGN: usize = 512;
+
+    fn plan(first: u32, last: u32, block: u32, slot: usize, size: Option<u64>) -> Plan {
+        Plan {
+            first_block: first,
+            last_block: last,
+            block_bytes: block,
+            size,
+            etag: None,
+            slot_bytes: slot,
+            align_bytes: ALIGN,
+        }
+    }
+
+    const T: Timeouts = Timeouts {
+        connect_ms: 100,
+        first_byte_ms: 200,
+        idle_ms: 300,
+    };
+
+    fn object(size: usize) -> Vec<u8> {
+        (0..size).map(|i| (i * 31 + i / 7) as u8).collect()
+    }
+
+    /// Plays the origin and the disk: answers with `answer` (head + body) in receives of at
+    /// most `step` bytes, keeps every write in `disk`; returns the outputs other than Io.
+    fn run(
+        mut f: BlockFetch,
+        mut pending: Vec<Output>,
+        answer: &[u8],
+        step: usize,
+        disk: &mut Vec<u8>,
+    ) -> Vec<Output> {
+        let mut slot = vec![0xeeu8; f.plan.slot_bytes];
+        let mut seen = Vec::new();
+        let mut sent_at = 0;
+        let mut now = 0;
+        while let Some(o) = (!pending.is_empty()).then(|| pending.remove(0)) {
+            now += 1;
+            let mut out = Vec::new();
+            match o {
+                Output::Io(Io::Connect) => f.on_connected(0, 10, now, &mut out),
+                Output::Io(Io::Send { len, .. }) => f.on_sent(len as i32, now, &mut out),
+                Output::Io(Io::Recv { offset, len }) => {
+                    let n = len.min(step).min(answer.len() - sent_at);
+                    slot[offset..offset + n].copy_from_slice(&answer[sent_at..sent_at + n]);
+                    sent_at += n;
+                    f.on_received(n as i32, &mut slot, now, &mut out);
+                }
+                Output::Io(Io::Write { len, file_offset }) => {
+                    assert_eq!(len % ALIGN, 0, "an unaligned write");
+                    assert_eq!(file_offset % ALIGN as u64, 0, "an unaligned offset");
+                    let end = file_offset as usize + len;
+                    if disk.len() < end {
+                        disk.resize(end, 0);
+                    }
+                    disk[file_offset as usize..end].copy_from_slice(&slot[..len]);
+                    f.on_written(len as i32, &mut slot, now, &mut out);
+                }
+                Output::Io(Io::Sync) => f.on_synced(0, &mut slot, now, &mut out),
+                other => seen.push(other),
+            }
+            pending.extend(out);
+        }
+        assert!(f.ended());
+        seen
+    }
+
+    fn ranged(body: &[u8], first: u64, total: u64) -> Vec<u8> {
+        let mut a = format!(
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {}-{}/{}\r\nETag: \"v1\"\r\nContent-Type: application/octet-stream\r\n\r\n",
+            body.len(),
+            first,
+            first + body.len() as u64 - 1,
+            total
+        )
+        .into_bytes();
+        a.extend_from_slice(body);
+        a
+    }
+
+    #[test]
+    fn a_run_of_blocks_lands_on_disk_block_by_block_with_their_checksums() {
+        let obj = object(10_000);
+        let (block, slot) = (4096u32, 2048usize);
+        for step in [1, 7, 100, 2048, 100_000] {
+            let mut out = Vec::new();
+            let f = BlockFetch::start(plan(0, 2, block, slot, None), T, false, 10, 0, &mut out);
+            let mut disk = Vec::new();
+            let seen = run(f, out, &ranged(&obj, 0, 10_000), step, &mut disk);
+            let Output::Head(h) = &seen[0] else {
+                panic!("{seen:?}")
+            };
+            assert_eq!(h.size, 10_000);
+            assert_eq!(h.etag.as_deref(), Some("\"v1\""));
+            let commits: Vec<_> = seen
+                .iter()
+                .filter_map(|o| match o {
+                    Output::Committed { block, crc } => Some((*block, *crc)),
+                    _ => None,
+                })
+                .collect();
+            let want: Vec<_> = obj
+                .chunks(block as usize)
+                .enumerate()
+                .map(|(i, c)| (i as u32, crate::cache::checksum(c)))
+                .collect();
+            assert_eq!(commits, want, "step {step}");
+            assert_eq!(&disk[..10_000], &obj[..], "step {step}");
+            assert!(disk[10_000..].iter().all(|&b| b == 0), "the tail is padded");
+            assert_eq!(seen.last(), Some(&Output::Done { keep_alive: true }));
+        }
+    }
+
+    #[test]
+    fn a_run_in_the_middle_writes_at_its_offsets() {
+        let obj = object(20_000);
+        let mut out = Vec::new();
+        let f = BlockFetch::start(
+            plan(1, 2, 4096, 4096, Some(20_000)),
+            T,
+            true,
+            10,
+            0,
+            &mut out,
+        );
+        assert_eq!(out, vec![Output::Io(Io::Send { offset: 0, len: 10 })]);
+        let mut disk = Vec::new();
+        let seen = run(
+            f,
+            out,
+            &ranged(&obj[4096..12288], 4096, 20_000),
+            999,
+            &mut disk,
+        );
+        assert_eq!(&disk[4096..12288], &obj[4096..12288]);
+        assert_eq!(
+            seen.iter()
+                .filter(|o| matches!(o, Output::Committed { .. }))
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_200_to_the_range_is_used_as_the_whole_object() {
+        let obj = object(9000);
+        let mut a = format!("HTTP/1.1 200 OK\r\nContent-Length: 9000\r\n\r\n").into_bytes();
+        a.extend_from_slice(&obj);
+        let mut out = Vec::new();
+        let f = BlockFetch::start(plan(1, 1, 4096, 4096, None), T, false, 10, 0, &mut out);
+        let mut disk = Vec::new();
+        let seen = run(f, out, &a, 1500, &mut disk);
+        assert!(matches!(&seen[0], Output::Head(h) if h.whole && h.size == 9000));
+        let blocks: Vec<u32> = seen
+            .iter()
+            .filter_map(|o| match o {
+                Output::Committed { block, .. } => Some(*block),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(blocks, vec![0, 1, 2]);
+        assert_eq!(&disk[..9000], &obj[..]);
+    }
+
+    #[test]
+    fn a_short_body_fails_and_commits_only_whole_blocks() {
+        let obj = object(10_000);
+        let mut a = ranged(&obj, 0, 10_000);
+        a.truncate(a.len() - 3000); // the origin closes mid-block 1
+        let mut out = Vec::new();
+        let f = BlockFetch::start(plan(0, 2, 4096, 2048, None), T, false, 10, 0, &mut out);
+        let mut disk = Vec::new();
+        let seen = run(f, out, &a, 1000, &mut disk);
+        let commits = seen
+            .iter()
+            .filter(|o| matches!(o, Output::Committed { .. }))
+            .count();
+        assert_eq!(commits, 1, "{seen:?}");
+        assert_eq!(
+            seen.last(),
+            Some(&Output::Failed(FetchError::Connection(0)))
+        );
+    }
+
+    #[test]
+    fn answers_of_another_version_or_unusable_ones_fail_before_any_write() {
+        let obj = object(5000);
+        let cases: Vec<(Vec<u8>, Plan, FetchError)> = vec![
+            (
+                ranged(&obj[..4096], 0, 6000),
+                plan(0, 0, 4096, 4096, Some(5000)),
+                FetchError::VersionChanged,
+            ),
+            (
+                b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                plan(0, 0, 4096, 4096, None),
+                FetchError::Unusable(Unusable::Status(503)),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+                plan(0, 0, 4096, 4096, None),
+                FetchError::Unusable(Unusable::NoLength),
+            ),
+            (
+                b"garbage\r\n\r\n".to_vec(),
+                plan(0, 0, 4096, 4096, None),
+                FetchError::Head(HeadError::Malformed),
+            ),
+        ];
+        for (answer, p, want) in cases {
+            let mut out = Vec::new();
+            let f = BlockFetch::start(p, T, false, 10, 0, &mut out);
+            let mut disk = Vec::new();
+            let seen = run(f, out, &answer, 4096, &mut disk);
+            assert_eq!(seen, vec![Output::Failed(want)]);
+            assert!(disk.is_empty());
+        }
+    }
+
+    #[test]
+    fn more_bytes_than_announced_is_an_overrun() {
+        let obj = object(4096);
+        let mut a = ranged(&obj, 0, 4096);
+        a.extend_from_slice(b"extra");
+        let mut out = Vec::new();
+        let f = BlockFetch::start(plan(0, 0, 4096, 8192, None), T, false, 10, 0, &mut out);
+        let seen = run(f, out, &a, 100_000, &mut Vec::new());
+        assert_eq!(seen.last(), Some(&Output::Failed(FetchError::Overrun)));
+    }
+
+    #[test]
+    fn a_reused_connection_closed_before_the_answer_is_stale() {
+        let mut out = Vec::new();
+        let mut f = BlockFetch::start(plan(0, 0, 4096, 4096, None), T, true, 10, 0, &mut out);
+        out.clear();
+        f.on_sent(10, 1, &mut out);
+        out.clear();
+        let mut slot = vec![0; 4096];
+        f.on_received(0, &mut slot, 2, &mut out);
+        assert_eq!(out, vec![Output::Failed(FetchError::Stale)]);
+    }
+
+    #[test]
+    fn each_stage_has_its_deadline() {
+        let mut out = Vec::new();
+        let mut f = BlockFetch::start(plan(0, 0, 4096, 4096, None), T, false, 10, 1000, &mut out);
+        assert_eq!(f.deadline_ms(), Some(1100));
+        out.clear();
+        f.on_connected(0, 10, 1050, &mut out);
+        assert_eq!(f.deadline_ms(), Some(1350));
+        f.on_sent(10, 1060, &mut out);
+        assert_eq!(f.deadline_ms(), Some(1260));
+        out.clear();
+        f.on_timeout(&mut out);
+        assert_eq!(out, vec![Output::Failed(FetchError::Timeout("first byte"))]);
+        assert!(f.ended());
+    }
+
+    #[test]
+    fn a_refused_connect_fails() {
+        let mut out = Vec::new();
+        let mut f = BlockFetch::start(plan(0, 0, 4096, 4096, None), T, false, 10, 0, &mut out);
+        out.clear();
+        f.on_connected(libc::ECONNREFUSED, 10, 1, &mut out);
+        assert_eq!(
+            out,
+            vec![Output::Failed(FetchError::Connect(libc::ECONNREFUSED))]
+        );
+    }
+}
