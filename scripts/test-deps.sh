@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives as real peers, when they are missing:
 # HTTPS clients (curl, wget, aria2c, openssl, python3), testssl.sh, HAProxy (fleet tests),
-# iproute2 (network namespaces) and util-linux (prlimit/setpriv for the unprivileged runs);
+# nginx (the origin of the cache-fill tests), iproute2 (network namespaces) and util-linux
+# (prlimit/setpriv for the unprivileged runs);
 # and sslyze (a TLS scanner by another project, checking the TLS port against Mozilla's
 # "intermediate" configuration) from PyPI into its own virtualenv, linked as
 # /usr/local/bin/sslyze.
@@ -18,6 +19,7 @@ declare -A TEST_TOOLS=(
     [python3]=python3
     [testssl]=testssl.sh
     [haproxy]=haproxy
+    [nginx]=nginx
     [ip]=iproute2
     [setpriv]=util-linux
     [prlimit]=util-linux

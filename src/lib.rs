@@ -18,6 +18,7 @@ pub mod cache;
 pub mod client;
 pub mod config;
 pub mod doctor;
+pub mod fill;
 pub mod fs;
 pub mod handover;
 pub mod http;

@@ -661,7 +661,7 @@ mod tests {
     #[test]
     fn a_200_to_the_range_is_used_as_the_whole_object() {
         let obj = object(9000);
-        let mut a = format!("HTTP/1.1 200 OK\r\nContent-Length: 9000\r\n\r\n").into_bytes();
+        let mut a = b"HTTP/1.1 200 OK\r\nContent-Length: 9000\r\n\r\n".to_vec();
         a.extend_from_slice(&obj);
         let mut out = Vec::new();
         let f = BlockFetch::start(plan(1, 1, 4096, 4096, None), T, false, 10, 0, &mut out);

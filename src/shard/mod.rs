@@ -1207,6 +1207,12 @@ impl<R: RingOps> Shard<R> {
             Op::AcceptTls => return self.on_accept(cqe, true),
             Op::OverflowClose => return self.socket_slot_freed(),
             Op::Overflow | Op::CancelAccept => return,
+            // No fill runs on the shard yet (issue 20's next step wires `fill::Filler` here):
+            // an origin completion cannot be ours.
+            Op::Origin => {
+                ShardMetrics::add(&self.metrics.stray_completions, 1);
+                return;
+            }
             Op::LogWrite => {
                 if let Some(log) = self.access_log.as_mut() {
                     log.on_write_done(&mut self.ring, cqe.result);
@@ -1281,6 +1287,7 @@ impl<R: RingOps> Shard<R> {
             | Op::Overflow
             | Op::OverflowClose
             | Op::CancelAccept
+            | Op::Origin
             | Op::LogWrite => {
                 unreachable!()
             }

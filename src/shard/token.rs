@@ -47,6 +47,8 @@ pub enum Op {
     SendTls = 15,
     /// The peer-address request of a new connection (`SO_PEERNAME`).
     PeerName = 16,
+    /// The operation in flight of an origin fetch (slot = fetch index).
+    Origin = 17,
 }
 
 impl Op {
@@ -68,6 +70,7 @@ impl Op {
             14 => Op::AcceptTls,
             15 => Op::SendTls,
             16 => Op::PeerName,
+            17 => Op::Origin,
             _ => return None,
         })
     }
@@ -105,6 +108,16 @@ impl Token {
     /// A token for `op` on a socket that has no connection slot (over the cap).
     pub fn socket(op: Op, socket: SocketSlot) -> Token {
         Token::new(op, socket.raw(), 0, 0)
+    }
+
+    /// A token for the operation in flight of origin fetch `fetch` at `generation`.
+    pub fn fetch(fetch: u32, generation: u16) -> Token {
+        Token::new(Op::Origin, fetch, generation, 0)
+    }
+
+    /// The origin fetch an `Op::Origin` operation belongs to.
+    pub fn fetch_index(self) -> u32 {
+        self.slot
     }
 
     /// The connection slot the operation belongs to.
@@ -170,6 +183,8 @@ mod tests {
             Op::Shutdown,
             Op::AcceptTls,
             Op::SendTls,
+            Op::PeerName,
+            Op::Origin,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {
@@ -195,7 +210,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=15) {
+        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=17) {
             let op = Op::from_u8(op).unwrap();
             let t = Token::new(op, slot, generation, aux);
             proptest::prop_assert_eq!(Token::decode(t.encode()), Some(t));
