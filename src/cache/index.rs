@@ -125,6 +125,11 @@ impl Index {
         self.versions.get(v).map(|s| &s.meta)
     }
 
+    /// What version `version` is (current or still being read).
+    pub fn meta(&self, version: u64) -> Option<&ObjectVersion> {
+        self.versions.get(&version).map(|s| &s.meta)
+    }
+
     /// The checksum of block `block` of `version`, if that block is on disk.
     pub fn block_crc(&self, version: u64, block: u32) -> Option<u32> {
         self.versions
@@ -133,6 +138,27 @@ impl Index {
             .get(block as usize)
             .copied()
             .flatten()
+    }
+
+    /// Forgets block `block` of `version` in memory (its bytes failed their checksum): it is
+    /// fetched again, and the new block's record supersedes the journal's old one.
+    pub fn forget_block(&mut self, version: u64, block: u32) -> bool {
+        let Some(s) = self.versions.get_mut(&version) else {
+            return false;
+        };
+        let forgot = s
+            .blocks
+            .get_mut(block as usize)
+            .is_some_and(|slot| slot.take().is_some());
+        if forgot {
+            s.present -= 1;
+        }
+        forgot
+    }
+
+    /// The highest version id held (new versions are numbered after it).
+    pub fn max_version(&self) -> u64 {
+        self.versions.keys().copied().max().unwrap_or(0)
     }
 
     /// Blocks of `version` on disk.
@@ -190,6 +216,24 @@ mod tests {
             "dropping the old keeps the new"
         );
         assert_eq!((ix.keys(), ix.versions()), (1, 1));
+    }
+
+    #[test]
+    fn a_forgotten_block_is_absent_until_its_record_comes_again() {
+        let mut ix = Index::default();
+        assert!(ix.apply(Record::Object(object("k", 5, 2 << 20))));
+        let block = |crc| Record::Block {
+            version: 5,
+            block: 1,
+            crc,
+        };
+        assert!(ix.apply(block(7)));
+        assert!(ix.forget_block(5, 1));
+        assert!(!ix.forget_block(5, 1), "already absent");
+        assert_eq!((ix.block_crc(5, 1), ix.blocks_present(5)), (None, 0));
+        assert!(ix.apply(block(8)));
+        assert_eq!((ix.block_crc(5, 1), ix.blocks_present(5)), (Some(8), 1));
+        assert_eq!(ix.max_version(), 5);
     }
 
     #[test]

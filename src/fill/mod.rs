@@ -13,6 +13,8 @@
 //! the socket down, which ends the operation in flight at once; the fetch ends when that
 //! completion arrives, so the slot and the descriptor are never released under the kernel.
 
+pub mod cache_fill;
+
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;

@@ -39,7 +39,8 @@ impl Nginx {
         let conf = format!(
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
              error_log {d}/error.log;\nevents {{ worker_connections 64; }}\n\
-             http {{ access_log off; keepalive_requests 10000;\n\
+             http {{ log_format sent '$body_bytes_sent';\n\
+               access_log {d}/access.log sent; keepalive_requests 10000;\n\
                client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                uwsgi_temp_path {d}; scgi_temp_path {d};\n\
                server {{ listen {addr}; root {r}; location / {{ }} }} }}\n",
@@ -66,6 +67,16 @@ impl Nginx {
             addr,
             _dir: dir,
         }
+    }
+}
+
+impl Nginx {
+    /// Body bytes nginx has sent so far (its access log, one line per finished request).
+    fn body_bytes_sent(&self) -> u64 {
+        let log = std::fs::read_to_string(self._dir.path().join("access.log")).unwrap_or_default();
+        log.lines()
+            .map(|l| l.trim().parse::<u64>().expect("a byte count"))
+            .sum()
     }
 }
 
@@ -467,4 +478,220 @@ fn origin_faults_end_the_fetch_with_their_error() {
         }) => assert_eq!(*e, libc::ECONNREFUSED),
         other => panic!("{other:?}"),
     }
+}
+
+// ---- the cache fill over the filler ----------------------------------------------------------
+
+use super::cache_fill::{CacheFill, FillConfig, Notice, Outcome};
+
+fn fill_config(read_ahead_blocks: u64) -> FillConfig {
+    FillConfig {
+        block_bytes: BLOCK,
+        read_ahead_blocks,
+        max_run_blocks: 4,
+        slot_bytes: CHUNK,
+        align_bytes: ALIGN,
+        max_attempts: 3,
+    }
+}
+
+/// A client reading an object block by block through the fill, as a response would.
+struct Reader {
+    pos: u64,
+    end: Option<u64>,
+    waiting: bool,
+}
+
+/// Runs `readers` (waiter = index) over `key` until each has read to its end, checking every
+/// block it is handed against `obj`; returns how many times a want was Ready at once.
+fn read_all(
+    cf: &mut CacheFill<usize>,
+    ring: &mut Ring,
+    readers: &mut [Reader],
+    slots: &mut Vec<ArenaSlot>,
+    obj: &[u8],
+) -> usize {
+    let start = Instant::now();
+    let (mut notices, mut freed, mut batch, mut buf) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut ready_at_once = 0;
+    loop {
+        let mut all_done = true;
+        for (i, r) in readers.iter_mut().enumerate() {
+            loop {
+                let size = cf.index().current(b"k").map(|m| m.size);
+                let end = r.end.or(size).unwrap_or(u64::MAX);
+                if r.pos >= end || r.waiting {
+                    break;
+                }
+                let last = (r.pos | (u64::from(BLOCK) - 1)).min(end - 1);
+                match cf.want(b"k", 0, "/patch.bin", r.pos, Some(last), i) {
+                    Outcome::Ready(v) => {
+                        ready_at_once += 1;
+                        let meta = cf.index().meta(v).unwrap().clone();
+                        let block = (r.pos / u64::from(BLOCK)) as u32;
+                        let crc = cf.index().block_crc(v, block).unwrap();
+                        cf.store()
+                            .read_block(&meta, block, crc, &mut buf)
+                            .expect("reads back");
+                        let at = u64::from(block) * u64::from(BLOCK);
+                        assert_eq!(&buf[..], &obj[at as usize..at as usize + buf.len()]);
+                        r.pos = at + buf.len() as u64;
+                    }
+                    Outcome::Waiting => r.waiting = true,
+                    Outcome::Busy => panic!("busy"),
+                }
+            }
+            let size = cf.index().current(b"k").map(|m| m.size);
+            all_done &= r.pos >= r.end.or(size).unwrap_or(u64::MAX);
+        }
+        if all_done {
+            return ready_at_once;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "readers did not finish"
+        );
+        let now_ms = start.elapsed().as_millis() as u64;
+        cf.pump(ring, &mut || slots.pop(), now_ms);
+        ring.submit_and_wait(1, Some(Duration::from_millis(20)))
+            .expect("submit");
+        batch.clear();
+        ring.drain_completions(&mut batch, 64);
+        for c in &batch {
+            let t = Token::decode(c.user_data).expect("our token");
+            cf.on_completion(ring, t, c.result, start.elapsed().as_millis() as u64);
+        }
+        cf.expire(start.elapsed().as_millis() as u64);
+        cf.take(&mut notices, &mut freed);
+        slots.append(&mut freed);
+        for n in notices.drain(..) {
+            match n {
+                Notice::Block { waiter, .. } | Notice::Known { waiter, .. } => {
+                    readers[waiter].waiting = false
+                }
+                Notice::Failed { waiter, error } => panic!("reader {waiter}: {error:?}"),
+            }
+        }
+    }
+}
+
+/// 100 readers of one cold object, all at once: every one reads every byte, and the origin
+/// sends each byte once (nginx's own count of the body bytes it sent).
+#[test]
+fn a_hundred_readers_of_one_cold_object_make_the_origin_send_each_byte_once() {
+    let root = tempfile::tempdir().unwrap();
+    let size = 5 * BLOCK as usize + 777;
+    let obj = object(size, 11);
+    std::fs::write(root.path().join("patch.bin"), &obj).unwrap();
+    let origin = Nginx::start(root.path());
+    let dir = disk_dir();
+    let mut ring = ring(8);
+    let filler = Filler::new(vec![target(origin.addr, 4, TIMEOUTS)], 8);
+    let mut cf = CacheFill::open(dir.path(), fill_config(1), filler).unwrap();
+    let mut readers: Vec<Reader> = (0..100)
+        .map(|_| Reader {
+            pos: 0,
+            end: None,
+            waiting: false,
+        })
+        .collect();
+    let mut slots: Vec<ArenaSlot> = (0..8).map(ArenaSlot::new).collect();
+    read_all(&mut cf, &mut ring, &mut readers, &mut slots, &obj);
+    drop(ring);
+    // nginx logs a request when it ends; give the last line a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while origin.body_bytes_sent() < size as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(origin.body_bytes_sent(), size as u64, "each byte sent once");
+    assert_eq!(cf.blocks_fetched, 6);
+    assert_eq!(slots.len(), 8, "every slot came back");
+}
+
+/// A fill stopped after two of five blocks (the process gone, the journal left), then a new
+/// fill on the same directory: only the three missing blocks are fetched. Then a block is
+/// damaged on disk: the check catches it, and it alone is fetched again.
+#[test]
+fn a_restarted_fill_fetches_only_missing_blocks_and_a_corrupt_block_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let size = 5 * BLOCK as usize - 100;
+    let obj = object(size, 5);
+    std::fs::write(root.path().join("patch.bin"), &obj).unwrap();
+    let origin = Nginx::start(root.path());
+    let dir = disk_dir();
+    let mut slots: Vec<ArenaSlot> = (0..4).map(ArenaSlot::new).collect();
+    let wait_sent = |want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while origin.body_bytes_sent() < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        origin.body_bytes_sent()
+    };
+    {
+        let mut ring = ring(4);
+        let filler = Filler::new(vec![target(origin.addr, 2, TIMEOUTS)], 4);
+        let mut cf = CacheFill::open(dir.path(), fill_config(0), filler).unwrap();
+        let mut r = [Reader {
+            pos: 0,
+            end: Some(2 * u64::from(BLOCK)),
+            waiting: false,
+        }];
+        read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
+        assert_eq!(cf.blocks_fetched, 2);
+    }
+    let first = wait_sent(2 * u64::from(BLOCK));
+    assert_eq!(first, 2 * u64::from(BLOCK));
+
+    let mut ring = ring(4);
+    let filler = Filler::new(vec![target(origin.addr, 2, TIMEOUTS)], 4);
+    let mut cf = CacheFill::open(dir.path(), fill_config(0), filler).unwrap();
+    let v = cf
+        .index()
+        .current(b"k")
+        .expect("the journal kept the version")
+        .version;
+    assert_eq!(cf.index().blocks_present(v), 2);
+    let mut r = [Reader {
+        pos: 0,
+        end: None,
+        waiting: false,
+    }];
+    let at_once = read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
+    assert_eq!(
+        at_once, 5,
+        "two from the cache at once, three after their fill"
+    );
+    assert_eq!(
+        wait_sent(size as u64),
+        size as u64,
+        "only the missing blocks came again"
+    );
+
+    // Damage one byte of block 1 on disk.
+    let data = cf.store().data_path(v);
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(
+        &f,
+        &[obj[u64::from(BLOCK) as usize + 9] ^ 0xff],
+        u64::from(BLOCK) + 9,
+    )
+    .unwrap();
+    f.sync_all().unwrap();
+    let mut buf = Vec::new();
+    assert!(cf.verify_block(v, 0, &mut buf));
+    assert!(!cf.verify_block(v, 1, &mut buf), "the damage is caught");
+    assert_eq!(cf.blocks_corrupt, 1);
+    let mut r = [Reader {
+        pos: 0,
+        end: None,
+        waiting: false,
+    }];
+    read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
+    assert_eq!(
+        wait_sent(size as u64 + u64::from(BLOCK)),
+        size as u64 + u64::from(BLOCK),
+        "block 1 alone was fetched again"
+    );
+    assert!(cf.verify_block(v, 1, &mut buf));
 }

@@ -1,0 +1,629 @@
+//! A shard's cache fill: turns "this client wants bytes a..=b of this key" into coalesced
+//! block fetches (`Filler`), journals every block once it is durable, and tells each waiter
+//! when the block it waits on is on disk (or why it never will be).
+//!
+//! - **One fetch per block.** Every missing block is registered in `cache::coalesce::Fills`
+//!   before it is asked for; a later want of the same block waits on that fetch.
+//! - **An unknown object** is probed: the first want starts a fetch of its first blocks with
+//!   no size; the head's answer creates the version (`Record::Object`, journaled), and the
+//!   wants that waited for it are judged again against that version.
+//! - **Visible only once committed.** `FillEvent::Committed` comes after the block's bytes
+//!   are durable; the `Record::Block` is journaled (and synced) before the index or a waiter
+//!   hears of it.
+//! - **Retries** go to a new fetch after `origin::pool::retry_after_ms`; a version change at
+//!   the origin ends the old version's fill (its waiters get the error: a response never
+//!   mixes versions) and the next want probes the new one.
+//! - **A corrupt block** (`verify_block`) is forgotten and fetched again on its own.
+//!
+//! The journal is appended on the shard thread (one small synced write per block); issue 20
+//! leaves moving it onto the ring, with group commit, to the shard wiring.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{Begin, FillEvent, Filler};
+use crate::cache::blocks::{blocks_for, missing_runs};
+use crate::cache::coalesce::{Ask, Failed, Fills};
+use crate::cache::index::{Index, ObjectVersion};
+use crate::cache::journal::Record;
+use crate::cache::journal_file::JournalFile;
+use crate::cache::store::{BlockStore, ReadError};
+use crate::origin::fetch::{FetchError, HeadFacts, Plan};
+use crate::origin::pool::retry_after_ms;
+use crate::shard::ring_ops::RingOps;
+use crate::shard::slots::ArenaSlot;
+
+/// Most wants that may wait for an unknown object's head (past it: `Outcome::Busy`).
+pub const MAX_PROBE_WAITERS: usize = 4096;
+/// Most fetches waiting for a slot or a connection (past it: `Outcome::Busy`).
+pub const MAX_QUEUED_FETCHES: usize = 4096;
+
+/// How the fill stores and asks.
+#[derive(Clone, Debug)]
+pub struct FillConfig {
+    /// Block size of new versions (old ones keep theirs).
+    pub block_bytes: u32,
+    /// Blocks fetched past the ones a want needs.
+    pub read_ahead_blocks: u64,
+    /// Most blocks one origin request asks for.
+    pub max_run_blocks: u64,
+    /// Bytes of an arena slot.
+    pub slot_bytes: usize,
+    /// O_DIRECT alignment of the cache's disk.
+    pub align_bytes: usize,
+    /// Attempts per block before its waiters get the error.
+    pub max_attempts: u32,
+}
+
+/// What a want found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every block it needs is on disk now (version id).
+    Ready(u64),
+    /// It waits; a `Notice` comes for it later.
+    Waiting,
+    /// Too many wait already: serve it without the cache, or refuse it (503).
+    Busy,
+}
+
+/// What a waiter hears.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Notice<W> {
+    /// Block `block` of `version` is on disk: the waiter may read it, or want more.
+    Block {
+        /// Who waited.
+        waiter: W,
+        /// Version id.
+        version: u64,
+        /// Block number.
+        block: u32,
+    },
+    /// The object's version is known (after a probe): the waiter wants again.
+    Known {
+        /// Who waited.
+        waiter: W,
+        /// Version id.
+        version: u64,
+    },
+    /// The fill failed for good: the waiter's client gets an error (502/504, or a close if
+    /// its response has begun).
+    Failed {
+        /// Who waited.
+        waiter: W,
+        /// Why.
+        error: FetchError,
+    },
+}
+
+/// One origin request the fill wants made.
+#[derive(Clone, Debug)]
+struct Job {
+    key: Vec<u8>,
+    origin: usize,
+    path: String,
+    /// The version filled (for a probe: the id the head's version will get).
+    version: u64,
+    /// Blocks first..=last.
+    first: u32,
+    last: u32,
+    probe: bool,
+    not_before_ms: u64,
+    /// Blocks of the run committed so far.
+    committed: Vec<u32>,
+}
+
+/// A shard's fill (see the module doc). `W` names a waiter (a connection slot and
+/// generation, in the shard).
+pub struct CacheFill<W: Clone + PartialEq> {
+    cfg: FillConfig,
+    store: BlockStore,
+    journal: JournalFile,
+    index: Index,
+    blocks: Fills<(u64, u32), Option<W>>,
+    probes: HashMap<Vec<u8>, Vec<W>>,
+    files: HashMap<u64, Arc<File>>,
+    running: HashMap<u64, Job>,
+    queue: VecDeque<Job>,
+    filler: Filler,
+    next_job: u64,
+    next_version: u64,
+    events: Vec<FillEvent>,
+    notices: Vec<Notice<W>>,
+    /// Slots given back by ended fetches, for the caller.
+    freed: Vec<ArenaSlot>,
+    /// Blocks fetched from the origin (for the coalescing ratio).
+    pub blocks_fetched: u64,
+    /// Blocks found corrupt on a read and fetched again.
+    pub blocks_corrupt: u64,
+}
+
+impl<W: Clone + PartialEq> CacheFill<W> {
+    /// Opens the cache in `dir` (replays its journal) with `filler` for the origins.
+    pub fn open(dir: &Path, cfg: FillConfig, filler: Filler) -> std::io::Result<CacheFill<W>> {
+        assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0);
+        let store = BlockStore::open(dir)?;
+        let (journal, index, _) = JournalFile::open(&dir.join("journal"))?;
+        let next_version = index.max_version() + 1;
+        Ok(CacheFill {
+            blocks: Fills::new(cfg.max_attempts),
+            cfg,
+            store,
+            journal,
+            index,
+            probes: HashMap::new(),
+            files: HashMap::new(),
+            running: HashMap::new(),
+            queue: VecDeque::new(),
+            filler,
+            next_job: 0,
+            next_version,
+            events: Vec::new(),
+            notices: Vec::new(),
+            freed: Vec::new(),
+            blocks_fetched: 0,
+            blocks_corrupt: 0,
+        })
+    }
+
+    /// The index (what is on disk).
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The data files.
+    pub fn store(&self) -> &BlockStore {
+        &self.store
+    }
+
+    /// The filler (its connections and fetches).
+    pub fn filler(&self) -> &Filler {
+        &self.filler
+    }
+
+    /// `waiter` wants bytes `first..=last` (None: from `first` to the end) of `key`, fetched
+    /// from `origin` as `path` when missing.
+    pub fn want(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
+        let Some(meta) = self.index.current(key).cloned() else {
+            return self.probe(key, origin, path, waiter);
+        };
+        if meta.size == 0 {
+            return Outcome::Ready(meta.version);
+        }
+        let last = last.unwrap_or(meta.size - 1).min(meta.size - 1);
+        let first = first.min(last);
+        let need = blocks_for(first, last, meta.size, meta.block_bytes, 0);
+        let ahead = blocks_for(
+            first,
+            last,
+            meta.size,
+            meta.block_bytes,
+            self.cfg.read_ahead_blocks,
+        );
+        let v = meta.version;
+        let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
+        if need.clone().all(present) {
+            return Outcome::Ready(v);
+        }
+        if self.queue.len() >= MAX_QUEUED_FETCHES {
+            return Outcome::Busy;
+        }
+        // The first missing block this waiter needs is what it waits on; the others of its
+        // range and the read-ahead are fetched for nobody in particular.
+        let mut waited = false;
+        let mut to_fetch = Vec::new();
+        for b in ahead.clone() {
+            if present(b) {
+                continue;
+            }
+            let w = (!waited && need.contains(&b)).then(|| waiter.clone());
+            let is_waiter = w.is_some();
+            match self.blocks.want((v, b as u32), w) {
+                Ask::Fetch => to_fetch.push(b),
+                Ask::Wait => {}
+                Ask::PassThrough if is_waiter => return Outcome::Busy,
+                Ask::PassThrough => continue,
+            }
+            waited |= is_waiter;
+        }
+        let runs = missing_runs(ahead, |b| !to_fetch.contains(&b), self.cfg.max_run_blocks);
+        for run in runs {
+            let job = Job {
+                key: key.to_vec(),
+                origin,
+                path: path.to_owned(),
+                version: v,
+                first: run.start as u32,
+                last: (run.end - 1) as u32,
+                probe: false,
+                not_before_ms: 0,
+                committed: Vec::new(),
+            };
+            self.queue.push_back(job);
+        }
+        Outcome::Waiting
+    }
+
+    fn probe(&mut self, key: &[u8], origin: usize, path: &str, waiter: W) -> Outcome {
+        if let Some(waiters) = self.probes.get_mut(key) {
+            if waiters.len() >= MAX_PROBE_WAITERS {
+                return Outcome::Busy;
+            }
+            waiters.push(waiter);
+            return Outcome::Waiting;
+        }
+        if self.queue.len() >= MAX_QUEUED_FETCHES {
+            return Outcome::Busy;
+        }
+        self.probes.insert(key.to_vec(), vec![waiter]);
+        let version = self.next_version;
+        self.next_version += 1;
+        self.queue.push_back(Job {
+            key: key.to_vec(),
+            origin,
+            path: path.to_owned(),
+            version,
+            first: 0,
+            last: self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks - 1) as u32,
+            probe: true,
+            not_before_ms: 0,
+            committed: Vec::new(),
+        });
+        Outcome::Waiting
+    }
+
+    /// `waiter` went away: it hears nothing more (the fetches go on for the cache).
+    pub fn cancel(&mut self, waiter: &W) {
+        for waiters in self.probes.values_mut() {
+            waiters.retain(|w| w != waiter);
+        }
+        let running: Vec<(u64, u32)> = self
+            .running
+            .values()
+            .chain(self.queue.iter())
+            .flat_map(|j| (j.first..=j.last).map(move |b| (j.version, b)))
+            .collect();
+        for key in running {
+            self.blocks.cancel(key, &Some(waiter.clone()));
+        }
+    }
+
+    /// Starts the queued fetches that may start now: each takes a slot from `take_slot`
+    /// (None: no slot free; they wait) and a connection from its origin's pool.
+    pub fn pump<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        take_slot: &mut dyn FnMut() -> Option<ArenaSlot>,
+        now_ms: u64,
+    ) {
+        let mut waiting = VecDeque::new();
+        while let Some(job) = self.queue.pop_front() {
+            if job.not_before_ms > now_ms {
+                waiting.push_back(job);
+                continue;
+            }
+            let Some(slot) = take_slot() else {
+                waiting.push_back(job);
+                break;
+            };
+            let file = match self.data_file(job.version) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.freed.push(slot);
+                    self.give_up(
+                        &job,
+                        FetchError::Disk(e.raw_os_error().unwrap_or(libc::EIO)),
+                    );
+                    continue;
+                }
+            };
+            let meta = self
+                .index
+                .current(&job.key)
+                .filter(|m| m.version == job.version);
+            let plan = Plan {
+                first_block: job.first,
+                last_block: job.last,
+                block_bytes: meta.map_or(self.cfg.block_bytes, |m| m.block_bytes),
+                size: meta.map(|m| m.size),
+                etag: meta.map(|m| m.etag.clone()).filter(|e| !e.is_empty()),
+                slot_bytes: self.cfg.slot_bytes,
+                align_bytes: self.cfg.align_bytes,
+            };
+            let id = self.next_job;
+            match self
+                .filler
+                .begin(ring, id, job.origin, &job.path, plan, slot, file, now_ms)
+            {
+                Ok(()) => {
+                    self.next_job += 1;
+                    self.running.insert(id, job);
+                }
+                Err(Begin::Wait(slot)) => {
+                    self.freed.push(slot);
+                    waiting.push_back(job);
+                    // This origin is at its bound; others may not be, but keep the order.
+                    break;
+                }
+                Err(Begin::Refused(slot, why)) => {
+                    self.freed.push(slot);
+                    tracing::warn!(origin = job.origin, path = %job.path, %why, "origin fetch refused");
+                    self.give_up(&job, FetchError::Connection(libc::EINVAL));
+                }
+            }
+        }
+        waiting.append(&mut self.queue);
+        self.queue = waiting;
+    }
+
+    fn data_file(&mut self, version: u64) -> std::io::Result<Arc<File>> {
+        if let Some(f) = self.files.get(&version) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(libc::O_DIRECT)
+                .open(self.store.data_path(version))?,
+        );
+        self.files.insert(version, f.clone());
+        Ok(f)
+    }
+
+    /// An `Op::Origin` completion.
+    pub fn on_completion<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        token: crate::shard::token::Token,
+        res: i32,
+        now_ms: u64,
+    ) {
+        self.filler.on_completion(ring, token, res, now_ms);
+        self.settle(now_ms);
+    }
+
+    /// Ends fetch stages past their deadline (their completions follow).
+    pub fn expire(&mut self, now_ms: u64) {
+        self.filler.expire(now_ms);
+    }
+
+    /// The earliest time (ms) something is due: a fetch deadline or a retry.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        let retry = self.queue.iter().map(|j| j.not_before_ms).min();
+        match (self.filler.next_deadline_ms(), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves the waiters' notices into `out`, and the slots ended fetches gave back into
+    /// `slots`.
+    pub fn take(&mut self, out: &mut Vec<Notice<W>>, slots: &mut Vec<ArenaSlot>) {
+        out.append(&mut self.notices);
+        slots.append(&mut self.freed);
+    }
+
+    fn settle(&mut self, now_ms: u64) {
+        let mut events = std::mem::take(&mut self.events);
+        self.filler.take_events(&mut events);
+        for e in events.drain(..) {
+            match e {
+                FillEvent::Head { job, facts } => self.on_head(job, facts),
+                FillEvent::Committed { job, block, crc } => self.on_committed(job, block, crc),
+                FillEvent::Ended { job, error, slot } => {
+                    self.freed.push(slot);
+                    self.on_ended(job, error, now_ms);
+                }
+            }
+        }
+        self.events = events;
+    }
+
+    fn on_head(&mut self, id: u64, facts: HeadFacts) {
+        let job = self.running.get_mut(&id).expect("a running job");
+        if !job.probe {
+            return;
+        }
+        let meta = ObjectVersion {
+            key: job.key.clone(),
+            version: job.version,
+            size: facts.size,
+            block_bytes: self.cfg.block_bytes,
+            fetched_unix_s: unix_now_s(),
+            etag: facts.etag.unwrap_or_default(),
+            last_modified: facts.last_modified.unwrap_or_default(),
+            content_type: facts.content_type.unwrap_or_default(),
+        };
+        let record = Record::Object(meta);
+        if let Err(e) = self.journal.append(std::slice::from_ref(&record), true) {
+            tracing::error!(error = %e, "cache journal append failed; the object is not stored");
+            return;
+        }
+        let (version, key) = (job.version, job.key.clone());
+        if facts.whole {
+            job.first = 0;
+        }
+        self.index.apply(record);
+        // The probe's own blocks are being fetched: register them so wants coalesce on them.
+        let (first, last) = (job.first, job.last);
+        for b in first..=last {
+            if self
+                .index
+                .current(&key)
+                .is_some_and(|m| u64::from(b) < m.blocks())
+            {
+                let _ = self.blocks.want((version, b), None);
+            }
+        }
+        for waiter in self.probes.remove(&key).unwrap_or_default() {
+            self.notices.push(Notice::Known { waiter, version });
+        }
+    }
+
+    fn on_committed(&mut self, id: u64, block: u32, crc: u32) {
+        let job = self.running.get_mut(&id).expect("a running job");
+        let record = Record::Block {
+            version: job.version,
+            block,
+            crc,
+        };
+        if let Err(e) = self.journal.append(std::slice::from_ref(&record), true) {
+            // Not journaled: not visible. Its waiters hear of the failure at the job's end.
+            tracing::error!(error = %e, "cache journal append failed; the block is not stored");
+            return;
+        }
+        job.committed.push(block);
+        let version = job.version;
+        self.blocks_fetched += 1;
+        self.index.apply(record);
+        for waiter in self.blocks.arrived((version, block)).into_iter().flatten() {
+            self.notices.push(Notice::Block {
+                waiter,
+                version,
+                block,
+            });
+        }
+    }
+
+    fn on_ended(&mut self, id: u64, error: Option<FetchError>, now_ms: u64) {
+        let job = self.running.remove(&id).expect("a running job");
+        let Some(error) = error else {
+            // A 200 to a range can commit more than the run; blocks of the run not committed
+            // (none, when the origin kept to the plan) fall through to the failure path below.
+            if (job.first..=job.last)
+                .all(|b| job.committed.contains(&b) || !self.block_in_object(job.version, b))
+            {
+                return;
+            }
+            return self.retry_or_fail(job, FetchError::Overrun, now_ms);
+        };
+        if error == FetchError::Stale {
+            // A kept-alive connection the origin had closed: again at once, not an attempt.
+            let mut again = job;
+            again.committed.clear();
+            self.queue.push_front(again);
+            return;
+        }
+        self.retry_or_fail(job, error, now_ms);
+    }
+
+    fn block_in_object(&self, version: u64, block: u32) -> bool {
+        self.index
+            .meta(version)
+            .is_some_and(|m| u64::from(block) < m.blocks())
+    }
+
+    fn retry_or_fail(&mut self, job: Job, error: FetchError, now_ms: u64) {
+        if job.probe && self.index.meta(job.version).is_none() {
+            // The head never came: the probe's waiters get the error (retried like a block).
+            return self.give_up(&job, error);
+        }
+        if matches!(error, FetchError::VersionChanged) {
+            return self.give_up(&job, error);
+        }
+        let missing: Vec<u32> = (job.first..=job.last)
+            .filter(|b| !job.committed.contains(b) && self.block_in_object(job.version, *b))
+            .collect();
+        let mut retry = Vec::new();
+        for b in missing {
+            match self.blocks.failed((job.version, b)) {
+                Failed::Retry { attempt } => retry.push((b, attempt)),
+                Failed::GiveUp(waiters) => {
+                    for waiter in waiters.into_iter().flatten() {
+                        self.notices.push(Notice::Failed {
+                            waiter,
+                            error: error.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        let present = |b: u64| !retry.iter().any(|&(r, _)| u64::from(r) == b);
+        let Some(&(_, attempt)) = retry.first() else {
+            return;
+        };
+        let wait = retry_after_ms(attempt, job.version ^ u64::from(job.first)).unwrap_or(0);
+        for run in missing_runs(
+            u64::from(job.first)..u64::from(job.last) + 1,
+            present,
+            self.cfg.max_run_blocks,
+        ) {
+            self.queue.push_back(Job {
+                first: run.start as u32,
+                last: (run.end - 1) as u32,
+                probe: false,
+                not_before_ms: now_ms + wait,
+                committed: Vec::new(),
+                ..job.clone()
+            });
+        }
+    }
+
+    fn give_up(&mut self, job: &Job, error: FetchError) {
+        if job.probe {
+            for waiter in self.probes.remove(&job.key).unwrap_or_default() {
+                self.notices.push(Notice::Failed {
+                    waiter,
+                    error: error.clone(),
+                });
+            }
+        }
+        for b in job.first..=job.last {
+            if let Failed::GiveUp(waiters) = self.give_up_block(job.version, b) {
+                for waiter in waiters.into_iter().flatten() {
+                    self.notices.push(Notice::Failed {
+                        waiter,
+                        error: error.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn give_up_block(&mut self, version: u64, block: u32) -> Failed<Option<W>> {
+        loop {
+            match self.blocks.failed((version, block)) {
+                Failed::Retry { .. } => continue,
+                g => return g,
+            }
+        }
+    }
+
+    /// Reads block `block` of `version` back and checks it; a block that fails its checksum
+    /// is forgotten (the next want fetches it again, alone) and counted.
+    pub fn verify_block(&mut self, version: u64, block: u32, buf: &mut Vec<u8>) -> bool {
+        let Some(meta) = self.index.meta(version).cloned() else {
+            return false;
+        };
+        let Some(crc) = self.index.block_crc(version, block) else {
+            return false;
+        };
+        match self.store.read_block(&meta, block, crc, buf) {
+            Ok(()) => true,
+            Err(ReadError::Corrupt) => {
+                self.blocks_corrupt += 1;
+                self.index.forget_block(version, block);
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
