@@ -801,3 +801,82 @@ fn a_fill_killed_mid_object_resumes_with_only_the_missing_blocks_and_no_wrong_by
     );
     assert_eq!(cf.index().blocks_present(meta.version), blocks);
 }
+
+/// An origin that ignores Range and sends the whole object with 200: the fill uses it whole,
+/// every block is committed from that one answer, and the readers get the right bytes.
+#[test]
+fn a_200_to_a_range_fills_the_whole_object_from_one_answer() {
+    let size = 3 * BLOCK as usize + 5;
+    let obj = object(size, 9);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let body = obj.clone();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut req = [0u8; 1024];
+        let n = s.read(&mut req).unwrap();
+        assert!(String::from_utf8_lossy(&req[..n]).contains("Range: bytes=0-"));
+        s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n").as_bytes())
+            .unwrap();
+        s.write_all(&body).unwrap();
+        // Keep the connection until the fill is done with it.
+        let _ = s.read(&mut req);
+    });
+    let dir = disk_dir();
+    let mut ring = ring(2);
+    let filler = Filler::new(vec![target(addr, 1, TIMEOUTS)], 2);
+    let mut cf = CacheFill::open(dir.path(), fill_config(0), filler).unwrap();
+    let mut slots: Vec<ArenaSlot> = (0..2).map(ArenaSlot::new).collect();
+    let mut r = [Reader {
+        pos: 0,
+        end: None,
+        waiting: false,
+    }];
+    let at_once = read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
+    assert_eq!(cf.blocks_fetched, 4, "one answer, every block");
+    assert!(at_once >= 4);
+    drop(cf);
+    drop(ring);
+    peer.join().unwrap();
+}
+
+/// Readers of different ranges of one cold object at once: each gets its bytes, and the
+/// origin sends no block twice (nginx's count is at most the object's size).
+#[test]
+fn concurrent_ranges_of_a_cold_object_fetch_no_block_twice() {
+    let root = tempfile::tempdir().unwrap();
+    let size = 8 * BLOCK as usize + 4321;
+    let obj = object(size, 13);
+    std::fs::write(root.path().join("patch.bin"), &obj).unwrap();
+    let origin = Nginx::start(root.path());
+    let dir = disk_dir();
+    let mut ring = ring(8);
+    let filler = Filler::new(vec![target(origin.addr, 4, TIMEOUTS)], 8);
+    let mut cf = CacheFill::open(dir.path(), fill_config(1), filler).unwrap();
+    let b = u64::from(BLOCK);
+    let ranges = [
+        (0, b / 2),
+        (3 * b + 100, 5 * b),
+        (7 * b, size as u64),
+        (b, 2 * b + 1),
+        (5 * b - 1, 6 * b),
+        (0, size as u64),
+    ];
+    let mut readers: Vec<Reader> = ranges
+        .iter()
+        .map(|&(pos, end)| Reader {
+            pos,
+            end: Some(end),
+            waiting: false,
+        })
+        .collect();
+    let mut slots: Vec<ArenaSlot> = (0..8).map(ArenaSlot::new).collect();
+    read_all(&mut cf, &mut ring, &mut readers, &mut slots, &obj);
+    drop(ring);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while origin.body_bytes_sent() < size as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(origin.body_bytes_sent(), size as u64, "no block twice");
+    assert_eq!(cf.blocks_fetched, 9);
+}
