@@ -203,13 +203,22 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         let last = last.unwrap_or(meta.size - 1).min(meta.size - 1);
         let first = first.min(last);
         let need = blocks_for(first, last, meta.size, meta.block_bytes, 0);
-        let ahead = blocks_for(
+        let mut ahead = blocks_for(
             first,
             last,
             meta.size,
             meta.block_bytes,
             self.cfg.read_ahead_blocks,
         );
+        // The read-ahead window ends on a run boundary, so it grows a whole run at a time: a
+        // window sliding one block per want would turn every later request into a one-block
+        // run, each paying the origin's first-byte delay.
+        if self.cfg.read_ahead_blocks > 0 {
+            ahead.end = ahead
+                .end
+                .next_multiple_of(self.cfg.max_run_blocks)
+                .min(meta.blocks());
+        }
         let v = meta.version;
         let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
         if need.clone().all(present) {
@@ -228,6 +237,10 @@ impl<W: Clone + PartialEq> CacheFill<W> {
             }
             let w = (!waited && need.contains(&b)).then(|| waiter.clone());
             let is_waiter = w.is_some();
+            if !is_waiter && self.blocks.fetching(&(v, b as u32)) {
+                // Read-ahead already under way: nobody to add to its list.
+                continue;
+            }
             match self.blocks.want((v, b as u32), w) {
                 Ask::Fetch => to_fetch.push(b),
                 Ask::Wait => {}

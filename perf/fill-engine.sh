@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# perf/fill-engine.sh: how fast shardline's fill engine (issue 20, fill::cache_fill, not yet
+# serving clients) fills one cold object from an nginx origin onto the cache disk, side by
+# side with nginx proxy_cache set up as lancache sets it up (slice 1m, proxy_cache_lock on),
+# which fills the same object cold while it sends it to one curl client.
+#
+#   perf/fill-engine.sh [--mib N] [--delay-ms D] [--connections C] [--run-blocks R] [--out FILE]
+#
+# Same run, same origin, same disk for both: the origin is nginx on loopback serving an N MiB
+# object (default 1024) from /dev/shm; the caches live on ext4 on a ram-backed loop device
+# (perf/lib.sh ramdisk_create: O_DIRECT works, the disk is never the bottleneck). tc here has
+# no netem, so the origin's distance is modelled in the origin itself: with --delay-ms D
+# (default 20) every response's first byte waits D ms (nginx `echo_sleep` is not in Debian's
+# nginx, so a tiny delaying TCP relay in python3 sits in front of it).
+#
+# What it compares is the fill, not the serving: shardline's figure has no client attached
+# (the shard does not serve from the cache yet), lancache's includes sending to curl over
+# loopback. Writes perf/FILL-ENGINE.md. Needs root (losetup, mount).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+MIB=1024 DELAY_MS=20 CONNS=4 RUN=16 OUT=$HERE/FILL-ENGINE.md
+while (($#)); do
+  case $1 in
+    --mib) MIB=$2; shift 2 ;;
+    --delay-ms) DELAY_MS=$2; shift 2 ;;
+    --connections) CONNS=$2; shift 2 ;;
+    --run-blocks) RUN=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h | --help) print_usage "$0" ;;
+    *) echo "fill-engine.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+command -v nginx >/dev/null || die "nginx is missing (apt-get install nginx)"
+command -v curl >/dev/null || die "curl is missing"
+WORK=$(mktemp -d /dev/shm/pl-fill-XXXXXX)
+MNT=$HERE/out/pl-fill-mnt-$$
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  ramdisk_destroy
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+log "building examples/fill_rate (release)"
+cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --example fill_rate
+BIN=$REPO/target/release/examples/fill_rate
+
+mkdir -p "$WORK/origin" "$WORK/nginx-origin" "$WORK/lancache"
+head -c $((MIB << 20)) /dev/urandom >"$WORK/origin/obj.bin"
+ramdisk_create "pl-fill-disk-$$" $((3 * (MIB << 20) + (512 << 20))) "$MNT"
+
+ORIGIN_PORT=18081 RELAY_PORT=18082 LANCACHE_PORT=18083
+cat >"$WORK/nginx-origin/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $WORK/nginx-origin/pid;
+error_log $WORK/nginx-origin/error.log;
+events { worker_connections 1024; }
+http { access_log off; sendfile on; keepalive_requests 100000;
+  client_body_temp_path $WORK/nginx-origin; proxy_temp_path $WORK/nginx-origin;
+  fastcgi_temp_path $WORK/nginx-origin; uwsgi_temp_path $WORK/nginx-origin; scgi_temp_path $WORK/nginx-origin;
+  server { listen 127.0.0.1:$ORIGIN_PORT; root $WORK/origin; location / { } } }
+EOF
+nginx -p "$WORK/nginx-origin" -c "$WORK/nginx-origin/nginx.conf" &
+PIDS+=($!)
+wait_port "$ORIGIN_PORT" "${PIDS[-1]}" 10 || die "the origin did not start"
+
+# The relay: holds the first byte of every response for DELAY_MS (the origin's distance),
+# then copies both ways. One thread per connection; both servers go through it.
+cat >"$WORK/relay.py" <<'EOF'
+import socket, sys, threading, time
+listen, target, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) / 1000.0
+def handle(c):
+    o = socket.create_connection(("127.0.0.1", target))
+    for s in (c, o):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    state = {"req": 0}
+    def up():
+        try:
+            while True:
+                b = c.recv(65536)
+                if not b: break
+                state["req"] += 1
+                o.sendall(b)
+        except OSError: pass
+        finally:
+            try: o.shutdown(socket.SHUT_WR)
+            except OSError: pass
+    def down():
+        seen = 0
+        try:
+            while True:
+                b = o.recv(1 << 20)
+                if not b: break
+                if state["req"] > seen:
+                    seen = state["req"]
+                    time.sleep(delay)
+                c.sendall(b)
+        except OSError: pass
+        finally:
+            try: c.shutdown(socket.SHUT_WR)
+            except OSError: pass
+    threading.Thread(target=up, daemon=True).start()
+    threading.Thread(target=down, daemon=True).start()
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", listen)); l.listen(256)
+while True:
+    c, _ = l.accept()
+    threading.Thread(target=handle, args=(c,), daemon=True).start()
+EOF
+python3 "$WORK/relay.py" "$RELAY_PORT" "$ORIGIN_PORT" "$DELAY_MS" &
+PIDS+=($!)
+wait_port "$RELAY_PORT" "${PIDS[-1]}" 10 || die "the relay did not start"
+
+# lancache's setup (lancachenet/monolithic: slice 1m, proxy_cache_lock on, keys by slice).
+mkdir -p "$MNT/lancache"
+cat >"$WORK/lancache/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $WORK/lancache/pid;
+error_log $WORK/lancache/error.log;
+events { worker_connections 1024; }
+http { access_log off; sendfile on;
+  client_body_temp_path $WORK/lancache; proxy_temp_path $MNT/lancache-tmp;
+  fastcgi_temp_path $WORK/lancache; uwsgi_temp_path $WORK/lancache; scgi_temp_path $WORK/lancache;
+  proxy_cache_path $MNT/lancache levels=2:2 keys_zone=generic:64m inactive=200d max_size=100g use_temp_path=off;
+  server { listen 127.0.0.1:$LANCACHE_PORT;
+    location / {
+      slice 1m;
+      proxy_cache generic;
+      proxy_cache_key \$uri\$slice_range;
+      proxy_set_header Range \$slice_range;
+      proxy_cache_valid 200 206 3650d;
+      proxy_cache_lock on; proxy_cache_lock_age 2m; proxy_cache_lock_timeout 1h;
+      proxy_ignore_headers Expires Cache-Control;
+      proxy_set_header Host origin;
+      proxy_pass http://127.0.0.1:$RELAY_PORT;
+    } } }
+EOF
+mkdir -p "$MNT/lancache-tmp"
+nginx -p "$WORK/lancache" -c "$WORK/lancache/nginx.conf" &
+PIDS+=($!)
+wait_port "$LANCACHE_PORT" "${PIDS[-1]}" 10 || die "lancache-style nginx did not start"
+
+log "shardline fill engine: cold $MIB MiB through the ${DELAY_MS} ms origin, $CONNS connections"
+"$BIN" --origin "127.0.0.1:$RELAY_PORT" --path /obj.bin --dir "$MNT/shardline" \
+  --connections "$CONNS" --run-blocks "$RUN" --read-ahead $((CONNS * RUN)) >"$WORK/shardline.txt" || die "fill_rate failed"
+sl_mbs=$(kv "$WORK/shardline.txt" mb_per_s)
+sl_s=$(kv "$WORK/shardline.txt" seconds)
+log "shardline: $sl_mbs MB/s ($sl_s s)"
+cmp <(head -c $((MIB << 20)) "$MNT/shardline/data/0000000000000001") "$WORK/origin/obj.bin" ||
+  die "the filled data file differs from the origin's object"
+
+log "the origin through the relay, one curl client (the ceiling of both)"
+rl=$(curl -s -o /dev/null -w '%{time_total} %{size_download}' "http://127.0.0.1:$RELAY_PORT/obj.bin")
+rl_s=${rl% *}
+rl_mbs=$(calc "${rl#* } / $rl_s / 1e6")
+log "relay: $rl_mbs MB/s"
+
+log "lancache-style nginx: cold $MIB MiB through the same origin, one curl client"
+lc=$(curl -s -o /dev/null -w '%{time_total} %{size_download}' "http://127.0.0.1:$LANCACHE_PORT/obj.bin")
+lc_s=${lc% *} lc_bytes=${lc#* }
+((lc_bytes == MIB << 20)) || die "lancache-style nginx sent $lc_bytes bytes"
+lc_mbs=$(calc "$lc_bytes / $lc_s / 1e6")
+log "lancache-style nginx: $lc_mbs MB/s ($lc_s s)"
+ratio=$(calc "$sl_mbs / $lc_mbs")
+
+{
+  echo "# Fill engine: one cold object from a distant origin (perf/fill-engine.sh)"
+  echo
+  echo "Run $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) vCPU, $(uname -r), at $(git -C "$REPO" rev-parse --short HEAD)."
+  echo "Object: $MIB MiB from nginx on loopback behind a relay that holds every response's first byte"
+  echo "for $DELAY_MS ms (the origin's distance). Caches on ext4 on a ram-backed loop device."
+  echo
+  echo "| | MB/s | seconds | |"
+  echo "|---|---:|---:|---|"
+  echo "| the origin through the relay, one curl client, no cache (the ceiling) | $(printf %.1f "$rl_mbs") | $rl_s | |"
+  echo "| shardline fill engine ($CONNS connections, 1 MiB blocks, runs of $RUN, read-ahead $((CONNS * RUN))) | $(printf %.1f "$sl_mbs") | $sl_s | fill only: no client attached yet |"
+  echo "| nginx proxy_cache, lancache setup (slice 1m, proxy_cache_lock on) | $(printf %.1f "$lc_mbs") | $lc_s | fill + send to one curl client |"
+  echo
+  echo "Ratio: **$(printf %.2f "$ratio")x**. Every byte of shardline's data file was compared with the origin's object."
+  echo
+  echo "What this is not yet: issue 20's cold-download target compares client downloads; the shard"
+  echo "does not serve from the cache yet, so shardline's row has no client. Its row shows what the"
+  echo "fill can feed; lancache's shows what its client gets (one 1 MiB slice at a time, each"
+  echo "paying the origin's first-byte delay)."
+} >"$OUT"
+log "wrote $OUT"
