@@ -308,6 +308,18 @@ pub struct Config {
     /// First bytes of every response that skip the egress cap's queue (charged to it all the
     /// same, within a tenth of the cap): manifests and small files are never held behind bulk.
     pub egress_bypass_bytes: u64,
+    /// Pull-through origins (`[[origin]]`): requests under their prefixes are filled from
+    /// them into the cache; others are served from `root`.
+    pub origin: Vec<crate::fill::route::OriginConfig>,
+    /// Where the pull-through cache keeps its journal and data files (one directory per
+    /// shard beneath it); needed with `[[origin]]`.
+    pub cache_dir: Option<PathBuf>,
+    /// Block size of newly cached objects (each object keeps its own).
+    pub cache_block_bytes: u32,
+    /// Blocks fetched ahead of what a request needs.
+    pub cache_read_ahead_blocks: u64,
+    /// Longest a request waits for the fill before it gets a 504.
+    pub cache_wait_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -368,6 +380,11 @@ impl Default for Config {
             rate_limit: Vec::new(),
             egress_limit_bytes_per_s: 0,
             egress_bypass_bytes: DEFAULT_EGRESS_BYPASS_BYTES,
+            origin: Vec::new(),
+            cache_dir: None,
+            cache_block_bytes: 1 << 20,
+            cache_read_ahead_blocks: 16,
+            cache_wait_timeout_ms: 60_000,
         }
     }
 }
@@ -593,6 +610,7 @@ impl Config {
         for rule in &self.rate_limit {
             rule.validate().map_err(|e| err("rate_limit", e))?;
         }
+        self.validate_cache()?;
         let trusted = crate::client::TrustedProxies::parse(&self.trusted_proxies)
             .map_err(|e| err("trusted_proxies", e))?;
         if (self.proxy_protocol || self.tls_proxy_protocol) && trusted.is_empty() {
@@ -622,6 +640,58 @@ impl Config {
 }
 
 impl Config {
+    fn validate_cache(&self) -> Result<(), ConfigError> {
+        if self.origin.len() > crate::fill::route::MAX_ORIGINS {
+            return Err(err(
+                "origin",
+                format!("at most {} origins", crate::fill::route::MAX_ORIGINS),
+            ));
+        }
+        for o in &self.origin {
+            o.validate().map_err(|e| err("origin", e))?;
+        }
+        let b = self.cache_block_bytes;
+        if !b.is_power_of_two()
+            || !(crate::cache::journal::MIN_BLOCK_BYTES..=crate::cache::journal::MAX_BLOCK_BYTES)
+                .contains(&b)
+        {
+            return Err(err(
+                "cache_block_bytes",
+                format!(
+                    "must be a power of two in {}..={}",
+                    crate::cache::journal::MIN_BLOCK_BYTES,
+                    crate::cache::journal::MAX_BLOCK_BYTES
+                ),
+            ));
+        }
+        if self.cache_read_ahead_blocks > crate::cache::blocks::MAX_RUN_BLOCKS * 16 {
+            return Err(err(
+                "cache_read_ahead_blocks",
+                format!("at most {}", crate::cache::blocks::MAX_RUN_BLOCKS * 16),
+            ));
+        }
+        if !(1..=3_600_000).contains(&self.cache_wait_timeout_ms) {
+            return Err(err("cache_wait_timeout_ms", "must be 1..=3600000"));
+        }
+        if self.origin.is_empty() {
+            return Ok(());
+        }
+        let Some(dir) = &self.cache_dir else {
+            return Err(err(
+                "cache_dir",
+                "[[origin]] needs cache_dir: the directory the cache fills",
+            ));
+        };
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(err(
+                "cache_dir",
+                format!("{} is not a directory", dir.display()),
+            )),
+            Err(e) => Err(err("cache_dir", format!("{}: {e}", dir.display()))),
+        }
+    }
+
     fn validate_tls(&self) -> Result<(), ConfigError> {
         let Some(tls) = self.tls_listen else {
             return Ok(());
@@ -750,6 +820,11 @@ impl Config {
             tls_record_bytes,
             proxy_protocol,
             tls_proxy_protocol,
+            origin,
+            cache_dir,
+            cache_block_bytes,
+            cache_read_ahead_blocks,
+            cache_wait_timeout_ms,
         );
         let mut config = self.clone();
         macro_rules! reloadable {
@@ -904,6 +979,34 @@ mod tests {
         assert_eq!(c.proxy_protocol, d.proxy_protocol);
         assert_eq!(c.tls_proxy_protocol, d.tls_proxy_protocol);
         assert_eq!(c.trusted_proxies, d.trusted_proxies);
+        assert_eq!(c.cache_block_bytes, d.cache_block_bytes);
+        assert_eq!(c.cache_read_ahead_blocks, d.cache_read_ahead_blocks);
+        assert_eq!(c.cache_wait_timeout_ms, d.cache_wait_timeout_ms);
+    }
+
+    #[test]
+    fn origins_need_a_cache_dir_and_http_urls() {
+        let e = parse("[[origin]]\nurl = \"http://127.0.0.1:9\"\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "cache_dir");
+        let e = parse("cache_dir = \"/\"\n[[origin]]\nurl = \"https://a\"\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "origin");
+        let e = parse("cache_block_bytes = 1000\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "cache_block_bytes");
+        let c = parse(
+            "cache_dir = \"/\"\n[[origin]]\nurl = \"http://127.0.0.1:9\"\nprefix = \"/g/\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.origin[0].max_fetches, 8);
     }
 
     #[test]

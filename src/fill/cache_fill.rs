@@ -195,7 +195,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         waiter: W,
     ) -> Outcome {
         let Some(meta) = self.index.current(key).cloned() else {
-            return self.probe(key, origin, path, waiter);
+            return self.probe(key, origin, path, first, waiter);
         };
         if meta.size == 0 {
             return Outcome::Ready(meta.version);
@@ -210,14 +210,13 @@ impl<W: Clone + PartialEq> CacheFill<W> {
             meta.block_bytes,
             self.cfg.read_ahead_blocks,
         );
-        // The read-ahead window ends on a run boundary, so it grows a whole run at a time: a
-        // window sliding one block per want would turn every later request into a one-block
-        // run, each paying the origin's first-byte delay.
-        if self.cfg.read_ahead_blocks > 0 {
-            ahead.end = ahead
-                .end
-                .next_multiple_of(self.cfg.max_run_blocks)
-                .min(meta.blocks());
+        // The read-ahead window ends on a multiple of its step (the read-ahead, at most a
+        // run), so it grows a step at a time: a window sliding one block per want would turn
+        // every later request into a one-block run, each paying the origin's first-byte delay.
+        // At most `step - 1` blocks are fetched past the read-ahead.
+        let step = self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks);
+        if step > 1 {
+            ahead.end = ahead.end.next_multiple_of(step).min(meta.blocks());
         }
         let v = meta.version;
         let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
@@ -267,7 +266,10 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         Outcome::Waiting
     }
 
-    fn probe(&mut self, key: &[u8], origin: usize, path: &str, waiter: W) -> Outcome {
+    /// An unknown object: its first fetch starts at the block of byte `first` (a cold Range
+    /// in the middle of a large object fetches its own blocks, not the object's start) and
+    /// learns the size from the head.
+    fn probe(&mut self, key: &[u8], origin: usize, path: &str, first: u64, waiter: W) -> Outcome {
         if let Some(waiters) = self.probes.get_mut(key) {
             if waiters.len() >= MAX_PROBE_WAITERS {
                 return Outcome::Busy;
@@ -281,13 +283,15 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         self.probes.insert(key.to_vec(), vec![waiter]);
         let version = self.next_version;
         self.next_version += 1;
+        let start = u32::try_from(first / u64::from(self.cfg.block_bytes)).unwrap_or(u32::MAX);
+        let run = self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks - 1) as u32;
         self.queue.push_back(Job {
             key: key.to_vec(),
             origin,
             path: path.to_owned(),
             version,
-            first: 0,
-            last: self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks - 1) as u32,
+            first: start,
+            last: start.saturating_add(run),
             probe: true,
             not_before_ms: 0,
             committed: Vec::new(),

@@ -14,6 +14,8 @@
 //! completion arrives, so the slot and the descriptor are never released under the kernel.
 
 pub mod cache_fill;
+pub mod edge;
+pub mod route;
 
 use std::fs::File;
 use std::net::SocketAddr;

@@ -5,8 +5,8 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,9 +21,9 @@ const CHUNK: usize = 512 * 1024;
 const BLOCK: u32 = 1 << 20;
 const ALIGN: usize = 4096;
 
-/// nginx serving `root` on loopback, stopped on drop.
+/// nginx serving `root` (its work files in a temp dir kept beside it).
 struct Nginx {
-    child: Child,
+    inner: crate::origin::testing::NginxOrigin,
     addr: SocketAddr,
     _dir: tempfile::TempDir,
 }
@@ -33,72 +33,19 @@ impl Nginx {
         Nginx::start_with(root, "")
     }
 
-    /// nginx with extra `http` directives (e.g. `limit_rate`).
     fn start_with(root: &Path, extra: &str) -> Nginx {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let conf = format!(
-            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
-             error_log {d}/error.log;\nevents {{ worker_connections 64; }}\n\
-             http {{ log_format sent '$body_bytes_sent';\n\
-               access_log {d}/access.log sent; keepalive_requests 10000; {extra}\n\
-               client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
-               uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-               server {{ listen {addr}; root {r}; location / {{ }} }} }}\n",
-            d = dir.path().display(),
-            r = root.display(),
-        );
-        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
-        let child = Command::new(nginx_bin())
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(dir.path().join("nginx.conf"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("nginx starts (scripts/test-deps.sh installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "nginx did not listen on {addr}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let inner = crate::origin::testing::NginxOrigin::start(root, dir.path(), extra);
         Nginx {
-            child,
-            addr,
+            addr: inner.addr,
+            inner,
             _dir: dir,
         }
     }
-}
 
-impl Nginx {
-    /// Body bytes nginx has sent so far (its access log, one line per finished request).
     fn body_bytes_sent(&self) -> u64 {
-        let log = std::fs::read_to_string(self._dir.path().join("access.log")).unwrap_or_default();
-        log.lines()
-            .map(|l| l.trim().parse::<u64>().expect("a byte count"))
-            .sum()
+        self.inner.body_bytes_sent()
     }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn nginx_bin() -> PathBuf {
-    for p in ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"] {
-        if Path::new(p).exists() {
-            return PathBuf::from(p);
-        }
-    }
-    panic!("nginx is not installed: scripts/test-deps.sh installs it (the origin of these tests)");
 }
 
 fn ring(slots: u16) -> Ring {

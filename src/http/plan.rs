@@ -578,6 +578,7 @@ mod tests {
             if_range: None,
             x_forwarded_for: Default::default(),
             forwarded: Default::default(),
+            host: None,
         }
     }
 

@@ -85,6 +85,8 @@ pub struct Request<'a> {
     pub x_forwarded_for: ListLines<'a>,
     /// The `Forwarded` lines (RFC 7239), in order.
     pub forwarded: ListLines<'a>,
+    /// `Host` value (syntax-checked), if present and not empty.
+    pub host: Option<&'a [u8]>,
 }
 
 /// Most lines of one forwarding header kept (a longer run keeps its last ones: the hops
@@ -667,6 +669,7 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
             if_range: f.if_range,
             x_forwarded_for: f.x_forwarded_for,
             forwarded: f.forwarded,
+            host: f.host.map(<[u8]>::trim_ascii).filter(|h| !h.is_empty()),
         },
         head_len: fields_start.saturating_add(fields_len),
     }

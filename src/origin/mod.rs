@@ -9,3 +9,5 @@ pub mod pool;
 pub mod request;
 pub mod resolve;
 pub mod response;
+#[doc(hidden)]
+pub mod testing;

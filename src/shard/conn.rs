@@ -21,6 +21,8 @@ pub enum Deadline {
     Linger,
     /// A TLS handshake must complete by then (`tls_handshake_timeout_ms` from accept).
     Handshake,
+    /// A response waiting for the cache fill gets a 504 then (`cache_wait_timeout_ms`).
+    Fill,
 }
 
 /// Why a connection is closed (for counters and logs).

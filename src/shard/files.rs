@@ -91,6 +91,9 @@ pub struct OpenFile {
     refs: u32,
     /// Replaced on disk; freed when the last response lets go.
     stale: bool,
+    /// A cache data file (`acquire_immutable`): never changed in place (a new version is a
+    /// new file), so no revalidation; its blocks are written while it is served.
+    immutable: bool,
     dev: (u32, u32),
 }
 
@@ -326,6 +329,42 @@ impl FileCache {
         Ok(idx)
     }
 
+    /// Finds or opens a pull-through cache data file at `path` (outside the root), kept under
+    /// `key` (which must not be a resolved request path: the caller prefixes it with a NUL).
+    /// The file is never revalidated: a cache version never changes in place.
+    pub fn acquire_immutable(
+        &mut self,
+        ring: &mut impl FileTable,
+        key: &str,
+        path: &std::path::Path,
+        now_ms: u64,
+    ) -> Result<FileSlot, OpenError> {
+        debug_assert!(key.starts_with('\0'), "a cache key never looks like a path");
+        if let Some(idx) = self.keys.get(key, false) {
+            let f = self.entries[idx.index()].as_mut().expect("mapped entry");
+            f.refs += 1;
+            self.hits += 1;
+            return Ok(idx);
+        }
+        self.misses += 1;
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+        )
+        .map_err(OpenError::from_errno)?;
+        let idx = self.free_slot(ring).ok_or(OpenError::Busy)?;
+        let opened = path.to_string_lossy().into_owned();
+        let mut file = self.build_entry(fd, idx, key, false, opened, now_ms)?;
+        file.immutable = true;
+        ring.register(idx, file._fd.as_fd())
+            .map_err(|e| OpenError::Other(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        self.keys.insert(key, false, idx);
+        self.entries[idx.index()] = Some(file);
+        self.entries[idx.index()].as_mut().expect("just set").refs = 1;
+        Ok(idx)
+    }
+
     /// Drops a response's reference.
     pub fn release(&mut self, ring: &mut impl FileTable, idx: FileSlot) {
         let f = self.entries[idx.index()].as_mut().expect("released entry");
@@ -456,6 +495,9 @@ impl FileCache {
     /// A changed file is dropped from the cache so the next request reopens it.
     pub fn unchanged_since_open(&mut self, idx: FileSlot) -> bool {
         let f = self.get(idx);
+        if f.immutable {
+            return true;
+        }
         let same = match rustix::fs::fstat(&f._fd) {
             Ok(st) => {
                 st.st_size as u64 == f.size
@@ -544,6 +586,7 @@ impl FileCache {
             validated_ms: now_ms,
             refs: 0,
             stale: false,
+            immutable: false,
             dev,
         })
     }

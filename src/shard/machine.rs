@@ -108,6 +108,9 @@ pub enum WriteState {
     Idle,
     /// A response is being sent.
     Responding(Response),
+    /// The request is parsed (and kept in `rx`); its response waits for the cache fill
+    /// (`fill::cache_fill`). No slot, no operation: only a deadline.
+    AwaitingFill,
 }
 
 /// The connection's place in the arena's wait queue.
@@ -600,18 +603,41 @@ impl ConnMachine {
         matches!(self.write, WriteState::Responding(_))
     }
 
+    /// Whether the parsed request waits for the cache fill.
+    pub fn awaiting_fill(&self) -> bool {
+        matches!(self.write, WriteState::AwaitingFill)
+    }
+
+    /// The request just parsed waits for the cache fill (its bytes stay in `rx`, so it is
+    /// parsed again when the fill has what it needs), for at most `timeout_ms`.
+    pub fn await_fill(&mut self, timeout_ms: u64, cx: &Ctx) {
+        assert!(
+            matches!(self.write, WriteState::Idle),
+            "a fill wait while responding"
+        );
+        self.write = WriteState::AwaitingFill;
+        self.set_deadline(Deadline::Fill, cx.now_ms + timeout_ms);
+    }
+
+    /// The fill has what the waiting request needs (or failed): it is parsed again.
+    pub fn fill_resumed(&mut self) {
+        assert!(self.awaiting_fill());
+        self.write = WriteState::Idle;
+        self.set_deadline(Deadline::None, 0);
+    }
+
     /// The response in progress.
     pub fn response(&self) -> Option<&Response> {
         match &self.write {
             WriteState::Responding(r) => Some(r),
-            WriteState::Idle => None,
+            WriteState::Idle | WriteState::AwaitingFill => None,
         }
     }
 
     fn response_mut(&mut self) -> Option<&mut Response> {
         match &mut self.write {
             WriteState::Responding(r) => Some(r),
-            WriteState::Idle => None,
+            WriteState::Idle | WriteState::AwaitingFill => None,
         }
     }
 
@@ -872,6 +898,8 @@ impl ConnMachine {
         match &mut self.write {
             WriteState::Responding(r) => r.keep_alive = false,
             WriteState::Idle => self.close(CloseReason::Drain, cx, out),
+            // Its fill ends, or its deadline answers 504, before the drain's end.
+            WriteState::AwaitingFill => {}
         }
     }
 
@@ -1109,7 +1137,8 @@ impl ConnMachine {
     /// A request may be parsed and answered: no TLS handshake or TLS send stands in the
     /// way (the header buffer is free for the head).
     pub fn can_start_request(&self) -> bool {
-        self.tls_send == TlsSend::Idle
+        !self.awaiting_fill()
+            && self.tls_send == TlsSend::Idle
             && self
                 .tls
                 .as_ref()

@@ -8,6 +8,7 @@
 
 pub mod access_log;
 pub mod buffers;
+mod cache_glue;
 pub mod conn;
 pub mod files;
 mod handshakes;
@@ -226,6 +227,15 @@ struct Shard<R: RingOps> {
     access_log: Option<access_log::AccessLog>,
     log_epoch: Arc<AtomicU64>,
     lifecycle: reload::LifecycleView,
+    /// The pull-through cache, when `[[origin]]` is configured (`fill::edge`).
+    edge: Option<crate::fill::edge::EdgeCache>,
+    /// Notices and slots moved out of the fill each tick (kept for their allocations).
+    fill_notices: Vec<crate::fill::cache_fill::Notice<crate::fill::edge::Waiter>>,
+    fill_slots: Vec<ArenaSlot>,
+    /// Waiting requests whose fill failed: the status they get when parsed again.
+    fill_failed: std::collections::HashMap<u32, u16>,
+    /// A request parsed again after its fill (its arrival was noted the first time).
+    resuming_fill: bool,
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
@@ -314,6 +324,18 @@ impl<R: RingOps> Shard<R> {
             )?),
             None => None,
         };
+        let edge = match &cfg.cache_dir {
+            Some(dir) if !cfg.origin.is_empty() => Some(crate::fill::edge::EdgeCache::open(
+                dir,
+                index,
+                &cfg.origin,
+                cfg.cache_block_bytes,
+                cfg.cache_read_ahead_blocks,
+                cfg.chunk_bytes,
+                cfg.cache_wait_timeout_ms,
+            )?),
+            _ => None,
+        };
         Ok(Shard {
             index,
             ring,
@@ -372,6 +394,11 @@ impl<R: RingOps> Shard<R> {
             access_log,
             log_epoch,
             lifecycle: reload::LifecycleView::new(lifecycle),
+            edge,
+            fill_notices: Vec::new(),
+            fill_slots: Vec::new(),
+            fill_failed: std::collections::HashMap::new(),
+            resuming_fill: false,
             cfg,
         })
     }
@@ -427,6 +454,7 @@ impl<R: RingOps> Shard<R> {
                 }
             }
             self.run_handshakes();
+            self.run_fill();
 
             let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
@@ -437,7 +465,10 @@ impl<R: RingOps> Shard<R> {
             } else {
                 let sweep = Duration::from_millis(TIMER_SWEEP_MS);
                 let mut timeout = handshake_wait.map_or(sweep, |w| w.min(sweep));
-                if let Some(at_ms) = self.limit_waits.next_deadline_ms() {
+                for at_ms in [self.limit_waits.next_deadline_ms(), self.fill_due_ms()]
+                    .into_iter()
+                    .flatten()
+                {
                     let wait_ms = at_ms.saturating_sub(self.now_ms).max(1);
                     timeout = timeout.min(Duration::from_millis(wait_ms));
                 }
@@ -1128,6 +1159,12 @@ impl<R: RingOps> Shard<R> {
         self.expire_parked();
         self.measure_egress_rate();
         while let Some(c) = self.timers.pop_expired(self.now_ms).map(ConnSlot::new) {
+            if self.conns[c.index()].awaiting_fill()
+                && self.now_ms >= self.conns[c.index()].deadline_ms
+            {
+                self.fill_timed_out(c);
+                continue;
+            }
             // The machine judges by its own deadline (the wheel only mirrors it); if the slot
             // did not close, `run_actions` arms the wheel again from what the machine says.
             self.drive(c, |m, cx, out| m.on_timer(cx, out));
@@ -1179,6 +1216,7 @@ impl<R: RingOps> Shard<R> {
     /// A connection's socket is closed: its slot goes back on the free list.
     fn on_close(&mut self, c: ConnSlot) {
         self.limit_waits.cancel(c.raw());
+        self.fill_forget(c);
         if let Some(key) = self.conns[c.index()].cap_key.take() {
             self.client_counts.release(key);
         }
@@ -1207,12 +1245,7 @@ impl<R: RingOps> Shard<R> {
             Op::AcceptTls => return self.on_accept(cqe, true),
             Op::OverflowClose => return self.socket_slot_freed(),
             Op::Overflow | Op::CancelAccept => return,
-            // No fill runs on the shard yet (issue 20's next step wires `fill::Filler` here):
-            // an origin completion cannot be ours.
-            Op::Origin => {
-                ShardMetrics::add(&self.metrics.stray_completions, 1);
-                return;
-            }
+            Op::Origin => return self.on_origin(t, cqe.result),
             Op::LogWrite => {
                 if let Some(log) = self.access_log.as_mut() {
                     log.on_write_done(&mut self.ring, cqe.result);

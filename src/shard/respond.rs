@@ -24,7 +24,9 @@ impl<R: RingOps> Shard<R> {
     pub(super) fn start_request(&mut self, c: ConnSlot) {
         let rx = std::mem::take(&mut self.conns[c.index()].rx);
         let parsed = parse_request(&rx);
-        if !matches!(parsed, Parsed::Partial) {
+        // A request resumed after its fill was noted when it first arrived (its clock runs
+        // from then).
+        if !matches!(parsed, Parsed::Partial) && !self.resuming_fill {
             self.note_request(c, &rx, &parsed);
         }
         let over_cap = self.conns[c.index()].over_cap;
@@ -44,7 +46,12 @@ impl<R: RingOps> Shard<R> {
             }
             Parsed::Complete { request, head_len } => {
                 self.respond(c, &request);
-                head_len
+                // A request waiting for the cache fill stays in `rx`, to be parsed again.
+                if self.conns[c.index()].awaiting_fill() {
+                    0
+                } else {
+                    head_len
+                }
             }
         };
         let conn = &mut self.conns[c.index()];
@@ -54,7 +61,7 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Seed for a multipart boundary: differs per shard, connection and moment.
-    fn boundary_seed(&self, c: ConnSlot) -> u64 {
+    pub(super) fn boundary_seed(&self, c: ConnSlot) -> u64 {
         (self.index as u64) << 48 ^ u64::from(c.raw()) << 24 ^ self.now_ms ^ self.metrics_requests()
     }
 
@@ -103,7 +110,7 @@ impl<R: RingOps> Shard<R> {
 
     /// The configured limits the response plan obeys on connection `c` (a TLS chunk
     /// carries less plaintext: its records' framing must fit the slot).
-    fn plan_limits(&self, c: ConnSlot) -> PlanLimits<'_> {
+    pub(super) fn plan_limits(&self, c: ConnSlot) -> PlanLimits<'_> {
         let chunk_bytes = if self.conns[c.index()].tls.is_some() {
             crate::tls::record::chunk_plaintext_capacity(
                 self.cfg.chunk_bytes,
@@ -166,6 +173,9 @@ impl<R: RingOps> Shard<R> {
         if let Err(refusal) = signature {
             self.count(super::machine::Counter::SignedUrl(refusal), 1);
             return self.respond_status(c, 403, keep_alive, head_only);
+        }
+        if self.respond_pulled(c, req, rate) {
+            return;
         }
         let idx = match self
             .files
@@ -247,7 +257,7 @@ impl<R: RingOps> Shard<R> {
 
     /// Starts a planned response on the connection: its state, where its head is sent from,
     /// and its body work. `file` is the open-file entry the body reads (held until it is done).
-    fn install(
+    pub(super) fn install(
         &mut self,
         c: ConnSlot,
         started: Started,
@@ -304,11 +314,11 @@ impl<R: RingOps> Shard<R> {
 }
 
 /// What a plan leaves for the connection once its head is in the header buffer.
-struct Started {
+pub(super) struct Started {
     status: u16,
     keep_alive: bool,
     inline_head: bool,
-    reads_file: bool,
+    pub(super) reads_file: bool,
     /// The segments and the multipart framing (every part header and the closing boundary,
     /// in one buffer), in queues from the shard's pool.
     buffers: BodyBuffers,
@@ -316,7 +326,11 @@ struct Started {
 
 /// Writes the plan's head into the connection's header buffer and turns its body parts into
 /// the chunk pipeline's segments (framing rendered once into one buffer per response).
-fn start_plan(tx: &mut Vec<u8>, plan: &ResponsePlan<'_>, mut buffers: BodyBuffers) -> Started {
+pub(super) fn start_plan(
+    tx: &mut Vec<u8>,
+    plan: &ResponsePlan<'_>,
+    mut buffers: BodyBuffers,
+) -> Started {
     tx.clear();
     plan.write_head(tx);
     let BodyBuffers {
@@ -347,7 +361,7 @@ fn start_plan(tx: &mut Vec<u8>, plan: &ResponsePlan<'_>, mut buffers: BodyBuffer
 
 /// The moment's facts the response plan depends on (a free function so the plan borrows only
 /// the date cache, leaving the ring free for the head).
-fn plan_context(date: &DateCache, leaving: bool, boundary_seed: u64) -> PlanContext<'_> {
+pub(super) fn plan_context(date: &DateCache, leaving: bool, boundary_seed: u64) -> PlanContext<'_> {
     PlanContext {
         date: date.header_value(),
         leaving,
@@ -386,6 +400,7 @@ mod tests {
             if_range: None,
             x_forwarded_for: Default::default(),
             forwarded: Default::default(),
+            host: None,
         }
     }
 

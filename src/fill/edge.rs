@@ -1,0 +1,255 @@
+//! What a shard keeps to serve pulled content: its `CacheFill` (under
+//! `cache_dir/shard-<n>/`), the `[[origin]]` rules, and the decisions the shard's request
+//! path asks of them. The shard's glue (`shard::cache_glue`) only moves events between this
+//! and the connections.
+//!
+//! Each shard has a cache of its own, so an object may be filled and stored once per shard
+//! that is asked for it (steering keeps a client on one shard; two clients of one object on
+//! two shards fill it twice). Sharing one cache between shards is the next step.
+
+use std::path::{Path, PathBuf};
+
+use super::cache_fill::{CacheFill, FillConfig, Notice, Outcome};
+use super::route::{origin_for, OriginConfig};
+use super::Filler;
+use crate::cache::index::ObjectVersion;
+use crate::origin::fetch::FetchError;
+use crate::origin::response::Unusable;
+use crate::shard::slots::ConnSlot;
+
+/// Most fetches a shard runs at once over all its origins.
+pub const MAX_FETCHES_PER_SHARD: usize = 64;
+/// Blocks one origin request asks for.
+pub const RUN_BLOCKS: u64 = 16;
+/// Attempts per block before the waiting clients get the error.
+pub const FILL_ATTEMPTS: u32 = 3;
+
+/// A waiting client: its connection slot and the slot's generation then.
+pub type Waiter = (ConnSlot, u16);
+
+/// What a request's path leads to.
+pub enum Route {
+    /// Not under any origin: the local root serves it.
+    Local,
+    /// Filled from origin `origin`, cached under `key`, fetched as `path`.
+    Origin {
+        /// Index into `[[origin]]`.
+        origin: usize,
+        /// The cache key.
+        key: Vec<u8>,
+        /// The request target sent to the origin.
+        path: String,
+    },
+}
+
+/// A shard's pull-through cache.
+pub struct EdgeCache {
+    /// The fill (index, journal, fetches).
+    pub fill: CacheFill<Waiter>,
+    origins: Vec<OriginConfig>,
+    data_dir: PathBuf,
+    /// Longest a request waits (ms).
+    pub wait_timeout_ms: u64,
+}
+
+impl EdgeCache {
+    /// Opens shard `shard`'s cache beneath `cache_dir` (replaying its journal) for `origins`.
+    pub fn open(
+        cache_dir: &Path,
+        shard: usize,
+        origins: &[OriginConfig],
+        block_bytes: u32,
+        read_ahead_blocks: u64,
+        slot_bytes: usize,
+        wait_timeout_ms: u64,
+    ) -> std::io::Result<EdgeCache> {
+        let dir = cache_dir.join(format!("shard-{shard}"));
+        std::fs::create_dir_all(&dir)?;
+        let targets = origins
+            .iter()
+            .map(|o| o.target().map_err(std::io::Error::other))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
+        let cfg = FillConfig {
+            block_bytes,
+            read_ahead_blocks,
+            max_run_blocks: RUN_BLOCKS,
+            slot_bytes,
+            align_bytes: crate::shard::files::ARENA_ALIGN_BYTES as usize,
+            max_attempts: FILL_ATTEMPTS,
+        };
+        let fill = CacheFill::open(&dir, cfg, filler)?;
+        Ok(EdgeCache {
+            data_dir: dir.join("data"),
+            fill,
+            origins: origins.to_vec(),
+            wait_timeout_ms,
+        })
+    }
+
+    /// Where request `path` (raw) with Host `host` is served from.
+    pub fn route(
+        &self,
+        path: &[u8],
+        host: Option<&[u8]>,
+        scratch: &mut crate::fs::resolve::ResolveScratch,
+    ) -> Route {
+        let Ok(resolved) = crate::fs::resolve::resolve_into(path, scratch) else {
+            return Route::Local;
+        };
+        let Some(origin) = origin_for(&self.origins, &resolved, host) else {
+            return Route::Local;
+        };
+        let rel = resolved.rel_path;
+        let mut key = Vec::with_capacity(rel.len() + 4);
+        key.extend_from_slice(&(origin as u16).to_be_bytes());
+        key.extend_from_slice(rel.as_bytes());
+        Route::Origin {
+            origin,
+            key,
+            path: format!("/{rel}"),
+        }
+    }
+
+    /// The byte range (first, last) a request needs from a version of `size` bytes: the span
+    /// of its satisfiable ranges, or the whole object (a bad or absent Range is answered by
+    /// the plan, which needs only the size).
+    pub fn span(range: Option<&[u8]>, size: u64, head_only: bool) -> (u64, Option<u64>) {
+        if head_only || size == 0 {
+            return (0, Some(0));
+        }
+        let Some(value) = range else {
+            return (0, None);
+        };
+        use crate::http::range::{parse_range, RangeOutcome, MAX_RANGES};
+        match parse_range(value, size, MAX_RANGES) {
+            RangeOutcome::Full => (0, None),
+            RangeOutcome::Single(r) => (r.start, Some(r.end - 1)),
+            RangeOutcome::Multi(rs) => {
+                let first = rs.iter().map(|r| r.start).min().unwrap_or(0);
+                let last = rs.iter().map(|r| r.end - 1).max().unwrap_or(size - 1);
+                (first, Some(last))
+            }
+            RangeOutcome::Unsatisfiable => (0, Some(0)),
+        }
+    }
+
+    /// The first byte of a single `bytes=N-...` range, before the size is known (a suffix
+    /// or several ranges: None, the object's start).
+    pub fn first_byte(range: Option<&[u8]>) -> Option<u64> {
+        let spec = range?.trim_ascii().strip_prefix(b"bytes=")?;
+        if spec.contains(&b',') {
+            return None;
+        }
+        let dash = spec.iter().position(|&b| b == b'-')?;
+        std::str::from_utf8(spec[..dash].trim_ascii())
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// What `waiter` wants of `key`: `Ready(version)` when its bytes are on disk.
+    pub fn want(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        range: Option<&[u8]>,
+        head_only: bool,
+        waiter: Waiter,
+    ) -> Outcome {
+        let (first, last) = match self.fill.index().current(key) {
+            Some(m) => Self::span(range, m.size, head_only),
+            None => (
+                Self::first_byte(range).filter(|_| !head_only).unwrap_or(0),
+                Some(0),
+            ),
+        };
+        self.fill.want(key, origin, path, first, last, waiter)
+    }
+
+    /// Version `version`'s metadata.
+    pub fn meta(&self, version: u64) -> Option<&ObjectVersion> {
+        self.fill.index().meta(version)
+    }
+
+    /// Version `version`'s data file, and the key the shard's file cache keeps it under.
+    pub fn data_file(&self, version: u64) -> (String, PathBuf) {
+        (
+            format!("\0cache/{version:016x}"),
+            self.data_dir.join(format!("{version:016x}")),
+        )
+    }
+
+    /// The status a client gets when its fill failed: the origin's 4xx as it came, 504 for a
+    /// timeout, 502 otherwise.
+    pub fn status_for(error: &FetchError) -> u16 {
+        match error {
+            FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s) => *s,
+            FetchError::Timeout(_) => 504,
+            _ => 502,
+        }
+    }
+
+    /// Notices for waiters, in order.
+    pub fn take_notices(
+        &mut self,
+        notices: &mut Vec<Notice<Waiter>>,
+        slots: &mut Vec<crate::shard::slots::ArenaSlot>,
+    ) {
+        self.fill.take(notices, slots);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_needs_the_span_of_its_ranges() {
+        assert_eq!(EdgeCache::span(None, 1000, false), (0, None));
+        assert_eq!(
+            EdgeCache::span(Some(b"bytes=100-199"), 1000, false),
+            (100, Some(199))
+        );
+        assert_eq!(
+            EdgeCache::span(Some(b"bytes=900-, 0-9"), 1000, false),
+            (0, Some(999))
+        );
+        assert_eq!(
+            EdgeCache::span(Some(b"bytes=-10"), 1000, false),
+            (990, Some(999))
+        );
+        assert_eq!(
+            EdgeCache::span(Some(b"bytes=5000-"), 1000, false),
+            (0, Some(0))
+        );
+        assert_eq!(EdgeCache::span(None, 1000, true), (0, Some(0)));
+    }
+
+    #[test]
+    fn a_cold_range_probes_from_its_first_byte() {
+        assert_eq!(
+            EdgeCache::first_byte(Some(b"bytes=2500000-2600000")),
+            Some(2_500_000)
+        );
+        assert_eq!(EdgeCache::first_byte(Some(b"bytes=7-")), Some(7));
+        assert_eq!(EdgeCache::first_byte(Some(b"bytes=-7")), None);
+        assert_eq!(EdgeCache::first_byte(Some(b"bytes=1-2,5-6")), None);
+        assert_eq!(EdgeCache::first_byte(None), None);
+    }
+
+    #[test]
+    fn origin_errors_map_to_statuses() {
+        assert_eq!(
+            EdgeCache::status_for(&FetchError::Unusable(Unusable::Status(404))),
+            404
+        );
+        assert_eq!(
+            EdgeCache::status_for(&FetchError::Unusable(Unusable::Status(503))),
+            502
+        );
+        assert_eq!(EdgeCache::status_for(&FetchError::Timeout("connect")), 504);
+        assert_eq!(EdgeCache::status_for(&FetchError::Connect(111)), 502);
+    }
+}

@@ -1,0 +1,272 @@
+//! `[[origin]]`: which requests are filled from which origin, and the cache's own settings.
+//! A request matches the origin whose `prefix` covers its canonical path (longest first),
+//! among those whose `host` (if set) equals its Host; a request matching none is served
+//! from the local root, so pre-positioned and pulled content live on the same edge.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use serde::Deserialize;
+
+use crate::origin::fetch::Timeouts;
+
+/// Most `[[origin]]` entries.
+pub const MAX_ORIGINS: usize = 64;
+/// Most fetches one origin may have at once on one shard.
+pub const MAX_ORIGIN_FETCHES: usize = 256;
+
+/// One `[[origin]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OriginConfig {
+    /// Canonical path prefix filled from this origin (starts with '/').
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Only requests with this Host (case-insensitive, port ignored); None: any.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// The origin: `http://host:port` (no path; the request path is sent as it came).
+    pub url: String,
+    /// The Host header sent to the origin (default: the url's host).
+    #[serde(default)]
+    pub host_header: Option<String>,
+    /// Fetches at once per shard.
+    #[serde(default = "default_max_fetches")]
+    pub max_fetches: usize,
+    /// Connect timeout.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// From the request sent to the head's end.
+    #[serde(default = "default_first_byte_timeout_ms")]
+    pub first_byte_timeout_ms: u64,
+    /// Between two receives of a body.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+}
+
+fn default_prefix() -> String {
+    "/".into()
+}
+fn default_max_fetches() -> usize {
+    8
+}
+fn default_connect_timeout_ms() -> u64 {
+    3_000
+}
+fn default_first_byte_timeout_ms() -> u64 {
+    15_000
+}
+fn default_idle_timeout_ms() -> u64 {
+    15_000
+}
+
+impl OriginConfig {
+    /// `host:port` of the url, or why it is not one shardline can fill from.
+    pub fn authority(&self) -> Result<&str, String> {
+        if self.url.starts_with("https://") {
+            return Err(format!(
+                "origin {}: https origins are not supported yet (use http://)",
+                self.url
+            ));
+        }
+        let rest = self
+            .url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("origin url '{}' must start with http://", self.url))?;
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.is_empty() || authority.contains('/') || authority.contains('@') {
+            return Err(format!(
+                "origin url '{}' must be http://host[:port] with no path",
+                self.url
+            ));
+        }
+        Ok(authority)
+    }
+
+    /// The url's host (no port), the default Host header.
+    fn url_host(&self) -> Result<String, String> {
+        Ok(split_authority(self.authority()?).0.to_string())
+    }
+
+    /// Checks the entry's shape (not whether the origin resolves).
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.prefix.starts_with('/') {
+            return Err(format!("prefix '{}' must start with '/'", self.prefix));
+        }
+        self.authority()?;
+        if !(1..=MAX_ORIGIN_FETCHES).contains(&self.max_fetches) {
+            return Err(format!(
+                "max_fetches must be 1..={MAX_ORIGIN_FETCHES}, not {}",
+                self.max_fetches
+            ));
+        }
+        for (name, v) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("first_byte_timeout_ms", self.first_byte_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+        ] {
+            if !(1..=3_600_000).contains(&v) {
+                return Err(format!("{name} must be 1..=3600000 ms, not {v}"));
+            }
+        }
+        let header = self
+            .host_header
+            .clone()
+            .map_or_else(|| self.url_host(), Ok)?;
+        if header.is_empty() || header.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(format!("host_header '{header}' is not a host"));
+        }
+        Ok(())
+    }
+
+    /// Resolves the origin (at start-up, on the main thread) into what a shard's filler uses.
+    pub fn target(&self) -> Result<super::OriginTarget, String> {
+        let (host, port) = split_authority(self.authority()?);
+        let port = port.unwrap_or(80);
+        let with_port = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let addr: SocketAddr = with_port
+            .to_socket_addrs()
+            .map_err(|e| format!("origin {}: {e}", self.url))?
+            .next()
+            .ok_or_else(|| format!("origin {}: no address", self.url))?;
+        Ok(super::OriginTarget {
+            addr,
+            host: self
+                .host_header
+                .clone()
+                .map_or_else(|| self.url_host(), Ok)?,
+            max_fetches: self.max_fetches,
+            max_idle: self.max_fetches,
+            timeouts: Timeouts {
+                connect_ms: self.connect_timeout_ms,
+                first_byte_ms: self.first_byte_timeout_ms,
+                idle_ms: self.idle_timeout_ms,
+            },
+        })
+    }
+}
+
+/// `host[:port]` or `[v6][:port]` -> (host, port).
+fn split_authority(a: &str) -> (&str, Option<u16>) {
+    let (h, p) = split_authority_bytes(a.as_bytes());
+    // `h` is a sub-slice of `a` on character boundaries ('[', ']' and ':' are ASCII).
+    let start = h.as_ptr() as usize - a.as_ptr() as usize;
+    (&a[start..start + h.len()], p)
+}
+
+fn split_authority_bytes(a: &[u8]) -> (&[u8], Option<u16>) {
+    if let Some(rest) = a.strip_prefix(b"[") {
+        let Some(end) = rest.iter().position(|&b| b == b']') else {
+            return (a, None);
+        };
+        let port = rest[end + 1..]
+            .strip_prefix(b":")
+            .and_then(|p| std::str::from_utf8(p).ok()?.parse().ok());
+        return (&rest[..end], port);
+    }
+    match a.iter().rposition(|&b| b == b':') {
+        Some(i) if !a[..i].contains(&b':') => {
+            let port = std::str::from_utf8(&a[i + 1..])
+                .ok()
+                .and_then(|p| p.parse().ok());
+            (&a[..i], port)
+        }
+        _ => (a, None),
+    }
+}
+
+/// The origin `path` (resolved) and `host` (the request's Host, if any) are filled from:
+/// the longest covering prefix among entries whose host matches.
+pub fn origin_for(
+    origins: &[OriginConfig],
+    path: &crate::fs::resolve::ResolvedRef<'_>,
+    host: Option<&[u8]>,
+) -> Option<usize> {
+    let host = host.map(|h| split_authority_bytes(h).0);
+    origins
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| path.is_under(&o.prefix))
+        .filter(|(_, o)| match (&o.host, host) {
+            (None, _) => true,
+            (Some(want), Some(got)) => want.as_bytes().eq_ignore_ascii_case(got),
+            (Some(_), None) => false,
+        })
+        .max_by_key(|(_, o)| o.prefix.len())
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(prefix: &str, host: Option<&str>, url: &str) -> OriginConfig {
+        OriginConfig {
+            prefix: prefix.into(),
+            host: host.map(Into::into),
+            url: url.into(),
+            host_header: None,
+            max_fetches: 8,
+            connect_timeout_ms: 1000,
+            first_byte_timeout_ms: 1000,
+            idle_timeout_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(origin("/", None, "http://10.0.0.1:8080").validate().is_ok());
+        assert!(origin("/", None, "http://cdn.example").validate().is_ok());
+        assert!(origin("/", None, "http://[::1]:81/").validate().is_ok());
+        for bad in [
+            "https://a",
+            "ftp://a",
+            "http://",
+            "http://a/b",
+            "http://u@a",
+        ] {
+            assert!(origin("/", None, bad).validate().is_err(), "{bad}");
+        }
+        assert!(origin("x", None, "http://a").validate().is_err());
+        let mut o = origin("/", None, "http://a");
+        o.max_fetches = 0;
+        assert!(o.validate().is_err());
+    }
+
+    #[test]
+    fn targets_resolve_with_the_default_port_and_host_header() {
+        let t = origin("/", None, "http://127.0.0.1").target().unwrap();
+        assert_eq!(t.addr, "127.0.0.1:80".parse().unwrap());
+        assert_eq!(t.host, "127.0.0.1");
+        let t = origin("/", None, "http://[::1]:8081").target().unwrap();
+        assert_eq!(t.addr, "[::1]:8081".parse().unwrap());
+        assert_eq!(t.host, "::1");
+        let mut o = origin("/", None, "http://127.0.0.1:9");
+        o.host_header = Some("cdn.example".into());
+        assert_eq!(o.target().unwrap().host, "cdn.example");
+    }
+
+    #[test]
+    fn the_longest_prefix_with_a_matching_host_wins() {
+        let rules = vec![
+            origin("/", None, "http://a"),
+            origin("/games/", None, "http://b"),
+            origin("/games/", Some("beta.example"), "http://c"),
+        ];
+        let mut scratch = crate::fs::resolve::ResolveScratch::with_capacity(64);
+        let mut pick = |path: &[u8], host: Option<&[u8]>| {
+            let p = crate::fs::resolve::resolve_into(path, &mut scratch).unwrap();
+            origin_for(&rules, &p, host)
+        };
+        assert_eq!(pick(b"/x", None), Some(0));
+        assert_eq!(pick(b"/games/g.pak", Some(b"cdn.example")), Some(1));
+        assert_eq!(pick(b"/games/g.pak", Some(b"BETA.example:443")), Some(2));
+        assert_eq!(pick(b"/games/g.pak", None), Some(1));
+        let only_host = vec![origin("/", Some("a.example"), "http://a")];
+        let p = crate::fs::resolve::resolve_into(b"/x", &mut scratch).unwrap();
+        assert_eq!(origin_for(&only_host, &p, Some(b"b.example")), None);
+    }
+}

@@ -1,0 +1,101 @@
+//! Test helper (used by the fill's tests and `tests/cache_fill.rs`): nginx on loopback as a
+//! real origin, serving a directory, with its own count of the body bytes it sent.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// nginx serving `root` on a free loopback port; stopped on drop.
+pub struct NginxOrigin {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    work: PathBuf,
+}
+
+impl NginxOrigin {
+    /// Starts nginx serving `root`, keeping its files in `work` (an existing directory),
+    /// with `extra` added to its `http` block (e.g. `limit_rate 8m;`).
+    pub fn start(root: &Path, work: &Path, extra: &str) -> NginxOrigin {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let conf = format!(
+            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
+             error_log {d}/error.log;\nevents {{ worker_connections 256; }}\n\
+             http {{ log_format sent '$body_bytes_sent';\n\
+               access_log {d}/access.log sent; keepalive_requests 100000; {extra}\n\
+               client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
+               uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+               server {{ listen {addr}; root {r}; location / {{ }} }} }}\n",
+            d = work.display(),
+            r = root.display(),
+        );
+        std::fs::write(work.join("nginx.conf"), conf).expect("nginx.conf");
+        let child = Command::new(nginx_bin())
+            .arg("-p")
+            .arg(work)
+            .arg("-c")
+            .arg(work.join("nginx.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("nginx starts (scripts/test-deps.sh installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "nginx did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        NginxOrigin {
+            child,
+            addr,
+            work: work.to_path_buf(),
+        }
+    }
+
+    /// Body bytes nginx has sent so far (its access log: one line per finished request).
+    pub fn body_bytes_sent(&self) -> u64 {
+        let log = std::fs::read_to_string(self.work.join("access.log")).unwrap_or_default();
+        log.lines()
+            .map(|l| l.trim().parse::<u64>().expect("a byte count"))
+            .sum()
+    }
+
+    /// Waits (at most 5 s) for nginx to have logged at least `want` body bytes (it logs a
+    /// request when it ends), then returns its count.
+    pub fn wait_body_bytes(&self, want: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.body_bytes_sent() < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.body_bytes_sent()
+    }
+
+    /// Requests nginx has logged.
+    pub fn requests(&self) -> usize {
+        std::fs::read_to_string(self.work.join("access.log"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
+impl Drop for NginxOrigin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The nginx binary (Debian puts it in /usr/sbin).
+pub fn nginx_bin() -> PathBuf {
+    for p in ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"] {
+        if Path::new(p).exists() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!("nginx is not installed: scripts/test-deps.sh installs it (the origin of these tests)");
+}

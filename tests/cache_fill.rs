@@ -1,0 +1,209 @@
+//! The pull-through cache against the real binary (issue 20): nginx serving fixture files is
+//! the origin (started by the test), requests under an `[[origin]]` prefix are filled into
+//! `cache_dir` and served from it, everything else from the local root. Every body is
+//! compared byte for byte with the origin's file; nginx's own log counts what it sent.
+
+mod common;
+
+use std::path::Path;
+
+use common::{get, Server};
+use shardline::origin::testing::NginxOrigin;
+
+const OBJECT_BYTES: u64 = 5 * 1024 * 1024 + 123;
+
+struct Edge {
+    server: Server,
+    origin: NginxOrigin,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+/// An origin with `pull/obj.bin` (OBJECT_BYTES of the test pattern) and `pull/small.txt`, and
+/// shardline with `shards` shards filling `/pull/` from it; the local root has `local.bin`.
+fn edge(shards: &str, extra_config: &str) -> Edge {
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    common::write_pattern_file(&origin_root.path().join("pull/obj.bin"), OBJECT_BYTES);
+    std::fs::write(origin_root.path().join("pull/small.txt"), b"a manifest\n").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    common::write_pattern_file(&root.join("local.bin"), 100_000);
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\n{extra_config}\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            cache.display(),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let server = Server::start(
+        &root,
+        &["--config", cfg.to_str().unwrap(), "--shards", shards],
+    );
+    Edge {
+        server,
+        origin,
+        _dirs: vec![origin_root, work, dir],
+    }
+}
+
+/// The bytes of the origin's `pull/obj.bin`.
+fn origin_file() -> Vec<u8> {
+    common::pattern_range(0, OBJECT_BYTES as usize)
+}
+
+#[test]
+fn a_cold_object_is_filled_from_the_origin_then_served_from_the_cache() {
+    let e = edge("1", "");
+    let want = origin_file();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), want.len());
+    assert!(
+        r.body == want,
+        "the cold body differs from the origin's file"
+    );
+    let etag = r.header("etag").expect("an ETag").to_string();
+    let sent = e.origin.wait_body_bytes(OBJECT_BYTES);
+    assert_eq!(sent, OBJECT_BYTES, "the origin sent the object once");
+
+    // Warm: from the cache, nothing more from the origin, the same validator.
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body == want, "the warm body differs");
+    assert_eq!(r.header("etag"), Some(etag.as_str()));
+    let r = get(&e.server, "/pull/obj.bin", &[("If-None-Match", &etag)]);
+    assert_eq!(r.status, 304);
+    let r = get(
+        &e.server,
+        "/pull/obj.bin",
+        &[("Range", "bytes=1000000-1000099")],
+    );
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, &want[1_000_000..1_000_100]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        e.origin.body_bytes_sent(),
+        OBJECT_BYTES,
+        "hits fetch nothing"
+    );
+    // The origin's validator is the one clients see (the same on every edge).
+    let origin_etag = {
+        let mut s = std::net::TcpStream::connect(e.origin.addr).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            b"HEAD /pull/obj.bin HTTP/1.1\r\nHost: o\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        common::read_response(&mut std::io::BufReader::new(s), true).unwrap()
+    };
+    assert_eq!(origin_etag.header("etag"), Some(etag.as_str()));
+}
+
+#[test]
+fn a_cold_range_fetches_only_its_blocks_and_the_read_ahead() {
+    let e = edge("1", "cache_read_ahead_blocks = 1");
+    let want = origin_file();
+    let (first, last) = (2_500_000usize, 2_600_000usize);
+    let r = get(
+        &e.server,
+        "/pull/obj.bin",
+        &[("Range", &format!("bytes={first}-{last}"))],
+    );
+    assert_eq!(r.status, 206);
+    assert!(r.body == want[first..=last], "the range differs");
+    assert_eq!(
+        r.header("content-range"),
+        Some(format!("bytes {first}-{last}/{OBJECT_BYTES}").as_str())
+    );
+    // The first fetch starts at the range's own block (2) and asks for it and its read-ahead
+    // (block 3): issue 20's "at most 2 blocks plus the read-ahead" of a 6-block object.
+    let sent = e.origin.wait_body_bytes(2 << 20);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(e.origin.body_bytes_sent(), sent);
+    assert!(
+        sent <= 3 << 20,
+        "{sent} bytes from the origin for a 100 KB range"
+    );
+}
+
+#[test]
+fn many_clients_of_one_cold_object_all_get_it_and_the_origin_sends_it_once() {
+    let e = edge("1", "");
+    let want = std::sync::Arc::new(origin_file());
+    let addr = e.server.addr;
+    let clients: Vec<_> = (0..20)
+        .map(|_| {
+            let want = want.clone();
+            std::thread::spawn(move || {
+                let s = std::net::TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(common::IO_TIMEOUT)).unwrap();
+                let mut w = s.try_clone().unwrap();
+                std::io::Write::write_all(
+                    &mut w,
+                    b"GET /pull/obj.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+                )
+                .unwrap();
+                let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
+                assert_eq!(r.status, 200);
+                assert!(r.body == *want, "a client got other bytes");
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().expect("a client");
+    }
+    assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
+}
+
+#[test]
+fn origin_errors_reach_the_client_and_local_files_are_untouched() {
+    let e = edge("2", "");
+    let r = get(&e.server, "/pull/missing.bin", &[]);
+    assert_eq!(r.status, 404, "the origin's 404 is passed on");
+    let r = get(&e.server, "/pull/small.txt", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"a manifest\n"[..]));
+    let r = get(&e.server, "/local.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, common::pattern_range(0, 100_000));
+    let r = get(&e.server, "/pull/../local.bin", &[]);
+    assert_eq!(r.status, 200, "dot segments resolve before routing");
+    assert_eq!(r.body.len(), 100_000);
+}
+
+#[test]
+fn an_unreachable_origin_is_a_502_and_the_edge_keeps_serving() {
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    common::write_pattern_file(&root.join("local.bin"), 1000);
+    // A port nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{dead}\"\n",
+            cache.display()
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&root, &["--config", cfg.to_str().unwrap()]);
+    let r = get(&server, "/pull/x.bin", &[]);
+    assert_eq!(r.status, 502);
+    let r = get(&server, "/local.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(Path::new(&cache).join("shard-0").is_dir());
+}
