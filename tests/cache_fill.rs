@@ -15,18 +15,24 @@ const OBJECT_BYTES: u64 = 5 * 1024 * 1024 + 123;
 struct Edge {
     server: Server,
     origin: NginxOrigin,
+    cache: std::path::PathBuf,
     _dirs: Vec<tempfile::TempDir>,
 }
 
 /// An origin with `pull/obj.bin` (OBJECT_BYTES of the test pattern) and `pull/small.txt`, and
 /// shardline with `shards` shards filling `/pull/` from it; the local root has `local.bin`.
 fn edge(shards: &str, extra_config: &str) -> Edge {
+    edge_with(shards, extra_config, "", OBJECT_BYTES)
+}
+
+/// As `edge`, with `nginx_extra` in the origin's `http` block and an object of `object_bytes`.
+fn edge_with(shards: &str, extra_config: &str, nginx_extra: &str, object_bytes: u64) -> Edge {
     let origin_root = tempfile::tempdir().unwrap();
     std::fs::create_dir(origin_root.path().join("pull")).unwrap();
-    common::write_pattern_file(&origin_root.path().join("pull/obj.bin"), OBJECT_BYTES);
+    common::write_pattern_file(&origin_root.path().join("pull/obj.bin"), object_bytes);
     std::fs::write(origin_root.path().join("pull/small.txt"), b"a manifest\n").unwrap();
     let work = tempfile::tempdir().unwrap();
-    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), nginx_extra);
     let dir = common::disk_tempdir();
     let root = dir.path().join("root");
     let cache = dir.path().join("cache");
@@ -50,6 +56,7 @@ fn edge(shards: &str, extra_config: &str) -> Edge {
     Edge {
         server,
         origin,
+        cache,
         _dirs: vec![origin_root, work, dir],
     }
 }
@@ -206,4 +213,48 @@ fn an_unreachable_origin_is_a_502_and_the_edge_keeps_serving() {
     let r = get(&server, "/local.bin", &[]);
     assert_eq!(r.status, 200);
     assert!(Path::new(&cache).join("shard-0").is_dir());
+}
+
+/// A cold download streams: the client has its first MiB while the object is still filling
+/// (the cache's journal vouches for only some of its blocks then), and every byte is right.
+#[test]
+fn a_cold_download_streams_blocks_as_they_arrive() {
+    use std::io::{Read, Write};
+    const BIG: u64 = 24 << 20;
+    // 4 MB/s per origin connection: the fill takes seconds, the first block a fraction.
+    let e = edge_with("1", "", "limit_rate 4m;", BIG);
+    let mut s = e.server.connect();
+    s.write_all(b"GET /pull/obj.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        r.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains(&format!("Content-Length: {BIG}")), "{head}");
+    let mut first = vec![0u8; 1 << 20];
+    r.read_exact(&mut first).unwrap();
+    let journal = std::fs::read(e.cache.join("shard-0/journal")).unwrap();
+    let (index, _) = shardline::cache::journal::replay(&journal);
+    let v = index
+        .current(b"\0\0pull/obj.bin")
+        .expect("the version")
+        .version;
+    let present = index.blocks_present(v);
+    assert!(
+        present < BIG >> 20,
+        "the first MiB came only after the whole object ({present} blocks) was in"
+    );
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    first.extend_from_slice(&rest);
+    assert_eq!(first.len() as u64, BIG);
+    assert!(
+        first == common::pattern_range(0, BIG as usize),
+        "streamed bytes differ"
+    );
 }

@@ -184,7 +184,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
     }
 
     /// `waiter` wants bytes `first..=last` (None: from `first` to the end) of `key`, fetched
-    /// from `origin` as `path` when missing.
+    /// from `origin` as `path` when missing; `Ready` once every block of them is on disk.
     pub fn want(
         &mut self,
         key: &[u8],
@@ -194,6 +194,35 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         last: Option<u64>,
         waiter: W,
     ) -> Outcome {
+        self.want_blocks(key, origin, path, first, last, waiter, false)
+    }
+
+    /// As `want`, for a response that streams: `Ready` once the block holding `first` is on
+    /// disk (the response reads on up to `readable_end` and wants again from there), and only
+    /// that block and the read-ahead after it are asked for now, however long the range.
+    pub fn want_streaming(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
+        self.want_blocks(key, origin, path, first, last, waiter, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn want_blocks(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+        streaming: bool,
+    ) -> Outcome {
         let Some(meta) = self.index.current(key).cloned() else {
             return self.probe(key, origin, path, first, waiter);
         };
@@ -202,10 +231,20 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         }
         let last = last.unwrap_or(meta.size - 1).min(meta.size - 1);
         let first = first.min(last);
-        let need = blocks_for(first, last, meta.size, meta.block_bytes, 0);
+        let b = u64::from(meta.block_bytes);
+        let (need_last, ahead_last) = if streaming {
+            let window = (self.cfg.read_ahead_blocks + 1).saturating_mul(b);
+            (
+                (first | (b - 1)).min(last),
+                first.saturating_add(window - 1).min(last),
+            )
+        } else {
+            (last, last)
+        };
+        let need = blocks_for(first, need_last, meta.size, meta.block_bytes, 0);
         let mut ahead = blocks_for(
             first,
-            last,
+            ahead_last,
             meta.size,
             meta.block_bytes,
             self.cfg.read_ahead_blocks,
@@ -297,6 +336,21 @@ impl<W: Clone + PartialEq> CacheFill<W> {
             committed: Vec::new(),
         });
         Outcome::Waiting
+    }
+
+    /// Where the committed bytes of `version` that start at byte `from`'s block end: the
+    /// end of the last block of the run of present blocks from there (`from` itself when its
+    /// block is missing).
+    pub fn readable_end(&self, version: u64, from: u64) -> u64 {
+        let Some(meta) = self.index.meta(version) else {
+            return from;
+        };
+        let b = u64::from(meta.block_bytes);
+        let mut block = from / b;
+        while block < meta.blocks() && self.index.block_crc(version, block as u32).is_some() {
+            block += 1;
+        }
+        (block * b).min(meta.size).max(from)
     }
 
     /// `waiter` went away: it hears nothing more (the fetches go on for the cache).

@@ -42,6 +42,19 @@ pub enum Route {
     },
 }
 
+/// A response that streams a pulled object while it fills: what it asks the fill for next.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    /// The cache key.
+    pub key: Vec<u8>,
+    /// The origin's index.
+    pub origin: usize,
+    /// The request target at the origin.
+    pub path: String,
+    /// Last byte the response needs (None: the object's end).
+    pub last: Option<u64>,
+}
+
 /// A shard's pull-through cache.
 pub struct EdgeCache {
     /// The fill (index, journal, fetches).
@@ -50,6 +63,8 @@ pub struct EdgeCache {
     data_dir: PathBuf,
     /// Longest a request waits (ms).
     pub wait_timeout_ms: u64,
+    /// Bytes of an arena slot (a response no longer than this never streams).
+    slot_bytes: usize,
 }
 
 impl EdgeCache {
@@ -84,6 +99,7 @@ impl EdgeCache {
             fill,
             origins: origins.to_vec(),
             wait_timeout_ms,
+            slot_bytes,
         })
     }
 
@@ -148,7 +164,11 @@ impl EdgeCache {
             .ok()
     }
 
-    /// What `waiter` wants of `key`: `Ready(version)` when its bytes are on disk.
+    /// What `waiter` wants of `key`: `Ready(version)` when it may start. A single range (or
+    /// the whole object) longer than a chunk streams: it starts once its first block is on
+    /// disk and reads on as the fill commits more (the span is returned for that); anything
+    /// else starts once every byte it needs is there.
+    #[allow(clippy::too_many_arguments)]
     pub fn want(
         &mut self,
         key: &[u8],
@@ -157,15 +177,50 @@ impl EdgeCache {
         range: Option<&[u8]>,
         head_only: bool,
         waiter: Waiter,
-    ) -> Outcome {
-        let (first, last) = match self.fill.index().current(key) {
-            Some(m) => Self::span(range, m.size, head_only),
-            None => (
-                Self::first_byte(range).filter(|_| !head_only).unwrap_or(0),
-                Some(0),
+    ) -> (Outcome, Option<Stream>) {
+        let Some(meta) = self.fill.index().current(key) else {
+            let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
+            return (
+                self.fill.want(key, origin, path, first, Some(0), waiter),
+                None,
+            );
+        };
+        let size = meta.size;
+        let (first, last) = Self::span(range, size, head_only);
+        let single = match range {
+            None => true,
+            Some(v) => !matches!(
+                crate::http::range::parse_range(v, size, crate::http::range::MAX_RANGES),
+                crate::http::range::RangeOutcome::Multi(_)
             ),
         };
-        self.fill.want(key, origin, path, first, last, waiter)
+        let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
+        if single && span_bytes > self.slot_bytes as u64 {
+            let outcome = self
+                .fill
+                .want_streaming(key, origin, path, first, last, waiter);
+            let stream = Stream {
+                key: key.to_vec(),
+                origin,
+                path: path.to_owned(),
+                last,
+            };
+            return (outcome, Some(stream));
+        }
+        (self.fill.want(key, origin, path, first, last, waiter), None)
+    }
+
+    /// The streaming response `stream` (of `waiter`) reached byte `from` of what is committed:
+    /// it waits on the next block (and moves the read-ahead on). `Ready` when it is there.
+    pub fn want_more(&mut self, stream: &Stream, from: u64, waiter: Waiter) -> Outcome {
+        self.fill.want_streaming(
+            &stream.key,
+            stream.origin,
+            &stream.path,
+            from,
+            stream.last,
+            waiter,
+        )
     }
 
     /// Version `version`'s metadata.

@@ -8,7 +8,7 @@ use super::buffers::Demand;
 use super::slots::ConnSlot;
 use super::{RingOps, Shard};
 use crate::fill::cache_fill::{Notice, Outcome};
-use crate::fill::edge::{EdgeCache, Route, Waiter};
+use crate::fill::edge::{EdgeCache, Route, Stream, Waiter};
 use crate::http::plan::{self, FileFacts};
 use crate::http::request::{Method, Request};
 
@@ -38,8 +38,9 @@ impl<R: RingOps> Shard<R> {
         }
         let waiter = (c, self.conns[c.index()].generation);
         let edge = self.edge.as_mut().expect("checked above");
-        match edge.want(&key, origin, &path, req.range, head_only, waiter) {
-            Outcome::Ready(version) => self.respond_cached(c, req, version, rate),
+        let (outcome, stream) = edge.want(&key, origin, &path, req.range, head_only, waiter);
+        match outcome {
+            Outcome::Ready(version) => self.respond_cached(c, req, version, rate, stream),
             Outcome::Waiting => {
                 let timeout_ms = edge.wait_timeout_ms;
                 let cx = self.cx();
@@ -58,6 +59,7 @@ impl<R: RingOps> Shard<R> {
         req: &Request<'_>,
         version: u64,
         rate: crate::limits::RateSpec,
+        stream: Option<Stream>,
     ) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
@@ -104,6 +106,75 @@ impl<R: RingOps> Shard<R> {
             return self.install(c, started, None, rate);
         }
         self.install(c, started, Some(idx), rate);
+        // A streaming response reads no further than the committed blocks and moves on as
+        // the fill commits more; anything else had every block it needs before it began.
+        if let Some(stream) = stream {
+            let from = self.conns[c.index()].next_file_offset().unwrap_or(0);
+            let edge = self.edge.as_ref().expect("a pulled request has a cache");
+            let end = edge.fill.readable_end(version, from);
+            self.conns[c.index()].set_readable_end(end);
+            self.fill_streams.insert(c.raw(), (stream, version));
+        }
+    }
+
+    /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
+    /// it waits on the next block, or reads on at once if that came meanwhile.
+    pub(super) fn fill_await_block(&mut self, c: ConnSlot, file_offset: u64) {
+        let waiter = (c, self.conns[c.index()].generation);
+        let (Some(edge), Some((stream, version))) =
+            (self.edge.as_mut(), self.fill_streams.get(&c.raw()))
+        else {
+            // A body stopped at its readable end with no stream to move it: a bug, but the
+            // client must not hang; the response is cut.
+            self.fill_aborts.push(waiter);
+            return;
+        };
+        match edge.want_more(stream, file_offset, waiter) {
+            Outcome::Ready(v) if v == *version => {
+                let end = edge.fill.readable_end(v, file_offset);
+                if self.conns[c.index()].set_readable_end(end) {
+                    self.ready.push_bulk(c);
+                }
+            }
+            Outcome::Waiting => {}
+            // Another version (the response began on this one) or too many waiting.
+            Outcome::Ready(_) | Outcome::Busy => self.fill_aborts.push(waiter),
+        }
+    }
+
+    /// Block notices for a streaming response: it reads on to the new end of the committed
+    /// bytes and waits on the next block (which moves the read-ahead on).
+    fn stream_block_arrived(&mut self, (c, generation): Waiter, version: u64) {
+        let conn = &self.conns[c.index()];
+        if conn.generation != generation || !conn.responding() {
+            return;
+        }
+        let (Some(edge), Some((stream, v))) = (self.edge.as_mut(), self.fill_streams.get(&c.raw()))
+        else {
+            return;
+        };
+        if *v != version {
+            return;
+        }
+        let Some(old_end) = self.conns[c.index()].readable_end() else {
+            return;
+        };
+        let end = edge.fill.readable_end(version, old_end);
+        if end <= old_end {
+            return;
+        }
+        let done = stream.last.is_some_and(|l| end > l)
+            || edge.meta(version).is_some_and(|m| end >= m.size);
+        if !done {
+            // Wait on the next block (its notice comes here again).
+            let _ = edge.want_more(stream, end, (c, generation));
+        }
+        if self.conns[c.index()].set_readable_end(end) {
+            self.ready.push_bulk(c);
+        }
+        if done {
+            self.fill_streams.remove(&c.raw());
+        }
     }
 
     /// Each tick: deadlines, queued fetches (slots at bulk priority), slots given back, and
@@ -127,15 +198,39 @@ impl<R: RingOps> Shard<R> {
         }
         for n in notices.drain(..) {
             match n {
-                Notice::Block { waiter, .. } | Notice::Known { waiter, .. } => {
-                    self.resume_fill(waiter, None)
+                Notice::Block {
+                    waiter, version, ..
+                } => {
+                    if self.conns[waiter.0.index()].awaiting_fill() {
+                        self.resume_fill(waiter, None);
+                    } else {
+                        self.stream_block_arrived(waiter, version);
+                    }
                 }
+                Notice::Known { waiter, .. } => self.resume_fill(waiter, None),
                 Notice::Failed { waiter, error } => {
                     tracing::warn!(shard = self.index, ?error, "origin fill failed");
-                    self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
+                    if self.conns[waiter.0.index()].awaiting_fill() {
+                        self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
+                    } else {
+                        // Its response has begun: it cannot become an error now.
+                        self.fill_aborts.push(waiter);
+                    }
                 }
             }
         }
+        // Responses whose stream cannot go on are cut (the client sees a short body).
+        let mut aborts = std::mem::take(&mut self.fill_aborts);
+        for (c, generation) in aborts.drain(..) {
+            let conn = &self.conns[c.index()];
+            if conn.generation == generation && conn.is_live() && conn.responding() {
+                self.fill_streams.remove(&c.raw());
+                self.drive(c, |m, cx, out| {
+                    m.close(super::conn::CloseReason::Abort, cx, out)
+                });
+            }
+        }
+        self.fill_aborts = aborts;
         self.fill_notices = notices;
         self.fill_slots = slots;
     }
@@ -177,6 +272,7 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_failed.remove(&c.raw());
+        self.fill_streams.remove(&c.raw());
         let waiter = (c, self.conns[c.index()].generation);
         if let Some(edge) = self.edge.as_mut() {
             edge.fill.cancel(&waiter);

@@ -238,6 +238,12 @@ pub struct Body {
     /// What the connection's rate limit lets the next chunk plan (`usize::MAX`: no limit;
     /// set by `pump` before each chunk).
     pub limit_cap_bytes: usize,
+    /// File offset up to which the file's bytes may be read (`u64::MAX`: all of them). A
+    /// pulled object still filling is readable up to its first missing block: the pipeline
+    /// stops there (`Action::AwaitBlock`) until the shard moves this on.
+    pub readable_end: u64,
+    /// An `Action::AwaitBlock` is out for `readable_end` (sent once per wait).
+    pub awaiting_block: bool,
 }
 
 impl Body {

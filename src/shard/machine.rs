@@ -235,6 +235,12 @@ pub enum Counter {
 pub enum Action {
     /// Arm a receive.
     Recv,
+    /// The body's next file bytes (from `file_offset`) are not in the pulled object's
+    /// committed blocks yet: have the fill say when they are (`Body::readable_end`).
+    AwaitBlock {
+        /// The first byte the body needs.
+        file_offset: u64,
+    },
     /// Re-arm the receive next tick (no provided buffer was free).
     RetryRecv,
     /// Send the header buffer from `from` (MSG_MORE when `more`).
@@ -601,6 +607,34 @@ impl ConnMachine {
     /// A response is in progress.
     pub fn responding(&self) -> bool {
         matches!(self.write, WriteState::Responding(_))
+    }
+
+    /// The pulled object this response reads is committed up to `end` now: the pipeline may
+    /// read that far. True when the response was stopped at its old end (queue it).
+    pub fn set_readable_end(&mut self, end: u64) -> bool {
+        let Some(body) = self.body_mut() else {
+            return false;
+        };
+        body.readable_end = end;
+        let stopped = body.awaiting_block
+            && matches!(body.segments.front(), Some(&Segment::File { pos, .. }) if pos < end);
+        if stopped {
+            body.awaiting_block = false;
+        }
+        stopped
+    }
+
+    /// Where the response may read its file up to (None: no body).
+    pub fn readable_end(&self) -> Option<u64> {
+        self.body().map(|b| b.readable_end)
+    }
+
+    /// The file offset the body reads next (None: no file bytes left to plan).
+    pub fn next_file_offset(&self) -> Option<u64> {
+        self.body()?.segments.iter().find_map(|s| match *s {
+            Segment::File { pos, .. } => Some(pos),
+            _ => None,
+        })
     }
 
     /// Whether the parsed request waits for the cache fill.
@@ -1317,8 +1351,21 @@ impl ConnMachine {
             let Some(body) = self.body_mut() else {
                 return Turn::Idle;
             };
+            // The next bytes of a pulled object still filling are not on disk yet: wait for
+            // the fill (its notice moves `readable_end` on and queues us).
+            let blocked_at = match body.segments.front() {
+                Some(&Segment::File { pos, .. }) if pos >= body.readable_end => Some(pos),
+                _ => None,
+            };
+            if let Some(file_offset) = blocked_at {
+                if !body.awaiting_block {
+                    body.awaiting_block = true;
+                    out.push(Action::AwaitBlock { file_offset });
+                }
+            }
             // A full socket takes nothing now: read when it drains (the poll re-queues us).
             if socket_full
+                || blocked_at.is_some()
                 || body.segments.is_empty()
                 || body.chunks.len() >= body.read_ahead.min(depth)
             {
@@ -2230,7 +2277,11 @@ fn plan_chunk(
             } else {
                 let read_cap =
                     read_cap_bytes(body.read_size_bytes, body.align, chunk_bytes).min(limit_cap);
-                let plan = crate::fs::dio::plan_chunk(*pos, *end, body.align, read_cap);
+                // Never past the committed bytes of a pulled object (a block boundary or its
+                // end, both on the read alignment, so the aligned read stays inside them).
+                let readable = (*end).min(body.readable_end);
+                assert!(*pos < readable, "a chunk planned past the readable bytes");
+                let plan = crate::fs::dio::plan_chunk(*pos, readable, body.align, read_cap);
                 chunk.state = ChunkState::Reading;
                 chunk.send_off = plan.skip as u32;
                 chunk.send_len = plan.send_len as u32;
@@ -2504,6 +2555,8 @@ mod tests {
             read_ahead: READ_AHEAD_START_CHUNKS,
             read_size_bytes: CHUNK,
             limit_cap_bytes: usize::MAX,
+            readable_end: u64::MAX,
+            awaiting_block: false,
         }
     }
 

@@ -236,6 +236,11 @@ struct Shard<R: RingOps> {
     fill_failed: std::collections::HashMap<u32, u16>,
     /// A request parsed again after its fill (its arrival was noted the first time).
     resuming_fill: bool,
+    /// Responses streaming a pulled object as it fills, by connection slot: what they ask
+    /// the fill for next, and the version they read.
+    fill_streams: std::collections::HashMap<u32, (crate::fill::edge::Stream, u64)>,
+    /// Streaming responses to cut (their fill failed, or changed version).
+    fill_aborts: Vec<crate::fill::edge::Waiter>,
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
@@ -399,6 +404,8 @@ impl<R: RingOps> Shard<R> {
             fill_slots: Vec::new(),
             fill_failed: std::collections::HashMap::new(),
             resuming_fill: false,
+            fill_streams: std::collections::HashMap::new(),
+            fill_aborts: Vec::new(),
             cfg,
         })
     }
@@ -750,6 +757,7 @@ impl<R: RingOps> Shard<R> {
             Action::ReleaseSlot(slot) => self.release_slot(slot),
             Action::ReleaseFile(f) => self.files.release(&mut self.ring, f),
             Action::DemoteFile(f) => self.files.demote_to_buffered(f),
+            Action::AwaitBlock { file_offset } => self.fill_await_block(c, file_offset),
             Action::QueueUrgent => self.ready.push_urgent(c),
             Action::QueueBulk => self.ready.push_bulk(c),
             Action::Unqueue => self.ready.remove(c),

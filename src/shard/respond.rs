@@ -160,6 +160,8 @@ impl<R: RingOps> Shard<R> {
     }
 
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
+        // A new response: whatever the last one streamed is over.
+        self.fill_streams.remove(&c.raw());
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         let limits = self.plan_limits(c);
@@ -291,6 +293,8 @@ impl<R: RingOps> Shard<R> {
                 read_ahead: super::READ_AHEAD_START_CHUNKS,
                 read_size_bytes: self.cfg.chunk_bytes,
                 limit_cap_bytes: usize::MAX,
+                readable_end: u64::MAX,
+                awaiting_block: false,
             })
         };
         let cx = self.cx();
