@@ -21,6 +21,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
+# shellcheck source=fill-lib.sh
+source "$HERE/fill-lib.sh"
 MIB=1024 DELAY_MS=20 CONNS=4 RUN=16 OUT=$HERE/FILL-ENGINE.md
 while (($#)); do
   case $1 in
@@ -49,98 +51,11 @@ log "building examples/fill_rate (release)"
 cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --example fill_rate
 BIN=$REPO/target/release/examples/fill_rate
 
-mkdir -p "$WORK/origin" "$WORK/nginx-origin" "$WORK/lancache"
+mkdir -p "$WORK/origin"
 head -c $((MIB << 20)) /dev/urandom >"$WORK/origin/obj.bin"
 ramdisk_create "pl-fill-disk-$$" $((3 * (MIB << 20) + (512 << 20))) "$MNT"
 
-ORIGIN_PORT=18081 RELAY_PORT=18082 LANCACHE_PORT=18083
-cat >"$WORK/nginx-origin/nginx.conf" <<EOF
-daemon off; master_process off; worker_processes 1; pid $WORK/nginx-origin/pid;
-error_log $WORK/nginx-origin/error.log;
-events { worker_connections 1024; }
-http { access_log off; sendfile on; keepalive_requests 100000;
-  client_body_temp_path $WORK/nginx-origin; proxy_temp_path $WORK/nginx-origin;
-  fastcgi_temp_path $WORK/nginx-origin; uwsgi_temp_path $WORK/nginx-origin; scgi_temp_path $WORK/nginx-origin;
-  server { listen 127.0.0.1:$ORIGIN_PORT; root $WORK/origin; location / { } } }
-EOF
-nginx -p "$WORK/nginx-origin" -c "$WORK/nginx-origin/nginx.conf" &
-PIDS+=($!)
-wait_port "$ORIGIN_PORT" "${PIDS[-1]}" 10 || die "the origin did not start"
-
-# The relay: holds the first byte of every response for DELAY_MS (the origin's distance),
-# then copies both ways. One thread per connection; both servers go through it.
-cat >"$WORK/relay.py" <<'EOF'
-import socket, sys, threading, time
-listen, target, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) / 1000.0
-def handle(c):
-    o = socket.create_connection(("127.0.0.1", target))
-    for s in (c, o):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    state = {"req": 0}
-    def up():
-        try:
-            while True:
-                b = c.recv(65536)
-                if not b: break
-                state["req"] += 1
-                o.sendall(b)
-        except OSError: pass
-        finally:
-            try: o.shutdown(socket.SHUT_WR)
-            except OSError: pass
-    def down():
-        seen = 0
-        try:
-            while True:
-                b = o.recv(1 << 20)
-                if not b: break
-                if state["req"] > seen:
-                    seen = state["req"]
-                    time.sleep(delay)
-                c.sendall(b)
-        except OSError: pass
-        finally:
-            try: c.shutdown(socket.SHUT_WR)
-            except OSError: pass
-    threading.Thread(target=up, daemon=True).start()
-    threading.Thread(target=down, daemon=True).start()
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("127.0.0.1", listen)); l.listen(256)
-while True:
-    c, _ = l.accept()
-    threading.Thread(target=handle, args=(c,), daemon=True).start()
-EOF
-python3 "$WORK/relay.py" "$RELAY_PORT" "$ORIGIN_PORT" "$DELAY_MS" &
-PIDS+=($!)
-wait_port "$RELAY_PORT" "${PIDS[-1]}" 10 || die "the relay did not start"
-
-# lancache's setup (lancachenet/monolithic: slice 1m, proxy_cache_lock on, keys by slice).
-mkdir -p "$MNT/lancache"
-cat >"$WORK/lancache/nginx.conf" <<EOF
-daemon off; master_process off; worker_processes 1; pid $WORK/lancache/pid;
-error_log $WORK/lancache/error.log;
-events { worker_connections 1024; }
-http { access_log off; sendfile on;
-  client_body_temp_path $WORK/lancache; proxy_temp_path $MNT/lancache-tmp;
-  fastcgi_temp_path $WORK/lancache; uwsgi_temp_path $WORK/lancache; scgi_temp_path $WORK/lancache;
-  proxy_cache_path $MNT/lancache levels=2:2 keys_zone=generic:64m inactive=200d max_size=100g use_temp_path=off;
-  server { listen 127.0.0.1:$LANCACHE_PORT;
-    location / {
-      slice 1m;
-      proxy_cache generic;
-      proxy_cache_key \$uri\$slice_range;
-      proxy_set_header Range \$slice_range;
-      proxy_cache_valid 200 206 3650d;
-      proxy_cache_lock on; proxy_cache_lock_age 2m; proxy_cache_lock_timeout 1h;
-      proxy_ignore_headers Expires Cache-Control;
-      proxy_set_header Host origin;
-      proxy_pass http://127.0.0.1:$RELAY_PORT;
-    } } }
-EOF
-mkdir -p "$MNT/lancache-tmp"
-nginx -p "$WORK/lancache" -c "$WORK/lancache/nginx.conf" &
-PIDS+=($!)
-wait_port "$LANCACHE_PORT" "${PIDS[-1]}" 10 || die "lancache-style nginx did not start"
+fill_setup
 
 log "shardline fill engine: cold $MIB MiB through the ${DELAY_MS} ms origin, $CONNS connections"
 "$BIN" --origin "127.0.0.1:$RELAY_PORT" --path /obj.bin --dir "$MNT/shardline" \

@@ -68,7 +68,7 @@ impl<R: RingOps> Shard<R> {
         let (key, path) = edge.data_file(version);
         let idx = match self
             .files
-            .acquire_immutable(&mut self.ring, &key, &path, self.now_ms)
+            .acquire_immutable(&mut self.ring, &key, &path, meta.size, self.now_ms)
         {
             Ok(idx) => idx,
             Err(e) => {

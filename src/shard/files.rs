@@ -329,14 +329,16 @@ impl FileCache {
         Ok(idx)
     }
 
-    /// Finds or opens a pull-through cache data file at `path` (outside the root), kept under
-    /// `key` (which must not be a resolved request path: the caller prefixes it with a NUL).
+    /// Finds or opens a pull-through cache data file at `path` (outside the root) of an object
+    /// of `size_bytes`, kept under `key` (which must not be a resolved request path: the
+    /// caller prefixes it with a NUL).
     /// The file is never revalidated: a cache version never changes in place.
     pub fn acquire_immutable(
         &mut self,
         ring: &mut impl FileTable,
         key: &str,
         path: &std::path::Path,
+        size_bytes: u64,
         now_ms: u64,
     ) -> Result<FileSlot, OpenError> {
         debug_assert!(key.starts_with('\0'), "a cache key never looks like a path");
@@ -357,6 +359,18 @@ impl FileCache {
         let opened = path.to_string_lossy().into_owned();
         let mut file = self.build_entry(fd, idx, key, false, opened, now_ms)?;
         file.immutable = true;
+        // A data file still filling is smaller than its object: its read mode follows the
+        // object's size (O_DIRECT for a large one), not the bytes written so far.
+        if file.mode == ReadMode::Buffered && size_bytes >= self.cfg.direct_io_min_bytes {
+            let st = rustix::fs::statx(
+                &file._fd,
+                "",
+                AtFlags::EMPTY_PATH,
+                StatxFlags::BASIC_STATS | StatxFlags::DIOALIGN,
+            )
+            .map_err(OpenError::from_errno)?;
+            file.mode = self.large_file_mode(&file._fd, &st, file.dev);
+        }
         ring.register(idx, file._fd.as_fd())
             .map_err(|e| OpenError::Other(e.raw_os_error().unwrap_or(libc::EIO)))?;
         self.keys.insert(key, false, idx);

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# perf/fill.sh: the pull-through cache as clients see it (issue 20's benchmark), shardline
+# side by side with nginx proxy_cache set up as lancache sets it up (slice 1m,
+# proxy_cache_lock on), in one run, same origin, same disk:
+#   - cold single-client download of an N MiB object (default 1024), then the warm one, and
+#     the same file served from shardline's local root;
+#   - C clients (default 100) starting on another cold object within a second: the origin's
+#     body bytes against the object's size, and the slowest client against one alone.
+#
+#   perf/fill.sh [--mib N] [--clients C] [--delay-ms D] [--shards S] [--out FILE]
+#
+# The origin is nginx on loopback serving from /dev/shm behind a relay that holds every
+# response's first byte for D ms (default 20: the origin's distance; tc here has no netem).
+# Caches and shardline's root live on ext4 on a ram-backed loop device (O_DIRECT works; the
+# disk is never the bottleneck). Clients are curl. Needs root (losetup, mount).
+# Writes perf/FILL.md.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=fill-lib.sh
+source "$HERE/fill-lib.sh"
+MIB=1024 CLIENTS=100 DELAY_MS=20 SHARDS=auto OUT=$HERE/FILL.md
+while (($#)); do
+  case $1 in
+    --mib) MIB=$2; shift 2 ;;
+    --clients) CLIENTS=$2; shift 2 ;;
+    --delay-ms) DELAY_MS=$2; shift 2 ;;
+    --shards) SHARDS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h | --help) print_usage "$0" ;;
+    *) echo "fill.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+command -v nginx >/dev/null || die "nginx is missing (apt-get install nginx)"
+command -v curl >/dev/null || die "curl is missing"
+WORK=$(mktemp -d /dev/shm/pl-fill-XXXXXX)
+MNT=$HERE/out/pl-fill-mnt-$$
+PIDS=()
+cleanup() {
+  [[ -n ${KEEP:-} ]] && cp -r "$WORK"/lancache/error.log "$WORK"/*many "$HERE/out/" 2>/dev/null
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  ramdisk_destroy
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+log "building shardline (release)"
+cargo build --release --quiet --manifest-path "$REPO/Cargo.toml"
+SL=${SHARDLINE_BIN:-$REPO/target/release/shardline}
+
+BYTES=$((MIB << 20))
+mkdir -p "$WORK/origin/pull"
+head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/a.bin"
+head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/b.bin"
+ramdisk_create "pl-fill-disk-$$" $((8 * BYTES + (1024 << 20))) "$MNT"
+mkdir -p "$MNT/root" "$MNT/cache" "$MNT/lancache" "$MNT/lancache-tmp"
+cp "$WORK/origin/pull/a.bin" "$MNT/root/local.bin"
+fill_setup
+
+SL_PORT=18084
+cat >"$WORK/shardline.toml" <<EOF
+cache_dir = "$MNT/cache"
+[[origin]]
+prefix = "/pull/"
+url = "http://127.0.0.1:$RELAY_PORT"
+EOF
+"$SL" serve --root "$MNT/root" --listen "127.0.0.1:$SL_PORT" --config "$WORK/shardline.toml" \
+  --shards "$SHARDS" --admin 127.0.0.1:0 >"$WORK/shardline.log" 2>&1 &
+PIDS+=($!)
+wait_port "$SL_PORT" "${PIDS[-1]}" 20 || die "shardline did not start: $(tail -3 "$WORK/shardline.log")"
+
+# download URL: "seconds bytes" of one curl to /dev/null.
+download() {
+  curl -s -o /dev/null -w '%{time_total} %{size_download}\n' "$1"
+}
+# rate SECONDS: MB/s of the object.
+rate() { calc "$BYTES / $1 / 1e6"; }
+check_bytes() { [[ ${2#* } == "$BYTES" ]] || die "$1 sent ${2#* } bytes, not $BYTES"; }
+
+row() { # name "seconds bytes"
+  local s=${2% *}
+  printf '| %s | %.1f | %.3f |\n' "$1" "$(rate "$s")" "$s"
+}
+
+log "single client, cold then warm, and the local root"
+o0=$(fill_origin_body_bytes)
+sl_cold=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline cold" "$sl_cold"
+sl_warm=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$sl_warm"
+sl_local=$(download "http://127.0.0.1:$SL_PORT/local.bin"); check_bytes "shardline local" "$sl_local"
+sleep 0.5
+sl_origin=$(($(fill_origin_body_bytes) - o0))
+o0=$(fill_origin_body_bytes)
+lc_cold=$(download "http://127.0.0.1:$LANCACHE_PORT/pull/a.bin"); check_bytes "lancache cold" "$lc_cold"
+lc_warm=$(download "http://127.0.0.1:$LANCACHE_PORT/pull/a.bin"); check_bytes "lancache warm" "$lc_warm"
+sleep 0.5
+lc_origin=$(($(fill_origin_body_bytes) - o0))
+# Every byte shardline filled matches the origin's object.
+curl -s "http://127.0.0.1:$SL_PORT/pull/a.bin" | cmp - "$WORK/origin/pull/a.bin" || die "shardline's cached bytes differ"
+
+# many CLIENTS URL OUTDIR: CLIENTS curls started together; prints the slowest time.
+many() {
+  local n=$1 url=$2 dir=$3 i
+  mkdir -p "$dir"
+  for ((i = 0; i < n; i++)); do
+    curl -s -o /dev/null -w '%{time_total} %{size_download}\n' "$url" >"$dir/$i.txt" &
+  done
+  wait_clients "$n" "$dir"
+}
+wait_clients() {
+  local n=$1 dir=$2
+  local deadline=$((SECONDS + 600))
+  while (($(cat "$dir"/*.txt 2>/dev/null | grep -c .) < n)); do
+    ((SECONDS < deadline)) || die "clients did not finish"
+    sleep 0.2
+  done
+  # "slowest-seconds short-bodies"
+  awk -v want="$BYTES" '$2 != want { bad++ } $1 > max { max = $1 } END { printf "%.3f %d", max, bad }' "$dir"/*.txt
+}
+
+log "$CLIENTS clients on one cold object (shardline)"
+o0=$(fill_origin_body_bytes)
+sl_many=$(many "$CLIENTS" "http://127.0.0.1:$SL_PORT/pull/b.bin" "$WORK/sl-many")
+[[ ${sl_many#* } == 0 ]] || die "${sl_many#* } shardline clients got a short body"
+sl_many=${sl_many% *}
+sleep 0.5
+sl_many_origin=$(($(fill_origin_body_bytes) - o0))
+log "$CLIENTS clients on one cold object (lancache-style nginx)"
+o0=$(fill_origin_body_bytes)
+lc_many=$(many "$CLIENTS" "http://127.0.0.1:$LANCACHE_PORT/pull/b.bin" "$WORK/lc-many")
+lc_short=${lc_many#* } lc_many=${lc_many% *}
+((lc_short == 0)) || log "lancache-style nginx: $lc_short of $CLIENTS clients got a short body"
+sleep 0.5
+lc_many_origin=$(($(fill_origin_body_bytes) - o0))
+
+sl_cold_s=${sl_cold% *} sl_warm_s=${sl_warm% *} sl_local_s=${sl_local% *} lc_cold_s=${lc_cold% *}
+shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -f2)
+{
+  echo "# Pull-through cache: clients of a distant origin (perf/fill.sh)"
+  echo
+  echo "Run $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) vCPU, $(uname -r), at $(git -C "$REPO" rev-parse --short HEAD);"
+  echo "shardline with ${shards_run:-?} shard(s). Objects of $MIB MiB from nginx on loopback behind a relay that"
+  echo "holds every response's first byte for $DELAY_MS ms. Caches and shardline's root on ext4 on a ram-backed"
+  echo "loop device. Clients: curl over loopback."
+  echo
+  echo "## One client"
+  echo
+  echo "| download | MB/s | seconds |"
+  echo "|---|---:|---:|"
+  row "shardline, cold (pulled through)" "$sl_cold"
+  row "shardline, warm (from its cache)" "$sl_warm"
+  row "shardline, the same file from its local root" "$sl_local"
+  row "nginx proxy_cache as lancache, cold" "$lc_cold"
+  row "nginx proxy_cache as lancache, warm" "$lc_warm"
+  echo
+  echo "- Cold / warm: **$(printf %.2f "$(calc "$sl_warm_s / $sl_cold_s")")** (target >= 0.9)."
+  echo "- Cold against lancache's cold: **$(printf %.2fx "$(calc "$lc_cold_s / $sl_cold_s")")** (target >= 3x)."
+  echo "- Warm against the local root: **$(printf %.2f "$(calc "$sl_local_s / $sl_warm_s")")** of its rate (target within 5%)."
+  echo "- Origin body bytes for the cold download: shardline $(printf %.3f "$(calc "$sl_origin / $BYTES")")x the object, lancache $(printf %.3f "$(calc "$lc_origin / $BYTES")")x."
+  echo
+  echo "## $CLIENTS clients starting together on one cold object"
+  echo
+  echo "| | origin bytes / object | slowest client, s | slowest / one cold client |"
+  echo "|---|---:|---:|---:|"
+  echo "| shardline | $(printf %.3f "$(calc "$sl_many_origin / $BYTES")") | $sl_many | $(printf %.2f "$(calc "$sl_many / $sl_cold_s")") |"
+  echo "| nginx proxy_cache as lancache | $(printf %.3f "$(calc "$lc_many_origin / $BYTES")") | $lc_many | $(printf %.2f "$(calc "$lc_many / $lc_cold_s")") |"
+  echo
+  echo "Targets: origin bytes <= 1.02x the object; the slowest within 1.2x of one client's cold time."
+  ((lc_short == 0)) || echo "lancache-style nginx: $lc_short of $CLIENTS clients got a short body (counted in its slowest time as they ended)."
+  echo "Each shard keeps a cache of its own for now (cache_dir/shard-N), so with S shards an object"
+  echo "may be fetched up to S times when its clients land on different shards."
+} >"$OUT"
+log "wrote $OUT"
+cat "$OUT"
