@@ -77,7 +77,7 @@ fn main() {
         align_bytes: 4096,
         max_attempts: 3,
     };
-    let mut cf: CacheFill<u32> = CacheFill::open(&dir, cfg, filler).expect("cache");
+    let mut cf: CacheFill<usize> = CacheFill::open(&dir, cfg, filler).expect("cache");
     let mut free: Vec<ArenaSlot> = (0..slots).map(ArenaSlot::new).collect();
     let (mut notices, mut freed, mut batch) = (Vec::new(), Vec::new(), Vec::new());
     let start = Instant::now();
@@ -114,7 +114,7 @@ fn main() {
             cf.on_completion(&mut ring, t, c.result, start.elapsed().as_millis() as u64);
         }
         cf.expire(start.elapsed().as_millis() as u64);
-        cf.take(&mut notices, &mut freed);
+        cf.take(&mut notices, &mut freed, &mut Vec::new());
         free.append(&mut freed);
         for n in notices.drain(..) {
             match n {
@@ -128,6 +128,6 @@ fn main() {
     println!("bytes={size}");
     println!("seconds={secs:.3}");
     println!("mb_per_s={:.1}", size as f64 / secs / 1e6);
-    println!("blocks_fetched={}", cf.blocks_fetched);
+    println!("blocks_fetched={}", cf.blocks_fetched());
     println!("connections={}", cf.filler().connections());
 }

@@ -568,6 +568,28 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         libc::SIGHUP,
     ])
     .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
+    // The pull-through cache all shards share: its journal is replayed once, here.
+    let edge = match &cfg.cache_dir {
+        Some(dir) if !cfg.origin.is_empty() => {
+            let started = std::time::Instant::now();
+            let shared = crate::fill::edge::SharedEdge::open(
+                dir,
+                cpus.len(),
+                cfg.cache_block_bytes,
+                cfg.cache_read_ahead_blocks,
+                cfg.chunk_bytes,
+            )
+            .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
+            tracing::info!(
+                cache_dir = %dir.display(),
+                origins = cfg.origin.len(),
+                rebuild_ms = started.elapsed().as_millis() as u64,
+                "pull-through cache open"
+            );
+            Some(shared)
+        }
+        _ => None,
+    };
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, std::io::Result<()>)>();
     let mut handles = Vec::with_capacity(cpus.len());
     let mut all_metrics = Vec::with_capacity(cpus.len());
@@ -584,6 +606,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
             metrics,
             log_epoch: log_epoch.clone(),
             lifecycle: lifecycle.clone(),
+            edge: edge.clone(),
         };
         let tx = ready_tx.clone();
         let h = std::thread::Builder::new()

@@ -28,7 +28,7 @@ pub enum ReadError {
 }
 
 /// The cache's data files.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct BlockStore {
     data: PathBuf,
 }

@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Begin, FillEvent, Filler};
 use crate::cache::blocks::{blocks_for, missing_runs};
@@ -115,9 +115,23 @@ struct Job {
     committed: Vec<u32>,
 }
 
-/// A shard's fill (see the module doc). `W` names a waiter (a connection slot and
-/// generation, in the shard).
-pub struct CacheFill<W: Clone + PartialEq> {
+/// Who a notice goes to: the shard that holds the waiting connection.
+pub trait Routed {
+    /// The waiter's shard.
+    fn shard(&self) -> usize;
+}
+
+/// A single-shard cache's waiters (tests and tools name them by number).
+impl Routed for usize {
+    fn shard(&self) -> usize {
+        0
+    }
+}
+
+/// What every shard shares: the index and journal, the fills in flight and who waits on
+/// them, the queue of fetches to make, and each shard's notices. Behind one mutex, held
+/// only for bookkeeping (a block's journal append is the longest thing done under it).
+pub struct FillCore<W: Clone + PartialEq + Routed> {
     cfg: FillConfig,
     store: BlockStore,
     journal: JournalFile,
@@ -125,29 +139,51 @@ pub struct CacheFill<W: Clone + PartialEq> {
     blocks: Fills<(u64, u32), Option<W>>,
     probes: HashMap<Vec<u8>, Vec<W>>,
     files: HashMap<u64, Arc<File>>,
+    /// Fetches running on any shard, by job id.
     running: HashMap<u64, Job>,
     queue: VecDeque<Job>,
-    filler: Filler,
     next_job: u64,
     next_version: u64,
-    events: Vec<FillEvent>,
-    notices: Vec<Notice<W>>,
-    /// Slots given back by ended fetches, for the caller.
-    freed: Vec<ArenaSlot>,
+    /// Notices for each shard's waiters.
+    notices: Vec<Vec<Notice<W>>>,
+    /// Shards with notices since they last took them (to wake).
+    to_wake: Vec<bool>,
     /// Blocks fetched from the origin (for the coalescing ratio).
     pub blocks_fetched: u64,
     /// Blocks found corrupt on a read and fetched again.
     pub blocks_corrupt: u64,
 }
 
-impl<W: Clone + PartialEq> CacheFill<W> {
-    /// Opens the cache in `dir` (replays its journal) with `filler` for the origins.
-    pub fn open(dir: &Path, cfg: FillConfig, filler: Filler) -> std::io::Result<CacheFill<W>> {
-        assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0);
+/// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
+/// shared `FillCore`.
+pub struct CacheFill<W: Clone + PartialEq + Routed> {
+    core: Arc<Mutex<FillCore<W>>>,
+    shard: usize,
+    filler: Filler,
+    store: BlockStore,
+    events: Vec<FillEvent>,
+    /// Slots given back by ended fetches, for the caller.
+    freed: Vec<ArenaSlot>,
+}
+
+/// The index, read under the shared lock (`CacheFill::index`).
+pub struct IndexGuard<'a, W: Clone + PartialEq + Routed>(MutexGuard<'a, FillCore<W>>);
+
+impl<W: Clone + PartialEq + Routed> std::ops::Deref for IndexGuard<'_, W> {
+    type Target = Index;
+    fn deref(&self) -> &Index {
+        &self.0.index
+    }
+}
+
+impl<W: Clone + PartialEq + Routed> FillCore<W> {
+    /// Opens the cache in `dir` (replays its journal) for `shards` shards.
+    pub fn open(dir: &Path, cfg: FillConfig, shards: usize) -> std::io::Result<FillCore<W>> {
+        assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
         let store = BlockStore::open(dir)?;
         let (journal, index, _) = JournalFile::open(&dir.join("journal"))?;
         let next_version = index.max_version() + 1;
-        Ok(CacheFill {
+        Ok(FillCore {
             blocks: Fills::new(cfg.max_attempts),
             cfg,
             store,
@@ -157,12 +193,10 @@ impl<W: Clone + PartialEq> CacheFill<W> {
             files: HashMap::new(),
             running: HashMap::new(),
             queue: VecDeque::new(),
-            filler,
             next_job: 0,
             next_version,
-            events: Vec::new(),
-            notices: Vec::new(),
-            freed: Vec::new(),
+            notices: (0..shards).map(|_| Vec::new()).collect(),
+            to_wake: vec![false; shards],
             blocks_fetched: 0,
             blocks_corrupt: 0,
         })
@@ -173,16 +207,187 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         &self.index
     }
 
+    /// Shards that have notices waiting since the last call (each once).
+    pub fn take_wakes(&mut self, out: &mut Vec<usize>) {
+        for (shard, w) in self.to_wake.iter_mut().enumerate() {
+            if std::mem::take(w) {
+                out.push(shard);
+            }
+        }
+    }
+
+    fn notify(&mut self, n: Notice<W>) {
+        let w = match &n {
+            Notice::Block { waiter, .. }
+            | Notice::Known { waiter, .. }
+            | Notice::Failed { waiter, .. } => waiter,
+        };
+        let shard = w.shard().min(self.notices.len() - 1);
+        self.notices[shard].push(n);
+        self.to_wake[shard] = true;
+    }
+}
+
+impl<W: Clone + PartialEq + Routed> CacheFill<W> {
+    /// A single-shard cache in `dir` (replays its journal) with `filler` for the origins.
+    pub fn open(dir: &Path, cfg: FillConfig, filler: Filler) -> std::io::Result<CacheFill<W>> {
+        let core = Arc::new(Mutex::new(FillCore::open(dir, cfg, 1)?));
+        Ok(CacheFill::attach(core, 0, filler))
+    }
+
+    /// Shard `shard`'s handle on the shared `core`, fetching with `filler`.
+    pub fn attach(core: Arc<Mutex<FillCore<W>>>, shard: usize, filler: Filler) -> CacheFill<W> {
+        let store = lock(&core).store.clone();
+        CacheFill {
+            core,
+            shard,
+            filler,
+            store,
+            events: Vec::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    fn core(&self) -> MutexGuard<'_, FillCore<W>> {
+        lock(&self.core)
+    }
+
+    /// The index (what is on disk), under the shared lock: do not hold it across calls.
+    pub fn index(&self) -> IndexGuard<'_, W> {
+        IndexGuard(self.core())
+    }
+
     /// The data files.
     pub fn store(&self) -> &BlockStore {
         &self.store
     }
 
-    /// The filler (its connections and fetches).
+    /// The filler (this shard's connections and fetches).
     pub fn filler(&self) -> &Filler {
         &self.filler
     }
 
+    /// Blocks fetched from the origin, over all shards.
+    pub fn blocks_fetched(&self) -> u64 {
+        self.core().blocks_fetched
+    }
+
+    /// Blocks found corrupt, over all shards.
+    pub fn blocks_corrupt(&self) -> u64 {
+        self.core().blocks_corrupt
+    }
+
+    /// See `FillCore::want`.
+    pub fn want(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
+        self.core()
+            .want_blocks(key, origin, path, first, last, waiter, false)
+    }
+
+    /// See `FillCore::want_streaming`.
+    pub fn want_streaming(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
+        self.core()
+            .want_blocks(key, origin, path, first, last, waiter, true)
+    }
+
+    /// See `FillCore::readable_end`.
+    pub fn readable_end(&self, version: u64, from: u64) -> u64 {
+        self.core().readable_end(version, from)
+    }
+
+    /// `waiter` went away: it hears nothing more (the fetches go on for the cache).
+    pub fn cancel(&mut self, waiter: &W) {
+        self.core().cancel(waiter);
+    }
+
+    /// Starts the queued fetches that may start now on this shard: each takes a slot from
+    /// `take_slot` (None: no slot free; they wait) and a connection from its origin's pool.
+    pub fn pump<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        take_slot: &mut dyn FnMut() -> Option<ArenaSlot>,
+        now_ms: u64,
+    ) {
+        let mut core = lock(&self.core);
+        core.pump(&mut self.filler, ring, take_slot, &mut self.freed, now_ms);
+    }
+
+    /// An `Op::Origin` completion of this shard's fetch.
+    pub fn on_completion<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        token: crate::shard::token::Token,
+        res: i32,
+        now_ms: u64,
+    ) {
+        self.filler.on_completion(ring, token, res, now_ms);
+        self.filler.take_events(&mut self.events);
+        if self.events.is_empty() {
+            return;
+        }
+        let mut core = lock(&self.core);
+        core.settle(&mut self.events, &mut self.freed, now_ms);
+    }
+
+    /// Ends fetch stages past their deadline (their completions follow).
+    pub fn expire(&mut self, now_ms: u64) {
+        self.filler.expire(now_ms);
+    }
+
+    /// The earliest time (ms) something is due: a fetch deadline or a retry.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        let retry = self.core().queue.iter().map(|j| j.not_before_ms).min();
+        match (self.filler.next_deadline_ms(), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves this shard's notices into `out`, the slots its ended fetches gave back into
+    /// `slots`, and the shards to wake (other shards' waiters heard from this shard's
+    /// fetches) into `wake`.
+    pub fn take(
+        &mut self,
+        out: &mut Vec<Notice<W>>,
+        slots: &mut Vec<ArenaSlot>,
+        wake: &mut Vec<usize>,
+    ) {
+        let mut core = lock(&self.core);
+        out.append(&mut core.notices[self.shard]);
+        core.to_wake[self.shard] = false;
+        core.take_wakes(wake);
+        slots.append(&mut self.freed);
+    }
+
+    /// See `FillCore::verify_block`.
+    pub fn verify_block(&mut self, version: u64, block: u32, buf: &mut Vec<u8>) -> bool {
+        self.core().verify_block(version, block, buf)
+    }
+}
+
+/// The shared lock; a shard that panicked while holding it leaves the bookkeeping as it was
+/// (every change is applied whole before the journal or a notice hears of it).
+fn lock<W: Clone + PartialEq + Routed>(core: &Mutex<FillCore<W>>) -> MutexGuard<'_, FillCore<W>> {
+    core.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// `waiter` wants bytes `first..=last` (None: from `first` to the end) of `key`, fetched
     /// from `origin` as `path` when missing; `Ready` once every block of them is on disk.
     pub fn want(
@@ -371,10 +576,12 @@ impl<W: Clone + PartialEq> CacheFill<W> {
 
     /// Starts the queued fetches that may start now: each takes a slot from `take_slot`
     /// (None: no slot free; they wait) and a connection from its origin's pool.
-    pub fn pump<R: RingOps>(
+    fn pump<R: RingOps>(
         &mut self,
+        filler: &mut Filler,
         ring: &mut R,
         take_slot: &mut dyn FnMut() -> Option<ArenaSlot>,
+        freed: &mut Vec<ArenaSlot>,
         now_ms: u64,
     ) {
         let mut waiting = VecDeque::new();
@@ -390,7 +597,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
             let file = match self.data_file(job.version) {
                 Ok(f) => f,
                 Err(e) => {
-                    self.freed.push(slot);
+                    freed.push(slot);
                     self.give_up(
                         &job,
                         FetchError::Disk(e.raw_os_error().unwrap_or(libc::EIO)),
@@ -412,22 +619,19 @@ impl<W: Clone + PartialEq> CacheFill<W> {
                 align_bytes: self.cfg.align_bytes,
             };
             let id = self.next_job;
-            match self
-                .filler
-                .begin(ring, id, job.origin, &job.path, plan, slot, file, now_ms)
-            {
+            match filler.begin(ring, id, job.origin, &job.path, plan, slot, file, now_ms) {
                 Ok(()) => {
                     self.next_job += 1;
                     self.running.insert(id, job);
                 }
                 Err(Begin::Wait(slot)) => {
-                    self.freed.push(slot);
+                    freed.push(slot);
                     waiting.push_back(job);
                     // This origin is at its bound; others may not be, but keep the order.
                     break;
                 }
                 Err(Begin::Refused(slot, why)) => {
-                    self.freed.push(slot);
+                    freed.push(slot);
                     tracing::warn!(origin = job.origin, path = %job.path, %why, "origin fetch refused");
                     self.give_up(&job, FetchError::Connection(libc::EINVAL));
                 }
@@ -453,53 +657,17 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         Ok(f)
     }
 
-    /// An `Op::Origin` completion.
-    pub fn on_completion<R: RingOps>(
-        &mut self,
-        ring: &mut R,
-        token: crate::shard::token::Token,
-        res: i32,
-        now_ms: u64,
-    ) {
-        self.filler.on_completion(ring, token, res, now_ms);
-        self.settle(now_ms);
-    }
-
-    /// Ends fetch stages past their deadline (their completions follow).
-    pub fn expire(&mut self, now_ms: u64) {
-        self.filler.expire(now_ms);
-    }
-
-    /// The earliest time (ms) something is due: a fetch deadline or a retry.
-    pub fn next_due_ms(&self) -> Option<u64> {
-        let retry = self.queue.iter().map(|j| j.not_before_ms).min();
-        match (self.filler.next_deadline_ms(), retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// Moves the waiters' notices into `out`, and the slots ended fetches gave back into
-    /// `slots`.
-    pub fn take(&mut self, out: &mut Vec<Notice<W>>, slots: &mut Vec<ArenaSlot>) {
-        out.append(&mut self.notices);
-        slots.append(&mut self.freed);
-    }
-
-    fn settle(&mut self, now_ms: u64) {
-        let mut events = std::mem::take(&mut self.events);
-        self.filler.take_events(&mut events);
+    fn settle(&mut self, events: &mut Vec<FillEvent>, freed: &mut Vec<ArenaSlot>, now_ms: u64) {
         for e in events.drain(..) {
             match e {
                 FillEvent::Head { job, facts } => self.on_head(job, facts),
                 FillEvent::Committed { job, block, crc } => self.on_committed(job, block, crc),
                 FillEvent::Ended { job, error, slot } => {
-                    self.freed.push(slot);
+                    freed.push(slot);
                     self.on_ended(job, error, now_ms);
                 }
             }
         }
-        self.events = events;
     }
 
     fn on_head(&mut self, id: u64, facts: HeadFacts) {
@@ -539,7 +707,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
             }
         }
         for waiter in self.probes.remove(&key).unwrap_or_default() {
-            self.notices.push(Notice::Known { waiter, version });
+            self.notify(Notice::Known { waiter, version });
         }
     }
 
@@ -560,7 +728,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         self.blocks_fetched += 1;
         self.index.apply(record);
         for waiter in self.blocks.arrived((version, block)).into_iter().flatten() {
-            self.notices.push(Notice::Block {
+            self.notify(Notice::Block {
                 waiter,
                 version,
                 block,
@@ -613,7 +781,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
                 Failed::Retry { attempt } => retry.push((b, attempt)),
                 Failed::GiveUp(waiters) => {
                     for waiter in waiters.into_iter().flatten() {
-                        self.notices.push(Notice::Failed {
+                        self.notify(Notice::Failed {
                             waiter,
                             error: error.clone(),
                         });
@@ -645,7 +813,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
     fn give_up(&mut self, job: &Job, error: FetchError) {
         if job.probe {
             for waiter in self.probes.remove(&job.key).unwrap_or_default() {
-                self.notices.push(Notice::Failed {
+                self.notify(Notice::Failed {
                     waiter,
                     error: error.clone(),
                 });
@@ -654,7 +822,7 @@ impl<W: Clone + PartialEq> CacheFill<W> {
         for b in job.first..=job.last {
             if let Failed::GiveUp(waiters) = self.give_up_block(job.version, b) {
                 for waiter in waiters.into_iter().flatten() {
-                    self.notices.push(Notice::Failed {
+                    self.notify(Notice::Failed {
                         waiter,
                         error: error.clone(),
                     });

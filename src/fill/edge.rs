@@ -3,13 +3,16 @@
 //! path asks of them. The shard's glue (`shard::cache_glue`) only moves events between this
 //! and the connections.
 //!
-//! Each shard has a cache of its own, so an object may be filled and stored once per shard
-//! that is asked for it (steering keeps a client on one shard; two clients of one object on
-//! two shards fill it twice). Sharing one cache between shards is the next step.
+//! The shards share one cache (`SharedEdge`: one index, journal and set of fills behind a
+//! mutex); each runs its own fetches on its own ring. A fetch on one shard whose block a
+//! client on another waits for posts the notice to that shard and writes its eventfd, whose
+//! poll on that shard's ring wakes it.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use super::cache_fill::{CacheFill, FillConfig, Notice, Outcome};
+use super::cache_fill::{CacheFill, FillConfig, FillCore, Notice, Outcome};
 use super::route::{origin_for, OriginConfig};
 use super::Filler;
 use crate::cache::index::ObjectVersion;
@@ -24,8 +27,22 @@ pub const RUN_BLOCKS: u64 = 16;
 /// Attempts per block before the waiting clients get the error.
 pub const FILL_ATTEMPTS: u32 = 3;
 
-/// A waiting client: its connection slot and the slot's generation then.
-pub type Waiter = (ConnSlot, u16);
+/// A waiting client: its shard, its connection slot and the slot's generation then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    /// The shard holding the connection (its notices go there).
+    pub shard: u16,
+    /// The connection slot.
+    pub conn: ConnSlot,
+    /// The slot's generation when it began to wait.
+    pub generation: u16,
+}
+
+impl crate::fill::cache_fill::Routed for Waiter {
+    fn shard(&self) -> usize {
+        usize::from(self.shard)
+    }
+}
 
 /// What a request's path leads to.
 pub enum Route {
@@ -65,26 +82,32 @@ pub struct EdgeCache {
     pub wait_timeout_ms: u64,
     /// Bytes of an arena slot (a response no longer than this never streams).
     slot_bytes: usize,
+    /// This shard's number.
+    shard: usize,
+    /// Every shard's wake-up eventfd (index = shard).
+    wakers: Arc<Vec<OwnedFd>>,
+    wake_buf: Vec<usize>,
 }
 
-impl EdgeCache {
-    /// Opens shard `shard`'s cache beneath `cache_dir` (replaying its journal) for `origins`.
+/// What the shards share: one cache directory, one index and journal, and how to wake each
+/// other when a fetch on one has news for waiters on another.
+#[derive(Clone)]
+pub struct SharedEdge {
+    /// The bookkeeping every shard locks.
+    pub core: Arc<Mutex<FillCore<Waiter>>>,
+    dir: PathBuf,
+    wakers: Arc<Vec<OwnedFd>>,
+}
+
+impl SharedEdge {
+    /// Opens `cache_dir` (replaying its journal) for `shards` shards.
     pub fn open(
         cache_dir: &Path,
-        shard: usize,
-        origins: &[OriginConfig],
+        shards: usize,
         block_bytes: u32,
         read_ahead_blocks: u64,
         slot_bytes: usize,
-        wait_timeout_ms: u64,
-    ) -> std::io::Result<EdgeCache> {
-        let dir = cache_dir.join(format!("shard-{shard}"));
-        std::fs::create_dir_all(&dir)?;
-        let targets = origins
-            .iter()
-            .map(|o| o.target().map_err(std::io::Error::other))
-            .collect::<std::io::Result<Vec<_>>>()?;
-        let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
+    ) -> std::io::Result<SharedEdge> {
         let cfg = FillConfig {
             block_bytes,
             read_ahead_blocks,
@@ -93,14 +116,62 @@ impl EdgeCache {
             align_bytes: crate::shard::files::ARENA_ALIGN_BYTES as usize,
             max_attempts: FILL_ATTEMPTS,
         };
-        let fill = CacheFill::open(&dir, cfg, filler)?;
+        let core = FillCore::open(cache_dir, cfg, shards)?;
+        let wakers = (0..shards)
+            .map(|_| {
+                rustix::event::eventfd(
+                    0,
+                    rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+                )
+                .map_err(std::io::Error::from)
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(SharedEdge {
+            core: Arc::new(Mutex::new(core)),
+            dir: cache_dir.to_path_buf(),
+            wakers: Arc::new(wakers),
+        })
+    }
+}
+
+impl EdgeCache {
+    /// Shard `shard`'s cache: its own fetches over `origins`, the shared bookkeeping of
+    /// `shared`.
+    pub fn open(
+        shared: &SharedEdge,
+        shard: usize,
+        origins: &[OriginConfig],
+        slot_bytes: usize,
+        wait_timeout_ms: u64,
+    ) -> std::io::Result<EdgeCache> {
+        let targets = origins
+            .iter()
+            .map(|o| o.target().map_err(std::io::Error::other))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
+        let fill = CacheFill::attach(shared.core.clone(), shard, filler);
         Ok(EdgeCache {
-            data_dir: dir.join("data"),
+            data_dir: shared.dir.join("data"),
             fill,
             origins: origins.to_vec(),
             wait_timeout_ms,
             slot_bytes,
+            shard,
+            wakers: shared.wakers.clone(),
+            wake_buf: Vec::new(),
         })
+    }
+
+    /// This shard's wake-up descriptor (polled through the ring).
+    pub fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.wakers[self.shard].as_fd()
+    }
+
+    /// Empties this shard's wake-up counter (after its poll completed).
+    pub fn drain_wake(&self) {
+        let mut buf = [0u8; 8];
+        let _ = rustix::io::read(&self.wakers[self.shard], &mut buf);
     }
 
     /// Where request `path` (raw) with Host `host` is served from.
@@ -178,14 +249,14 @@ impl EdgeCache {
         head_only: bool,
         waiter: Waiter,
     ) -> (Outcome, Option<Stream>) {
-        let Some(meta) = self.fill.index().current(key) else {
+        let size = self.fill.index().current(key).map(|m| m.size);
+        let Some(size) = size else {
             let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
             return (
                 self.fill.want(key, origin, path, first, Some(0), waiter),
                 None,
             );
         };
-        let size = meta.size;
         let (first, last) = Self::span(range, size, head_only);
         let single = match range {
             None => true,
@@ -224,8 +295,8 @@ impl EdgeCache {
     }
 
     /// Version `version`'s metadata.
-    pub fn meta(&self, version: u64) -> Option<&ObjectVersion> {
-        self.fill.index().meta(version)
+    pub fn meta(&self, version: u64) -> Option<ObjectVersion> {
+        self.fill.index().meta(version).cloned()
     }
 
     /// Version `version`'s data file, and the key the shard's file cache keeps it under.
@@ -246,13 +317,21 @@ impl EdgeCache {
         }
     }
 
-    /// Notices for waiters, in order.
+    /// This shard's notices, in order, and the slots its fetches gave back; wakes the other
+    /// shards whose waiters heard from this shard's fetches.
     pub fn take_notices(
         &mut self,
         notices: &mut Vec<Notice<Waiter>>,
         slots: &mut Vec<crate::shard::slots::ArenaSlot>,
     ) {
-        self.fill.take(notices, slots);
+        let mut wake = std::mem::take(&mut self.wake_buf);
+        self.fill.take(notices, slots, &mut wake);
+        for shard in wake.drain(..) {
+            if shard != self.shard {
+                let _ = rustix::io::write(&self.wakers[shard], &1u64.to_ne_bytes());
+            }
+        }
+        self.wake_buf = wake;
     }
 }
 

@@ -515,7 +515,7 @@ fn read_all(
             cf.on_completion(ring, t, c.result, start.elapsed().as_millis() as u64);
         }
         cf.expire(start.elapsed().as_millis() as u64);
-        cf.take(&mut notices, &mut freed);
+        cf.take(&mut notices, &mut freed, &mut Vec::new());
         slots.append(&mut freed);
         for n in notices.drain(..) {
             match n {
@@ -557,7 +557,7 @@ fn a_hundred_readers_of_one_cold_object_make_the_origin_send_each_byte_once() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(origin.body_bytes_sent(), size as u64, "each byte sent once");
-    assert_eq!(cf.blocks_fetched, 6);
+    assert_eq!(cf.blocks_fetched(), 6);
     assert_eq!(slots.len(), 8, "every slot came back");
 }
 
@@ -590,7 +590,7 @@ fn a_restarted_fill_fetches_only_missing_blocks_and_a_corrupt_block_alone() {
             waiting: false,
         }];
         read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
-        assert_eq!(cf.blocks_fetched, 2);
+        assert_eq!(cf.blocks_fetched(), 2);
     }
     let first = wait_sent(2 * u64::from(BLOCK));
     assert_eq!(first, 2 * u64::from(BLOCK));
@@ -633,7 +633,7 @@ fn a_restarted_fill_fetches_only_missing_blocks_and_a_corrupt_block_alone() {
     let mut buf = Vec::new();
     assert!(cf.verify_block(v, 0, &mut buf));
     assert!(!cf.verify_block(v, 1, &mut buf), "the damage is caught");
-    assert_eq!(cf.blocks_corrupt, 1);
+    assert_eq!(cf.blocks_corrupt(), 1);
     let mut r = [Reader {
         pos: 0,
         end: None,
@@ -742,7 +742,7 @@ fn a_fill_killed_mid_object_resumes_with_only_the_missing_blocks_and_no_wrong_by
     }];
     read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
     assert_eq!(
-        cf.blocks_fetched,
+        cf.blocks_fetched(),
         blocks - present,
         "only the missing blocks were fetched"
     );
@@ -780,7 +780,7 @@ fn a_200_to_a_range_fills_the_whole_object_from_one_answer() {
         waiting: false,
     }];
     let at_once = read_all(&mut cf, &mut ring, &mut r, &mut slots, &obj);
-    assert_eq!(cf.blocks_fetched, 4, "one answer, every block");
+    assert_eq!(cf.blocks_fetched(), 4, "one answer, every block");
     assert!(at_once >= 4);
     drop(cf);
     drop(ring);
@@ -825,5 +825,5 @@ fn concurrent_ranges_of_a_cold_object_fetch_no_block_twice() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(origin.body_bytes_sent(), size as u64, "no block twice");
-    assert_eq!(cf.blocks_fetched, 9);
+    assert_eq!(cf.blocks_fetched(), 9);
 }

@@ -36,7 +36,7 @@ impl<R: RingOps> Shard<R> {
             self.respond_status(c, status, keep_alive && status < 500, head_only);
             return true;
         }
-        let waiter = (c, self.conns[c.index()].generation);
+        let waiter = self.waiter(c);
         let edge = self.edge.as_mut().expect("checked above");
         let (outcome, stream) = edge.want(&key, origin, &path, req.range, head_only, waiter);
         match outcome {
@@ -64,12 +64,15 @@ impl<R: RingOps> Shard<R> {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         let edge = self.edge.as_ref().expect("a pulled request has a cache");
-        let meta = edge.meta(version).expect("a ready version").clone();
+        let meta = edge.meta(version).expect("a ready version");
         let (key, path) = edge.data_file(version);
-        let idx = match self
-            .files
-            .acquire_immutable(&mut self.ring, &key, &path, meta.size, self.now_ms)
-        {
+        let idx = match self.files.acquire_immutable(
+            &mut self.ring,
+            &key,
+            &path,
+            meta.size,
+            self.now_ms,
+        ) {
             Ok(idx) => idx,
             Err(e) => {
                 tracing::warn!(shard = self.index, path = %path.display(), ?e, "cache data file");
@@ -120,7 +123,7 @@ impl<R: RingOps> Shard<R> {
     /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
     /// it waits on the next block, or reads on at once if that came meanwhile.
     pub(super) fn fill_await_block(&mut self, c: ConnSlot, file_offset: u64) {
-        let waiter = (c, self.conns[c.index()].generation);
+        let waiter = self.waiter(c);
         let (Some(edge), Some((stream, version))) =
             (self.edge.as_mut(), self.fill_streams.get(&c.raw()))
         else {
@@ -144,7 +147,8 @@ impl<R: RingOps> Shard<R> {
 
     /// Block notices for a streaming response: it reads on to the new end of the committed
     /// bytes and waits on the next block (which moves the read-ahead on).
-    fn stream_block_arrived(&mut self, (c, generation): Waiter, version: u64) {
+    fn stream_block_arrived(&mut self, waiter: Waiter, version: u64) {
+        let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
         if conn.generation != generation || !conn.responding() {
             return;
@@ -167,7 +171,7 @@ impl<R: RingOps> Shard<R> {
             || edge.meta(version).is_some_and(|m| end >= m.size);
         if !done {
             // Wait on the next block (its notice comes here again).
-            let _ = edge.want_more(stream, end, (c, generation));
+            let _ = edge.want_more(stream, end, waiter);
         }
         if self.conns[c.index()].set_readable_end(end) {
             self.ready.push_bulk(c);
@@ -201,7 +205,7 @@ impl<R: RingOps> Shard<R> {
                 Notice::Block {
                     waiter, version, ..
                 } => {
-                    if self.conns[waiter.0.index()].awaiting_fill() {
+                    if self.conns[waiter.conn.index()].awaiting_fill() {
                         self.resume_fill(waiter, None);
                     } else {
                         self.stream_block_arrived(waiter, version);
@@ -210,7 +214,7 @@ impl<R: RingOps> Shard<R> {
                 Notice::Known { waiter, .. } => self.resume_fill(waiter, None),
                 Notice::Failed { waiter, error } => {
                     tracing::warn!(shard = self.index, ?error, "origin fill failed");
-                    if self.conns[waiter.0.index()].awaiting_fill() {
+                    if self.conns[waiter.conn.index()].awaiting_fill() {
                         self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
                     } else {
                         // Its response has begun: it cannot become an error now.
@@ -221,7 +225,12 @@ impl<R: RingOps> Shard<R> {
         }
         // Responses whose stream cannot go on are cut (the client sees a short body).
         let mut aborts = std::mem::take(&mut self.fill_aborts);
-        for (c, generation) in aborts.drain(..) {
+        for Waiter {
+            conn: c,
+            generation,
+            ..
+        } in aborts.drain(..)
+        {
             let conn = &self.conns[c.index()];
             if conn.generation == generation && conn.is_live() && conn.responding() {
                 self.fill_streams.remove(&c.raw());
@@ -241,7 +250,8 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// A waiting request's fill moved (or failed with `status`): it is answered again.
-    fn resume_fill(&mut self, (c, generation): Waiter, status: Option<u16>) {
+    fn resume_fill(&mut self, waiter: Waiter, status: Option<u16>) {
+        let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
         if conn.generation != generation || !conn.is_open() || !conn.awaiting_fill() {
             return;
@@ -262,7 +272,7 @@ impl<R: RingOps> Shard<R> {
 
     /// A waiting request ran out of time: 504.
     pub(super) fn fill_timed_out(&mut self, c: ConnSlot) {
-        let waiter = (c, self.conns[c.index()].generation);
+        let waiter = self.waiter(c);
         if let Some(edge) = self.edge.as_mut() {
             edge.fill.cancel(&waiter);
         }
@@ -273,10 +283,37 @@ impl<R: RingOps> Shard<R> {
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_failed.remove(&c.raw());
         self.fill_streams.remove(&c.raw());
-        let waiter = (c, self.conns[c.index()].generation);
+        let waiter = self.waiter(c);
         if let Some(edge) = self.edge.as_mut() {
             edge.fill.cancel(&waiter);
         }
+    }
+
+    /// This shard's name for a connection that waits on the fill.
+    fn waiter(&self, c: ConnSlot) -> Waiter {
+        Waiter {
+            shard: self.index as u16,
+            conn: c,
+            generation: self.conns[c.index()].generation,
+        }
+    }
+
+    /// Arms the poll on this shard's fill eventfd (other shards' fetches write it when they
+    /// have news for this shard's waiters).
+    pub(super) fn arm_fill_wake(&mut self) {
+        if let Some(edge) = self.edge.as_ref() {
+            let t = super::token::Token::shard(super::token::Op::FillWake).encode();
+            self.ring.poll_fd(edge.wake_fd(), libc::POLLIN as u32, t);
+        }
+    }
+
+    /// The fill eventfd's poll completed: empty it and poll again (the notices are taken in
+    /// `run_fill` this tick).
+    pub(super) fn on_fill_wake(&mut self) {
+        if let Some(edge) = self.edge.as_ref() {
+            edge.drain_wake();
+        }
+        self.arm_fill_wake();
     }
 
     /// An `Op::Origin` completion.

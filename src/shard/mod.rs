@@ -134,6 +134,8 @@ pub struct ShardParams {
     pub log_epoch: Arc<AtomicU64>,
     /// Leaving rotation (SIGTERM) and reloaded configuration (SIGHUP).
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    /// The pull-through cache every shard shares (with `[[origin]]`).
+    pub edge: Option<crate::fill::edge::SharedEdge>,
 }
 
 /// Builds the shard (ring, arena, caches — after the caller pinned the thread, so memory is
@@ -264,7 +266,17 @@ impl Shard<Ring> {
     fn new(p: ShardParams) -> std::io::Result<Shard<Ring>> {
         let ring = new_ring_retrying(&ring_config(&p.config))?;
         let loopback = p.listener.local_addr()?.ip().is_loopback();
-        Shard::with_ring(
+        let edge = match &p.edge {
+            Some(shared) => Some(crate::fill::edge::EdgeCache::open(
+                shared,
+                p.index,
+                &p.config.origin,
+                p.config.chunk_bytes,
+                p.config.cache_wait_timeout_ms,
+            )?),
+            None => None,
+        };
+        let mut shard = Shard::with_ring(
             p.index,
             p.config,
             ring,
@@ -275,7 +287,10 @@ impl Shard<Ring> {
             p.shutdown,
             p.log_epoch,
             p.lifecycle,
-        )
+        )?;
+        shard.edge = edge;
+        shard.arm_fill_wake();
+        Ok(shard)
     }
 }
 
@@ -328,18 +343,6 @@ impl<R: RingOps> Shard<R> {
                 log_epoch.load(Ordering::Relaxed),
             )?),
             None => None,
-        };
-        let edge = match &cfg.cache_dir {
-            Some(dir) if !cfg.origin.is_empty() => Some(crate::fill::edge::EdgeCache::open(
-                dir,
-                index,
-                &cfg.origin,
-                cfg.cache_block_bytes,
-                cfg.cache_read_ahead_blocks,
-                cfg.chunk_bytes,
-                cfg.cache_wait_timeout_ms,
-            )?),
-            _ => None,
         };
         Ok(Shard {
             index,
@@ -399,7 +402,7 @@ impl<R: RingOps> Shard<R> {
             access_log,
             log_epoch,
             lifecycle: reload::LifecycleView::new(lifecycle),
-            edge,
+            edge: None,
             fill_notices: Vec::new(),
             fill_slots: Vec::new(),
             fill_failed: std::collections::HashMap::new(),
@@ -1254,6 +1257,7 @@ impl<R: RingOps> Shard<R> {
             Op::OverflowClose => return self.socket_slot_freed(),
             Op::Overflow | Op::CancelAccept => return,
             Op::Origin => return self.on_origin(t, cqe.result),
+            Op::FillWake => return self.on_fill_wake(),
             Op::LogWrite => {
                 if let Some(log) = self.access_log.as_mut() {
                     log.on_write_done(&mut self.ring, cqe.result);
@@ -1329,6 +1333,7 @@ impl<R: RingOps> Shard<R> {
             | Op::OverflowClose
             | Op::CancelAccept
             | Op::Origin
+            | Op::FillWake
             | Op::LogWrite => {
                 unreachable!()
             }

@@ -49,6 +49,8 @@ pub enum Op {
     PeerName = 16,
     /// The operation in flight of an origin fetch (slot = fetch index).
     Origin = 17,
+    /// The poll on the shard's fill eventfd: another shard's fetch has notices for it.
+    FillWake = 18,
 }
 
 impl Op {
@@ -71,6 +73,7 @@ impl Op {
             15 => Op::SendTls,
             16 => Op::PeerName,
             17 => Op::Origin,
+            18 => Op::FillWake,
             _ => return None,
         })
     }
@@ -185,6 +188,7 @@ mod tests {
             Op::SendTls,
             Op::PeerName,
             Op::Origin,
+            Op::FillWake,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {
@@ -210,7 +214,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=17) {
+        fn any_token_round_trips(slot in 0..=MAX_SLOT, generation: u16, aux: u16, op in 1u8..=18) {
             let op = Op::from_u8(op).unwrap();
             let t = Token::new(op, slot, generation, aux);
             proptest::prop_assert_eq!(Token::decode(t.encode()), Some(t));
