@@ -7,7 +7,7 @@
 
 # fill_origin_body_bytes: body bytes the origin nginx has sent (one log line per request).
 fill_origin_body_bytes() {
-  awk '{ s += $1 } END { printf "%d", s }' "$WORK/nginx-origin/access.log" 2>/dev/null || echo 0
+  awk '{ s += $1 } END { printf "%.0f", s }' "$WORK/nginx-origin/access.log" 2>/dev/null || echo 0
 }
 
 fill_setup() {

@@ -7,7 +7,8 @@
 #   - C clients (default 100) starting on another cold object within a second: the origin's
 #     body bytes against the object's size, and the slowest client against one alone.
 #
-#   perf/fill.sh [--mib N] [--clients C] [--delay-ms D] [--shards S] [--out FILE]
+#   perf/fill.sh [--mib N] [--clients C] [--delay-ms D] [--shards S] [--read-ahead B]
+#                [--out FILE]
 #
 # The origin is nginx on loopback serving from /dev/shm behind a relay that holds every
 # response's first byte for D ms (default 20: the origin's distance; tc here has no netem).
@@ -21,13 +22,14 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 # shellcheck source=fill-lib.sh
 source "$HERE/fill-lib.sh"
-MIB=1024 CLIENTS=100 DELAY_MS=20 SHARDS=auto OUT=$HERE/FILL.md
+MIB=1024 CLIENTS=100 DELAY_MS=20 SHARDS=auto READ_AHEAD=64 OUT=$HERE/FILL.md
 while (($#)); do
   case $1 in
     --mib) MIB=$2; shift 2 ;;
     --clients) CLIENTS=$2; shift 2 ;;
     --delay-ms) DELAY_MS=$2; shift 2 ;;
     --shards) SHARDS=$2; shift 2 ;;
+    --read-ahead) READ_AHEAD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h | --help) print_usage "$0" ;;
     *) echo "fill.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -57,11 +59,14 @@ head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/b.bin"
 ramdisk_create "pl-fill-disk-$$" $((8 * BYTES + (1024 << 20))) "$MNT"
 mkdir -p "$MNT/root" "$MNT/cache" "$MNT/lancache" "$MNT/lancache-tmp"
 cp "$WORK/origin/pull/a.bin" "$MNT/root/local.bin"
+# Written back before any O_DIRECT read (a dirty page cache range is flushed by the read).
+sync
 fill_setup
 
 SL_PORT=18084
 cat >"$WORK/shardline.toml" <<EOF
 cache_dir = "$MNT/cache"
+cache_read_ahead_blocks = $READ_AHEAD
 [[origin]]
 prefix = "/pull/"
 url = "http://127.0.0.1:$RELAY_PORT"
@@ -140,7 +145,7 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "# Pull-through cache: clients of a distant origin (perf/fill.sh)"
   echo
   echo "Run $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) vCPU, $(uname -r), at $(git -C "$REPO" rev-parse --short HEAD);"
-  echo "shardline with ${shards_run:-?} shard(s). Objects of $MIB MiB from nginx on loopback behind a relay that"
+  echo "shardline with ${shards_run:-?} shard(s), cache_read_ahead_blocks = $READ_AHEAD. Objects of $MIB MiB from nginx on loopback behind a relay that"
   echo "holds every response's first byte for $DELAY_MS ms. Caches and shardline's root on ext4 on a ram-backed"
   echo "loop device. Clients: curl over loopback."
   echo
@@ -168,8 +173,8 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo
   echo "Targets: origin bytes <= 1.02x the object; the slowest within 1.2x of one client's cold time."
   ((lc_short == 0)) || echo "lancache-style nginx: $lc_short of $CLIENTS clients got a short body (counted in its slowest time as they ended)."
-  echo "Each shard keeps a cache of its own for now (cache_dir/shard-N), so with S shards an object"
-  echo "may be fetched up to S times when its clients land on different shards."
+  echo "All clients together received $CLIENTS x $MIB MiB over loopback: shardline sent $(printf %.0f "$(calc "$CLIENTS * $BYTES / $sl_many / 1e6")") MB/s"
+  echo "in all until its slowest client was done, against $(printf %.0f "$(rate "$sl_warm_s")") MB/s to one warm client."
 } >"$OUT"
 log "wrote $OUT"
 cat "$OUT"

@@ -383,7 +383,7 @@ impl Default for Config {
             origin: Vec::new(),
             cache_dir: None,
             cache_block_bytes: 1 << 20,
-            cache_read_ahead_blocks: 16,
+            cache_read_ahead_blocks: 64,
             cache_wait_timeout_ms: 60_000,
         }
     }

@@ -189,6 +189,18 @@ counters! {
     signed_url_bad_signature: Counter "signed_url_refused_total" { reason = "bad_signature" },
     /// Signed-prefix requests refused (403): a good signature past its expiry.
     signed_url_expired: Counter "signed_url_refused_total" { reason = "expired" },
+    /// Pulled responses whose bytes were all in the cache when they began.
+    cache_hit: Counter "cache_responses_total" { result = "hit" },
+    /// Pulled responses that waited for the fill, then read the cache.
+    cache_miss: Counter "cache_responses_total" { result = "miss" },
+    /// Pulled responses that streamed while their object filled.
+    cache_fill: Counter "cache_responses_total" { result = "fill" },
+    /// Pulled requests answered with an error (the origin's 4xx, 502, 504).
+    cache_error: Counter "cache_responses_total" { result = "error" },
+    /// Origin fetches this shard runs now.
+    origin_fetches: Gauge "origin_fetches",
+    /// Connections to origins this shard holds (busy and idle).
+    origin_connections: Gauge "origin_connections",
 }
 
 /// HELP text of families whose members differ by a label (the fields' own docs describe
@@ -196,6 +208,10 @@ counters! {
 fn family_help(family: &str) -> Option<&'static str> {
     Some(match family {
         "connections_closed_total" => "Connections closed, by reason.",
+        "cache_responses_total" => {
+            "Responses under an [[origin]], by where their bytes came from (hit, miss, fill) or \
+             error."
+        }
         "bytes_sent_total" => {
             "Bytes sent, by source (direct, dontcache, buffered, memory); over TLS the records' \
              framing counts with the bytes it carries."

@@ -16,6 +16,7 @@ struct Edge {
     server: Server,
     origin: NginxOrigin,
     cache: std::path::PathBuf,
+    log: std::path::PathBuf,
     _dirs: Vec<tempfile::TempDir>,
 }
 
@@ -49,14 +50,23 @@ fn edge_with(shards: &str, extra_config: &str, nginx_extra: &str, object_bytes: 
         ),
     )
     .unwrap();
+    let log = dir.path().join("access.log");
     let server = Server::start(
         &root,
-        &["--config", cfg.to_str().unwrap(), "--shards", shards],
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--shards",
+            shards,
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
     );
     Edge {
         server,
         origin,
         cache,
+        log,
         _dirs: vec![origin_root, work, dir],
     }
 }
@@ -89,13 +99,16 @@ fn a_cold_object_is_filled_from_the_origin_then_served_from_the_cache() {
     assert_eq!(r.header("etag"), Some(etag.as_str()));
     let r = get(&e.server, "/pull/obj.bin", &[("If-None-Match", &etag)]);
     assert_eq!(r.status, 304);
-    let r = get(
-        &e.server,
-        "/pull/obj.bin",
-        &[("Range", "bytes=1000000-1000099")],
-    );
-    assert_eq!(r.status, 206);
-    assert_eq!(r.body, &want[1_000_000..1_000_100]);
+    for _ in 0..8 {
+        // New connections: over both shards.
+        let r = get(
+            &e.server,
+            "/pull/obj.bin",
+            &[("Range", "bytes=1000000-1000099")],
+        );
+        assert_eq!(r.status, 206);
+        assert_eq!(r.body, &want[1_000_000..1_000_100]);
+    }
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(
         e.origin.body_bytes_sent(),
@@ -113,6 +126,28 @@ fn a_cold_object_is_filled_from_the_origin_then_served_from_the_cache() {
         common::read_response(&mut std::io::BufReader::new(s), true).unwrap()
     };
     assert_eq!(origin_etag.header("etag"), Some(etag.as_str()));
+    let r = get(&e.server, "/local.bin", &[]);
+    assert_eq!(r.status, 200);
+
+    // The access log says where each response's bytes came from (every shard's lines are
+    // written by the time the server has drained and exited).
+    let mut e = e;
+    assert!(e.server.terminate().success());
+    let text = std::fs::read_to_string(&e.log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 12, "{lines:#?}");
+    let count = |label: &str| lines.iter().filter(|l| l.contains(label)).count();
+    assert_eq!(
+        count(" cache=FILL") + count(" cache=MISS"),
+        1,
+        "the cold download: {lines:#?}"
+    );
+    assert_eq!(count(" cache=HIT"), 10, "the hits: {lines:#?}");
+    assert_eq!(
+        count("cache="),
+        11,
+        "the local file has no cache field: {lines:#?}"
+    );
 }
 
 #[test]

@@ -42,6 +42,10 @@ pub struct Entry<'a> {
     pub client: Option<std::net::IpAddr>,
     /// The limiter that held the response back, if one did (`rate`: its connection's rate).
     pub limiter: Option<&'static str>,
+    /// Where a pulled response's bytes came from: `HIT` (all on disk when it began), `MISS`
+    /// (it waited for the fill, then read them from disk), `FILL` (it streamed while the
+    /// fill went on); None: not under an `[[origin]]`.
+    pub cache: Option<&'static str>,
 }
 
 /// A shard's access log.
@@ -205,6 +209,12 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
             }
             None => out.extend_from_slice(b",\"limiter\":null"),
         }
+        match e.cache {
+            Some(c) => {
+                let _ = write!(out, ",\"cache\":\"{c}\"");
+            }
+            None => out.extend_from_slice(b",\"cache\":null"),
+        }
         let _ = write!(out, ",\"shard\":{},\"tls\":", e.shard);
         match e.tls {
             None => out.extend_from_slice(b"null"),
@@ -246,6 +256,9 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry<'_>, json: bool) {
         if let Some(l) = e.limiter {
             let _ = write!(out, " limiter={l}");
         }
+        if let Some(c) = e.cache {
+            let _ = write!(out, " cache={c}");
+        }
         match e.tls {
             None => out.extend_from_slice(b" tls=-\n"),
             Some(t) => {
@@ -278,6 +291,7 @@ mod tests {
             tls: None,
             client: None,
             limiter: None,
+            cache: None,
         }
     }
 
@@ -356,6 +370,7 @@ mod tests {
         let mut out = Vec::new();
         let e = Entry {
             limiter: Some("rate"),
+            cache: None,
             ..entry(b"GET /a HTTP/1.1", b"")
         };
         format_line(&mut out, &e, true);

@@ -33,6 +33,7 @@ impl<R: RingOps> Shard<R> {
             return false;
         };
         if let Some(status) = self.fill_failed.remove(&c.raw()) {
+            super::ShardMetrics::add(&self.metrics.cache_error, 1);
             self.respond_status(c, status, keep_alive && status < 500, head_only);
             return true;
         }
@@ -44,10 +45,14 @@ impl<R: RingOps> Shard<R> {
             Outcome::Waiting => {
                 let timeout_ms = edge.wait_timeout_ms;
                 let cx = self.cx();
+                self.conns[c.index()].cache = Some("MISS");
                 self.conns[c.index()].await_fill(timeout_ms, &cx);
                 self.sync_timer(c);
             }
-            Outcome::Busy => self.respond_status(c, 503, keep_alive, head_only),
+            Outcome::Busy => {
+                super::ShardMetrics::add(&self.metrics.cache_error, 1);
+                self.respond_status(c, 503, keep_alive, head_only)
+            }
         }
         true
     }
@@ -106,18 +111,34 @@ impl<R: RingOps> Shard<R> {
         let started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
+            let label = if self.conns[c.index()].cache.is_some() {
+                "MISS"
+            } else {
+                "HIT"
+            };
+            self.conns[c.index()].cache = Some(label);
             return self.install(c, started, None, rate);
         }
         self.install(c, started, Some(idx), rate);
+        let waited = self.conns[c.index()].cache.is_some();
+        let mut filling = false;
         // A streaming response reads no further than the committed blocks and moves on as
         // the fill commits more; anything else had every block it needs before it began.
         if let Some(stream) = stream {
             let from = self.conns[c.index()].next_file_offset().unwrap_or(0);
             let edge = self.edge.as_ref().expect("a pulled request has a cache");
             let end = edge.fill.readable_end(version, from);
+            filling = end < stream.last.map_or(meta.size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
             self.fill_streams.insert(c.raw(), (stream, version));
         }
+        let (label, counter) = match (filling, waited) {
+            (true, _) => ("FILL", &self.metrics.cache_fill),
+            (false, true) => ("MISS", &self.metrics.cache_miss),
+            (false, false) => ("HIT", &self.metrics.cache_hit),
+        };
+        super::ShardMetrics::add(counter, 1);
+        self.conns[c.index()].cache = Some(label);
     }
 
     /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
@@ -242,6 +263,11 @@ impl<R: RingOps> Shard<R> {
         self.fill_aborts = aborts;
         self.fill_notices = notices;
         self.fill_slots = slots;
+        if let Some(edge) = self.edge.as_ref() {
+            let f = edge.fill.filler();
+            super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
+            super::ShardMetrics::set(&self.metrics.origin_connections, f.connections() as u64);
+        }
     }
 
     /// The earliest fill deadline or retry (ms), for the loop's sleep.

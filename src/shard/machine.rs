@@ -477,6 +477,8 @@ pub struct ConnMachine {
     pub over_cap: bool,
     /// The limiter the last response waited for, if any (the access log's `limiter`).
     pub limiter: Option<&'static str>,
+    /// Where the current pulled response's bytes come from (the access log's `cache`).
+    pub cache: Option<&'static str>,
     /// The current response's rate limit (`limit_rate_bytes_per_s`), if one applies.
     pub rate_limit: Option<crate::limits::RateLimit>,
     /// The current response's place with the edge's egress cap, if one applies.
@@ -550,6 +552,7 @@ impl ConnMachine {
             cap_key: None,
             over_cap: false,
             limiter: None,
+            cache: None,
             rate_limit: None,
             egress: None,
             arena: ArenaWait::None,

@@ -894,6 +894,7 @@ impl<R: RingOps> Shard<R> {
                 tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
                 client: conn.request_client.or(conn.client.addr().map(|a| a.ip())),
                 limiter: conn.limiter,
+                cache: conn.cache,
             });
         }
     }

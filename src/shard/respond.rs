@@ -160,8 +160,12 @@ impl<R: RingOps> Shard<R> {
     }
 
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
-        // A new response: whatever the last one streamed is over.
+        // A new response: whatever the last one streamed is over (a request parsed again
+        // after its fill keeps what its first parse noted).
         self.fill_streams.remove(&c.raw());
+        if !self.resuming_fill {
+            self.conns[c.index()].cache = None;
+        }
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         let limits = self.plan_limits(c);
