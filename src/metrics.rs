@@ -190,13 +190,13 @@ counters! {
     /// Signed-prefix requests refused (403): a good signature past its expiry.
     signed_url_expired: Counter "signed_url_refused_total" { reason = "expired" },
     /// Pulled responses whose bytes were all in the cache when they began.
-    cache_hit: Counter "cache_responses_total" { result = "hit" },
+    cache_hit: Counter "cache_lookups_total" { result = "hit" },
     /// Pulled responses that waited for the fill, then read the cache.
-    cache_miss: Counter "cache_responses_total" { result = "miss" },
+    cache_miss: Counter "cache_lookups_total" { result = "miss" },
     /// Pulled responses that streamed while their object filled.
-    cache_fill: Counter "cache_responses_total" { result = "fill" },
+    cache_fill: Counter "cache_lookups_total" { result = "fill" },
     /// Pulled requests answered with an error (the origin's 4xx, 502, 504).
-    cache_error: Counter "cache_responses_total" { result = "error" },
+    cache_error: Counter "cache_lookups_total" { result = "error" },
     /// Origin fetches this shard runs now.
     origin_fetches: Gauge "origin_fetches",
     /// Connections to origins this shard holds (busy and idle).
@@ -208,7 +208,7 @@ counters! {
 fn family_help(family: &str) -> Option<&'static str> {
     Some(match family {
         "connections_closed_total" => "Connections closed, by reason.",
-        "cache_responses_total" => {
+        "cache_lookups_total" => {
             "Responses under an [[origin]], by where their bytes came from (hit, miss, fill) or \
              error."
         }
