@@ -382,8 +382,8 @@ impl Default for Config {
             egress_bypass_bytes: DEFAULT_EGRESS_BYPASS_BYTES,
             origin: Vec::new(),
             cache_dir: None,
-            cache_block_bytes: 1 << 20,
-            cache_read_ahead_blocks: 64,
+            cache_block_bytes: 256 * 1024,
+            cache_read_ahead_blocks: 256,
             cache_wait_timeout_ms: 60_000,
         }
     }
@@ -662,6 +662,14 @@ impl Config {
                     crate::cache::journal::MIN_BLOCK_BYTES,
                     crate::cache::journal::MAX_BLOCK_BYTES
                 ),
+            ));
+        }
+        if b as usize > self.chunk_bytes / 2 {
+            // Each read of a pulled object holds whole blocks (to check them), and a TLS chunk
+            // carries a little less than chunk_bytes of plaintext.
+            return Err(err(
+                "cache_block_bytes",
+                format!("at most half of chunk_bytes ({})", self.chunk_bytes / 2),
             ));
         }
         if self.cache_read_ahead_blocks > crate::cache::blocks::MAX_RUN_BLOCKS * 16 {

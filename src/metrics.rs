@@ -197,6 +197,8 @@ counters! {
     cache_fill: Counter "cache_lookups_total" { result = "fill" },
     /// Pulled requests answered with an error (the origin's 4xx, 502, 504).
     cache_error: Counter "cache_lookups_total" { result = "error" },
+    /// Cached blocks that failed their checksum on a read (dropped, fetched again).
+    cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
     /// Origin fetches this shard runs now.
     origin_fetches: Gauge "origin_fetches",
     /// Connections to origins this shard holds (busy and idle).

@@ -374,6 +374,40 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         slots.append(&mut self.freed);
     }
 
+    /// Checks the blocks `bytes` (read from `version`'s data file at `file_off`, a block
+    /// boundary) holds whole against their checksums; the first that fails is forgotten
+    /// and returned.
+    pub fn check_blocks(&mut self, version: u64, file_off: u64, bytes: &[u8]) -> Result<(), u32> {
+        let mut core = self.core();
+        let Some(meta) = core.index.meta(version).cloned() else {
+            return Ok(());
+        };
+        let b = u64::from(meta.block_bytes);
+        debug_assert_eq!(
+            file_off % b,
+            0,
+            "a read of a pulled object starts on a block ({file_off}, {b})"
+        );
+        let mut at = file_off;
+        while at < meta.size {
+            let len = (meta.size - at).min(b);
+            let start = (at - file_off) as usize;
+            let Some(block_bytes) = bytes.get(start..start + len as usize) else {
+                break; // the read ends inside this block: it is checked by the read that holds it
+            };
+            let block = (at / b) as u32;
+            if let Some(crc) = core.index.block_crc(version, block) {
+                if crate::cache::checksum(block_bytes) != crc {
+                    core.blocks_corrupt += 1;
+                    core.index.forget_block(version, block);
+                    return Err(block);
+                }
+            }
+            at += b;
+        }
+        Ok(())
+    }
+
     /// See `FillCore::verify_block`.
     pub fn verify_block(&mut self, version: u64, block: u32, buf: &mut Vec<u8>) -> bool {
         self.core().verify_block(version, block, buf)

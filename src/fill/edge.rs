@@ -23,7 +23,7 @@ use crate::shard::slots::ConnSlot;
 /// Most fetches a shard runs at once over all its origins.
 pub const MAX_FETCHES_PER_SHARD: usize = 64;
 /// Blocks one origin request asks for.
-pub const RUN_BLOCKS: u64 = 16;
+pub const RUN_BLOCKS: u64 = 64;
 /// Attempts per block before the waiting clients get the error.
 pub const FILL_ATTEMPTS: u32 = 3;
 

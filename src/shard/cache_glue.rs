@@ -5,7 +5,7 @@
 //! file (`FileCache::acquire_immutable`), so the chunk pipeline is the one every file uses.
 
 use super::buffers::Demand;
-use super::slots::ConnSlot;
+use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard};
 use crate::fill::cache_fill::{Notice, Outcome};
 use crate::fill::edge::{EdgeCache, Route, Stream, Waiter};
@@ -108,7 +108,10 @@ impl<R: RingOps> Shard<R> {
         };
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.body_pool.pop().unwrap_or_default();
-        let started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        // The head leaves on its own: the body's reads must hold whole blocks to be checked,
+        // which a head-and-body chunk (bytes read at the head's end) cannot.
+        started.inline_head = false;
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
             let label = if self.conns[c.index()].cache.is_some() {
@@ -120,6 +123,9 @@ impl<R: RingOps> Shard<R> {
             return self.install(c, started, None, rate);
         }
         self.install(c, started, Some(idx), rate);
+        // Every read holds whole blocks, checked against their checksums when it completes.
+        self.conns[c.index()].set_read_align(u64::from(meta.block_bytes));
+        self.fill_reads.insert(c.raw(), version);
         let waited = self.conns[c.index()].cache.is_some();
         let mut filling = false;
         // A streaming response reads no further than the committed blocks and moves on as
@@ -308,10 +314,45 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_failed.remove(&c.raw());
+        self.fill_reads.remove(&c.raw());
         self.fill_streams.remove(&c.raw());
         let waiter = self.waiter(c);
         if let Some(edge) = self.edge.as_mut() {
             edge.fill.cancel(&waiter);
+        }
+    }
+
+    /// A read of a pulled version completed with `res`: when it is whole, every block in it
+    /// is checked against its journaled CRC-32C. A block that fails is forgotten (the next
+    /// request fetches it again, alone) and the read becomes an I/O error, so the response
+    /// is cut rather than send a wrong byte.
+    pub(super) fn verify_cache_read(&mut self, c: ConnSlot, slot: ArenaSlot, res: i32) -> i32 {
+        let Some(&version) = self.fill_reads.get(&c.raw()) else {
+            return res;
+        };
+        let Some((file_off, buf_off, got, need)) = self.conns[c.index()].chunk_read(slot) else {
+            return res;
+        };
+        if res <= 0 || got + (res as u32) < need {
+            return res;
+        }
+        let Some(edge) = self.edge.as_mut() else {
+            return res;
+        };
+        let read = u64::from(got) + res as u64;
+        let bytes = &self.ring.arena(slot)[buf_off as usize..buf_off as usize + read as usize];
+        match edge.fill.check_blocks(version, file_off, bytes) {
+            Ok(()) => res,
+            Err(block) => {
+                super::ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
+                tracing::warn!(
+                    shard = self.index,
+                    version,
+                    block,
+                    "a cached block failed its checksum: dropped, to be fetched again"
+                );
+                -libc::EIO
+            }
         }
     }
 

@@ -627,6 +627,28 @@ impl ConnMachine {
         stopped
     }
 
+    /// Reads of this body start and end on `align`-byte boundaries (a pulled object's block
+    /// size, so each read holds whole blocks whose checksums can be checked).
+    pub fn set_read_align(&mut self, align: u64) {
+        if let Some(body) = self.body_mut() {
+            assert!(align.is_power_of_two() && align >= body.align.max(1));
+            body.align = align;
+        }
+    }
+
+    /// The read into arena slot `slot`: (file offset, offset in the slot, bytes read so far,
+    /// bytes it needs), if that slot holds a chunk of this connection being read.
+    pub fn chunk_read(&self, slot: ArenaSlot) -> Option<(u64, u32, u32, u32)> {
+        let body = self.body()?;
+        let c = body.chunks.iter().find(|c| c.slot == slot)?;
+        (c.state == ChunkState::Reading).then_some((
+            c.read_file_off,
+            c.read_buf_off,
+            c.read_got,
+            c.read_need,
+        ))
+    }
+
     /// Where the response may read its file up to (None: no body).
     pub fn readable_end(&self) -> Option<u64> {
         self.body().map(|b| b.readable_end)

@@ -243,6 +243,9 @@ struct Shard<R: RingOps> {
     fill_streams: std::collections::HashMap<u32, (crate::fill::edge::Stream, u64)>,
     /// Streaming responses to cut (their fill failed, or changed version).
     fill_aborts: Vec<crate::fill::edge::Waiter>,
+    /// Responses reading a pulled version, by connection slot: the version whose blocks'
+    /// checksums every read is checked against.
+    fill_reads: std::collections::HashMap<u32, u64>,
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
@@ -409,6 +412,7 @@ impl<R: RingOps> Shard<R> {
             resuming_fill: false,
             fill_streams: std::collections::HashMap::new(),
             fill_aborts: Vec::new(),
+            fill_reads: std::collections::HashMap::new(),
             cfg,
         })
     }
@@ -1284,6 +1288,7 @@ impl<R: RingOps> Shard<R> {
             Op::Read => {
                 let slot = t.arena_slot();
                 self.ring.arena_done(slot);
+                let res = self.verify_cache_read(c, slot, res);
                 let cx = self.cx();
                 let mut out = self.take_actions();
                 let files = &mut self.files;

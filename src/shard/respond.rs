@@ -163,6 +163,7 @@ impl<R: RingOps> Shard<R> {
         // A new response: whatever the last one streamed is over (a request parsed again
         // after its fill keeps what its first parse noted).
         self.fill_streams.remove(&c.raw());
+        self.fill_reads.remove(&c.raw());
         if !self.resuming_fill {
             self.conns[c.index()].cache = None;
         }
@@ -325,7 +326,7 @@ impl<R: RingOps> Shard<R> {
 pub(super) struct Started {
     status: u16,
     keep_alive: bool,
-    inline_head: bool,
+    pub(super) inline_head: bool,
     pub(super) reads_file: bool,
     /// The segments and the multipart framing (every part header and the closing boundary,
     /// in one buffer), in queues from the shard's pool.
