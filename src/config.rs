@@ -664,14 +664,6 @@ impl Config {
                 ),
             ));
         }
-        if b as usize > self.chunk_bytes / 2 {
-            // Each read of a pulled object holds whole blocks (to check them), and a TLS chunk
-            // carries a little less than chunk_bytes of plaintext.
-            return Err(err(
-                "cache_block_bytes",
-                format!("at most half of chunk_bytes ({})", self.chunk_bytes / 2),
-            ));
-        }
         if self.cache_read_ahead_blocks > crate::cache::blocks::MAX_RUN_BLOCKS * 16 {
             return Err(err(
                 "cache_read_ahead_blocks",
@@ -683,6 +675,14 @@ impl Config {
         }
         if self.origin.is_empty() {
             return Ok(());
+        }
+        if b as usize > self.chunk_bytes / 2 {
+            // Each read of a pulled object holds whole blocks (to check them), and a TLS chunk
+            // carries a little less than chunk_bytes of plaintext.
+            return Err(err(
+                "cache_block_bytes",
+                format!("at most half of chunk_bytes ({})", self.chunk_bytes / 2),
+            ));
         }
         let Some(dir) = &self.cache_dir else {
             return Err(err(

@@ -56,6 +56,8 @@ pub struct FillConfig {
     pub align_bytes: usize,
     /// Attempts per block before its waiters get the error.
     pub max_attempts: u32,
+    /// Blocks a fetch writes between two syncs (its first is synced alone).
+    pub sync_every_blocks: u32,
 }
 
 /// What a want found.
@@ -651,6 +653,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 etag: meta.map(|m| m.etag.clone()).filter(|e| !e.is_empty()),
                 slot_bytes: self.cfg.slot_bytes,
                 align_bytes: self.cfg.align_bytes,
+                sync_every_blocks: self.cfg.sync_every_blocks,
             };
             let id = self.next_job;
             match filler.begin(ring, id, job.origin, &job.path, plan, slot, file, now_ms) {
@@ -692,14 +695,65 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     fn settle(&mut self, events: &mut Vec<FillEvent>, freed: &mut Vec<ArenaSlot>, now_ms: u64) {
+        // Blocks committed together (one sync of the data file) are journaled together (one
+        // synced append), before anything else of theirs happens.
+        let mut commits: Vec<(u64, Record)> = Vec::new();
         for e in events.drain(..) {
+            if let FillEvent::Committed { job, block, crc } = e {
+                if let Some(j) = self.running.get(&job) {
+                    let version = j.version;
+                    commits.push((
+                        job,
+                        Record::Block {
+                            version,
+                            block,
+                            crc,
+                        },
+                    ));
+                }
+                continue;
+            }
+            self.commit(&mut commits);
             match e {
                 FillEvent::Head { job, facts } => self.on_head(job, facts),
-                FillEvent::Committed { job, block, crc } => self.on_committed(job, block, crc),
                 FillEvent::Ended { job, error, slot } => {
                     freed.push(slot);
                     self.on_ended(job, error, now_ms);
                 }
+                FillEvent::Committed { .. } => unreachable!("handled above"),
+            }
+        }
+        self.commit(&mut commits);
+    }
+
+    /// Journals `commits` in one synced append, then makes them visible: index, fetches'
+    /// bookkeeping, waiters.
+    fn commit(&mut self, commits: &mut Vec<(u64, Record)>) {
+        if commits.is_empty() {
+            return;
+        }
+        let records: Vec<Record> = commits.iter().map(|(_, r)| r.clone()).collect();
+        if let Err(e) = self.journal.append(&records, true) {
+            // Not journaled: not visible. Their waiters hear of it when the fetch ends.
+            tracing::error!(error = %e, "cache journal append failed; the blocks are not stored");
+            commits.clear();
+            return;
+        }
+        for (job, record) in commits.drain(..) {
+            let Record::Block { version, block, .. } = record else {
+                continue;
+            };
+            if let Some(j) = self.running.get_mut(&job) {
+                j.committed.push(block);
+            }
+            self.blocks_fetched += 1;
+            self.index.apply(record);
+            for waiter in self.blocks.arrived((version, block)).into_iter().flatten() {
+                self.notify(Notice::Block {
+                    waiter,
+                    version,
+                    block,
+                });
             }
         }
     }
@@ -742,31 +796,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         for waiter in self.probes.remove(&key).unwrap_or_default() {
             self.notify(Notice::Known { waiter, version });
-        }
-    }
-
-    fn on_committed(&mut self, id: u64, block: u32, crc: u32) {
-        let job = self.running.get_mut(&id).expect("a running job");
-        let record = Record::Block {
-            version: job.version,
-            block,
-            crc,
-        };
-        if let Err(e) = self.journal.append(std::slice::from_ref(&record), true) {
-            // Not journaled: not visible. Its waiters hear of the failure at the job's end.
-            tracing::error!(error = %e, "cache journal append failed; the block is not stored");
-            return;
-        }
-        job.committed.push(block);
-        let version = job.version;
-        self.blocks_fetched += 1;
-        self.index.apply(record);
-        for waiter in self.blocks.arrived((version, block)).into_iter().flatten() {
-            self.notify(Notice::Block {
-                waiter,
-                version,
-                block,
-            });
         }
     }
 

@@ -24,6 +24,9 @@ use crate::shard::slots::ConnSlot;
 pub const MAX_FETCHES_PER_SHARD: usize = 64;
 /// Blocks one origin request asks for.
 pub const RUN_BLOCKS: u64 = 64;
+/// Bytes a fetch writes between two syncs of the data file (and journal appends): a sync per
+/// 256 KiB block cost more than the writes on a fast disk.
+pub const SYNC_EVERY_BYTES: u32 = 4 << 20;
 /// Attempts per block before the waiting clients get the error.
 pub const FILL_ATTEMPTS: u32 = 3;
 
@@ -115,6 +118,7 @@ impl SharedEdge {
             slot_bytes,
             align_bytes: crate::shard::files::ARENA_ALIGN_BYTES as usize,
             max_attempts: FILL_ATTEMPTS,
+            sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
         };
         let core = FillCore::open(cache_dir, cfg, shards)?;
         let wakers = (0..shards)

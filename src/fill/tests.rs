@@ -120,6 +120,7 @@ fn plan(first: u32, last: u32, size: Option<u64>) -> Plan {
         etag: None,
         slot_bytes: CHUNK,
         align_bytes: ALIGN,
+        sync_every_blocks: 1,
     }
 }
 
@@ -444,6 +445,7 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         slot_bytes: CHUNK,
         align_bytes: ALIGN,
         max_attempts: 3,
+        sync_every_blocks: 2,
     }
 }
 

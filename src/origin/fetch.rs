@@ -33,6 +33,9 @@ pub struct Plan {
     pub slot_bytes: usize,
     /// O_DIRECT alignment of the data file: every write is a multiple of it.
     pub align_bytes: usize,
+    /// Blocks written between two syncs (at least 1). The fetch's first block is synced on
+    /// its own, so a waiting client hears of it at once; later ones share a sync.
+    pub sync_every_blocks: u32,
 }
 
 impl Plan {
@@ -184,6 +187,13 @@ pub struct BlockFetch {
     piece_filled: usize,
     /// Running CRC-32C of the current block's pieces written so far.
     block_crc: u32,
+    /// Blocks written whole but not yet synced, with their CRCs (at most `sync_every_blocks`
+    /// plus a slot's worth).
+    unsynced: Vec<(u32, u32)>,
+    /// Blocks that end in the piece being written, with their CRCs.
+    piece_blocks: Vec<(u32, u32)>,
+    /// A sync of this fetch has completed.
+    synced_once: bool,
     keep_alive: bool,
 }
 
@@ -204,6 +214,7 @@ impl BlockFetch {
         assert!(plan.slot_bytes.is_multiple_of(plan.align_bytes) && plan.slot_bytes > 0);
         assert!((plan.block_bytes as usize).is_multiple_of(plan.align_bytes));
         assert!(head_len > 0 && head_len <= plan.slot_bytes);
+        assert!(plan.sync_every_blocks > 0);
         let mut f = BlockFetch {
             plan,
             timeouts,
@@ -215,6 +226,9 @@ impl BlockFetch {
             piece_start: 0,
             piece_filled: 0,
             block_crc: 0,
+            unsynced: Vec::new(),
+            piece_blocks: Vec::new(),
+            synced_once: false,
             keep_alive: false,
         };
         if reused {
@@ -406,14 +420,17 @@ impl BlockFetch {
     }
 
     /// Where the current block ends (the object's end for the last one).
-    fn block_end(&self) -> u64 {
+    /// Where the run ends: its last block's end (the object's end for the last block).
+    fn run_end(&self) -> u64 {
         let b = u64::from(self.plan.block_bytes);
-        ((self.piece_start / b + 1) * b).min(self.size)
+        ((u64::from(self.plan.last_block) + 1) * b).min(self.size)
     }
 
-    /// Bytes the current piece holds when full.
+    /// Bytes the current piece holds when full: a whole slot, or what is left of the run.
+    /// Pieces start on block or slot boundaries (both powers of two, one divides the other),
+    /// so a piece holds whole blocks, or lies inside one.
     fn piece_len(&self) -> usize {
-        (self.block_end() - self.piece_start).min(self.plan.slot_bytes as u64) as usize
+        (self.run_end() - self.piece_start).min(self.plan.slot_bytes as u64) as usize
     }
 
     /// After bytes arrived: write a full piece, or receive more.
@@ -436,7 +453,25 @@ impl BlockFetch {
             }));
             return;
         }
-        self.block_crc = crc32c::crc32c_append(self.block_crc, &slot[..want]);
+        // Each block's CRC runs over its pieces; a block that ends in this piece is complete
+        // once the piece's write is.
+        let b = u64::from(self.plan.block_bytes);
+        let mut at = self.piece_start;
+        let end = self.piece_start + want as u64;
+        while at < end {
+            let block_end = ((at / b + 1) * b).min(self.size);
+            let seg_end = block_end.min(end);
+            let (from, to) = (
+                (at - self.piece_start) as usize,
+                (seg_end - self.piece_start) as usize,
+            );
+            self.block_crc = crc32c::crc32c_append(self.block_crc, &slot[from..to]);
+            if seg_end == block_end {
+                self.piece_blocks.push(((at / b) as u32, self.block_crc));
+                self.block_crc = 0;
+            }
+            at = seg_end;
+        }
         let len = want.next_multiple_of(self.plan.align_bytes);
         slot[want..len].fill(0);
         self.stage = Stage::Writing;
@@ -459,32 +494,35 @@ impl BlockFetch {
         }
         self.piece_start += want as u64;
         self.piece_filled = 0;
-        if self.piece_start == self.block_end_of(self.piece_start - 1) {
-            self.stage = Stage::Syncing;
-            out.push(Output::Io(Io::Sync));
-            return;
+        if !self.piece_blocks.is_empty() {
+            let last = self.piece_blocks.last().map_or(0, |&(block, _)| block);
+            self.unsynced.append(&mut self.piece_blocks);
+            let run_done = self.piece_start >= self.size || last >= self.plan.last_block;
+            if run_done
+                || !self.synced_once
+                || self.unsynced.len() >= self.plan.sync_every_blocks as usize
+            {
+                self.stage = Stage::Syncing;
+                out.push(Output::Io(Io::Sync));
+                return;
+            }
         }
         self.next(slot, now_ms, out);
     }
 
-    fn block_end_of(&self, byte: u64) -> u64 {
-        let b = u64::from(self.plan.block_bytes);
-        ((byte / b + 1) * b).min(self.size)
-    }
-
-    /// The sync after a block's last piece completed with `res`.
+    /// The sync after blocks were written completed with `res`: they are committed, in order.
     pub fn on_synced(&mut self, res: i32, slot: &mut [u8], now_ms: u64, out: &mut Vec<Output>) {
         assert_eq!(self.stage, Stage::Syncing);
         if res < 0 {
             return self.fail(FetchError::Disk(-res), out);
         }
-        let block = ((self.piece_start - 1) / u64::from(self.plan.block_bytes)) as u32;
-        out.push(Output::Committed {
-            block,
-            crc: self.block_crc,
-        });
-        self.block_crc = 0;
-        if self.piece_start >= self.size || block >= self.plan.last_block {
+        self.synced_once = true;
+        let mut last = 0;
+        for (block, crc) in self.unsynced.drain(..) {
+            out.push(Output::Committed { block, crc });
+            last = block;
+        }
+        if self.piece_start >= self.size || last >= self.plan.last_block {
             self.stage = Stage::Ended;
             self.deadline_ms = None;
             if self.body_left != 0 {
@@ -525,6 +563,7 @@ mod tests {
             etag: None,
             slot_bytes: slot,
             align_bytes: ALIGN,
+            sync_every_blocks: 1,
         }
     }
 
@@ -626,6 +665,41 @@ mod tests {
             assert!(disk[10_000..].iter().all(|&b| b == 0), "the tail is padded");
             assert_eq!(seen.last(), Some(&Output::Done { keep_alive: true }));
         }
+    }
+
+    #[test]
+    fn blocks_after_the_first_share_a_sync_and_are_committed_only_after_it() {
+        let obj = object(5 * 4096 + 7);
+        let mut p = plan(0, 5, 4096, 4096, None);
+        p.sync_every_blocks = 2;
+        let mut out = Vec::new();
+        let f = BlockFetch::start(p, T, false, 10, 0, &mut out);
+        let mut disk = Vec::new();
+        let seen = run(f, out, &ranged(&obj, 0, obj.len() as u64), 4096, &mut disk);
+        let commits: Vec<u32> = seen
+            .iter()
+            .filter_map(|o| match o {
+                Output::Committed { block, .. } => Some(*block),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(commits, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(&disk[..obj.len()], &obj[..]);
+        // A body cut after block 2 (written, not yet synced with block 1) commits block 0
+        // (synced alone) and nothing written after the last sync.
+        let mut a = ranged(&obj, 0, obj.len() as u64);
+        let head = a.len() - obj.len();
+        a.truncate(head + 3 * 4096 + 100);
+        let mut p = plan(0, 5, 4096, 4096, None);
+        p.sync_every_blocks = 4;
+        let mut out = Vec::new();
+        let f = BlockFetch::start(p, T, false, 10, 0, &mut out);
+        let seen = run(f, out, &a, 4096, &mut Vec::new());
+        let commits = seen
+            .iter()
+            .filter(|o| matches!(o, Output::Committed { .. }))
+            .count();
+        assert_eq!(commits, 1, "{seen:?}");
     }
 
     #[test]
