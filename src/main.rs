@@ -30,6 +30,30 @@ enum Command {
     /// Sign a URL for a `[[signed_url]]` prefix: prints it with its expiry, key id and
     /// HMAC-SHA256 signature appended.
     Sign(SignArgs),
+    /// The pull-through cache's directory: what it holds, and whether it reads back.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Objects, versions, blocks and bytes the cache's journal vouches for.
+    Stats(CacheDirArgs),
+    /// Reads every block the journal vouches for and checks its CRC-32C; exit 1 and a line
+    /// per block when any fails (a running server drops and refetches such a block when it
+    /// reads it).
+    Verify(CacheDirArgs),
+}
+
+/// Where the cache is: `--dir`, or the `cache_dir` of `--config`.
+#[derive(Args)]
+struct CacheDirArgs {
+    /// The cache directory.
+    #[arg(long, value_name = "DIR", conflicts_with = "config")]
+    dir: Option<PathBuf>,
+    /// The server's config file (its `cache_dir`).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 /// Flags of `shardline sign`.
@@ -112,6 +136,65 @@ fn main() -> ExitCode {
         Command::Doctor(args) => shardline::doctor::run_doctor_cli(&args),
         Command::Tls(TlsCommand::NewTicketKey { file }) => new_ticket_key(&file),
         Command::Sign(args) => sign(&args),
+        Command::Cache(c) => cache_command(c),
+    }
+}
+
+fn cache_command(c: CacheCommand) -> ExitCode {
+    let args = match &c {
+        CacheCommand::Stats(a) | CacheCommand::Verify(a) => a,
+    };
+    let dir = match (&args.dir, &args.config) {
+        (Some(d), _) => d.clone(),
+        (None, Some(cfg)) => match shardline::config::Config::from_file(cfg) {
+            Ok(c) => match c.cache_dir {
+                Some(d) => d,
+                None => {
+                    eprintln!("shardline: {} sets no cache_dir", cfg.display());
+                    return ExitCode::from(2);
+                }
+            },
+            Err(e) => {
+                eprintln!("shardline: config error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, None) => {
+            eprintln!("shardline: give --dir DIR or --config FILE");
+            return ExitCode::from(2);
+        }
+    };
+    match c {
+        CacheCommand::Stats(_) => match shardline::cache::tool::stats(&dir) {
+            Ok(s) => {
+                println!(
+                    "objects {}\nversions {}\nblocks {}\nbytes {}\nobject_bytes {}\njournal_bytes {}\ndamaged_tail {}",
+                    s.objects, s.versions, s.blocks, s.bytes, s.object_bytes, s.journal_bytes, s.damaged_tail
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("shardline: cache {}: {e}", dir.display());
+                ExitCode::from(2)
+            }
+        },
+        CacheCommand::Verify(_) => match shardline::cache::tool::verify(&dir) {
+            Ok((checked, bad)) => {
+                for (version, block) in &bad {
+                    println!("corrupt version {version:016x} block {block}");
+                }
+                println!("checked {checked} blocks, {} corrupt", bad.len());
+                if bad.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("shardline: cache {}: {e}", dir.display());
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

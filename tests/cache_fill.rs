@@ -336,4 +336,31 @@ fn a_block_damaged_on_disk_is_caught_on_read_and_fetched_again_alone() {
         OBJECT_BYTES + 262_144,
         "only the damaged block came again"
     );
+    // `shardline cache verify` reads every block back: all good now (the refetched block
+    // superseded the damaged one), and it names a block damaged again.
+    let dir = e.cache.to_str().unwrap().to_string();
+    let timeout = std::time::Duration::from_secs(30);
+    let ok = common::run_shardline(&["cache", "verify", "--dir", &dir], timeout);
+    assert_eq!(ok.code, Some(0), "{}", ok.stdout);
+    assert!(ok.stdout.contains(", 0 corrupt"), "{}", ok.stdout);
+    let at = 7 * 262_144 + 3;
+    f.write_all_at(&[want[at] ^ 1], at as u64).unwrap();
+    f.sync_all().unwrap();
+    let bad = common::run_shardline(&["cache", "verify", "--dir", &dir], timeout);
+    assert_eq!(bad.code, Some(1), "{}", bad.stdout);
+    assert!(
+        bad.stdout
+            .contains("corrupt version 0000000000000001 block 7"),
+        "{}",
+        bad.stdout
+    );
+    let stats = common::run_shardline(&["cache", "stats", "--dir", &dir], timeout);
+    assert!(stats.stdout.contains("objects 1\n"), "{}", stats.stdout);
+    assert!(
+        stats
+            .stdout
+            .contains(&format!("object_bytes {OBJECT_BYTES}\n")),
+        "{}",
+        stats.stdout
+    );
 }

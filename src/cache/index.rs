@@ -166,6 +166,11 @@ impl Index {
         self.versions.get(&version).map_or(0, |s| s.present)
     }
 
+    /// Every version held, in no particular order.
+    pub fn each_version(&self) -> impl Iterator<Item = &ObjectVersion> {
+        self.versions.values().map(|s| &s.meta)
+    }
+
     /// Versions held (current or still being read).
     pub fn versions(&self) -> usize {
         self.versions.len()

@@ -34,6 +34,7 @@ pub mod index;
 pub mod journal;
 pub mod journal_file;
 pub mod store;
+pub mod tool;
 
 pub use index::{Index, ObjectVersion};
 pub use journal::{replay, Record, ReplayStats};
