@@ -364,3 +364,37 @@ fn a_block_damaged_on_disk_is_caught_on_read_and_fetched_again_alone() {
         stats.stdout
     );
 }
+
+/// `shardline doctor --config` checks the cache directory: the O_DIRECT probes as for the
+/// data root, named `cache.*`, and its free space.
+#[test]
+fn doctor_checks_the_cache_directory() {
+    let dir = common::disk_tempdir();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "root = \"{}\"\ncache_dir = \"{}\"\n[[origin]]\nurl = \"http://127.0.0.1:9\"\n",
+            dir.path().display(),
+            cache.display()
+        ),
+    )
+    .unwrap();
+    let out = common::run_shardline(
+        &["doctor", "--json", "--config", cfg.to_str().unwrap()],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(!out.timed_out);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("doctor's JSON");
+    let names: Vec<String> = report["checks"]
+        .as_array()
+        .expect("a checks array")
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    for want in ["cache.fs", "cache.o_direct", "cache.free_space"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
+    }
+}

@@ -52,6 +52,54 @@ pub fn checks(data_root: &Path) -> Vec<Check> {
     checks
 }
 
+/// Free space below which the pull-through cache's disk is reported (a fill that cannot get
+/// space fails; hits keep being served).
+pub const CACHE_FREE_WARN_PERCENT: u64 = 10;
+
+/// The pull-through cache directory's checks (`cache_dir` of `--config`): the same storage
+/// probes as the data root (its blocks are written and read with O_DIRECT), named `cache.*`,
+/// and its free space.
+pub fn cache_checks(cache_dir: &Path) -> Vec<Check> {
+    let mut checks: Vec<Check> = checks(cache_dir)
+        .into_iter()
+        .map(|mut c| {
+            c.name = c.name.replacen("storage.", "cache.", 1);
+            c
+        })
+        .collect();
+    checks.push(match rustix::fs::statvfs(cache_dir) {
+        Ok(st) => {
+            let total = st.f_blocks.saturating_mul(st.f_frsize);
+            let free = st.f_bavail.saturating_mul(st.f_frsize);
+            let percent = if total == 0 { 0 } else { free * 100 / total };
+            let status = if percent < CACHE_FREE_WARN_PERCENT {
+                Status::Warn
+            } else {
+                Status::Ok
+            };
+            Check::new(
+                "cache.free_space",
+                status,
+                format!(
+                    "{} GiB free of {} GiB ({percent}%)",
+                    free >> 30,
+                    total >> 30
+                ),
+                format!("at least {CACHE_FREE_WARN_PERCENT}% free"),
+                "there is no eviction budget yet: fills stop when the disk is full",
+            )
+        }
+        Err(e) => Check::new(
+            "cache.free_space",
+            Status::Fail,
+            format!("{}: {e}", cache_dir.display()),
+            "a readable cache_dir",
+            "the cache cannot fill a directory it cannot stat",
+        ),
+    });
+    checks
+}
+
 /// Name and verdict for a `statfs` magic number.
 fn fs_kind(magic: u64) -> (&'static str, Status, &'static str) {
     match magic {
