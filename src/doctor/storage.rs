@@ -71,7 +71,7 @@ pub fn cache_checks(cache_dir: &Path) -> Vec<Check> {
         Ok(st) => {
             let total = st.f_blocks.saturating_mul(st.f_frsize);
             let free = st.f_bavail.saturating_mul(st.f_frsize);
-            let percent = if total == 0 { 0 } else { free * 100 / total };
+            let percent = (free * 100).checked_div(total).unwrap_or(0);
             let status = if percent < CACHE_FREE_WARN_PERCENT {
                 Status::Warn
             } else {
