@@ -76,6 +76,7 @@ fn main() {
         slot_bytes: CHUNK,
         align_bytes: 4096,
         max_attempts: 3,
+        max_bytes: 0,
         sync_every_blocks: (4 / block_mib).max(1),
     };
     let mut cf: CacheFill<usize> = CacheFill::open(&dir, cfg, filler).expect("cache");

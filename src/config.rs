@@ -320,6 +320,9 @@ pub struct Config {
     pub cache_read_ahead_blocks: u64,
     /// Longest a request waits for the fill before it gets a 504.
     pub cache_wait_timeout_ms: u64,
+    /// Bytes of objects the cache keeps; past it, S3-FIFO evicts whole versions that no
+    /// response is reading and no fetch is filling. 0: no budget (the directory grows).
+    pub cache_max_bytes: u64,
 }
 
 impl Default for Config {
@@ -385,6 +388,7 @@ impl Default for Config {
             cache_block_bytes: 256 * 1024,
             cache_read_ahead_blocks: 256,
             cache_wait_timeout_ms: 60_000,
+            cache_max_bytes: 0,
         }
     }
 }
@@ -833,6 +837,7 @@ impl Config {
             cache_block_bytes,
             cache_read_ahead_blocks,
             cache_wait_timeout_ms,
+            cache_max_bytes,
         );
         let mut config = self.clone();
         macro_rules! reloadable {

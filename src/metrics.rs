@@ -199,6 +199,9 @@ counters! {
     cache_error: Counter "cache_lookups_total" { result = "error" },
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
+    /// Cached versions evicted under `cache_max_bytes` since start (over all shards; shard
+    /// 0 reports it).
+    cache_evictions: Gauge "cache_evictions",
     /// Origin fetches this shard runs now.
     origin_fetches: Gauge "origin_fetches",
     /// Connections to origins this shard holds (busy and idle).

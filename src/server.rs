@@ -578,6 +578,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 cfg.cache_block_bytes,
                 cfg.cache_read_ahead_blocks,
                 cfg.chunk_bytes,
+                cfg.cache_max_bytes,
             )
             .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
             tracing::info!(

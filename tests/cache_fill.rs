@@ -398,3 +398,48 @@ fn doctor_checks_the_cache_directory() {
         assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
     }
 }
+
+/// Under `cache_max_bytes` the cache evicts whole versions (S3-FIFO): with room for one of two
+/// 2 MiB objects, filling the second drops the first (journaled, its data file removed), and
+/// asking for the first again fetches it again; every body stays right.
+#[test]
+fn a_byte_budget_evicts_whole_versions_and_they_are_fetched_again() {
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    let two_mib = 2u64 << 20;
+    common::write_pattern_file(&origin_root.path().join("pull/a.bin"), two_mib);
+    common::write_pattern_file(&origin_root.path().join("pull/b.bin"), two_mib);
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let dir = common::disk_tempdir();
+    let (root, cache) = (dir.path().join("root"), dir.path().join("cache"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\ncache_max_bytes = 3145728\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            cache.display(),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    let want = common::pattern_range(0, two_mib as usize);
+    for path in ["/pull/a.bin", "/pull/b.bin", "/pull/a.bin"] {
+        let r = get(&server, path, &[]);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.body == want, "{path} differs");
+    }
+    assert_eq!(
+        origin.wait_body_bytes(3 * two_mib),
+        3 * two_mib,
+        "a was evicted by b and fetched again"
+    );
+    let journal = std::fs::read(cache.join("journal")).unwrap();
+    let (index, _) = shardline::cache::journal::replay(&journal);
+    assert_eq!(index.versions(), 1, "one object fits the budget");
+    let data_files = std::fs::read_dir(cache.join("data")).unwrap().count();
+    assert_eq!(data_files, 1, "evicted versions' files are gone");
+}

@@ -115,6 +115,18 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         self.evict(evicted);
     }
 
+    /// As `insert`, with `key` pinned once before anything is evicted (a version a fill is
+    /// writing: it must not be the one its own arrival evicts).
+    pub fn insert_pinned(&mut self, key: K, bytes: u64, evicted: &mut Vec<K>) {
+        let mut none = Vec::new();
+        let budget = std::mem::replace(&mut self.budget_bytes, u64::MAX);
+        self.insert(key.clone(), bytes, &mut none);
+        self.budget_bytes = budget;
+        debug_assert!(none.is_empty());
+        self.pin(&key);
+        self.evict(evicted);
+    }
+
     /// A response began reading `key` (it must not be evicted until `unpin`).
     pub fn pin(&mut self, key: &K) -> bool {
         self.entries.get_mut(key).map(|e| e.pins += 1).is_some()
@@ -261,6 +273,27 @@ impl<K: Hash + Eq + Clone> Lru<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_inserted_pinned_is_never_its_own_victim() {
+        let mut c = S3Fifo::new(100);
+        let mut ev = Vec::new();
+        c.insert(1u32, 60, &mut ev);
+        c.touch(&1);
+        c.insert_pinned(2, 60, &mut ev);
+        assert_eq!(ev, vec![1], "the older, unpinned one goes");
+        assert!(c.contains(&2));
+        ev.clear();
+        c.insert_pinned(3, 200, &mut ev);
+        assert!(c.contains(&3), "larger than the budget, kept while pinned");
+        c.unpin(&2);
+        c.unpin(&3);
+        c.insert(4, 10, &mut ev);
+        assert!(
+            c.bytes() <= 100,
+            "unpinned ones go once something new arrives"
+        );
+    }
 
     #[test]
     fn a_one_time_scan_does_not_push_out_what_is_read_again() {

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{Begin, FillEvent, Filler};
 use crate::cache::blocks::{blocks_for, missing_runs};
 use crate::cache::coalesce::{Ask, Failed, Fills};
+use crate::cache::evict::S3Fifo;
 use crate::cache::index::{Index, ObjectVersion};
 use crate::cache::journal::Record;
 use crate::cache::journal_file::JournalFile;
@@ -58,6 +59,8 @@ pub struct FillConfig {
     pub max_attempts: u32,
     /// Blocks a fetch writes between two syncs (its first is synced alone).
     pub sync_every_blocks: u32,
+    /// Bytes of objects the cache keeps (S3-FIFO evicts past it); 0: no budget.
+    pub max_bytes: u64,
 }
 
 /// What a want found.
@@ -115,6 +118,8 @@ struct Job {
     not_before_ms: u64,
     /// Blocks of the run committed so far.
     committed: Vec<u32>,
+    /// The fetch holds a pin on its version (unpinned when it ends).
+    pinned: bool,
 }
 
 /// Who a notice goes to: the shard that holds the waiting connection.
@@ -154,6 +159,11 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     pub blocks_fetched: u64,
     /// Blocks found corrupt on a read and fetched again.
     pub blocks_corrupt: u64,
+    /// Which versions go when the budget is passed (None: no `max_bytes`). Versions being
+    /// read or filled are pinned and never evicted.
+    evict: Option<S3Fifo<u64>>,
+    /// Versions evicted, for the metrics.
+    pub versions_evicted: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -185,7 +195,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let store = BlockStore::open(dir)?;
         let (journal, index, _) = JournalFile::open(&dir.join("journal"))?;
         let next_version = index.max_version() + 1;
-        Ok(FillCore {
+        let evict = (cfg.max_bytes > 0).then(|| S3Fifo::new(cfg.max_bytes));
+        let mut core = FillCore {
             blocks: Fills::new(cfg.max_attempts),
             cfg,
             store,
@@ -201,7 +212,61 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             to_wake: vec![false; shards],
             blocks_fetched: 0,
             blocks_corrupt: 0,
-        })
+            evict,
+            versions_evicted: 0,
+        };
+        // What the journal holds counts against the budget (a smaller budget evicts now).
+        let mut evicted = Vec::new();
+        let held: Vec<(u64, u64)> = core
+            .index
+            .each_version()
+            .map(|v| (v.version, v.size))
+            .collect();
+        if let Some(e) = core.evict.as_mut() {
+            for (version, size) in held {
+                e.insert(version, size, &mut evicted);
+            }
+        }
+        core.drop_versions(&evicted);
+        Ok(core)
+    }
+
+    /// Journals the drop of `versions` (evicted), forgets them and removes their data files.
+    fn drop_versions(&mut self, versions: &[u64]) {
+        if versions.is_empty() {
+            return;
+        }
+        let records: Vec<Record> = versions
+            .iter()
+            .map(|&version| Record::Drop { version })
+            .collect();
+        if let Err(e) = self.journal.append(&records, true) {
+            tracing::error!(error = %e, "cache journal append failed; evicted versions stay");
+            return;
+        }
+        for (&version, record) in versions.iter().zip(records) {
+            self.index.apply(record);
+            self.files.remove(&version);
+            if let Err(e) = self.store.remove_version(version) {
+                tracing::warn!(version, error = %e, "removing an evicted version's data file");
+            }
+            self.versions_evicted += 1;
+        }
+    }
+
+    /// A response began reading `version`, or a fetch began filling it: it is not evicted
+    /// until the matching `unpin`.
+    pub fn pin(&mut self, version: u64) {
+        if let Some(e) = self.evict.as_mut() {
+            e.pin(&version);
+        }
+    }
+
+    /// The matching end of a `pin`.
+    pub fn unpin(&mut self, version: u64) {
+        if let Some(e) = self.evict.as_mut() {
+            e.unpin(&version);
+        }
     }
 
     /// The index (what is on disk).
@@ -305,6 +370,21 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     ) -> Outcome {
         self.core()
             .want_blocks(key, origin, path, first, last, waiter, true)
+    }
+
+    /// See `FillCore::pin`.
+    pub fn pin(&mut self, version: u64) {
+        self.core().pin(version);
+    }
+
+    /// See `FillCore::unpin`.
+    pub fn unpin(&mut self, version: u64) {
+        self.core().unpin(version);
+    }
+
+    /// Versions evicted, over all shards.
+    pub fn versions_evicted(&self) -> u64 {
+        self.core().versions_evicted
     }
 
     /// See `FillCore::readable_end`.
@@ -501,6 +581,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let v = meta.version;
         let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
         if need.clone().all(present) {
+            if let Some(e) = self.evict.as_mut() {
+                e.touch(&v);
+            }
             return Outcome::Ready(v);
         }
         if self.queue.len() >= MAX_QUEUED_FETCHES {
@@ -540,6 +623,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 probe: false,
                 not_before_ms: 0,
                 committed: Vec::new(),
+                pinned: false,
             };
             self.queue.push_back(job);
         }
@@ -575,6 +659,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             probe: true,
             not_before_ms: 0,
             committed: Vec::new(),
+            pinned: false,
         });
         Outcome::Waiting
     }
@@ -659,6 +744,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             match filler.begin(ring, id, job.origin, &job.path, plan, slot, file, now_ms) {
                 Ok(()) => {
                     self.next_job += 1;
+                    let mut job = job;
+                    if !job.probe {
+                        if let Some(e) = self.evict.as_mut() {
+                            job.pinned = e.pin(&job.version);
+                        }
+                    }
                     self.running.insert(id, job);
                 }
                 Err(Begin::Wait(slot)) => {
@@ -782,7 +873,18 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if facts.whole {
             job.first = 0;
         }
+        let size = facts.size;
         self.index.apply(record);
+        // The new version counts against the budget from now; its fill pins it.
+        let mut evicted = Vec::new();
+        if let Some(e) = self.evict.as_mut() {
+            // Pinned as it goes in: its own insert never evicts it (an object larger than the
+            // whole budget stays while it fills and is read, past the budget until it goes).
+            e.insert_pinned(version, size, &mut evicted);
+            job.pinned = true;
+        }
+        self.drop_versions(&evicted);
+        let job = self.running.get_mut(&id).expect("a running job");
         // The probe's own blocks are being fetched: register them so wants coalesce on them.
         let (first, last) = (job.first, job.last);
         for b in first..=last {
@@ -800,7 +902,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     fn on_ended(&mut self, id: u64, error: Option<FetchError>, now_ms: u64) {
-        let job = self.running.remove(&id).expect("a running job");
+        let mut job = self.running.remove(&id).expect("a running job");
+        if std::mem::take(&mut job.pinned) {
+            self.unpin(job.version);
+        }
         let Some(error) = error else {
             // A 200 to a range can commit more than the run; blocks of the run not committed
             // (none, when the origin kept to the plan) fall through to the failure path below.
@@ -815,6 +920,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             // A kept-alive connection the origin had closed: again at once, not an attempt.
             let mut again = job;
             again.committed.clear();
+            again.pinned = false;
             self.queue.push_front(again);
             return;
         }
@@ -868,6 +974,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 probe: false,
                 not_before_ms: now_ms + wait,
                 committed: Vec::new(),
+                pinned: false,
                 ..job.clone()
             });
         }

@@ -110,6 +110,7 @@ impl SharedEdge {
         block_bytes: u32,
         read_ahead_blocks: u64,
         slot_bytes: usize,
+        max_bytes: u64,
     ) -> std::io::Result<SharedEdge> {
         let cfg = FillConfig {
             block_bytes,
@@ -119,6 +120,7 @@ impl SharedEdge {
             align_bytes: crate::shard::files::ARENA_ALIGN_BYTES as usize,
             max_attempts: FILL_ATTEMPTS,
             sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
+            max_bytes,
         };
         let core = FillCore::open(cache_dir, cfg, shards)?;
         let wakers = (0..shards)

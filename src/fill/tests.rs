@@ -445,6 +445,7 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         slot_bytes: CHUNK,
         align_bytes: ALIGN,
         max_attempts: 3,
+        max_bytes: 0,
         sync_every_blocks: 2,
     }
 }

@@ -125,6 +125,11 @@ impl<R: RingOps> Shard<R> {
         self.install(c, started, Some(idx), rate);
         // Every read holds whole blocks, checked against their checksums when it completes.
         self.conns[c.index()].set_read_align(u64::from(meta.block_bytes));
+        // Pinned while it is read: eviction never takes a version a response reads.
+        self.fill_reads_end(c);
+        if let Some(edge) = self.edge.as_mut() {
+            edge.fill.pin(version);
+        }
         self.fill_reads.insert(c.raw(), version);
         let waited = self.conns[c.index()].cache.is_some();
         let mut filling = false;
@@ -273,6 +278,10 @@ impl<R: RingOps> Shard<R> {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
             super::ShardMetrics::set(&self.metrics.origin_connections, f.connections() as u64);
+            if self.index == 0 {
+                let evicted = edge.fill.versions_evicted();
+                super::ShardMetrics::set(&self.metrics.cache_evictions, evicted);
+            }
         }
     }
 
@@ -314,7 +323,7 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_failed.remove(&c.raw());
-        self.fill_reads.remove(&c.raw());
+        self.fill_reads_end(c);
         self.fill_streams.remove(&c.raw());
         let waiter = self.waiter(c);
         if let Some(edge) = self.edge.as_mut() {
@@ -353,6 +362,14 @@ impl<R: RingOps> Shard<R> {
                 );
                 -libc::EIO
             }
+        }
+    }
+
+    /// Connection `c` no longer reads the version it read (its pin goes).
+    pub(super) fn fill_reads_end(&mut self, c: ConnSlot) {
+        if let (Some(version), Some(edge)) = (self.fill_reads.remove(&c.raw()), self.edge.as_mut())
+        {
+            edge.fill.unpin(version);
         }
     }
 

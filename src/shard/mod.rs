@@ -883,6 +883,8 @@ impl<R: RingOps> Shard<R> {
 
     /// Bookkeeping when a response ends (complete or aborted): status counters, access log.
     fn response_done(&mut self, c: ConnSlot, status: u16, bytes: u64) {
+        // A pulled version stays pinned only while a response reads it.
+        self.fill_reads_end(c);
         let now_us = self.ring.now().as_micros() as u64;
         let conn = &self.conns[c.index()];
         self.metrics.count_request(conn.method, status);

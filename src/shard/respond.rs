@@ -163,7 +163,7 @@ impl<R: RingOps> Shard<R> {
         // A new response: whatever the last one streamed is over (a request parsed again
         // after its fill keeps what its first parse noted).
         self.fill_streams.remove(&c.raw());
-        self.fill_reads.remove(&c.raw());
+        self.fill_reads_end(c);
         if !self.resuming_fill {
             self.conns[c.index()].cache = None;
         }
