@@ -460,32 +460,43 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// boundary) holds whole against their checksums; the first that fails is forgotten
     /// and returned.
     pub fn check_blocks(&mut self, version: u64, file_off: u64, bytes: &[u8]) -> Result<(), u32> {
-        let mut core = self.core();
-        let Some(meta) = core.index.meta(version).cloned() else {
-            return Ok(());
-        };
-        let b = u64::from(meta.block_bytes);
-        debug_assert_eq!(
-            file_off % b,
-            0,
-            "a read of a pulled object starts on a block ({file_off}, {b})"
-        );
-        let mut at = file_off;
-        while at < meta.size {
-            let len = (meta.size - at).min(b);
-            let start = (at - file_off) as usize;
-            let Some(block_bytes) = bytes.get(start..start + len as usize) else {
-                break; // the read ends inside this block: it is checked by the read that holds it
+        // The checksums are looked up under the lock; the bytes are summed outside it.
+        const MAX: usize = 64;
+        let mut want = [(0u32, 0u32, 0usize, 0usize); MAX];
+        let mut n = 0;
+        {
+            let core = self.core();
+            let Some(meta) = core.index.meta(version) else {
+                return Ok(());
             };
-            let block = (at / b) as u32;
-            if let Some(crc) = core.index.block_crc(version, block) {
-                if crate::cache::checksum(block_bytes) != crc {
-                    core.blocks_corrupt += 1;
-                    core.index.forget_block(version, block);
-                    return Err(block);
+            let b = u64::from(meta.block_bytes);
+            debug_assert_eq!(
+                file_off % b,
+                0,
+                "a read of a pulled object starts on a block"
+            );
+            let mut at = file_off;
+            while at < meta.size && n < MAX {
+                let len = (meta.size - at).min(b) as usize;
+                let start = (at - file_off) as usize;
+                if start + len > bytes.len() {
+                    break; // ends inside this block: checked by the read that holds it whole
                 }
+                let block = (at / b) as u32;
+                if let Some(crc) = core.index.block_crc(version, block) {
+                    want[n] = (block, crc, start, len);
+                    n += 1;
+                }
+                at += b;
             }
-            at += b;
+        }
+        for &(block, crc, start, len) in &want[..n] {
+            if crate::cache::checksum(&bytes[start..start + len]) != crc {
+                let mut core = self.core();
+                core.blocks_corrupt += 1;
+                core.index.forget_block(version, block);
+                return Err(block);
+            }
         }
         Ok(())
     }
