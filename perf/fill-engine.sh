@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# perf/fill-engine.sh: how fast shardline's fill engine (issue 20, fill::cache_fill, not yet
-# serving clients) fills one cold object from an nginx origin onto the cache disk, side by
+# perf/fill-engine.sh: how fast shardline's fill engine alone (issue 20, fill::cache_fill,
+# with no client attached; perf/fill.sh measures clients) fills one cold object from an nginx
+# origin onto the cache disk, side by
 # side with nginx proxy_cache set up as lancache sets it up (slice 1m, proxy_cache_lock on),
 # which fills the same object cold while it sends it to one curl client.
 #
@@ -90,14 +91,13 @@ ratio=$(calc "$sl_mbs / $lc_mbs")
   echo "| | MB/s | seconds | |"
   echo "|---|---:|---:|---|"
   echo "| the origin through the relay, one curl client, no cache (the ceiling) | $(printf %.1f "$rl_mbs") | $rl_s | |"
-  echo "| shardline fill engine ($CONNS connections, 1 MiB blocks, runs of $RUN, read-ahead $((CONNS * RUN))) | $(printf %.1f "$sl_mbs") | $sl_s | fill only: no client attached yet |"
+  echo "| shardline fill engine ($CONNS connections, 1 MiB blocks, runs of $RUN, read-ahead $((CONNS * RUN))) | $(printf %.1f "$sl_mbs") | $sl_s | the engine alone: no client (perf/fill.sh has them) |"
   echo "| nginx proxy_cache, lancache setup (slice 1m, proxy_cache_lock on) | $(printf %.1f "$lc_mbs") | $lc_s | fill + send to one curl client |"
   echo
   echo "Ratio: **$(printf %.2f "$ratio")x**. Every byte of shardline's data file was compared with the origin's object."
   echo
-  echo "What this is not yet: issue 20's cold-download target compares client downloads; the shard"
-  echo "does not serve from the cache yet, so shardline's row has no client. Its row shows what the"
-  echo "fill can feed; lancache's shows what its client gets (one 1 MiB slice at a time, each"
-  echo "paying the origin's first-byte delay)."
+  echo "Shardline's row is the fill engine alone (examples/fill_rate.rs, no client): what the fill"
+  echo "can feed. Lancache's is what its client gets (one 1 MiB slice at a time, each paying the"
+  echo "origin's first-byte delay). perf/fill.sh compares client downloads."
 } >"$OUT"
 log "wrote $OUT"
