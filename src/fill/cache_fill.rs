@@ -695,14 +695,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         for waiters in self.probes.values_mut() {
             waiters.retain(|w| w != waiter);
         }
-        let running: Vec<(u64, u32)> = self
-            .running
-            .values()
-            .chain(self.queue.iter())
-            .flat_map(|j| (j.first..=j.last).map(move |b| (j.version, b)))
-            .collect();
-        for key in running {
-            self.blocks.cancel(key, &Some(waiter.clone()));
+        let waiter = Some(waiter.clone());
+        for j in self.running.values().chain(self.queue.iter()) {
+            for b in j.first..=j.last {
+                self.blocks.cancel((j.version, b), &waiter);
+            }
         }
     }
 

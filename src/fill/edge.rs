@@ -206,24 +206,24 @@ impl EdgeCache {
 
     /// The byte range (first, last) a request needs from a version of `size` bytes: the span
     /// of its satisfiable ranges, or the whole object (a bad or absent Range is answered by
-    /// the plan, which needs only the size).
-    pub fn span(range: Option<&[u8]>, size: u64, head_only: bool) -> (u64, Option<u64>) {
+    /// the plan, which needs only the size); and whether it is several ranges.
+    pub fn span(range: Option<&[u8]>, size: u64, head_only: bool) -> (u64, Option<u64>, bool) {
         if head_only || size == 0 {
-            return (0, Some(0));
+            return (0, Some(0), false);
         }
         let Some(value) = range else {
-            return (0, None);
+            return (0, None, false);
         };
         use crate::http::range::{parse_range, RangeOutcome, MAX_RANGES};
         match parse_range(value, size, MAX_RANGES) {
-            RangeOutcome::Full => (0, None),
-            RangeOutcome::Single(r) => (r.start, Some(r.end - 1)),
+            RangeOutcome::Full => (0, None, false),
+            RangeOutcome::Single(r) => (r.start, Some(r.end - 1), false),
             RangeOutcome::Multi(rs) => {
                 let first = rs.iter().map(|r| r.start).min().unwrap_or(0);
                 let last = rs.iter().map(|r| r.end - 1).max().unwrap_or(size - 1);
-                (first, Some(last))
+                (first, Some(last), true)
             }
-            RangeOutcome::Unsatisfiable => (0, Some(0)),
+            RangeOutcome::Unsatisfiable => (0, Some(0), false),
         }
     }
 
@@ -263,16 +263,9 @@ impl EdgeCache {
                 None,
             );
         };
-        let (first, last) = Self::span(range, size, head_only);
-        let single = match range {
-            None => true,
-            Some(v) => !matches!(
-                crate::http::range::parse_range(v, size, crate::http::range::MAX_RANGES),
-                crate::http::range::RangeOutcome::Multi(_)
-            ),
-        };
+        let (first, last, multi) = Self::span(range, size, head_only);
         let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
-        if single && span_bytes > self.slot_bytes as u64 {
+        if !multi && span_bytes > self.slot_bytes as u64 {
             let outcome = self
                 .fill
                 .want_streaming(key, origin, path, first, last, waiter);
@@ -347,24 +340,24 @@ mod tests {
 
     #[test]
     fn a_request_needs_the_span_of_its_ranges() {
-        assert_eq!(EdgeCache::span(None, 1000, false), (0, None));
+        assert_eq!(EdgeCache::span(None, 1000, false), (0, None, false));
         assert_eq!(
             EdgeCache::span(Some(b"bytes=100-199"), 1000, false),
-            (100, Some(199))
+            (100, Some(199), false)
         );
         assert_eq!(
             EdgeCache::span(Some(b"bytes=900-, 0-9"), 1000, false),
-            (0, Some(999))
+            (0, Some(999), true)
         );
         assert_eq!(
             EdgeCache::span(Some(b"bytes=-10"), 1000, false),
-            (990, Some(999))
+            (990, Some(999), false)
         );
         assert_eq!(
             EdgeCache::span(Some(b"bytes=5000-"), 1000, false),
-            (0, Some(0))
+            (0, Some(0), false)
         );
-        assert_eq!(EdgeCache::span(None, 1000, true), (0, Some(0)));
+        assert_eq!(EdgeCache::span(None, 1000, true), (0, Some(0), false));
     }
 
     #[test]

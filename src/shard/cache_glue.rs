@@ -200,7 +200,11 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         let done = stream.last.is_some_and(|l| end > l)
-            || edge.meta(version).is_some_and(|m| end >= m.size);
+            || edge
+                .fill
+                .index()
+                .meta(version)
+                .is_some_and(|m| end >= m.size);
         if !done {
             // Wait on the next block (its notice comes here again).
             let _ = edge.want_more(stream, end, waiter);
@@ -265,7 +269,13 @@ impl<R: RingOps> Shard<R> {
         {
             let conn = &self.conns[c.index()];
             if conn.generation == generation && conn.is_live() && conn.responding() {
-                self.fill_streams.remove(&c.raw());
+                // Off the waiter lists now (its close then finds no stream to cancel).
+                if self.fill_streams.remove(&c.raw()).is_some() {
+                    let waiter = self.waiter(c);
+                    if let Some(edge) = self.edge.as_mut() {
+                        edge.fill.cancel(&waiter);
+                    }
+                }
                 self.drive(c, |m, cx, out| {
                     m.close(super::conn::CloseReason::Abort, cx, out)
                 });
@@ -324,10 +334,14 @@ impl<R: RingOps> Shard<R> {
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_failed.remove(&c.raw());
         self.fill_reads_end(c);
-        self.fill_streams.remove(&c.raw());
-        let waiter = self.waiter(c);
-        if let Some(edge) = self.edge.as_mut() {
-            edge.fill.cancel(&waiter);
+        // Only a request waiting for the fill, or a response streaming from it, is on a
+        // waiter list: every other connection's close costs nothing here.
+        let streaming = self.fill_streams.remove(&c.raw()).is_some();
+        if streaming || self.conns[c.index()].awaiting_fill() {
+            let waiter = self.waiter(c);
+            if let Some(edge) = self.edge.as_mut() {
+                edge.fill.cancel(&waiter);
+            }
         }
     }
 
