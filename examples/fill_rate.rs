@@ -78,6 +78,9 @@ fn main() {
         max_attempts: 3,
         max_bytes: 0,
         sync_every_blocks: (4 / block_mib).max(1),
+        revalidate_s: shardline::config::DEFAULT_CACHE_REVALIDATE_S,
+        not_found_s: 0,
+        origin_names: vec![origin.to_string()],
     };
     let mut cf: CacheFill<usize> = CacheFill::open(&dir, cfg, filler).expect("cache");
     let mut free: Vec<ArenaSlot> = (0..slots).map(ArenaSlot::new).collect();
@@ -102,7 +105,7 @@ fn main() {
             match cf.want(key, 0, &path, pos, Some(pos | (b - 1)), 0) {
                 Outcome::Ready(_) => pos = (pos / b + 1) * b,
                 Outcome::Waiting => waiting = true,
-                Outcome::Busy => panic!("busy"),
+                Outcome::Busy | Outcome::Refused(_) => panic!("busy"),
             }
         }
         let now_ms = start.elapsed().as_millis() as u64;

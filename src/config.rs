@@ -33,6 +33,10 @@ pub const MIN_RECV_BUFFERS: usize = 16;
 pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 /// Most shards (one per CPU; also the SO_REUSEPORT group size).
 pub const MAX_SHARDS: usize = 1024;
+/// Default `cache_revalidate_s`: 30 days (game files do not change under the same URL).
+pub const DEFAULT_CACHE_REVALIDATE_S: u64 = 30 * 24 * 3600;
+/// Largest `cache_revalidate_s`: 10 years.
+pub const MAX_CACHE_REVALIDATE_S: u64 = 10 * 365 * 24 * 3600;
 
 /// Default `egress_bypass_bytes`: a manifest or a small file goes whole past the egress queue.
 pub const DEFAULT_EGRESS_BYPASS_BYTES: u64 = 256 * 1024;
@@ -323,6 +327,13 @@ pub struct Config {
     /// Bytes of objects the cache keeps; past it, S3-FIFO evicts whole versions that no
     /// response is reading and no fetch is filling. 0: no budget (the directory grows).
     pub cache_max_bytes: u64,
+    /// Seconds a cached version is served after the origin last confirmed it; the next request
+    /// after that revalidates it (If-None-Match / If-Modified-Since; a 304 keeps it). 0: every
+    /// request revalidates.
+    pub cache_revalidate_s: u64,
+    /// Seconds an origin's 404 is remembered (its key's requests get it without asking the
+    /// origin); 0: never.
+    pub cache_404_s: u64,
 }
 
 impl Default for Config {
@@ -389,6 +400,8 @@ impl Default for Config {
             cache_read_ahead_blocks: 256,
             cache_wait_timeout_ms: 60_000,
             cache_max_bytes: 0,
+            cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
+            cache_404_s: 10,
         }
     }
 }
@@ -677,6 +690,16 @@ impl Config {
         if !(1..=3_600_000).contains(&self.cache_wait_timeout_ms) {
             return Err(err("cache_wait_timeout_ms", "must be 1..=3600000"));
         }
+        if self.cache_revalidate_s > MAX_CACHE_REVALIDATE_S {
+            return Err(err(
+                "cache_revalidate_s",
+                format!("at most {MAX_CACHE_REVALIDATE_S} (10 years)"),
+            ));
+        }
+        let max_404 = crate::fill::cache_fill::MAX_NOT_FOUND_S;
+        if self.cache_404_s > max_404 {
+            return Err(err("cache_404_s", format!("at most {max_404}")));
+        }
         if self.origin.is_empty() {
             return Ok(());
         }
@@ -838,6 +861,8 @@ impl Config {
             cache_read_ahead_blocks,
             cache_wait_timeout_ms,
             cache_max_bytes,
+            cache_revalidate_s,
+            cache_404_s,
         );
         let mut config = self.clone();
         macro_rules! reloadable {

@@ -69,6 +69,8 @@ macro_rules! counters {
             pub tls_handshakes: TlsCounters,
             /// Time from accept to a completed TLS handshake, in microseconds.
             pub tls_handshake_time: Histogram,
+            /// Time from an origin fetch's start to the origin's head, in microseconds.
+            pub origin_first_byte_time: Histogram,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -197,6 +199,16 @@ counters! {
     cache_fill: Counter "cache_lookups_total" { result = "fill" },
     /// Pulled requests answered with an error (the origin's 4xx, 502, 504).
     cache_error: Counter "cache_lookups_total" { result = "error" },
+    /// Bytes of pulled responses sent to clients; they are read from the disk cache.
+    cache_sent_bytes: Counter "cache_bytes_total" { source = "disk" },
+    /// Bytes received from origins into the cache (heads included).
+    cache_origin_bytes: Counter "cache_bytes_total" { source = "origin" },
+    /// Waits for a block (or an object's head) that joined a fetch already under way, over all
+    /// shards (shard 0 reports it).
+    cache_waits_joined: Gauge "cache_waits" { how = "joined" },
+    /// Waits for a block (or an object's head) that started a fetch, over all shards (shard 0
+    /// reports it).
+    cache_waits_started: Gauge "cache_waits" { how = "started" },
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
     /// Cached versions evicted under `cache_max_bytes` since start (over all shards; shard
@@ -216,6 +228,15 @@ fn family_help(family: &str) -> Option<&'static str> {
         "cache_lookups_total" => {
             "Responses under an [[origin]], by where their bytes came from (hit, miss, fill) or \
              error."
+        }
+        "cache_bytes_total" => {
+            "Bytes of pulled content, by source: disk (sent to clients from the cache) and origin \
+             (received from origins into it)."
+        }
+        "cache_waits" => {
+            "Waits of pulled requests for a block or an object's head, over all shards, by how: \
+             joined a fetch under way, or started one: the coalescing ratio is joined / \
+             (joined + started) (0.99: 100 clients of a cold object cost one fetch)."
         }
         "bytes_sent_total" => {
             "Bytes sent, by source (direct, dontcache, buffered, memory); over TLS the records' \
@@ -527,7 +548,7 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         }
     }
 
-    let histograms: [(&str, &str, PickHistogram); 3] = [
+    let histograms: [(&str, &str, PickHistogram); 4] = [
         (
             "shardline_ttfb_seconds",
             "Time from a parsed request head to its first response byte, in seconds.",
@@ -544,6 +565,12 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
             "Time from accepting a TLS connection to its completed handshake, in seconds \
              (waiting for a turn in the shard's handshake queue included).",
             |m| &m.tls_handshake_time,
+        ),
+        (
+            "shardline_origin_first_byte_seconds",
+            "Time from an origin fetch's start (connect included, when it needed one) to the \
+             origin's response head, in seconds.",
+            |m| &m.origin_first_byte_time,
         ),
     ];
     for (name, help, pick) in histograms {
@@ -823,6 +850,7 @@ mod tests {
             n.starts_with("shardline_ttfb")
                 || n.starts_with("shardline_buffer_wait")
                 || n.starts_with("shardline_tls_handshake_seconds")
+                || n.starts_with("shardline_origin_first_byte_seconds")
                 || n == "shardline_requests_total"
                 || n == "shardline_tls_handshakes_total"
         };

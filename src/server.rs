@@ -572,15 +572,8 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     let edge = match &cfg.cache_dir {
         Some(dir) if !cfg.origin.is_empty() => {
             let started = std::time::Instant::now();
-            let shared = crate::fill::edge::SharedEdge::open(
-                dir,
-                cpus.len(),
-                cfg.cache_block_bytes,
-                cfg.cache_read_ahead_blocks,
-                cfg.chunk_bytes,
-                cfg.cache_max_bytes,
-            )
-            .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
+            let shared = crate::fill::edge::SharedEdge::open(dir, cpus.len(), &cfg)
+                .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
             tracing::info!(
                 cache_dir = %dir.display(),
                 origins = cfg.origin.len(),

@@ -14,7 +14,9 @@ const OBJECT_BYTES: u64 = 5 * 1024 * 1024 + 123;
 
 struct Edge {
     server: Server,
+    admin: std::net::SocketAddr,
     origin: NginxOrigin,
+    origin_root: std::path::PathBuf,
     cache: std::path::PathBuf,
     log: std::path::PathBuf,
     _dirs: Vec<tempfile::TempDir>,
@@ -51,7 +53,7 @@ fn edge_with(shards: &str, extra_config: &str, nginx_extra: &str, object_bytes: 
     )
     .unwrap();
     let log = dir.path().join("access.log");
-    let server = Server::start(
+    let (server, admin) = common::start_with_admin(
         &root,
         &[
             "--config",
@@ -64,11 +66,28 @@ fn edge_with(shards: &str, extra_config: &str, nginx_extra: &str, object_bytes: 
     );
     Edge {
         server,
+        admin,
         origin,
+        origin_root: origin_root.path().to_path_buf(),
         cache,
         log,
         _dirs: vec![origin_root, work, dir],
     }
+}
+
+/// A GET of `path` on a connection of its own, in a thread of its own.
+fn get_in_thread(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::thread::JoinHandle<common::Response> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    std::thread::spawn(move || {
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(common::IO_TIMEOUT)).unwrap();
+        let mut w = s.try_clone().unwrap();
+        std::io::Write::write_all(&mut w, request.as_bytes()).unwrap();
+        common::read_response(&mut std::io::BufReader::new(s), false).unwrap()
+    })
 }
 
 /// The bytes of the origin's `pull/obj.bin`.
@@ -184,25 +203,12 @@ fn many_clients_of_one_cold_object_all_get_it_and_the_origin_sends_it_once() {
     let want = std::sync::Arc::new(origin_file());
     let addr = e.server.addr;
     let clients: Vec<_> = (0..20)
-        .map(|_| {
-            let want = want.clone();
-            std::thread::spawn(move || {
-                let s = std::net::TcpStream::connect(addr).unwrap();
-                s.set_read_timeout(Some(common::IO_TIMEOUT)).unwrap();
-                let mut w = s.try_clone().unwrap();
-                std::io::Write::write_all(
-                    &mut w,
-                    b"GET /pull/obj.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
-                )
-                .unwrap();
-                let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
-                assert_eq!(r.status, 200);
-                assert!(r.body == *want, "a client got other bytes");
-            })
-        })
+        .map(|_| get_in_thread(addr, "/pull/obj.bin"))
         .collect();
     for c in clients {
-        c.join().expect("a client");
+        let r = c.join().expect("a client");
+        assert_eq!(r.status, 200);
+        assert!(r.body == *want, "a client got other bytes");
     }
     assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
 }
@@ -442,4 +448,176 @@ fn a_byte_budget_evicts_whole_versions_and_they_are_fetched_again() {
     assert_eq!(index.versions(), 1, "one object fits the budget");
     let data_files = std::fs::read_dir(cache.join("data")).unwrap().count();
     assert_eq!(data_files, 1, "evicted versions' files are gone");
+}
+
+/// Files in the cache's data directory (one per version kept), once it holds `want` (a
+/// replaced version goes when the last response reading it has ended, which the server may
+/// learn a moment after its client had the last byte), or after 5 s.
+fn data_files(cache: &Path, want: usize) -> usize {
+    let count = || {
+        std::fs::read_dir(cache.join("data"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while count() != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    count()
+}
+
+/// With `cache_revalidate_s = 0` every request revalidates first: an unchanged object is
+/// confirmed by a 304 (no body byte fetched again), a changed one (new content, new ETag)
+/// becomes a new version that replaces the old one on disk, and one deleted at the origin
+/// becomes the origin's 404.
+#[test]
+fn a_stale_version_is_revalidated_and_a_changed_object_replaces_it() {
+    let e = edge("2", "cache_revalidate_s = 0");
+    let want = origin_file();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body == want, "the cold body differs from the origin's");
+    let etag = r.header("etag").expect("an ETag").to_string();
+    assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
+    let asked = e.origin.log().len();
+
+    // Unchanged: one conditional request, answered 304; the body comes from the cache.
+    let r = get(
+        &e.server,
+        "/pull/obj.bin",
+        &[("Range", "bytes=4000000-4000999")],
+    );
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, &want[4_000_000..4_001_000]);
+    let log = e.origin.log();
+    assert_eq!(log.len(), asked + 1, "one revalidation: {log:?}");
+    let last = log.last().unwrap();
+    assert_eq!((last.status, last.body_bytes), (304, 0), "{last:?}");
+    assert_eq!(last.if_none_match, etag, "it asked with the cached ETag");
+    assert_eq!(
+        last.range_bytes().map(|(a, _)| a / (256 * 1024)),
+        Some(4_000_000 / (256 * 1024)),
+        "it asked for the block the request starts in"
+    );
+    assert_eq!(r.header("etag"), Some(etag.as_str()));
+
+    // Changed at the origin: new bytes and a new mtime, so a new ETag.
+    let path = e.origin_root.join("pull/obj.bin");
+    let changed: Vec<u8> = want.iter().map(|b| b ^ 0x5a).collect();
+    std::fs::write(&path, &changed).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body == changed,
+        "the new version's bytes, none of the old"
+    );
+    let new_etag = r.header("etag").expect("an ETag").to_string();
+    assert_ne!(new_etag, etag);
+    let r = get(&e.server, "/pull/obj.bin", &[("Range", "bytes=100-199")]);
+    assert_eq!((r.status, r.body.as_slice()), (206, &changed[100..200]));
+    assert_eq!(
+        data_files(&e.cache, 1),
+        1,
+        "the replaced version's data file is gone"
+    );
+
+    // Deleted at the origin: its 404.
+    std::fs::remove_file(&path).unwrap();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 404);
+    assert_eq!(
+        data_files(&e.cache, 0),
+        0,
+        "nothing of it is kept: {}",
+        e.server.log()
+    );
+}
+
+/// A revalidation the origin cannot answer leaves the cached version served (the edge keeps
+/// its content while the origin is down) and names the origin in the log.
+#[test]
+fn a_cached_version_is_served_while_its_origin_is_down() {
+    let mut e = edge("1", "cache_revalidate_s = 0");
+    let want = origin_file();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    e.origin.stop();
+    for _ in 0..3 {
+        let r = get(&e.server, "/pull/obj.bin", &[]);
+        assert_eq!(r.status, 200);
+        assert!(r.body == want, "the cached bytes");
+    }
+    let r = get(&e.server, "/pull/other.bin", &[]);
+    assert_eq!(r.status, 502, "nothing cached: the origin's absence shows");
+    let origin = format!("http://{}", e.origin.addr);
+    let log = e.server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("revalidation failed") && l.contains(&origin)),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("origin fill failed") && l.contains(&origin)),
+        "{log}"
+    );
+}
+
+/// An origin's 404 is remembered for `cache_404_s`: repeated requests for a missing file
+/// reach the origin once; other keys are not affected.
+#[test]
+fn an_origin_404_is_remembered_briefly() {
+    let e = edge("2", "cache_404_s = 60");
+    for _ in 0..6 {
+        let r = get(&e.server, "/pull/missing.bin", &[]);
+        assert_eq!(r.status, 404);
+    }
+    let asked = |e: &Edge| e.origin.log().iter().filter(|l| l.status == 404).count();
+    assert_eq!(asked(&e), 1, "{:?}", e.origin.log());
+    // Created at the origin meanwhile: still the remembered 404 until it expires.
+    std::fs::write(e.origin_root.join("pull/missing.bin"), b"late\n").unwrap();
+    assert_eq!(get(&e.server, "/pull/missing.bin", &[]).status, 404);
+    assert_eq!(e.origin.log().len(), 1);
+    let r = get(&e.server, "/pull/small.txt", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"a manifest\n"[..]));
+}
+
+/// The metrics say where pulled bytes came from, how long the origin took to answer, and how
+/// often a wait joined a fetch already under way.
+#[test]
+fn cache_metrics_count_bytes_by_source_latency_and_coalescing() {
+    let e = edge("2", "");
+    let want = origin_file();
+    let clients: Vec<_> = (0..8)
+        .map(|_| get_in_thread(e.server.addr, "/pull/obj.bin"))
+        .collect();
+    for c in clients {
+        let r = c.join().expect("a client");
+        assert_eq!(r.status, 200);
+        assert!(r.body == want);
+    }
+    assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
+    let metric = |family: &str, label: &str| common::admin_metric(e.admin, family, label);
+    let origin_bytes = metric("shardline_cache_bytes_total", "source=\"origin\"");
+    assert!(
+        (OBJECT_BYTES..OBJECT_BYTES + 64 * 1024).contains(&origin_bytes),
+        "origin bytes {origin_bytes}: the body once, and heads"
+    );
+    let disk_bytes = metric("shardline_cache_bytes_total", "source=\"disk\"");
+    assert!(disk_bytes >= 8 * OBJECT_BYTES, "disk bytes {disk_bytes}");
+    assert!(metric("shardline_origin_first_byte_seconds_count", "") >= 1);
+    let joined = metric("shardline_cache_waits", "how=\"joined\"");
+    let started = metric("shardline_cache_waits", "how=\"started\"");
+    assert!(started >= 1, "someone started the fill");
+    assert!(
+        joined >= 1,
+        "eight clients of one object: some joined ({joined}/{started})"
+    );
 }

@@ -116,7 +116,31 @@ impl Index {
                 }
                 true
             }
+            Record::Fresh {
+                version,
+                fetched_unix_s,
+            } => {
+                let Some(s) = self.versions.get_mut(&version) else {
+                    return false;
+                };
+                s.meta.fetched_unix_s = s.meta.fetched_unix_s.max(fetched_unix_s);
+                true
+            }
         }
+    }
+
+    /// The key of `version` no longer has it as its current version (the origin has another):
+    /// the version stays readable by the responses that began on it, until its Drop record;
+    /// the key's next want learns the new one. False when `version` was not current.
+    pub fn retire(&mut self, version: u64) -> bool {
+        let Some(s) = self.versions.get(&version) else {
+            return false;
+        };
+        if self.current.get(&s.meta.key) != Some(&version) {
+            return false;
+        }
+        self.current.remove(&s.meta.key);
+        true
     }
 
     /// The key's current version.
@@ -221,6 +245,40 @@ mod tests {
             "dropping the old keeps the new"
         );
         assert_eq!((ix.keys(), ix.versions()), (1, 1));
+    }
+
+    #[test]
+    fn a_confirmed_version_is_fresh_again_and_a_retired_one_stays_readable() {
+        let mut ix = Index::default();
+        assert!(ix.apply(Record::Object(object("k", 3, 1 << 20))));
+        assert!(ix.apply(Record::Fresh {
+            version: 3,
+            fetched_unix_s: 500
+        }));
+        assert!(ix.apply(Record::Fresh {
+            version: 3,
+            fetched_unix_s: 100
+        }));
+        assert_eq!(ix.current(b"k").unwrap().fetched_unix_s, 500, "never older");
+        assert!(!ix.apply(Record::Fresh {
+            version: 4,
+            fetched_unix_s: 1
+        }));
+        assert!(ix.apply(Record::Block {
+            version: 3,
+            block: 0,
+            crc: 1
+        }));
+        assert!(ix.retire(3));
+        assert!(!ix.retire(3), "no longer current");
+        assert!(
+            ix.current(b"k").is_none(),
+            "the next want learns the new version"
+        );
+        assert_eq!(ix.block_crc(3, 0), Some(1), "readable until dropped");
+        assert!(ix.apply(Record::Object(object("k", 4, 1 << 20))));
+        assert!(!ix.retire(3));
+        assert_eq!(ix.current(b"k").unwrap().version, 4);
     }
 
     #[test]

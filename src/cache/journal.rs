@@ -31,6 +31,7 @@ const REPLAY_SIZING_BYTES_PER_VERSION: usize = 128;
 const KIND_OBJECT: u8 = 1;
 const KIND_BLOCK: u8 = 2;
 const KIND_DROP: u8 = 3;
+const KIND_FRESH: u8 = 4;
 
 /// One change to the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +51,14 @@ pub enum Record {
     Drop {
         /// The version's id.
         version: u64,
+    },
+    /// The origin confirmed a version (a 304, or the same validators) at this time: it is
+    /// fresh for another `cache_revalidate_s`.
+    Fresh {
+        /// The version's id.
+        version: u64,
+        /// When it was confirmed (Unix seconds).
+        fetched_unix_s: u64,
     },
 }
 
@@ -94,6 +103,14 @@ impl Record {
             Record::Drop { version } => {
                 out.push(KIND_DROP);
                 out.extend_from_slice(&version.to_le_bytes());
+            }
+            Record::Fresh {
+                version,
+                fetched_unix_s,
+            } => {
+                out.push(KIND_FRESH);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&fetched_unix_s.to_le_bytes());
             }
         }
         let body = &out[start + FRAME_BYTES..];
@@ -190,6 +207,10 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             crc: r.u32()?,
         },
         KIND_DROP => Record::Drop { version: r.u64()? },
+        KIND_FRESH => Record::Fresh {
+            version: r.u64()?,
+            fetched_unix_s: r.u64()?,
+        },
         _ => return None,
     };
     // Nothing may follow a record's fields.
@@ -270,6 +291,10 @@ mod tests {
                 version: 7,
                 block: 2,
                 crc: 0xdead_beef,
+            },
+            Record::Fresh {
+                version: 7,
+                fetched_unix_s: 1_800_000_000,
             },
             Record::Drop { version: 7 },
         ];

@@ -18,7 +18,7 @@
 //! The journal is appended on the shard thread (one small synced write per block); issue 20
 //! leaves moving it onto the ring, with group commit, to the shard wiring.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -34,6 +34,7 @@ use crate::cache::journal_file::JournalFile;
 use crate::cache::store::{BlockStore, ReadError};
 use crate::origin::fetch::{FetchError, HeadFacts, Plan};
 use crate::origin::pool::retry_after_ms;
+use crate::origin::response::Unusable;
 use crate::shard::ring_ops::RingOps;
 use crate::shard::slots::ArenaSlot;
 
@@ -41,6 +42,13 @@ use crate::shard::slots::ArenaSlot;
 pub const MAX_PROBE_WAITERS: usize = 4096;
 /// Most fetches waiting for a slot or a connection (past it: `Outcome::Busy`).
 pub const MAX_QUEUED_FETCHES: usize = 4096;
+/// Most keys whose 404 is remembered at once (past it the oldest is forgotten early).
+pub const MAX_NOT_FOUND_KEYS: usize = 65_536;
+/// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
+pub const MAX_NOT_FOUND_S: u64 = 3600;
+/// After a revalidation the origin could not answer (down, slow, a 5xx), the cached version
+/// is served this long before the origin is asked again.
+pub const REVALIDATE_RETRY_S: u64 = 10;
 
 /// How the fill stores and asks.
 #[derive(Clone, Debug)]
@@ -61,6 +69,14 @@ pub struct FillConfig {
     pub sync_every_blocks: u32,
     /// Bytes of objects the cache keeps (S3-FIFO evicts past it); 0: no budget.
     pub max_bytes: u64,
+    /// Seconds a version is served after the origin last confirmed it; then the next request
+    /// revalidates it first (0: every request does).
+    pub revalidate_s: u64,
+    /// Seconds an origin's 404 is remembered: the key's requests get it without asking the
+    /// origin (0: never remembered).
+    pub not_found_s: u64,
+    /// Each origin's name for log lines (index = its `[[origin]]` entry).
+    pub origin_names: Vec<String>,
 }
 
 /// What a want found.
@@ -72,6 +88,9 @@ pub enum Outcome {
     Waiting,
     /// Too many wait already: serve it without the cache, or refuse it (503).
     Busy,
+    /// The origin answered this status for the key lately (a remembered 404): it is the
+    /// answer, without asking the origin again.
+    Refused(u16),
 }
 
 /// What a waiter hears.
@@ -115,6 +134,8 @@ struct Job {
     first: u32,
     last: u32,
     probe: bool,
+    /// A conditional request that confirms `version` (or finds it replaced).
+    revalidate: bool,
     not_before_ms: u64,
     /// Blocks of the run committed so far.
     committed: Vec<u32>,
@@ -164,6 +185,32 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     evict: Option<S3Fifo<u64>>,
     /// Versions evicted, for the metrics.
     pub versions_evicted: u64,
+    /// Responses and fetches using each version (a retired version goes at its last unpin).
+    pins: HashMap<u64, u32>,
+    /// Versions the origin replaced, still read or filled: dropped when their pins end.
+    retired: HashSet<u64>,
+    /// Versions whose revalidation the origin could not answer: served until then (Unix s).
+    revalidate_after: HashMap<u64, u64>,
+    /// Keys whose 404 is remembered: until when (Unix s); `not_found_order` holds them oldest
+    /// first (every entry has the same lifetime), so the oldest goes first.
+    not_found: HashMap<Vec<u8>, u64>,
+    not_found_order: VecDeque<(Vec<u8>, u64)>,
+    /// Waits that joined a fetch (or probe) already under way, and waits that started one:
+    /// the coalescing ratio is joined / (joined + started).
+    pub waits_joined: u64,
+    /// See `waits_joined`.
+    pub waits_started: u64,
+}
+
+/// The shared counters a shard reports (one lock).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FillStats {
+    /// Versions evicted under the budget.
+    pub versions_evicted: u64,
+    /// Waits that joined a fetch under way.
+    pub waits_joined: u64,
+    /// Waits that started a fetch.
+    pub waits_started: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -176,6 +223,8 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     events: Vec<FillEvent>,
     /// Slots given back by ended fetches, for the caller.
     freed: Vec<ArenaSlot>,
+    /// First-byte times between the filler and the metrics (kept for its capacity).
+    samples: Vec<u64>,
 }
 
 /// The index, read under the shared lock (`CacheFill::index`).
@@ -214,6 +263,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             blocks_corrupt: 0,
             evict,
             versions_evicted: 0,
+            pins: HashMap::new(),
+            retired: HashSet::new(),
+            revalidate_after: HashMap::new(),
+            not_found: HashMap::new(),
+            not_found_order: VecDeque::new(),
+            waits_joined: 0,
+            waits_started: 0,
         };
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
@@ -227,12 +283,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 e.insert(version, size, &mut evicted);
             }
         }
-        core.drop_versions(&evicted);
+        core.drop_versions(&evicted, true);
         Ok(core)
     }
 
-    /// Journals the drop of `versions` (evicted), forgets them and removes their data files.
-    fn drop_versions(&mut self, versions: &[u64]) {
+    /// Journals the drop of `versions` (evicted, or retired and no longer read), forgets them
+    /// and removes their data files.
+    fn drop_versions(&mut self, versions: &[u64], evicted: bool) {
         if versions.is_empty() {
             return;
         }
@@ -247,25 +304,106 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         for (&version, record) in versions.iter().zip(records) {
             self.index.apply(record);
             self.files.remove(&version);
-            if let Err(e) = self.store.remove_version(version) {
-                tracing::warn!(version, error = %e, "removing an evicted version's data file");
+            self.retired.remove(&version);
+            self.revalidate_after.remove(&version);
+            if let Some(e) = self.evict.as_mut() {
+                e.remove(&version);
             }
-            self.versions_evicted += 1;
+            if let Err(e) = self.store.remove_version(version) {
+                tracing::warn!(version, error = %e, "removing a dropped version's data file");
+            }
+            if evicted {
+                self.versions_evicted += 1;
+            }
         }
     }
 
     /// A response began reading `version`, or a fetch began filling it: it is not evicted
-    /// until the matching `unpin`.
+    /// (nor dropped when retired) until the matching `unpin`.
     pub fn pin(&mut self, version: u64) {
+        *self.pins.entry(version).or_default() += 1;
         if let Some(e) = self.evict.as_mut() {
             e.pin(&version);
         }
     }
 
-    /// The matching end of a `pin`.
+    /// The matching end of a `pin`; a retired version goes with its last.
     pub fn unpin(&mut self, version: u64) {
         if let Some(e) = self.evict.as_mut() {
             e.unpin(&version);
+        }
+        let Some(n) = self.pins.get_mut(&version) else {
+            debug_assert!(false, "unpinned more than pinned");
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.pins.remove(&version);
+            if self.retired.remove(&version) {
+                self.drop_versions(&[version], false);
+            }
+        }
+    }
+
+    /// The origin has another version of `version`'s key (or none): the key forgets it at
+    /// once, and it is dropped when nothing reads or fills it any more.
+    fn retire(&mut self, version: u64) {
+        if !self.index.retire(version) {
+            return;
+        }
+        self.revalidate_after.remove(&version);
+        if self.pins.contains_key(&version) {
+            self.retired.insert(version);
+        } else {
+            self.drop_versions(&[version], false);
+        }
+    }
+
+    /// The shared counters.
+    pub fn stats(&self) -> FillStats {
+        FillStats {
+            versions_evicted: self.versions_evicted,
+            waits_joined: self.waits_joined,
+            waits_started: self.waits_started,
+        }
+    }
+
+    /// Remembers the origin's 404 for `key` for `not_found_s`.
+    fn remember_not_found(&mut self, key: &[u8], now_s: u64) {
+        if self.cfg.not_found_s == 0 {
+            return;
+        }
+        // Oldest first: the expired ones, and the oldest of all when the table is full.
+        while let Some((k, until)) = self.not_found_order.front() {
+            if *until > now_s && self.not_found_order.len() < MAX_NOT_FOUND_KEYS {
+                break;
+            }
+            if self.not_found.get(k) == Some(until) {
+                self.not_found.remove(k);
+            }
+            self.not_found_order.pop_front();
+        }
+        let until = now_s + self.cfg.not_found_s.min(MAX_NOT_FOUND_S);
+        self.not_found.insert(key.to_vec(), until);
+        self.not_found_order.push_back((key.to_vec(), until));
+    }
+
+    /// The name of origin `origin` for a log line.
+    fn origin_name(&self, origin: usize) -> &str {
+        self.cfg
+            .origin_names
+            .get(origin)
+            .map_or("(unnamed origin)", String::as_str)
+    }
+
+    /// One log line for a fill that failed for good: the origin, the path, and why (an
+    /// origin's 4xx is its answer, not a fault of the edge or the origin's reach).
+    fn log_failure(&self, job: &Job, error: &FetchError) {
+        let origin = self.origin_name(job.origin);
+        if matches!(error, FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s)) {
+            tracing::debug!(origin, path = %job.path, ?error, "origin refused");
+        } else {
+            tracing::warn!(origin, path = %job.path, ?error, "origin fill failed");
         }
     }
 
@@ -312,6 +450,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             store,
             events: Vec::new(),
             freed: Vec::new(),
+            samples: Vec::new(),
         }
     }
 
@@ -332,6 +471,15 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// The filler (this shard's connections and fetches).
     pub fn filler(&self) -> &Filler {
         &self.filler
+    }
+
+    /// Hands each time from a fetch's start to its origin's head (ms) seen since the last
+    /// call to `observe`.
+    pub fn take_first_byte_ms(&mut self, mut observe: impl FnMut(u64)) {
+        let mut samples = std::mem::take(&mut self.samples);
+        self.filler.take_first_byte_ms(&mut samples);
+        samples.drain(..).for_each(&mut observe);
+        self.samples = samples;
     }
 
     /// Blocks fetched from the origin, over all shards.
@@ -372,6 +520,41 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             .want_blocks(key, origin, path, first, last, waiter, true)
     }
 
+    /// See `FillCore::admit`.
+    pub fn admit(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        revalidate: bool,
+        waiter: W,
+    ) -> Option<Outcome> {
+        self.core()
+            .admit(key, origin, path, first, revalidate, waiter, unix_now_s())
+    }
+
+    /// See `FillCore::want_more`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn want_more(
+        &mut self,
+        version: u64,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
+        self.core()
+            .want_more(version, key, origin, path, first, last, waiter)
+    }
+
+    /// See `FillCore::stats`.
+    pub fn stats(&self) -> FillStats {
+        self.core().stats()
+    }
+
     /// See `FillCore::pin`.
     pub fn pin(&mut self, version: u64) {
         self.core().pin(version);
@@ -380,11 +563,6 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// See `FillCore::unpin`.
     pub fn unpin(&mut self, version: u64) {
         self.core().unpin(version);
-    }
-
-    /// Versions evicted, over all shards.
-    pub fn versions_evicted(&self) -> u64 {
-        self.core().versions_evicted
     }
 
     /// See `FillCore::readable_end`.
@@ -544,6 +722,91 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.want_blocks(key, origin, path, first, last, waiter, true)
     }
 
+    /// What a request for `key` (from byte `first`) must wait for before its bytes are
+    /// judged: `Refused(404)` when the origin's 404 is remembered, and, when `revalidate` (a
+    /// request not yet through a revalidation), `Waiting` if the key's version is stale (past
+    /// `revalidate_s`): its revalidation is started or joined. None: go on to `want`. An
+    /// empty object is never revalidated (it has no block to ask for).
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        revalidate: bool,
+        waiter: W,
+        now_s: u64,
+    ) -> Option<Outcome> {
+        if let Some(&until) = self.not_found.get(key) {
+            if now_s < until {
+                return Some(Outcome::Refused(404));
+            }
+            self.not_found.remove(key);
+        }
+        if !revalidate {
+            return None;
+        }
+        let meta = self.index.current(key)?;
+        let v = meta.version;
+        let fresh_until = meta.fetched_unix_s.saturating_add(self.cfg.revalidate_s);
+        if meta.size == 0
+            || now_s < fresh_until
+            || self.revalidate_after.get(&v).is_some_and(|&t| now_s < t)
+        {
+            return None;
+        }
+        // The block the request starts in is the one asked for: a 206 with the same
+        // validators refreshes it, and a partial object gets it.
+        let block = (first.min(meta.size - 1) / u64::from(meta.block_bytes)) as u32;
+        if let Some(waiters) = self.probes.get_mut(key) {
+            if waiters.len() >= MAX_PROBE_WAITERS {
+                return Some(Outcome::Busy);
+            }
+            waiters.push(waiter);
+            self.waits_joined += 1;
+            return Some(Outcome::Waiting);
+        }
+        if self.queue.len() >= MAX_QUEUED_FETCHES {
+            return Some(Outcome::Busy);
+        }
+        self.probes.insert(key.to_vec(), vec![waiter]);
+        self.waits_started += 1;
+        self.queue.push_back(Job {
+            key: key.to_vec(),
+            origin,
+            path: path.to_owned(),
+            version: v,
+            first: block,
+            last: block,
+            probe: false,
+            revalidate: true,
+            not_before_ms: 0,
+            committed: Vec::new(),
+            pinned: false,
+        });
+        Some(Outcome::Waiting)
+    }
+
+    /// As `want_streaming`, for a response that began on `version`: `Busy` once the key has
+    /// another version (the response cannot go on without mixing them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn want_more(
+        &mut self,
+        version: u64,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
+        if self.index.current(key).map(|m| m.version) != Some(version) {
+            return Outcome::Busy;
+        }
+        self.want_blocks(key, origin, path, first, last, waiter, true)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn want_blocks(
         &mut self,
@@ -615,8 +878,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 continue;
             }
             match self.blocks.want((v, b as u32), w) {
-                Ask::Fetch => to_fetch.push(b),
-                Ask::Wait => {}
+                Ask::Fetch => {
+                    self.waits_started += u64::from(is_waiter);
+                    to_fetch.push(b);
+                }
+                Ask::Wait => self.waits_joined += u64::from(is_waiter),
                 Ask::PassThrough if is_waiter => return Outcome::Busy,
                 Ask::PassThrough => continue,
             }
@@ -632,6 +898,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 first: run.start as u32,
                 last: (run.end - 1) as u32,
                 probe: false,
+                revalidate: false,
                 not_before_ms: 0,
                 committed: Vec::new(),
                 pinned: false,
@@ -650,12 +917,14 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 return Outcome::Busy;
             }
             waiters.push(waiter);
+            self.waits_joined += 1;
             return Outcome::Waiting;
         }
         if self.queue.len() >= MAX_QUEUED_FETCHES {
             return Outcome::Busy;
         }
         self.probes.insert(key.to_vec(), vec![waiter]);
+        self.waits_started += 1;
         let version = self.next_version;
         self.next_version += 1;
         let start = u32::try_from(first / u64::from(self.cfg.block_bytes)).unwrap_or(u32::MAX);
@@ -668,6 +937,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             first: start,
             last: start.saturating_add(run),
             probe: true,
+            revalidate: false,
             not_before_ms: 0,
             committed: Vec::new(),
             pinned: false,
@@ -719,6 +989,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 waiting.push_back(job);
                 continue;
             }
+            // A fetch for a version the key no longer has (the origin replaced it meanwhile):
+            // its bytes could join nothing.
+            let current = self.index.current(&job.key).map(|m| m.version);
+            if !job.probe && current != Some(job.version) {
+                self.give_up(&job, FetchError::VersionChanged);
+                continue;
+            }
             let Some(slot) = take_slot() else {
                 waiting.push_back(job);
                 break;
@@ -744,6 +1021,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 block_bytes: meta.map_or(self.cfg.block_bytes, |m| m.block_bytes),
                 size: meta.map(|m| m.size),
                 etag: meta.map(|m| m.etag.clone()).filter(|e| !e.is_empty()),
+                last_modified: meta
+                    .map(|m| m.last_modified.clone())
+                    .filter(|l| !l.is_empty()),
+                revalidate: job.revalidate,
                 slot_bytes: self.cfg.slot_bytes,
                 align_bytes: self.cfg.align_bytes,
                 sync_every_blocks: self.cfg.sync_every_blocks,
@@ -754,9 +1035,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     self.next_job += 1;
                     let mut job = job;
                     if !job.probe {
-                        if let Some(e) = self.evict.as_mut() {
-                            job.pinned = e.pin(&job.version);
-                        }
+                        self.pin(job.version);
+                        job.pinned = true;
                     }
                     self.running.insert(id, job);
                 }
@@ -889,9 +1169,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             // Pinned as it goes in: its own insert never evicts it (an object larger than the
             // whole budget stays while it fills and is read, past the budget until it goes).
             e.insert_pinned(version, size, &mut evicted);
-            job.pinned = true;
         }
-        self.drop_versions(&evicted);
+        *self.pins.entry(version).or_default() += 1;
+        job.pinned = true;
+        self.drop_versions(&evicted, true);
         let job = self.running.get_mut(&id).expect("a running job");
         // The probe's own blocks are being fetched: register them so wants coalesce on them.
         let (first, last) = (job.first, job.last);
@@ -913,6 +1194,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let mut job = self.running.remove(&id).expect("a running job");
         if std::mem::take(&mut job.pinned) {
             self.unpin(job.version);
+        }
+        if job.revalidate {
+            return self.revalidated(job, error);
         }
         let Some(error) = error else {
             // A 200 to a range can commit more than the run; blocks of the run not committed
@@ -947,16 +1231,23 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             return self.give_up(&job, error);
         }
         if matches!(error, FetchError::VersionChanged) {
-            return self.give_up(&job, error);
+            // The key's next want learns the new version; no byte of it joins this one.
+            self.give_up(&job, error);
+            return self.retire(job.version);
         }
         let missing: Vec<u32> = (job.first..=job.last)
             .filter(|b| !job.committed.contains(b) && self.block_in_object(job.version, *b))
             .collect();
         let mut retry = Vec::new();
+        let mut logged = false;
         for b in missing {
             match self.blocks.failed((job.version, b)) {
                 Failed::Retry { attempt } => retry.push((b, attempt)),
                 Failed::GiveUp(waiters) => {
+                    if !logged && waiters.iter().any(Option::is_some) {
+                        self.log_failure(&job, &error);
+                        logged = true;
+                    }
                     for waiter in waiters.into_iter().flatten() {
                         self.notify(Notice::Failed {
                             waiter,
@@ -980,6 +1271,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 first: run.start as u32,
                 last: (run.end - 1) as u32,
                 probe: false,
+                revalidate: false,
                 not_before_ms: now_ms + wait,
                 committed: Vec::new(),
                 pinned: false,
@@ -989,6 +1281,15 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     fn give_up(&mut self, job: &Job, error: FetchError) {
+        self.log_failure(job, &error);
+        if job.probe && error == FetchError::Unusable(Unusable::Status(404)) {
+            self.remember_not_found(&job.key, unix_now_s());
+        }
+        if job.probe && self.index.meta(job.version).is_none() {
+            // The head never came: the data file the fetch was given holds nothing.
+            self.files.remove(&job.version);
+            let _ = self.store.remove_version(job.version);
+        }
         if job.probe {
             for waiter in self.probes.remove(&job.key).unwrap_or_default() {
                 self.notify(Notice::Failed {
@@ -1006,6 +1307,59 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     });
                 }
             }
+        }
+    }
+
+    /// A revalidation ended: the version is confirmed (a 304, or a 206 with the same
+    /// validators: it is fresh again), replaced (another version at the origin: retired, and
+    /// the waiters' next want learns the new one), gone (a 404: retired and remembered), or
+    /// the origin could not say (the cached version is served on, and asked about again after
+    /// `REVALIDATE_RETRY_S`). The waiters then want again.
+    fn revalidated(&mut self, job: Job, error: Option<FetchError>) {
+        let (v, now_s) = (job.version, unix_now_s());
+        match error {
+            Some(FetchError::Stale) => {
+                // A kept-alive connection the origin had closed: again at once.
+                self.queue.push_front(Job {
+                    committed: Vec::new(),
+                    pinned: false,
+                    ..job
+                });
+                return;
+            }
+            None | Some(FetchError::NotModified) => {
+                let record = Record::Fresh {
+                    version: v,
+                    fetched_unix_s: now_s,
+                };
+                match self.journal.append(std::slice::from_ref(&record), true) {
+                    Ok(()) => {
+                        self.index.apply(record);
+                        self.revalidate_after.remove(&v);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cache journal append failed; revalidated again later");
+                        self.revalidate_after.insert(v, now_s + REVALIDATE_RETRY_S);
+                    }
+                }
+            }
+            Some(FetchError::VersionChanged) => self.retire(v),
+            Some(FetchError::Unusable(Unusable::Status(404))) => {
+                self.retire(v);
+                self.remember_not_found(&job.key, now_s);
+            }
+            Some(error) => {
+                tracing::warn!(
+                    origin = self.origin_name(job.origin),
+                    path = %job.path,
+                    ?error,
+                    "revalidation failed; the cached version is served meanwhile"
+                );
+                self.revalidate_after.insert(v, now_s + REVALIDATE_RETRY_S);
+            }
+        }
+        for waiter in self.probes.remove(&job.key).unwrap_or_default() {
+            self.notify(Notice::Known { waiter, version: v });
         }
     }
 

@@ -103,24 +103,26 @@ pub struct SharedEdge {
 }
 
 impl SharedEdge {
-    /// Opens `cache_dir` (replaying its journal) for `shards` shards.
+    /// Opens `cache_dir` (replaying its journal) for `shards` shards, with the cache keys
+    /// and `[[origin]]` entries of `config`.
     pub fn open(
         cache_dir: &Path,
         shards: usize,
-        block_bytes: u32,
-        read_ahead_blocks: u64,
-        slot_bytes: usize,
-        max_bytes: u64,
+        config: &crate::config::Config,
     ) -> std::io::Result<SharedEdge> {
+        let block_bytes = config.cache_block_bytes;
         let cfg = FillConfig {
             block_bytes,
-            read_ahead_blocks,
+            read_ahead_blocks: config.cache_read_ahead_blocks,
             max_run_blocks: RUN_BLOCKS,
-            slot_bytes,
+            slot_bytes: config.chunk_bytes,
             align_bytes: crate::shard::files::ARENA_ALIGN_BYTES as usize,
             max_attempts: FILL_ATTEMPTS,
             sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
-            max_bytes,
+            max_bytes: config.cache_max_bytes,
+            revalidate_s: config.cache_revalidate_s,
+            not_found_s: config.cache_404_s,
+            origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
         };
         let core = FillCore::open(cache_dir, cfg, shards)?;
         let wakers = (0..shards)
@@ -241,7 +243,9 @@ impl EdgeCache {
             .ok()
     }
 
-    /// What `waiter` wants of `key`: `Ready(version)` when it may start. A single range (or
+    /// What `waiter` wants of `key`: `Ready(version)` when it may start. A remembered 404
+    /// comes first, and for a request not yet `admitted` (not resumed after a wait), a stale
+    /// version's revalidation (`FillCore::admit`). A single range (or
     /// the whole object) longer than a chunk streams: it starts once its first block is on
     /// disk and reads on as the fill commits more (the span is returned for that); anything
     /// else starts once every byte it needs is there.
@@ -253,11 +257,15 @@ impl EdgeCache {
         path: &str,
         range: Option<&[u8]>,
         head_only: bool,
+        admitted: bool,
         waiter: Waiter,
     ) -> (Outcome, Option<Stream>) {
+        let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
+        if let Some(outcome) = self.fill.admit(key, origin, path, first, !admitted, waiter) {
+            return (outcome, None);
+        }
         let size = self.fill.index().current(key).map(|m| m.size);
         let Some(size) = size else {
-            let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
             return (
                 self.fill.want(key, origin, path, first, Some(0), waiter),
                 None,
@@ -280,10 +288,18 @@ impl EdgeCache {
         (self.fill.want(key, origin, path, first, last, waiter), None)
     }
 
-    /// The streaming response `stream` (of `waiter`) reached byte `from` of what is committed:
-    /// it waits on the next block (and moves the read-ahead on). `Ready` when it is there.
-    pub fn want_more(&mut self, stream: &Stream, from: u64, waiter: Waiter) -> Outcome {
-        self.fill.want_streaming(
+    /// The streaming response `stream` (of `waiter`, on `version`) reached byte `from` of
+    /// what is committed: it waits on the next block (and moves the read-ahead on). `Ready`
+    /// when it is there; `Busy` when the key has another version now.
+    pub fn want_more(
+        &mut self,
+        stream: &Stream,
+        version: u64,
+        from: u64,
+        waiter: Waiter,
+    ) -> Outcome {
+        self.fill.want_more(
+            version,
             &stream.key,
             stream.origin,
             &stream.path,

@@ -27,6 +27,7 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use crate::origin::fetch::{BlockFetch, FetchError, HeadFacts, Io, Output, Plan, Timeouts};
 use crate::origin::pool::{Grant, Pool};
 use crate::origin::request::Fetch;
+use crate::origin::response::Unusable;
 use crate::shard::ring_ops::RingOps;
 use crate::shard::slots::ArenaSlot;
 use crate::shard::token::Token;
@@ -101,6 +102,8 @@ struct Running {
     io: Option<Io>,
     /// Set when a deadline passed: the error the fetch ends with once `io` completes.
     timed_out: Option<FetchError>,
+    /// When `begin` started it (ms), until the origin's head came.
+    started_ms: Option<u64>,
 }
 
 struct FetchSlot {
@@ -120,6 +123,10 @@ pub struct Filler {
     out: Vec<Output>,
     request: String,
     events: Vec<FillEvent>,
+    /// Bytes received from origins (heads and bodies), since start.
+    received_bytes: u64,
+    /// Times from a fetch's start to its origin's head (ms), not yet taken.
+    first_byte_ms: Vec<u64>,
 }
 
 impl Filler {
@@ -149,7 +156,20 @@ impl Filler {
             out: Vec::with_capacity(8),
             request: String::with_capacity(crate::origin::request::MAX_REQUEST_HEAD_BYTES),
             events: Vec::with_capacity(16),
+            received_bytes: 0,
+            first_byte_ms: Vec::with_capacity(max_fetches),
         }
+    }
+
+    /// Bytes received from origins since start.
+    pub fn received_bytes(&self) -> u64 {
+        self.received_bytes
+    }
+
+    /// Moves the times from fetch start to origin head (ms) observed since the last call into
+    /// `out` (at most one per fetch begun).
+    pub fn take_first_byte_ms(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.first_byte_ms);
     }
 
     /// Fetches in flight.
@@ -181,8 +201,8 @@ impl Filler {
             path,
             host: &target.host,
             range: Some(plan.range()),
-            if_none_match: None,
-            if_modified_since: None,
+            if_none_match: plan.etag.as_deref().filter(|_| plan.revalidate),
+            if_modified_since: plan.last_modified.as_deref().filter(|_| plan.revalidate),
         };
         if let Err(e) = fetch.write(&mut self.request) {
             return Err(Begin::Refused(slot, format!("origin request: {e:?}")));
@@ -221,8 +241,9 @@ impl Filler {
             head_len,
             io: None,
             timed_out: None,
+            started_ms: Some(now_ms),
         });
-        self.carry_out(ring, index);
+        self.carry_out(ring, index, now_ms);
         Ok(())
     }
 
@@ -249,7 +270,7 @@ impl Filler {
     }
 
     /// Runs the machine's outputs for fetch `index`: submits its next operation, or ends it.
-    fn carry_out<R: RingOps>(&mut self, ring: &mut R, index: u32) {
+    fn carry_out<R: RingOps>(&mut self, ring: &mut R, index: u32, now_ms: u64) {
         let generation = self.fetches[index as usize].generation;
         let token = Token::fetch(index, generation).encode();
         let outputs = std::mem::take(&mut self.out);
@@ -279,17 +300,32 @@ impl Filler {
                         Io::Sync => ring.fsync_fd(run.file.as_fd(), token),
                     }
                 }
-                Output::Head(facts) => self.events.push(FillEvent::Head {
-                    job: run.job,
-                    facts,
-                }),
+                Output::Head(facts) => {
+                    if let Some(t) = run.started_ms.take() {
+                        self.first_byte_ms.push(now_ms.saturating_sub(t));
+                    }
+                    self.events.push(FillEvent::Head {
+                        job: run.job,
+                        facts,
+                    })
+                }
                 Output::Committed { block, crc } => self.events.push(FillEvent::Committed {
                     job: run.job,
                     block,
                     crc,
                 }),
                 Output::Done { keep_alive } => self.end(index, keep_alive, None),
-                Output::Failed(e) => self.end(index, false, Some(e)),
+                Output::Failed(e) => {
+                    // A 304 or a refusal is an answer too: its time counts.
+                    let answered = matches!(
+                        e,
+                        FetchError::NotModified | FetchError::Unusable(Unusable::Status(_))
+                    );
+                    if let Some(t) = run.started_ms.take().filter(|_| answered) {
+                        self.first_byte_ms.push(now_ms.saturating_sub(t));
+                    }
+                    self.end(index, false, Some(e))
+                }
             }
         }
         let mut outputs = outputs;
@@ -339,7 +375,7 @@ impl Filler {
         self.out.clear();
         if let Some(e) = run.timed_out.take() {
             self.out.push(Output::Failed(e));
-            return self.carry_out(ring, index);
+            return self.carry_out(ring, index, now_ms);
         }
         match io {
             Io::Connect => {
@@ -357,6 +393,7 @@ impl Filler {
             }
             Io::Send { .. } => run.machine.on_sent(res, now_ms, &mut self.out),
             Io::Recv { .. } => {
+                self.received_bytes += u64::from(res.max(0).unsigned_abs());
                 let slot = ring.arena_mut(run.slot);
                 run.machine.on_received(res, slot, now_ms, &mut self.out);
             }
@@ -369,7 +406,7 @@ impl Filler {
                 run.machine.on_synced(res, slot, now_ms, &mut self.out);
             }
         }
-        self.carry_out(ring, index);
+        self.carry_out(ring, index, now_ms);
     }
 
     /// Ends every stage past its deadline: the socket is shut down, so the operation in

@@ -118,6 +118,8 @@ fn plan(first: u32, last: u32, size: Option<u64>) -> Plan {
         block_bytes: BLOCK,
         size,
         etag: None,
+        last_modified: None,
+        revalidate: false,
         slot_bytes: CHUNK,
         align_bytes: ALIGN,
         sync_every_blocks: 1,
@@ -447,6 +449,9 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         max_attempts: 3,
         max_bytes: 0,
         sync_every_blocks: 2,
+        revalidate_s: crate::config::DEFAULT_CACHE_REVALIDATE_S,
+        not_found_s: 10,
+        origin_names: vec!["nginx".into()],
     }
 }
 
@@ -494,7 +499,7 @@ fn read_all(
                         r.pos = at + buf.len() as u64;
                     }
                     Outcome::Waiting => r.waiting = true,
-                    Outcome::Busy => panic!("busy"),
+                    Outcome::Busy | Outcome::Refused(_) => panic!("busy"),
                 }
             }
             let size = cf.index().current(b"k").map(|m| m.size);

@@ -29,6 +29,12 @@ pub struct Plan {
     pub size: Option<u64>,
     /// The ETag of the version being filled, when known.
     pub etag: Option<String>,
+    /// The Last-Modified of the version being filled, when known.
+    pub last_modified: Option<String>,
+    /// Ask conditionally (`If-None-Match` with the ETag, else `If-Modified-Since` with the
+    /// Last-Modified): a 304 ends the fetch with `FetchError::NotModified`, which the caller
+    /// takes as "the version is still good".
+    pub revalidate: bool,
     /// Bytes of the slot the answer is received into (a multiple of `align_bytes`).
     pub slot_bytes: usize,
     /// O_DIRECT alignment of the data file: every write is a multiple of it.
@@ -359,6 +365,7 @@ impl BlockFetch {
             range: Some(self.plan.range()),
             size: self.plan.size,
             etag: self.plan.etag.as_deref(),
+            last_modified: self.plan.last_modified.as_deref(),
         };
         let keep = |v: Option<&str>| {
             v.filter(|s| s.len() <= MAX_HEAD_FIELD_BYTES)
@@ -561,6 +568,8 @@ mod tests {
             block_bytes: block,
             size,
             etag: None,
+            last_modified: None,
+            revalidate: false,
             slot_bytes: slot,
             align_bytes: ALIGN,
             sync_every_blocks: 1,

@@ -151,6 +151,9 @@ pub struct Expect<'a> {
     pub size: Option<u64>,
     /// The ETag of the version being filled, once known.
     pub etag: Option<&'a str>,
+    /// The Last-Modified of the version being filled, once known (compared only when there
+    /// is no ETag to compare).
+    pub last_modified: Option<&'a str>,
 }
 
 /// What a fill does with a response.
@@ -201,6 +204,10 @@ pub fn judge(head: &OriginHead<'_>, expect: &Expect<'_>) -> Verdict {
         return Verdict::Unusable(Unusable::Status(head.status));
     }
     if let (Some(want), Some(got)) = (expect.etag, head.etag) {
+        if want != got {
+            return Verdict::VersionChanged;
+        }
+    } else if let (Some(want), Some(got)) = (expect.last_modified, head.last_modified) {
         if want != got {
             return Verdict::VersionChanged;
         }
@@ -256,6 +263,7 @@ mod tests {
         range: Some((1048576, 2097151)),
         size: Some(10 << 20),
         etag: Some("\"v1\""),
+        last_modified: None,
     };
 
     #[test]
@@ -313,6 +321,18 @@ mod tests {
         assert_eq!(judge(&head(other_tag), &ASK), Verdict::VersionChanged);
         let whole = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
         assert_eq!(judge(&head(whole), &ASK), Verdict::VersionChanged);
+        // No ETag on either side: a new Last-Modified is a new version; the same one is not.
+        let dated = Expect {
+            etag: None,
+            last_modified: Some("Tue, 01 Dec 2026 10:00:00 GMT"),
+            ..ASK
+        };
+        let newer = "HTTP/1.1 206 Partial Content\r\nContent-Length: 1048576\r\n\
+                     Content-Range: bytes 1048576-2097151/10485760\r\n\
+                     Last-Modified: Wed, 02 Dec 2026 10:00:00 GMT\r\n\r\n";
+        assert_eq!(judge(&head(newer), &dated), Verdict::VersionChanged);
+        let same = newer.replace("Wed, 02", "Tue, 01");
+        assert!(matches!(judge(&head(&same), &dated), Verdict::Range { .. }));
     }
 
     #[test]

@@ -26,7 +26,7 @@ impl NginxOrigin {
         let conf = format!(
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
              error_log {d}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{ log_format sent '$body_bytes_sent';\n\
+             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\"';\n\
                access_log {d}/access.log sent; keepalive_requests 100000; {extra}\n\
                client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                uwsgi_temp_path {d}; scgi_temp_path {d};\n\
@@ -58,10 +58,19 @@ impl NginxOrigin {
 
     /// Body bytes nginx has sent so far (its access log: one line per finished request).
     pub fn body_bytes_sent(&self) -> u64 {
+        self.log().iter().map(|l| l.body_bytes).sum()
+    }
+
+    /// What nginx logged, a line per finished request, in order.
+    pub fn log(&self) -> Vec<OriginLogLine> {
         let log = std::fs::read_to_string(self.work.join("access.log")).unwrap_or_default();
-        log.lines()
-            .map(|l| l.trim().parse::<u64>().expect("a byte count"))
-            .sum()
+        log.lines().map(OriginLogLine::parse).collect()
+    }
+
+    /// Stops nginx (requests to it are refused from now on).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Waits (at most 5 s) for nginx to have logged at least `want` body bytes (it logs a
@@ -80,6 +89,43 @@ impl NginxOrigin {
             .unwrap_or_default()
             .lines()
             .count()
+    }
+}
+
+/// One request as nginx logged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OriginLogLine {
+    /// Body bytes sent.
+    pub body_bytes: u64,
+    /// The status sent.
+    pub status: u16,
+    /// The request's Range header ("-" when none).
+    pub range: String,
+    /// The request's If-None-Match header ("-" when none).
+    pub if_none_match: String,
+}
+
+impl OriginLogLine {
+    fn parse(line: &str) -> OriginLogLine {
+        let (bytes, rest) = line.trim().split_once(' ').expect("a logged request");
+        let (status, rest) = rest.split_once(' ').expect("a status");
+        // nginx writes a quote inside a field as \x22; the fields' own quotes are literal.
+        let mut quoted = rest
+            .split('"')
+            .filter(|f| !f.trim().is_empty())
+            .map(|f| f.replace("\\x22", "\""));
+        OriginLogLine {
+            body_bytes: bytes.parse().expect("a byte count"),
+            status: status.parse().expect("a status"),
+            range: quoted.next().unwrap_or_else(|| "-".into()),
+            if_none_match: quoted.next().unwrap_or_else(|| "-".into()),
+        }
+    }
+
+    /// The first and last byte of its Range (`bytes=a-b`), if it had one.
+    pub fn range_bytes(&self) -> Option<(u64, u64)> {
+        let (a, b) = self.range.strip_prefix("bytes=")?.split_once('-')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
     }
 }
 

@@ -39,7 +39,11 @@ impl<R: RingOps> Shard<R> {
         }
         let waiter = self.waiter(c);
         let edge = self.edge.as_mut().expect("checked above");
-        let (outcome, stream) = edge.want(&key, origin, &path, req.range, head_only, waiter);
+        // A request resumed after a wait was admitted when it first came: it is not sent to
+        // revalidate again (with `cache_revalidate_s = 0` it would never get through).
+        let admitted = self.resuming_fill;
+        let (outcome, stream) =
+            edge.want(&key, origin, &path, req.range, head_only, admitted, waiter);
         match outcome {
             Outcome::Ready(version) => self.respond_cached(c, req, version, rate, stream),
             Outcome::Waiting => {
@@ -52,6 +56,12 @@ impl<R: RingOps> Shard<R> {
             Outcome::Busy => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 self.respond_status(c, 503, keep_alive, head_only)
+            }
+            Outcome::Refused(status) => {
+                // A remembered 404: the cache's answer, the origin not asked.
+                super::ShardMetrics::add(&self.metrics.cache_error, 1);
+                self.conns[c.index()].cache = Some("HIT");
+                self.respond_status(c, status, keep_alive, head_only)
             }
         }
         true
@@ -164,7 +174,7 @@ impl<R: RingOps> Shard<R> {
             self.fill_aborts.push(waiter);
             return;
         };
-        match edge.want_more(stream, file_offset, waiter) {
+        match edge.want_more(stream, *version, file_offset, waiter) {
             Outcome::Ready(v) if v == *version => {
                 let end = edge.fill.readable_end(v, file_offset);
                 if self.conns[c.index()].set_readable_end(end) {
@@ -173,7 +183,9 @@ impl<R: RingOps> Shard<R> {
             }
             Outcome::Waiting => {}
             // Another version (the response began on this one) or too many waiting.
-            Outcome::Ready(_) | Outcome::Busy => self.fill_aborts.push(waiter),
+            Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_) => {
+                self.fill_aborts.push(waiter)
+            }
         }
     }
 
@@ -207,7 +219,10 @@ impl<R: RingOps> Shard<R> {
                 .is_some_and(|m| end >= m.size);
         if !done {
             // Wait on the next block (its notice comes here again).
-            let _ = edge.want_more(stream, end, waiter);
+            if edge.want_more(stream, version, end, waiter) == Outcome::Busy {
+                // The key has another version now: this response cannot be finished.
+                self.fill_aborts.push(waiter);
+            }
         }
         if self.conns[c.index()].set_readable_end(end) {
             self.ready.push_bulk(c);
@@ -249,7 +264,7 @@ impl<R: RingOps> Shard<R> {
                 }
                 Notice::Known { waiter, .. } => self.resume_fill(waiter, None),
                 Notice::Failed { waiter, error } => {
-                    tracing::warn!(shard = self.index, ?error, "origin fill failed");
+                    // The fill logged the failure once, naming the origin.
                     if self.conns[waiter.conn.index()].awaiting_fill() {
                         self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
                     } else {
@@ -284,13 +299,22 @@ impl<R: RingOps> Shard<R> {
         self.fill_aborts = aborts;
         self.fill_notices = notices;
         self.fill_slots = slots;
-        if let Some(edge) = self.edge.as_ref() {
+        if let Some(edge) = self.edge.as_mut() {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
             super::ShardMetrics::set(&self.metrics.origin_connections, f.connections() as u64);
+            let received = f.received_bytes();
+            super::ShardMetrics::set(&self.metrics.cache_origin_bytes, received);
+            let first_byte = &self.metrics.origin_first_byte_time;
+            edge.fill
+                .take_first_byte_ms(|ms| first_byte.observe(ms * 1000));
             if self.index == 0 {
-                let evicted = edge.fill.versions_evicted();
-                super::ShardMetrics::set(&self.metrics.cache_evictions, evicted);
+                // Shared counters: one shard reports them.
+                let stats = edge.fill.stats();
+                let m = &self.metrics;
+                super::ShardMetrics::set(&m.cache_evictions, stats.versions_evicted);
+                super::ShardMetrics::set(&m.cache_waits_joined, stats.waits_joined);
+                super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
             }
         }
     }

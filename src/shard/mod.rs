@@ -888,6 +888,9 @@ impl<R: RingOps> Shard<R> {
         let now_us = self.ring.now().as_micros() as u64;
         let conn = &self.conns[c.index()];
         self.metrics.count_request(conn.method, status);
+        if conn.cache.is_some() {
+            ShardMetrics::add(&self.metrics.cache_sent_bytes, bytes);
+        }
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {
                 request: &conn.log_request,
