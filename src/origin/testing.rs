@@ -26,7 +26,7 @@ impl NginxOrigin {
         let conf = format!(
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
              error_log {d}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\"';\n\
+             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\" \"$uri\"';\n\
                access_log {d}/access.log sent; keepalive_requests 100000; {extra}\n\
                client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                uwsgi_temp_path {d}; scgi_temp_path {d};\n\
@@ -103,6 +103,8 @@ pub struct OriginLogLine {
     pub range: String,
     /// The request's If-None-Match header ("-" when none).
     pub if_none_match: String,
+    /// The request's path.
+    pub uri: String,
 }
 
 impl OriginLogLine {
@@ -119,6 +121,7 @@ impl OriginLogLine {
             status: status.parse().expect("a status"),
             range: quoted.next().unwrap_or_else(|| "-".into()),
             if_none_match: quoted.next().unwrap_or_else(|| "-".into()),
+            uri: quoted.next().unwrap_or_default(),
         }
     }
 
