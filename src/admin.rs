@@ -81,6 +81,8 @@ struct State {
     metrics: Vec<Arc<ShardMetrics>>,
     shutdown: Arc<AtomicBool>,
     proc_root: PathBuf,
+    /// The pull-through cache, for `POST /cache/purge` (None: no `[[origin]]`).
+    edge: Option<crate::fill::edge::SharedEdge>,
 }
 
 /// A running admin listener; stopping (or dropping) it closes the socket and joins the thread.
@@ -131,6 +133,7 @@ pub fn start(
     metrics: Vec<Arc<ShardMetrics>>,
     shutdown: Arc<AtomicBool>,
     proc_root: PathBuf,
+    edge: Option<crate::fill::edge::SharedEdge>,
 ) -> std::io::Result<Option<AdminHandle>> {
     let Some(addr) = addr else {
         return Ok(None);
@@ -144,6 +147,7 @@ pub fn start(
         metrics,
         shutdown,
         proc_root,
+        edge,
     };
     let thread_stop = stop.clone();
     let thread = std::thread::Builder::new()
@@ -446,7 +450,17 @@ impl Reply {
 /// The reply to the bytes received so far, and whether to discard unread input before
 /// closing (a refused request, or bytes after the head); `None` until the head is complete.
 fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
-    match parse_request(buf) {
+    // POST is taken for `/cache/purge` alone: its head is read by the same parser, as a GET
+    // (the arguments are in the query; a body is refused like any other).
+    let post = buf.starts_with(b"POST ");
+    let as_get;
+    let head = if post {
+        as_get = [&b"GET "[..], &buf[5..]].concat();
+        &as_get[..]
+    } else {
+        buf
+    };
+    match parse_request(head) {
         Parsed::Partial => None,
         Parsed::Rejected(r) => {
             let mut reply = Reply::text(r.status, &format!("{}\n", r.reason));
@@ -456,11 +470,49 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
             Some((reply, true))
         }
         Parsed::Complete { request, head_len } => {
-            let mut reply = route(request.path, state);
+            let mut reply = match (post, request.path) {
+                (true, b"/cache/purge") => purge(request.query, state),
+                (true, _) => Reply {
+                    extra_headers: "Allow: GET, HEAD\r\n",
+                    ..Reply::text(405, "POST is for /cache/purge only\n")
+                },
+                (false, b"/cache/purge") => Reply {
+                    extra_headers: "Allow: POST\r\n",
+                    ..Reply::text(405, "purge with POST\n")
+                },
+                (false, path) => route(path, state),
+            };
             reply.head_only = request.method == Method::Head;
-            let linger = head_len < buf.len() || reply.status >= 400;
+            let linger = head_len + usize::from(post) < buf.len() || reply.status >= 400;
             Some((reply, linger))
         }
+    }
+}
+
+/// `POST /cache/purge?path=/a/b.bin` (one object) or `?prefix=/a/` (everything beneath): the
+/// cache forgets them (`SharedEdge::purge`) and the next request fetches from the origin.
+fn purge(query: Option<&[u8]>, state: &State) -> Reply {
+    let Some(edge) = state.edge.as_ref() else {
+        return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let query = query.unwrap_or_default();
+    let (value, prefix) = match (
+        crate::http::request::query_param(query, "path"),
+        crate::http::request::query_param(query, "prefix"),
+    ) {
+        (Some(p), None) => (p, false),
+        (None, Some(p)) => (p, true),
+        _ => return Reply::text(400, "give one of path=/a/b.bin or prefix=/a/\n"),
+    };
+    if !value.starts_with(b"/") {
+        return Reply::text(400, "the path must start with /\n");
+    }
+    match edge.purge(value, prefix) {
+        Some(n) => {
+            tracing::info!(path = %String::from_utf8_lossy(value), prefix, objects = n, "cache purge");
+            Reply::text(200, &format!("purged {n}\n"))
+        }
+        None => Reply::text(400, "the path does not resolve\n"),
     }
 }
 
@@ -575,6 +627,7 @@ mod tests {
             metrics: vec![Arc::new(ShardMetrics::default())],
             shutdown: Arc::new(AtomicBool::new(shutdown)),
             proc_root,
+            edge: None,
         }
     }
 
@@ -685,6 +738,19 @@ mod tests {
         assert!(String::from_utf8(r.to_bytes())
             .unwrap()
             .contains("\r\nAllow: GET, HEAD\r\n"));
+        // POST is for the purge alone; the purge is POST alone; without a cache it is a 404.
+        assert_eq!(
+            status(b"POST /cache/purge?path=/a HTTP/1.1\r\nHost: a\r\n\r\n"),
+            404
+        );
+        let r = respond(b"GET /cache/purge?path=/a HTTP/1.1\r\nHost: a\r\n\r\n", &st);
+        assert_eq!(r.status, 405);
+        assert_eq!(r.extra_headers, "Allow: POST\r\n");
+        assert_eq!(
+            status(b"POST /cache/purge HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n"),
+            400,
+            "a body is refused as on the data path"
+        );
         // HEAD: GET's header, no body.
         let r = respond(b"HEAD /healthz HTTP/1.0\r\n\r\n", &st);
         let text = String::from_utf8(r.to_bytes()).unwrap();
@@ -757,6 +823,7 @@ mod tests {
             metrics,
             shutdown,
             fixture(),
+            None,
         )
         .unwrap()
         .unwrap()
@@ -764,7 +831,14 @@ mod tests {
 
     #[test]
     fn off_when_no_address() {
-        let h = start(None, vec![], Arc::new(AtomicBool::new(false)), fixture()).unwrap();
+        let h = start(
+            None,
+            vec![],
+            Arc::new(AtomicBool::new(false)),
+            fixture(),
+            None,
+        )
+        .unwrap();
         assert!(h.is_none());
     }
 
@@ -874,6 +948,7 @@ mod tests {
             vec![],
             Arc::new(AtomicBool::new(false)),
             fixture(),
+            None,
         );
         assert!(r.is_err());
     }

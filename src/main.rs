@@ -30,7 +30,8 @@ enum Command {
     /// Sign a URL for a `[[signed_url]]` prefix: prints it with its expiry, key id and
     /// HMAC-SHA256 signature appended.
     Sign(SignArgs),
-    /// The pull-through cache's directory: what it holds, and whether it reads back.
+    /// The pull-through cache: what its directory holds, whether it reads back, and purging
+    /// objects from a running server.
     #[command(subcommand)]
     Cache(CacheCommand),
 }
@@ -43,6 +44,25 @@ enum CacheCommand {
     /// per block when any fails (a running server drops and refetches such a block when it
     /// reads it).
     Verify(CacheDirArgs),
+    /// Tells a running server (through its admin listener) to forget an object, or every
+    /// object under a prefix: the next request fetches it from the origin again.
+    Purge(CachePurgeArgs),
+}
+
+/// Flags of `shardline cache purge`.
+#[derive(Args)]
+struct CachePurgeArgs {
+    /// The request path of the object (`/pull/a.bin`), or with `--prefix` the path prefix.
+    path: String,
+    /// Purge everything whose path starts with PATH.
+    #[arg(long)]
+    prefix: bool,
+    /// The server's admin listener (ADDRESS:PORT).
+    #[arg(long, value_name = "ADDR", conflicts_with = "config")]
+    admin: Option<std::net::SocketAddr>,
+    /// The server's config file (its `admin` address).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 /// Where the cache is: `--dir`, or the `cache_dir` of `--config`.
@@ -143,6 +163,7 @@ fn main() -> ExitCode {
 fn cache_command(c: CacheCommand) -> ExitCode {
     let args = match &c {
         CacheCommand::Stats(a) | CacheCommand::Verify(a) => a,
+        CacheCommand::Purge(p) => return cache_purge(p),
     };
     let dir = match (&args.dir, &args.config) {
         (Some(d), _) => d.clone(),
@@ -195,6 +216,45 @@ fn cache_command(c: CacheCommand) -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        CacheCommand::Purge(_) => unreachable!("answered above"),
+    }
+}
+
+fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
+    let admin = match (p.admin, &p.config) {
+        (Some(a), _) => a,
+        (None, Some(cfg)) => match shardline::config::Config::from_file(cfg)
+            .map_err(|e| e.to_string())
+            .and_then(|c| c.admin_addr().map_err(|e| e.to_string()))
+        {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                eprintln!("shardline: {} turns the admin listener off", cfg.display());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("shardline: config error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, None) => {
+            eprintln!("shardline: give --admin ADDR or --config FILE");
+            return ExitCode::from(2);
+        }
+    };
+    match shardline::cache::tool::purge(admin, &p.path, p.prefix) {
+        Ok((200, body)) => {
+            println!("{body}");
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            eprintln!("shardline: purge refused ({status}): {body}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("shardline: admin listener {admin}: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -638,6 +638,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         all_metrics.clone(),
         lifecycle.leaving_flag(),
         PathBuf::from("/proc"),
+        edge.clone(),
     ) {
         Ok(a) => a,
         Err(e) => {

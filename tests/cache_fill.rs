@@ -621,3 +621,60 @@ fn cache_metrics_count_bytes_by_source_latency_and_coalescing() {
         "eight clients of one object: some joined ({joined}/{started})"
     );
 }
+
+/// `shardline cache purge` (through the admin listener) forgets one object, or every object
+/// under a prefix: the next request fetches it from the origin again, byte for byte, and
+/// the purged versions' data files go.
+#[test]
+fn a_purged_object_is_fetched_from_the_origin_again() {
+    let e = edge("2", "");
+    let want = origin_file();
+    assert!(get(&e.server, "/pull/obj.bin", &[]).body == want);
+    assert_eq!(get(&e.server, "/pull/small.txt", &[]).status, 200);
+    assert_eq!(
+        e.origin.wait_body_bytes(OBJECT_BYTES + 11),
+        OBJECT_BYTES + 11
+    );
+    assert_eq!(data_files(&e.cache, 2), 2);
+    let admin = e.admin.to_string();
+    let purge = |args: &[&str]| {
+        let mut all = vec!["cache", "purge", "--admin", &admin];
+        all.extend_from_slice(args);
+        common::run_shardline(&all, std::time::Duration::from_secs(20))
+    };
+    let out = purge(&["/pull/obj.bin"]);
+    assert_eq!(out.code, Some(0), "{} {}", out.stdout, out.stderr);
+    assert_eq!(out.stdout.trim(), "purged 1");
+    assert_eq!(
+        data_files(&e.cache, 1),
+        1,
+        "only the purged object's file goes"
+    );
+    // Hits for the other object; the purged one comes from the origin again.
+    let r = get(&e.server, "/pull/small.txt", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"a manifest\n"[..]));
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    assert_eq!(
+        e.origin.wait_body_bytes(2 * OBJECT_BYTES + 11),
+        2 * OBJECT_BYTES + 11
+    );
+    let out = purge(&["--prefix", "/pull/"]);
+    assert_eq!(out.stdout.trim(), "purged 2", "{}", out.stderr);
+    assert_eq!(data_files(&e.cache, 0), 0);
+    let out = purge(&["--prefix", "/pull/"]);
+    assert_eq!(out.stdout.trim(), "purged 0");
+    let out = purge(&["pull/x"]);
+    assert_eq!(
+        out.code,
+        Some(1),
+        "a path must start with /: {}",
+        out.stderr
+    );
+    assert_eq!(get(&e.server, "/pull/small.txt", &[]).status, 200);
+    assert_eq!(
+        e.origin.log().len(),
+        4,
+        "small.txt fetched twice, obj.bin twice"
+    );
+}

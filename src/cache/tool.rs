@@ -78,9 +78,67 @@ pub fn verify(dir: &Path) -> std::io::Result<(u64, Vec<(u64, u32)>)> {
     Ok((checked, bad))
 }
 
+/// Longest reply read from the admin listener to a purge.
+const PURGE_REPLY_MAX_BYTES: u64 = 4096;
+/// How long a purge may take over the admin listener.
+const PURGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Asks the running server whose admin listener is `admin` to purge `path` (one object) or,
+/// when `prefix`, everything beneath it: `POST /cache/purge`. Returns the reply's status and
+/// body (`purged N`).
+pub fn purge(
+    admin: std::net::SocketAddr,
+    path: &str,
+    prefix: bool,
+) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&admin, PURGE_TIMEOUT)?;
+    s.set_read_timeout(Some(PURGE_TIMEOUT))?;
+    s.set_write_timeout(Some(PURGE_TIMEOUT))?;
+    let name = if prefix { "prefix" } else { "path" };
+    let request = format!(
+        "POST /cache/purge?{name}={} HTTP/1.1\r\nHost: shardline\r\nConnection: close\r\n\r\n",
+        query_encode(path)
+    );
+    s.write_all(request.as_bytes())?;
+    let mut reply = Vec::new();
+    s.take(PURGE_REPLY_MAX_BYTES).read_to_end(&mut reply)?;
+    let text = String::from_utf8_lossy(&reply);
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP reply");
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(bad)?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok((status, body.trim_end().to_string()))
+}
+
+/// `path` with every byte but unreserved ones and '/' percent-encoded (a query value).
+fn query_encode(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_purge_path_is_query_encoded() {
+        assert_eq!(
+            query_encode("/pull/a b&c=d%.bin"),
+            "/pull/a%20b%26c%3Dd%25.bin"
+        );
+        assert_eq!(query_encode("/x/Y-1_2.~z/"), "/x/Y-1_2.~z/");
+    }
     use crate::cache::index::ObjectVersion;
     use crate::cache::journal::Record;
     use crate::cache::journal_file::JournalFile;

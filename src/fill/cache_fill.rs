@@ -359,6 +359,37 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
     }
 
+    /// Forgets every cached object whose path (its request path without the leading '/') is
+    /// `path`, or starts with it when `prefix`, over all origins: each current version is
+    /// retired (dropped, journaled, once nothing reads or fills it) and a remembered 404 under
+    /// it is forgotten. The next request fetches from the origin again. Returns the objects
+    /// purged.
+    pub fn purge(&mut self, path: &str, prefix: bool) -> usize {
+        let matches = |key: &[u8]| {
+            let rel = key.get(2..).unwrap_or_default();
+            if prefix {
+                rel.starts_with(path.as_bytes())
+            } else {
+                rel == path.as_bytes()
+            }
+        };
+        let current: Vec<u64> = self
+            .index
+            .each_version()
+            .filter(|m| matches(&m.key))
+            .map(|m| m.version)
+            .filter(|&v| {
+                let key = &self.index.meta(v).expect("listed").key;
+                self.index.current(key).map(|c| c.version) == Some(v)
+            })
+            .collect();
+        for &v in &current {
+            self.retire(v);
+        }
+        self.not_found.retain(|k, _| !matches(k));
+        current.len()
+    }
+
     /// The shared counters.
     pub fn stats(&self) -> FillStats {
         FillStats {

@@ -142,6 +142,23 @@ impl SharedEdge {
     }
 }
 
+impl SharedEdge {
+    /// Purges cached objects by request path (`/pull/a.bin`) or path prefix (`/pull/`):
+    /// `FillCore::purge`. None when the path does not resolve (dot segments above the root,
+    /// a NUL).
+    pub fn purge(&self, path: &[u8], prefix: bool) -> Option<usize> {
+        let mut scratch = crate::fs::resolve::ResolveScratch::default();
+        let resolved = crate::fs::resolve::resolve_into(path, &mut scratch).ok()?;
+        let mut rel = resolved.rel_path.to_string();
+        // A prefix that names a directory matches only what is beneath it.
+        if prefix && path.ends_with(b"/") && !rel.is_empty() {
+            rel.push('/');
+        }
+        let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        Some(core.purge(&rel, prefix))
+    }
+}
+
 impl EdgeCache {
     /// Shard `shard`'s cache: its own fetches over `origins`, the shared bookkeeping of
     /// `shared`.

@@ -675,6 +675,25 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
     }
 }
 
+/// The one value of `name` in `query` (raw, not percent-decoded); None when absent or
+/// repeated (a repeated one is ambiguous).
+pub fn query_param<'a>(query: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let mut found = None;
+    for pair in query.split(|&b| b == b'&') {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &pair[..0]),
+        };
+        if k == name.as_bytes() {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(v);
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

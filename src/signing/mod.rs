@@ -16,6 +16,7 @@ use aws_lc_rs::{constant_time, hmac};
 use base64::Engine as _;
 
 use crate::fs::resolve::ResolvedRef;
+use crate::http::request::query_param;
 
 pub use keys::KeyRing;
 
@@ -190,9 +191,9 @@ impl Signing {
         let query = query.unwrap_or_default();
         let query = &query[..query.len().min(MAX_QUERY_BYTES)];
         let (Some(expires), Some(key_id), Some(sig)) = (
-            param(query, &rule.expires_param),
-            param(query, &rule.key_id_param),
-            param(query, &rule.signature_param),
+            query_param(query, &rule.expires_param),
+            query_param(query, &rule.key_id_param),
+            query_param(query, &rule.signature_param),
         ) else {
             return Err(Refusal::Missing);
         };
@@ -215,25 +216,6 @@ impl Signing {
         }
         Ok(())
     }
-}
-
-/// The one value of `name` in `query` (raw, not percent-decoded: the values are digits, key
-/// ids and base64url); None when absent or repeated (a repeated one is ambiguous).
-fn param<'a>(query: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    let mut found = None;
-    for pair in query.split(|&b| b == b'&') {
-        let (k, v) = match pair.iter().position(|&b| b == b'=') {
-            Some(i) => (&pair[..i], &pair[i + 1..]),
-            None => (pair, &pair[..0]),
-        };
-        if k == name.as_bytes() {
-            if found.is_some() {
-                return None;
-            }
-            found = Some(v);
-        }
-    }
-    found
 }
 
 /// The query string that signs `path` until `expires_s` with key `key_id`, under `rule`'s
