@@ -58,6 +58,7 @@ fn main() {
     let filler = Filler::new(
         vec![OriginTarget {
             addr: origin,
+            resolved: None,
             host: "origin".into(),
             max_fetches: conns,
             max_idle: conns,

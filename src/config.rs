@@ -334,6 +334,9 @@ pub struct Config {
     /// Seconds an origin's 404 is remembered (its key's requests get it without asking the
     /// origin); 0: never.
     pub cache_404_s: u64,
+    /// Seconds between two lookups of every origin's name (off the shard threads; new
+    /// connections go to the latest addresses, in turn).
+    pub origin_resolve_ttl_s: u64,
 }
 
 impl Default for Config {
@@ -402,6 +405,7 @@ impl Default for Config {
             cache_max_bytes: 0,
             cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
             cache_404_s: 10,
+            origin_resolve_ttl_s: 60,
         }
     }
 }
@@ -696,6 +700,9 @@ impl Config {
                 format!("at most {MAX_CACHE_REVALIDATE_S} (10 years)"),
             ));
         }
+        if !(1..=86_400).contains(&self.origin_resolve_ttl_s) {
+            return Err(err("origin_resolve_ttl_s", "must be 1..=86400"));
+        }
         let max_404 = crate::fill::cache_fill::MAX_NOT_FOUND_S;
         if self.cache_404_s > max_404 {
             return Err(err("cache_404_s", format!("at most {max_404}")));
@@ -863,6 +870,7 @@ impl Config {
             cache_max_bytes,
             cache_revalidate_s,
             cache_404_s,
+            origin_resolve_ttl_s,
         );
         let mut config = self.clone();
         macro_rules! reloadable {

@@ -100,6 +100,9 @@ pub struct SharedEdge {
     pub core: Arc<Mutex<FillCore<Waiter>>>,
     dir: PathBuf,
     wakers: Arc<Vec<OwnedFd>>,
+    /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
+    /// (its thread stops with the last clone).
+    resolver: Arc<crate::origin::resolve::Resolver>,
 }
 
 impl SharedEdge {
@@ -134,10 +137,19 @@ impl SharedEdge {
                 .map_err(std::io::Error::from)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
+        let names = config
+            .origin
+            .iter()
+            .map(OriginConfig::name_and_port)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(std::io::Error::other)?;
+        let ttl = std::time::Duration::from_secs(config.origin_resolve_ttl_s);
+        let resolver = crate::origin::resolve::Resolver::spawn(names, ttl)?;
         Ok(SharedEdge {
             core: Arc::new(Mutex::new(core)),
             dir: cache_dir.to_path_buf(),
             wakers: Arc::new(wakers),
+            resolver: Arc::new(resolver),
         })
     }
 }
@@ -169,9 +181,15 @@ impl EdgeCache {
         slot_bytes: usize,
         wait_timeout_ms: u64,
     ) -> std::io::Result<EdgeCache> {
+        let published = shared.resolver.addresses();
         let targets = origins
             .iter()
-            .map(|o| o.target().map_err(std::io::Error::other))
+            .enumerate()
+            .map(|(i, o)| {
+                let mut t = o.target().map_err(std::io::Error::other)?;
+                t.resolved = Some((published.clone(), i));
+                Ok(t)
+            })
             .collect::<std::io::Result<Vec<_>>>()?;
         let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
         let fill = CacheFill::attach(shared.core.clone(), shard, filler);

@@ -35,8 +35,11 @@ use crate::shard::token::Token;
 /// One origin as a shard's filler reaches it.
 #[derive(Clone, Debug)]
 pub struct OriginTarget {
-    /// Where to connect (resolved off the shard thread).
+    /// Where to connect: the address found at start-up, until `resolved` publishes others.
     pub addr: SocketAddr,
+    /// The origin's name as the resolver thread looks it up again after its TTL (the
+    /// published set and this origin's index in it); None: `addr` always.
+    pub resolved: Option<(Arc<crate::origin::resolve::Addresses>, usize)>,
     /// The Host header to send.
     pub host: String,
     /// Most fetches at once from this shard.
@@ -127,12 +130,23 @@ pub struct Filler {
     received_bytes: u64,
     /// Times from a fetch's start to its origin's head (ms), not yet taken.
     first_byte_ms: Vec<u64>,
+    /// Per origin: the resolver's publication last read, its addresses, and the next to use
+    /// (new connections go round them).
+    addrs: Vec<OriginAddrs>,
+}
+
+/// What a filler last read of an origin's published addresses.
+struct OriginAddrs {
+    epoch: u64,
+    addrs: Vec<SocketAddr>,
+    next: usize,
 }
 
 impl Filler {
     /// A filler for `origins` running at most `max_fetches` fetches at once in all.
     pub fn new(origins: Vec<OriginTarget>, max_fetches: usize) -> Filler {
         assert!(max_fetches > 0 && max_fetches < (1 << 24));
+        let n_origins = origins.len();
         let pools = origins
             .iter()
             .map(|o| Pool::new(o.max_fetches, o.max_idle))
@@ -158,7 +172,33 @@ impl Filler {
             events: Vec::with_capacity(16),
             received_bytes: 0,
             first_byte_ms: Vec::with_capacity(max_fetches),
+            addrs: (0..n_origins)
+                .map(|_| OriginAddrs {
+                    epoch: u64::MAX,
+                    addrs: Vec::new(),
+                    next: 0,
+                })
+                .collect(),
         }
+    }
+
+    /// The address a new connection to `origin` goes to: the resolver's latest addresses in
+    /// turn (read again only when it published), or the start-up address while it has none.
+    pub fn next_addr(&mut self, origin: usize) -> SocketAddr {
+        let target = &self.origins[origin];
+        let cache = &mut self.addrs[origin];
+        if let Some((published, i)) = &target.resolved {
+            let epoch = published.epoch();
+            if epoch != cache.epoch {
+                cache.epoch = epoch;
+                cache.addrs.clone_from(&published.get(*i).addrs);
+            }
+        }
+        if cache.addrs.is_empty() {
+            return target.addr;
+        }
+        cache.next = cache.next.wrapping_add(1);
+        cache.addrs[cache.next % cache.addrs.len()]
     }
 
     /// Bytes received from origins since start.
@@ -249,7 +289,7 @@ impl Filler {
 
     /// A new non-blocking connection to `origin` (the connect is under way when this returns).
     fn connect(&mut self, origin: usize) -> std::io::Result<u32> {
-        let addr = self.origins[origin].addr;
+        let addr = self.next_addr(origin);
         let socket = Socket::new(
             Domain::for_address(addr),
             Type::STREAM.nonblocking().cloexec(),

@@ -118,10 +118,15 @@ impl OriginConfig {
         Ok(())
     }
 
+    /// The url's host (without brackets) and port (80 when none), as the resolver looks it up.
+    pub fn name_and_port(&self) -> Result<(String, u16), String> {
+        let (host, port) = split_authority(self.authority()?);
+        Ok((host.to_string(), port.unwrap_or(80)))
+    }
+
     /// Resolves the origin (at start-up, on the main thread) into what a shard's filler uses.
     pub fn target(&self) -> Result<super::OriginTarget, String> {
-        let (host, port) = split_authority(self.authority()?);
-        let port = port.unwrap_or(80);
+        let (host, port) = self.name_and_port()?;
         let with_port = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
@@ -134,6 +139,7 @@ impl OriginConfig {
             .ok_or_else(|| format!("origin {}: no address", self.url))?;
         Ok(super::OriginTarget {
             addr,
+            resolved: None,
             host: self
                 .host_header
                 .clone()

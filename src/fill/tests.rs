@@ -67,6 +67,7 @@ fn ring(slots: u16) -> Ring {
 fn target(addr: SocketAddr, max_fetches: usize, timeouts: Timeouts) -> OriginTarget {
     OriginTarget {
         addr,
+        resolved: None,
         host: "origin.test".into(),
         max_fetches,
         max_idle: max_fetches,
@@ -834,4 +835,59 @@ fn concurrent_ranges_of_a_cold_object_fetch_no_block_twice() {
     }
     assert_eq!(origin.body_bytes_sent(), size as u64, "no block twice");
     assert_eq!(cf.blocks_fetched(), 9);
+}
+
+// ---- origin names looked up again -------------------------------------------------------------
+
+/// Which address the test lookup answers: 0 until the test moves the "DNS record".
+static MOVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn moving_lookup(_host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    let last = if MOVED.load(std::sync::atomic::Ordering::Relaxed) {
+        [20, 21]
+    } else {
+        [10, 10]
+    };
+    Ok(last
+        .iter()
+        .map(|&l| SocketAddr::from(([127, 0, 0, l], port)))
+        .collect())
+}
+
+/// New connections go to the resolver's latest addresses, in turn, once it has looked the name
+/// up again after its TTL (on its own thread); before its first answer, the start-up address.
+#[test]
+fn new_origin_connections_follow_the_names_latest_addresses() {
+    let resolver = crate::origin::resolve::Resolver::spawn_with(
+        vec![("origin.test".into(), 8080)],
+        Duration::from_millis(30),
+        moving_lookup,
+    )
+    .unwrap();
+    let start_up: SocketAddr = "127.0.0.9:8080".parse().unwrap();
+    let mut t = target(start_up, 2, TIMEOUTS);
+    t.resolved = Some((resolver.addresses(), 0));
+    let mut filler = Filler::new(vec![t.clone(), target(start_up, 2, TIMEOUTS)], 4);
+    assert_eq!(filler.next_addr(0), "127.0.0.10:8080".parse().unwrap());
+    assert_eq!(
+        filler.next_addr(1),
+        start_up,
+        "no resolver: the start-up address"
+    );
+    MOVED.store(true, std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 2 {
+        assert!(Instant::now() < deadline, "never moved: {seen:?}");
+        let a = filler.next_addr(0);
+        if a.ip() != std::net::Ipv4Addr::new(127, 0, 0, 10) {
+            seen.insert(a);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let want: std::collections::HashSet<SocketAddr> = ["127.0.0.20:8080", "127.0.0.21:8080"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    assert_eq!(seen, want, "both new addresses, in turn");
 }

@@ -22,10 +22,19 @@ pub struct Resolved {
     pub lookups: u64,
 }
 
+/// A name lookup: the system resolver (`system_lookup`), or a test's.
+pub type Lookup = fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>;
+
+/// The system resolver (`getaddrinfo`).
+pub fn system_lookup(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    (host, port).to_socket_addrs().map(Iterator::collect)
+}
+
 /// The published addresses of every name (shared by the resolver and the shards).
 #[derive(Debug)]
 pub struct Addresses {
     names: Vec<(String, u16)>,
+    lookup: Lookup,
     current: Mutex<Vec<Arc<Resolved>>>,
     /// Bumped at every publication, so a shard compares one integer per tick.
     epoch: AtomicU64,
@@ -50,11 +59,12 @@ impl Addresses {
                 lookups: old.lookups + 1,
                 ..(*old).clone()
             };
-            match (host.as_str(), *port).to_socket_addrs() {
-                Ok(found) => {
-                    next.addrs = found.collect();
+            match (self.lookup)(host, *port) {
+                Ok(found) if !found.is_empty() => {
+                    next.addrs = found;
                     next.last_error = None;
                 }
+                Ok(_) => next.last_error = Some("no address".into()),
                 // Keep the last good addresses.
                 Err(e) => next.last_error = Some(e.to_string()),
             }
@@ -74,9 +84,19 @@ pub struct Resolver {
 impl Resolver {
     /// Resolves `names` (host, port) now, then again every `ttl` on its own thread.
     pub fn spawn(names: Vec<(String, u16)>, ttl: Duration) -> std::io::Result<Resolver> {
+        Resolver::spawn_with(names, ttl, system_lookup)
+    }
+
+    /// As `spawn`, looking names up with `lookup`.
+    pub fn spawn_with(
+        names: Vec<(String, u16)>,
+        ttl: Duration,
+        lookup: Lookup,
+    ) -> std::io::Result<Resolver> {
         let addresses = Arc::new(Addresses {
             current: Mutex::new(vec![Arc::default(); names.len()]),
             names,
+            lookup,
             epoch: AtomicU64::new(0),
         });
         addresses.refresh();
