@@ -209,6 +209,9 @@ counters! {
     /// Waits for a block (or an object's head) that started a fetch, over all shards (shard 0
     /// reports it).
     cache_waits_started: Gauge "cache_waits" { how = "started" },
+    /// Fills given up because the cache's disk had no room, over all shards (shard 0 reports
+    /// it; their clients got 503, hits went on).
+    cache_disk_full: Gauge "cache_disk_full_fills",
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
     /// Cached versions evicted under `cache_max_bytes` since start (over all shards; shard

@@ -200,6 +200,10 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     pub waits_joined: u64,
     /// See `waits_joined`.
     pub waits_started: u64,
+    /// Fills given up because the cache's disk had no room.
+    pub disk_full: u64,
+    /// Versions dropped since each shard last looked (it closes their data files).
+    dropped: Vec<Vec<u64>>,
 }
 
 /// The shared counters a shard reports (one lock).
@@ -211,6 +215,8 @@ pub struct FillStats {
     pub waits_joined: u64,
     /// Waits that started a fetch.
     pub waits_started: u64,
+    /// Fills given up because the cache's disk had no room.
+    pub disk_full: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -270,6 +276,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             not_found_order: VecDeque::new(),
             waits_joined: 0,
             waits_started: 0,
+            disk_full: 0,
+            dropped: vec![Vec::new(); shards],
         };
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
@@ -315,6 +323,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             if evicted {
                 self.versions_evicted += 1;
             }
+            for list in &mut self.dropped {
+                list.push(version);
+            }
+            // Every shard closes its descriptor of the removed file at its next tick.
+            self.to_wake.iter_mut().for_each(|w| *w = true);
         }
     }
 
@@ -396,6 +409,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             versions_evicted: self.versions_evicted,
             waits_joined: self.waits_joined,
             waits_started: self.waits_started,
+            disk_full: self.disk_full,
         }
     }
 
@@ -431,7 +445,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// origin's 4xx is its answer, not a fault of the edge or the origin's reach).
     fn log_failure(&self, job: &Job, error: &FetchError) {
         let origin = self.origin_name(job.origin);
-        if matches!(error, FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s)) {
+        if error.is_disk_full() {
+            tracing::warn!(origin, path = %job.path, ?error, "cache disk full: fill given up (hits are still served)");
+        } else if matches!(error, FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s))
+        {
             tracing::debug!(origin, path = %job.path, ?error, "origin refused");
         } else {
             tracing::warn!(origin, path = %job.path, ?error, "origin fill failed");
@@ -584,6 +601,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// See `FillCore::stats`.
     pub fn stats(&self) -> FillStats {
         self.core().stats()
+    }
+
+    /// Moves the versions dropped since this shard last asked into `out` (the shard closes
+    /// its descriptors of their removed data files).
+    pub fn take_dropped(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.core().dropped[self.shard]);
     }
 
     /// See `FillCore::pin`.
@@ -878,10 +901,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         // The read-ahead window ends on a multiple of its step (the read-ahead, at most a
         // run), so it grows a step at a time: a window sliding one block per want would turn
         // every later request into a one-block run, each paying the origin's first-byte delay.
-        // At most `step - 1` blocks are fetched past the read-ahead.
+        // It is rounded down (never below what the want needs), so no more than the
+        // read-ahead is ever fetched past the request.
         let step = self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks);
-        if step > 1 {
-            ahead.end = ahead.end.next_multiple_of(step).min(meta.blocks());
+        if step > 1 && ahead.end < meta.blocks() {
+            ahead.end = (ahead.end / step * step).max(need.end);
         }
         let v = meta.version;
         let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
@@ -1259,6 +1283,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     fn retry_or_fail(&mut self, job: Job, error: FetchError, now_ms: u64) {
         if job.probe && self.index.meta(job.version).is_none() {
             // The head never came: the probe's waiters get the error (retried like a block).
+            return self.give_up(&job, error);
+        }
+        if error.is_disk_full() {
+            // Trying again cannot help until space is freed: the waiters hear at once.
+            self.disk_full += 1;
             return self.give_up(&job, error);
         }
         if matches!(error, FetchError::VersionChanged) {

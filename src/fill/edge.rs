@@ -90,6 +90,10 @@ pub struct EdgeCache {
     /// Every shard's wake-up eventfd (index = shard).
     wakers: Arc<Vec<OwnedFd>>,
     wake_buf: Vec<usize>,
+    /// Blocks a streaming response may trail the fill by and still hear of every block
+    /// (`cache_read_ahead_blocks`); one further behind hears again when it reaches its end.
+    pub follow_blocks: u64,
+    dropped_buf: Vec<u64>,
 }
 
 /// What the shards share: one cache directory, one index and journal, and how to wake each
@@ -103,6 +107,8 @@ pub struct SharedEdge {
     /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
     /// (its thread stops with the last clone).
     resolver: Arc<crate::origin::resolve::Resolver>,
+    /// `cache_read_ahead_blocks`.
+    read_ahead_blocks: u64,
 }
 
 impl SharedEdge {
@@ -150,6 +156,7 @@ impl SharedEdge {
             dir: cache_dir.to_path_buf(),
             wakers: Arc::new(wakers),
             resolver: Arc::new(resolver),
+            read_ahead_blocks: config.cache_read_ahead_blocks,
         })
     }
 }
@@ -167,7 +174,16 @@ impl SharedEdge {
             rel.push('/');
         }
         let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
-        Some(core.purge(&rel, prefix))
+        let purged = core.purge(&rel, prefix);
+        // The shards close their descriptors of the removed files (not called from a shard:
+        // each is woken).
+        let mut wake = Vec::new();
+        core.take_wakes(&mut wake);
+        drop(core);
+        for shard in wake {
+            let _ = rustix::io::write(&self.wakers[shard], &1u64.to_ne_bytes());
+        }
+        Some(purged)
     }
 }
 
@@ -202,6 +218,8 @@ impl EdgeCache {
             shard,
             wakers: shared.wakers.clone(),
             wake_buf: Vec::new(),
+            follow_blocks: shared.read_ahead_blocks.max(1),
+            dropped_buf: Vec::new(),
         })
     }
 
@@ -344,6 +362,16 @@ impl EdgeCache {
         )
     }
 
+    /// Hands the file-cache key of each version dropped since the last call to `forget`.
+    pub fn dropped_files(&mut self, mut forget: impl FnMut(&str)) {
+        let mut dropped = std::mem::take(&mut self.dropped_buf);
+        self.fill.take_dropped(&mut dropped);
+        for v in dropped.drain(..) {
+            forget(&self.data_file(v).0);
+        }
+        self.dropped_buf = dropped;
+    }
+
     /// Version `version`'s metadata.
     pub fn meta(&self, version: u64) -> Option<ObjectVersion> {
         self.fill.index().meta(version).cloned()
@@ -358,11 +386,13 @@ impl EdgeCache {
     }
 
     /// The status a client gets when its fill failed: the origin's 4xx as it came, 504 for a
-    /// timeout, 502 otherwise.
+    /// timeout, 503 when the cache's disk is full, 500 for another disk error, 502 otherwise.
     pub fn status_for(error: &FetchError) -> u16 {
         match error {
             FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s) => *s,
             FetchError::Timeout(_) => 504,
+            e if e.is_disk_full() => 503,
+            FetchError::Disk(_) => 500,
             _ => 502,
         }
     }
@@ -435,5 +465,7 @@ mod tests {
         );
         assert_eq!(EdgeCache::status_for(&FetchError::Timeout("connect")), 504);
         assert_eq!(EdgeCache::status_for(&FetchError::Connect(111)), 502);
+        assert_eq!(EdgeCache::status_for(&FetchError::Disk(libc::ENOSPC)), 503);
+        assert_eq!(EdgeCache::status_for(&FetchError::Disk(libc::EIO)), 500);
     }
 }

@@ -139,6 +139,14 @@ pub enum FetchError {
     Disk(i32),
 }
 
+impl FetchError {
+    /// The cache's disk has no room (ENOSPC, EDQUOT): trying again cannot help until space
+    /// is freed.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, FetchError::Disk(libc::ENOSPC | libc::EDQUOT))
+    }
+}
+
 /// What one event led to, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -494,8 +502,10 @@ impl BlockFetch {
         assert_eq!(self.stage, Stage::Writing);
         let want = self.piece_len();
         if res < 0 || (res as usize) < want {
+            // A short write of a regular file is the kernel writing what fit on the disk
+            // (the next write would be refused with ENOSPC).
             return self.fail(
-                FetchError::Disk(if res < 0 { -res } else { libc::EIO }),
+                FetchError::Disk(if res < 0 { -res } else { libc::ENOSPC }),
                 out,
             );
         }

@@ -211,13 +211,19 @@ impl<R: RingOps> Shard<R> {
         if end <= old_end {
             return;
         }
-        let done = stream.last.is_some_and(|l| end > l)
-            || edge
-                .fill
-                .index()
-                .meta(version)
-                .is_some_and(|m| end >= m.size);
-        if !done {
+        let (size, block_bytes) = edge
+            .fill
+            .index()
+            .meta(version)
+            .map_or((0, 1), |m| (m.size, u64::from(m.block_bytes)));
+        let done = stream.last.is_some_and(|l| end > l) || end >= size;
+        // A response far behind the fill (a stalled or slow client) stops hearing of each
+        // block: it reads what is committed and asks again at its end (`fill_await_block`),
+        // so a thousand stalled clients cost nothing per block. One near the front keeps
+        // the fill's read-ahead moving.
+        let pos = self.conns[c.index()].next_file_offset().unwrap_or(old_end);
+        let near = end.saturating_sub(pos) <= edge.follow_blocks.saturating_mul(block_bytes);
+        if !done && near {
             // Wait on the next block (its notice comes here again).
             if edge.want_more(stream, version, end, waiter) == Outcome::Busy {
                 // The key has another version now: this response cannot be finished.
@@ -250,6 +256,11 @@ impl<R: RingOps> Shard<R> {
         edge.take_notices(&mut notices, &mut slots);
         for slot in slots.drain(..) {
             self.release_slot(slot);
+        }
+        // Dropped versions' data files are closed here too, so their room comes back.
+        if let Some(edge) = self.edge.as_mut() {
+            let (files, ring) = (&mut self.files, &mut self.ring);
+            edge.dropped_files(|key| files.forget(ring, key));
         }
         for n in notices.drain(..) {
             match n {
@@ -315,6 +326,7 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::set(&m.cache_evictions, stats.versions_evicted);
                 super::ShardMetrics::set(&m.cache_waits_joined, stats.waits_joined);
                 super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
+                super::ShardMetrics::set(&m.cache_disk_full, stats.disk_full);
             }
         }
     }

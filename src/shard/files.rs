@@ -379,6 +379,20 @@ impl FileCache {
         Ok(idx)
     }
 
+    /// Forgets the entry under `key` (a dropped cache version, whose data file was removed):
+    /// its descriptor is closed now when no response holds it, else at the last release, so
+    /// the disk gets the file's room back.
+    pub fn forget(&mut self, ring: &mut impl FileTable, key: &str) {
+        let Some(idx) = self.keys.get(key, false) else {
+            return;
+        };
+        self.keys.remove(key, false);
+        if let Some(f) = self.entries[idx.index()].as_mut() {
+            f.stale = true;
+        }
+        self.free_if_unused(ring, idx);
+    }
+
     /// Drops a response's reference.
     pub fn release(&mut self, ring: &mut impl FileTable, idx: FileSlot) {
         let f = self.entries[idx.index()].as_mut().expect("released entry");
