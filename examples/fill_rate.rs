@@ -67,6 +67,7 @@ fn main() {
                 first_byte_ms: 10_000,
                 idle_ms: 10_000,
             },
+            tls: None,
         }],
         conns,
     );

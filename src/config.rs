@@ -1037,7 +1037,7 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(e.key, "cache_dir");
-        let e = parse("cache_dir = \"/\"\n[[origin]]\nurl = \"https://a\"\n")
+        let e = parse("cache_dir = \"/\"\n[[origin]]\nurl = \"ftp://a\"\n")
             .unwrap()
             .validate()
             .unwrap_err();

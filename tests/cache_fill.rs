@@ -678,3 +678,78 @@ fn a_purged_object_is_fetched_from_the_origin_again() {
         "small.txt fetched twice, obj.bin twice"
     );
 }
+
+/// An `https://` origin (nginx with a certificate from a test CA, trusted through
+/// `ca_file`): the fill speaks TLS on the shard's ring, every byte arrives as the origin
+/// has it, the origin sends each byte once, and a kept-alive TLS connection carries the
+/// next fetch. An origin whose certificate the edge does not trust is a 502, naming it.
+#[test]
+fn an_https_origin_fills_the_cache_over_tls() {
+    let pki = common::tls::Pki::new();
+    let (cert, key) = pki.leaf("origin", &["127.0.0.1"], common::tls::Key::EcdsaP256, 30);
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    common::write_pattern_file(&origin_root.path().join("pull/obj.bin"), OBJECT_BYTES);
+    std::fs::write(origin_root.path().join("pull/small.txt"), b"a manifest\n").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start_tls(origin_root.path(), work.path(), "", &cert, &key);
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    // A second origin whose certificate no configured root vouches for.
+    let other = common::tls::Pki::new();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\n\
+             [[origin]]\nprefix = \"/pull/\"\nurl = \"https://{addr}\"\nca_file = \"{ca}\"\n\
+             [[origin]]\nprefix = \"/untrusted/\"\nurl = \"https://{addr}\"\nca_file = \"{other}\"\n",
+            cache.display(),
+            addr = origin.addr,
+            ca = pki.ca.display(),
+            other = other.ca.display(),
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    let want = origin_file();
+    let r = get(&server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body == want, "the body pulled over TLS differs");
+    assert_eq!(
+        origin.wait_body_bytes(OBJECT_BYTES),
+        OBJECT_BYTES,
+        "each byte once"
+    );
+    let r = get(
+        &server,
+        "/pull/obj.bin",
+        &[("Range", "bytes=2000000-2000099")],
+    );
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (206, &want[2_000_000..2_000_100])
+    );
+    let r = get(&server, "/pull/small.txt", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"a manifest\n"[..]));
+    let log = origin.log();
+    assert!(
+        log.iter().all(|l| l.status == 206 || l.status == 200),
+        "{log:?}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.uri == "/pull/small.txt" && l.connection_requests >= 2),
+        "the second fetch went over the kept-alive TLS connection: {log:?}"
+    );
+    let r = get(&server, "/untrusted/obj.bin", &[]);
+    assert_eq!(r.status, 502, "an untrusted certificate");
+    let text = server.log();
+    assert!(
+        text.contains("origin TLS handshake") && text.contains("127.0.0.1"),
+        "{text}"
+    );
+}

@@ -32,6 +32,20 @@ use crate::shard::ring_ops::RingOps;
 use crate::shard::slots::ArenaSlot;
 use crate::shard::token::Token;
 
+/// Bytes at the end of a fetch's slot that TLS to an `https://` origin keeps for records
+/// received and not yet opened (at least one whole record; the fetch machine gets the rest
+/// of the slot for plaintext).
+pub const TLS_AREA_BYTES: usize = 64 * 1024;
+
+/// How a shard's filler speaks TLS to an `https://` origin.
+#[derive(Clone, Debug)]
+pub struct OriginTlsTarget {
+    /// Roots, versions and ALPN (`http/1.1`).
+    pub config: Arc<rustls::ClientConfig>,
+    /// The name the certificate must carry (sent as SNI when it is a DNS name).
+    pub name: rustls::pki_types::ServerName<'static>,
+}
+
 /// One origin as a shard's filler reaches it.
 #[derive(Clone, Debug)]
 pub struct OriginTarget {
@@ -48,6 +62,8 @@ pub struct OriginTarget {
     pub max_idle: usize,
     /// Timeouts of each fetch.
     pub timeouts: Timeouts,
+    /// TLS for an `https://` origin (None: cleartext).
+    pub tls: Option<OriginTlsTarget>,
 }
 
 /// What a fetch told the caller, in order.
@@ -107,6 +123,39 @@ struct Running {
     timed_out: Option<FetchError>,
     /// When `begin` started it (ms), until the origin's head came.
     started_ms: Option<u64>,
+    /// TLS: bytes received into the slot's TLS area and not yet used (from its start).
+    ct_len: usize,
+    /// TLS: the layer's own operation the ring holds (a handshake flight, sealed records, a
+    /// receive of records); the machine's `io` waits behind it.
+    tls_op: Option<TlsOp>,
+}
+
+/// An operation of the TLS layer (`origin::tls`) on a fetch's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TlsOp {
+    /// Sending handshake bytes at `off`: `sent` of `len` so far.
+    Handshake { off: usize, len: usize, sent: usize },
+    /// Receiving handshake bytes into the TLS area.
+    HandshakeRecv,
+    /// Sending the sealed records of `plain` request bytes at `off`: `sent` of `len`.
+    Sealed {
+        off: usize,
+        len: usize,
+        sent: usize,
+        plain: usize,
+    },
+    /// Receiving records into the TLS area.
+    RecordRecv,
+}
+
+/// What the TLS layer did with the machine's operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dispatch {
+    /// An operation is on the ring; its completion comes back through `on_completion`.
+    Submitted,
+    /// The machine's operation is done now with this result (bytes sent or received, or a
+    /// negative errno).
+    Answer(i32),
 }
 
 struct FetchSlot {
@@ -120,6 +169,8 @@ pub struct Filler {
     pools: Vec<Pool>,
     /// Origin connections by id (the pools hold ids of idle ones).
     conns: Vec<Option<Socket>>,
+    /// TLS state of each `https://` connection (index = connection id).
+    tls: Vec<Option<Box<crate::origin::tls::OriginTls>>>,
     free_conns: Vec<u32>,
     fetches: Vec<FetchSlot>,
     free_fetches: Vec<u32>,
@@ -159,6 +210,7 @@ impl Filler {
             origins,
             pools,
             conns: (0..max_conns).map(|_| None).collect(),
+            tls: (0..max_conns).map(|_| None).collect(),
             free_conns: (0..max_conns as u32).rev().collect(),
             fetches: (0..max_fetches)
                 .map(|_| FetchSlot {
@@ -237,6 +289,15 @@ impl Filler {
         now_ms: u64,
     ) -> Result<(), Begin> {
         let target = &self.origins[origin];
+        let mut plan = plan;
+        if target.tls.is_some() {
+            // The slot's tail holds records not yet opened.
+            assert!(
+                plan.slot_bytes >= 2 * TLS_AREA_BYTES,
+                "a slot too small for TLS"
+            );
+            plan.slot_bytes -= TLS_AREA_BYTES;
+        }
         let fetch = Fetch {
             path,
             host: &target.host,
@@ -282,6 +343,8 @@ impl Filler {
             io: None,
             timed_out: None,
             started_ms: Some(now_ms),
+            ct_len: 0,
+            tls_op: None,
         });
         self.carry_out(ring, index, now_ms);
         Ok(())
@@ -301,19 +364,46 @@ impl Filler {
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => return Err(e),
         }
+        let tls = match &self.origins[origin].tls {
+            Some(t) => Some(Box::new(
+                crate::origin::tls::OriginTls::new(t.config.clone(), t.name.clone())
+                    .map_err(std::io::Error::other)?,
+            )),
+            None => None,
+        };
         let id = self
             .free_conns
             .pop()
             .expect("connections are bounded by the pools");
         self.conns[id as usize] = Some(socket);
+        self.tls[id as usize] = tls;
         Ok(id)
     }
 
     /// Runs the machine's outputs for fetch `index`: submits its next operation, or ends it.
     fn carry_out<R: RingOps>(&mut self, ring: &mut R, index: u32, now_ms: u64) {
+        loop {
+            let answer = self.carry_out_batch(ring, index, now_ms);
+            match answer {
+                // The TLS layer answered the machine's operation at once (plaintext it held).
+                Some(res) => self.answer_machine(ring, index, res, now_ms),
+                None => return,
+            }
+        }
+    }
+
+    /// One batch of the machine's outputs; Some(result) when its operation was answered at
+    /// once (the caller feeds it back and runs the next batch).
+    fn carry_out_batch<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        index: u32,
+        now_ms: u64,
+    ) -> Option<i32> {
         let generation = self.fetches[index as usize].generation;
         let token = Token::fetch(index, generation).encode();
         let outputs = std::mem::take(&mut self.out);
+        let mut answer = None;
         for o in outputs.iter().cloned() {
             let run = self.fetches[index as usize]
                 .run
@@ -321,8 +411,18 @@ impl Filler {
                 .expect("a running fetch");
             match o {
                 Output::Io(io) => {
-                    assert!(run.io.is_none(), "two operations of one fetch");
+                    assert!(
+                        run.io.is_none() && run.tls_op.is_none(),
+                        "two operations of one fetch"
+                    );
                     run.io = Some(io);
+                    let tls = self.tls[run.conn as usize].is_some();
+                    if tls && matches!(io, Io::Send { .. } | Io::Recv { .. }) {
+                        if let Dispatch::Answer(res) = self.tls_io(ring, index, token) {
+                            answer = Some(res);
+                        }
+                        continue;
+                    }
                     let socket = self.conns[run.conn as usize]
                         .as_ref()
                         .expect("the fetch's connection");
@@ -370,7 +470,173 @@ impl Filler {
         }
         let mut outputs = outputs;
         outputs.clear();
-        self.out = outputs;
+        if self.out.is_empty() {
+            self.out = outputs;
+        }
+        answer
+    }
+
+    /// Completes the machine's pending operation of fetch `index` with `res`.
+    fn answer_machine<R: RingOps>(&mut self, ring: &mut R, index: u32, res: i32, now_ms: u64) {
+        let Some(run) = self.fetches[index as usize].run.as_mut() else {
+            return;
+        };
+        match run.io.take() {
+            Some(Io::Send { .. }) => run.machine.on_sent(res, now_ms, &mut self.out),
+            Some(Io::Recv { .. }) => {
+                let slot = ring.arena_mut(run.slot);
+                run.machine.on_received(res, slot, now_ms, &mut self.out);
+            }
+            other => unreachable!("the TLS layer answers sends and receives, not {other:?}"),
+        }
+    }
+
+    /// Carries out the machine's pending send or receive of fetch `index` over TLS: the
+    /// handshake first (on a new connection), then the request sealed into records, and
+    /// receives opened into plaintext where the machine asked for it.
+    fn tls_io<R: RingOps>(&mut self, ring: &mut R, index: u32, token: u64) -> Dispatch {
+        let run = self.fetches[index as usize]
+            .run
+            .as_mut()
+            .expect("a running fetch");
+        let conn = run.conn as usize;
+        let tls = self.tls[conn].as_mut().expect("a TLS connection");
+        let socket = self.conns[conn].as_ref().expect("the fetch's connection");
+        let origin = &self.origins[run.origin];
+        let buf = ring.arena_mut(run.slot);
+        let area_at = buf.len() - TLS_AREA_BYTES;
+        let (plain, area) = buf.split_at_mut(area_at);
+        let io = run.io.expect("a pending operation");
+        let failed = |what: &str, e: &str| {
+            tracing::warn!(origin = %origin.host, error = %e, "origin TLS {what}");
+            Dispatch::Answer(-libc::EPROTO)
+        };
+        match io {
+            Io::Send { .. } if !tls.established() => {
+                // Handshake bytes go out from the plaintext area past the request head.
+                let out = &mut plain[run.head_len..];
+                let (used, step) = tls.handshake(&mut area[..run.ct_len], out);
+                area.copy_within(used..run.ct_len, 0);
+                run.ct_len -= used;
+                match step {
+                    crate::origin::tls::Step::Send(len) => {
+                        let off = run.head_len;
+                        run.tls_op = Some(TlsOp::Handshake { off, len, sent: 0 });
+                        ring.send_arena_fd(run.slot, off, len, socket.as_fd(), token);
+                        Dispatch::Submitted
+                    }
+                    crate::origin::tls::Step::NeedInput if run.ct_len == TLS_AREA_BYTES => {
+                        failed("handshake", "a handshake message larger than the TLS area")
+                    }
+                    crate::origin::tls::Step::NeedInput => {
+                        run.tls_op = Some(TlsOp::HandshakeRecv);
+                        let (at, room) = (area_at + run.ct_len, TLS_AREA_BYTES - run.ct_len);
+                        ring.recv_arena_fd(run.slot, at, room, socket.as_fd(), token);
+                        Dispatch::Submitted
+                    }
+                    crate::origin::tls::Step::Established => self.tls_io(ring, index, token),
+                    crate::origin::tls::Step::Failed(e) => failed("handshake", &e),
+                }
+            }
+            Io::Send { offset, len } => {
+                // The records go right after the request's plaintext.
+                let (left, right) = plain.split_at_mut(offset + len);
+                match tls.encrypt(&left[offset..], right) {
+                    Ok(n) => {
+                        let off = offset + len;
+                        run.tls_op = Some(TlsOp::Sealed {
+                            off,
+                            len: n,
+                            sent: 0,
+                            plain: len,
+                        });
+                        ring.send_arena_fd(run.slot, off, n, socket.as_fd(), token);
+                        Dispatch::Submitted
+                    }
+                    Err(e) => failed("seal", &e),
+                }
+            }
+            Io::Recv { offset, len } => {
+                match tls.read(&mut area[..run.ct_len], &mut plain[offset..offset + len]) {
+                    Err(e) => failed("record", &e),
+                    Ok(r) => {
+                        area.copy_within(r.consumed..run.ct_len, 0);
+                        run.ct_len -= r.consumed;
+                        if r.delivered > 0 {
+                            Dispatch::Answer(r.delivered as i32)
+                        } else if r.closed {
+                            Dispatch::Answer(0)
+                        } else if run.ct_len == TLS_AREA_BYTES {
+                            failed("record", "a record larger than the TLS area")
+                        } else {
+                            run.tls_op = Some(TlsOp::RecordRecv);
+                            let (at, room) = (area_at + run.ct_len, TLS_AREA_BYTES - run.ct_len);
+                            ring.recv_arena_fd(run.slot, at, room, socket.as_fd(), token);
+                            Dispatch::Submitted
+                        }
+                    }
+                }
+            }
+            other => unreachable!("the TLS layer carries sends and receives, not {other:?}"),
+        }
+    }
+
+    /// The completion of the TLS layer's operation `op` of fetch `index`.
+    fn on_tls_completion<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        index: u32,
+        op: TlsOp,
+        res: i32,
+        now_ms: u64,
+    ) {
+        let generation = self.fetches[index as usize].generation;
+        let token = Token::fetch(index, generation).encode();
+        let run = self.fetches[index as usize]
+            .run
+            .as_mut()
+            .expect("a running fetch");
+        let socket = self.conns[run.conn as usize]
+            .as_ref()
+            .expect("the fetch's connection");
+        let dispatch = match op {
+            TlsOp::Handshake { len, .. } | TlsOp::Sealed { len, .. } if res <= 0 => {
+                let _ = len;
+                Dispatch::Answer(if res == 0 { -libc::EPIPE } else { res })
+            }
+            TlsOp::Handshake { off, len, sent } | TlsOp::Sealed { off, len, sent, .. }
+                if sent + (res as usize) < len =>
+            {
+                let sent = sent + res as usize;
+                run.tls_op = Some(match op {
+                    TlsOp::Handshake { .. } => TlsOp::Handshake { off, len, sent },
+                    TlsOp::Sealed { plain, .. } => TlsOp::Sealed {
+                        off,
+                        len,
+                        sent,
+                        plain,
+                    },
+                    _ => unreachable!("a send"),
+                });
+                ring.send_arena_fd(run.slot, off + sent, len - sent, socket.as_fd(), token);
+                Dispatch::Submitted
+            }
+            TlsOp::Sealed { plain, .. } => Dispatch::Answer(plain as i32),
+            TlsOp::Handshake { .. } => self.tls_io(ring, index, token),
+            TlsOp::HandshakeRecv | TlsOp::RecordRecv if res < 0 => Dispatch::Answer(res),
+            // The origin closed: mid-handshake an error, between records the machine's end.
+            TlsOp::HandshakeRecv if res == 0 => Dispatch::Answer(-libc::ECONNRESET),
+            TlsOp::RecordRecv if res == 0 => Dispatch::Answer(0),
+            TlsOp::HandshakeRecv | TlsOp::RecordRecv => {
+                self.received_bytes += res as u64;
+                run.ct_len += res as usize;
+                self.tls_io(ring, index, token)
+            }
+        };
+        if let Dispatch::Answer(res) = dispatch {
+            self.answer_machine(ring, index, res, now_ms);
+        }
+        self.carry_out(ring, index, now_ms);
     }
 
     /// Fetch `index` ended: its connection goes idle or is closed, its slot goes back.
@@ -383,6 +649,12 @@ impl Filler {
             run.io.is_none(),
             "a fetch ended with an operation in flight"
         );
+        // A TLS connection with bytes left over (held plaintext, records not yet opened, a
+        // close_notify) cannot carry another request.
+        let tls_idle = self.tls[run.conn as usize]
+            .as_ref()
+            .is_none_or(|t| t.idle() && run.ct_len == 0);
+        let keep_alive = keep_alive && tls_idle;
         if let Some(close) = self.pools[run.origin].release(run.conn, keep_alive) {
             self.close_conn(close);
         }
@@ -395,6 +667,7 @@ impl Filler {
     }
 
     fn close_conn(&mut self, conn: u32) {
+        self.tls[conn as usize] = None;
         if self.conns[conn as usize].take().is_some() {
             self.free_conns.push(conn);
         }
@@ -408,6 +681,16 @@ impl Filler {
         };
         assert_eq!(f.generation, token.generation, "a stale origin completion");
         let run = f.run.as_mut().expect("a completion for a running fetch");
+        if let Some(op) = run.tls_op.take() {
+            ring.arena_done(run.slot);
+            if let Some(e) = run.timed_out.take() {
+                run.io = None;
+                self.out.clear();
+                self.out.push(Output::Failed(e));
+                return self.carry_out(ring, index, now_ms);
+            }
+            return self.on_tls_completion(ring, index, op, res, now_ms);
+        }
         let io = run.io.take().expect("a completion with nothing in flight");
         if !matches!(io, Io::Connect | Io::Sync) {
             ring.arena_done(run.slot);

@@ -4,6 +4,7 @@
 //! from the local root, so pre-positioned and pulled content live on the same edge.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -41,7 +42,19 @@ pub struct OriginConfig {
     /// Between two receives of a body.
     #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
+    /// An `https://` origin's trusted roots (PEM); default: the system's bundle
+    /// (`SYSTEM_CA_FILES`).
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
+
+/// Where the system's CA bundle is looked for (Debian's first).
+pub const SYSTEM_CA_FILES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+];
+/// Largest CA file read.
+pub const MAX_CA_FILE_BYTES: u64 = 4 << 20;
 
 fn default_prefix() -> String {
     "/".into()
@@ -62,24 +75,83 @@ fn default_idle_timeout_ms() -> u64 {
 impl OriginConfig {
     /// `host:port` of the url, or why it is not one shardline can fill from.
     pub fn authority(&self) -> Result<&str, String> {
-        if self.url.starts_with("https://") {
-            return Err(format!(
-                "origin {}: https origins are not supported yet (use http://)",
-                self.url
-            ));
-        }
         let rest = self
             .url
             .strip_prefix("http://")
-            .ok_or_else(|| format!("origin url '{}' must start with http://", self.url))?;
+            .or_else(|| self.url.strip_prefix("https://"))
+            .ok_or_else(|| {
+                format!(
+                    "origin url '{}' must start with http:// or https://",
+                    self.url
+                )
+            })?;
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.is_empty() || authority.contains('/') || authority.contains('@') {
             return Err(format!(
-                "origin url '{}' must be http://host[:port] with no path",
+                "origin url '{}' must be http[s]://host[:port] with no path",
                 self.url
             ));
         }
         Ok(authority)
+    }
+
+    /// Whether the origin speaks TLS (`https://`).
+    pub fn is_https(&self) -> bool {
+        self.url.starts_with("https://")
+    }
+
+    /// TLS to an `https://` origin: its roots (`ca_file`, else the system's bundle), TLS 1.3
+    /// and 1.2, ALPN `http/1.1`, and the url's host as the name its certificate must carry.
+    /// None for `http://`.
+    pub fn tls_target(&self) -> Result<Option<super::OriginTlsTarget>, String> {
+        if !self.is_https() {
+            return Ok(None);
+        }
+        use rustls::pki_types::pem::PemObject;
+        let path = match &self.ca_file {
+            Some(p) => p.clone(),
+            None => SYSTEM_CA_FILES
+                .iter()
+                .map(std::path::PathBuf::from)
+                .find(|p| p.is_file())
+                .ok_or_else(|| {
+                    format!(
+                        "origin {}: no system CA bundle ({}): set ca_file",
+                        self.url,
+                        SYSTEM_CA_FILES.join(", ")
+                    )
+                })?,
+        };
+        let ca = |e: String| format!("origin {} ca_file {}: {e}", self.url, path.display());
+        let len = std::fs::metadata(&path)
+            .map_err(|e| ca(e.to_string()))?
+            .len();
+        if len > MAX_CA_FILE_BYTES {
+            return Err(ca(format!("larger than {MAX_CA_FILE_BYTES} bytes")));
+        }
+        let pem = std::fs::read(&path).map_err(|e| ca(e.to_string()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| ca(e.to_string()))?;
+            roots.add(cert).map_err(|e| ca(e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(ca("no certificate in it".into()));
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let (host, _) = self.name_and_port()?;
+        let name = rustls::pki_types::ServerName::try_from(host)
+            .map_err(|e| format!("origin {}: {e}", self.url))?;
+        Ok(Some(super::OriginTlsTarget {
+            config: Arc::new(config),
+            name,
+        }))
     }
 
     /// The url's host (no port), the default Host header.
@@ -93,6 +165,12 @@ impl OriginConfig {
             return Err(format!("prefix '{}' must start with '/'", self.prefix));
         }
         self.authority()?;
+        if self.ca_file.is_some() && !self.is_https() {
+            return Err(format!(
+                "origin {}: ca_file is for https:// origins",
+                self.url
+            ));
+        }
         if !(1..=MAX_ORIGIN_FETCHES).contains(&self.max_fetches) {
             return Err(format!(
                 "max_fetches must be 1..={MAX_ORIGIN_FETCHES}, not {}",
@@ -121,7 +199,8 @@ impl OriginConfig {
     /// The url's host (without brackets) and port (80 when none), as the resolver looks it up.
     pub fn name_and_port(&self) -> Result<(String, u16), String> {
         let (host, port) = split_authority(self.authority()?);
-        Ok((host.to_string(), port.unwrap_or(80)))
+        let default = if self.is_https() { 443 } else { 80 };
+        Ok((host.to_string(), port.unwrap_or(default)))
     }
 
     /// Resolves the origin (at start-up, on the main thread) into what a shard's filler uses.
@@ -140,6 +219,7 @@ impl OriginConfig {
         Ok(super::OriginTarget {
             addr,
             resolved: None,
+            tls: self.tls_target()?,
             host: self
                 .host_header
                 .clone()
@@ -219,6 +299,7 @@ mod tests {
             connect_timeout_ms: 1000,
             first_byte_timeout_ms: 1000,
             idle_timeout_ms: 1000,
+            ca_file: None,
         }
     }
 
@@ -227,13 +308,11 @@ mod tests {
         assert!(origin("/", None, "http://10.0.0.1:8080").validate().is_ok());
         assert!(origin("/", None, "http://cdn.example").validate().is_ok());
         assert!(origin("/", None, "http://[::1]:81/").validate().is_ok());
-        for bad in [
-            "https://a",
-            "ftp://a",
-            "http://",
-            "http://a/b",
-            "http://u@a",
-        ] {
+        assert!(origin("/", None, "https://cdn.example").validate().is_ok());
+        let mut o = origin("/", None, "http://a");
+        o.ca_file = Some("/x.pem".into());
+        assert!(o.validate().is_err(), "ca_file on http://");
+        for bad in ["ftp://a", "http://", "http://a/b", "http://u@a"] {
             assert!(origin("/", None, bad).validate().is_err(), "{bad}");
         }
         assert!(origin("x", None, "http://a").validate().is_err());

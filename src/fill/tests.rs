@@ -72,6 +72,7 @@ fn target(addr: SocketAddr, max_fetches: usize, timeouts: Timeouts) -> OriginTar
         max_fetches,
         max_idle: max_fetches,
         timeouts,
+        tls: None,
     }
 }
 

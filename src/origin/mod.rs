@@ -11,3 +11,4 @@ pub mod resolve;
 pub mod response;
 #[doc(hidden)]
 pub mod testing;
+pub mod tls;

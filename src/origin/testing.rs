@@ -18,19 +18,49 @@ impl NginxOrigin {
     /// Starts nginx serving `root`, keeping its files in `work` (an existing directory),
     /// with `extra` added to its `http` block (e.g. `limit_rate 8m;`).
     pub fn start(root: &Path, work: &Path, extra: &str) -> NginxOrigin {
+        NginxOrigin::start_with(root, work, extra, None)
+    }
+
+    /// As `start`, speaking HTTPS (TLS 1.2 and 1.3) with certificate chain `cert` and key
+    /// `key` (PEM files).
+    pub fn start_tls(
+        root: &Path,
+        work: &Path,
+        extra: &str,
+        cert: &Path,
+        key: &Path,
+    ) -> NginxOrigin {
+        NginxOrigin::start_with(root, work, extra, Some((cert, key)))
+    }
+
+    fn start_with(
+        root: &Path,
+        work: &Path,
+        extra: &str,
+        tls: Option<(&Path, &Path)>,
+    ) -> NginxOrigin {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let listen = match tls {
+            Some((cert, key)) => format!(
+                "listen {addr} ssl; ssl_certificate {}; ssl_certificate_key {}; \
+                 ssl_protocols TLSv1.2 TLSv1.3;",
+                cert.display(),
+                key.display()
+            ),
+            None => format!("listen {addr};"),
+        };
         let conf = format!(
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
              error_log {d}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\" \"$uri\"';\n\
+             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\" \"$uri\" \"$connection_requests\"';\n\
                access_log {d}/access.log sent; keepalive_requests 100000; {extra}\n\
                client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-               server {{ listen {addr}; root {r}; location / {{ }} }} }}\n",
+               server {{ {listen} root {r}; location / {{ }} }} }}\n",
             d = work.display(),
             r = root.display(),
         );
@@ -105,6 +135,8 @@ pub struct OriginLogLine {
     pub if_none_match: String,
     /// The request's path.
     pub uri: String,
+    /// Requests its connection had carried, this one included (2 and up: kept alive).
+    pub connection_requests: u32,
 }
 
 impl OriginLogLine {
@@ -122,6 +154,7 @@ impl OriginLogLine {
             range: quoted.next().unwrap_or_else(|| "-".into()),
             if_none_match: quoted.next().unwrap_or_else(|| "-".into()),
             uri: quoted.next().unwrap_or_default(),
+            connection_requests: quoted.next().and_then(|n| n.parse().ok()).unwrap_or(0),
         }
     }
 
