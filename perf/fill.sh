@@ -101,9 +101,23 @@ row() { # name "seconds bytes"
   printf '| %s | %.1f | %.3f |\n' "$1" "$(rate "$s")" "$s"
 }
 
+# host_busy: CPU-seconds all CPUs have been busy since boot (/proc/stat, not idle or iowait).
+host_busy() { awk '/^cpu / { printf "%.2f", ($2 + $3 + $4 + $7 + $8 + $9) / 100 }' /proc/stat; }
+# proc_cpu PID: CPU-seconds the process has used (utime + stime).
+proc_cpu() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
+log "the origin through its relay alone (no cache): the ceiling of any cold download here"
+h0=$(host_busy)
+relay_only=$(download "http://127.0.0.1:$RELAY_PORT/pull/b.bin"); check_bytes "the relay" "$relay_only"
+relay_cpu=$(calc "$(host_busy) - $h0")
 log "single client, cold then warm, and the local root"
 o0=$(fill_origin_body_bytes)
+h0=$(host_busy) p0=$(proc_cpu "$SL_PID")
 sl_cold=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline cold" "$sl_cold"
+cold_host_cpu=$(calc "$(host_busy) - $h0") cold_sl_cpu=$(calc "$(proc_cpu "$SL_PID") - $p0")
+h0=$(host_busy) p0=$(proc_cpu "$SL_PID")
+w=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$w"
+warm_host_cpu=$(calc "$(host_busy) - $h0") warm_sl_cpu=$(calc "$(proc_cpu "$SL_PID") - $p0")
+warm_profiled_s=${w% *}
 # Warm and local alternate, 5 of each; the medians are reported (one loopback transfer
 # varies by a third from run to run on this host).
 warms=() locals=()
@@ -173,9 +187,20 @@ for _ in range(n):
 print("ready", len(socks), flush=True)
 time.sleep(3600)
 EOF
-# Alone first: a cold object and a warm one, each by itself.
-stall_cold_alone=$(download "http://127.0.0.1:$SL_PORT/pull/c.bin"); check_bytes "cold alone" "$stall_cold_alone"
-stall_warm_alone=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "warm alone" "$stall_warm_alone"
+# pair COLD-PATH OUTDIR: a cold download of COLD-PATH and a warm one of a.bin, together.
+pair() {
+  mkdir -p "$2"
+  curl -s -o /dev/null -w '%{time_total} %{size_download}\n' "http://127.0.0.1:$SL_PORT$1" >"$2/cold.txt" &
+  local cold_pid=$!
+  curl -s -o /dev/null -w '%{time_total} %{size_download}\n' "http://127.0.0.1:$SL_PORT/pull/a.bin" >"$2/warm.txt" &
+  local warm_pid=$!
+  wait "$cold_pid" "$warm_pid"
+  check_bytes "cold $1" "$(cat "$2/cold.txt")"
+  check_bytes "warm beside it" "$(cat "$2/warm.txt")"
+}
+# Alone first: the same pair (a cold object and a warm one together) without stalled clients.
+pair /pull/c.bin "$WORK/pair-alone"
+stall_cold_alone=$(cat "$WORK/pair-alone/cold.txt") stall_warm_alone=$(cat "$WORK/pair-alone/warm.txt")
 python3 "$WORK/stall.py" "$SL_PORT" 1000 /pull/d.bin >"$WORK/stall.out" 2>&1 &
 STALL_PID=$!
 PIDS+=("$STALL_PID")
@@ -186,15 +211,8 @@ until grep -q '^ready 1000' "$WORK/stall.out" 2>/dev/null; do
   sleep 0.2
 done
 sleep 1
-stall_dir=$WORK/stall-clients
-mkdir -p "$stall_dir"
-curl -s -o /dev/null -w '%{time_total} %{size_download}\n' "http://127.0.0.1:$SL_PORT/pull/d.bin" >"$stall_dir/cold.txt" &
-cold_pid=$!
-curl -s -o /dev/null -w '%{time_total} %{size_download}\n' "http://127.0.0.1:$SL_PORT/pull/a.bin" >"$stall_dir/warm.txt" &
-warm_pid=$!
-wait "$cold_pid" "$warm_pid"
-stall_cold=$(cat "$stall_dir/cold.txt"); check_bytes "cold beside 1000 stalled" "$stall_cold"
-stall_warm=$(cat "$stall_dir/warm.txt"); check_bytes "warm beside 1000 stalled" "$stall_warm"
+pair /pull/d.bin "$WORK/pair-stalled"
+stall_cold=$(cat "$WORK/pair-stalled/cold.txt") stall_warm=$(cat "$WORK/pair-stalled/warm.txt")
 curl -s "http://127.0.0.1:$SL_PORT/pull/d.bin" | cmp - "$WORK/origin/pull/d.bin" || die "the object filled beside the stalled clients differs"
 stall_rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$SL_PID/status" 2>/dev/null || echo 0)
 kill "$STALL_PID" 2>/dev/null || true
@@ -255,6 +273,26 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "- Warm against the local root: **$(printf %.2f "$(calc "$sl_local_s / $sl_warm_s")")** of its rate (target within 5%)."
   echo "- Origin body bytes for the cold download: shardline $(printf %.3f "$(calc "$sl_origin / $BYTES")")x the object, lancache $(printf %.3f "$(calc "$lc_origin / $BYTES")")x."
   echo
+  echo "Where the cold download's time goes (CPU-seconds per GiB, from /proc/stat over the whole host and"
+  echo "/proc/PID/stat for shardline; the host has $(nproc) vCPUs, so a download that keeps them all busy moves at"
+  echo "most $(nproc) / (host CPU-s per GiB) GiB/s):"
+  echo
+  echo "| download | MB/s | host CPU-s / GiB | shardline CPU-s / GiB | ceiling with every vCPU busy, MB/s |"
+  echo "|---|---:|---:|---:|---:|"
+  gib=$(calc "$BYTES / 1073741824")
+  for cell in "origin through the relay, no cache|$relay_only|$relay_cpu|0" \
+              "shardline, cold|$sl_cold|$cold_host_cpu|$cold_sl_cpu" \
+              "shardline, warm|$warm_profiled_s $BYTES|$warm_host_cpu|$warm_sl_cpu"; do
+    IFS='|' read -r name t hcpu scpu <<<"$cell"
+    hpg=$(calc "$hcpu / $gib")
+    printf '| %s | %.1f | %.2f | %.2f | %.0f |\n' "$name" "$(rate "${t% *}")" "$hpg" "$(calc "$scpu / $gib")" \
+      "$(calc "$(nproc) * 1073741824 / ($hpg + 1e-9) / 1e6")"
+  done
+  echo
+  echo "The cold path costs the host the origin's and the relay's work besides shardline's (receive, O_DIRECT"
+  echo "write, sync, read back, send); on loopback with $(nproc) vCPUs every download is CPU-bound, so the cold/warm"
+  echo "ratio is bounded by warm CPU / cold CPU per GiB, whatever the server."
+  echo
   echo "## $CLIENTS clients starting together on one cold object"
   echo
   echo "| | origin bytes / object | slowest client, s | slowest / one cold client |"
@@ -270,7 +308,8 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "## 1000 stalled clients on a filling object"
   echo
   echo "1000 clients ask for a cold object (SO_RCVBUF 4 KiB) and never read; then one client downloads that"
-  echo "object cold and another a warm one, together."
+  echo "object cold and another a warm one, together. Alone: the same pair (another cold object, the same warm"
+  echo "one) without the stalled clients."
   echo
   echo "| download | alone, s | beside 1000 stalled, s | ratio |"
   echo "|---|---:|---:|---:|"
