@@ -604,7 +604,18 @@ fn cache_metrics_count_bytes_by_source_latency_and_coalescing() {
         assert!(r.body == want);
     }
     assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
-    let metric = |family: &str, label: &str| common::admin_metric(e.admin, family, label);
+    // Each shard moves its counters at the end of a tick, and shard 0 reports the shared
+    // ones: a count is read once it is there (or after 5 s).
+    let metric = |family: &str, label: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let v = common::admin_metric(e.admin, family, label);
+            if v > 0 || std::time::Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
     let origin_bytes = metric("shardline_cache_bytes_total", "source=\"origin\"");
     assert!(
         (OBJECT_BYTES..OBJECT_BYTES + 64 * 1024).contains(&origin_bytes),
