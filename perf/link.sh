@@ -498,13 +498,15 @@ metrics_per_gib() {
   local b=$1 a=$2 p=$3 out
   [[ -s $b && -s $a ]] || return 0
   out=$(metrics_delta "$b" "$a" | awk '
-    { n = $1; sub(/\{.*/, "", n); d[n] += $2 }
+    { n = $1; sub(/\{.*/, "", n); d[n] += $2; if (index($1, "why=\"reclaim_unsent\"")) unsent += $2 }
     END {
       gib = d["shardline_bytes_sent_total"] / 1073741824
       if (gib <= 0) exit
-      printf "enters_gib=%.0f sqes_gib=%.0f cqes_gib=%.0f arena_waits_gib=%.1f\n",
+      printf "enters_gib=%.0f sqes_gib=%.0f cqes_gib=%.0f arena_waits_gib=%.1f parked_gib=%.0f reclaimed_gib=%.0f given_back_mib_gib=%.1f unsent_mib_gib=%.1f\n",
         d["shardline_ring_enters_total"] / gib, d["shardline_ring_sqes_total"] / gib,
-        d["shardline_ring_cqes_total"] / gib, d["shardline_arena_waits_total"] / gib
+        d["shardline_ring_cqes_total"] / gib, d["shardline_arena_waits_total"] / gib,
+        d["shardline_parked_sends_total"] / gib, d["shardline_reclaimed_chunks_total"] / gib,
+        d["shardline_given_back_bytes_total"] / gib / 1048576, unsent / gib / 1048576
     }')
   local kv
   for kv in $out; do V["$p|${kv%%=*}"]=${kv#*=}; done
@@ -826,6 +828,10 @@ report_load() { # report_load PROFILE WORKLOAD
   row "SQEs per GiB" %.0f "$p" sqes_gib noratio
   row "CQEs per GiB" %.0f "$p" cqes_gib noratio
   row "arena waits per GiB" %.1f "$p" arena_waits_gib noratio
+  row "parked sends per GiB" %.0f "$p" parked_gib noratio
+  row "chunks reclaimed per GiB" %.0f "$p" reclaimed_gib noratio
+  row "MiB given back unsent per GiB sent" %.1f "$p" given_back_mib_gib noratio
+  row "... of which read ahead, never begun to leave" %.1f "$p" unsent_mib_gib noratio
   if ((TLS)) && [[ $w == fast || $w == paced ]]; then
     row "profile: AEAD share of the core (%)" %.1f "$p" aead_pct noratio
     row "profile: byte copies' share of the core (%)" %.1f "$p" copy_pct noratio

@@ -142,6 +142,8 @@ counters! {
     reclaimed_chunks: Counter "reclaimed_chunks_total",
     /// File bytes read but given back unsent from a parked connection (read again later).
     given_back_reclaim: Counter "given_back_bytes_total" { why = "reclaim" },
+    /// File bytes read ahead and given back by a reclaim before any of them left.
+    given_back_reclaim_unsent: Counter "given_back_bytes_total" { why = "reclaim_unsent" },
     /// File bytes read but given back unsent when a send fell short (read-ahead cut).
     given_back_read_ahead: Counter "given_back_bytes_total" { why = "read_ahead" },
     /// io_uring_enter calls the kernel answered EBUSY (overflowed completions to reap first).
@@ -256,7 +258,8 @@ fn family_help(family: &str) -> Option<&'static str> {
         }
         "given_back_bytes_total" => {
             "File bytes read into the arena but given back unsent (to be read again), by why: \
-             reclaim (behind a full socket) or read_ahead (cut after a short send)."
+             reclaim (the rest of a chunk behind a full socket), reclaim_unsent (a chunk read \
+             ahead behind it) or read_ahead (cut after a short send)."
         }
         _ => return None,
     })

@@ -852,6 +852,7 @@ impl<R: RingOps> Shard<R> {
             Counter::ParkedSend => &m.parked_sends,
             Counter::ReclaimedChunks => &m.reclaimed_chunks,
             Counter::GivenBack(GiveBack::Reclaim) => &m.given_back_reclaim,
+            Counter::GivenBack(GiveBack::ReclaimUnsent) => &m.given_back_reclaim_unsent,
             Counter::GivenBack(GiveBack::ReadAhead) => &m.given_back_read_ahead,
             Counter::Closed(CloseReason::Normal | CloseReason::Drain) => &m.closed_normal,
             Counter::Closed(CloseReason::Timeout) => &m.closed_timeout,
