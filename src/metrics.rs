@@ -201,10 +201,15 @@ counters! {
     cache_fill: Counter "cache_lookups_total" { result = "fill" },
     /// Pulled requests answered with an error (the origin's 4xx, 502, 504).
     cache_error: Counter "cache_lookups_total" { result = "error" },
+    /// Pulled requests answered by a pass-through.
+    cache_pass: Counter "cache_lookups_total" { result = "pass" },
     /// Bytes of pulled responses sent to clients; they are read from the disk cache.
     cache_sent_bytes: Counter "cache_bytes_total" { source = "disk" },
     /// Bytes received from origins into the cache (heads included).
     cache_origin_bytes: Counter "cache_bytes_total" { source = "origin" },
+    /// Bytes of pass-through responses sent to clients (streamed from the origin without
+    /// being stored: the cache's disk had no room).
+    cache_pass_bytes: Counter "cache_bytes_total" { source = "pass" },
     /// Waits for a block (or an object's head) that joined a fetch already under way, over all
     /// shards (shard 0 reports it).
     cache_waits_joined: Gauge "cache_waits" { how = "joined" },
@@ -231,12 +236,13 @@ fn family_help(family: &str) -> Option<&'static str> {
     Some(match family {
         "connections_closed_total" => "Connections closed, by reason.",
         "cache_lookups_total" => {
-            "Responses under an [[origin]], by where their bytes came from (hit, miss, fill) or \
+            "Responses under an [[origin]], by where their bytes came from (hit, miss, fill, or \
+             pass: streamed from the origin without storing, the cache's disk having no room) or \
              error."
         }
         "cache_bytes_total" => {
-            "Bytes of pulled content, by source: disk (sent to clients from the cache) and origin \
-             (received from origins into it)."
+            "Bytes of pulled content, by source: disk (sent to clients from the cache), origin \
+             (received from origins) and pass (sent to clients of a pass-through)."
         }
         "cache_waits" => {
             "Waits of pulled requests for a block or an object's head, over all shards, by how: \

@@ -1,7 +1,8 @@
 //! A full cache disk (issue 20): the cache directory is a small tmpfs (mounted by the test,
-//! so it runs as root). Once fills have taken all its room, a fill that needs more gets a
-//! clean 503 (or, when its response had begun, a cut: never a wrong byte), hits and local
-//! files go on being served byte for byte, and a purge makes room for fills again.
+//! so it runs as root). Once fills have taken all its room, a fill that needs more is passed
+//! through: its client gets the origin's bytes streamed, unstored (or, when its response had
+//! begun streaming from the cache, a cut: never a wrong byte); hits and local files go on
+//! being served byte for byte, and a purge makes room for fills again.
 
 mod common;
 
@@ -77,7 +78,7 @@ fn a_full_cache_disk_keeps_serving_hits_and_refuses_fills_cleanly() {
     }
     let origin_root = tempfile::tempdir().unwrap();
     std::fs::create_dir(origin_root.path().join("pull")).unwrap();
-    for name in ["a", "b", "c", "d"] {
+    for name in ["a", "b", "c", "d", "e"] {
         common::write_pattern_file(
             &origin_root.path().join(format!("pull/{name}.bin")),
             OBJECT_BYTES,
@@ -100,8 +101,18 @@ fn a_full_cache_disk_keeps_serving_hits_and_refuses_fills_cleanly() {
         ),
     )
     .unwrap();
-    let (server, admin) =
-        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "2"]);
+    let access_log = dir.path().join("access.log");
+    let (mut server, admin) = common::start_with_admin(
+        &root,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--shards",
+            "2",
+            "--access-log",
+            access_log.to_str().unwrap(),
+        ],
+    );
     let want = common::pattern_range(0, OBJECT_BYTES as usize);
 
     for name in ["a", "b"] {
@@ -109,24 +120,47 @@ fn a_full_cache_disk_keeps_serving_hits_and_refuses_fills_cleanly() {
         assert_eq!(r.status, 200, "{name} fits");
         assert!(r.body == want, "{name}: the cold body differs");
     }
-    // No room for a third: a 503 before the response begins, or a cut once it has; never a
-    // wrong byte.
-    let mut refused = 0;
+    // No room for a third: passed through whole before its response began from the cache,
+    // or a cut once it had; never a wrong byte, never a 503.
+    let mut passed = 0;
     for name in ["c", "d"] {
         let (status, body) = get_maybe_cut(&server, &format!("/pull/{name}.bin"));
-        match status {
-            503 => refused += 1,
-            200 => assert!(
+        assert_eq!(status, 200, "{name}: status {status} on a full disk");
+        if body == want {
+            passed += 1;
+        } else {
+            assert!(
                 body.len() < want.len() && body == want[..body.len()],
                 "{name}: a full disk gave {} bytes, not a clean cut",
                 body.len()
-            ),
-            s => panic!("{name}: status {s} on a full disk"),
+            );
         }
     }
     assert!(
-        refused >= 1,
-        "the last fill had begun nothing, so it is a 503"
+        passed >= 1,
+        "the last fill could store nothing, so it is passed through whole"
+    );
+    // A range of an object that cannot be stored: exactly its bytes, from the origin.
+    let r = get(
+        &server,
+        "/pull/e.bin",
+        &[("Range", "bytes=4000000-4300000")],
+    );
+    assert_eq!(r.status, 206);
+    assert!(
+        r.body == want[4_000_000..=4_300_000],
+        "a passed-through range"
+    );
+    // Counted: the responses and their bytes.
+    let pass = |family: &str, label: &str| common::admin_metric(admin, family, label);
+    assert!(
+        pass("shardline_cache_lookups_total", "result=\"pass\"") >= 2,
+        "pass-throughs counted"
+    );
+    let pass_bytes = pass("shardline_cache_bytes_total", "source=\"pass\"");
+    assert!(
+        pass_bytes >= OBJECT_BYTES + 300_001,
+        "pass-through bytes counted: {pass_bytes}"
     );
     // Shared counts are reported by shard 0 at its next tick (at least once a second).
     let given_up = || common::admin_metric(admin, "shardline_cache_disk_full_fills", "");
@@ -155,7 +189,7 @@ fn a_full_cache_disk_keeps_serving_hits_and_refuses_fills_cleanly() {
 
     // Room again: what was purged is gone, and the refused object fills whole.
     let admin = admin.to_string();
-    for path in ["/pull/a.bin", "/pull/c.bin", "/pull/d.bin"] {
+    for path in ["/pull/a.bin", "/pull/c.bin", "/pull/d.bin", "/pull/e.bin"] {
         let out = common::run_shardline(
             &["cache", "purge", "--admin", &admin, path],
             Duration::from_secs(20),
@@ -173,4 +207,112 @@ fn a_full_cache_disk_keeps_serving_hits_and_refuses_fills_cleanly() {
         r.body == want,
         "the refused object fills whole once there is room"
     );
+
+    // The access log says which responses were passed through.
+    assert!(server.terminate().success());
+    let text = std::fs::read_to_string(&access_log).unwrap();
+    let passed_lines = text.lines().filter(|l| l.contains(" cache=PASS")).count();
+    assert!(passed_lines >= 2, "{text}");
+}
+
+/// A cache disk with no room at all: every fill of an object is passed through. Over HTTPS
+/// (relayed chunks are sealed like any), twice on one kept-alive connection; to a client
+/// that stops reading for a while (the origin waits for it, every byte still right); and to
+/// one that leaves mid-body (its origin fetch ends with it, and the server serves on).
+#[test]
+fn a_pass_through_serves_https_slow_and_vanishing_clients() {
+    if !common::prerequisite(
+        common::running_as_root(),
+        SKIP_ROOT,
+        "mounting the small tmpfs the cache fills needs root",
+    ) {
+        return;
+    }
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    common::write_pattern_file(&origin_root.path().join("pull/x.bin"), OBJECT_BYTES);
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let disk = SmallDisk::mount();
+    // The journal's first records fit; no block of any object does.
+    let filler = disk.path.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; DISK_BYTES as usize - (64 << 10)]);
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let pki = common::tls::Pki::new();
+    let leaf = pki.leaf("edge", &["localhost"], common::tls::Key::EcdsaP256, 30);
+    let cfg = pki.config(
+        &[leaf],
+        &format!(
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            disk.path.display(),
+            origin.addr
+        ),
+    );
+    let (server, admin) = common::start_tls_with_admin(&root, &["--config", cfg.to_str().unwrap()]);
+    let want = common::pattern_range(0, OBJECT_BYTES as usize);
+    let pass_bytes =
+        || common::admin_metric(admin, "shardline_cache_bytes_total", "source=\"pass\"");
+
+    // HTTPS, two responses on one connection.
+    let tls_addr = server.tls_addr.expect("a TLS listener");
+    let mut conn = common::tls::TlsConn::connect(tls_addr, pki.client(), "localhost").unwrap();
+    for round in 0..2 {
+        let r = conn.get("/pull/x.bin", &[]);
+        assert_eq!(r.status, 200, "round {round}");
+        assert!(
+            r.body == want,
+            "round {round}: the HTTPS pass-through body differs"
+        );
+    }
+    assert!(
+        pass_bytes() >= 2 * OBJECT_BYTES,
+        "both counted as passed through"
+    );
+
+    // A client that stops reading for a while, then reads on.
+    let mut s = server.connect();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /pull/x.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut first = vec![0u8; 64 << 10];
+    std::io::Read::read_exact(&mut s, &mut first).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut all = first;
+    all.extend(common::read_to_eof(&mut s).unwrap());
+    let end = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    assert!(
+        all[end + 4..] == want[..],
+        "the stalled client's body differs"
+    );
+
+    // A client that leaves mid-body: its fetch ends (no origin fetch left running), and a
+    // later request is served whole.
+    let mut s = server.connect();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /pull/x.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut part = vec![0u8; 100_000];
+    std::io::Read::read_exact(&mut s, &mut part).unwrap();
+    drop(s);
+    let fetches = || common::admin_metric(admin, "shardline_origin_fetches", "");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fetches() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        fetches(),
+        0,
+        "the pass-through's fetch ended with its client"
+    );
+    let r = get(&server, "/pull/x.bin", &[("Range", "bytes=-1000")]);
+    assert_eq!(r.status, 206);
+    assert!(r.body == want[want.len() - 1000..]);
+    let in_flight = common::admin_metric(admin, "shardline_chunks_in_flight", "");
+    assert_eq!(in_flight, 0, "no arena chunk left behind");
 }

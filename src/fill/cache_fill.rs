@@ -50,6 +50,10 @@ pub const MAX_NOT_FOUND_S: u64 = 3600;
 /// is served this long before the origin is asked again.
 pub const REVALIDATE_RETRY_S: u64 = 10;
 
+/// The bit that marks a pass-through fetch's job id (the shared fill's own ids, counted
+/// from 1, never reach it).
+pub const PASS_THROUGH_JOB_BIT: u64 = 1 << 63;
+
 /// How the fill stores and asks.
 #[derive(Clone, Debug)]
 pub struct FillConfig {
@@ -231,6 +235,32 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     freed: Vec<ArenaSlot>,
     /// First-byte times between the filler and the metrics (kept for its capacity).
     samples: Vec<u64>,
+    /// Events of pass-through fetches, for the shard (`take_pass_through_events`).
+    pass_events: Vec<FillEvent>,
+    /// The next pass-through job id (below `PASS_THROUGH_JOB_BIT`).
+    next_pass: u64,
+}
+
+/// What a pass-through fetch asks the origin for.
+#[derive(Clone, Debug)]
+pub struct PassThrough<'a> {
+    /// The origin's index.
+    pub origin: usize,
+    /// The path sent to it.
+    pub path: &'a str,
+    /// The version's block size, size and validators (an answer for another version ends
+    /// the fetch).
+    pub block_bytes: u32,
+    /// The object's size.
+    pub size: u64,
+    /// Its ETag ("" when the origin gave none).
+    pub etag: &'a str,
+    /// Its Last-Modified ("" when none).
+    pub last_modified: &'a str,
+    /// The object's bytes wanted: `from..end`.
+    pub from: u64,
+    /// One past the last byte wanted.
+    pub end: u64,
 }
 
 /// The index, read under the shared lock (`CacheFill::index`).
@@ -499,6 +529,8 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             events: Vec::new(),
             freed: Vec::new(),
             samples: Vec::new(),
+            pass_events: Vec::new(),
+            next_pass: 1,
         }
     }
 
@@ -650,12 +682,95 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         now_ms: u64,
     ) {
         self.filler.on_completion(ring, token, res, now_ms);
+        self.settle_events(now_ms);
+    }
+
+    /// Takes the filler's events: a pass-through's go to the shard, the rest to the shared
+    /// fill.
+    fn settle_events(&mut self, now_ms: u64) {
         self.filler.take_events(&mut self.events);
+        let pass_events = &mut self.pass_events;
+        self.events.retain(|e| {
+            let job = match *e {
+                FillEvent::Head { job, .. }
+                | FillEvent::Piece { job, .. }
+                | FillEvent::Committed { job, .. }
+                | FillEvent::Ended { job, .. } => job,
+            };
+            if job & PASS_THROUGH_JOB_BIT == 0 {
+                return true;
+            }
+            // Nothing of a pass-through is stored: its blocks are not journaled.
+            if !matches!(e, FillEvent::Committed { .. }) {
+                pass_events.push(e.clone());
+            }
+            false
+        });
         if self.events.is_empty() {
             return;
         }
         let mut core = lock(&self.core);
         core.settle(&mut self.events, &mut self.freed, now_ms);
+    }
+
+    /// Starts a pass-through fetch of `pass` into `slot` (the caller's; it comes back with
+    /// the fetch's `Ended`): its pieces come out of `take_pass_through_events` as
+    /// `FillEvent::Piece`, each to be answered with `delivered`. Err(slot): it cannot start
+    /// now (the origin is at its bound, or the request cannot be made).
+    pub fn begin_pass_through<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        pass: &PassThrough<'_>,
+        slot: ArenaSlot,
+        now_ms: u64,
+    ) -> Result<u64, ArenaSlot> {
+        assert!(pass.from < pass.end && pass.end <= pass.size && pass.block_bytes > 0);
+        let slot_bytes = self.core().cfg.slot_bytes;
+        let b = u64::from(pass.block_bytes);
+        let plan = Plan {
+            first_block: u32::try_from(pass.from / b).unwrap_or(u32::MAX),
+            last_block: u32::try_from((pass.end - 1) / b).unwrap_or(u32::MAX),
+            block_bytes: pass.block_bytes,
+            size: Some(pass.size),
+            etag: Some(pass.etag.to_owned()).filter(|e| !e.is_empty()),
+            last_modified: Some(pass.last_modified.to_owned()).filter(|l| !l.is_empty()),
+            revalidate: false,
+            slot_bytes,
+            // Nothing is written to a disk: no alignment, and the "syncs" are answered at
+            // once, so one per 64 blocks keeps the machine's list of blocks short.
+            align_bytes: 1,
+            sync_every_blocks: 64,
+        };
+        let job = PASS_THROUGH_JOB_BIT | self.next_pass;
+        match self
+            .filler
+            .begin(ring, job, pass.origin, pass.path, plan, slot, None, now_ms)
+        {
+            Ok(()) => {
+                self.next_pass += 1;
+                self.settle_events(now_ms);
+                Ok(job)
+            }
+            Err(Begin::Wait(slot) | Begin::Refused(slot, _)) => Err(slot),
+        }
+    }
+
+    /// The last piece of pass-through `job` went to its client: the fetch goes on.
+    pub fn delivered<R: RingOps>(&mut self, ring: &mut R, job: u64, now_ms: u64) {
+        if self.filler.delivered(ring, job, now_ms) {
+            self.settle_events(now_ms);
+        }
+    }
+
+    /// Ends pass-through `job` (its client is gone); its `Ended` follows.
+    pub fn abort_pass_through<R: RingOps>(&mut self, ring: &mut R, job: u64, now_ms: u64) {
+        self.filler.abort(ring, job, now_ms);
+        self.settle_events(now_ms);
+    }
+
+    /// Moves the pass-through fetches' events (heads, pieces, ends) into `out`.
+    pub fn take_pass_through_events(&mut self, out: &mut Vec<FillEvent>) {
+        out.append(&mut self.pass_events);
     }
 
     /// Ends fetch stages past their deadline (their completions follow).
@@ -1085,7 +1200,16 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 sync_every_blocks: self.cfg.sync_every_blocks,
             };
             let id = self.next_job;
-            match filler.begin(ring, id, job.origin, &job.path, plan, slot, file, now_ms) {
+            match filler.begin(
+                ring,
+                id,
+                job.origin,
+                &job.path,
+                plan,
+                slot,
+                Some(file),
+                now_ms,
+            ) {
                 Ok(()) => {
                     self.next_job += 1;
                     let mut job = job;
@@ -1155,6 +1279,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     self.on_ended(job, error, now_ms);
                 }
                 FillEvent::Committed { .. } => unreachable!("handled above"),
+                FillEvent::Piece { .. } => unreachable!("only pass-through fetches deliver"),
             }
         }
         self.commit(&mut commits);

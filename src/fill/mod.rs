@@ -15,6 +15,7 @@
 
 pub mod cache_fill;
 pub mod edge;
+pub mod relay;
 pub mod route;
 
 use std::fs::File;
@@ -67,7 +68,7 @@ pub struct OriginTarget {
 }
 
 /// What a fetch told the caller, in order.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum FillEvent {
     /// The origin's head was accepted for fetch `job`.
     Head {
@@ -75,6 +76,19 @@ pub enum FillEvent {
         job: u64,
         /// What the head said.
         facts: HeadFacts,
+    },
+    /// A pass-through fetch (begun with no data file) has `len` bytes (zero padded past the
+    /// object's end) of the object at `file_offset` in `slot`: they go to its client, and
+    /// `Filler::delivered` lets the fetch go on.
+    Piece {
+        /// The caller's id.
+        job: u64,
+        /// The fetch's slot.
+        slot: ArenaSlot,
+        /// The object's offset of the slot's first byte.
+        file_offset: u64,
+        /// Bytes in the slot from its start.
+        len: usize,
     },
     /// Block `block` of `job` is durable with `crc`.
     Committed {
@@ -115,7 +129,8 @@ struct Running {
     conn: u32,
     machine: BlockFetch,
     slot: ArenaSlot,
-    file: Arc<File>,
+    /// The version's data file; None for a pass-through (pieces are delivered, not written).
+    file: Option<Arc<File>>,
     head_len: usize,
     /// The operation the ring holds now (every fetch has exactly one until it ends).
     io: Option<Io>,
@@ -275,7 +290,8 @@ impl Filler {
     }
 
     /// Starts fetching `plan` of `path` from origin `origin` into `slot`, writing the data
-    /// file `file`; `job` names it in the events.
+    /// file `file` (None: a pass-through, whose pieces come out as `FillEvent::Piece`); `job`
+    /// names it in the events.
     #[allow(clippy::too_many_arguments)]
     pub fn begin<R: RingOps>(
         &mut self,
@@ -285,7 +301,7 @@ impl Filler {
         path: &str,
         plan: Plan,
         slot: ArenaSlot,
-        file: Arc<File>,
+        file: Option<Arc<File>>,
         now_ms: u64,
     ) -> Result<(), Begin> {
         let target = &self.origins[origin];
@@ -417,27 +433,46 @@ impl Filler {
                     );
                     run.io = Some(io);
                     let tls = self.tls[run.conn as usize].is_some();
-                    if tls && matches!(io, Io::Send { .. } | Io::Recv { .. }) {
-                        if let Dispatch::Answer(res) = self.tls_io(ring, index, token) {
-                            answer = Some(res);
+                    match (io, run.file.as_ref()) {
+                        (Io::Write { len, file_offset }, None) => {
+                            // A pass-through: the piece goes to its client, and the write is
+                            // done when `delivered` says so.
+                            self.events.push(FillEvent::Piece {
+                                job: run.job,
+                                slot: run.slot,
+                                file_offset,
+                                len,
+                            });
+                            continue;
                         }
-                        continue;
-                    }
-                    let socket = self.conns[run.conn as usize]
-                        .as_ref()
-                        .expect("the fetch's connection");
-                    match io {
-                        Io::Connect => ring.poll_fd(socket.as_fd(), libc::POLLOUT as u32, token),
-                        Io::Send { offset, len } => {
-                            ring.send_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                        // Nothing was written: nothing to make durable.
+                        (Io::Sync, None) => answer = Some(0),
+                        (Io::Write { len, file_offset }, Some(file)) => {
+                            ring.write_arena_fd(run.slot, len, file.as_fd(), file_offset, token)
                         }
-                        Io::Recv { offset, len } => {
-                            ring.recv_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                        (Io::Sync, Some(file)) => ring.fsync_fd(file.as_fd(), token),
+                        (Io::Send { .. } | Io::Recv { .. }, _) if tls => {
+                            if let Dispatch::Answer(res) = self.tls_io(ring, index, token) {
+                                answer = Some(res);
+                            }
                         }
-                        Io::Write { len, file_offset } => {
-                            ring.write_arena_fd(run.slot, len, run.file.as_fd(), file_offset, token)
+                        (Io::Connect | Io::Send { .. } | Io::Recv { .. }, _) => {
+                            let socket = self.conns[run.conn as usize]
+                                .as_ref()
+                                .expect("the fetch's connection");
+                            match io {
+                                Io::Connect => {
+                                    ring.poll_fd(socket.as_fd(), libc::POLLOUT as u32, token)
+                                }
+                                Io::Send { offset, len } => {
+                                    ring.send_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                                }
+                                Io::Recv { offset, len } => {
+                                    ring.recv_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                                }
+                                _ => unreachable!("matched above"),
+                            }
                         }
-                        Io::Sync => ring.fsync_fd(run.file.as_fd(), token),
                     }
                 }
                 Output::Head(facts) => {
@@ -486,6 +521,10 @@ impl Filler {
             Some(Io::Recv { .. }) => {
                 let slot = ring.arena_mut(run.slot);
                 run.machine.on_received(res, slot, now_ms, &mut self.out);
+            }
+            Some(Io::Sync) if run.file.is_none() => {
+                let slot = ring.arena_mut(run.slot);
+                run.machine.on_synced(res, slot, now_ms, &mut self.out);
             }
             other => unreachable!("the TLS layer answers sends and receives, not {other:?}"),
         }
@@ -759,6 +798,64 @@ impl Filler {
             .filter(|r| r.timed_out.is_none())
             .filter_map(|r| r.machine.deadline_ms())
             .min()
+    }
+
+    /// The running fetch of `job`, if any.
+    fn find(&self, job: u64) -> Option<u32> {
+        self.fetches
+            .iter()
+            .position(|f| f.run.as_ref().is_some_and(|r| r.job == job))
+            .map(|i| i as u32)
+    }
+
+    /// The piece of pass-through `job` (its last `FillEvent::Piece`) went to its client: the
+    /// fetch goes on (receives the next piece, or ends). False when no such piece waits.
+    pub fn delivered<R: RingOps>(&mut self, ring: &mut R, job: u64, now_ms: u64) -> bool {
+        self.answer_piece(ring, job, None, now_ms)
+    }
+
+    /// Ends pass-through `job` (its client is gone): a fetch waiting for its piece to be
+    /// delivered ends now, one with an operation on the ring ends when that completes (its
+    /// socket is shut down). Its `Ended` event follows, as for every fetch.
+    pub fn abort<R: RingOps>(&mut self, ring: &mut R, job: u64, now_ms: u64) {
+        if self.answer_piece(ring, job, Some(libc::ECANCELED), now_ms) {
+            return;
+        }
+        let Some(index) = self.find(job) else {
+            return;
+        };
+        let run = self.fetches[index as usize].run.as_mut().expect("found");
+        if run.timed_out.is_none() {
+            run.timed_out = Some(FetchError::Connection(libc::ECANCELED));
+            if let Some(s) = self.conns[run.conn as usize].as_ref() {
+                let _ = SockRef::from(s).shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    /// Completes the pending piece write of pass-through `job`: whole, or failed with
+    /// `errno`. False when its fetch has no piece waiting.
+    fn answer_piece<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        job: u64,
+        errno: Option<i32>,
+        now_ms: u64,
+    ) -> bool {
+        let Some(index) = self.find(job) else {
+            return false;
+        };
+        let run = self.fetches[index as usize].run.as_mut().expect("found");
+        let (None, Some(Io::Write { len, .. })) = (run.file.as_ref(), run.io) else {
+            return false;
+        };
+        run.io = None;
+        self.out.clear();
+        let res = errno.map_or(len as i32, |e| -e);
+        let slot = ring.arena_mut(run.slot);
+        run.machine.on_written(res, slot, now_ms, &mut self.out);
+        self.carry_out(ring, index, now_ms);
+        true
     }
 
     /// Moves the events since the last call into `out`.

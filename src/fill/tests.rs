@@ -156,6 +156,110 @@ fn drive(ring: &mut Ring, filler: &mut Filler, jobs: usize, limit: Duration) -> 
     events
 }
 
+/// Runs pass-through `job` (begun by the caller) to its end, delivering each piece at once:
+/// the object's bytes it delivered (from its first block's start), and its end's error.
+fn relay_all(
+    ring: &mut Ring,
+    filler: &mut Filler,
+    job: u64,
+    size: u64,
+    stop_after_pieces: Option<usize>,
+) -> (Vec<u8>, Option<FetchError>) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut batch = Vec::new();
+    let mut events = Vec::new();
+    let mut pieces = 0;
+    loop {
+        filler.take_events(&mut events);
+        for e in events.drain(..) {
+            match e {
+                FillEvent::Piece {
+                    job: j,
+                    slot,
+                    file_offset,
+                    len,
+                } => {
+                    assert_eq!(j, job);
+                    assert_eq!(file_offset, got.len() as u64 + BLOCK as u64, "in order");
+                    let real = (size - file_offset).min(len as u64) as usize;
+                    got.extend_from_slice(&ring.arena(slot)[..real]);
+                    pieces += 1;
+                    if stop_after_pieces == Some(pieces) {
+                        filler.abort(ring, job, 0);
+                    } else {
+                        assert!(filler.delivered(ring, job, 0), "a piece waited");
+                    }
+                }
+                FillEvent::Ended { error, .. } => return (got, error),
+                FillEvent::Head { .. } => {}
+                FillEvent::Committed { .. } => {}
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the pass-through did not end"
+        );
+        ring.submit_and_wait(1, Some(Duration::from_millis(20)))
+            .expect("submit");
+        batch.clear();
+        ring.drain_completions(&mut batch, 64);
+        for c in &batch {
+            let t = Token::decode(c.user_data).expect("our token");
+            filler.on_completion(ring, t, c.result, 0);
+        }
+    }
+}
+
+/// A fetch begun without a data file (a pass-through) writes nothing: each piece comes out
+/// as an event, in order, and the next is received only once it is delivered; every byte
+/// is the origin's, the padding past the object's end is not counted as bytes, and an abort
+/// while a piece waits ends the fetch at once, its connection not kept.
+#[test]
+fn a_pass_through_fetch_delivers_its_pieces_in_order_and_stores_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let size = 3 * BLOCK as usize + 12_345;
+    let obj = object(size, 11);
+    std::fs::write(root.path().join("p.bin"), &obj).unwrap();
+    let origin = Nginx::start(root.path());
+    let mut ring = ring(2);
+    let mut filler = Filler::new(vec![target(origin.addr, 1, TIMEOUTS)], 2);
+    let mut p = plan(1, 3, Some(size as u64));
+    p.align_bytes = 1;
+    p.sync_every_blocks = 64;
+    filler
+        .begin(
+            &mut ring,
+            5,
+            0,
+            "/p.bin",
+            p.clone(),
+            ArenaSlot::new(0),
+            None,
+            0,
+        )
+        .expect("starts");
+    let (got, error) = relay_all(&mut ring, &mut filler, 5, size as u64, None);
+    assert_eq!(error, None);
+    assert!(
+        got == obj[BLOCK as usize..],
+        "every byte from block 1 to the end"
+    );
+    assert_eq!(filler.connections(), 1, "kept alive");
+    assert_eq!(origin.body_bytes_sent(), (size - BLOCK as usize) as u64);
+
+    // Aborted after its first piece (its client went away): it ends, and its connection,
+    // mid-answer, is closed.
+    filler
+        .begin(&mut ring, 6, 0, "/p.bin", p, ArenaSlot::new(1), None, 0)
+        .expect("starts again");
+    let (got, error) = relay_all(&mut ring, &mut filler, 6, size as u64, Some(1));
+    assert_eq!(got.len(), CHUNK, "one piece: a whole slot");
+    assert!(error.is_some(), "an aborted fetch ends with an error");
+    assert_eq!(filler.running(), 0);
+    assert_eq!(filler.connections(), 0, "not kept mid-answer");
+}
+
 fn version(key: &str, v: u64, facts: &HeadFacts) -> ObjectVersion {
     ObjectVersion {
         key: key.as_bytes().to_vec(),
@@ -195,7 +299,7 @@ fn blocks_fetched_from_nginx_land_on_disk_and_read_back_against_their_checksums(
                 "/patch.bin",
                 plan(first, last, None),
                 ArenaSlot::new(job as u16),
-                file.clone(),
+                Some(file.clone()),
                 0,
             )
             .expect("a fetch starts");
@@ -221,6 +325,7 @@ fn blocks_fetched_from_nginx_land_on_disk_and_read_back_against_their_checksums(
                 crc: *crc,
             }),
             FillEvent::Ended { error, .. } => assert_eq!(error, &None),
+            FillEvent::Piece { .. } => panic!("a fetch with a data file delivers nothing"),
         }
     }
     journal.append(&records, true).unwrap();
@@ -249,7 +354,7 @@ fn blocks_fetched_from_nginx_land_on_disk_and_read_back_against_their_checksums(
                 "/patch.bin",
                 plan(block, block, Some(size as u64)),
                 ArenaSlot::new(job as u16),
-                file.clone(),
+                Some(file.clone()),
                 0,
             )
             .expect("a fetch starts");
@@ -279,11 +384,11 @@ fn fetches_past_the_origins_bound_wait() {
             "/a",
             p.clone(),
             ArenaSlot::new(0),
-            file.clone(),
+            Some(file.clone()),
             0,
         )
         .expect("the first starts");
-    match filler.begin(&mut ring, 1, 0, "/a", p, ArenaSlot::new(1), file, 0) {
+    match filler.begin(&mut ring, 1, 0, "/a", p, ArenaSlot::new(1), Some(file), 0) {
         Err(Begin::Wait(slot)) => assert_eq!(slot, ArenaSlot::new(1)),
         other => panic!("{other:?}"),
     }
@@ -388,7 +493,7 @@ fn origin_faults_end_the_fetch_with_their_error() {
                 "/x",
                 plan(0, 1, None),
                 ArenaSlot::new(0),
-                open_data(&store, 1),
+                Some(open_data(&store, 1)),
                 0,
             )
             .expect("starts");
@@ -423,7 +528,7 @@ fn origin_faults_end_the_fetch_with_their_error() {
             "/x",
             plan(0, 0, None),
             ArenaSlot::new(0),
-            open_data(&store, 1),
+            Some(open_data(&store, 1)),
             0,
         )
         .expect("starts");

@@ -32,6 +32,11 @@ impl<R: RingOps> Shard<R> {
         let Route::Origin { origin, key, path } = route else {
             return false;
         };
+        if self.pass_wanted.remove(&c.raw()) {
+            // Its fill found no room on the cache's disk: streamed from the origin instead.
+            self.respond_pass_through(c, req, origin, &key, &path, rate);
+            return true;
+        }
         if let Some(status) = self.fill_failed.remove(&c.raw()) {
             super::ShardMetrics::add(&self.metrics.cache_error, 1);
             self.respond_status(c, status, keep_alive && status < 500, head_only);
@@ -277,6 +282,11 @@ impl<R: RingOps> Shard<R> {
                 Notice::Failed { waiter, error } => {
                     // The fill logged the failure once, naming the origin.
                     if self.conns[waiter.conn.index()].awaiting_fill() {
+                        if error.is_disk_full() {
+                            // No room to store it: the request is passed through instead.
+                            self.resume_pass_through(waiter);
+                            continue;
+                        }
                         self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
                     } else {
                         // Its response has begun: it cannot become an error now.
@@ -310,6 +320,7 @@ impl<R: RingOps> Shard<R> {
         self.fill_aborts = aborts;
         self.fill_notices = notices;
         self.fill_slots = slots;
+        self.run_relays();
         if let Some(edge) = self.edge.as_mut() {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
@@ -357,6 +368,16 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
+    /// A waiting request whose fill found no room on the disk: parsed again, it is answered
+    /// by a pass-through (`respond_pass_through`).
+    fn resume_pass_through(&mut self, waiter: Waiter) {
+        let conn = &self.conns[waiter.conn.index()];
+        if conn.generation == waiter.generation && conn.is_open() && conn.awaiting_fill() {
+            self.pass_wanted.insert(waiter.conn.raw());
+        }
+        self.resume_fill(waiter, None);
+    }
+
     /// A waiting request ran out of time: 504.
     pub(super) fn fill_timed_out(&mut self, c: ConnSlot) {
         let waiter = self.waiter(c);
@@ -369,6 +390,8 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_failed.remove(&c.raw());
+        self.pass_wanted.remove(&c.raw());
+        self.relay_end(c);
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a
         // waiter list: every other connection's close costs nothing here.

@@ -244,6 +244,10 @@ pub struct Body {
     pub readable_end: u64,
     /// An `Action::AwaitBlock` is out for `readable_end` (sent once per wait).
     pub awaiting_block: bool,
+    /// A pass-through (`fill::relay`): its "reads" are answered from an origin fetch, so its
+    /// chunks are never given back (their bytes cannot be read again) and it reads one
+    /// chunk at a time.
+    pub relay: bool,
 }
 
 impl Body {

@@ -665,6 +665,14 @@ impl ConnMachine {
         })
     }
 
+    /// The response's body is a pass-through (`fill::relay`): its reads are answered from an
+    /// origin fetch, one chunk at a time, and never given back.
+    pub fn set_relay(&mut self) {
+        if let Some(body) = self.body_mut() {
+            body.relay = true;
+        }
+    }
+
     /// Whether the parsed request waits for the cache fill.
     pub fn awaiting_fill(&self) -> bool {
         matches!(self.write, WriteState::AwaitingFill)
@@ -1392,6 +1400,8 @@ impl ConnMachine {
                 }
             }
             // A full socket takes nothing now: read when it drains (the poll re-queues us).
+            // A pass-through reads one chunk at a time (its bytes come in order from one fetch).
+            let depth = if body.relay { 1 } else { depth };
             if socket_full
                 || blocked_at.is_some()
                 || body.segments.is_empty()
@@ -2076,6 +2086,10 @@ impl ConnMachine {
         else {
             return 0;
         };
+        if body.relay {
+            // Relayed bytes cannot be read again: they leave, or the connection ends.
+            return 0;
+        }
         let mut freed = 0;
         while body.chunks.len() > keep {
             let Some(last) = body.chunks.back() else {
@@ -2589,6 +2603,7 @@ mod tests {
             limit_cap_bytes: usize::MAX,
             readable_end: u64::MAX,
             awaiting_block: false,
+            relay: false,
         }
     }
 

@@ -15,6 +15,7 @@ mod handshakes;
 pub mod header_buffers;
 pub mod intrusive;
 pub mod machine;
+mod pass_glue;
 mod reload;
 mod respond;
 #[allow(unsafe_code)]
@@ -246,6 +247,18 @@ struct Shard<R: RingOps> {
     /// Responses reading a pulled version, by connection slot: the version whose blocks'
     /// checksums every read is checked against.
     fill_reads: std::collections::HashMap<u32, u64>,
+    /// Waiting requests whose fill found no room on the cache's disk: answered with a
+    /// pass-through when parsed again.
+    pass_wanted: std::collections::HashSet<u32>,
+    /// Pass-through responses by connection slot (`fill::relay`), and their fetches' jobs.
+    relays: std::collections::HashMap<u32, crate::fill::relay::Relay>,
+    /// A pass-through fetch's job -> its connection (slot, generation); kept until the
+    /// fetch's `Ended` gives its slot back, whether or not the connection is still there.
+    relay_jobs: std::collections::HashMap<u64, (ConnSlot, u16)>,
+    /// Connections whose pass-through has something to do (a read asked, a cancel).
+    relay_ready: Vec<ConnSlot>,
+    /// Pass-through connections that are closing: their pending read ends, their fetch too.
+    relay_cancels: Vec<ConnSlot>,
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
@@ -413,6 +426,11 @@ impl<R: RingOps> Shard<R> {
             fill_streams: std::collections::HashMap::new(),
             fill_aborts: Vec::new(),
             fill_reads: std::collections::HashMap::new(),
+            pass_wanted: std::collections::HashSet::new(),
+            relays: std::collections::HashMap::new(),
+            relay_jobs: std::collections::HashMap::new(),
+            relay_ready: Vec::new(),
+            relay_cancels: Vec::new(),
             cfg,
         })
     }
@@ -473,6 +491,8 @@ impl<R: RingOps> Shard<R> {
             let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
                 || !self.recv_retry.is_empty()
+                || !self.relay_ready.is_empty()
+                || !self.relay_cancels.is_empty()
                 || handshake_wait == Some(Duration::ZERO);
             if busy {
                 self.ring.submit_and_wait(0, None)?;
@@ -695,9 +715,15 @@ impl<R: RingOps> Shard<R> {
                 file_off,
                 rw_flags,
             } => {
-                let t = self.chunk_token(Op::Read, c, slot);
-                self.ring
-                    .read_fixed(slot, buf_off, len, file_fixed, file_off, rw_flags, t);
+                if let Some(relay) = self.relays.get_mut(&c.raw()) {
+                    // A pass-through: the bytes come from its origin fetch, not a disk.
+                    relay.read(slot, buf_off, len, file_off);
+                    self.relay_ready.push(c);
+                } else {
+                    let t = self.chunk_token(Op::Read, c, slot);
+                    self.ring
+                        .read_fixed(slot, buf_off, len, file_fixed, file_off, rw_flags, t);
+                }
             }
             Action::Send {
                 slot,
@@ -752,6 +778,9 @@ impl<R: RingOps> Shard<R> {
                 self.ring.shutdown_write(socket, t);
             }
             Action::CancelAll => {
+                if self.relays.contains_key(&c.raw()) {
+                    self.relay_cancels.push(c);
+                }
                 let t = self.token(Op::Cancel, c);
                 self.ring.cancel_socket(socket, t);
             }
@@ -886,11 +915,14 @@ impl<R: RingOps> Shard<R> {
     fn response_done(&mut self, c: ConnSlot, status: u16, bytes: u64) {
         // A pulled version stays pinned only while a response reads it.
         self.fill_reads_end(c);
+        self.relay_end(c);
         let now_us = self.ring.now().as_micros() as u64;
         let conn = &self.conns[c.index()];
         self.metrics.count_request(conn.method, status);
-        if conn.cache.is_some() {
-            ShardMetrics::add(&self.metrics.cache_sent_bytes, bytes);
+        match conn.cache {
+            Some("PASS") => ShardMetrics::add(&self.metrics.cache_pass_bytes, bytes),
+            Some(_) => ShardMetrics::add(&self.metrics.cache_sent_bytes, bytes),
+            None => {}
         }
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {

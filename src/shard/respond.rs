@@ -300,6 +300,7 @@ impl<R: RingOps> Shard<R> {
                 limit_cap_bytes: usize::MAX,
                 readable_end: u64::MAX,
                 awaiting_block: false,
+                relay: false,
             })
         };
         let cx = self.cx();
@@ -331,6 +332,28 @@ pub(super) struct Started {
     /// The segments and the multipart framing (every part header and the closing boundary,
     /// in one buffer), in queues from the shard's pool.
     buffers: BodyBuffers,
+}
+
+impl Started {
+    /// The one file range the body reads (`pos..end`), or None when it has none or several
+    /// (multipart).
+    pub(super) fn single_file_range(&self) -> Option<(u64, u64)> {
+        let mut files = self.buffers.segments.iter().filter_map(|s| match *s {
+            Segment::File { pos, end } => Some((pos, end)),
+            _ => None,
+        });
+        let first = files.next()?;
+        files.next().is_none().then_some(first)
+    }
+
+    /// The body's queues go back to `pool` (a plan that will not be installed).
+    pub(super) fn give_back(self, pool: &mut Vec<BodyBuffers>) {
+        let mut bufs = self.buffers;
+        bufs.segments.clear();
+        bufs.chunks.clear();
+        bufs.framing.clear();
+        pool.push(bufs);
+    }
 }
 
 /// Writes the plan's head into the connection's header buffer and turns its body parts into

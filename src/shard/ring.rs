@@ -627,6 +627,30 @@ impl super::ring_ops::RingOps for Ring {
         // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
         unsafe { std::slice::from_raw_parts(base, self.arena.chunk_bytes) }
     }
+    fn arena_copy(
+        &mut self,
+        from: ArenaSlot,
+        from_off: usize,
+        to: ArenaSlot,
+        to_off: usize,
+        len: usize,
+    ) {
+        let (i, j) = (from.index(), to.index());
+        assert_ne!(i, j, "an arena copy within one slot");
+        assert!(
+            !self.arena.kernel_owned[i] && !self.arena.kernel_owned[j],
+            "arena slot copied while in flight"
+        );
+        let chunk = self.arena.chunk_bytes;
+        assert!(from_off.checked_add(len).is_some_and(|e| e <= chunk));
+        assert!(to_off.checked_add(len).is_some_and(|e| e <= chunk));
+        let src = self.arena.buffer_base(self.arena.buffer_of[i]);
+        let dst = self.arena.buffer_base(self.arena.buffer_of[j]);
+        // SAFETY: two distinct slots' buffers (buffers do not overlap), bounds asserted, and
+        // no kernel operation uses either (asserted); the &mut self borrow keeps every other
+        // view out while the copy runs.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(from_off), dst.add(to_off), len) }
+    }
     /// Rewrites slot `slot` out of place: `f` reads the slot's bytes and writes the spare
     /// buffer, which then becomes the slot's (its old buffer is the new spare).
     fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8])) {

@@ -77,6 +77,16 @@ pub trait RingOps {
     fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8];
     /// Arena slot `slot` for reading by the shard (not in flight).
     fn arena(&self, slot: ArenaSlot) -> &[u8];
+    /// Copies `len` bytes of arena slot `from` at `from_off` to slot `to` at `to_off` (two
+    /// distinct slots, neither in flight).
+    fn arena_copy(
+        &mut self,
+        from: ArenaSlot,
+        from_off: usize,
+        to: ArenaSlot,
+        to_off: usize,
+        len: usize,
+    );
     /// Rewrites arena slot `slot` out of place: `f(old bytes, new bytes)` fills a spare
     /// buffer from the slot's, and the spare becomes the slot's (the kernel must not own it).
     fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8]));

@@ -866,6 +866,29 @@ impl RingOps for SimRing {
         );
         &self.arena[slot.index()]
     }
+    fn arena_copy(
+        &mut self,
+        from: ArenaSlot,
+        from_off: usize,
+        to: ArenaSlot,
+        to_off: usize,
+        len: usize,
+    ) {
+        let (i, j) = (from.index(), to.index());
+        assert_ne!(i, j, "an arena copy within one slot");
+        assert!(
+            !self.arena_owned[i] && !self.arena_owned[j],
+            "arena slot copied while in flight"
+        );
+        let (a, b) = if i < j {
+            let (lo, hi) = self.arena.split_at_mut(j);
+            (&lo[i], &mut hi[0])
+        } else {
+            let (lo, hi) = self.arena.split_at_mut(i);
+            (&hi[0], &mut lo[j])
+        };
+        b[to_off..to_off + len].copy_from_slice(&a[from_off..from_off + len]);
+    }
     fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8])) {
         assert!(
             !self.arena_owned[slot.index()],

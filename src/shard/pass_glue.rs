@@ -1,0 +1,284 @@
+//! The shard's side of a pass-through (`fill::relay`): a pulled request whose fill found no
+//! room on the cache's disk gets the origin's bytes streamed to it, unstored. Its response
+//! is planned like a cached one (the version's size and validators are known from the
+//! fill's probe), its body's reads (`Action::Read`) are answered from one origin fetch run
+//! without a data file, and every piece that fetch receives is copied into the connection's
+//! chunk, then let go. Hits, and the other requests, never wait for it.
+
+use super::buffers::Demand;
+use super::slots::{ArenaSlot, ConnSlot};
+use super::{RingOps, Shard, ShardMetrics};
+use crate::fill::cache_fill::PassThrough;
+use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
+use crate::fill::FillEvent;
+use crate::http::plan::{self, FileFacts, FileRead};
+use crate::http::request::{Method, Request};
+
+impl<R: RingOps> Shard<R> {
+    /// Answers `req` (under origin `origin`, cache key `key`, origin path `path`) with a
+    /// pass-through: 503 when the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already, the
+    /// version is unknown, or no fetch can start now.
+    pub(super) fn respond_pass_through(
+        &mut self,
+        c: ConnSlot,
+        req: &Request<'_>,
+        origin: usize,
+        key: &[u8],
+        path: &str,
+        rate: crate::limits::RateSpec,
+    ) {
+        let keep_alive = req.keep_alive && !self.leaving();
+        let head_only = req.method == Method::Head;
+        let meta = self
+            .edge
+            .as_ref()
+            .and_then(|edge| edge.fill.index().current(key).cloned());
+        let Some(meta) = meta.filter(|_| self.relays.len() < MAX_PASS_THROUGHS_PER_SHARD) else {
+            ShardMetrics::add(&self.metrics.cache_error, 1);
+            return self.respond_status(c, 503, keep_alive, head_only);
+        };
+        // The origin's validators, as a cached copy would have; made up only when it gave
+        // none (a Last-Modified of when it was fetched, an ETag of the size).
+        let etag = if meta.etag.is_empty() {
+            format!("\"p-{:x}\"", meta.size)
+        } else {
+            meta.etag.clone()
+        };
+        let fetched = crate::http::date::format_http_date(meta.fetched_unix_s as i64);
+        let last_modified = crate::http::date::parse_http_date(meta.last_modified.as_bytes())
+            .map_or((&fetched[..], meta.fetched_unix_s as i64), |s| {
+                (meta.last_modified.as_bytes(), s)
+            });
+        let facts = FileFacts {
+            size: meta.size,
+            etag: etag.as_bytes(),
+            last_modified: last_modified.0,
+            mtime_secs: last_modified.1,
+            read: FileRead::Direct { align: 1 },
+            content_type: if meta.content_type.is_empty() {
+                "application/octet-stream"
+            } else {
+                &meta.content_type
+            },
+        };
+        let limits = self.plan_limits(c);
+        let ctx = super::respond::plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
+        let bufs = self.body_pool.pop().unwrap_or_default();
+        let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        if started.reads_file && started.single_file_range().is_none() {
+            // Several ranges would need the origin's bytes out of order: the whole object.
+            started.give_back(&mut self.body_pool);
+            let whole = Request {
+                range: None,
+                ..*req
+            };
+            let limits = self.plan_limits(c);
+            plan = plan::plan_response(&whole, &facts, &limits, &ctx);
+            let bufs = self.body_pool.pop().unwrap_or_default();
+            started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        }
+        started.inline_head = false;
+        self.conns[c.index()].cache = Some("PASS");
+        ShardMetrics::add(&self.metrics.cache_pass, 1);
+        let Some((from, end)) = started.single_file_range().filter(|_| started.reads_file) else {
+            // A HEAD, a 304, a 416: no bytes to fetch.
+            return self.install(c, started, None, rate);
+        };
+        let refuse = |shard: &mut Self, started: super::respond::Started| {
+            started.give_back(&mut shard.body_pool);
+            shard.conns[c.index()].cache = None;
+            ShardMetrics::add(&shard.metrics.cache_error, 1);
+            shard.respond_status(c, 503, keep_alive, head_only);
+        };
+        let Some(slot) = self.arena.take(Demand::Bulk) else {
+            return refuse(self, started);
+        };
+        let pass = PassThrough {
+            origin,
+            path,
+            block_bytes: meta.block_bytes,
+            size: meta.size,
+            etag: &meta.etag,
+            last_modified: &meta.last_modified,
+            from,
+            end,
+        };
+        let now_ms = self.now_ms;
+        let edge = self.edge.as_mut().expect("checked above");
+        let job = match edge
+            .fill
+            .begin_pass_through(&mut self.ring, &pass, slot, now_ms)
+        {
+            Ok(job) => job,
+            Err(slot) => {
+                self.release_slot(slot);
+                return refuse(self, started);
+            }
+        };
+        tracing::info!(
+            shard = self.index,
+            path,
+            size = meta.size,
+            "cache disk full: passing the object through from its origin, unstored"
+        );
+        self.relay_jobs
+            .insert(job, (c, self.conns[c.index()].generation));
+        self.relays.insert(c.raw(), Relay::new(job, meta.size));
+        self.install(c, started, None, rate);
+        self.conns[c.index()].set_relay();
+        self.relay_ready.push(c);
+    }
+
+    /// Each tick (from `run_fill`): the pass-through fetches' events, the reads they answer,
+    /// and the pass-throughs whose connection is closing.
+    pub(super) fn run_relays(&mut self) {
+        let mut events = Vec::new();
+        let mut steps = Vec::new();
+        loop {
+            let now_ms = self.now_ms;
+            if let Some(edge) = self.edge.as_mut() {
+                edge.fill.take_pass_through_events(&mut events);
+            }
+            let mut cancels = std::mem::take(&mut self.relay_cancels);
+            for c in cancels.drain(..) {
+                if let Some(relay) = self.relays.get_mut(&c.raw()) {
+                    let slot = relay.take_read();
+                    let job = relay.job;
+                    if relay.ended.is_none() {
+                        if let Some(edge) = self.edge.as_mut() {
+                            edge.fill.abort_pass_through(&mut self.ring, job, now_ms);
+                        }
+                    }
+                    if let Some(slot) = slot {
+                        self.complete_relay_read(c, slot, -libc::ECANCELED);
+                    }
+                }
+            }
+            // Cancels that came while these were done wait for the next turn.
+            cancels.append(&mut self.relay_cancels);
+            self.relay_cancels = cancels;
+            let mut ready = std::mem::take(&mut self.relay_ready);
+            if events.is_empty() && ready.is_empty() {
+                self.relay_ready = ready;
+                return;
+            }
+            for e in events.drain(..) {
+                let (job, piece, ended) = match e {
+                    FillEvent::Piece {
+                        job,
+                        slot,
+                        file_offset,
+                        len,
+                    } => (job, Some((slot, file_offset, len)), None),
+                    FillEvent::Ended { job, error, slot } => {
+                        self.release_slot(slot);
+                        (job, None, Some(error))
+                    }
+                    FillEvent::Head { .. } | FillEvent::Committed { .. } => continue,
+                };
+                let Some(&(c, generation)) = self.relay_jobs.get(&job) else {
+                    continue;
+                };
+                if ended.is_some() {
+                    self.relay_jobs.remove(&job);
+                }
+                let live = self.conns[c.index()].generation == generation;
+                let Some(relay) = self
+                    .relays
+                    .get_mut(&c.raw())
+                    .filter(|r| live && r.job == job)
+                else {
+                    // Its response ended first: the piece is not wanted.
+                    if piece.is_some() {
+                        if let Some(edge) = self.edge.as_mut() {
+                            edge.fill.abort_pass_through(&mut self.ring, job, now_ms);
+                        }
+                    }
+                    continue;
+                };
+                if let Some((slot, file_offset, len)) = piece {
+                    relay.piece(slot, file_offset, len);
+                }
+                if let Some(error) = ended {
+                    if let Some(e) = &error {
+                        tracing::warn!(shard = self.index, error = ?e, "pass-through fetch failed");
+                    }
+                    relay.ended = Some(error.is_none());
+                }
+                ready.push(c);
+            }
+            for c in ready.drain(..) {
+                self.step_relay(c, &mut steps);
+            }
+            // Reads asked while these were done are answered on the next turn of the loop.
+            ready.append(&mut self.relay_ready);
+            self.relay_ready = ready;
+        }
+    }
+
+    /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.
+    fn step_relay(&mut self, c: ConnSlot, steps: &mut Vec<Step>) {
+        let Some(relay) = self.relays.get_mut(&c.raw()) else {
+            return;
+        };
+        let job = relay.job;
+        steps.clear();
+        let failed = relay.run(steps).is_err();
+        for step in steps.drain(..) {
+            match step {
+                Step::Copy {
+                    from,
+                    from_off,
+                    to,
+                    to_off,
+                    len,
+                } => self.ring.arena_copy(from, from_off, to, to_off, len),
+                Step::PieceDone => {
+                    let now_ms = self.now_ms;
+                    if let Some(edge) = self.edge.as_mut() {
+                        edge.fill.delivered(&mut self.ring, job, now_ms);
+                    }
+                }
+                Step::ReadDone { slot, len } => self.complete_relay_read(c, slot, len as i32),
+            }
+        }
+        // A read the fetch can no longer answer (it ended, or the reads went backwards):
+        // the response is cut, never padded.
+        let Some(relay) = self.relays.get_mut(&c.raw()) else {
+            return;
+        };
+        if failed || (relay.ended.is_some() && relay.reading()) {
+            if let Some(slot) = relay.take_read() {
+                self.complete_relay_read(c, slot, -libc::EIO);
+            }
+        }
+    }
+
+    /// Completes connection `c`'s read into `slot` with `res` (bytes, or -errno).
+    fn complete_relay_read(&mut self, c: ConnSlot, slot: ArenaSlot, res: i32) {
+        let cx = self.cx();
+        let mut out = self.take_actions();
+        // No file: nothing to check for changes.
+        self.conns[c.index()].on_read(slot, res, &mut |_| true, &cx, &mut out);
+        self.run_actions(c, out);
+    }
+
+    /// Connection `c`'s response ended (or it closed): its pass-through is forgotten, and a
+    /// fetch still running for it is ended (its `Ended` gives the fetch's slot back).
+    pub(super) fn relay_end(&mut self, c: ConnSlot) {
+        let Some(relay) = self.relays.remove(&c.raw()) else {
+            return;
+        };
+        debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
+        if relay.ended.is_none() {
+            let now_ms = self.now_ms;
+            if let Some(edge) = self.edge.as_mut() {
+                edge.fill
+                    .abort_pass_through(&mut self.ring, relay.job, now_ms);
+            }
+            // Its events (the end) are taken on the next turn of `run_relays`.
+            self.relay_ready.push(c);
+        }
+    }
+}
