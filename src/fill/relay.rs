@@ -80,6 +80,9 @@ pub enum RelayError {
 pub struct Relay {
     /// The fetch's job id.
     pub job: u64,
+    /// The first byte it brings: the connection's reads from there on are its (a response
+    /// that began from the cache reads what is on disk before it).
+    pub from: u64,
     /// The object's size (pieces are cut at it).
     size: u64,
     piece: Option<Piece>,
@@ -91,10 +94,11 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// A relay for fetch `job` of an object of `size` bytes.
-    pub fn new(job: u64, size: u64) -> Relay {
+    /// A relay for fetch `job` of an object of `size` bytes, from byte `from` on.
+    pub fn new(job: u64, size: u64, from: u64) -> Relay {
         Relay {
             job,
+            from,
             size,
             piece: None,
             used: 0,
@@ -117,10 +121,12 @@ impl Relay {
     }
 
     /// The connection wants `len` bytes of the object at `file_offset` in `slot` at
-    /// `buf_off`.
+    /// `buf_off`. A read aligned past the object's end (a response that began on the cache's
+    /// block-aligned reads) is answered with the bytes there are, as a file's read is.
     pub fn read(&mut self, slot: ArenaSlot, buf_off: usize, len: usize, file_offset: u64) {
         assert!(self.read.is_none(), "two reads of one pass-through at once");
-        assert!(len > 0, "an empty read");
+        let len = (len as u64).min(self.size.saturating_sub(file_offset)) as usize;
+        assert!(len > 0, "a read at or past the object's end");
         self.read = Some(Read {
             slot,
             buf_off,
@@ -223,7 +229,7 @@ mod tests {
     fn reads_are_answered_across_pieces_skipping_what_precedes_the_range() {
         // A 1000-byte object; the response wants bytes 300.. in reads of 256; the fetch began
         // at its block's start (0) and delivers pieces of 512 (the last padded to 512).
-        let mut relay = Relay::new(7, 1000);
+        let mut relay = Relay::new(7, 1000, 300);
         let mut client = vec![0u8; 256];
         relay.read(a(1), 0, 256, 300);
         assert!(run(&mut relay, &[], &mut client).is_empty(), "no piece yet");
@@ -277,7 +283,7 @@ mod tests {
 
     #[test]
     fn a_read_at_an_offset_into_its_slot_is_filled_there() {
-        let mut relay = Relay::new(1, 100);
+        let mut relay = Relay::new(1, 100, 0);
         let mut client = vec![9u8; 60];
         relay.read(a(1), 10, 50, 0);
         relay.piece(a(2), 0, 100);
@@ -294,8 +300,28 @@ mod tests {
     }
 
     #[test]
+    fn a_read_past_the_objects_end_gets_the_bytes_there_are() {
+        let mut relay = Relay::new(1, 1000, 768);
+        let mut client = vec![0u8; 512];
+        relay.read(a(1), 0, 512, 768);
+        relay.piece(a(2), 768, 232);
+        let steps = run(&mut relay, &object(768, 232), &mut client);
+        assert_eq!(
+            &steps[1..],
+            &[
+                Step::ReadDone {
+                    slot: a(1),
+                    len: 232
+                },
+                Step::PieceDone
+            ]
+        );
+        assert_eq!(&client[..232], &object(768, 232)[..]);
+    }
+
+    #[test]
     fn a_read_behind_the_delivered_bytes_is_an_error() {
-        let mut relay = Relay::new(1, 100);
+        let mut relay = Relay::new(1, 100, 0);
         relay.piece(a(2), 50, 50);
         relay.read(a(1), 0, 10, 0);
         assert_eq!(relay.run(&mut Vec::new()), Err(RelayError::Behind));
@@ -303,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_cancelled_read_gives_its_slot_back() {
-        let mut relay = Relay::new(1, 100);
+        let mut relay = Relay::new(1, 100, 0);
         relay.read(a(4), 0, 10, 0);
         assert!(relay.reading());
         assert_eq!(relay.take_read(), Some(a(4)));

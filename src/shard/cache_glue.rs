@@ -170,6 +170,10 @@ impl<R: RingOps> Shard<R> {
     /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
     /// it waits on the next block, or reads on at once if that came meanwhile.
     pub(super) fn fill_await_block(&mut self, c: ConnSlot, file_offset: u64) {
+        if self.relays.contains_key(&c.raw()) {
+            // Streamed from the cache up to here; the rest is passed through.
+            return self.relay_reaches_end_of_disk(c);
+        }
         let waiter = self.waiter(c);
         let (Some(edge), Some((stream, version))) =
             (self.edge.as_mut(), self.fill_streams.get(&c.raw()))
@@ -288,7 +292,7 @@ impl<R: RingOps> Shard<R> {
                             continue;
                         }
                         self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
-                    } else {
+                    } else if !(error.is_disk_full() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
                         self.fill_aborts.push(waiter);
                     }
@@ -366,6 +370,16 @@ impl<R: RingOps> Shard<R> {
         if self.conns[c.index()].responding() {
             self.ready.push_urgent(c);
         }
+    }
+
+    /// Whether `waiter` is a live response streaming from the cache that goes on as a
+    /// pass-through (the disk had no room for the rest of its object).
+    fn live_stream(&mut self, waiter: Waiter) -> bool {
+        let conn = &self.conns[waiter.conn.index()];
+        conn.generation == waiter.generation
+            && conn.is_live()
+            && conn.responding()
+            && self.stream_to_pass_through(waiter.conn)
     }
 
     /// A waiting request whose fill found no room on the disk: parsed again, it is answered

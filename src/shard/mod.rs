@@ -715,7 +715,7 @@ impl<R: RingOps> Shard<R> {
                 file_off,
                 rw_flags,
             } => {
-                if let Some(relay) = self.relays.get_mut(&c.raw()) {
+                if let Some(relay) = self.relays.get_mut(&c.raw()).filter(|r| file_off >= r.from) {
                     // A pass-through: the bytes come from its origin fetch, not a disk.
                     relay.read(slot, buf_off, len, file_off);
                     self.relay_ready.push(c);

@@ -124,10 +124,97 @@ impl<R: RingOps> Shard<R> {
         );
         self.relay_jobs
             .insert(job, (c, self.conns[c.index()].generation));
-        self.relays.insert(c.raw(), Relay::new(job, meta.size));
+        self.relays
+            .insert(c.raw(), Relay::new(job, meta.size, from));
         self.install(c, started, None, rate);
         self.conns[c.index()].set_relay();
         self.relay_ready.push(c);
+    }
+
+    /// A response streaming from the cache whose fill found no room on the disk: the rest of
+    /// it, from the end of what is on disk, is passed through from the origin. False when it
+    /// cannot be (the caller cuts it, as before).
+    pub(super) fn stream_to_pass_through(&mut self, c: ConnSlot) -> bool {
+        if self.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
+            return false;
+        }
+        let (Some(edge), Some((stream, version))) =
+            (self.edge.as_ref(), self.fill_streams.get(&c.raw()))
+        else {
+            return false;
+        };
+        let Some(meta) = edge.fill.index().meta(*version).cloned() else {
+            return false;
+        };
+        let conn = &self.conns[c.index()];
+        let Some(from) = conn.readable_end() else {
+            return false;
+        };
+        let end = stream.last.map_or(meta.size, |l| l + 1);
+        if from >= end {
+            return false;
+        }
+        let (origin, path) = (stream.origin, stream.path.clone());
+        let Some(slot) = self.arena.take(Demand::Bulk) else {
+            return false;
+        };
+        let pass = PassThrough {
+            origin,
+            path: &path,
+            block_bytes: meta.block_bytes,
+            size: meta.size,
+            etag: &meta.etag,
+            last_modified: &meta.last_modified,
+            from,
+            end,
+        };
+        let now_ms = self.now_ms;
+        let edge = self.edge.as_mut().expect("checked above");
+        let job = match edge
+            .fill
+            .begin_pass_through(&mut self.ring, &pass, slot, now_ms)
+        {
+            Ok(job) => job,
+            Err(slot) => {
+                self.release_slot(slot);
+                return false;
+            }
+        };
+        tracing::info!(
+            shard = self.index,
+            path,
+            from,
+            "cache disk full: passing the rest of a streaming response through, unstored"
+        );
+        // Off the fill's waiter lists: its bytes past `from` come from the pass-through now.
+        self.fill_streams.remove(&c.raw());
+        let waiter = crate::fill::edge::Waiter {
+            shard: self.index as u16,
+            conn: c,
+            generation: self.conns[c.index()].generation,
+        };
+        if let Some(edge) = self.edge.as_mut() {
+            edge.fill.cancel(&waiter);
+        }
+        ShardMetrics::add(&self.metrics.cache_pass, 1);
+        self.relay_jobs
+            .insert(job, (c, self.conns[c.index()].generation));
+        self.relays
+            .insert(c.raw(), Relay::new(job, meta.size, from));
+        self.conns[c.index()].set_relay();
+        if self.conns[c.index()].next_file_offset() == Some(from) {
+            // Everything before `from` is planned (read from disk): read on from the relay.
+            self.relay_reaches_end_of_disk(c);
+        }
+        true
+    }
+
+    /// A pass-through response's pipeline reached the end of what is on disk (it stops there
+    /// so that no read straddles it): its reads from here on come from the relay.
+    pub(super) fn relay_reaches_end_of_disk(&mut self, c: ConnSlot) {
+        if self.conns[c.index()].set_readable_end(u64::MAX) {
+            self.ready.push_bulk(c);
+        }
     }
 
     /// Each tick (from `run_fill`): the pass-through fetches' events, the reads they answer,
