@@ -8,6 +8,7 @@
 use super::buffers::Demand;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard, ShardMetrics};
+use crate::cache::index::ObjectVersion;
 use crate::fill::cache_fill::PassThrough;
 use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
 use crate::fill::FillEvent;
@@ -91,41 +92,15 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::add(&shard.metrics.cache_error, 1);
             shard.respond_status(c, 503, keep_alive, head_only);
         };
-        let Some(slot) = self.arena.take(Demand::Bulk) else {
+        if !self.start_relay(c, origin, path, &meta, from, end) {
             return refuse(self, started);
-        };
-        let pass = PassThrough {
-            origin,
-            path,
-            block_bytes: meta.block_bytes,
-            size: meta.size,
-            etag: &meta.etag,
-            last_modified: &meta.last_modified,
-            from,
-            end,
-        };
-        let now_ms = self.now_ms;
-        let edge = self.edge.as_mut().expect("checked above");
-        let job = match edge
-            .fill
-            .begin_pass_through(&mut self.ring, &pass, slot, now_ms)
-        {
-            Ok(job) => job,
-            Err(slot) => {
-                self.release_slot(slot);
-                return refuse(self, started);
-            }
-        };
+        }
         tracing::info!(
             shard = self.index,
             path,
             size = meta.size,
             "cache disk full: passing the object through from its origin, unstored"
         );
-        self.relay_jobs
-            .insert(job, (c, self.conns[c.index()].generation));
-        self.relays
-            .insert(c.raw(), Relay::new(job, meta.size, from));
         self.install(c, started, None, rate);
         self.conns[c.index()].set_relay();
         self.relay_ready.push(c);
@@ -155,31 +130,9 @@ impl<R: RingOps> Shard<R> {
             return false;
         }
         let (origin, path) = (stream.origin, stream.path.clone());
-        let Some(slot) = self.arena.take(Demand::Bulk) else {
+        if !self.start_relay(c, origin, &path, &meta, from, end) {
             return false;
-        };
-        let pass = PassThrough {
-            origin,
-            path: &path,
-            block_bytes: meta.block_bytes,
-            size: meta.size,
-            etag: &meta.etag,
-            last_modified: &meta.last_modified,
-            from,
-            end,
-        };
-        let now_ms = self.now_ms;
-        let edge = self.edge.as_mut().expect("checked above");
-        let job = match edge
-            .fill
-            .begin_pass_through(&mut self.ring, &pass, slot, now_ms)
-        {
-            Ok(job) => job,
-            Err(slot) => {
-                self.release_slot(slot);
-                return false;
-            }
-        };
+        }
         tracing::info!(
             shard = self.index,
             path,
@@ -197,16 +150,60 @@ impl<R: RingOps> Shard<R> {
             edge.fill.cancel(&waiter);
         }
         ShardMetrics::add(&self.metrics.cache_pass, 1);
-        self.relay_jobs
-            .insert(job, (c, self.conns[c.index()].generation));
-        self.relays
-            .insert(c.raw(), Relay::new(job, meta.size, from));
         self.conns[c.index()].set_relay();
         if self.conns[c.index()].next_file_offset() == Some(from) {
             // Everything before `from` is planned (read from disk): read on from the relay.
             self.relay_reaches_end_of_disk(c);
         }
         true
+    }
+
+    /// Starts connection `c`'s pass-through of `meta`'s bytes `from..end` from origin
+    /// `origin` (`path` there): a slot for its fetch, the fetch, and the relay that answers
+    /// `c`'s reads from it. False when no slot or origin connection is free now.
+    fn start_relay(
+        &mut self,
+        c: ConnSlot,
+        origin: usize,
+        path: &str,
+        meta: &ObjectVersion,
+        from: u64,
+        end: u64,
+    ) -> bool {
+        let Some(slot) = self.arena.take(Demand::Bulk) else {
+            return false;
+        };
+        let pass = PassThrough {
+            origin,
+            path,
+            block_bytes: meta.block_bytes,
+            size: meta.size,
+            etag: &meta.etag,
+            last_modified: &meta.last_modified,
+            from,
+            end,
+        };
+        let now_ms = self.now_ms;
+        let Some(edge) = self.edge.as_mut() else {
+            self.release_slot(slot);
+            return false;
+        };
+        match edge
+            .fill
+            .begin_pass_through(&mut self.ring, &pass, slot, now_ms)
+        {
+            Ok(job) => {
+                let generation = self.conns[c.index()].generation;
+                self.relay_jobs.insert(job, (c, generation));
+                self.relays
+                    .insert(c.raw(), Relay::new(job, meta.size, from));
+                true
+            }
+            Err(slot) => {
+                self.release_slot(slot);
+                false
+            }
+        }
     }
 
     /// A pass-through response's pipeline reached the end of what is on disk (it stops there
