@@ -110,7 +110,7 @@ mod tests {
     /// `a_writer_killed_mid_append_leaves_a_journal_that_replays_to_a_prefix` runs it with
     /// `--include-ignored`; run alone, it fails on the missing variable.
     #[test]
-    #[ignore = "child process of a_writer_killed_mid_append_leaves_a_journal_that_replays_to_a_prefix, which runs it and kills it; alone it never ends"]
+    #[ignore = "child process of a_writer_killed_mid_append_leaves_a_journal_that_replays_to_a_prefix, which runs it with SHARDLINE_JOURNAL_CHILD set and kills it (it appends until killed); alone it fails at once on the missing variable"]
     fn journal_writer_child() {
         let path = std::env::var_os("SHARDLINE_JOURNAL_CHILD")
             .expect("run by a_writer_killed_mid_append_..., which sets SHARDLINE_JOURNAL_CHILD");

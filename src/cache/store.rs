@@ -194,7 +194,7 @@ mod tests {
     /// parent gives it. `a_filler_killed_mid_fill_never_leaves_a_committed_block_that_reads_wrong`
     /// runs it with `--include-ignored`; run alone, it fails on the missing variable.
     #[test]
-    #[ignore = "child process of a_filler_killed_mid_fill_never_leaves_a_committed_block_that_reads_wrong, which runs it and kills it; alone it never ends"]
+    #[ignore = "child process of a_filler_killed_mid_fill_never_leaves_a_committed_block_that_reads_wrong, which runs it with SHARDLINE_STORE_CHILD set and kills it (it fills until killed); alone it fails at once on the missing variable"]
     fn block_filler_child() {
         let dir = std::env::var_os("SHARDLINE_STORE_CHILD")
             .expect("run by a_filler_killed_mid_fill_..., which sets SHARDLINE_STORE_CHILD");

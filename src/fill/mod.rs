@@ -67,6 +67,15 @@ pub struct OriginTarget {
     pub tls: Option<OriginTlsTarget>,
 }
 
+/// Ends `run`'s stage with `error`: its socket is shut down, so the operation in flight
+/// completes at once, and the fetch ends with `error` then.
+fn cut_stage(run: &mut Running, conns: &[Option<Socket>], error: FetchError) {
+    run.timed_out = Some(error);
+    if let Some(s) = conns[run.conn as usize].as_ref() {
+        let _ = SockRef::from(s).shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// What a fetch told the caller, in order.
 #[derive(Clone, Debug)]
 pub enum FillEvent {
@@ -782,10 +791,7 @@ impl Filler {
             let mut out = Vec::new();
             run.machine.on_timeout(&mut out);
             if let Some(Output::Failed(e)) = out.pop() {
-                run.timed_out = Some(e);
-                if let Some(s) = self.conns[run.conn as usize].as_ref() {
-                    let _ = SockRef::from(s).shutdown(std::net::Shutdown::Both);
-                }
+                cut_stage(run, &self.conns, e);
             }
         }
     }
@@ -826,10 +832,7 @@ impl Filler {
         };
         let run = self.fetches[index as usize].run.as_mut().expect("found");
         if run.timed_out.is_none() {
-            run.timed_out = Some(FetchError::Connection(libc::ECANCELED));
-            if let Some(s) = self.conns[run.conn as usize].as_ref() {
-                let _ = SockRef::from(s).shutdown(std::net::Shutdown::Both);
-            }
+            cut_stage(run, &self.conns, FetchError::Connection(libc::ECANCELED));
         }
     }
 

@@ -770,7 +770,7 @@ const KILLED_OBJECT_BYTES: usize = 32 << 20;
 /// runs it with `--include-ignored` and kills it with SIGKILL mid-fill. Run alone, it fails
 /// on the missing variables.
 #[test]
-#[ignore = "child process of a_fill_killed_mid_object_resumes_with_only_the_missing_blocks_and_no_wrong_byte, which runs it and kills it; alone it fails on the missing variables"]
+#[ignore = "child process of a_fill_killed_mid_object_resumes_with_only_the_missing_blocks_and_no_wrong_byte, which runs it with SHARDLINE_FILL_CHILD_DIR and _ORIGIN set and kills it mid-fill; alone it fails at once on the missing variables"]
 fn cache_fill_child() {
     let dir = std::env::var_os("SHARDLINE_FILL_CHILD_DIR").expect("run by its parent test");
     let addr: SocketAddr = std::env::var("SHARDLINE_FILL_CHILD_ORIGIN")

@@ -7,10 +7,50 @@
 use super::buffers::Demand;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard};
+use crate::cache::index::ObjectVersion;
 use crate::fill::cache_fill::{Notice, Outcome};
 use crate::fill::edge::{EdgeCache, Route, Stream, Waiter};
-use crate::http::plan::{self, FileFacts};
+use crate::http::plan::{self, FileFacts, FileRead};
 use crate::http::request::{Method, Request};
+
+/// The facts a pulled response is planned from: the version's size and type and the
+/// origin's validators (so every edge holding this version says the same), with `etag` and
+/// `last_modified` (an IMF-fixdate and its Unix seconds) where the origin gave none.
+pub(super) fn pulled_facts<'a>(
+    meta: &'a ObjectVersion,
+    etag: &'a [u8],
+    last_modified: (&'a [u8], i64),
+    read: FileRead,
+) -> FileFacts<'a> {
+    let origin_lm = crate::http::date::parse_http_date(meta.last_modified.as_bytes())
+        .map(|s| (meta.last_modified.as_bytes(), s));
+    let (last_modified, mtime_secs) = origin_lm.unwrap_or(last_modified);
+    FileFacts {
+        size: meta.size,
+        etag: if meta.etag.is_empty() {
+            etag
+        } else {
+            meta.etag.as_bytes()
+        },
+        last_modified,
+        mtime_secs,
+        read,
+        content_type: if meta.content_type.is_empty() {
+            "application/octet-stream"
+        } else {
+            &meta.content_type
+        },
+    }
+}
+
+/// What a waiting request whose fill failed gets when it is parsed again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FillAnswer {
+    /// This status (the origin's 4xx, 502, 504, 503).
+    Status(u16),
+    /// A pass-through from the origin: the cache's disk had no room for it.
+    PassThrough,
+}
 
 impl<R: RingOps> Shard<R> {
     /// Answers `req` from the cache when it is under an `[[origin]]`; false when it is not
@@ -32,15 +72,18 @@ impl<R: RingOps> Shard<R> {
         let Route::Origin { origin, key, path } = route else {
             return false;
         };
-        if self.pass_wanted.remove(&c.raw()) {
-            // Its fill found no room on the cache's disk: streamed from the origin instead.
-            self.respond_pass_through(c, req, origin, &key, &path, rate);
-            return true;
-        }
-        if let Some(status) = self.fill_failed.remove(&c.raw()) {
-            super::ShardMetrics::add(&self.metrics.cache_error, 1);
-            self.respond_status(c, status, keep_alive && status < 500, head_only);
-            return true;
+        match self.fill_answers.remove(&c.raw()) {
+            Some(FillAnswer::Status(status)) => {
+                super::ShardMetrics::add(&self.metrics.cache_error, 1);
+                self.respond_status(c, status, keep_alive && status < 500, head_only);
+                return true;
+            }
+            Some(FillAnswer::PassThrough) => {
+                // Its fill found no room on the cache's disk: streamed from the origin instead.
+                self.respond_pass_through(c, req, origin, &key, &path, rate);
+                return true;
+            }
+            None => {}
         }
         let waiter = self.waiter(c);
         let edge = self.edge.as_mut().expect("checked above");
@@ -102,25 +145,8 @@ impl<R: RingOps> Shard<R> {
         let limits = self.plan_limits(c);
         let ctx = super::respond::plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         let f = self.files.get(idx);
-        // The origin's validators and type, so every edge holding this version says the same.
-        let last_modified = crate::http::date::parse_http_date(meta.last_modified.as_bytes())
-            .map(|s| (meta.last_modified.as_bytes(), s));
-        let facts = FileFacts {
-            size: meta.size,
-            etag: if meta.etag.is_empty() {
-                f.etag()
-            } else {
-                meta.etag.as_bytes()
-            },
-            last_modified: last_modified.map_or(&f.last_modified[..], |l| l.0),
-            mtime_secs: last_modified.map_or(f.mtime_secs, |l| l.1),
-            read: f.mode,
-            content_type: if meta.content_type.is_empty() {
-                "application/octet-stream"
-            } else {
-                &meta.content_type
-            },
-        };
+        // Where the origin gave no validators, the data file's.
+        let facts = pulled_facts(&meta, f.etag(), (&f.last_modified, f.mtime_secs), f.mode);
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
@@ -286,12 +312,13 @@ impl<R: RingOps> Shard<R> {
                 Notice::Failed { waiter, error } => {
                     // The fill logged the failure once, naming the origin.
                     if self.conns[waiter.conn.index()].awaiting_fill() {
-                        if error.is_disk_full() {
+                        let answer = if error.is_disk_full() {
                             // No room to store it: the request is passed through instead.
-                            self.resume_pass_through(waiter);
-                            continue;
-                        }
-                        self.resume_fill(waiter, Some(EdgeCache::status_for(&error)));
+                            FillAnswer::PassThrough
+                        } else {
+                            FillAnswer::Status(EdgeCache::status_for(&error))
+                        };
+                        self.resume_fill(waiter, Some(answer));
                     } else if !(error.is_disk_full() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
                         self.fill_aborts.push(waiter);
@@ -351,15 +378,15 @@ impl<R: RingOps> Shard<R> {
         self.edge.as_ref().and_then(|e| e.fill.next_due_ms())
     }
 
-    /// A waiting request's fill moved (or failed with `status`): it is answered again.
-    fn resume_fill(&mut self, waiter: Waiter, status: Option<u16>) {
+    /// A waiting request's fill moved (or failed: `answer`): it is answered again.
+    fn resume_fill(&mut self, waiter: Waiter, answer: Option<FillAnswer>) {
         let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
         if conn.generation != generation || !conn.is_open() || !conn.awaiting_fill() {
             return;
         }
-        if let Some(s) = status {
-            self.fill_failed.insert(c.raw(), s);
+        if let Some(a) = answer {
+            self.fill_answers.insert(c.raw(), a);
         }
         self.conns[c.index()].fill_resumed();
         self.resuming_fill = true;
@@ -382,29 +409,18 @@ impl<R: RingOps> Shard<R> {
             && self.stream_to_pass_through(waiter.conn)
     }
 
-    /// A waiting request whose fill found no room on the disk: parsed again, it is answered
-    /// by a pass-through (`respond_pass_through`).
-    fn resume_pass_through(&mut self, waiter: Waiter) {
-        let conn = &self.conns[waiter.conn.index()];
-        if conn.generation == waiter.generation && conn.is_open() && conn.awaiting_fill() {
-            self.pass_wanted.insert(waiter.conn.raw());
-        }
-        self.resume_fill(waiter, None);
-    }
-
     /// A waiting request ran out of time: 504.
     pub(super) fn fill_timed_out(&mut self, c: ConnSlot) {
         let waiter = self.waiter(c);
         if let Some(edge) = self.edge.as_mut() {
             edge.fill.cancel(&waiter);
         }
-        self.resume_fill(waiter, Some(504));
+        self.resume_fill(waiter, Some(FillAnswer::Status(504)));
     }
 
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
-        self.fill_failed.remove(&c.raw());
-        self.pass_wanted.remove(&c.raw());
+        self.fill_answers.remove(&c.raw());
         self.relay_end(c);
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a

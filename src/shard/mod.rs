@@ -235,8 +235,9 @@ struct Shard<R: RingOps> {
     /// Notices and slots moved out of the fill each tick (kept for their allocations).
     fill_notices: Vec<crate::fill::cache_fill::Notice<crate::fill::edge::Waiter>>,
     fill_slots: Vec<ArenaSlot>,
-    /// Waiting requests whose fill failed: the status they get when parsed again.
-    fill_failed: std::collections::HashMap<u32, u16>,
+    /// Waiting requests whose fill failed: what they get when parsed again (a status, or a
+    /// pass-through when the cache's disk had no room).
+    fill_answers: std::collections::HashMap<u32, cache_glue::FillAnswer>,
     /// A request parsed again after its fill (its arrival was noted the first time).
     resuming_fill: bool,
     /// Responses streaming a pulled object as it fills, by connection slot: what they ask
@@ -247,9 +248,6 @@ struct Shard<R: RingOps> {
     /// Responses reading a pulled version, by connection slot: the version whose blocks'
     /// checksums every read is checked against.
     fill_reads: std::collections::HashMap<u32, u64>,
-    /// Waiting requests whose fill found no room on the cache's disk: answered with a
-    /// pass-through when parsed again.
-    pass_wanted: std::collections::HashSet<u32>,
     /// Pass-through responses by connection slot (`fill::relay`), and their fetches' jobs.
     relays: std::collections::HashMap<u32, crate::fill::relay::Relay>,
     /// A pass-through fetch's job -> its connection (slot, generation); kept until the
@@ -421,12 +419,11 @@ impl<R: RingOps> Shard<R> {
             edge: None,
             fill_notices: Vec::new(),
             fill_slots: Vec::new(),
-            fill_failed: std::collections::HashMap::new(),
+            fill_answers: std::collections::HashMap::new(),
             resuming_fill: false,
             fill_streams: std::collections::HashMap::new(),
             fill_aborts: Vec::new(),
             fill_reads: std::collections::HashMap::new(),
-            pass_wanted: std::collections::HashSet::new(),
             relays: std::collections::HashMap::new(),
             relay_jobs: std::collections::HashMap::new(),
             relay_ready: Vec::new(),

@@ -12,7 +12,7 @@ use crate::cache::index::ObjectVersion;
 use crate::fill::cache_fill::PassThrough;
 use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
 use crate::fill::FillEvent;
-use crate::http::plan::{self, FileFacts, FileRead};
+use crate::http::plan::{self, FileRead};
 use crate::http::request::{Method, Request};
 
 impl<R: RingOps> Shard<R> {
@@ -38,30 +38,17 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         };
-        // The origin's validators, as a cached copy would have; made up only when it gave
-        // none (a Last-Modified of when it was fetched, an ETag of the size).
-        let etag = if meta.etag.is_empty() {
-            format!("\"p-{:x}\"", meta.size)
-        } else {
-            meta.etag.clone()
-        };
+        // The origin's validators, as a cached copy would have; made up only where it gave
+        // none (there is no data file): a Last-Modified of when it was fetched, an ETag of
+        // the size.
+        let etag = format!("\"p-{:x}\"", meta.size);
         let fetched = crate::http::date::format_http_date(meta.fetched_unix_s as i64);
-        let last_modified = crate::http::date::parse_http_date(meta.last_modified.as_bytes())
-            .map_or((&fetched[..], meta.fetched_unix_s as i64), |s| {
-                (meta.last_modified.as_bytes(), s)
-            });
-        let facts = FileFacts {
-            size: meta.size,
-            etag: etag.as_bytes(),
-            last_modified: last_modified.0,
-            mtime_secs: last_modified.1,
-            read: FileRead::Direct { align: 1 },
-            content_type: if meta.content_type.is_empty() {
-                "application/octet-stream"
-            } else {
-                &meta.content_type
-            },
-        };
+        let facts = super::cache_glue::pulled_facts(
+            &meta,
+            etag.as_bytes(),
+            (&fetched, meta.fetched_unix_s as i64),
+            FileRead::Direct { align: 1 },
+        );
         let limits = self.plan_limits(c);
         let ctx = super::respond::plan_context(&self.date, self.leaving(), self.boundary_seed(c));
         let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
@@ -103,7 +90,6 @@ impl<R: RingOps> Shard<R> {
         );
         self.install(c, started, None, rate);
         self.conns[c.index()].set_relay();
-        self.relay_ready.push(c);
     }
 
     /// A response streaming from the cache whose fill found no room on the disk: the rest of
