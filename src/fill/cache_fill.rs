@@ -210,6 +210,15 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     dropped: Vec<Vec<u64>>,
 }
 
+/// A block a read of a pulled version must not send (`CacheFill::check_blocks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadBlock {
+    /// Its bytes fail their checksum: dropped now, to be fetched again.
+    Corrupt(u32),
+    /// Another read found it corrupt and dropped it while this one was under way.
+    Dropped(u32),
+}
+
 /// The shared counters a shard reports (one lock).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FillStats {
@@ -713,6 +722,19 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         core.settle(&mut self.events, &mut self.freed, now_ms);
     }
 
+    /// Every arena slot this shard's fill holds: its running fetches', and those its ended
+    /// fetches gave back that the shard has not taken yet (the simulator's accounting).
+    pub fn held_slots(&self) -> impl Iterator<Item = ArenaSlot> + '_ {
+        let pass_ended = self.pass_events.iter().filter_map(|e| match *e {
+            FillEvent::Ended { slot, .. } => Some(slot),
+            _ => None,
+        });
+        self.filler
+            .slots()
+            .chain(self.freed.iter().copied())
+            .chain(pass_ended)
+    }
+
     /// Starts a pass-through fetch of `pass` into `slot` (the caller's; it comes back with
     /// the fetch's `Ended`): its pieces come out of `take_pass_through_events` as
     /// `FillEvent::Piece`, each to be answered with `delivered`. Err(slot): it cannot start
@@ -805,8 +827,14 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Checks the blocks `bytes` (read from `version`'s data file at `file_off`, a block
     /// boundary) holds whole against their checksums; the first that fails is forgotten
-    /// and returned.
-    pub fn check_blocks(&mut self, version: u64, file_off: u64, bytes: &[u8]) -> Result<(), u32> {
+    /// and returned (`BadBlock::Corrupt`), as is one another read dropped meanwhile
+    /// (`BadBlock::Dropped`).
+    pub fn check_blocks(
+        &mut self,
+        version: u64,
+        file_off: u64,
+        bytes: &[u8],
+    ) -> Result<(), BadBlock> {
         // The checksums are looked up under the lock; the bytes are summed outside it.
         const MAX: usize = 64;
         let mut want = [(0u32, 0u32, 0usize, 0usize); MAX];
@@ -830,10 +858,14 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
                     break; // ends inside this block: checked by the read that holds it whole
                 }
                 let block = (at / b) as u32;
-                if let Some(crc) = core.index.block_crc(version, block) {
-                    want[n] = (block, crc, start, len);
-                    n += 1;
-                }
+                // A read covers committed blocks only: one without its checksum now was found
+                // corrupt (and dropped) by another read while this one was planned or in
+                // flight, and its bytes on the disk are the bad ones.
+                let Some(crc) = core.index.block_crc(version, block) else {
+                    return Err(BadBlock::Dropped(block));
+                };
+                want[n] = (block, crc, start, len);
+                n += 1;
                 at += b;
             }
         }
@@ -842,7 +874,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
                 let mut core = self.core();
                 core.blocks_corrupt += 1;
                 core.index.forget_block(version, block);
-                return Err(block);
+                return Err(BadBlock::Corrupt(block));
             }
         }
         Ok(())

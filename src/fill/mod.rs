@@ -293,6 +293,13 @@ impl Filler {
         self.fetches.len() - self.free_fetches.len()
     }
 
+    /// The arena slots its running fetches hold.
+    pub fn slots(&self) -> impl Iterator<Item = ArenaSlot> + '_ {
+        self.fetches
+            .iter()
+            .filter_map(|f| f.run.as_ref().map(|r| r.slot))
+    }
+
     /// Origin connections open (busy and idle).
     pub fn connections(&self) -> usize {
         self.conns.len() - self.free_conns.len()

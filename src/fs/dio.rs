@@ -33,12 +33,13 @@ pub struct ChunkPlan {
 /// Plans the chunk that carries bytes from `pos` of the range `[pos, end)`, with reads aligned
 /// to `align` (1 for buffered reads) and at most `chunk_bytes` long.
 ///
-/// Requires `pos < end`, `chunk_bytes` a multiple of `align` and larger than it.
+/// Requires `pos < end`, `chunk_bytes` a multiple of `align` (one block at least: a read
+/// from inside a block then carries the rest of that block).
 pub fn plan_chunk(pos: u64, end: u64, align: u64, chunk_bytes: usize) -> ChunkPlan {
     assert!(pos < end, "empty chunk");
     let chunk = chunk_bytes as u64;
     assert!(
-        chunk > align && chunk.is_multiple_of(align),
+        chunk >= align && chunk.is_multiple_of(align),
         "chunk must be a multiple of alignment"
     );
     let read_offset = align_down(pos, align);

@@ -455,7 +455,16 @@ impl<R: RingOps> Shard<R> {
         let bytes = &self.ring.arena(slot)[buf_off as usize..buf_off as usize + read as usize];
         match edge.fill.check_blocks(version, file_off, bytes) {
             Ok(()) => res,
-            Err(block) => {
+            Err(crate::fill::cache_fill::BadBlock::Dropped(block)) => {
+                tracing::info!(
+                    shard = self.index,
+                    version,
+                    block,
+                    "a cached block was dropped as corrupt during this read: the response is cut"
+                );
+                -libc::EIO
+            }
+            Err(crate::fill::cache_fill::BadBlock::Corrupt(block)) => {
                 super::ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
                 tracing::warn!(
                     shard = self.index,

@@ -1033,7 +1033,9 @@ impl ConnMachine {
                     1,
                 ));
             }
-            if !self.responding() {
+            // A request waiting for the cache's fill is answered too, as a response would be
+            // (the client only half-closed).
+            if !self.responding() && !self.awaiting_fill() {
                 if self.rx.is_empty() || !self.is_open() {
                     self.close(CloseReason::Normal, cx, out);
                 } else if self.can_start_request() {
@@ -1355,6 +1357,10 @@ impl ConnMachine {
             return;
         }
         if self.read == ReadState::Eof && self.is_open() {
+            if self.awaiting_fill() {
+                // Its request is whole and answered once the fill has its bytes.
+                return;
+            }
             // The client closed its side with only part of a request sent: none will come.
             self.close(CloseReason::Normal, cx, out);
             return;
@@ -2395,18 +2401,26 @@ fn limit_read_cap(body: &Body) -> usize {
         return usize::MAX;
     }
     let align = (body.align as usize).max(1);
-    // Two blocks at least: a read that starts inside a block may need the next one too
-    // (`dio::plan_chunk` wants a read longer than one block).
-    (body.limit_cap_bytes / align * align).max(2 * align)
+    // One block at least (a read from inside it sends the rest of it): the planned bytes
+    // pass the allowance by less than a block.
+    (body.limit_cap_bytes / align * align).max(align)
 }
 
 /// Bytes a file read may ask for: the connection's estimate of what its socket takes,
-/// rounded up to the read alignment, between `MIN_READ_BYTES` and a whole chunk.
+/// rounded up to the read alignment, between `MIN_READ_BYTES` and the whole aligned blocks a
+/// chunk holds, and two blocks when they fit (a read that starts inside a block may need the
+/// next one too). A pulled object's alignment is its cache block, up to half a chunk: over
+/// TLS a chunk carries a little less plaintext than that, so only one block fits there.
 pub fn read_cap_bytes(estimate: usize, align: u64, chunk_bytes: usize) -> usize {
     let align = (align as usize).max(1);
+    assert!(
+        chunk_bytes >= align,
+        "a chunk smaller than its read alignment"
+    );
+    let most = chunk_bytes / align * align;
     let want = estimate.clamp(MIN_READ_BYTES.min(chunk_bytes), chunk_bytes);
     let cap = want.div_ceil(align) * align;
-    cap.min(chunk_bytes)
+    cap.max(2 * align).min(most)
 }
 
 #[cfg(test)]
@@ -2430,6 +2444,22 @@ mod tests {
         assert_eq!(read_cap_bytes(0, 4096, cap), cap);
         assert_eq!(read_cap_bytes(usize::MAX, 512, cap), cap);
         assert_eq!(read_cap_bytes(10_000, 1, cap), cap);
+    }
+
+    #[test]
+    fn read_caps_are_whole_blocks_of_a_pulled_object() {
+        // Block = half a chunk (the largest allowed): two blocks in cleartext, whatever the
+        // estimate; over TLS the chunk holds a little less, so one.
+        let (block, chunk) = (256 * 1024, 512 * 1024);
+        assert_eq!(read_cap_bytes(4096, block as u64, chunk), chunk);
+        assert_eq!(read_cap_bytes(usize::MAX, block as u64, chunk), chunk);
+        let tls = crate::tls::record::chunk_plaintext_capacity(chunk, 16 * 1024);
+        assert_eq!(read_cap_bytes(4096, block as u64, tls), block);
+        assert_eq!(read_cap_bytes(usize::MAX, block as u64, tls), block);
+        // Each plans: a read inside the block sends up to its end.
+        let plan = crate::fs::dio::plan_chunk(1000, 10 << 20, block as u64, block);
+        assert_eq!((plan.read_offset, plan.read_len), (0, block));
+        assert_eq!(plan.send_len, block - 1000);
     }
 
     const CHUNK: usize = 64 * 1024;

@@ -5,7 +5,10 @@
 //! split at random byte counts or refused with EAGAIN when a client's modelled socket buffer
 //! is full, ENOBUFS, ECANCELED, ECONNRESET, short reads, EOF and EIO on real temporary files,
 //! a full SQ, a small CQ that overflows, files rewritten, truncated or replaced mid-response,
-//! and clients that pipeline, ask for ranges, read slowly, stall, half-close or vanish. The
+//! and clients that pipeline, ask for ranges, read slowly, stall, half-close or vanish; in
+//! `PULL_RUN_PERCENT` of the runs some files are pulled through the cache from a simulated
+//! origin (`origin.rs`: resets, short bodies, 503s, slow first bytes, a 200 to a Range, a
+//! version change, a full cache disk, corrupt cached blocks). The
 //! clock is virtual, so header, idle, send and park timers fire without sleeping. After every
 //! tick the invariants below are checked; a failing seed prints a one-line reproduction.
 //!
@@ -23,6 +26,7 @@
 //! chunk once it has been parked longer than `PARK_HOLD_MS` plus two timer sweeps.
 
 mod net;
+mod origin;
 mod ring;
 mod rng;
 
@@ -54,12 +58,32 @@ const TLS_CLIENT_PERCENT: u64 = 40;
 const TLS_OUTGOING_MAX_BYTES: usize = 64 * 1024;
 /// Most virtual time one run may take before it counts as hung (ms).
 const MAX_VIRTUAL_MS: u64 = 120_000;
+/// Share of runs with an `[[origin]]`: some files are pulled through the cache from the
+/// simulated origin (`origin.rs`).
+const PULL_RUN_PERCENT: u64 = 40;
+/// Bytes per arena chunk in a pull run: a cache block is at most half a chunk, and at least
+/// `cache::journal::MIN_BLOCK_BYTES`.
+const SIM_PULL_CHUNK_BYTES: usize = 128 * 1024;
+/// The cache block of a pull run.
+const SIM_CACHE_BLOCK_BYTES: u32 = 64 * 1024;
+/// Largest pulled object (bytes): up to 16 blocks.
+const SIM_PULLED_MAX_BYTES: u64 = 1024 * 1024;
 
 /// What a finished run saw, for the summary line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct RunStats {
     ticks: u64,
     responses: usize,
+    /// Whole 200/206 responses of pulled files.
+    pulled: usize,
+    /// Requests the simulated origin answered.
+    origin_requests: u64,
+    /// Origin answers that carried a fault, and origin version changes.
+    origin_faults: u64,
+    /// Pulled requests answered by a pass-through (the cache's disk full).
+    pass_throughs: u64,
+    /// Cached blocks found corrupt on a read.
+    corrupt_blocks: u64,
     cut_short: usize,
     file_changes: usize,
     arena_waits: u64,
@@ -101,7 +125,31 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
             url: format!("/f{i}.bin"),
             path,
             versions: vec![content],
+            pulled: false,
         });
+    }
+    let local_files = files.len() as u64;
+    let mut sizes = sizes.to_vec();
+    // Its own stream, so a seed's world without an origin stays what it was.
+    let mut pull_rng = Rng::new(seed ^ 0x9011_f111);
+    let pull = pull_rng.chance(PULL_RUN_PERCENT);
+    if pull {
+        for i in 0..pull_rng.range(1, 3) {
+            // A small object (one block, never streamed) or one of several blocks.
+            let size = if pull_rng.chance(30) {
+                pull_rng.range(1, 40 * 1024)
+            } else {
+                pull_rng.range(64 * 1024, SIM_PULLED_MAX_BYTES)
+            };
+            let content: Vec<u8> = (0..size).map(|_| pull_rng.next_u64() as u8).collect();
+            sizes.push(size);
+            files.push(SimFile {
+                url: format!("/pull/p{i}.bin"),
+                path: root.join("not-served"),
+                versions: vec![content],
+                pulled: true,
+            });
+        }
     }
     let n_clients = rng.range(1, 6);
     let mut tls_rng = Rng::new(seed ^ 0x7715_5eed);
@@ -187,7 +235,7 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
                 1 => FileFault::Truncate,
                 _ => FileFault::Replace,
             };
-            file_faults.push_back((at, rng.below(files.len() as u64) as usize, fault));
+            file_faults.push_back((at, rng.below(local_files) as usize, fault));
         }
     }
     let faults = Faults {
@@ -247,9 +295,76 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         egress_bypass_bytes: limit_rng.range(0, 128 * 1024),
         ..Config::default()
     };
+    let mut cfg = cfg;
     let mut net = Net::new(files, clients, file_faults, seed);
     net.tls_client = Some(sim_tls_client());
+    if pull {
+        net.origin = Some(pull_scenario(
+            &mut pull_rng,
+            seed,
+            root,
+            &mut cfg,
+            &net.files,
+        )?);
+    }
     Ok((cfg, net, faults, zerocopy))
+}
+
+/// A pull run's origin (faults, version changes) and the cache's configuration.
+fn pull_scenario(
+    rng: &mut Rng,
+    seed: u64,
+    root: &Path,
+    cfg: &mut Config,
+    files: &[SimFile],
+) -> std::io::Result<origin::Origin> {
+    let objects: Vec<usize> = (0..files.len()).filter(|&f| files[f].pulled).collect();
+    let mut faults = origin::OriginFaults::default();
+    if rng.chance(50) {
+        faults.slow_pct = rng.below(10);
+        faults.reset_pct = rng.below(10);
+        faults.short_pct = rng.below(8);
+        faults.error_pct = rng.below(8);
+        faults.whole_pct = rng.below(15);
+        faults.close_pct = rng.below(20);
+    }
+    if rng.chance(20) {
+        faults.disk_full_pct = rng.range(5, 50);
+    }
+    if rng.chance(15) {
+        faults.corrupt_pct = rng.range(2, 20);
+    }
+    let mut changes = std::collections::VecDeque::new();
+    if rng.chance(20) {
+        changes.push_back((rng.below(300_000), rng.below(objects.len() as u64) as usize));
+    }
+    let origin = origin::Origin::new(objects, faults, changes, seed)?;
+    let cache_dir = root.join("cache");
+    std::fs::create_dir_all(&cache_dir)?;
+    cfg.chunk_bytes = SIM_PULL_CHUNK_BYTES;
+    cfg.arena_bytes = SIM_PULL_CHUNK_BYTES * rng.range(3, 8) as usize;
+    cfg.cache_dir = Some(cache_dir);
+    cfg.cache_block_bytes = SIM_CACHE_BLOCK_BYTES;
+    cfg.cache_read_ahead_blocks = rng.range(0, 4);
+    cfg.cache_wait_timeout_ms = 30_000;
+    // Sometimes a budget below the objects' sum: versions are evicted between reads.
+    cfg.cache_max_bytes = if rng.chance(30) {
+        rng.range(256 * 1024, 2 * SIM_PULLED_MAX_BYTES)
+    } else {
+        0
+    };
+    cfg.origin = vec![crate::fill::route::OriginConfig {
+        prefix: "/pull/".into(),
+        host: None,
+        url: format!("http://{}", origin.addr()?),
+        host_header: None,
+        max_fetches: rng.range(1, 4) as usize,
+        connect_timeout_ms: 1000,
+        first_byte_timeout_ms: 1500,
+        idle_timeout_ms: 1500,
+        ca_file: None,
+    }];
+    Ok(origin)
 }
 
 /// The certificate every run's TLS listener serves (generated once per test process).
@@ -318,7 +433,8 @@ fn random_range(rng: &mut Rng, size: u64) -> Option<String> {
 /// What the checks need from the previous tick.
 #[derive(Default)]
 struct Previous {
-    /// Chunks held per connection: (conn, slot, file offset, length).
+    /// Chunks held per connection: (conn, slot, file offset, read length; not the send
+    /// length, which sealing a TLS chunk changes, maybe a tick after it was planned).
     chunks: HashSet<(u32, ArenaSlot, u64, u32)>,
     /// Connections (with generation) that had a complete request waiting, with the start of
     /// their last request and the bytes waiting (either changes once the request is served).
@@ -340,7 +456,7 @@ fn observe(shard: &SimShard) -> Previous {
         let c = c as u32;
         if let Some(body) = conn.body() {
             for ch in &body.chunks {
-                p.chunks.insert((c, ch.slot, ch.read_file_off, ch.send_len));
+                p.chunks.insert((c, ch.slot, ch.read_file_off, ch.read_len));
             }
             if body.small && body.inline_head && free > 0 && conn.is_open() {
                 p.waiting_small.insert((c, conn.generation));
@@ -378,7 +494,10 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         // ahead of its limit.
         if let Some(l) = conn.rate_limit.filter(|_| conn.body().is_some()) {
             let allowed = l.allowed_total(shard.ring.now().as_micros() as u64);
-            let slack = super::machine::SHARED_FRAMING_MAX_BYTES as u64;
+            // A read is whole blocks of its alignment (a pulled object's is its cache block):
+            // the last may pass the allowance by less than one.
+            let align = conn.body().map_or(1, |b| b.align.max(1));
+            let slack = super::machine::SHARED_FRAMING_MAX_BYTES as u64 + align;
             if l.planned_bytes > allowed + slack {
                 return Err(format!(
                     "connection {c} planned {} bytes with {allowed} allowed by its rate limit",
@@ -447,7 +566,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         for ch in &body.chunks {
             if !prev
                 .chunks
-                .contains(&(c, ch.slot, ch.read_file_off, ch.send_len))
+                .contains(&(c, ch.slot, ch.read_file_off, ch.read_len))
             {
                 *planned.entry(c).or_default() += u64::from(ch.send_len);
             }
@@ -461,7 +580,8 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         // A stalled client: nothing reclaimable stays with it past the hold time.
         let parked_long =
             conn.is_parked() && now_ms > conn.parked_ms + PARK_HOLD_MS + 2 * TIMER_SWEEP_MS;
-        if parked_long {
+        // A pass-through's bytes cannot be read again: it holds them until they are sent.
+        if parked_long && !body.relay {
             let reclaimable = body
                 .chunks
                 .iter()
@@ -480,6 +600,17 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             }
         }
     }
+    // The fill's slots: its fetches' and the ones they gave back this tick.
+    let fill_slots = shard
+        .edge
+        .iter()
+        .flat_map(|e| e.fill.held_slots())
+        .chain(shard.fill_slots.iter().copied());
+    for slot in fill_slots {
+        if let Some(other) = held.insert(slot, u32::MAX) {
+            return Err(format!("arena slot {slot} held by the fill and by {other}"));
+        }
+    }
     if held.len() + shard.arena.free_count() != total {
         return Err(format!(
             "arena: {} held + {} free != {total} slots",
@@ -494,8 +625,18 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     }
     let limit = (shard.cfg.tick_budget_bytes + shard.cfg.chunk_bytes) as u64;
     if let Some((c, bytes)) = planned.iter().find(|(_, &b)| b > limit) {
+        let now: Vec<_> = shard.conns[*c as usize]
+            .body()
+            .map(|b| {
+                b.chunks
+                    .iter()
+                    .map(|ch| (ch.slot, ch.read_file_off, ch.send_len, ch.state))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let before: Vec<_> = prev.chunks.iter().filter(|p| p.0 == *c).collect();
         return Err(format!(
-            "connection {c} planned {bytes} bytes in one tick (budget {})",
+            "connection {c} planned {bytes} bytes in one tick (budget {}): chunks {now:?}, before {before:?}",
             shard.cfg.tick_budget_bytes
         ));
     }
@@ -540,8 +681,13 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
         return Err(format!("{} connections never ended", shard.open_conns));
     }
     if shard.arena.free_count() != shard.cfg.arena_slots() {
+        let fill: Vec<ArenaSlot> = shard
+            .edge
+            .iter()
+            .flat_map(|e| e.fill.held_slots())
+            .collect();
         return Err(format!(
-            "arena slots leaked: {} of {} free at the end",
+            "arena slots leaked: {} of {} free at the end (the fill holds {fill:?})",
             shard.arena.free_count(),
             shard.cfg.arena_slots()
         ));
@@ -551,6 +697,21 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
             "{} receive buffers never returned",
             ring.recv_buffers_out()
         ));
+    }
+    // One origin fetch per block, however many clients wanted it: without faults or
+    // eviction the origin sends each byte of each object at most once.
+    if let Some(origin) = ring.net.origin.as_ref() {
+        let sizes: u64 = origin
+            .objects
+            .iter()
+            .map(|&f| ring.net.files[f].versions[0].len() as u64)
+            .sum();
+        if strict && shard.cfg.cache_max_bytes == 0 && origin.body_bytes > sizes {
+            return Err(format!(
+                "the origin sent {} body bytes for objects of {sizes} bytes in all",
+                origin.body_bytes
+            ));
+        }
     }
     for (i, c) in ring.net.clients.iter().enumerate() {
         if strict && c.statuses.contains(&416) {
@@ -577,6 +738,15 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
 
 /// Runs one seed to the end; `Err` describes the first broken invariant.
 fn run_seed(seed: u64) -> Result<RunStats, String> {
+    // The shard's log lines, for a seed being looked into: SHARDLINE_SIM_LOG=debug.
+    let _log = std::env::var("SHARDLINE_SIM_LOG").ok().map(|level| {
+        tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+                .with_test_writer()
+                .finish(),
+        )
+    });
     let root = Root(std::env::temp_dir().join(format!(
         "shardline-sim-{}-{seed}-{:?}",
         std::process::id(),
@@ -584,8 +754,13 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
     )));
     let (cfg, net, faults, zerocopy) =
         scenario(seed, &root.0).map_err(|e| format!("scenario: {e}"))?;
-    let strict = faults.read_eio_pct == 0 && !net.file_faults.iter().any(|_| true);
+    let strict = faults.read_eio_pct == 0
+        && !net.file_faults.iter().any(|_| true)
+        && !net.origin_disturbed();
     let ring = SimRing::new(&super::ring_config(&cfg), net, seed, faults, zerocopy);
+    let mut ring = ring;
+    ring.cache_read_align = cfg.cache_block_bytes as usize;
+    ring.cache_dir = cfg.cache_dir.clone();
     let cfg = Arc::new(cfg);
     let mut shard = Shard::with_ring(
         0,
@@ -607,6 +782,26 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
         },
     )
     .map_err(|e| format!("shard: {e}"))?;
+    // A pull run's cache (one shard: its own fetches' news needs no wake-up, so the wake
+    // poll is not armed). Kept until the run ends.
+    let _shared = match &cfg.cache_dir {
+        Some(dir) => {
+            let shared = crate::fill::edge::SharedEdge::open(dir, 1, &cfg)
+                .map_err(|e| format!("cache: {e}"))?;
+            shard.edge = Some(
+                crate::fill::edge::EdgeCache::open(
+                    &shared,
+                    0,
+                    &cfg.origin,
+                    cfg.chunk_bytes,
+                    cfg.cache_wait_timeout_ms,
+                )
+                .map_err(|e| format!("edge: {e}"))?,
+            );
+            Some(shared)
+        }
+        None => None,
+    };
     let mut stats = RunStats::default();
     loop {
         let prev = observe(&shard);
@@ -615,7 +810,16 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
         check_tick(&shard, &prev).map_err(|e| format!("tick {}: {e}", stats.ticks))?;
         let ring = &shard.ring;
         let clients_done = ring.net.clients.iter().all(|c| c.done);
-        if clients_done && shard.open_conns == 0 && ring.ops_in_flight() == 0 && ring.cq_len() == 0
+        // Slots an ended fetch gave back return to the arena at the next tick.
+        let fill_idle = shard
+            .edge
+            .as_ref()
+            .is_none_or(|e| e.fill.held_slots().next().is_none());
+        if clients_done
+            && shard.open_conns == 0
+            && ring.ops_in_flight() == 0
+            && ring.cq_len() == 0
+            && fill_idle
         {
             break;
         }
@@ -635,6 +839,13 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
     let net = &shard.ring.net;
     stats.responses = net.clients.iter().map(|c| c.responses).sum();
     stats.cut_short = net.clients.iter().filter(|c| c.cut_short).count();
+    stats.pulled = net.pulled_responses;
+    stats.origin_requests = net.origin.as_ref().map_or(0, |o| o.requests);
+    stats.origin_faults =
+        net.origin.as_ref().map_or(0, |o| o.faults_done) + net.origin_changes_done as u64;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    stats.pass_throughs = load(&shard.metrics.cache_pass);
+    stats.corrupt_blocks = load(&shard.metrics.cache_corrupt_blocks);
     stats.file_changes = net.file_faults_done;
     stats.arena_waits = shard.arena.waits;
     stats.paths = shard.ring.paths;
@@ -697,6 +908,11 @@ fn simulated_shard_keeps_its_invariants() {
             Ok(s) => {
                 total.ticks += s.ticks;
                 total.responses += s.responses;
+                total.pulled += s.pulled;
+                total.origin_requests += s.origin_requests;
+                total.origin_faults += s.origin_faults;
+                total.pass_throughs += s.pass_throughs;
+                total.corrupt_blocks += s.corrupt_blocks;
                 total.cut_short += s.cut_short;
                 total.file_changes += s.file_changes;
                 total.arena_waits += s.arena_waits;
@@ -719,11 +935,17 @@ fn simulated_shard_keeps_its_invariants() {
         }
     }
     eprintln!(
-        "simulator: {} seeds, {} ticks, {} responses, {} connections cut short, {} file changes, \
-         {} arena waits, {:?}",
+        "simulator: {} seeds, {} ticks, {} responses ({} pulled through the cache, {} origin \
+         requests, {} origin faults, {} pass-throughs, {} corrupt blocks caught), {} connections \
+         cut short, {} file changes, {} arena waits, {:?}",
         seeds.len(),
         total.ticks,
         total.responses,
+        total.pulled,
+        total.origin_requests,
+        total.origin_faults,
+        total.pass_throughs,
+        total.corrupt_blocks,
         total.cut_short,
         total.file_changes,
         total.arena_waits,

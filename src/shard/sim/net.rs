@@ -42,6 +42,8 @@ pub struct SimFile {
     pub path: PathBuf,
     /// Contents, oldest first: a response must match one of them throughout.
     pub versions: Vec<Vec<u8>>,
+    /// Served by the simulated origin through the pull-through cache (`path` is not used).
+    pub pulled: bool,
 }
 
 /// A change to a file while it may be served.
@@ -248,6 +250,12 @@ pub struct Net {
     pub file_faults_done: usize,
     /// Wrong bytes, wrong statuses and other failures seen by clients.
     pub failures: Vec<String>,
+    /// The origin of the pulled files (None: the run has no `[[origin]]`).
+    pub origin: Option<super::origin::Origin>,
+    /// Origin versions changed.
+    pub origin_changes_done: usize,
+    /// Whole 200/206 responses of pulled files.
+    pub pulled_responses: usize,
     rng: Rng,
 }
 
@@ -268,6 +276,9 @@ impl Net {
             file_faults,
             file_faults_done: 0,
             failures: Vec::new(),
+            origin: None,
+            origin_changes_done: 0,
+            pulled_responses: 0,
             rng: Rng::new(seed.wrapping_add(0x6e65_7400)),
         }
     }
@@ -279,7 +290,8 @@ impl Net {
             .iter()
             .filter_map(|c| c.next_event_us(&self.socks, now));
         let faults = self.file_faults.front().map(|f| f.0);
-        clients.chain(faults).min()
+        let origin = self.origin.as_ref().and_then(|o| o.next_event_us(now));
+        clients.chain(faults).chain(origin).min()
     }
 
     /// Everything due at `now`: file changes, then each client's reads and writes.
@@ -288,6 +300,7 @@ impl Net {
             let (_, file, fault) = self.file_faults.pop_front().expect("checked");
             self.change_file(file, fault);
         }
+        self.change_origin_objects(now);
         for i in 0..self.clients.len() {
             self.client_act(i, now);
         }
@@ -341,6 +354,35 @@ impl Net {
             self.failures.push(format!("changing {}: {e}", f.url));
         }
         self.file_faults_done += 1;
+    }
+
+    /// The origin's scheduled version changes due at `now`: new bytes (sometimes a new
+    /// size) under the same URL, which the origin serves with a new ETag from then on.
+    fn change_origin_objects(&mut self, now: u64) {
+        let Some(origin) = self.origin.as_mut() else {
+            return;
+        };
+        while origin.changes.front().is_some_and(|c| c.0 <= now) {
+            let (_, k) = origin.changes.pop_front().expect("checked");
+            let f = &mut self.files[origin.objects[k]];
+            let old = f.versions.last().expect("a file has a version").len() as u64;
+            let len = if self.rng.chance(50) {
+                old
+            } else {
+                self.rng.range(1, old + 64 * 1024)
+            };
+            let new: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
+            f.versions.push(new);
+            self.origin_changes_done += 1;
+        }
+    }
+
+    /// Whether a pulled response may fail or end early in this run (origin or disk faults,
+    /// or a version change under way).
+    pub fn origin_disturbed(&self) -> bool {
+        self.origin.as_ref().is_some_and(|o| {
+            o.faults.any() || self.origin_changes_done > 0 || !o.changes.is_empty()
+        })
     }
 
     fn client_act(&mut self, i: usize, now: u64) {
@@ -626,6 +668,14 @@ impl Net {
         if head.status == 503 {
             return;
         }
+        // A pulled file's fill may fail on an origin fault: 502 (unusable answer, reset) or
+        // 504 (timeout), or the origin's own 5xx passed on.
+        let pulled_failure = matches!(req.target, Target::File(f) if self.files[f].pulled)
+            && (500..600).contains(&head.status)
+            && self.origin_disturbed();
+        if pulled_failure {
+            return;
+        }
         let file = match req.target {
             Target::Missing if head.status == 404 => return,
             Target::BadHost if head.status == 400 && head.close => return,
@@ -662,7 +712,12 @@ impl Net {
                 let Some((a, b, total)) = head.content_range else {
                     return self.fail(i, "206 without Content-Range".into());
                 };
-                match_any(versions, |v| matches_part(v, a, b, total, body))
+                match_any(versions, |v| matches_part(v, a, b, total, body)).map_err(|e| {
+                    let v = versions.last().expect("a version");
+                    let at = (0..body.len().min(v.len().saturating_sub(a as usize)))
+                        .find(|&k| v[a as usize + k] != body[k]);
+                    format!("{e} (bytes {a}-{b}/{total}; the newest version of {} bytes differs first at body byte {at:?})", v.len())
+                })
             }
             (206, Some(boundary)) => {
                 let parts = split_parts(body, boundary, whole);
@@ -677,6 +732,10 @@ impl Net {
             }
             (status, _) => Err(format!("unexpected status {status}")),
         };
+        let pulled = self.files[file].pulled && whole && matches!(head.status, 200 | 206);
+        if pulled && result.is_ok() {
+            self.pulled_responses += 1;
+        }
         if let Err(e) = result {
             self.fail(
                 i,

@@ -8,11 +8,14 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::net::Net;
+use super::origin::OriginRecv;
 use super::rng::Rng;
 use crate::shard::ring::{Completion, RingConfig};
 use crate::shard::ring_ops::RingOps;
@@ -122,9 +125,37 @@ enum SimOp {
     LogWrite {
         len: usize,
     },
-    /// An origin-side operation (plain descriptors, block writes): the simulator models no
-    /// origin, so each one completes with -EOPNOTSUPP, as a kernel without it would answer.
-    NoOrigin,
+    /// A connect's writability poll on origin socket `fd` (`sock`: a duplicate, to see
+    /// whether the filler shut it down).
+    OriginConnect {
+        sock: Arc<TcpStream>,
+    },
+    /// A send to the simulated origin on socket `fd`.
+    OriginSend {
+        slot: ArenaSlot,
+        off: usize,
+        len: usize,
+        fd: i32,
+        sock: Arc<TcpStream>,
+    },
+    /// A receive from the simulated origin on socket `fd`.
+    OriginRecv {
+        slot: ArenaSlot,
+        off: usize,
+        len: usize,
+        fd: i32,
+        sock: Arc<TcpStream>,
+    },
+    /// A block write to a cache data file (a duplicate without O_DIRECT: the simulated
+    /// arena is not aligned).
+    BlockWrite {
+        slot: ArenaSlot,
+        len: usize,
+        file: Arc<std::fs::File>,
+        off: u64,
+    },
+    /// An fdatasync of a cache data file.
+    Fsync,
     GetPeer {
         conn: ConnSlot,
         socket: SocketSlot,
@@ -190,6 +221,10 @@ pub struct SimRing {
     pub faults: Faults,
     /// Whether SEND_ZC is offered.
     pub zerocopy: bool,
+    /// The cache's block size: a short read of a cache data file ends on a multiple of it.
+    pub cache_read_align: usize,
+    /// The cache's directory: files registered from beneath it are cache data files.
+    pub cache_dir: Option<std::path::PathBuf>,
     socket_slots: u32,
     file_slots: u32,
     arena: Vec<Vec<u8>>,
@@ -205,6 +240,8 @@ pub struct SimRing {
     peer_lent: Vec<bool>,
     log_in_flight: Option<Vec<u8>>,
     files: Vec<Option<std::fs::File>>,
+    /// Per file slot: it holds a cache data file (opened O_DIRECT by the fill).
+    cache_files: Vec<bool>,
     /// Fixed socket slot -> socket id in `net`.
     fixed_sockets: Vec<Option<usize>>,
     ops: Vec<InFlight>,
@@ -232,6 +269,8 @@ impl SimRing {
             net,
             faults,
             zerocopy,
+            cache_read_align: 0,
+            cache_dir: None,
             socket_slots: cfg.socket_slots,
             file_slots: cfg.file_slots,
             arena: (0..cfg.arena_slots)
@@ -249,6 +288,7 @@ impl SimRing {
             peer_lent: vec![false; cfg.conn_slots],
             log_in_flight: None,
             files: (0..cfg.file_slots).map(|_| None).collect(),
+            cache_files: vec![false; cfg.file_slots as usize],
             fixed_sockets: vec![None; cfg.socket_slots as usize],
             ops: Vec::new(),
             next_seq: 0,
@@ -349,6 +389,9 @@ impl SimRing {
     fn run_kernel(&mut self) {
         let now_us = self.now.as_micros() as u64;
         self.net.act(now_us);
+        if let Some(origin) = self.net.origin.as_mut() {
+            origin.accept_pending();
+        }
         self.accept_ready();
         let take_new = !self.rng.chance(self.faults.sq_full_pct);
         if take_new {
@@ -506,8 +549,98 @@ impl SimRing {
                 self.post(token, len as i32, 0);
                 true
             }
-            SimOp::NoOrigin => {
-                self.post(token, -libc::EOPNOTSUPP, 0);
+            SimOp::OriginConnect { sock, .. } => {
+                let events = if shut_down(&sock) {
+                    libc::POLLOUT | libc::POLLHUP
+                } else {
+                    libc::POLLOUT
+                };
+                self.post(token, i32::from(events), 0);
+                true
+            }
+            SimOp::OriginSend {
+                slot,
+                off,
+                len,
+                fd,
+                sock,
+            } => {
+                let res = if shut_down(&sock) {
+                    -libc::EPIPE
+                } else {
+                    let bytes = self.arena[slot.index()][off..off + len].to_vec();
+                    let now_us = self.now.as_micros() as u64;
+                    let net = &mut self.net;
+                    let origin = net
+                        .origin
+                        .as_mut()
+                        .expect("an origin socket without an origin");
+                    match origin.send(fd, &bytes, &net.files, now_us) {
+                        Some(n) => n as i32,
+                        None => -libc::ECONNRESET,
+                    }
+                };
+                self.post(token, res, 0);
+                true
+            }
+            SimOp::OriginRecv {
+                slot,
+                off,
+                len,
+                fd,
+                sock,
+            } => {
+                if shut_down(&sock) {
+                    self.post(token, 0, 0);
+                    return self.finish(seq);
+                }
+                let now_us = self.now.as_micros() as u64;
+                let origin = self
+                    .net
+                    .origin
+                    .as_mut()
+                    .expect("an origin socket without an origin");
+                match origin.recv(fd, len, now_us) {
+                    OriginRecv::Pending => false,
+                    OriginRecv::Data(bytes) => {
+                        self.arena[slot.index()][off..off + bytes.len()].copy_from_slice(&bytes);
+                        self.post(token, bytes.len() as i32, 0);
+                        true
+                    }
+                    OriginRecv::Eof => {
+                        self.post(token, 0, 0);
+                        true
+                    }
+                    OriginRecv::Reset => {
+                        self.post(token, -libc::ECONNRESET, 0);
+                        true
+                    }
+                }
+            }
+            SimOp::BlockWrite {
+                slot,
+                len,
+                file,
+                off,
+            } => {
+                let full = self
+                    .net
+                    .origin
+                    .as_ref()
+                    .map_or(0, |o| o.faults.disk_full_pct);
+                let res = if self.rng.chance(full) {
+                    -libc::ENOSPC
+                } else {
+                    match file.write_at(&self.arena[slot.index()][..len], off) {
+                        Ok(n) => n as i32,
+                        Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+                    }
+                };
+                self.post(token, res, 0);
+                true
+            }
+            SimOp::Fsync => {
+                self.post(token, 0, 0);
                 true
             }
             SimOp::GetPeer { conn, socket, len } => {
@@ -531,10 +664,15 @@ impl SimRing {
             }
         };
         if done {
-            // By sequence number: a cancel may have removed entries before `i` meanwhile.
-            if let Some(j) = self.ops.iter().position(|o| o.seq == seq) {
-                self.ops.remove(j);
-            }
+            self.finish(seq);
+        }
+    }
+
+    /// Removes the completed operation `seq` from the in-flight table.
+    fn finish(&mut self, seq: u64) {
+        // By sequence number: a cancel may have removed entries before it meanwhile.
+        if let Some(j) = self.ops.iter().position(|o| o.seq == seq) {
+            self.ops.remove(j);
         }
     }
 
@@ -694,9 +832,17 @@ impl SimRing {
             self.post(token, -libc::EIO, 0);
             return;
         }
+        let cache_file = index.is_some_and(|i| self.cache_files[i as usize]);
         let want = if self.rng.chance(self.faults.short_read_pct) {
             self.paths.short_reads += 1;
-            self.rng.split(len)
+            let n = self.rng.split(len);
+            // An O_DIRECT read comes back short only on its alignment (a cache data file's
+            // reads are whole blocks, and the shard checks that a short one ends on one).
+            match self.cache_read_align {
+                a if cache_file && a > 0 && n >= a => n / a * a,
+                _ if cache_file => len,
+                _ => n,
+            }
         } else {
             len
         };
@@ -705,6 +851,12 @@ impl SimRing {
             Ok(n) => n as i32,
             Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
         };
+        // A cached block that went bad on the disk: its checksum must catch it.
+        let corrupt = self.net.origin.as_ref().map_or(0, |o| o.faults.corrupt_pct);
+        if cache_file && res > 0 && self.rng.chance(corrupt) {
+            let at = buf_off + self.rng.below(res as u64) as usize;
+            self.arena[slot.index()][at] ^= 0x5a;
+        }
         self.post(token, res, 0);
     }
 
@@ -749,6 +901,31 @@ impl SimRing {
             self.run_kernel();
         }
     }
+}
+
+/// Whether the filler shut origin socket `sock` down (a stage past its deadline): a peek
+/// then finds the end of the stream, where a live connection (no byte ever crosses it) has
+/// nothing to read.
+fn shut_down(sock: &TcpStream) -> bool {
+    matches!(sock.peek(&mut [0u8; 1]), Ok(0))
+}
+
+/// A duplicate of origin socket `fd`, to peek at.
+fn origin_socket(fd: BorrowedFd<'_>) -> io::Result<Arc<TcpStream>> {
+    Ok(Arc::new(TcpStream::from(fd.try_clone_to_owned()?)))
+}
+
+/// A duplicate of file `fd` with O_DIRECT cleared (on the open file itself, which the
+/// duplicate shares: the simulated arena is not aligned), and whether it was set.
+fn without_direct_io(fd: BorrowedFd<'_>) -> io::Result<(std::fs::File, bool)> {
+    use rustix::fs::OFlags;
+    let owned: OwnedFd = fd.try_clone_to_owned()?;
+    let flags = rustix::fs::fcntl_getfl(&owned)?;
+    let direct = flags.contains(OFlags::DIRECT);
+    if direct {
+        rustix::fs::fcntl_setfl(&owned, flags - OFlags::DIRECT)?;
+    }
+    Ok((std::fs::File::from(owned), direct))
 }
 
 impl RingOps for SimRing {
@@ -985,7 +1162,11 @@ impl RingOps for SimRing {
     }
     fn register_file(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()> {
         assert!(index.raw() < self.file_slots);
-        self.files[index.index()] = Some(std::fs::File::from(fd.try_clone_to_owned()?));
+        let (file, _) = without_direct_io(fd)?;
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        self.files[index.index()] = Some(file);
+        self.cache_files[index.index()] =
+            self.cache_dir.as_ref().is_some_and(|d| path.starts_with(d));
         Ok(())
     }
     fn unregister_file(&mut self, index: FileSlot) -> io::Result<()> {
@@ -1011,44 +1192,104 @@ impl RingOps for SimRing {
     fn shutdown_write(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::Shutdown { socket });
     }
-    fn poll_fd(&mut self, _fd: BorrowedFd<'_>, _events: u32, token: u64) {
-        self.push(token, SimOp::NoOrigin);
+    fn poll_fd(&mut self, fd: BorrowedFd<'_>, events: u32, token: u64) {
+        // Only a connect polls a plain descriptor here: the simulated shard is alone, so
+        // its fill wake-up is not armed.
+        if events != libc::POLLOUT as u32 {
+            self.violations
+                .push(format!("poll for events {events:#x} on descriptor {fd:?}"));
+        }
+        let Ok(sock) = origin_socket(fd) else {
+            return self
+                .violations
+                .push(format!("poll on a closed descriptor {fd:?}"));
+        };
+        let fd = fd.as_raw_fd();
+        match self.net.origin.as_mut() {
+            Some(origin) => origin.connect(fd),
+            None => self
+                .violations
+                .push("an origin connect without an origin".into()),
+        }
+        self.push(token, SimOp::OriginConnect { sock });
     }
     fn send_arena_fd(
         &mut self,
         slot: ArenaSlot,
         offset: usize,
         len: usize,
-        _fd: BorrowedFd<'_>,
+        fd: BorrowedFd<'_>,
         token: u64,
     ) {
         self.take_arena(slot, offset, len);
-        self.push(token, SimOp::NoOrigin);
+        let Ok(sock) = origin_socket(fd) else {
+            return self
+                .violations
+                .push(format!("send on a closed descriptor {fd:?}"));
+        };
+        let fd = fd.as_raw_fd();
+        self.push(
+            token,
+            SimOp::OriginSend {
+                slot,
+                off: offset,
+                len,
+                fd,
+                sock,
+            },
+        );
     }
     fn recv_arena_fd(
         &mut self,
         slot: ArenaSlot,
         offset: usize,
         len: usize,
-        _fd: BorrowedFd<'_>,
+        fd: BorrowedFd<'_>,
         token: u64,
     ) {
         self.take_arena(slot, offset, len);
-        self.push(token, SimOp::NoOrigin);
+        let Ok(sock) = origin_socket(fd) else {
+            return self
+                .violations
+                .push(format!("receive on a closed descriptor {fd:?}"));
+        };
+        let fd = fd.as_raw_fd();
+        self.push(
+            token,
+            SimOp::OriginRecv {
+                slot,
+                off: offset,
+                len,
+                fd,
+                sock,
+            },
+        );
     }
     fn write_arena_fd(
         &mut self,
         slot: ArenaSlot,
         len: usize,
-        _fd: BorrowedFd<'_>,
-        _file_offset: u64,
+        fd: BorrowedFd<'_>,
+        file_offset: u64,
         token: u64,
     ) {
         self.take_arena(slot, 0, len);
-        self.push(token, SimOp::NoOrigin);
+        let file = match without_direct_io(fd) {
+            Ok((file, _)) => Arc::new(file),
+            Err(e) => return self.violations.push(format!("block write on {fd:?}: {e}")),
+        };
+        self.push(
+            token,
+            SimOp::BlockWrite {
+                slot,
+                len,
+                file,
+                off: file_offset,
+            },
+        );
     }
     fn fsync_fd(&mut self, _fd: BorrowedFd<'_>, token: u64) {
-        self.push(token, SimOp::NoOrigin);
+        self.push(token, SimOp::Fsync);
     }
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.wait(want, timeout);
