@@ -764,3 +764,57 @@ fn an_https_origin_fills_the_cache_over_tls() {
         "{text}"
     );
 }
+
+/// HTTPS reads of a pulled object with the default block (half a chunk): over TLS a chunk
+/// holds a little less plaintext than two blocks, so each read is one block. Cold (streamed
+/// while it fills), warm, and ranges that start inside a block and cross blocks: every byte.
+#[test]
+fn https_clients_read_a_pulled_object_cold_warm_and_by_range() {
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    common::write_pattern_file(&origin_root.path().join("pull/obj.bin"), OBJECT_BYTES);
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let pki = common::tls::Pki::new();
+    let leaf = pki.leaf("edge", &["localhost"], common::tls::Key::EcdsaP256, 30);
+    let cfg = pki.config(
+        &[leaf],
+        &format!(
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            cache.display(),
+            origin.addr
+        ),
+    );
+    let (server, _admin) =
+        common::start_tls_with_admin(&root, &["--config", cfg.to_str().unwrap()]);
+    let tls_addr = server.tls_addr.expect("a TLS listener");
+    let want = origin_file();
+    let mut conn = common::tls::TlsConn::connect(tls_addr, pki.client(), "localhost").unwrap();
+    for round in ["cold", "warm"] {
+        let r = conn.get("/pull/obj.bin", &[]);
+        assert_eq!(r.status, 200, "{round}");
+        assert!(r.body == want, "{round}: the HTTPS body differs");
+    }
+    let block = 256 * 1024;
+    for (first, last) in [
+        (1000, 1999),
+        (block - 10, block + 10),
+        (3 * block + 77, OBJECT_BYTES - 1),
+    ] {
+        let range = format!("bytes={first}-{last}");
+        let r = conn.get("/pull/obj.bin", &[("Range", &range)]);
+        assert_eq!(r.status, 206, "{range}");
+        assert!(
+            r.body == want[first as usize..=last as usize],
+            "{range}: the HTTPS body differs"
+        );
+    }
+    // A fresh connection after all that: the server is still up.
+    let mut again = common::tls::TlsConn::connect(tls_addr, pki.client(), "localhost").unwrap();
+    assert_eq!(again.get("/pull/obj.bin", &[]).status, 200);
+}
