@@ -105,6 +105,38 @@ row() { # name "seconds bytes"
 host_busy() { awk '/^cpu / { printf "%.2f", ($2 + $3 + $4 + $7 + $8 + $9) / 100 }' /proc/stat; }
 # proc_cpu PID: CPU-seconds the process has used (utime + stime).
 proc_cpu() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
+# A profile of one download: `perf record -a -e cpu-clock` (a software event: this host has no
+# hardware counters) over every CPU while it runs, summed by process into CPU-seconds.
+PROF_HZ=499
+command -v perf >/dev/null || die "perf is missing (apt-get install linux-perf)"
+# profiled NAME URL: "seconds bytes" of one download of URL, profiled into $WORK/prof-NAME.txt.
+profiled() {
+  local name=$1 url=$2 out pp
+  perf record -a -e cpu-clock -F "$PROF_HZ" -o "$WORK/prof-$name.data" -q -- sleep 3600 >/dev/null 2>&1 &
+  pp=$!
+  sleep 0.5
+  out=$(download "$url")
+  kill -INT "$pp"
+  wait "$pp" 2>/dev/null || true
+  perf report -i "$WORK/prof-$name.data" --sort pid --stdio -q -F sample,pid 2>/dev/null >"$WORK/prof-$name.txt"
+  rm -f "$WORK/prof-$name.data"
+  echo "$out"
+}
+# prof_groups NAME: "group samples" lines of a profile: the edge servers, the origin, the relay,
+# the client, and the kernel's own threads (the loop device, softirq, writeback); idle left out.
+prof_groups() {
+  awk -v o="$(cat "$WORK/nginx-origin/pid")" -v l="$(cat "$WORK/lancache/pid")" '
+    { n = $1; i = index($2, ":"); pid = substr($2, 1, i - 1); comm = substr($2, i + 1)
+      if (pid == 0) next
+      if (pid == o) g = "origin_nginx"; else if (pid == l) g = "lancache_nginx"
+      else if (comm ~ /^shard/) g = "shardline"; else if (comm ~ /^python/) g = "relay"
+      else if (comm ~ /^curl/) g = "curl"
+      else if (comm ~ /^(kworker|loop|ksoftirqd|kswapd|jbd2|rcu|migration)/) g = "kernel"
+      else g = "other"
+      s[g] += n }
+    END { for (g in s) print g, s[g] }' "$WORK/prof-$1.txt"
+}
+
 log "the origin through its relay alone (no cache): the ceiling of any cold download here"
 h0=$(host_busy)
 relay_only=$(download "http://127.0.0.1:$RELAY_PORT/pull/b.bin"); check_bytes "the relay" "$relay_only"
@@ -112,10 +144,10 @@ relay_cpu=$(calc "$(host_busy) - $h0")
 log "single client, cold then warm, and the local root"
 o0=$(fill_origin_body_bytes)
 h0=$(host_busy) p0=$(proc_cpu "$SL_PID")
-sl_cold=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline cold" "$sl_cold"
+sl_cold=$(profiled sl-cold "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline cold" "$sl_cold"
 cold_host_cpu=$(calc "$(host_busy) - $h0") cold_sl_cpu=$(calc "$(proc_cpu "$SL_PID") - $p0")
 h0=$(host_busy) p0=$(proc_cpu "$SL_PID")
-w=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$w"
+w=$(profiled sl-warm "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$w"
 warm_host_cpu=$(calc "$(host_busy) - $h0") warm_sl_cpu=$(calc "$(proc_cpu "$SL_PID") - $p0")
 warm_profiled_s=${w% *}
 # Warm and local alternate, 5 of each; the medians are reported (one loopback transfer
@@ -131,8 +163,8 @@ sl_local=$(median "${locals[@]}")
 sleep 0.5
 sl_origin=$(($(fill_origin_body_bytes) - o0))
 o0=$(fill_origin_body_bytes)
-lc_cold=$(download "http://127.0.0.1:$LANCACHE_PORT/pull/a.bin"); check_bytes "lancache cold" "$lc_cold"
-lc_warm=$(download "http://127.0.0.1:$LANCACHE_PORT/pull/a.bin"); check_bytes "lancache warm" "$lc_warm"
+lc_cold=$(profiled lc-cold "http://127.0.0.1:$LANCACHE_PORT/pull/a.bin"); check_bytes "lancache cold" "$lc_cold"
+lc_warm=$(profiled lc-warm "http://127.0.0.1:$LANCACHE_PORT/pull/a.bin"); check_bytes "lancache warm" "$lc_warm"
 sleep 0.5
 lc_origin=$(($(fill_origin_body_bytes) - o0))
 # Every byte shardline filled matches the origin's object.
@@ -293,6 +325,41 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "write, sync, read back, send); on loopback with $(nproc) vCPUs every download is CPU-bound, so the cold/warm"
   echo "ratio is bounded by warm CPU / cold CPU per GiB, whatever the server."
   echo
+  echo "Profile, side by side with nginx: CPU-seconds per GiB by process during each single-client download"
+  echo "(\`perf record -a -e cpu-clock -F $PROF_HZ\` over every vCPU, samples summed by process; idle left out;"
+  echo "softirq work is counted where it ran). \"kernel threads\" are the loop device's, softirq and writeback."
+  echo
+  echo "| process | shardline cold | lancache cold | shardline warm | lancache warm |"
+  echo "|---|---:|---:|---:|---:|"
+  for g in shardline lancache_nginx origin_nginx relay curl kernel other; do
+    case $g in
+      shardline) label="shardline" ;; lancache_nginx) label="nginx as lancache" ;;
+      origin_nginx) label="the origin (nginx)" ;; relay) label="the relay (python, 20 ms first byte)" ;;
+      curl) label="curl (the client)" ;; kernel) label="kernel threads" ;; other) label="other" ;;
+    esac
+    line="| $label |"
+    for p in sl-cold lc-cold sl-warm lc-warm; do
+      n=$(prof_groups "$p" | awk -v g="$g" '$1 == g { print $2 }')
+      line="$line $(printf %.2f "$(calc "${n:-0} / $PROF_HZ / $gib")") |"
+    done
+    echo "$line"
+  done
+  line="| **all busy CPU** |"
+  ceil="| ceiling with every vCPU busy, MB/s |"
+  for p in sl-cold lc-cold sl-warm lc-warm; do
+    n=$(prof_groups "$p" | awk '{ s += $2 } END { print s + 0 }')
+    cpg=$(calc "$n / $PROF_HZ / $gib")
+    line="$line **$(printf %.2f "$cpg")** |"
+    ceil="$ceil $(printf %.0f "$(calc "$(nproc) * 1073741824 / ($cpg + 1e-9) / 1e6")") |"
+  done
+  echo "$line"
+  echo "$ceil"
+  echo
+  echo "A cold download here costs the origin's and the relay's CPU on the same two vCPUs as the edge's and"
+  echo "the client's; a warm one costs the edge's and the client's only. So cold / warm >= 0.9 is out of reach"
+  echo "for any server on this host (lancache's cold and warm rows above are the same measure for nginx); on"
+  echo "an edge the origin is another machine, and the ratio is the edge's own cold and warm CPU per GiB."
+  echo
   echo "## $CLIENTS clients starting together on one cold object"
   echo
   echo "| | origin bytes / object | slowest client, s | slowest / one cold client |"
@@ -304,6 +371,11 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   ((lc_short == 0)) || echo "lancache-style nginx: $lc_short of $CLIENTS clients got a short body (counted in its slowest time as they ended)."
   echo "All clients together received $CLIENTS x $MIB MiB over loopback: shardline sent $(printf %.0f "$(calc "$CLIENTS * $BYTES / $sl_many / 1e6")") MB/s"
   echo "in all until its slowest client was done, against $(printf %.0f "$(rate "$sl_warm_s")") MB/s to one warm client."
+  floor_s=$(calc "$CLIENTS * $warm_host_cpu / $(nproc)")
+  echo "Out of reach on this host for any server: even from the cache, each GiB delivered costs the host"
+  echo "$(printf %.2f "$(calc "$warm_host_cpu / $gib")") CPU-s (the warm row of the profile: the edge's send and curl's receive), so"
+  echo "$CLIENTS x $MIB MiB need at least $(printf %.1f "$floor_s") s of all $(nproc) vCPUs, against the target's 1.2 x"
+  echo "$(printf %.2f "$sl_cold_s") s = $(printf %.1f "$(calc "1.2 * $sl_cold_s")") s; the slowest shardline client took $(printf %.2f "$(calc "$sl_many / $floor_s")")x that floor."
   echo
   echo "## 1000 stalled clients on a filling object"
   echo

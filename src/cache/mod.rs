@@ -39,7 +39,42 @@ pub mod tool;
 pub use index::{Index, ObjectVersion};
 pub use journal::{replay, Record, ReplayStats};
 
-/// CRC-32C (Castagnoli) of `bytes`, with the CPU's instruction where it has one.
+/// CRC-32C (Castagnoli) of `bytes`, with the CPU's carry-less multiply where it has one.
 pub fn checksum(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
+
+/// The CRC-32C of `a` followed by `bytes`, given `crc` = `checksum(a)` (0 for nothing).
+pub fn checksum_append(crc: u32, bytes: &[u8]) -> u32 {
+    if bytes.is_empty() {
+        return crc;
+    }
+    crc_fast::checksum_combine(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        u64::from(crc),
+        u64::from(checksum(bytes)),
+        bytes.len() as u64,
+    ) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checksum_is_crc32c_and_appends() {
+        // The check value of CRC-32C (RFC 3720's iSCSI CRC): journals written before stay valid.
+        assert_eq!(checksum(b"123456789"), 0xe306_9283);
+        assert_eq!(checksum(b""), 0);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let whole = checksum(&data);
+        for cut in [0, 1, 4095, 65_536, 299_999, 300_000] {
+            let (a, b) = data.split_at(cut);
+            assert_eq!(checksum_append(checksum(a), b), whole, "cut at {cut}");
+        }
+        assert_eq!(
+            checksum_append(checksum_append(0, &data[..10]), &data[10..]),
+            whole
+        );
+    }
 }

@@ -480,7 +480,7 @@ impl BlockFetch {
                 (at - self.piece_start) as usize,
                 (seg_end - self.piece_start) as usize,
             );
-            self.block_crc = crc32c::crc32c_append(self.block_crc, &slot[from..to]);
+            self.block_crc = crate::cache::checksum_append(self.block_crc, &slot[from..to]);
             if seg_end == block_end {
                 self.piece_blocks.push(((at / b) as u32, self.block_crc));
                 self.block_crc = 0;
