@@ -139,7 +139,7 @@ prof_groups() {
 
 log "the origin through its relay alone (no cache): the ceiling of any cold download here"
 h0=$(host_busy)
-relay_only=$(download "http://127.0.0.1:$RELAY_PORT/pull/b.bin"); check_bytes "the relay" "$relay_only"
+relay_only=$(profiled relay-only "http://127.0.0.1:$RELAY_PORT/pull/b.bin"); check_bytes "the relay" "$relay_only"
 relay_cpu=$(calc "$(host_busy) - $h0")
 log "single client, cold then warm, and the local root"
 o0=$(fill_origin_body_bytes)
@@ -354,6 +354,16 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   done
   echo "$line"
   echo "$ceil"
+  echo
+  # The bound: a cold download pays at least what the origin and relay cost without the edge
+  # (the relay-only download less its client) plus what a warm one costs the host.
+  relay_curl=$(prof_groups relay-only | awk '$1 == "curl" { print $2 }')
+  relay_wo_client=$(calc "$relay_cpu - ${relay_curl:-0} / $PROF_HZ")
+  bound=$(calc "$warm_host_cpu / ($warm_host_cpu + $relay_wo_client)")
+  echo "The origin and the relay alone (the relay-only download, less its client) cost the host"
+  echo "$(printf %.2f "$(calc "$relay_wo_client / $gib")") CPU-s per GiB; a warm download costs it $(printf %.2f "$(calc "$warm_host_cpu / $gib")"). A cold download pays both"
+  echo "(and its own receive and write besides), so on this host cold / warm <= $(printf %.2f "$bound") for any server whose"
+  echo "cold path cost nothing more than its warm one; shardline's is $(printf %.2f "$(calc "$sl_warm_s / $sl_cold_s")"), lancache's $(printf %.2f "$(calc "${lc_warm% *} / ${lc_cold% *}")")."
   echo
   echo "A cold download here costs the origin's and the relay's CPU on the same two vCPUs as the edge's and"
   echo "the client's; a warm one costs the edge's and the client's only. So cold / warm >= 0.9 is out of reach"
