@@ -26,7 +26,7 @@ use super::sched::{TickBudget, Turn};
 use super::slots::{ArenaSlot, FileSlot, SocketSlot};
 use super::{
     LINGER_MAX_BYTES, LINGER_TIMEOUT_MS, MIN_READ_BYTES, READ_AHEAD_FAST_SEND_MS,
-    READ_AHEAD_START_CHUNKS, RECV_BUFFER_BYTES, ZC_WARMUP_BYTES,
+    READ_AHEAD_START_CHUNKS, RECV_BUFFER_BYTES,
 };
 use crate::client::proxy_protocol::{Feed as ProxyFeed, Outcome as ProxyOutcome};
 use crate::http::request::Method;
@@ -423,6 +423,8 @@ pub struct Limits {
     pub zerocopy: bool,
     /// Smallest send made with SEND_ZC.
     pub zerocopy_min_bytes: usize,
+    /// Bytes a response sends with copies before it may use SEND_ZC (`ZC_WARMUP_BYTES`).
+    pub zerocopy_warmup_bytes: u64,
     /// Plaintext bytes per TLS record.
     pub tls_record_bytes: u32,
     /// Plaintext bytes a chunk may carry on a TLS connection (room left for the records'
@@ -1715,7 +1717,7 @@ impl ConnMachine {
         let limiter_paced = self.rate_limit.is_some_and(|l| l.waits > 0)
             || self.egress.is_some_and(|e| e.waits > 0);
         let fast_drain = self.fast_drain && !limiter_paced;
-        let warm = self.resp_bytes >= ZC_WARMUP_BYTES;
+        let warm = self.resp_bytes >= cx.limits.zerocopy_warmup_bytes;
         let ConnMachine { write, tls, .. } = self;
         let WriteState::Responding(resp) = write else {
             return;
@@ -2478,6 +2480,7 @@ mod tests {
                 pipeline_depth: 4,
                 zerocopy: false,
                 zerocopy_min_bytes: 16 * 1024,
+                zerocopy_warmup_bytes: crate::shard::ZC_WARMUP_BYTES,
                 tls_record_bytes: 16 * 1024,
                 tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(CHUNK, 16 * 1024),
                 tls_handshake_timeout_ms: 10_000,

@@ -222,6 +222,8 @@ struct Shard<R: RingOps> {
     /// A connection was accepted since the last urgent round (its receive is to go out).
     accepted_in_round: bool,
     zerocopy: bool,
+    /// `ZC_WARMUP_BYTES` (the simulator, whose files are smaller, lowers it).
+    zc_warmup_bytes: u64,
     /// Arena slots lent to SEND_ZC and not yet released by a notification.
     zc_held: usize,
     last_sweep_ms: u64,
@@ -410,6 +412,7 @@ impl<R: RingOps> Shard<R> {
             open_conns: 0,
             accepted_in_round: false,
             zerocopy,
+            zc_warmup_bytes: ZC_WARMUP_BYTES,
             zc_held: 0,
             last_sweep_ms: 0,
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
@@ -614,6 +617,7 @@ impl<R: RingOps> Shard<R> {
                 pipeline_depth: self.cfg.pipeline_depth,
                 zerocopy: self.zerocopy,
                 zerocopy_min_bytes: self.cfg.zerocopy_min_bytes,
+                zerocopy_warmup_bytes: self.zc_warmup_bytes,
                 tls_record_bytes: self.cfg.tls_record_bytes as u32,
                 tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(
                     self.cfg.chunk_bytes,

@@ -266,6 +266,8 @@ fn scenario(seed: u64, root: &Path) -> std::io::Result<(Config, Net, Faults, boo
         } else {
             ZeroCopy::Off
         },
+        // Below the simulated chunk, which the default equals.
+        zerocopy_min_bytes: 16 * 1024,
         // Longer than the slowest client needs for a whole response, so only stalls and
         // vanishing clients run into them (and idle clients at the end).
         header_timeout_ms: 5000,
@@ -802,6 +804,9 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
         }
         None => None,
     };
+    // The files here are far below the 2 MiB a response sends before it may use SEND_ZC:
+    // a lower warm-up lets the zero-copy runs take it.
+    shard.zc_warmup_bytes = 64 * 1024;
     let mut stats = RunStats::default();
     loop {
         let prev = observe(&shard);
