@@ -109,26 +109,35 @@ proc_cpu() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 # hardware counters) over every CPU while it runs, summed by process into CPU-seconds.
 PROF_HZ=499
 command -v perf >/dev/null || die "perf is missing (apt-get install linux-perf)"
+# prof_start NAME / prof_stop NAME: a profile of every CPU between the two, summed by process
+# into $WORK/prof-NAME.txt.
+prof_start() {
+  perf record -a -e cpu-clock -F "$PROF_HZ" -o "$WORK/prof-$1.data" -q -- sleep 3600 >/dev/null 2>&1 &
+  PROF_PID=$!
+  sleep 0.5
+}
+prof_stop() {
+  kill -INT "$PROF_PID"
+  wait "$PROF_PID" 2>/dev/null || true
+  perf report -i "$WORK/prof-$1.data" --sort pid --stdio -q -F sample,pid 2>/dev/null >"$WORK/prof-$1.txt"
+  rm -f "$WORK/prof-$1.data"
+}
 # profiled NAME URL: "seconds bytes" of one download of URL, profiled into $WORK/prof-NAME.txt.
 profiled() {
-  local name=$1 url=$2 out pp
-  perf record -a -e cpu-clock -F "$PROF_HZ" -o "$WORK/prof-$name.data" -q -- sleep 3600 >/dev/null 2>&1 &
-  pp=$!
-  sleep 0.5
-  out=$(download "$url")
-  kill -INT "$pp"
-  wait "$pp" 2>/dev/null || true
-  perf report -i "$WORK/prof-$name.data" --sort pid --stdio -q -F sample,pid 2>/dev/null >"$WORK/prof-$name.txt"
-  rm -f "$WORK/prof-$name.data"
+  local out
+  prof_start "$1"
+  out=$(download "$2")
+  prof_stop "$1"
   echo "$out"
 }
 # prof_groups NAME: "group samples" lines of a profile: the edge servers, the origin, the relay,
 # the client, and the kernel's own threads (the loop device, softirq, writeback); idle left out.
 prof_groups() {
-  awk -v o="$(cat "$WORK/nginx-origin/pid")" -v l="$(cat "$WORK/lancache/pid")" '
+  awk -v o="$(cat "$WORK/nginx-origin/pid")" -v l="$(cat "$WORK/lancache/pid")" -v st="${STALL_PID:-0}" '
     { n = $1; i = index($2, ":"); pid = substr($2, 1, i - 1); comm = substr($2, i + 1)
       if (pid == 0) next
       if (pid == o) g = "origin_nginx"; else if (pid == l) g = "lancache_nginx"
+      else if (pid == st) g = "stalled_clients"
       else if (comm ~ /^shard/) g = "shardline"; else if (comm ~ /^python/) g = "relay"
       else if (comm ~ /^curl/) g = "curl"
       else if (comm ~ /^(kworker|loop|ksoftirqd|kswapd|jbd2|rcu|migration)/) g = "kernel"
@@ -231,7 +240,9 @@ pair() {
   check_bytes "warm beside it" "$(cat "$2/warm.txt")"
 }
 # Alone first: the same pair (a cold object and a warm one together) without stalled clients.
+prof_start pair-alone
 pair /pull/c.bin "$WORK/pair-alone"
+prof_stop pair-alone
 stall_cold_alone=$(cat "$WORK/pair-alone/cold.txt") stall_warm_alone=$(cat "$WORK/pair-alone/warm.txt")
 python3 "$WORK/stall.py" "$SL_PORT" 1000 /pull/d.bin >"$WORK/stall.out" 2>&1 &
 STALL_PID=$!
@@ -243,7 +254,9 @@ until grep -q '^ready 1000' "$WORK/stall.out" 2>/dev/null; do
   sleep 0.2
 done
 sleep 1
+prof_start pair-stalled
 pair /pull/d.bin "$WORK/pair-stalled"
+prof_stop pair-stalled
 stall_cold=$(cat "$WORK/pair-stalled/cold.txt") stall_warm=$(cat "$WORK/pair-stalled/warm.txt")
 curl -s "http://127.0.0.1:$SL_PORT/pull/d.bin" | cmp - "$WORK/origin/pull/d.bin" || die "the object filled beside the stalled clients differs"
 stall_rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$SL_PID/status" 2>/dev/null || echo 0)
@@ -397,6 +410,19 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "|---|---:|---:|---:|"
   echo "| the filling object, cold | ${stall_cold_alone% *} | ${stall_cold% *} | $(printf %.2f "$(calc "${stall_cold% *} / ${stall_cold_alone% *}")") |"
   echo "| a warm object | ${stall_warm_alone% *} | ${stall_warm% *} | $(printf %.2f "$(calc "${stall_warm% *} / ${stall_warm_alone% *}")") |"
+  echo
+  echo "CPU-seconds by process while each pair ran (the same profile as above; what else kept the host busy):"
+  echo
+  echo "| process | pair alone | pair beside 1000 stalled |"
+  echo "|---|---:|---:|"
+  for g in shardline lancache_nginx origin_nginx relay stalled_clients curl kernel other; do
+    line="| $g |"
+    for p in pair-alone pair-stalled; do
+      n=$(prof_groups "$p" | awk -v g="$g" '$1 == g { print $2 }')
+      line="$line $(printf %.2f "$(calc "${n:-0} / $PROF_HZ")") |"
+    done
+    echo "$line"
+  done
   echo
   echo "Target: each within 1.5x of its time alone. shardline's RSS with the stalled clients connected: $((stall_rss_kb / 1024)) MiB."
   echo
