@@ -311,21 +311,19 @@ impl<R: RingOps> Shard<R> {
                 Notice::Known { waiter, .. } => self.resume_fill(waiter, None),
                 Notice::Failed { waiter, error } => {
                     // The fill logged the failure once, naming the origin.
-                    if self.conns[waiter.conn.index()].awaiting_fill()
-                        && error == crate::origin::fetch::FetchError::VersionChanged
-                    {
-                        // The version it waited on went (replaced at the origin, or evicted
-                        // before its blocks came): nothing was sent yet, so it asks again
-                        // and gets whatever version the key has now.
-                        self.resume_fill(waiter, None);
-                    } else if self.conns[waiter.conn.index()].awaiting_fill() {
-                        let answer = if error.is_disk_full() {
+                    if self.conns[waiter.conn.index()].awaiting_fill() {
+                        let answer = if error == crate::origin::fetch::FetchError::VersionChanged {
+                            // The version it waited on went (replaced at the origin, or
+                            // evicted before its blocks came): nothing was sent yet, so it
+                            // asks again and gets whatever version the key has now.
+                            None
+                        } else if error.is_disk_full() {
                             // No room to store it: the request is passed through instead.
-                            FillAnswer::PassThrough
+                            Some(FillAnswer::PassThrough)
                         } else {
-                            FillAnswer::Status(EdgeCache::status_for(&error))
+                            Some(FillAnswer::Status(EdgeCache::status_for(&error)))
                         };
-                        self.resume_fill(waiter, Some(answer));
+                        self.resume_fill(waiter, answer);
                     } else if !(error.is_disk_full() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
                         self.fill_aborts.push(waiter);

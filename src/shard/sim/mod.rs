@@ -759,8 +759,7 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
     let strict = faults.read_eio_pct == 0
         && !net.file_faults.iter().any(|_| true)
         && !net.origin_disturbed();
-    let ring = SimRing::new(&super::ring_config(&cfg), net, seed, faults, zerocopy);
-    let mut ring = ring;
+    let mut ring = SimRing::new(&super::ring_config(&cfg), net, seed, faults, zerocopy);
     ring.cache_read_align = cfg.cache_block_bytes as usize;
     ring.cache_dir = cfg.cache_dir.clone();
     let cfg = Arc::new(cfg);
