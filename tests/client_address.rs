@@ -295,14 +295,23 @@ fn untrusted_malformed_and_truncated_proxy_headers_are_closed_and_counted() {
             truncations += 1;
         }
     }
-    // Every truncation followed by the request instead of the rest: never served.
+    // Every truncation followed by the request instead of the rest, then a close: never
+    // served. Where the request's bytes read as a v2 length longer than what follows, the
+    // header is still incomplete at the close and counts as truncated (the close makes that
+    // deterministic: without it the client's read timeout raced the header timeout).
     for h in [&v1, &v2] {
         for cut in 1..h.len() {
-            let got = exchange(server.addr, &[&h[..cut], &request[..]].concat(), false);
+            let sent = [&h[..cut], &request[..]].concat();
+            let got = exchange(server.addr, &sent, true);
             assert!(
                 !got.starts_with(b"HTTP/1.1 200"),
                 "a header cut at {cut} and a request were served"
             );
+            if shardline::client::proxy_protocol::parse(&sent)
+                == shardline::client::proxy_protocol::Parse::Incomplete
+            {
+                truncations += 1;
+            }
         }
     }
     let m = |r: &str| {
