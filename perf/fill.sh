@@ -59,11 +59,11 @@ cargo build --release --quiet --manifest-path "$REPO/Cargo.toml"
 SL=${SHARDLINE_BIN:-$REPO/target/release/shardline}
 
 BYTES=$((MIB << 20))
+gib=$(calc "$BYTES / 1073741824")
 mkdir -p "$WORK/origin/pull"
 head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/a.bin"
 head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/b.bin"
 head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/c.bin"
-head -c "$BYTES" /dev/urandom >"$WORK/origin/pull/d.bin"
 # 100 GB that take no memory: a hole reads as zeros.
 truncate -s $((100 * 1000 * 1000 * 1000)) "$WORK/origin/pull/huge.bin"
 ulimit -n "$(ulimit -Hn)"
@@ -74,7 +74,7 @@ cp "$WORK/origin/pull/a.bin" "$MNT/root/local.bin"
 sync
 fill_setup
 
-SL_PORT=18084
+SL_PORT=18084 ADMIN_PORT=18085
 cat >"$WORK/shardline.toml" <<EOF
 cache_dir = "$MNT/cache"
 cache_read_ahead_blocks = $READ_AHEAD
@@ -83,7 +83,7 @@ prefix = "/pull/"
 url = "http://127.0.0.1:$RELAY_PORT"
 EOF
 "$SL" serve --root "$MNT/root" --listen "127.0.0.1:$SL_PORT" --config "$WORK/shardline.toml" \
-  --shards "$SHARDS" --admin 127.0.0.1:0 >"$WORK/shardline.log" 2>&1 &
+  --shards "$SHARDS" --admin "127.0.0.1:$ADMIN_PORT" >"$WORK/shardline.log" 2>&1 &
 SL_PID=$!
 PIDS+=($!)
 wait_port "$SL_PORT" "${PIDS[-1]}" 20 || die "shardline did not start: $(tail -3 "$WORK/shardline.log")"
@@ -133,11 +133,11 @@ profiled() {
 # prof_groups NAME: "group samples" lines of a profile: the edge servers, the origin, the relay,
 # the client, and the kernel's own threads (the loop device, softirq, writeback); idle left out.
 prof_groups() {
-  awk -v o="$(cat "$WORK/nginx-origin/pid")" -v l="$(cat "$WORK/lancache/pid")" -v st="${STALL_PID:-0}" '
+  awk -v o="$(cat "$WORK/nginx-origin/pid")" -v l="$(cat "$WORK/lancache/pid")" '
     { n = $1; i = index($2, ":"); pid = substr($2, 1, i - 1); comm = substr($2, i + 1)
       if (pid == 0) next
       if (pid == o) g = "origin_nginx"; else if (pid == l) g = "lancache_nginx"
-      else if (pid == st) g = "stalled_clients"
+      else if (comm ~ /^stalled/) g = "stalled_clients"
       else if (comm ~ /^shard/) g = "shardline"; else if (comm ~ /^python/) g = "relay"
       else if (comm ~ /^curl/) g = "curl"
       else if (comm ~ /^(kworker|loop|ksoftirqd|kswapd|jbd2|rcu|migration)/) g = "kernel"
@@ -161,10 +161,15 @@ warm_host_cpu=$(calc "$(host_busy) - $h0") warm_sl_cpu=$(calc "$(proc_cpu "$SL_P
 warm_profiled_s=${w% *}
 # Warm and local alternate, 5 of each; the medians are reported (one loopback transfer
 # varies by a third from run to run on this host).
-warms=() locals=()
+# shardline's own CPU over each set is the steadier measure of what a warm byte costs it.
+warms=() locals=() warm_set_cpu=0 local_set_cpu=0
 for _ in 1 2 3 4 5; do
+  p0=$(proc_cpu "$SL_PID")
   w=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$w"; warms+=("$w")
+  p1=$(proc_cpu "$SL_PID")
   l=$(download "http://127.0.0.1:$SL_PORT/local.bin"); check_bytes "shardline local" "$l"; locals+=("$l")
+  p2=$(proc_cpu "$SL_PID")
+  warm_set_cpu=$(calc "$warm_set_cpu + $p1 - $p0") local_set_cpu=$(calc "$local_set_cpu + $p2 - $p1")
 done
 median() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
 sl_warm=$(median "${warms[@]}")
@@ -218,6 +223,7 @@ log "1000 stalled clients on a filling object"
 cat >"$WORK/stall.py" <<'EOF'
 import socket, sys, time
 port, n, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+open("/proc/self/comm", "w").write("stalled")  # told apart from the relay in profiles
 socks = []
 for _ in range(n):
     s = socket.socket()
@@ -239,28 +245,53 @@ pair() {
   check_bytes "cold $1" "$(cat "$2/cold.txt")"
   check_bytes "warm beside it" "$(cat "$2/warm.txt")"
 }
-# Alone first: the same pair (a cold object and a warm one together) without stalled clients.
-prof_start pair-alone
-pair /pull/c.bin "$WORK/pair-alone"
-prof_stop pair-alone
-stall_cold_alone=$(cat "$WORK/pair-alone/cold.txt") stall_warm_alone=$(cat "$WORK/pair-alone/warm.txt")
-python3 "$WORK/stall.py" "$SL_PORT" 1000 /pull/d.bin >"$WORK/stall.out" 2>&1 &
-STALL_PID=$!
-PIDS+=("$STALL_PID")
-deadline=$((SECONDS + 60))
-until grep -q '^ready 1000' "$WORK/stall.out" 2>/dev/null; do
-  ((SECONDS < deadline)) || die "the stalled clients did not connect: $(tail -2 "$WORK/stall.out")"
-  kill -0 "$STALL_PID" 2>/dev/null || die "the stalled clients failed: $(tail -2 "$WORK/stall.out")"
-  sleep 0.2
+# stalled_start N PATH: N clients that ask for PATH and never read (returns once connected).
+stalled_start() {
+  python3 "$WORK/stall.py" "$SL_PORT" "$1" "$2" >"$WORK/stall.out" 2>&1 &
+  STALL_PID=$!
+  PIDS+=("$STALL_PID")
+  local deadline=$((SECONDS + 60))
+  until grep -q "^ready $1" "$WORK/stall.out" 2>/dev/null; do
+    ((SECONDS < deadline)) || die "the stalled clients did not connect: $(tail -2 "$WORK/stall.out")"
+    kill -0 "$STALL_PID" 2>/dev/null || die "the stalled clients failed: $(tail -2 "$WORK/stall.out")"
+    sleep 0.2
+  done
+  # Their first want starts the fill and its read-ahead: let it settle.
+  sleep 1
+}
+stalled_stop() {
+  kill "$STALL_PID" 2>/dev/null || true
+  wait "$STALL_PID" 2>/dev/null || true
+  STALL_PID=0
+}
+purge() { "$SL" cache purge --admin "127.0.0.1:$ADMIN_PORT" "$1" >/dev/null || die "purge $1 failed"; }
+# One pair on a loaded host varies by a third from run to run, so the two settings alternate
+# for STALL_ROUNDS rounds and the medians are compared. Each round's cold object is purged
+# first, and in both settings stalled clients start its fill (one client "alone", 1000
+# beside), so both cold downloads find the same read-ahead already under way.
+STALL_ROUNDS=3
+alone_cold=() alone_warm=() stalled_cold=() stalled_warm=()
+for ((r = 1; r <= STALL_ROUNDS; r++)); do
+  for setting in alone stalled; do
+    purge /pull/c.bin
+    if [[ $setting == alone ]]; then n=1; else n=1000; fi
+    stalled_start "$n" /pull/c.bin
+    ((r > 1)) || prof_start "pair-$setting"
+    pair /pull/c.bin "$WORK/pair-$setting-$r"
+    ((r > 1)) || prof_stop "pair-$setting"
+    if [[ $setting == stalled ]]; then
+      stall_rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$SL_PID/status" 2>/dev/null || echo 0)
+    fi
+    curl -s "http://127.0.0.1:$SL_PORT/pull/c.bin" | cmp - "$WORK/origin/pull/c.bin" || die "the object filled beside $n stalled clients differs"
+    stalled_stop
+    cold=$(cut -d' ' -f1 "$WORK/pair-$setting-$r/cold.txt") warm=$(cut -d' ' -f1 "$WORK/pair-$setting-$r/warm.txt")
+    log "round $r, $setting ($n stalled): cold ${cold}s, warm ${warm}s"
+    if [[ $setting == alone ]]; then alone_cold+=("$cold") alone_warm+=("$warm"); else stalled_cold+=("$cold") stalled_warm+=("$warm"); fi
+  done
 done
-sleep 1
-prof_start pair-stalled
-pair /pull/d.bin "$WORK/pair-stalled"
-prof_stop pair-stalled
-stall_cold=$(cat "$WORK/pair-stalled/cold.txt") stall_warm=$(cat "$WORK/pair-stalled/warm.txt")
-curl -s "http://127.0.0.1:$SL_PORT/pull/d.bin" | cmp - "$WORK/origin/pull/d.bin" || die "the object filled beside the stalled clients differs"
-stall_rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$SL_PID/status" 2>/dev/null || echo 0)
-kill "$STALL_PID" 2>/dev/null || true
+median_of() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
+stall_cold_alone=$(median_of "${alone_cold[@]}") stall_warm_alone=$(median_of "${alone_warm[@]}")
+stall_cold=$(median_of "${stalled_cold[@]}") stall_warm=$(median_of "${stalled_warm[@]}")
 
 log "a cold 1 MiB range in the middle of a 100 GB object"
 RANGE_FIRST=$((50 * 1000 * 1000 * 1000))
@@ -315,7 +346,9 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo
   echo "- Cold / warm: **$(printf %.2f "$(calc "$sl_warm_s / $sl_cold_s")")** (target >= 0.9)."
   echo "- Cold against lancache's cold: **$(printf %.2fx "$(calc "$lc_cold_s / $sl_cold_s")")** (target >= 3x)."
-  echo "- Warm against the local root: **$(printf %.2f "$(calc "$sl_local_s / $sl_warm_s")")** of its rate (target within 5%)."
+  echo "- Warm against the local root: **$(printf %.2f "$(calc "$sl_local_s / $sl_warm_s")")** of its rate (target within 5%);"
+  echo "  shardline's CPU per GiB over the 5 of each: warm $(printf %.3f "$(calc "$warm_set_cpu / (5 * $gib)")"), local $(printf %.3f "$(calc "$local_set_cpu / (5 * $gib)")")"
+  echo "  (/proc/PID/stat, 10 ms ticks; the block checksums are the warm path's extra work)."
   echo "- Origin body bytes for the cold download: shardline $(printf %.3f "$(calc "$sl_origin / $BYTES")")x the object, lancache $(printf %.3f "$(calc "$lc_origin / $BYTES")")x."
   echo
   echo "Where the cold download's time goes (CPU-seconds per GiB, from /proc/stat over the whole host and"
@@ -324,7 +357,6 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo
   echo "| download | MB/s | host CPU-s / GiB | shardline CPU-s / GiB | ceiling with every vCPU busy, MB/s |"
   echo "|---|---:|---:|---:|---:|"
-  gib=$(calc "$BYTES / 1073741824")
   for cell in "origin through the relay, no cache|$relay_only|$relay_cpu|0" \
               "shardline, cold|$sl_cold|$cold_host_cpu|$cold_sl_cpu" \
               "shardline, warm|$warm_profiled_s $BYTES|$warm_host_cpu|$warm_sl_cpu"; do
@@ -403,15 +435,17 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "## 1000 stalled clients on a filling object"
   echo
   echo "1000 clients ask for a cold object (SO_RCVBUF 4 KiB) and never read; then one client downloads that"
-  echo "object cold and another a warm one, together. Alone: the same pair (another cold object, the same warm"
-  echo "one) without the stalled clients."
+  echo "object cold and another a warm one, together. Alone: the same pair with one stalled client instead of"
+  echo "1000 (so both cold downloads find the fill's read-ahead already under way). The two settings alternate"
+  echo "for $STALL_ROUNDS rounds, each on the object purged again; the table gives the medians (seconds of each round:"
+  echo "alone cold ${alone_cold[*]}, warm ${alone_warm[*]}; beside 1000 cold ${stalled_cold[*]}, warm ${stalled_warm[*]})."
   echo
   echo "| download | alone, s | beside 1000 stalled, s | ratio |"
   echo "|---|---:|---:|---:|"
-  echo "| the filling object, cold | ${stall_cold_alone% *} | ${stall_cold% *} | $(printf %.2f "$(calc "${stall_cold% *} / ${stall_cold_alone% *}")") |"
-  echo "| a warm object | ${stall_warm_alone% *} | ${stall_warm% *} | $(printf %.2f "$(calc "${stall_warm% *} / ${stall_warm_alone% *}")") |"
+  echo "| the filling object, cold | $stall_cold_alone | $stall_cold | $(printf %.2f "$(calc "$stall_cold / $stall_cold_alone")") |"
+  echo "| a warm object | $stall_warm_alone | $stall_warm | $(printf %.2f "$(calc "$stall_warm / $stall_warm_alone")") |"
   echo
-  echo "CPU-seconds by process while each pair ran (the same profile as above; what else kept the host busy):"
+  echo "CPU-seconds by process while the first round's pairs ran (the same profile as above; what else kept the host busy):"
   echo
   echo "| process | pair alone | pair beside 1000 stalled |"
   echo "|---|---:|---:|"
