@@ -49,12 +49,13 @@ pub fn checksum_append(crc: u32, bytes: &[u8]) -> u32 {
     if bytes.is_empty() {
         return crc;
     }
-    crc_fast::checksum_combine(
-        crc_fast::CrcAlgorithm::Crc32Iscsi,
-        u64::from(crc),
-        u64::from(checksum(bytes)),
-        bytes.len() as u64,
-    ) as u32
+    // Resumes from `crc`'s register (the finished CRC-32C is the register inverted) rather
+    // than combining two CRCs: a combine costs about as much as checksumming a 64 KiB
+    // piece, and a fill appends every piece it receives.
+    let mut digest =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    digest.update(bytes);
+    digest.finalize() as u32
 }
 
 #[cfg(test)]
@@ -76,5 +77,13 @@ mod tests {
             checksum_append(checksum_append(0, &data[..10]), &data[10..]),
             whole
         );
+        // In uneven pieces, as a fill receives them.
+        let (mut crc, mut at, mut step) = (0, 0, 1);
+        while at < data.len() {
+            let end = (at + step).min(data.len());
+            crc = checksum_append(crc, &data[at..end]);
+            (at, step) = (end, step * 3 + 1);
+        }
+        assert_eq!(crc, whole);
     }
 }
