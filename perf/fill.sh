@@ -282,9 +282,9 @@ for ((r = 1; r <= STALL_ROUNDS; r++)); do
     purge /pull/c.bin
     if [[ $setting == alone ]]; then n=1; else n=1000; fi
     stalled_start "$n" /pull/c.bin
-    ((r > 1)) || prof_start "pair-$setting"
+    ((r < STALL_ROUNDS)) || prof_start "pair-$setting"
     pair /pull/c.bin "$WORK/pair-$setting-$r"
-    ((r > 1)) || prof_stop "pair-$setting"
+    ((r < STALL_ROUNDS)) || prof_stop "pair-$setting"
     if [[ $setting == stalled ]]; then
       stall_rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$SL_PID/status" 2>/dev/null || echo 0)
     fi
@@ -456,7 +456,7 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "| the filling object, cold | $stall_cold_alone | $stall_cold | $(printf %.2f "$(calc "$stall_cold / $stall_cold_alone")") |"
   echo "| a warm object | $stall_warm_alone | $stall_warm | $(printf %.2f "$(calc "$stall_warm / $stall_warm_alone")") |"
   echo
-  echo "CPU-seconds by process while the first round's pairs ran (the same profile as above; what else kept the host busy):"
+  echo "CPU-seconds by process while the last round's pairs ran (the same profile as above; what else kept the host busy):"
   echo
   echo "| process | pair alone | pair beside 1000 stalled |"
   echo "|---|---:|---:|"
