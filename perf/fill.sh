@@ -161,21 +161,38 @@ h0=$(host_busy) p0=$(proc_cpu "$SL_PID")
 w=$(profiled sl-warm "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$w"
 warm_host_cpu=$(calc "$(host_busy) - $h0") warm_sl_cpu=$(calc "$(proc_cpu "$SL_PID") - $p0")
 warm_profiled_s=${w% *}
-# Warm and local alternate, 5 of each; the medians are reported (one loopback transfer
-# varies by a third from run to run on this host).
-# shardline's own CPU over each set is the steadier measure of what a warm byte costs it.
-warms=() locals=() warm_set_cpu=0 local_set_cpu=0
-for _ in 1 2 3 4 5; do
+# Warm and local alternate, WARM_PAIRS of each. One loopback transfer varies by a third from
+# run to run on this host, and the host's speed drifts over a run, so the figure is the median
+# over pairs of local time / warm time (the two of a pair run back to back); the medians of
+# each are reported too. shardline's own CPU over each set is the steadier measure of what a
+# warm byte costs it.
+WARM_PAIRS=9
+warms=() locals=() pair_ratios=() warm_set_cpu=0 local_set_cpu=0
+# cpu_download URL: one download's "seconds bytes", and shardline's CPU for it in $DL_CPU.
+cpu_download() {
+  local p0 out
   p0=$(proc_cpu "$SL_PID")
-  w=$(download "http://127.0.0.1:$SL_PORT/pull/a.bin"); check_bytes "shardline warm" "$w"; warms+=("$w")
-  p1=$(proc_cpu "$SL_PID")
-  l=$(download "http://127.0.0.1:$SL_PORT/local.bin"); check_bytes "shardline local" "$l"; locals+=("$l")
-  p2=$(proc_cpu "$SL_PID")
-  warm_set_cpu=$(calc "$warm_set_cpu + $p1 - $p0") local_set_cpu=$(calc "$local_set_cpu + $p2 - $p1")
+  out=$(download "$1")
+  DL_CPU=$(calc "$(proc_cpu "$SL_PID") - $p0")
+  REPLY=$out
+}
+for ((i = 0; i < WARM_PAIRS; i++)); do
+  # Which goes first alternates, so neither always follows the other.
+  for what in $( ((i % 2)) && echo "local warm" || echo "warm local"); do
+    if [[ $what == warm ]]; then
+      cpu_download "http://127.0.0.1:$SL_PORT/pull/a.bin"; w=$REPLY
+      check_bytes "shardline warm" "$w"; warms+=("$w"); warm_set_cpu=$(calc "$warm_set_cpu + $DL_CPU")
+    else
+      cpu_download "http://127.0.0.1:$SL_PORT/local.bin"; l=$REPLY
+      check_bytes "shardline local" "$l"; locals+=("$l"); local_set_cpu=$(calc "$local_set_cpu + $DL_CPU")
+    fi
+  done
+  pair_ratios+=("$(calc "${l% *} / ${w% *}")")
 done
-median() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
+median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
 sl_warm=$(median "${warms[@]}")
 sl_local=$(median "${locals[@]}")
+warm_vs_local=$(median "${pair_ratios[@]}")
 sleep 0.5
 sl_origin=$(($(fill_origin_body_bytes) - o0))
 o0=$(fill_origin_body_bytes)
@@ -295,9 +312,8 @@ for ((r = 1; r <= STALL_ROUNDS; r++)); do
     if [[ $setting == alone ]]; then alone_cold+=("$cold") alone_warm+=("$warm"); else stalled_cold+=("$cold") stalled_warm+=("$warm"); fi
   done
 done
-median_of() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
-stall_cold_alone=$(median_of "${alone_cold[@]}") stall_warm_alone=$(median_of "${alone_warm[@]}")
-stall_cold=$(median_of "${stalled_cold[@]}") stall_warm=$(median_of "${stalled_warm[@]}")
+stall_cold_alone=$(median "${alone_cold[@]}") stall_warm_alone=$(median "${alone_warm[@]}")
+stall_cold=$(median "${stalled_cold[@]}") stall_warm=$(median "${stalled_warm[@]}")
 
 log "a cold 1 MiB range in the middle of a 100 GB object"
 RANGE_FIRST=$((50 * 1000 * 1000 * 1000))
@@ -348,15 +364,16 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "| download | MB/s | seconds |"
   echo "|---|---:|---:|"
   row "shardline, cold (pulled through)" "$sl_cold"
-  row "shardline, warm (from its cache; median of 5)" "$sl_warm"
-  row "shardline, the same file from its local root (median of 5)" "$sl_local"
+  row "shardline, warm (from its cache; median of $WARM_PAIRS)" "$sl_warm"
+  row "shardline, the same file from its local root (median of $WARM_PAIRS)" "$sl_local"
   row "nginx proxy_cache as lancache, cold" "$lc_cold"
   row "nginx proxy_cache as lancache, warm" "$lc_warm"
   echo
   echo "- Cold / warm: **$(printf %.2f "$(calc "$sl_warm_s / $sl_cold_s")")** (target >= 0.9)."
   echo "- Cold against lancache's cold: **$(printf %.2fx "$(calc "$lc_cold_s / $sl_cold_s")")** (target >= 3x)."
-  echo "- Warm against the local root: **$(printf %.2f "$(calc "$sl_local_s / $sl_warm_s")")** of its rate (target within 5%);"
-  echo "  shardline's CPU per GiB over the 5 of each: warm $(printf %.3f "$(calc "$warm_set_cpu / (5 * $gib)")"), local $(printf %.3f "$(calc "$local_set_cpu / (5 * $gib)")")"
+  echo "- Warm against the local root: **$(printf %.2f "$warm_vs_local")** of its rate (target within 5%): the median over"
+  echo "  $WARM_PAIRS back-to-back pairs of local time / warm time (each pair: $(printf '%.2f ' "${pair_ratios[@]}"));"
+  echo "  shardline's CPU per GiB over the $WARM_PAIRS of each: warm $(printf %.3f "$(calc "$warm_set_cpu / ($WARM_PAIRS * $gib)")"), local $(printf %.3f "$(calc "$local_set_cpu / ($WARM_PAIRS * $gib)")")"
   echo "  (/proc/PID/stat, 10 ms ticks; the block checksums are the warm path's extra work)."
   echo "- Origin body bytes for the cold download: shardline $(printf %.3f "$(calc "$sl_origin / $BYTES")")x the object, lancache $(printf %.3f "$(calc "$lc_origin / $BYTES")")x."
   echo
