@@ -685,10 +685,10 @@ impl Config {
                 ),
             ));
         }
-        if self.cache_read_ahead_blocks > crate::cache::blocks::MAX_RUN_BLOCKS * 16 {
+        if self.cache_read_ahead_blocks > crate::cache::blocks::MAX_READ_AHEAD_BLOCKS {
             return Err(err(
                 "cache_read_ahead_blocks",
-                format!("at most {}", crate::cache::blocks::MAX_RUN_BLOCKS * 16),
+                format!("at most {}", crate::cache::blocks::MAX_READ_AHEAD_BLOCKS),
             ));
         }
         if !(1..=3_600_000).contains(&self.cache_wait_timeout_ms) {
@@ -1141,6 +1141,20 @@ mod tests {
             running.reload(&started, &bad).unwrap_err().key,
             "header_timeout_ms"
         );
+    }
+
+    #[test]
+    fn the_read_ahead_is_capped() {
+        let cap = crate::cache::blocks::MAX_READ_AHEAD_BLOCKS;
+        parse(&format!("cache_read_ahead_blocks = {cap}"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        let err = parse(&format!("cache_read_ahead_blocks = {}", cap + 1))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.key, "cache_read_ahead_blocks");
     }
 
     #[test]

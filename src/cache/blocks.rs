@@ -5,8 +5,9 @@
 
 use std::ops::Range;
 
-/// Most blocks one origin request asks for (a run longer than this is split).
-pub const MAX_RUN_BLOCKS: u64 = 16;
+/// Most blocks `cache_read_ahead_blocks` may ask for past a request (64 MiB in 256 KiB blocks:
+/// four origin requests of `fill::edge::RUN_BLOCKS`).
+pub const MAX_READ_AHEAD_BLOCKS: u64 = 256;
 
 /// Blocks (numbers) that bytes `first..=last` of an object of `size` bytes in blocks of
 /// `block_bytes` touch, and up to `read_ahead` blocks after them (never past the end).
