@@ -189,8 +189,8 @@ fn cache_command(c: CacheCommand) -> ExitCode {
         CacheCommand::Stats(_) => match shardline::cache::tool::stats(&dir) {
             Ok(s) => {
                 println!(
-                    "objects {}\nversions {}\nblocks {}\nbytes {}\nobject_bytes {}\njournal_bytes {}\ndamaged_tail {}",
-                    s.objects, s.versions, s.blocks, s.bytes, s.object_bytes, s.journal_bytes, s.damaged_tail
+                    "objects {}\nversions {}\nblocks {}\nbytes {}\nobject_bytes {}\njournal_bytes {}\ndamaged_tail {}\nrefused_records {}",
+                    s.objects, s.versions, s.blocks, s.bytes, s.object_bytes, s.journal_bytes, s.damaged_tail, s.refused_records
                 );
                 ExitCode::SUCCESS
             }

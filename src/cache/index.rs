@@ -5,7 +5,10 @@
 
 use std::collections::HashMap;
 
-use super::journal::{Record, MAX_BLOCKS_PER_OBJECT, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+use super::journal::{
+    Invalid, Record, MAX_BLOCKS_PER_OBJECT, MAX_BLOCK_BYTES, MAX_FIELD_BYTES, MAX_KEY_BYTES,
+    MIN_BLOCK_BYTES,
+};
 
 /// One version of a cached object: what the origin said about it, and how it is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,21 +38,116 @@ impl ObjectVersion {
         self.size.div_ceil(u64::from(self.block_bytes))
     }
 
-    /// The bounds every stored version keeps: a power-of-two block size in range, and not
-    /// more blocks than `MAX_BLOCKS_PER_OBJECT`.
+    /// The bounds every stored version keeps: a key of 1 to `MAX_KEY_BYTES`, fields within
+    /// `MAX_FIELD_BYTES`, a power-of-two block size in range, and not more blocks than
+    /// `MAX_BLOCKS_PER_OBJECT`. The one rule the writer checks before it journals a version
+    /// and replay checks when it reads one back, so nothing written is ever refused later.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.key.is_empty() || self.key.len() > MAX_KEY_BYTES {
+            return Err(Invalid::KeyLength(self.key.len()));
+        }
+        let longest = [&self.etag, &self.last_modified, &self.content_type]
+            .iter()
+            .map(|f| f.len())
+            .max()
+            .unwrap_or(0);
+        if longest > MAX_FIELD_BYTES {
+            return Err(Invalid::FieldLength(longest));
+        }
+        if !self.block_bytes.is_power_of_two()
+            || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
+        {
+            return Err(Invalid::BlockBytes(self.block_bytes));
+        }
+        if self.blocks() > MAX_BLOCKS_PER_OBJECT {
+            return Err(Invalid::Blocks(self.blocks()));
+        }
+        Ok(())
+    }
+
+    /// Whether `validate` passes.
     pub fn is_valid(&self) -> bool {
-        self.block_bytes.is_power_of_two()
-            && (MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
-            && self.blocks() <= MAX_BLOCKS_PER_OBJECT
-            && !self.key.is_empty()
+        self.validate().is_ok()
     }
 }
 
-/// A version and its blocks' checksums (None: not on disk).
+/// Blocks a page of a `BlockTable` covers.
+const PAGE_BLOCKS: u32 = 256;
+
+/// The checksums of 256 consecutive blocks, and which of them are on disk.
+#[derive(Clone, Debug)]
+struct Page {
+    crc: [u32; PAGE_BLOCKS as usize],
+    present: [u64; PAGE_BLOCKS as usize / 64],
+    count: u32,
+}
+
+/// The checksums of a version's blocks on disk, in pages allocated as blocks arrive: its
+/// memory follows what is stored, never the size the origin claims.
+#[derive(Clone, Debug, Default)]
+struct BlockTable {
+    pages: std::collections::BTreeMap<u32, Box<Page>>,
+}
+
+impl BlockTable {
+    fn get(&self, block: u32) -> Option<u32> {
+        let page = self.pages.get(&(block / PAGE_BLOCKS))?;
+        let i = (block % PAGE_BLOCKS) as usize;
+        (page.present[i / 64] & (1 << (i % 64)) != 0).then_some(page.crc[i])
+    }
+
+    /// Sets block `block`'s checksum; true when it was not present before.
+    fn set(&mut self, block: u32, crc: u32) -> bool {
+        let page = self.pages.entry(block / PAGE_BLOCKS).or_insert_with(|| {
+            Box::new(Page {
+                crc: [0; PAGE_BLOCKS as usize],
+                present: [0; PAGE_BLOCKS as usize / 64],
+                count: 0,
+            })
+        });
+        let i = (block % PAGE_BLOCKS) as usize;
+        page.crc[i] = crc;
+        let bit = 1 << (i % 64);
+        let new = page.present[i / 64] & bit == 0;
+        page.present[i / 64] |= bit;
+        page.count += u32::from(new);
+        new
+    }
+
+    /// Forgets block `block`; true when it was present.
+    fn take(&mut self, block: u32) -> bool {
+        let key = block / PAGE_BLOCKS;
+        let Some(page) = self.pages.get_mut(&key) else {
+            return false;
+        };
+        let i = (block % PAGE_BLOCKS) as usize;
+        let bit = 1 << (i % 64);
+        if page.present[i / 64] & bit == 0 {
+            return false;
+        }
+        page.present[i / 64] &= !bit;
+        page.count -= 1;
+        if page.count == 0 {
+            self.pages.remove(&key);
+        }
+        true
+    }
+
+    /// The blocks present and their checksums, in order.
+    fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.pages.iter().flat_map(|(&p, page)| {
+            (0..PAGE_BLOCKS as usize)
+                .filter(|&i| page.present[i / 64] & (1 << (i % 64)) != 0)
+                .map(move |i| (p * PAGE_BLOCKS + i as u32, page.crc[i]))
+        })
+    }
+}
+
+/// A version and its blocks' checksums.
 #[derive(Clone, Debug)]
 struct Stored {
     meta: ObjectVersion,
-    blocks: Vec<Option<u32>>,
+    blocks: BlockTable,
     present: u64,
 }
 
@@ -77,7 +175,7 @@ impl Index {
                 if !meta.is_valid() || self.versions.contains_key(&meta.version) {
                     return false;
                 }
-                let blocks = vec![None; meta.blocks() as usize];
+                let blocks = BlockTable::default();
                 // The key's older version stays readable by the responses that began on it,
                 // until its own Drop record.
                 self.current.insert(meta.key.clone(), meta.version);
@@ -99,10 +197,10 @@ impl Index {
                 let Some(s) = self.versions.get_mut(&version) else {
                     return false;
                 };
-                let Some(slot) = s.blocks.get_mut(block as usize) else {
+                if u64::from(block) >= s.meta.blocks() {
                     return false;
-                };
-                if slot.replace(crc).is_none() {
+                }
+                if s.blocks.set(block, crc) {
                     s.present += 1;
                 }
                 true
@@ -156,12 +254,15 @@ impl Index {
 
     /// The checksum of block `block` of `version`, if that block is on disk.
     pub fn block_crc(&self, version: u64, block: u32) -> Option<u32> {
+        self.versions.get(&version)?.blocks.get(block)
+    }
+
+    /// The blocks of `version` on disk and their checksums, in order (empty when unknown).
+    pub fn each_block(&self, version: u64) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.versions
-            .get(&version)?
-            .blocks
-            .get(block as usize)
-            .copied()
-            .flatten()
+            .get(&version)
+            .into_iter()
+            .flat_map(|s| s.blocks.iter())
     }
 
     /// Forgets block `block` of `version` in memory (its bytes failed their checksum): it is
@@ -170,10 +271,7 @@ impl Index {
         let Some(s) = self.versions.get_mut(&version) else {
             return false;
         };
-        let forgot = s
-            .blocks
-            .get_mut(block as usize)
-            .is_some_and(|slot| slot.take().is_some());
+        let forgot = s.blocks.take(block);
         if forgot {
             s.present -= 1;
         }

@@ -4,8 +4,11 @@
 //! A record on disk is `len: u32 LE | crc: u32 LE | kind: u8 | body`, where `len` counts
 //! `kind` and `body` and `crc` is the CRC-32C of them. Replay stops at the first record that
 //! is cut short or does not match its checksum: that is where a crash (or a torn write) ended
-//! the file, and the writer truncates it there before appending again. Every field has a
-//! named bound, so a damaged length never makes replay allocate or read past the buffer.
+//! the file, and the writer truncates it there before appending again. A record that is
+//! whole and matches its checksum but that replay refuses (`Record::validate`, the same
+//! rule the writer keeps, so only a bug or another version's writer can leave one) is
+//! skipped and counted: it never costs the records after it. Every field has a named bound,
+//! so a damaged length never makes replay allocate or read past the buffer.
 
 use super::index::{Index, ObjectVersion};
 
@@ -32,6 +35,35 @@ const KIND_OBJECT: u8 = 1;
 const KIND_BLOCK: u8 = 2;
 const KIND_DROP: u8 = 3;
 const KIND_FRESH: u8 = 4;
+
+/// Why a record may not be journaled (the writer) or is refused (replay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    /// A key of this many bytes (0, or over `MAX_KEY_BYTES`).
+    KeyLength(usize),
+    /// A validator or content type of this many bytes (over `MAX_FIELD_BYTES`).
+    FieldLength(usize),
+    /// A block size that is not a power of two in `MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES`.
+    BlockBytes(u32),
+    /// More blocks than `MAX_BLOCKS_PER_OBJECT`.
+    Blocks(u64),
+    /// An unknown record kind, or fields that do not parse.
+    Malformed,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Invalid::KeyLength(n) => write!(f, "a key of {n} bytes (1 to {MAX_KEY_BYTES})"),
+            Invalid::FieldLength(n) => {
+                write!(f, "a field of {n} bytes (at most {MAX_FIELD_BYTES})")
+            }
+            Invalid::BlockBytes(n) => write!(f, "a block size of {n} bytes"),
+            Invalid::Blocks(n) => write!(f, "{n} blocks (at most {MAX_BLOCKS_PER_OBJECT})"),
+            Invalid::Malformed => f.write_str("a malformed record"),
+        }
+    }
+}
 
 /// One change to the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,11 +103,33 @@ pub enum Decoded {
     Incomplete,
     /// The bytes are not a valid record (damaged, or garbage after a torn write).
     Corrupt,
+    /// A whole record that matches its checksum but holds what `Record::validate` refuses:
+    /// skipped (the bytes it took), never a reason to stop.
+    Refused(Invalid, usize),
 }
 
 impl Record {
-    /// Appends the record, framed, to `out`.
+    /// What a record may hold: the one rule the writer keeps before it journals a record and
+    /// replay applies when it reads one back.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            Record::Object(o) => o.validate(),
+            Record::Block { .. } | Record::Drop { .. } | Record::Fresh { .. } => Ok(()),
+        }
+    }
+
+    /// Appends the record, framed, to `out` (it must pass `validate`).
     pub fn encode(&self, out: &mut Vec<u8>) {
+        debug_assert_eq!(
+            self.validate(),
+            Ok(()),
+            "journaling a record replay refuses"
+        );
+        self.encode_unchecked(out);
+    }
+
+    /// `encode` without the check (tests plant refused records with it).
+    fn encode_unchecked(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0; FRAME_BYTES]);
         match self {
@@ -137,14 +191,21 @@ impl Record {
         if super::checksum(body) != crc {
             return Decoded::Corrupt;
         }
-        match parse_body(body) {
-            Some(r) => Decoded::Record(r, FRAME_BYTES + len),
-            None => Decoded::Corrupt,
+        match parse_body(body).ok_or(Invalid::Malformed).and_then(|r| {
+            r.validate()?;
+            Ok(r)
+        }) {
+            Ok(r) => Decoded::Record(r, FRAME_BYTES + len),
+            Err(why) => Decoded::Refused(why, FRAME_BYTES + len),
         }
     }
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    assert!(
+        b.len() <= usize::from(u16::MAX),
+        "a field over its length prefix"
+    );
     out.extend_from_slice(&(b.len() as u16).to_le_bytes());
     out.extend_from_slice(b);
 }
@@ -169,13 +230,12 @@ impl<'a> Reader<'a> {
         self.take(8)
             .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
-    fn bytes(&mut self, max: usize) -> Option<&'a [u8]> {
+    fn bytes(&mut self) -> Option<&'a [u8]> {
         let n = usize::from(u16::from_le_bytes(self.take(2)?.try_into().ok()?));
-        (n <= max).then_some(())?;
         self.take(n)
     }
     fn text(&mut self) -> Option<String> {
-        String::from_utf8(self.bytes(MAX_FIELD_BYTES)?.to_vec()).ok()
+        String::from_utf8(self.bytes()?.to_vec()).ok()
     }
 }
 
@@ -183,13 +243,14 @@ fn parse_body(body: &[u8]) -> Option<Record> {
     let mut r = Reader(body);
     let record = match r.u8()? {
         KIND_OBJECT => {
-            let key = r.bytes(MAX_KEY_BYTES)?.to_vec();
+            // Lengths are bounded by the record's; what a field may hold is `validate`'s.
+            let key = r.bytes()?.to_vec();
             let version = r.u64()?;
             let size = r.u64()?;
             let block_bytes = r.u32()?;
             let fetched_unix_s = r.u64()?;
             let (etag, last_modified, content_type) = (r.text()?, r.text()?, r.text()?);
-            let o = ObjectVersion {
+            Record::Object(ObjectVersion {
                 key,
                 version,
                 size,
@@ -198,8 +259,7 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 etag,
                 last_modified,
                 content_type,
-            };
-            o.is_valid().then_some(Record::Object(o))?
+            })
         }
         KIND_BLOCK => Record::Block {
             version: r.u64()?,
@@ -225,7 +285,13 @@ pub struct ReplayStats {
     /// Records that were valid but named nothing the index has (a block of a dropped
     /// version, a block past its object's end); skipped.
     pub skipped: u64,
-    /// Bytes of whole, valid records from the start: the writer truncates the file here.
+    /// Whole records that matched their checksum but that `Record::validate` refuses;
+    /// skipped, and the records after them replayed.
+    pub refused: u64,
+    /// Why the first refused record was refused.
+    pub first_refusal: Option<Invalid>,
+    /// Bytes of whole records from the start (valid or refused): the writer truncates the
+    /// file here.
     pub valid_bytes: u64,
     /// The file went on past `valid_bytes` (a torn or damaged tail, ignored).
     pub damaged_tail: bool,
@@ -233,10 +299,24 @@ pub struct ReplayStats {
 
 /// Replays a journal's bytes into a fresh index.
 pub fn replay(bytes: &[u8]) -> (Index, ReplayStats) {
-    // Sized from the journal's length, so a rebuild does not grow its tables step by step
-    // (a journal of mostly drops or tiny keys may still grow them).
-    let mut index = Index::with_capacity(bytes.len() / REPLAY_SIZING_BYTES_PER_VERSION);
+    let mut index = Index::with_capacity(replay_capacity(bytes.len() as u64));
     let mut stats = ReplayStats::default();
+    let (used, _) = replay_into(bytes, &mut index, &mut stats);
+    stats.damaged_tail = used < bytes.len();
+    (index, stats)
+}
+
+/// Index capacity to reserve for a journal of `journal_bytes` (replay sizes its tables from
+/// the journal's length, so a rebuild does not grow them step by step).
+pub fn replay_capacity(journal_bytes: u64) -> usize {
+    usize::try_from(journal_bytes).unwrap_or(usize::MAX) / REPLAY_SIZING_BYTES_PER_VERSION
+}
+
+/// Applies the whole records at the front of `bytes` to `index`; returns the bytes they
+/// took, and whether what follows is damaged (a frame whose length or checksum is wrong:
+/// the journal ends there) rather than a record cut short by the buffer's end (to be read
+/// again with the bytes that follow). `stats.valid_bytes` grows by what was taken.
+pub fn replay_into(bytes: &[u8], index: &mut Index, stats: &mut ReplayStats) -> (usize, bool) {
     let mut at = 0;
     while at < bytes.len() {
         match Record::decode(&bytes[at..]) {
@@ -248,14 +328,20 @@ pub fn replay(bytes: &[u8]) -> (Index, ReplayStats) {
                 }
                 at += used;
             }
-            Decoded::Incomplete | Decoded::Corrupt => {
-                stats.damaged_tail = true;
-                break;
+            Decoded::Refused(why, used) => {
+                stats.refused += 1;
+                stats.first_refusal.get_or_insert(why);
+                at += used;
+            }
+            Decoded::Incomplete => break,
+            Decoded::Corrupt => {
+                stats.valid_bytes += at as u64;
+                return (at, true);
             }
         }
     }
-    stats.valid_bytes = at as u64;
-    (index, stats)
+    stats.valid_bytes += at as u64;
+    (at, false)
 }
 
 #[cfg(test)]
@@ -384,20 +470,90 @@ mod tests {
             Decoded::Corrupt,
             "length over the bound"
         );
-        // A well-framed body whose key length runs past the body.
+        // A well-framed body whose key length runs past the body: refused, and skipped
+        // whole (its frame says where the next record starts).
         let mut body = vec![KIND_OBJECT];
         body.extend_from_slice(&1000u16.to_le_bytes());
         body.extend_from_slice(b"short");
         let mut framed = (body.len() as u32).to_le_bytes().to_vec();
         framed.extend_from_slice(&crate::cache::checksum(&body).to_le_bytes());
         framed.extend_from_slice(&body);
-        assert_eq!(Record::decode(&framed), Decoded::Corrupt);
-        // An object whose block size is out of bounds is not valid either.
+        assert_eq!(
+            Record::decode(&framed),
+            Decoded::Refused(Invalid::Malformed, framed.len())
+        );
+        // An object whose block size is out of bounds is refused too.
         let mut o = object("a", 1, 10);
         o.block_bytes = 1000;
+        let mut bad = Vec::new();
+        Record::Object(o).encode_unchecked(&mut bad);
         assert_eq!(
-            Record::decode(&journal(&[Record::Object(o)])),
-            Decoded::Corrupt
+            Record::decode(&bad),
+            Decoded::Refused(Invalid::BlockBytes(1000), bad.len())
         );
+    }
+
+    /// What the writer would refuse, planted in the middle of a journal (a key over
+    /// `MAX_KEY_BYTES`, a claim of more than `MAX_BLOCKS_PER_OBJECT` blocks, a malformed
+    /// body): replay skips each, counts it, and every record around it survives.
+    #[test]
+    fn a_refused_record_in_the_middle_costs_only_itself() {
+        let long_key = "k".repeat(MAX_KEY_BYTES + 1);
+        let huge = object("huge", 3, (MAX_BLOCKS_PER_OBJECT + 1) << 20);
+        let refused = [
+            Record::Object(object(&long_key, 2, 1 << 20)),
+            Record::Object(huge.clone()),
+        ];
+        for r in &refused {
+            assert!(r.validate().is_err(), "{r:?}");
+        }
+        assert_eq!(
+            huge.validate(),
+            Err(Invalid::Blocks(MAX_BLOCKS_PER_OBJECT + 1))
+        );
+        let mut bytes = journal(&[
+            Record::Object(object("a", 1, 2 << 20)),
+            Record::Block {
+                version: 1,
+                block: 0,
+                crc: 7,
+            },
+        ]);
+        for r in &refused {
+            r.encode_unchecked(&mut bytes);
+        }
+        // An unknown kind, well framed.
+        let body = [99u8, 1, 2, 3];
+        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crate::cache::checksum(&body).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        bytes.extend(journal(&[
+            Record::Object(object("b", 4, 1 << 20)),
+            Record::Block {
+                version: 4,
+                block: 0,
+                crc: 9,
+            },
+            Record::Block {
+                version: 1,
+                block: 1,
+                crc: 8,
+            },
+        ]));
+        let (index, stats) = replay(&bytes);
+        assert_eq!(stats.refused, 3);
+        assert_eq!(
+            stats.first_refusal,
+            Some(Invalid::KeyLength(MAX_KEY_BYTES + 1))
+        );
+        assert!(!stats.damaged_tail);
+        assert_eq!(stats.valid_bytes, bytes.len() as u64);
+        assert_eq!(
+            (index.block_crc(1, 0), index.block_crc(1, 1)),
+            (Some(7), Some(8))
+        );
+        assert_eq!(index.current(b"b").map(|m| m.version), Some(4));
+        assert_eq!(index.block_crc(4, 0), Some(9));
+        assert_eq!(index.keys(), 2);
     }
 }

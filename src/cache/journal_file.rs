@@ -9,7 +9,13 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::index::Index;
-use super::journal::{replay, Record, ReplayStats};
+use super::journal::{
+    replay_capacity, replay_into, Record, ReplayStats, FRAME_BYTES, MAX_RECORD_BYTES,
+};
+
+/// Bytes start-up reads of the journal at a time: replay holds this and one record cut at
+/// its end, whatever the journal's size.
+pub const REPLAY_READ_BYTES: usize = 1 << 20;
 
 /// The cache's journal file, open for appending.
 #[derive(Debug)]
@@ -21,8 +27,10 @@ pub struct JournalFile {
 }
 
 impl JournalFile {
-    /// Opens (or creates) the journal at `path` and replays it into an index. A torn or
-    /// damaged tail is cut off (and made durable) before anything is appended after it.
+    /// Opens (or creates) the journal at `path` and replays it into an index, reading it as
+    /// a stream (`REPLAY_READ_BYTES` at a time). A torn or damaged tail is cut off (and made
+    /// durable) before anything is appended after it; a whole record replay refuses is
+    /// skipped and counted (`ReplayStats::refused`).
     pub fn open(path: &Path) -> io::Result<(JournalFile, Index, ReplayStats)> {
         let mut file = OpenOptions::new()
             .read(true)
@@ -30,10 +38,37 @@ impl JournalFile {
             .create(true)
             .truncate(false)
             .open(path)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
-        let (index, stats) = replay(&bytes);
-        if stats.valid_bytes < bytes.len() as u64 {
+        let on_disk = file.metadata()?.len();
+        let mut index = Index::with_capacity(replay_capacity(on_disk));
+        let mut stats = ReplayStats::default();
+        let mut buf = vec![0u8; REPLAY_READ_BYTES + FRAME_BYTES + MAX_RECORD_BYTES];
+        let mut held = 0;
+        loop {
+            let n = file.read(&mut buf[held..held + REPLAY_READ_BYTES])?;
+            if n == 0 {
+                break;
+            }
+            held += n;
+            let (used, damaged) = replay_into(&buf[..held], &mut index, &mut stats);
+            if damaged {
+                break;
+            }
+            // What is left is one record cut by the read's end (at most a frame and a body).
+            buf.copy_within(used..held, 0);
+            held -= used;
+            assert!(
+                held <= FRAME_BYTES + MAX_RECORD_BYTES,
+                "a record over its bound"
+            );
+        }
+        stats.damaged_tail = stats.valid_bytes < on_disk;
+        if stats.damaged_tail {
+            tracing::warn!(
+                path = %path.display(),
+                cut_bytes = on_disk - stats.valid_bytes,
+                kept_bytes = stats.valid_bytes,
+                "cache journal: a torn or damaged tail is cut off"
+            );
             file.set_len(stats.valid_bytes)?;
             file.sync_data()?;
         }
@@ -47,10 +82,15 @@ impl JournalFile {
         Ok((journal, index, stats))
     }
 
-    /// Appends `records` in one write; with `durable`, returns once they are on disk.
+    /// Appends `records` in one write; with `durable`, returns once they are on disk. A
+    /// record replay would refuse (`Record::validate`) is never written: the call fails with
+    /// `InvalidInput` and writes nothing.
     pub fn append(&mut self, records: &[Record], durable: bool) -> io::Result<()> {
         self.buf.clear();
         for r in records {
+            if let Err(why) = r.validate() {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, why.to_string()));
+            }
             r.encode(&mut self.buf);
         }
         self.file.write_all(&self.buf)?;
@@ -101,6 +141,57 @@ mod tests {
             version: i + 1,
             block: b,
             crc: (i as u32) ^ (b << 16),
+        }
+    }
+
+    /// Start-up reads the journal as a stream: records cut by its reads' ends, a refused
+    /// record in the middle and a torn tail give the same index as replaying the whole file,
+    /// and only the torn tail is cut off.
+    #[test]
+    fn a_streamed_replay_matches_the_whole_one_and_cuts_only_the_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let mut bytes = Vec::new();
+        let mut i = 0u64;
+        // Past three reads' worth, with keys of varying length so records straddle reads.
+        while bytes.len() < 3 * REPLAY_READ_BYTES + 1000 {
+            let mut o = object(i);
+            if let Record::Object(m) = &mut o {
+                m.key.extend(std::iter::repeat_n(b'x', (i % 700) as usize));
+            }
+            o.encode(&mut bytes);
+            block(i, (i % 4) as u32).encode(&mut bytes);
+            if i == 5000 {
+                // A well-framed record replay refuses (an unknown kind).
+                let body = [77u8, 0, 1];
+                bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(&crate::cache::checksum(&body).to_le_bytes());
+                bytes.extend_from_slice(&body);
+            }
+            i += 1;
+        }
+        let whole = bytes.len();
+        object(i).encode(&mut bytes);
+        bytes.truncate(bytes.len() - 3); // torn
+        std::fs::write(&path, &bytes).unwrap();
+        let (expect, expect_stats) = crate::cache::journal::replay(&bytes);
+        let (j, index, stats) = JournalFile::open(&path).unwrap();
+        assert_eq!(stats, expect_stats);
+        assert_eq!((stats.refused, stats.valid_bytes), (1, whole as u64));
+        assert!(stats.damaged_tail);
+        assert_eq!(j.len(), whole as u64);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole as u64);
+        assert_eq!(
+            (index.keys(), index.versions()),
+            (expect.keys(), i as usize)
+        );
+        for v in [0, 4999, 5000, 5001, i - 1] {
+            let key = index.meta(v + 1).unwrap().key.clone();
+            assert_eq!(expect.current(&key), index.current(&key));
+            assert_eq!(
+                index.block_crc(v + 1, (v % 4) as u32),
+                expect.block_crc(v + 1, (v % 4) as u32)
+            );
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Stats {
     pub journal_bytes: u64,
     /// The journal ends in a torn or damaged tail (ignored, as at start-up).
     pub damaged_tail: bool,
+    /// Whole records replay refuses (skipped, as at start-up).
+    pub refused_records: u64,
 }
 
 fn replay(dir: &Path) -> std::io::Result<(super::index::Index, journal::ReplayStats, u64)> {
@@ -40,15 +42,14 @@ pub fn stats(dir: &Path) -> std::io::Result<Stats> {
         versions: index.versions(),
         journal_bytes,
         damaged_tail: replay.damaged_tail,
+        refused_records: replay.refused,
         ..Stats::default()
     };
     for v in index.each_version() {
         s.object_bytes += v.size;
-        for b in 0..v.blocks() as u32 {
-            if index.block_crc(v.version, b).is_some() {
-                s.blocks += 1;
-                s.bytes += BlockStore::block_len(v, b).unwrap_or(0) as u64;
-            }
+        for (b, _) in index.each_block(v.version) {
+            s.blocks += 1;
+            s.bytes += BlockStore::block_len(v, b).unwrap_or(0) as u64;
         }
     }
     Ok(s)
@@ -62,10 +63,7 @@ pub fn verify(dir: &Path) -> std::io::Result<(u64, Vec<(u64, u32)>)> {
     let mut buf = Vec::new();
     let (mut checked, mut bad) = (0, Vec::new());
     for v in index.each_version() {
-        for b in 0..v.blocks() as u32 {
-            let Some(crc) = index.block_crc(v.version, b) else {
-                continue;
-            };
+        for (b, crc) in index.each_block(v.version) {
             checked += 1;
             match store.read_block(v, b, crc, &mut buf) {
                 Ok(()) => {}

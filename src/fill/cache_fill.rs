@@ -248,6 +248,8 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     pass_events: Vec<FillEvent>,
     /// The next pass-through job id (below `PASS_THROUGH_JOB_BIT`).
     next_pass: u64,
+    /// The blocks `check_blocks` checks (kept for its capacity).
+    check_scratch: Vec<(u32, u32, usize, usize)>,
 }
 
 /// What a pass-through fetch asks the origin for.
@@ -287,7 +289,25 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     pub fn open(dir: &Path, cfg: FillConfig, shards: usize) -> std::io::Result<FillCore<W>> {
         assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
         let store = BlockStore::open(dir)?;
-        let (journal, index, _) = JournalFile::open(&dir.join("journal"))?;
+        let (journal, index, replayed) = JournalFile::open(&dir.join("journal"))?;
+        let blocks: u64 = index
+            .each_version()
+            .map(|v| index.blocks_present(v.version))
+            .sum();
+        // One line: what came back, and anything dropped and why.
+        tracing::info!(
+            dir = %dir.display(),
+            objects = index.keys(),
+            versions = index.versions(),
+            blocks,
+            journal_bytes = journal.len(),
+            records = replayed.records,
+            skipped = replayed.skipped,
+            refused = replayed.refused,
+            first_refusal = %replayed.first_refusal.map_or(String::new(), |w| w.to_string()),
+            torn_tail = replayed.damaged_tail,
+            "cache index recovered"
+        );
         let next_version = index.max_version() + 1;
         let evict = (cfg.max_bytes > 0).then(|| S3Fifo::new(cfg.max_bytes));
         let mut core = FillCore {
@@ -540,6 +560,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             samples: Vec::new(),
             pass_events: Vec::new(),
             next_pass: 1,
+            check_scratch: Vec::new(),
         }
     }
 
@@ -825,59 +846,89 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         slots.append(&mut self.freed);
     }
 
-    /// Checks the blocks `bytes` (read from `version`'s data file at `file_off`, a block
-    /// boundary) holds whole against their checksums; the first that fails is forgotten
-    /// and returned (`BadBlock::Corrupt`), as is one another read dropped meanwhile
-    /// (`BadBlock::Dropped`).
+    /// Checks every block of `version` that bytes `file_off..file_off + need` of its data
+    /// file touch against its checksum, `bytes` being what the read brought (from
+    /// `file_off`, a block boundary). A read of a pulled object holds whole blocks by
+    /// construction (its reads are aligned to the block size and end at a block boundary or
+    /// the object's end), so every block a response sends is checked, with no cap. The first
+    /// that fails is forgotten and returned (`BadBlock::Corrupt`), as is one another read
+    /// dropped meanwhile (`BadBlock::Dropped`).
     pub fn check_blocks(
         &mut self,
         version: u64,
         file_off: u64,
+        need: usize,
         bytes: &[u8],
     ) -> Result<(), BadBlock> {
         // The checksums are looked up under the lock; the bytes are summed outside it.
-        const MAX: usize = 64;
-        let mut want = [(0u32, 0u32, 0usize, 0usize); MAX];
-        let mut n = 0;
-        {
+        let mut want = std::mem::take(&mut self.check_scratch);
+        want.clear();
+        let looked_up = {
             let core = self.core();
-            let Some(meta) = core.index.meta(version) else {
-                return Ok(());
-            };
-            let b = u64::from(meta.block_bytes);
-            debug_assert_eq!(
-                file_off % b,
-                0,
-                "a read of a pulled object starts on a block"
-            );
-            let mut at = file_off;
-            while at < meta.size && n < MAX {
-                let len = (meta.size - at).min(b) as usize;
-                let start = (at - file_off) as usize;
-                if start + len > bytes.len() {
-                    break; // ends inside this block: checked by the read that holds it whole
+            let b = core
+                .index
+                .meta(version)
+                .map(|m| (m.size, u64::from(m.block_bytes)));
+            match b {
+                // A version read is pinned and never dropped: its bytes cannot be vouched for.
+                None => Err(BadBlock::Dropped(0)),
+                Some((size, b)) => {
+                    assert_eq!(
+                        file_off % b,
+                        0,
+                        "a read of a pulled object starts on a block"
+                    );
+                    let end = (file_off + need as u64).min(size);
+                    let mut at = file_off;
+                    let mut found = Ok(());
+                    while at < end {
+                        let len = (size - at).min(b) as usize;
+                        let start = (at - file_off) as usize;
+                        // Whole blocks only: the read's alignment keeps it so.
+                        assert!(
+                            start + len <= bytes.len(),
+                            "a read holds part of block {} ({} of {len} bytes)",
+                            at / b,
+                            bytes.len() - start
+                        );
+                        let block = (at / b) as u32;
+                        // A read covers committed blocks only: one without its checksum now
+                        // was found corrupt (and dropped) by another read while this one was
+                        // planned or in flight, and its bytes on the disk are the bad ones.
+                        let Some(crc) = core.index.block_crc(version, block) else {
+                            found = Err(BadBlock::Dropped(block));
+                            break;
+                        };
+                        want.push((block, crc, start, len));
+                        at += b;
+                    }
+                    found
                 }
-                let block = (at / b) as u32;
-                // A read covers committed blocks only: one without its checksum now was found
-                // corrupt (and dropped) by another read while this one was planned or in
-                // flight, and its bytes on the disk are the bad ones.
-                let Some(crc) = core.index.block_crc(version, block) else {
-                    return Err(BadBlock::Dropped(block));
-                };
-                want[n] = (block, crc, start, len);
-                n += 1;
-                at += b;
+            }
+        };
+        let mut result = looked_up;
+        if result.is_ok() {
+            for &(block, crc, start, len) in &want {
+                if crate::cache::checksum(&bytes[start..start + len]) != crc {
+                    let mut core = self.core();
+                    core.blocks_corrupt += 1;
+                    core.index.forget_block(version, block);
+                    result = Err(BadBlock::Corrupt(block));
+                    break;
+                }
             }
         }
-        for &(block, crc, start, len) in &want[..n] {
-            if crate::cache::checksum(&bytes[start..start + len]) != crc {
-                let mut core = self.core();
-                core.blocks_corrupt += 1;
-                core.index.forget_block(version, block);
-                return Err(BadBlock::Corrupt(block));
-            }
-        }
-        Ok(())
+        self.check_scratch = want;
+        result
+    }
+
+    /// A response reading `version` met block `block` corrupt (or dropped) mid-body: the
+    /// block is fetched again at the front of the queue (or the fetch under way is joined and
+    /// moved there), and `waiter` hears `Notice::Block` when it is back (`Ready`: it is
+    /// already). `Busy` when it cannot be: the version is no longer the key's (the response
+    /// cannot go on without mixing versions) or too many wait.
+    pub fn refetch(&mut self, version: u64, block: u32, waiter: W) -> Outcome {
+        self.core().refetch(version, block, waiter)
     }
 
     /// See `FillCore::verify_block`.
@@ -1147,6 +1198,56 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         Outcome::Waiting
     }
 
+    /// See `CacheFill::refetch`.
+    pub fn refetch(&mut self, version: u64, block: u32, waiter: W) -> Outcome {
+        let Some(meta) = self.index.meta(version) else {
+            return Outcome::Busy;
+        };
+        if self.index.current(&meta.key).map(|m| m.version) != Some(version)
+            || u64::from(block) >= meta.blocks()
+            || meta.key.len() < 2
+        {
+            return Outcome::Busy;
+        }
+        if self.index.block_crc(version, block).is_some() {
+            return Outcome::Ready(version);
+        }
+        // The key is the origin's index (2 bytes) and the path under it (`EdgeCache::route`).
+        let origin = usize::from(u16::from_be_bytes([meta.key[0], meta.key[1]]));
+        let path = format!("/{}", String::from_utf8_lossy(&meta.key[2..]));
+        let key = meta.key.clone();
+        match self.blocks.want((version, block), Some(waiter)) {
+            Ask::Fetch => {
+                self.waits_started += 1;
+                self.queue.push_front(Job {
+                    key,
+                    origin,
+                    path,
+                    version,
+                    first: block,
+                    last: block,
+                    probe: false,
+                    revalidate: false,
+                    not_before_ms: 0,
+                    committed: Vec::new(),
+                    pinned: false,
+                });
+            }
+            Ask::Wait => {
+                self.waits_joined += 1;
+                // A queued fetch of it goes first (one already running is on its way).
+                let queued = self.queue.iter().position(|j| {
+                    j.version == version && !j.probe && (j.first..=j.last).contains(&block)
+                });
+                if let Some(job) = queued.and_then(|i| self.queue.remove(i)) {
+                    self.queue.push_front(job);
+                }
+            }
+            Ask::PassThrough => return Outcome::Busy,
+        }
+        Outcome::Waiting
+    }
+
     /// Where the committed bytes of `version` that start at byte `from`'s block end: the
     /// end of the last block of the run of present blocks from there (`from` itself when its
     /// block is missing).
@@ -1290,7 +1391,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let mut commits: Vec<(u64, Record)> = Vec::new();
         for e in events.drain(..) {
             if let FillEvent::Committed { job, block, crc } = e {
-                if let Some(j) = self.running.get(&job) {
+                // A version the index does not hold (its head was refused) journals nothing.
+                if let Some(j) = self
+                    .running
+                    .get(&job)
+                    .filter(|j| self.index.meta(j.version).is_some())
+                {
                     let version = j.version;
                     commits.push((
                         job,
@@ -1364,6 +1470,19 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             last_modified: facts.last_modified.unwrap_or_default(),
             content_type: facts.content_type.unwrap_or_default(),
         };
+        if let Err(why) = meta.validate() {
+            // Replay would refuse its record: it is never journaled, and its waiters get a
+            // 502 (the fetch's blocks are not journaled either: `commit` skips a version the
+            // index does not hold).
+            let job = job.clone();
+            tracing::warn!(
+                origin = self.origin_name(job.origin),
+                path = %job.path,
+                %why,
+                "origin object not cacheable: refused"
+            );
+            return self.give_up(&job, FetchError::Unusable(Unusable::Uncacheable));
+        }
         let record = Record::Object(meta);
         if let Err(e) = self.journal.append(std::slice::from_ref(&record), true) {
             tracing::error!(error = %e, "cache journal append failed; the object is not stored");

@@ -386,6 +386,13 @@ impl BlockFetch {
             Verdict::VersionChanged => return self.fail(FetchError::VersionChanged, out),
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
         };
+        if size.div_ceil(u64::from(self.plan.block_bytes))
+            > crate::cache::journal::MAX_BLOCKS_PER_OBJECT
+        {
+            // The cache could not record it (`ObjectVersion::validate`): refused at the head,
+            // before a byte is written.
+            return self.fail(FetchError::Unusable(Unusable::Uncacheable), out);
+        }
         let facts = HeadFacts {
             size,
             etag: keep(head.etag),

@@ -193,6 +193,9 @@ pub enum Unusable {
     NoLength,
     /// A 206 for another range than asked, or without a usable Content-Range.
     WrongRange,
+    /// An object the cache cannot record (more blocks than `MAX_BLOCKS_PER_OBJECT`, or a
+    /// key or field over its bound): refused before anything of it is journaled.
+    Uncacheable,
 }
 
 /// Judges `head` against what the fill expected.

@@ -43,6 +43,35 @@ pub(super) fn pulled_facts<'a>(
     }
 }
 
+/// Most times one response may meet a bad block and wait for it to be fetched again; past
+/// it the response is cut (a disk that corrupts every block it is given cannot be served
+/// from).
+pub const MAX_REFETCHES_PER_RESPONSE: u32 = 8;
+
+/// A response reading a pulled version: the version (pinned while read), and the chunk that
+/// waits for a bad block to be fetched again, if one does.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PulledRead {
+    version: u64,
+    /// The held chunk's slot and the block it waits for.
+    refetch: Option<(ArenaSlot, u32)>,
+    /// Bad blocks met so far (`MAX_REFETCHES_PER_RESPONSE`).
+    refetches: u32,
+}
+
+/// What `verify_cache_read` made of a completed read of a pulled version.
+pub(super) enum ReadCheck {
+    /// Hand the machine this result (the bytes are checked, or the read is not whole yet,
+    /// or `-EIO`: the response is cut).
+    Use(i32),
+    /// A bad block: the chunk waits in place (`ConnMachine::hold_for_refetch`), and is read
+    /// again when the block is back (`now`: it is already).
+    Hold {
+        /// The block is on disk again already: read again at once.
+        now: bool,
+    },
+}
+
 /// What a waiting request whose fill failed gets when it is parsed again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum FillAnswer {
@@ -72,6 +101,19 @@ impl<R: RingOps> Shard<R> {
         let Route::Origin { origin, key, path } = route else {
             return false;
         };
+        if key.len() > crate::cache::journal::MAX_KEY_BYTES {
+            // Its record could never be journaled (replay would refuse it): 414, before the
+            // cache or the origin sees it.
+            tracing::info!(
+                shard = self.index,
+                key_bytes = key.len(),
+                max = crate::cache::journal::MAX_KEY_BYTES,
+                "cache key too long: 414"
+            );
+            super::ShardMetrics::add(&self.metrics.cache_error, 1);
+            self.respond_status(c, 414, keep_alive, head_only);
+            return true;
+        }
         match self.fill_answers.remove(&c.raw()) {
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
@@ -171,7 +213,14 @@ impl<R: RingOps> Shard<R> {
         if let Some(edge) = self.edge.as_mut() {
             edge.fill.pin(version);
         }
-        self.fill_reads.insert(c.raw(), version);
+        self.fill_reads.insert(
+            c.raw(),
+            PulledRead {
+                version,
+                refetch: None,
+                refetches: 0,
+            },
+        );
         let waited = self.conns[c.index()].cache.is_some();
         let mut filling = false;
         // A streaming response reads no further than the committed blocks and moves on as
@@ -300,9 +349,13 @@ impl<R: RingOps> Shard<R> {
         for n in notices.drain(..) {
             match n {
                 Notice::Block {
-                    waiter, version, ..
+                    waiter,
+                    version,
+                    block,
                 } => {
-                    if self.conns[waiter.conn.index()].awaiting_fill() {
+                    if self.refetch_arrived(waiter, Some(block)) {
+                        // A chunk held on a bad block reads it again.
+                    } else if self.conns[waiter.conn.index()].awaiting_fill() {
                         self.resume_fill(waiter, None);
                     } else {
                         self.stream_block_arrived(waiter, version);
@@ -311,7 +364,9 @@ impl<R: RingOps> Shard<R> {
                 Notice::Known { waiter, .. } => self.resume_fill(waiter, None),
                 Notice::Failed { waiter, error } => {
                     // The fill logged the failure once, naming the origin.
-                    if self.conns[waiter.conn.index()].awaiting_fill() {
+                    if self.refetch_failed(waiter, &error) {
+                        // Cut: the bad block could not be fetched again.
+                    } else if self.conns[waiter.conn.index()].awaiting_fill() {
                         let answer = if error == crate::origin::fetch::FetchError::VersionChanged {
                             // The version it waited on went (replaced at the origin, or
                             // evicted before its blocks came): nothing was sent yet, so it
@@ -427,11 +482,15 @@ impl<R: RingOps> Shard<R> {
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.fill_answers.remove(&c.raw());
         self.relay_end(c);
+        let refetching = self
+            .fill_reads
+            .get(&c.raw())
+            .is_some_and(|r| r.refetch.is_some());
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a
         // waiter list: every other connection's close costs nothing here.
         let streaming = self.fill_streams.remove(&c.raw()).is_some();
-        if streaming || self.conns[c.index()].awaiting_fill() {
+        if streaming || refetching || self.conns[c.index()].awaiting_fill() {
             let waiter = self.waiter(c);
             if let Some(edge) = self.edge.as_mut() {
                 edge.fill.cancel(&waiter);
@@ -440,58 +499,144 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// A read of a pulled version completed with `res`: when it is whole, every block in it
-    /// is checked against its journaled CRC-32C. A block that fails is forgotten (the next
-    /// request fetches it again, alone) and the read becomes an I/O error, so the response
-    /// is cut rather than send a wrong byte.
-    pub(super) fn verify_cache_read(&mut self, c: ConnSlot, slot: ArenaSlot, res: i32) -> i32 {
-        let Some(&version) = self.fill_reads.get(&c.raw()) else {
-            return res;
+    /// is checked against its journaled CRC-32C. None: a block failed (or another read had
+    /// dropped it): it is fetched again at the front of the fill's queue, and the chunk waits
+    /// in place (`ConnMachine::hold_for_refetch`) to be read again when it is back, so the
+    /// same response goes on with the right bytes. Only when that cannot be (the version was
+    /// replaced, too many bad blocks, the origin cannot give it back) is the read an I/O
+    /// error and the response cut, with a log line naming the object and the block.
+    pub(super) fn verify_cache_read(
+        &mut self,
+        c: ConnSlot,
+        slot: ArenaSlot,
+        res: i32,
+    ) -> ReadCheck {
+        use ReadCheck::Use;
+        let Some(&read) = self.fill_reads.get(&c.raw()) else {
+            return Use(res);
         };
+        if !self.conns[c.index()].is_open() {
+            // Closing: the machine only counts the read back in.
+            return Use(res);
+        }
         let Some((file_off, buf_off, got, need)) = self.conns[c.index()].chunk_read(slot) else {
-            return res;
+            return Use(res);
         };
         if res <= 0 || got + (res as u32) < need {
-            return res;
+            return Use(res);
         }
+        let waiter = self.waiter(c);
         let Some(edge) = self.edge.as_mut() else {
-            return res;
+            return Use(res);
         };
-        let read = u64::from(got) + res as u64;
-        let bytes = &self.ring.arena(slot)[buf_off as usize..buf_off as usize + read as usize];
-        match edge.fill.check_blocks(version, file_off, bytes) {
-            Ok(()) => res,
-            Err(crate::fill::cache_fill::BadBlock::Dropped(block)) => {
-                tracing::info!(
-                    shard = self.index,
-                    version,
-                    block,
-                    "a cached block was dropped as corrupt during this read: the response is cut"
-                );
-                -libc::EIO
-            }
+        let version = read.version;
+        let got_bytes = u64::from(got) + res as u64;
+        let bytes = &self.ring.arena(slot)[buf_off as usize..buf_off as usize + got_bytes as usize];
+        let block = match edge
+            .fill
+            .check_blocks(version, file_off, need as usize, bytes)
+        {
+            Ok(()) => return Use(res),
+            Err(crate::fill::cache_fill::BadBlock::Dropped(block)) => block,
             Err(crate::fill::cache_fill::BadBlock::Corrupt(block)) => {
                 super::ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
-                tracing::warn!(
-                    shard = self.index,
-                    version,
-                    block,
-                    "a cached block failed its checksum: dropped, to be fetched again"
-                );
-                -libc::EIO
+                block
+            }
+        };
+        let key = edge
+            .meta(version)
+            .map(|m| String::from_utf8_lossy(m.key.get(2..).unwrap_or_default()).into_owned())
+            .unwrap_or_default();
+        if read.refetches >= MAX_REFETCHES_PER_RESPONSE {
+            tracing::warn!(shard = self.index, object = %key, version, block, refetches = read.refetches, "a cached block failed its checksum again: the response is cut");
+            return Use(-libc::EIO);
+        }
+        let outcome = edge.fill.refetch(version, block, waiter);
+        let entry = self.fill_reads.get_mut(&c.raw()).expect("looked up above");
+        entry.refetches += 1;
+        match outcome {
+            Outcome::Waiting => {
+                tracing::warn!(shard = self.index, object = %key, version, block, "a cached block failed its checksum: fetched again, the response waits for it");
+                entry.refetch = Some((slot, block));
+                ReadCheck::Hold { now: false }
+            }
+            // Fetched again meanwhile: read again at once.
+            Outcome::Ready(_) => {
+                entry.refetch = Some((slot, block));
+                ReadCheck::Hold { now: true }
+            }
+            Outcome::Busy | Outcome::Refused(_) => {
+                tracing::warn!(shard = self.index, object = %key, version, block, "a cached block failed its checksum and cannot be fetched again for this response: it is cut");
+                Use(-libc::EIO)
             }
         }
+    }
+
+    /// The block the held chunk of `waiter`'s response waited for is back: it is read again.
+    /// False when `waiter` holds no chunk for `block` (its notice is for a stream).
+    pub(super) fn refetch_arrived(&mut self, waiter: Waiter, block: Option<u32>) -> bool {
+        let c = waiter.conn;
+        if self.conns[c.index()].generation != waiter.generation {
+            return false;
+        }
+        let Some(read) = self.fill_reads.get_mut(&c.raw()) else {
+            return false;
+        };
+        let Some((slot, waited)) = read.refetch else {
+            return false;
+        };
+        if block.is_some_and(|b| b != waited) {
+            return false;
+        }
+        read.refetch = None;
+        let mut out = self.take_actions();
+        self.conns[c.index()].reread(slot, &mut out);
+        self.run_actions(c, out);
+        true
+    }
+
+    /// The block the held chunk of `waiter`'s response waited for could not be fetched
+    /// again: the response is cut, with a log line naming the object and the block. False
+    /// when `waiter` holds no such chunk.
+    fn refetch_failed(&mut self, waiter: Waiter, error: &crate::origin::fetch::FetchError) -> bool {
+        let c = waiter.conn;
+        if self.conns[c.index()].generation != waiter.generation {
+            return false;
+        }
+        let Some(read) = self.fill_reads.get_mut(&c.raw()) else {
+            return false;
+        };
+        let Some((_, block)) = read.refetch.take() else {
+            return false;
+        };
+        let version = read.version;
+        let object = self
+            .edge
+            .as_ref()
+            .and_then(|e| e.meta(version))
+            .map(|m| String::from_utf8_lossy(m.key.get(2..).unwrap_or_default()).into_owned())
+            .unwrap_or_default();
+        tracing::warn!(
+            shard = self.index,
+            %object,
+            version,
+            block,
+            ?error,
+            "a corrupt cached block could not be fetched again: the response is cut"
+        );
+        self.fill_aborts.push(waiter);
+        true
     }
 
     /// Connection `c` no longer reads the version it read (its pin goes).
     pub(super) fn fill_reads_end(&mut self, c: ConnSlot) {
-        if let (Some(version), Some(edge)) = (self.fill_reads.remove(&c.raw()), self.edge.as_mut())
-        {
-            edge.fill.unpin(version);
+        if let (Some(read), Some(edge)) = (self.fill_reads.remove(&c.raw()), self.edge.as_mut()) {
+            edge.fill.unpin(read.version);
         }
     }
 
     /// This shard's name for a connection that waits on the fill.
-    fn waiter(&self, c: ConnSlot) -> Waiter {
+    pub(super) fn waiter(&self, c: ConnSlot) -> Waiter {
         Waiter {
             shard: self.index as u16,
             conn: c,

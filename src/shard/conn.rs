@@ -56,6 +56,9 @@ pub enum ChunkState {
     /// the unsent bytes re-read later (a stalled client holds memory only while nobody else
     /// needs it, and at most `PARK_HOLD_MS`).
     Parked,
+    /// Its read holds a cached block that failed its checksum: the chunk keeps its place and
+    /// its slot (nothing in flight) until the block is fetched again, then is read again.
+    Refetching,
 }
 
 /// One registered-buffer chunk of a response.

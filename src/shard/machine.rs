@@ -1601,6 +1601,40 @@ impl ConnMachine {
         });
     }
 
+    /// The read into `slot` holds a cached block that failed its checksum (or that another
+    /// read dropped as corrupt): the chunk keeps its place in the pipeline and its slot, and
+    /// is read again whole (`reread`) once the block is fetched again. Nothing is in flight
+    /// meanwhile; later chunks wait behind it, so bytes still leave in order.
+    pub fn hold_for_refetch(&mut self, slot: ArenaSlot) {
+        let body = self.body_mut().expect("a read completion without a body");
+        let i = body.chunk_index(slot);
+        let ch = &mut body.chunks[i];
+        assert_eq!(ch.state, ChunkState::Reading, "held a chunk not reading");
+        ch.state = ChunkState::Refetching;
+        ch.read_got = 0;
+    }
+
+    /// The block a held chunk (`hold_for_refetch`) waited for is on disk again: its read is
+    /// submitted again. False when no chunk of this response waits in `slot` (it ended).
+    pub fn reread(&mut self, slot: ArenaSlot, out: &mut Actions) -> bool {
+        if !self.is_open() {
+            return false;
+        }
+        let Some(body) = self.body_mut() else {
+            return false;
+        };
+        let Some(ch) = body
+            .chunks
+            .iter_mut()
+            .find(|c| c.slot == slot && c.state == ChunkState::Refetching)
+        else {
+            return false;
+        };
+        ch.state = ChunkState::Reading;
+        self.submit_read(slot, out);
+        true
+    }
+
     /// A file read into `slot` completed with `res`. `unchanged(file)` says whether the
     /// open file is still the version the response started with.
     pub fn on_read(
@@ -2103,7 +2137,9 @@ impl ConnMachine {
             let Some(last) = body.chunks.back() else {
                 break;
             };
-            let ours = !last.state.kernel_holds();
+            // A chunk waiting for its block to be fetched again keeps its slot: it is read
+            // again in place when the block is back.
+            let ours = !last.state.kernel_holds() && last.state != ChunkState::Refetching;
             // Plaintext offsets in the slot: where the chunk's bytes began, the first one not
             // yet delivered, the end. A sealed chunk goes back to the start of its first
             // record that did not leave whole; one that left in part is sealed again

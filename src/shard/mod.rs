@@ -249,7 +249,7 @@ struct Shard<R: RingOps> {
     fill_aborts: Vec<crate::fill::edge::Waiter>,
     /// Responses reading a pulled version, by connection slot: the version whose blocks'
     /// checksums every read is checked against.
-    fill_reads: std::collections::HashMap<u32, u64>,
+    fill_reads: std::collections::HashMap<u32, cache_glue::PulledRead>,
     /// Pass-through responses by connection slot (`fill::relay`), and their fetches' jobs.
     relays: std::collections::HashMap<u32, crate::fill::relay::Relay>,
     /// A pass-through fetch's job -> its connection (slot, generation); kept until the
@@ -1327,7 +1327,18 @@ impl<R: RingOps> Shard<R> {
             Op::Read => {
                 let slot = t.arena_slot();
                 self.ring.arena_done(slot);
-                let res = self.verify_cache_read(c, slot, res);
+                let res = match self.verify_cache_read(c, slot, res) {
+                    cache_glue::ReadCheck::Use(res) => res,
+                    cache_glue::ReadCheck::Hold { now } => {
+                        // A bad block: the chunk waits in place for it to be fetched again.
+                        self.conns[c.index()].hold_for_refetch(slot);
+                        if now {
+                            let waiter = self.waiter(c);
+                            self.refetch_arrived(waiter, None);
+                        }
+                        return;
+                    }
+                };
                 let cx = self.cx();
                 let mut out = self.take_actions();
                 let files = &mut self.files;
