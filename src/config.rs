@@ -35,6 +35,10 @@ pub const MAX_WAIT_BATCH_USEC: u64 = 1000;
 pub const MAX_SHARDS: usize = 1024;
 /// Default `cache_revalidate_s`: 30 days (game files do not change under the same URL).
 pub const DEFAULT_CACHE_REVALIDATE_S: u64 = 30 * 24 * 3600;
+/// Default `cache_open_files`: data files the fill keeps open for writing.
+pub const DEFAULT_CACHE_OPEN_FILES: usize = 1024;
+/// Most `cache_open_files` may be (each is a descriptor of the process).
+pub const MAX_CACHE_OPEN_FILES: usize = 65_536;
 /// Largest `cache_revalidate_s`: 10 years.
 pub const MAX_CACHE_REVALIDATE_S: u64 = 10 * 365 * 24 * 3600;
 
@@ -334,6 +338,9 @@ pub struct Config {
     /// Seconds an origin's 404 is remembered (its key's requests get it without asking the
     /// origin); 0: never.
     pub cache_404_s: u64,
+    /// Most cached versions whose data file the fill keeps open for writing (least recently
+    /// used closed first; a fetch under way keeps its own).
+    pub cache_open_files: usize,
     /// Seconds between two lookups of every origin's name (off the shard threads; new
     /// connections go to the latest addresses, in turn).
     pub origin_resolve_ttl_s: u64,
@@ -405,6 +412,7 @@ impl Default for Config {
             cache_max_bytes: 0,
             cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
             cache_404_s: 10,
+            cache_open_files: DEFAULT_CACHE_OPEN_FILES,
             origin_resolve_ttl_s: 60,
         }
     }
@@ -707,6 +715,12 @@ impl Config {
         if self.cache_404_s > max_404 {
             return Err(err("cache_404_s", format!("at most {max_404}")));
         }
+        if !(1..=MAX_CACHE_OPEN_FILES).contains(&self.cache_open_files) {
+            return Err(err(
+                "cache_open_files",
+                format!("must be 1..={MAX_CACHE_OPEN_FILES}"),
+            ));
+        }
         if self.origin.is_empty() {
             return Ok(());
         }
@@ -870,6 +884,7 @@ impl Config {
             cache_max_bytes,
             cache_revalidate_s,
             cache_404_s,
+            cache_open_files,
             origin_resolve_ttl_s,
         );
         let mut config = self.clone();

@@ -81,6 +81,8 @@ pub struct FillConfig {
     pub not_found_s: u64,
     /// Each origin's name for log lines (index = its `[[origin]]` entry).
     pub origin_names: Vec<String>,
+    /// Most data files kept open for writing (`cache_open_files`).
+    pub open_files: usize,
 }
 
 /// What a want found.
@@ -170,7 +172,11 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     index: Index,
     blocks: Fills<(u64, u32), Option<W>>,
     probes: HashMap<Vec<u8>, Vec<W>>,
-    files: HashMap<u64, Arc<File>>,
+    /// Data files open for writing, with when each was last used (at most
+    /// `FillConfig::open_files`; the least recently used is closed first).
+    files: HashMap<u64, (Arc<File>, u64)>,
+    /// The use counter `files` is stamped with.
+    file_uses: u64,
     /// Fetches running on any shard, by job id.
     running: HashMap<u64, Job>,
     queue: VecDeque<Job>,
@@ -318,6 +324,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             index,
             probes: HashMap::new(),
             files: HashMap::new(),
+            file_uses: 0,
             running: HashMap::new(),
             queue: VecDeque::new(),
             next_job: 0,
@@ -600,6 +607,11 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// Blocks found corrupt, over all shards.
     pub fn blocks_corrupt(&self) -> u64 {
         self.core().blocks_corrupt
+    }
+
+    /// Data files the fill holds open for writing (at most `FillConfig::open_files`).
+    pub fn open_files(&self) -> usize {
+        self.core().files.len()
     }
 
     /// See `FillCore::want`.
@@ -1370,8 +1382,21 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     fn data_file(&mut self, version: u64) -> std::io::Result<Arc<File>> {
-        if let Some(f) = self.files.get(&version) {
+        self.file_uses += 1;
+        if let Some((f, used)) = self.files.get_mut(&version) {
+            *used = self.file_uses;
             return Ok(f.clone());
+        }
+        if self.files.len() >= self.cfg.open_files.max(1) {
+            // A fetch under way holds its own handle: closing ours costs it nothing.
+            let oldest = self
+                .files
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(&v, _)| v);
+            if let Some(v) = oldest {
+                self.files.remove(&v);
+            }
         }
         let f = Arc::new(
             std::fs::OpenOptions::new()
@@ -1381,7 +1406,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 .custom_flags(libc::O_DIRECT)
                 .open(self.store.data_path(version))?,
         );
-        self.files.insert(version, f.clone());
+        self.files.insert(version, (f.clone(), self.file_uses));
+        debug_assert!(self.files.len() <= self.cfg.open_files.max(1));
         Ok(f)
     }
 

@@ -131,6 +131,7 @@ impl SharedEdge {
             max_bytes: config.cache_max_bytes,
             revalidate_s: config.cache_revalidate_s,
             not_found_s: config.cache_404_s,
+            open_files: config.cache_open_files,
             origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
         };
         let core = FillCore::open(cache_dir, cfg, shards)?;

@@ -559,6 +559,7 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         revalidate_s: crate::config::DEFAULT_CACHE_REVALIDATE_S,
         not_found_s: 10,
         origin_names: vec!["nginx".into()],
+        open_files: 2,
     }
 }
 
@@ -578,6 +579,19 @@ fn read_all(
     slots: &mut Vec<ArenaSlot>,
     obj: &[u8],
 ) -> usize {
+    read_all_of(cf, ring, readers, slots, obj, b"k", "/patch.bin")
+}
+
+/// `read_all` of key `key`, fetched as `path`.
+fn read_all_of(
+    cf: &mut CacheFill<usize>,
+    ring: &mut Ring,
+    readers: &mut [Reader],
+    slots: &mut Vec<ArenaSlot>,
+    obj: &[u8],
+    key: &[u8],
+    path: &str,
+) -> usize {
     let start = Instant::now();
     let (mut notices, mut freed, mut batch, mut buf) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -586,13 +600,13 @@ fn read_all(
         let mut all_done = true;
         for (i, r) in readers.iter_mut().enumerate() {
             loop {
-                let size = cf.index().current(b"k").map(|m| m.size);
+                let size = cf.index().current(key).map(|m| m.size);
                 let end = r.end.or(size).unwrap_or(u64::MAX);
                 if r.pos >= end || r.waiting {
                     break;
                 }
                 let last = (r.pos | (u64::from(BLOCK) - 1)).min(end - 1);
-                match cf.want(b"k", 0, "/patch.bin", r.pos, Some(last), i) {
+                match cf.want(key, 0, path, r.pos, Some(last), i) {
                     Outcome::Ready(v) => {
                         ready_at_once += 1;
                         let meta = cf.index().meta(v).unwrap().clone();
@@ -609,7 +623,7 @@ fn read_all(
                     Outcome::Busy | Outcome::Refused(_) => panic!("busy"),
                 }
             }
-            let size = cf.index().current(b"k").map(|m| m.size);
+            let size = cf.index().current(key).map(|m| m.size);
             all_done &= r.pos >= r.end.or(size).unwrap_or(u64::MAX);
         }
         if all_done {
@@ -641,6 +655,47 @@ fn read_all(
             }
         }
     }
+}
+
+/// The fill keeps at most `open_files` data files open (here 2): five objects filled one
+/// after another each read back right, and the oldest files were closed on the way.
+#[test]
+fn open_data_files_are_bounded() {
+    let root = tempfile::tempdir().unwrap();
+    let size = 2 * BLOCK as usize + 99;
+    let objs: Vec<Vec<u8>> = (0..5).map(|i| object(size, 20 + i)).collect();
+    for (i, obj) in objs.iter().enumerate() {
+        std::fs::write(root.path().join(format!("o{i}.bin")), obj).unwrap();
+    }
+    let origin = Nginx::start(root.path());
+    let dir = disk_dir();
+    let mut ring = ring(4);
+    let filler = Filler::new(vec![target(origin.addr, 4, TIMEOUTS)], 4);
+    let cfg = fill_config(1);
+    assert_eq!(cfg.open_files, 2);
+    let mut cf = CacheFill::open(dir.path(), cfg, filler).unwrap();
+    let mut slots: Vec<ArenaSlot> = (0..4).map(ArenaSlot::new).collect();
+    for (i, obj) in objs.iter().enumerate() {
+        let mut readers = [Reader {
+            pos: 0,
+            end: None,
+            waiting: false,
+        }];
+        let key = format!("k{i}");
+        let path = format!("/o{i}.bin");
+        read_all_of(
+            &mut cf,
+            &mut ring,
+            &mut readers,
+            &mut slots,
+            obj,
+            key.as_bytes(),
+            &path,
+        );
+        assert!(cf.open_files() <= 2, "object {i}: {} open", cf.open_files());
+    }
+    assert_eq!(cf.open_files(), 2);
+    assert_eq!(cf.index().keys(), 5);
 }
 
 /// 100 readers of one cold object, all at once: every one reads every byte, and the origin
