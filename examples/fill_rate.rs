@@ -83,6 +83,7 @@ fn main() {
         revalidate_s: shardline::config::DEFAULT_CACHE_REVALIDATE_S,
         not_found_s: 0,
         origin_names: vec![origin.to_string()],
+        open_files: shardline::config::DEFAULT_CACHE_OPEN_FILES,
     };
     let mut cf: CacheFill<usize> = CacheFill::open(&dir, cfg, filler).expect("cache");
     let mut free: Vec<ArenaSlot> = (0..slots).map(ArenaSlot::new).collect();
