@@ -84,6 +84,7 @@ fn main() {
         not_found_s: 0,
         origin_names: vec![origin.to_string()],
         open_files: shardline::config::DEFAULT_CACHE_OPEN_FILES,
+        compact_min_bytes: shardline::fill::cache_fill::COMPACT_MIN_BYTES,
     };
     let mut cf: CacheFill<usize> = CacheFill::open(&dir, cfg, filler).expect("cache");
     let mut free: Vec<ArenaSlot> = (0..slots).map(ArenaSlot::new).collect();

@@ -156,6 +156,9 @@ struct Stored {
 pub struct Index {
     current: HashMap<Vec<u8>, u64>,
     versions: HashMap<u64, Stored>,
+    /// Journal bytes a snapshot of every version held would take (`journal::snapshot`
+    /// writes only the current ones, so this bounds it from above).
+    live_bytes: u64,
 }
 
 impl Index {
@@ -165,6 +168,7 @@ impl Index {
         Index {
             current: HashMap::with_capacity(versions),
             versions: HashMap::with_capacity(versions),
+            live_bytes: 0,
         }
     }
 
@@ -176,6 +180,7 @@ impl Index {
                     return false;
                 }
                 let blocks = BlockTable::default();
+                self.live_bytes += Record::object_bytes(&meta);
                 // The key's older version stays readable by the responses that began on it,
                 // until its own Drop record.
                 self.current.insert(meta.key.clone(), meta.version);
@@ -202,6 +207,7 @@ impl Index {
                 }
                 if s.blocks.set(block, crc) {
                     s.present += 1;
+                    self.live_bytes += Record::BLOCK_BYTES;
                 }
                 true
             }
@@ -209,6 +215,7 @@ impl Index {
                 let Some(s) = self.versions.remove(&version) else {
                     return false;
                 };
+                self.live_bytes -= Record::object_bytes(&s.meta) + s.present * Record::BLOCK_BYTES;
                 if self.current.get(&s.meta.key) == Some(&version) {
                     self.current.remove(&s.meta.key);
                 }
@@ -274,8 +281,21 @@ impl Index {
         let forgot = s.blocks.take(block);
         if forgot {
             s.present -= 1;
+            self.live_bytes -= Record::BLOCK_BYTES;
         }
         forgot
+    }
+
+    /// Journal bytes the live index would take as records (what a compaction keeps, at most).
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Whether `version` is its key's current version.
+    pub fn is_current(&self, version: u64) -> bool {
+        self.versions
+            .get(&version)
+            .is_some_and(|s| self.current.get(&s.meta.key) == Some(&version))
     }
 
     /// The highest version id held (new versions are numbered after it).

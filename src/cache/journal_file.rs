@@ -101,6 +101,52 @@ impl JournalFile {
         Ok(())
     }
 
+    /// The path a compaction writes its snapshot to, beside the journal.
+    pub fn compaction_path(&self) -> PathBuf {
+        self.path.with_extension("compact")
+    }
+
+    /// The slow half of a compaction, run off any lock: writes `snapshot` (the live index as
+    /// records, `journal::snapshot`) to `path` and makes it durable. The journal itself is
+    /// untouched: a crash here leaves it whole.
+    pub fn write_snapshot(path: &Path, snapshot: &[u8]) -> io::Result<File> {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        file.write_all(snapshot)?;
+        file.sync_data()?;
+        Ok(file)
+    }
+
+    /// The quick half, under the owner's lock: the records appended since the snapshot was
+    /// taken (journal bytes `from..`) follow it in `new` (`snapshot_bytes` long), `new` is made
+    /// durable and renamed over the journal (then the directory synced), and appends go to it
+    /// from now on. A crash before the rename leaves the old journal; after it, the new one,
+    /// which replays to the same index.
+    pub fn finish_compaction(
+        &mut self,
+        mut new: File,
+        snapshot_bytes: u64,
+        from: u64,
+    ) -> io::Result<()> {
+        assert!(from <= self.len, "a snapshot taken past the journal's end");
+        let mut tail = vec![0u8; (self.len - from) as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, &mut tail, from)?;
+        new.seek(SeekFrom::Start(snapshot_bytes))?;
+        new.write_all(&tail)?;
+        new.sync_data()?;
+        std::fs::rename(self.compaction_path(), &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        self.len = snapshot_bytes + tail.len() as u64;
+        self.file = new;
+        Ok(())
+    }
+
     /// Bytes in the journal.
     pub fn len(&self) -> u64 {
         self.len

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::{Begin, FillEvent, Filler};
 use crate::cache::blocks::{blocks_for, missing_runs};
@@ -46,6 +46,13 @@ pub const MAX_QUEUED_FETCHES: usize = 4096;
 pub const MAX_NOT_FOUND_KEYS: usize = 65_536;
 /// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
 pub const MAX_NOT_FOUND_S: u64 = 3600;
+/// Smallest journal a compaction rewrites (below it, dead records cost nothing worth a
+/// rewrite).
+pub const COMPACT_MIN_BYTES: u64 = 4 << 20;
+/// The journal is compacted once dead records (superseded, dropped, forgotten) pass this
+/// share of it, so it stays within 1 / (1 - 0.4) < 2x the live index's records.
+pub const COMPACT_DEAD_PERCENT: u64 = 40;
+
 /// After a revalidation the origin could not answer (down, slow, a 5xx), the cached version
 /// is served this long before the origin is asked again.
 pub const REVALIDATE_RETRY_S: u64 = 10;
@@ -83,6 +90,8 @@ pub struct FillConfig {
     pub origin_names: Vec<String>,
     /// Most data files kept open for writing (`cache_open_files`).
     pub open_files: usize,
+    /// Smallest journal a compaction rewrites (`COMPACT_MIN_BYTES`; tests lower it).
+    pub compact_min_bytes: u64,
 }
 
 /// What a want found.
@@ -150,7 +159,7 @@ struct Job {
 }
 
 /// Who a notice goes to: the shard that holds the waiting connection.
-pub trait Routed {
+pub trait Routed: Send + 'static {
     /// The waiter's shard.
     fn shard(&self) -> usize;
 }
@@ -214,6 +223,12 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     pub disk_full: u64,
     /// Versions dropped since each shard last looked (it closes their data files).
     dropped: Vec<Vec<u64>>,
+    /// This core, for the compaction thread to finish under the lock (`into_shared`).
+    me: Weak<Mutex<FillCore<W>>>,
+    /// A compaction's snapshot is being written.
+    compacting: bool,
+    /// Compactions finished.
+    pub compactions: u64,
 }
 
 /// A block a read of a pulled version must not send (`CacheFill::check_blocks`).
@@ -344,7 +359,26 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: 0,
             disk_full: 0,
             dropped: vec![Vec::new(); shards],
+            me: Weak::new(),
+            compacting: false,
+            compactions: 0,
         };
+        // Start-up is the main thread's: a journal mostly dead is rewritten now, in full.
+        if core.compaction_due() {
+            let mut snap = Vec::new();
+            crate::cache::journal::snapshot(&core.index, &mut snap);
+            let path = core.journal.compaction_path();
+            let new = JournalFile::write_snapshot(&path, &snap)?;
+            let from = core.journal.len();
+            let before = from;
+            core.journal
+                .finish_compaction(new, snap.len() as u64, from)?;
+            tracing::info!(
+                before,
+                after = core.journal.len(),
+                "cache journal compacted at start-up"
+            );
+        }
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
         let held: Vec<(u64, u64)> = core
@@ -359,6 +393,65 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         core.drop_versions(&evicted, true);
         Ok(core)
+    }
+
+    /// This core shared by the shards (and its compaction thread).
+    pub fn into_shared(mut self) -> Arc<Mutex<FillCore<W>>> {
+        Arc::new_cyclic(|me| {
+            self.me = me.clone();
+            Mutex::new(self)
+        })
+    }
+
+    /// Whether dead records have passed `COMPACT_DEAD_PERCENT` of a journal of at least
+    /// `compact_min_bytes`.
+    fn compaction_due(&self) -> bool {
+        let len = self.journal.len();
+        let dead = len.saturating_sub(self.index.live_bytes());
+        !self.compacting
+            && len >= self.cfg.compact_min_bytes
+            && dead * 100 > len * COMPACT_DEAD_PERCENT
+    }
+
+    /// Starts a compaction when one is due: the live index is encoded here (memory only), and
+    /// a thread of its own writes and syncs it beside the journal, then takes the lock to add
+    /// what was journaled meanwhile and rename it over (`JournalFile::finish_compaction`).
+    fn maybe_compact(&mut self) {
+        if !self.compaction_due() {
+            return;
+        }
+        let Some(me) = self.me.upgrade().map(|m| Arc::downgrade(&m)) else {
+            return;
+        };
+        let mut snap = Vec::with_capacity(self.index.live_bytes() as usize);
+        crate::cache::journal::snapshot(&self.index, &mut snap);
+        let (path, from, before) = (
+            self.journal.compaction_path(),
+            self.journal.len(),
+            self.journal.len(),
+        );
+        self.compacting = true;
+        let spawned = std::thread::Builder::new()
+            .name("cache-compact".into())
+            .spawn(move || {
+                let written = JournalFile::write_snapshot(&path, &snap);
+                let Some(core) = me.upgrade() else {
+                    return;
+                };
+                let mut core = lock(&core);
+                core.compacting = false;
+                match written.and_then(|f| core.journal.finish_compaction(f, snap.len() as u64, from)) {
+                    Ok(()) => {
+                        core.compactions += 1;
+                        tracing::info!(before, after = core.journal.len(), "cache journal compacted");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cache journal compaction failed; the journal is kept as it was"),
+                }
+            });
+        if let Err(e) = spawned {
+            self.compacting = false;
+            tracing::warn!(error = %e, "cache journal compaction could not start");
+        }
     }
 
     /// Journals the drop of `versions` (evicted, or retired and no longer read), forgets them
@@ -395,6 +488,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             // Every shard closes its descriptor of the removed file at its next tick.
             self.to_wake.iter_mut().for_each(|w| *w = true);
         }
+        self.maybe_compact();
     }
 
     /// A response began reading `version`, or a fetch began filling it: it is not evicted
@@ -550,7 +644,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
 impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// A single-shard cache in `dir` (replays its journal) with `filler` for the origins.
     pub fn open(dir: &Path, cfg: FillConfig, filler: Filler) -> std::io::Result<CacheFill<W>> {
-        let core = Arc::new(Mutex::new(FillCore::open(dir, cfg, 1)?));
+        let core = FillCore::open(dir, cfg, 1)?.into_shared();
         Ok(CacheFill::attach(core, 0, filler))
     }
 
@@ -607,6 +701,17 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// Blocks found corrupt, over all shards.
     pub fn blocks_corrupt(&self) -> u64 {
         self.core().blocks_corrupt
+    }
+
+    /// See `FillCore::purge`.
+    pub fn purge(&mut self, path: &str, prefix: bool) -> usize {
+        self.core().purge(path, prefix)
+    }
+
+    /// Journal compactions finished, and the journal's bytes now.
+    pub fn compactions(&self) -> (u64, u64) {
+        let core = self.core();
+        (core.compactions, core.journal.len())
     }
 
     /// Data files the fill holds open for writing (at most `FillConfig::open_files`).
@@ -1479,6 +1584,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 });
             }
         }
+        self.maybe_compact();
     }
 
     fn on_head(&mut self, id: u64, facts: HeadFacts) {
@@ -1698,6 +1804,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     Ok(()) => {
                         self.index.apply(record);
                         self.revalidate_after.remove(&v);
+                        self.maybe_compact();
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cache journal append failed; revalidated again later");

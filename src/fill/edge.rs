@@ -132,6 +132,7 @@ impl SharedEdge {
             revalidate_s: config.cache_revalidate_s,
             not_found_s: config.cache_404_s,
             open_files: config.cache_open_files,
+            compact_min_bytes: super::cache_fill::COMPACT_MIN_BYTES,
             origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
         };
         let core = FillCore::open(cache_dir, cfg, shards)?;
@@ -153,7 +154,7 @@ impl SharedEdge {
         let ttl = std::time::Duration::from_secs(config.origin_resolve_ttl_s);
         let resolver = crate::origin::resolve::Resolver::spawn(names, ttl)?;
         Ok(SharedEdge {
-            core: Arc::new(Mutex::new(core)),
+            core: core.into_shared(),
             dir: cache_dir.to_path_buf(),
             wakers: Arc::new(wakers),
             resolver: Arc::new(resolver),

@@ -560,6 +560,7 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         not_found_s: 10,
         origin_names: vec!["nginx".into()],
         open_files: 2,
+        compact_min_bytes: crate::fill::cache_fill::COMPACT_MIN_BYTES,
     }
 }
 
@@ -696,6 +697,64 @@ fn open_data_files_are_bounded() {
     }
     assert_eq!(cf.open_files(), 2);
     assert_eq!(cf.index().keys(), 5);
+}
+
+/// Churn (an object filled, purged and filled again, twelve times) makes the journal mostly
+/// dead records: it is compacted on a thread of its own while the fill goes on, stays within
+/// twice the live index's records, and a restart on it finds the last version whole.
+#[test]
+fn a_churned_journal_is_compacted_and_replays_to_the_same_index() {
+    let root = tempfile::tempdir().unwrap();
+    let size = 3 * BLOCK as usize + 5;
+    let obj = object(size, 33);
+    std::fs::write(root.path().join("o.bin"), &obj).unwrap();
+    let origin = Nginx::start(root.path());
+    let dir = disk_dir();
+    let mut ring = ring(4);
+    let mut slots: Vec<ArenaSlot> = (0..4).map(ArenaSlot::new).collect();
+    let mut cfg = fill_config(1);
+    cfg.compact_min_bytes = 256;
+    let key: Vec<u8> = [&[0u8, 0][..], b"o.bin"].concat();
+    let filler = Filler::new(vec![target(origin.addr, 4, TIMEOUTS)], 4);
+    let mut cf = CacheFill::open(dir.path(), cfg.clone(), filler).unwrap();
+    for round in 0..12 {
+        let mut readers = [Reader {
+            pos: 0,
+            end: None,
+            waiting: false,
+        }];
+        read_all_of(
+            &mut cf,
+            &mut ring,
+            &mut readers,
+            &mut slots,
+            &obj,
+            &key,
+            "/o.bin",
+        );
+        if round < 11 {
+            assert_eq!(cf.purge("o.bin", false), 1, "round {round}");
+        }
+    }
+    // The compaction thread finishes under the lock: wait for it (not for a time).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cf.compactions().0 == 0 {
+        assert!(Instant::now() < deadline, "no compaction finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let live = cf.index().live_bytes();
+    let (_, len) = cf.compactions();
+    assert!(len <= 2 * live, "journal {len} bytes, live {live}");
+    let version = cf.index().current(&key).unwrap().version;
+    drop(cf);
+    let journal = std::fs::metadata(dir.path().join("journal")).unwrap().len();
+    assert_eq!(journal, len);
+    let filler = Filler::new(vec![target(origin.addr, 4, TIMEOUTS)], 4);
+    let cf: CacheFill<usize> = CacheFill::open(dir.path(), cfg, filler).unwrap();
+    let ix = cf.index();
+    assert_eq!(ix.current(&key).map(|m| m.version), Some(version));
+    assert_eq!(ix.blocks_present(version), 4);
+    assert_eq!((ix.keys(), ix.versions()), (1, 1));
 }
 
 /// 100 readers of one cold object, all at once: every one reads every byte, and the origin
