@@ -20,10 +20,11 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::cache_io::{self, Done, Outbox};
 use super::{Begin, FillEvent, Filler};
 use crate::cache::blocks::{blocks_for, missing_runs};
 use crate::cache::coalesce::{Ask, Failed, Fills};
@@ -177,7 +178,31 @@ impl Routed for usize {
 pub struct FillCore<W: Clone + PartialEq + Routed> {
     cfg: FillConfig,
     store: BlockStore,
-    journal: JournalFile,
+    /// The journal, when this thread writes it (`cache_io`'s inline mode); None when the
+    /// cache's I/O thread owns it.
+    journal: Option<JournalFile>,
+    /// The journal's bytes (as of the last batch written).
+    journal_bytes: u64,
+    /// Records, creates and unlinks queued for the I/O (`cache_io`).
+    outbox: Outbox,
+    /// Sequence number of the next record queued.
+    next_seq: u64,
+    /// Every record numbered below this is settled: durable, or its batch failed.
+    settled_seq: u64,
+    /// Sequence numbers of records whose batch failed (never durable).
+    failed_seqs: Vec<std::ops::Range<u64>>,
+    /// What waits for records to be durable before it happens, in order (a block or an object
+    /// is visible only after its record), and the fetch events behind them.
+    deferred: VecDeque<Deferred>,
+    /// Data files being created by the I/O thread, and the errno of those it could not.
+    opening: HashSet<u64>,
+    open_errors: HashMap<u64, i32>,
+    /// The I/O thread's eventfd (None: inline).
+    io_wake: Option<Arc<OwnedFd>>,
+    /// The eventfd was written since the thread last took the outbox.
+    io_requested: bool,
+    /// `flush` is running (inline: a flush reached from inside one only queues).
+    flushing: bool,
     index: Index,
     blocks: Fills<(u64, u32), Option<W>>,
     probes: HashMap<Vec<u8>, Vec<W>>,
@@ -223,12 +248,29 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     pub disk_full: u64,
     /// Versions dropped since each shard last looked (it closes their data files).
     dropped: Vec<Vec<u64>>,
-    /// This core, for the compaction thread to finish under the lock (`into_shared`).
-    me: Weak<Mutex<FillCore<W>>>,
     /// A compaction's snapshot is being written.
     compacting: bool,
     /// Compactions finished.
     pub compactions: u64,
+}
+
+/// What waits for the journal (`FillCore::deferred`).
+#[derive(Debug)]
+enum Deferred {
+    /// A block is visible once its record (`seq`) is durable.
+    Commit {
+        seq: u64,
+        job: u64,
+        version: u64,
+        block: u32,
+        crc: u32,
+    },
+    /// A fetch ended (after everything queued before it).
+    Ended {
+        job: u64,
+        error: Option<FetchError>,
+        now_ms: u64,
+    },
 }
 
 /// A block a read of a pulled version must not send (`CacheFill::check_blocks`).
@@ -331,11 +373,23 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         );
         let next_version = index.max_version() + 1;
         let evict = (cfg.max_bytes > 0).then(|| S3Fifo::new(cfg.max_bytes));
+        let journal_bytes = journal.len();
         let mut core = FillCore {
             blocks: Fills::new(cfg.max_attempts),
             cfg,
             store,
-            journal,
+            journal: Some(journal),
+            journal_bytes,
+            outbox: Outbox::default(),
+            next_seq: 1,
+            settled_seq: 1,
+            failed_seqs: Vec::new(),
+            deferred: VecDeque::new(),
+            opening: HashSet::new(),
+            open_errors: HashMap::new(),
+            io_wake: None,
+            io_requested: false,
+            flushing: false,
             index,
             probes: HashMap::new(),
             files: HashMap::new(),
@@ -359,25 +413,17 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: 0,
             disk_full: 0,
             dropped: vec![Vec::new(); shards],
-            me: Weak::new(),
             compacting: false,
             compactions: 0,
         };
         // Start-up is the main thread's: a journal mostly dead is rewritten now, in full.
         if core.compaction_due() {
             let mut snap = Vec::new();
-            crate::cache::journal::snapshot(&core.index, &mut snap);
-            let path = core.journal.compaction_path();
-            let new = JournalFile::write_snapshot(&path, &snap)?;
-            let from = core.journal.len();
-            let before = from;
-            core.journal
-                .finish_compaction(new, snap.len() as u64, from)?;
-            tracing::info!(
-                before,
-                after = core.journal.len(),
-                "cache journal compacted at start-up"
-            );
+            core.snapshot(&mut snap);
+            let journal = core.journal.as_mut().expect("inline at start-up");
+            let result = cache_io::compact(journal, &snap);
+            let len = journal.len();
+            core.compacted(result, len);
         }
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
@@ -395,62 +441,188 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         Ok(core)
     }
 
-    /// This core shared by the shards (and its compaction thread).
-    pub fn into_shared(mut self) -> Arc<Mutex<FillCore<W>>> {
-        Arc::new_cyclic(|me| {
-            self.me = me.clone();
-            Mutex::new(self)
-        })
+    /// This core shared by the shards, its journal written by whichever thread queues a
+    /// record (inline: tests, tools and the simulator).
+    pub fn into_shared(self) -> Arc<Mutex<FillCore<W>>> {
+        Arc::new(Mutex::new(self))
+    }
+
+    /// This core shared by the shards, its blocking I/O on the cache's I/O thread
+    /// (`cache_io`), which writes `wakers[shard]` when a shard has news.
+    pub fn into_threaded(
+        mut self,
+        wakers: Arc<Vec<OwnedFd>>,
+    ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
+        let journal = self.journal.take().expect("opened inline");
+        let wake = Arc::new(cache_io::eventfd()?);
+        self.io_wake = Some(wake.clone());
+        let store = self.store.clone();
+        let core = Arc::new(Mutex::new(self));
+        cache_io::spawn(Arc::downgrade(&core), journal, store, wake, wakers)?;
+        Ok(core)
     }
 
     /// Whether dead records have passed `COMPACT_DEAD_PERCENT` of a journal of at least
     /// `compact_min_bytes`.
-    fn compaction_due(&self) -> bool {
-        let len = self.journal.len();
+    pub(super) fn compaction_due(&self) -> bool {
+        let len = self.journal_bytes;
         let dead = len.saturating_sub(self.index.live_bytes());
         !self.compacting
             && len >= self.cfg.compact_min_bytes
             && dead * 100 > len * COMPACT_DEAD_PERCENT
     }
 
-    /// Starts a compaction when one is due: the live index is encoded here (memory only), and
-    /// a thread of its own writes and syncs it beside the journal, then takes the lock to add
-    /// what was journaled meanwhile and rename it over (`JournalFile::finish_compaction`).
-    fn maybe_compact(&mut self) {
-        if !self.compaction_due() {
+    /// Encodes the live index into `out` for a compaction (`compacted` ends it).
+    pub(super) fn snapshot(&mut self, out: &mut Vec<u8>) {
+        self.compacting = true;
+        out.clear();
+        out.reserve(self.index.live_bytes() as usize);
+        crate::cache::journal::snapshot(&self.index, out);
+    }
+
+    /// A compaction ended; the journal is `journal_bytes` long now.
+    pub(super) fn compacted(&mut self, result: std::io::Result<()>, journal_bytes: u64) {
+        self.compacting = false;
+        self.journal_bytes = journal_bytes;
+        match result {
+            Ok(()) => self.compactions += 1,
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cache journal compaction failed; the journal is kept as it was"
+            ),
+        }
+    }
+
+    /// Queues `record` for the journal; returns its sequence number.
+    fn queue_record(&mut self, record: Record) -> u64 {
+        if self.outbox.records.is_empty() {
+            self.outbox.first_seq = self.next_seq;
+        }
+        self.outbox.records.push(record);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.request_io();
+        seq
+    }
+
+    /// Removes `version`'s data file once the records queued before are durable.
+    fn queue_unlink(&mut self, version: u64) {
+        self.files.remove(&version);
+        self.outbox.unlinks.push(version);
+        self.request_io();
+    }
+
+    /// Tells the I/O thread there is work (once per batch).
+    fn request_io(&mut self) {
+        if let Some(wake) = self.io_wake.as_ref() {
+            if !self.io_requested {
+                self.io_requested = true;
+                let _ = rustix::io::write(wake.as_ref(), &1u64.to_ne_bytes());
+            }
+        }
+    }
+
+    /// Inline mode: carries the outbox out now (nothing when the I/O thread owns the
+    /// journal, or when called from inside a flush, which goes on until the outbox is empty).
+    fn flush(&mut self) {
+        if self.journal.is_none() || self.flushing {
             return;
         }
-        let Some(me) = self.me.upgrade().map(|m| Arc::downgrade(&m)) else {
-            return;
-        };
-        let mut snap = Vec::with_capacity(self.index.live_bytes() as usize);
-        crate::cache::journal::snapshot(&self.index, &mut snap);
-        let (path, from, before) = (
-            self.journal.compaction_path(),
-            self.journal.len(),
-            self.journal.len(),
-        );
-        self.compacting = true;
-        let spawned = std::thread::Builder::new()
-            .name("cache-compact".into())
-            .spawn(move || {
-                let written = JournalFile::write_snapshot(&path, &snap);
-                let Some(core) = me.upgrade() else {
-                    return;
-                };
-                let mut core = lock(&core);
-                core.compacting = false;
-                match written.and_then(|f| core.journal.finish_compaction(f, snap.len() as u64, from)) {
-                    Ok(()) => {
-                        core.compactions += 1;
-                        tracing::info!(before, after = core.journal.len(), "cache journal compacted");
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cache journal compaction failed; the journal is kept as it was"),
+        self.flushing = true;
+        let mut outbox = Outbox::default();
+        loop {
+            self.take_outbox(&mut outbox);
+            if outbox.is_empty() {
+                break;
+            }
+            let journal = self.journal.as_mut().expect("inline");
+            let done = cache_io::run(&mut outbox, journal, &self.store);
+            self.io_done(done);
+        }
+        if self.compaction_due() {
+            let mut snap = Vec::new();
+            self.snapshot(&mut snap);
+            let journal = self.journal.as_mut().expect("inline");
+            let result = cache_io::compact(journal, &snap);
+            let len = journal.len();
+            self.compacted(result, len);
+        }
+        self.flushing = false;
+    }
+
+    /// Moves what is queued for the I/O into `out` (the I/O thread's batch).
+    pub(super) fn take_outbox(&mut self, out: &mut Outbox) {
+        std::mem::swap(&mut self.outbox, out);
+        self.outbox.records.clear();
+        self.outbox.opens.clear();
+        self.outbox.unlinks.clear();
+        self.io_requested = false;
+    }
+
+    /// A batch's I/O is done: its records are durable (or failed, and never will be), its
+    /// data files created. What waited for them happens now, in order.
+    pub(super) fn io_done(&mut self, done: Done) {
+        self.journal_bytes = done.journal_bytes;
+        let end = done.first_seq + done.records;
+        if done.records > 0 {
+            assert_eq!(done.first_seq, self.settled_seq, "batches settle in order");
+            if let Err(e) = &done.appended {
+                tracing::error!(error = %e, records = done.records, "cache journal append failed; what it vouched for is not stored");
+                self.failed_seqs.push(done.first_seq..end);
+            }
+            self.settled_seq = end;
+        }
+        let opened = !done.opened.is_empty();
+        for (version, file) in done.opened {
+            self.opening.remove(&version);
+            match file {
+                Ok(f) => self.keep_file(version, f),
+                Err(errno) => {
+                    self.open_errors.insert(version, errno);
                 }
-            });
-        if let Err(e) = spawned {
-            self.compacting = false;
-            tracing::warn!(error = %e, "cache journal compaction could not start");
+            }
+        }
+        if opened {
+            // Fetches waited for these: whichever shard has a slot starts them.
+            self.to_wake.iter_mut().for_each(|w| *w = true);
+        }
+        self.run_deferred();
+    }
+
+    /// Whether record `seq` is durable (settled, and not in a failed batch).
+    fn durable(&self, seq: u64) -> bool {
+        seq < self.settled_seq && !self.failed_seqs.iter().any(|r| r.contains(&seq))
+    }
+
+    /// Carries out what waited for records now settled, in order, up to the first that waits
+    /// still.
+    fn run_deferred(&mut self) {
+        while let Some(front) = self.deferred.front() {
+            let seq = match front {
+                Deferred::Commit { seq, .. } => Some(*seq),
+                Deferred::Ended { .. } => None,
+            };
+            if seq.is_some_and(|s| s >= self.settled_seq) {
+                break;
+            }
+            let durable = seq.is_none_or(|s| self.durable(s));
+            match self.deferred.pop_front().expect("looked at") {
+                Deferred::Commit {
+                    job,
+                    version,
+                    block,
+                    crc,
+                    ..
+                } => {
+                    if durable && self.index.meta(version).is_some() {
+                        self.block_known(job, version, block, crc);
+                    }
+                }
+                Deferred::Ended { job, error, now_ms } => self.on_ended(job, error, now_ms),
+            }
+        }
+        if self.deferred.is_empty() {
+            self.failed_seqs.clear();
         }
     }
 
@@ -460,24 +632,17 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if versions.is_empty() {
             return;
         }
-        let records: Vec<Record> = versions
-            .iter()
-            .map(|&version| Record::Drop { version })
-            .collect();
-        if let Err(e) = self.journal.append(&records, true) {
-            tracing::error!(error = %e, "cache journal append failed; evicted versions stay");
-            return;
-        }
-        for (&version, record) in versions.iter().zip(records) {
-            self.index.apply(record);
-            self.files.remove(&version);
+        // Forgotten now; the data file goes once the drop is durable (a crash before leaves a
+        // journal that vouches for blocks whose file is gone: read as corrupt, fetched again).
+        for &version in versions {
+            let record = Record::Drop { version };
+            self.index.apply(record.clone());
+            self.queue_record(record);
+            self.queue_unlink(version);
             self.retired.remove(&version);
             self.revalidate_after.remove(&version);
             if let Some(e) = self.evict.as_mut() {
                 e.remove(&version);
-            }
-            if let Err(e) = self.store.remove_version(version) {
-                tracing::warn!(version, error = %e, "removing a dropped version's data file");
             }
             if evicted {
                 self.versions_evicted += 1;
@@ -488,7 +653,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             // Every shard closes its descriptor of the removed file at its next tick.
             self.to_wake.iter_mut().for_each(|w| *w = true);
         }
-        self.maybe_compact();
+        self.flush();
     }
 
     /// A response began reading `version`, or a fetch began filling it: it is not evicted
@@ -711,7 +876,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// Journal compactions finished, and the journal's bytes now.
     pub fn compactions(&self) -> (u64, u64) {
         let core = self.core();
-        (core.compactions, core.journal.len())
+        (core.compactions, core.journal_bytes)
     }
 
     /// Data files the fill holds open for writing (at most `FillConfig::open_files`).
@@ -1056,7 +1221,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
 /// The shared lock; a shard that panicked while holding it leaves the bookkeeping as it was
 /// (every change is applied whole before the journal or a notice hears of it).
-fn lock<W: Clone + PartialEq + Routed>(core: &Mutex<FillCore<W>>) -> MutexGuard<'_, FillCore<W>> {
+pub(super) fn lock<W: Clone + PartialEq + Routed>(
+    core: &Mutex<FillCore<W>>,
+) -> MutexGuard<'_, FillCore<W>> {
     core.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -1416,20 +1583,21 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 self.give_up(&job, FetchError::VersionChanged);
                 continue;
             }
+            let file = match self.data_file(job.version) {
+                Some(Ok(f)) => f,
+                Some(Err(errno)) => {
+                    self.give_up(&job, FetchError::Disk(errno));
+                    continue;
+                }
+                None => {
+                    // Being created on the I/O thread: its news wakes us.
+                    waiting.push_back(job);
+                    continue;
+                }
+            };
             let Some(slot) = take_slot() else {
                 waiting.push_back(job);
                 break;
-            };
-            let file = match self.data_file(job.version) {
-                Ok(f) => f,
-                Err(e) => {
-                    freed.push(slot);
-                    self.give_up(
-                        &job,
-                        FetchError::Disk(e.raw_os_error().unwrap_or(libc::EIO)),
-                    );
-                    continue;
-                }
             };
             let meta = self
                 .index
@@ -1486,14 +1654,32 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.queue = waiting;
     }
 
-    fn data_file(&mut self, version: u64) -> std::io::Result<Arc<File>> {
+    /// `version`'s data file, open for O_DIRECT writes: created on the I/O thread (None
+    /// until it is; its news wakes the shards), or here inline. Err: the errno that refused it.
+    fn data_file(&mut self, version: u64) -> Option<Result<Arc<File>, i32>> {
         self.file_uses += 1;
         if let Some((f, used)) = self.files.get_mut(&version) {
             *used = self.file_uses;
-            return Ok(f.clone());
+            return Some(Ok(f.clone()));
         }
-        if self.files.len() >= self.cfg.open_files.max(1) {
-            // A fetch under way holds its own handle: closing ours costs it nothing.
+        if let Some(errno) = self.open_errors.remove(&version) {
+            return Some(Err(errno));
+        }
+        if self.opening.insert(version) {
+            self.outbox.opens.push(version);
+            self.request_io();
+            self.flush();
+        }
+        if let Some((f, _)) = self.files.get(&version) {
+            return Some(Ok(f.clone()));
+        }
+        self.open_errors.remove(&version).map(Err)
+    }
+
+    /// Keeps `file` as `version`'s data file, closing the least recently used past
+    /// `open_files` (a fetch under way holds its own handle: closing ours costs it nothing).
+    fn keep_file(&mut self, version: u64, file: Arc<File>) {
+        if self.files.len() >= self.cfg.open_files.max(1) && !self.files.contains_key(&version) {
             let oldest = self
                 .files
                 .iter()
@@ -1503,88 +1689,72 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 self.files.remove(&v);
             }
         }
-        let f = Arc::new(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .custom_flags(libc::O_DIRECT)
-                .open(self.store.data_path(version))?,
-        );
-        self.files.insert(version, (f.clone(), self.file_uses));
+        self.files.insert(version, (file, self.file_uses));
         debug_assert!(self.files.len() <= self.cfg.open_files.max(1));
-        Ok(f)
     }
 
+    /// A shard's fetch events. A committed block waits for its record to be durable
+    /// (`Deferred`); a fetch's end waits behind whatever waits. The slots
+    /// ended fetches give back go to the shard at once.
     fn settle(&mut self, events: &mut Vec<FillEvent>, freed: &mut Vec<ArenaSlot>, now_ms: u64) {
-        // Blocks committed together (one sync of the data file) are journaled together (one
-        // synced append), before anything else of theirs happens.
-        let mut commits: Vec<(u64, Record)> = Vec::new();
         for e in events.drain(..) {
-            if let FillEvent::Committed { job, block, crc } = e {
-                // A version the index does not hold (its head was refused) journals nothing.
-                if let Some(j) = self
-                    .running
-                    .get(&job)
-                    .filter(|j| self.index.meta(j.version).is_some())
-                {
-                    let version = j.version;
-                    commits.push((
-                        job,
-                        Record::Block {
-                            version,
-                            block,
-                            crc,
-                        },
-                    ));
-                }
-                continue;
-            }
-            self.commit(&mut commits);
             match e {
+                FillEvent::Committed { job, block, crc } => {
+                    // A version the index does not hold (its head was refused) journals nothing.
+                    let Some(version) = self.running.get(&job).map(|j| j.version) else {
+                        continue;
+                    };
+                    if self.index.meta(version).is_none() {
+                        continue;
+                    }
+                    let seq = self.queue_record(Record::Block {
+                        version,
+                        block,
+                        crc,
+                    });
+                    self.deferred.push_back(Deferred::Commit {
+                        seq,
+                        job,
+                        version,
+                        block,
+                        crc,
+                    });
+                }
                 FillEvent::Head { job, facts } => self.on_head(job, facts),
                 FillEvent::Ended { job, error, slot } => {
                     freed.push(slot);
-                    self.on_ended(job, error, now_ms);
+                    if self.deferred.is_empty() {
+                        self.on_ended(job, error, now_ms);
+                    } else {
+                        self.deferred
+                            .push_back(Deferred::Ended { job, error, now_ms });
+                    }
                 }
-                FillEvent::Committed { .. } => unreachable!("handled above"),
                 FillEvent::Piece { .. } => unreachable!("only pass-through fetches deliver"),
             }
         }
-        self.commit(&mut commits);
+        self.flush();
     }
 
-    /// Journals `commits` in one synced append, then makes them visible: index, fetches'
-    /// bookkeeping, waiters.
-    fn commit(&mut self, commits: &mut Vec<(u64, Record)>) {
-        if commits.is_empty() {
-            return;
+    /// A block's record is durable: it is visible now (index, the fetch's bookkeeping,
+    /// waiters).
+    fn block_known(&mut self, job: u64, version: u64, block: u32, crc: u32) {
+        if let Some(j) = self.running.get_mut(&job) {
+            j.committed.push(block);
         }
-        let records: Vec<Record> = commits.iter().map(|(_, r)| r.clone()).collect();
-        if let Err(e) = self.journal.append(&records, true) {
-            // Not journaled: not visible. Their waiters hear of it when the fetch ends.
-            tracing::error!(error = %e, "cache journal append failed; the blocks are not stored");
-            commits.clear();
-            return;
+        self.blocks_fetched += 1;
+        self.index.apply(Record::Block {
+            version,
+            block,
+            crc,
+        });
+        for waiter in self.blocks.arrived((version, block)).into_iter().flatten() {
+            self.notify(Notice::Block {
+                waiter,
+                version,
+                block,
+            });
         }
-        for (job, record) in commits.drain(..) {
-            let Record::Block { version, block, .. } = record else {
-                continue;
-            };
-            if let Some(j) = self.running.get_mut(&job) {
-                j.committed.push(block);
-            }
-            self.blocks_fetched += 1;
-            self.index.apply(record);
-            for waiter in self.blocks.arrived((version, block)).into_iter().flatten() {
-                self.notify(Notice::Block {
-                    waiter,
-                    version,
-                    block,
-                });
-            }
-        }
-        self.maybe_compact();
     }
 
     fn on_head(&mut self, id: u64, facts: HeadFacts) {
@@ -1604,7 +1774,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         };
         if let Err(why) = meta.validate() {
             // Replay would refuse its record: it is never journaled, and its waiters get a
-            // 502 (the fetch's blocks are not journaled either: `commit` skips a version the
+            // 502 (the fetch's blocks are not journaled either: `settle` skips a version the
             // index does not hold).
             let job = job.clone();
             tracing::warn!(
@@ -1615,17 +1785,24 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             );
             return self.give_up(&job, FetchError::Unusable(Unusable::Uncacheable));
         }
-        let record = Record::Object(meta);
-        if let Err(e) = self.journal.append(std::slice::from_ref(&record), true) {
-            tracing::error!(error = %e, "cache journal append failed; the object is not stored");
+        // Known at once: an object with no block on disk serves nothing from the disk, and a
+        // block is visible only once its own record is durable (after this one). Its record
+        // lost to a crash costs its blocks' records (replay skips them): a fetch again.
+        self.queue_record(Record::Object(meta.clone()));
+        self.head_known(id, meta, facts.whole);
+    }
+
+    /// A probe's head came: its version is known now (index, budget, the blocks its fetch
+    /// brings, the wants that waited for it).
+    fn head_known(&mut self, id: u64, meta: ObjectVersion, whole: bool) {
+        let (version, key, size) = (meta.version, meta.key.clone(), meta.size);
+        let Some(job) = self.running.get_mut(&id) else {
             return;
-        }
-        let (version, key) = (job.version, job.key.clone());
-        if facts.whole {
+        };
+        if whole {
             job.first = 0;
         }
-        let size = facts.size;
-        self.index.apply(record);
+        self.index.apply(Record::Object(meta));
         // The new version counts against the budget from now; its fill pins it.
         let mut evicted = Vec::new();
         if let Some(e) = self.evict.as_mut() {
@@ -1634,9 +1811,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             e.insert_pinned(version, size, &mut evicted);
         }
         *self.pins.entry(version).or_default() += 1;
-        job.pinned = true;
+        if let Some(job) = self.running.get_mut(&id) {
+            job.pinned = true;
+        }
         self.drop_versions(&evicted, true);
-        let job = self.running.get_mut(&id).expect("a running job");
+        let Some(job) = self.running.get(&id) else {
+            return;
+        };
         // The probe's own blocks are being fetched: register them so wants coalesce on them.
         let (first, last) = (job.first, job.last);
         for b in first..=last {
@@ -1755,8 +1936,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         if job.probe && self.index.meta(job.version).is_none() {
             // The head never came: the data file the fetch was given holds nothing.
-            self.files.remove(&job.version);
-            let _ = self.store.remove_version(job.version);
+            self.queue_unlink(job.version);
+            self.flush();
         }
         if job.probe {
             for waiter in self.probes.remove(&job.key).unwrap_or_default() {
@@ -1800,17 +1981,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     version: v,
                     fetched_unix_s: now_s,
                 };
-                match self.journal.append(std::slice::from_ref(&record), true) {
-                    Ok(()) => {
-                        self.index.apply(record);
-                        self.revalidate_after.remove(&v);
-                        self.maybe_compact();
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cache journal append failed; revalidated again later");
-                        self.revalidate_after.insert(v, now_s + REVALIDATE_RETRY_S);
-                    }
-                }
+                // Visible now: a confirmation lost to a crash costs one early revalidation.
+                self.index.apply(record.clone());
+                self.revalidate_after.remove(&v);
+                self.queue_record(record);
+                self.flush();
             }
             Some(FetchError::VersionChanged) => self.retire(v),
             Some(FetchError::Unusable(Unusable::Status(404))) => {

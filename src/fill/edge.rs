@@ -111,13 +111,33 @@ pub struct SharedEdge {
     read_ahead_blocks: u64,
 }
 
+/// Where the cache's blocking I/O runs (`fill::cache_io`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheIo {
+    /// On the cache's I/O thread: no shard thread syncs, creates or unlinks (the server).
+    Thread,
+    /// On whichever thread queues it, at once (the simulator: one thread, deterministic).
+    Inline,
+}
+
 impl SharedEdge {
     /// Opens `cache_dir` (replaying its journal) for `shards` shards, with the cache keys
-    /// and `[[origin]]` entries of `config`.
+    /// and `[[origin]]` entries of `config`; its journal, data-file creates and unlinks run
+    /// on the cache's I/O thread.
     pub fn open(
         cache_dir: &Path,
         shards: usize,
         config: &crate::config::Config,
+    ) -> std::io::Result<SharedEdge> {
+        Self::open_with(cache_dir, shards, config, CacheIo::Thread)
+    }
+
+    /// As `open`, with the I/O run as `io` says.
+    pub fn open_with(
+        cache_dir: &Path,
+        shards: usize,
+        config: &crate::config::Config,
+        io: CacheIo,
     ) -> std::io::Result<SharedEdge> {
         let block_bytes = config.cache_block_bytes;
         let cfg = FillConfig {
@@ -153,10 +173,15 @@ impl SharedEdge {
             .map_err(std::io::Error::other)?;
         let ttl = std::time::Duration::from_secs(config.origin_resolve_ttl_s);
         let resolver = crate::origin::resolve::Resolver::spawn(names, ttl)?;
+        let wakers = Arc::new(wakers);
+        let core = match io {
+            CacheIo::Thread => core.into_threaded(wakers.clone())?,
+            CacheIo::Inline => core.into_shared(),
+        };
         Ok(SharedEdge {
-            core: core.into_shared(),
+            core,
             dir: cache_dir.to_path_buf(),
-            wakers: Arc::new(wakers),
+            wakers,
             resolver: Arc::new(resolver),
             read_ahead_blocks: config.cache_read_ahead_blocks,
         })

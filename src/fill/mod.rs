@@ -14,6 +14,7 @@
 //! completion arrives, so the slot and the descriptor are never released under the kernel.
 
 pub mod cache_fill;
+pub mod cache_io;
 pub mod edge;
 pub mod relay;
 pub mod route;

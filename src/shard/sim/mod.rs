@@ -787,7 +787,9 @@ fn run_seed(seed: u64) -> Result<RunStats, String> {
     // poll is not armed). Kept until the run ends.
     let _shared = match &cfg.cache_dir {
         Some(dir) => {
-            let shared = crate::fill::edge::SharedEdge::open(dir, 1, &cfg)
+            // Inline: the simulator is one thread, and its runs repeat by seed.
+            let io = crate::fill::edge::CacheIo::Inline;
+            let shared = crate::fill::edge::SharedEdge::open_with(dir, 1, &cfg, io)
                 .map_err(|e| format!("cache: {e}"))?;
             shard.edge = Some(
                 crate::fill::edge::EdgeCache::open(

@@ -1,0 +1,132 @@
+//! How long a restart takes to make the cache index ready, and how large the journal is,
+//! after a churn history many times the live cache (issue 29's restart target).
+//!
+//! `cargo run --release --example cache_restart -- [DIR] [OBJECTS] [BLOCKS] [CHURN]`
+//! (defaults: a temp dir on the current directory's disk, 1 000 000 objects of 4 blocks,
+//! churn 10). It writes OBJECTS x CHURN versions through the journal the way the fill does
+//! (an object record, its block records; each key's older version dropped), compacting with
+//! the fill's rule (`COMPACT_DEAD_PERCENT` of at least `COMPACT_MIN_BYTES`), then opens the
+//! journal as a start-up does and prints: the journal's bytes against the live records', the
+//! time to a ready index, and the process's peak RSS.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use shardline::cache::index::ObjectVersion;
+use shardline::cache::journal::{snapshot, Record};
+use shardline::cache::journal_file::JournalFile;
+use shardline::fill::cache_fill::{COMPACT_DEAD_PERCENT, COMPACT_MIN_BYTES};
+
+/// The process's peak resident memory (VmHWM), in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The restart, in a process of its own (so its peak memory is the replay's alone).
+fn open_only(path: &str) {
+    let start = Instant::now();
+    let (_j, index, stats) = JournalFile::open(std::path::Path::new(path)).expect("reopen");
+    let ready = start.elapsed();
+    println!(
+        "restart: index ready in {:.3} s ({} objects, {} records, torn tail {}), peak RSS {} MiB",
+        ready.as_secs_f64(),
+        index.keys(),
+        stats.records,
+        stats.damaged_tail,
+        peak_rss_kib() / 1024
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("open") {
+        return open_only(&args[1]);
+    }
+    let dir = args
+        .first()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tempfile::tempdir_in(".").expect("a temp dir here").keep());
+    let objects: u64 = args
+        .get(1)
+        .map_or(1_000_000, |a| a.parse().expect("OBJECTS"));
+    let blocks: u32 = args.get(2).map_or(4, |a| a.parse().expect("BLOCKS"));
+    let churn: u64 = args.get(3).map_or(10, |a| a.parse().expect("CHURN"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("journal");
+    let _ = std::fs::remove_file(&path);
+
+    let (mut journal, mut index, _) = JournalFile::open(&path).expect("journal");
+    let written = Instant::now();
+    let mut version = 0u64;
+    let mut compactions = 0;
+    let mut batch = Vec::with_capacity(blocks as usize + 2);
+    let mut current: Vec<u64> = vec![0; objects as usize];
+    for round in 0..churn {
+        for i in 0..objects {
+            version += 1;
+            batch.clear();
+            let meta = ObjectVersion {
+                key: format!("\0\0depot/{}/chunk/{:040x}", i % 4096, i).into_bytes(),
+                version,
+                size: u64::from(blocks) << 18,
+                block_bytes: 1 << 18,
+                fetched_unix_s: 1_800_000_000 + round,
+                etag: format!("\"{version:x}\""),
+                last_modified: String::new(),
+                content_type: "application/octet-stream".into(),
+            };
+            batch.push(Record::Object(meta));
+            for block in 0..blocks {
+                batch.push(Record::Block {
+                    version,
+                    block,
+                    crc: (version as u32) ^ block,
+                });
+            }
+            let old = std::mem::replace(&mut current[i as usize], version);
+            if old != 0 {
+                batch.push(Record::Drop { version: old });
+            }
+            journal.append(&batch, false).expect("append");
+            for r in batch.drain(..) {
+                index.apply(r);
+            }
+            let len = journal.len();
+            let dead = len.saturating_sub(index.live_bytes());
+            if len >= COMPACT_MIN_BYTES && dead * 100 > len * COMPACT_DEAD_PERCENT {
+                let mut snap = Vec::with_capacity(index.live_bytes() as usize);
+                snapshot(&index, &mut snap);
+                let new = JournalFile::write_snapshot(&journal.compaction_path(), &snap)
+                    .expect("snapshot");
+                let from = journal.len();
+                journal
+                    .finish_compaction(new, snap.len() as u64, from)
+                    .expect("compaction");
+                compactions += 1;
+            }
+        }
+    }
+    let live = index.live_bytes();
+    let len = journal.len();
+    drop((journal, index));
+    println!(
+        "history: {} versions ({objects} objects x {churn}), {compactions} compactions, written in {:.1} s",
+        version,
+        written.elapsed().as_secs_f64()
+    );
+    println!(
+        "journal {len} bytes, live records {live} bytes: {:.2}x",
+        len as f64 / live as f64
+    );
+    let status = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args(["open", path.to_str().expect("a UTF-8 path")])
+        .status()
+        .expect("the restart process");
+    assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,180 @@
+//! The cache's I/O thread: everything of the fill that blocks the calling thread runs here,
+//! never on a shard thread. Journal appends with group commit (every record queued since the
+//! last batch, from every shard, shares one write and one fdatasync), data-file creates,
+//! dropped versions' unlinks, and journal compaction.
+//!
+//! The shards queue work in `FillCore`'s `Outbox` (memory only) and write this thread's
+//! eventfd once per batch; the thread takes the batch under the lock, does the I/O without
+//! it, then takes the lock again to make the batch's records visible (`FillCore::io_done`:
+//! a block or an object becomes visible only once its record is durable), and writes the
+//! eventfd of every shard with news. Without this thread (`Mode::Inline`: tests, tools and
+//! the simulator, one thread and deterministic) the same `Outbox` is flushed by the caller.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::cache_fill::{FillCore, Routed};
+use crate::cache::journal::Record;
+use crate::cache::journal_file::JournalFile;
+use crate::cache::store::BlockStore;
+
+/// How long the thread sleeps between looks at whether its cache still exists (its eventfd
+/// wakes it for work at once).
+const IDLE_POLL_MS: i32 = 500;
+
+/// What the fill has queued for the I/O thread.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// Records to journal, in order; the first has sequence number `first_seq`.
+    pub records: Vec<Record>,
+    /// Sequence number of `records[0]`.
+    pub first_seq: u64,
+    /// Versions whose data file is to be created (opened for O_DIRECT writes).
+    pub opens: Vec<u64>,
+    /// Versions whose data file is to be removed (after this batch's records are durable).
+    pub unlinks: Vec<u64>,
+}
+
+impl Outbox {
+    /// Nothing queued.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.opens.is_empty() && self.unlinks.is_empty()
+    }
+}
+
+/// What one batch's I/O came to.
+#[derive(Debug)]
+pub struct Done {
+    /// Records `first_seq..first_seq + records` were appended; `Ok` once durable.
+    pub first_seq: u64,
+    /// How many.
+    pub records: u64,
+    /// The append's result (an error: none of them is durable).
+    pub appended: std::io::Result<()>,
+    /// Each created data file, or the errno that refused it.
+    pub opened: Vec<(u64, Result<Arc<File>, i32>)>,
+    /// The journal's bytes after the batch.
+    pub journal_bytes: u64,
+}
+
+/// Carries out `outbox` against `journal` and `store`: one append (synced) for all its
+/// records, then its creates, then its unlinks. Called by the I/O thread, or by the fill
+/// itself in `Mode::Inline`.
+pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -> Done {
+    let records = outbox.records.len() as u64;
+    let appended = if outbox.records.is_empty() {
+        Ok(())
+    } else {
+        journal.append(&outbox.records, true)
+    };
+    let opened = outbox
+        .opens
+        .drain(..)
+        .map(|version| {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(libc::O_DIRECT)
+                .open(store.data_path(version))
+                .map(Arc::new)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+            (version, file)
+        })
+        .collect();
+    for version in outbox.unlinks.drain(..) {
+        if let Err(e) = store.remove_version(version) {
+            tracing::warn!(version, error = %e, "removing a dropped version's data file");
+        }
+    }
+    outbox.records.clear();
+    Done {
+        first_seq: outbox.first_seq,
+        records,
+        appended,
+        opened,
+        journal_bytes: journal.len(),
+    }
+}
+
+/// Rewrites `journal` as `snapshot` (the live index's records): written and synced beside
+/// it, then renamed over. Nothing else appends meanwhile: the caller owns the journal.
+pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()> {
+    let before = journal.len();
+    let new = JournalFile::write_snapshot(&journal.compaction_path(), snapshot)?;
+    journal.finish_compaction(new, snapshot.len() as u64, before)?;
+    tracing::info!(before, after = journal.len(), "cache journal compacted");
+    Ok(())
+}
+
+/// Starts the I/O thread for `core`, owning `journal`; it wakes on `wake` and writes
+/// `wakers[shard]` for each shard with news. It ends when the core is gone.
+pub fn spawn<W: Clone + PartialEq + Routed>(
+    core: Weak<Mutex<FillCore<W>>>,
+    mut journal: JournalFile,
+    store: BlockStore,
+    wake: Arc<OwnedFd>,
+    wakers: Arc<Vec<OwnedFd>>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("cache-io".into())
+        .spawn(move || {
+            let mut outbox = Outbox::default();
+            let mut to_wake = Vec::new();
+            let mut snapshot = Vec::new();
+            loop {
+                wait(&wake);
+                let Some(core) = core.upgrade() else {
+                    return;
+                };
+                super::cache_fill::lock(&core).take_outbox(&mut outbox);
+                if !outbox.is_empty() {
+                    let done = run(&mut outbox, &mut journal, &store);
+                    let mut c = super::cache_fill::lock(&core);
+                    c.io_done(done);
+                    c.take_wakes(&mut to_wake);
+                    if c.compaction_due() {
+                        c.snapshot(&mut snapshot);
+                    }
+                }
+                for shard in to_wake.drain(..) {
+                    if let Some(fd) = wakers.get(shard) {
+                        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+                    }
+                }
+                if !snapshot.is_empty() {
+                    let result = compact(&mut journal, &snapshot);
+                    snapshot.clear();
+                    let mut c = super::cache_fill::lock(&core);
+                    c.compacted(result, journal.len());
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Waits for the eventfd (or `IDLE_POLL_MS`) and empties it.
+fn wait(wake: &OwnedFd) {
+    let mut fds = [rustix::event::PollFd::new(
+        wake,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: i64::from(IDLE_POLL_MS) * 1_000_000,
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&timeout));
+    let mut buf = [0u8; 8];
+    let _ = rustix::io::read(wake, &mut buf);
+}
+
+/// A new eventfd for the I/O thread (non-blocking: the thread polls it).
+pub fn eventfd() -> std::io::Result<OwnedFd> {
+    rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+    )
+    .map_err(std::io::Error::from)
+}
