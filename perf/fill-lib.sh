@@ -94,7 +94,7 @@ http { access_log off; sendfile on;
       proxy_cache_lock on; proxy_cache_lock_age 2m; proxy_cache_lock_timeout 1h;
       proxy_ignore_headers Expires Cache-Control;
       proxy_set_header Host origin;
-      proxy_pass http://127.0.0.1:$RELAY_PORT;
+      proxy_pass http://127.0.0.1:${LANCACHE_UPSTREAM_PORT:-$RELAY_PORT};
     } } }
 EOF
 mkdir -p "$MNT/lancache-tmp"

@@ -15,13 +15,15 @@
 //!   mixes versions) and the next want probes the new one.
 //! - **A corrupt block** (`verify_block`) is forgotten and fetched again on its own.
 //!
-//! The journal is appended on the shard thread (one small synced write per block); issue 20
-//! leaves moving it onto the ring, with group commit, to the shard wiring.
+//! - **Nothing here blocks a shard.** Records, data-file creates and unlinks are queued for the
+//!   cache's I/O thread (`cache_io`: group commit), and a shard learns whether the fill has
+//!   anything for it from `Signals`, without the lock.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::cache_io::{self, Done, Outbox};
@@ -157,6 +159,9 @@ struct Job {
     committed: Vec<u32>,
     /// The fetch holds a pin on its version (unpinned when it ends).
     pinned: bool,
+    /// The shard that runs it: the one whose request asked (each shard runs its own
+    /// fetches on its own ring and slots, so a cold fill on one never costs another's CPU).
+    shard: usize,
 }
 
 /// Who a notice goes to: the shard that holds the waiting connection.
@@ -248,6 +253,10 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     pub disk_full: u64,
     /// Versions dropped since each shard last looked (it closes their data files).
     dropped: Vec<Vec<u64>>,
+    /// What shards read without the lock (published as it is let go).
+    signals: Arc<Signals>,
+    /// Shards to wake, gathered as the lock is let go (kept for its capacity).
+    wake_scratch: Vec<usize>,
     /// A compaction's snapshot is being written.
     compacting: bool,
     /// Compactions finished.
@@ -313,6 +322,8 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     next_pass: u64,
     /// The blocks `check_blocks` checks (kept for its capacity).
     check_scratch: Vec<(u32, u32, usize, usize)>,
+    /// What this shard reads without the lock.
+    signals: Arc<Signals>,
 }
 
 /// What a pass-through fetch asks the origin for.
@@ -337,8 +348,81 @@ pub struct PassThrough<'a> {
     pub end: u64,
 }
 
+/// What a shard learns from the fill without taking its lock: whether anything waits for it.
+/// Published each time the lock is let go (`Locked`), so a shard with nothing to do for the
+/// cache this tick never touches the lock.
+#[derive(Debug)]
+pub struct Signals {
+    /// Per shard: notices or dropped versions wait for it.
+    news: Box<[AtomicBool]>,
+    /// Per shard: fetches queued for it to start.
+    queued: Box<[AtomicUsize]>,
+    /// Per shard: the earliest queued retry (ms; `u64::MAX`: none).
+    next_retry_ms: Box<[AtomicU64]>,
+    /// Each shard's eventfd: written for a shard that has news (none: inline, one thread).
+    wakers: Option<Arc<Vec<OwnedFd>>>,
+    /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
+    /// fills given up on a full disk.
+    stats: [AtomicU64; 4],
+}
+
+impl Signals {
+    fn new(shards: usize, wakers: Option<Arc<Vec<OwnedFd>>>) -> Signals {
+        Signals {
+            news: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+            queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+            next_retry_ms: (0..shards).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            wakers,
+            stats: Default::default(),
+        }
+    }
+}
+
+/// The shared lock, held: on release it publishes the `Signals` and wakes every shard that
+/// has news (after the lock is let go).
+pub struct Locked<'a, W: Clone + PartialEq + Routed> {
+    guard: Option<MutexGuard<'a, FillCore<W>>>,
+}
+
+impl<W: Clone + PartialEq + Routed> std::ops::Deref for Locked<'_, W> {
+    type Target = FillCore<W>;
+    fn deref(&self) -> &FillCore<W> {
+        self.guard.as_ref().expect("held until dropped")
+    }
+}
+
+impl<W: Clone + PartialEq + Routed> std::ops::DerefMut for Locked<'_, W> {
+    fn deref_mut(&mut self) -> &mut FillCore<W> {
+        self.guard.as_mut().expect("held until dropped")
+    }
+}
+
+impl<W: Clone + PartialEq + Routed> Drop for Locked<'_, W> {
+    fn drop(&mut self) {
+        let Some(mut core) = self.guard.take() else {
+            return;
+        };
+        let signals = core.signals.clone();
+        let mut wake = std::mem::take(&mut core.wake_scratch);
+        core.publish(&mut wake);
+        drop(core);
+        if let Some(wakers) = signals.wakers.as_ref() {
+            for &shard in &wake {
+                if let Some(fd) = wakers.get(shard) {
+                    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+                }
+            }
+        }
+        wake.clear();
+        // Back for its capacity (the next holder's publish fills it again).
+        if let Some(mut core) = self.guard.take() {
+            core.wake_scratch = wake;
+        }
+    }
+}
+
 /// The index, read under the shared lock (`CacheFill::index`).
-pub struct IndexGuard<'a, W: Clone + PartialEq + Routed>(MutexGuard<'a, FillCore<W>>);
+pub struct IndexGuard<'a, W: Clone + PartialEq + Routed>(Locked<'a, W>);
 
 impl<W: Clone + PartialEq + Routed> std::ops::Deref for IndexGuard<'_, W> {
     type Target = Index;
@@ -413,6 +497,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: 0,
             disk_full: 0,
             dropped: vec![Vec::new(); shards],
+            signals: Arc::new(Signals::new(shards, None)),
+            wake_scratch: Vec::new(),
             compacting: false,
             compactions: 0,
         };
@@ -454,11 +540,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         wakers: Arc<Vec<OwnedFd>>,
     ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
         let journal = self.journal.take().expect("opened inline");
+        let shards = self.notices.len();
+        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone())));
         let wake = Arc::new(cache_io::eventfd()?);
         self.io_wake = Some(wake.clone());
         let store = self.store.clone();
         let core = Arc::new(Mutex::new(self));
-        cache_io::spawn(Arc::downgrade(&core), journal, store, wake, wakers)?;
+        cache_io::spawn(Arc::downgrade(&core), journal, store, wake)?;
         Ok(core)
     }
 
@@ -785,6 +873,47 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         &self.index
     }
 
+    /// Publishes what each shard may learn without the lock (`Signals`), and moves the shards
+    /// to wake into `wake`.
+    fn publish(&mut self, wake: &mut Vec<usize>) {
+        let shards = self.notices.len();
+        let signals = self.signals.clone();
+        let mut queued = [0usize; 64];
+        let mut retry = [u64::MAX; 64];
+        let counted = shards <= queued.len();
+        if counted {
+            for j in &self.queue {
+                queued[j.shard] += 1;
+                retry[j.shard] = retry[j.shard].min(j.not_before_ms);
+            }
+        }
+        for s in 0..shards {
+            let news = !self.notices[s].is_empty() || !self.dropped[s].is_empty();
+            signals.news[s].store(news, Ordering::Release);
+            let (q, r) = if counted {
+                (queued[s], retry[s])
+            } else {
+                let mine = self.queue.iter().filter(|j| j.shard == s);
+                (
+                    mine.clone().count(),
+                    mine.map(|j| j.not_before_ms).min().unwrap_or(u64::MAX),
+                )
+            };
+            signals.queued[s].store(q, Ordering::Release);
+            signals.next_retry_ms[s].store(r, Ordering::Release);
+        }
+        let stats = self.stats();
+        for (cell, v) in signals.stats.iter().zip([
+            stats.versions_evicted,
+            stats.waits_joined,
+            stats.waits_started,
+            stats.disk_full,
+        ]) {
+            cell.store(v, Ordering::Relaxed);
+        }
+        self.take_wakes(wake);
+    }
+
     /// Shards that have notices waiting since the last call (each once).
     pub fn take_wakes(&mut self, out: &mut Vec<usize>) {
         for (shard, w) in self.to_wake.iter_mut().enumerate() {
@@ -815,8 +944,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Shard `shard`'s handle on the shared `core`, fetching with `filler`.
     pub fn attach(core: Arc<Mutex<FillCore<W>>>, shard: usize, filler: Filler) -> CacheFill<W> {
-        let store = lock(&core).store.clone();
+        let (store, signals) = {
+            let c = lock(&core);
+            (c.store.clone(), c.signals.clone())
+        };
         CacheFill {
+            signals,
             core,
             shard,
             filler,
@@ -830,7 +963,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         }
     }
 
-    fn core(&self) -> MutexGuard<'_, FillCore<W>> {
+    fn core(&self) -> Locked<'_, W> {
         lock(&self.core)
     }
 
@@ -942,15 +1075,23 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             .want_more(version, key, origin, path, first, last, waiter)
     }
 
-    /// See `FillCore::stats`.
+    /// See `FillCore::stats` (as of the lock's last release: read without it).
     pub fn stats(&self) -> FillStats {
-        self.core().stats()
+        let [a, b, c, d] = &self.signals.stats;
+        FillStats {
+            versions_evicted: a.load(Ordering::Relaxed),
+            waits_joined: b.load(Ordering::Relaxed),
+            waits_started: c.load(Ordering::Relaxed),
+            disk_full: d.load(Ordering::Relaxed),
+        }
     }
 
     /// Moves the versions dropped since this shard last asked into `out` (the shard closes
     /// its descriptors of their removed data files).
     pub fn take_dropped(&mut self, out: &mut Vec<u64>) {
-        out.append(&mut self.core().dropped[self.shard]);
+        if self.has_news() {
+            out.append(&mut self.core().dropped[self.shard]);
+        }
     }
 
     /// See `FillCore::pin`.
@@ -981,8 +1122,18 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         take_slot: &mut dyn FnMut() -> Option<ArenaSlot>,
         now_ms: u64,
     ) {
+        if !self.has_queued() {
+            return;
+        }
         let mut core = lock(&self.core);
-        core.pump(&mut self.filler, ring, take_slot, &mut self.freed, now_ms);
+        core.pump(
+            self.shard,
+            &mut self.filler,
+            ring,
+            take_slot,
+            &mut self.freed,
+            now_ms,
+        );
     }
 
     /// An `Op::Origin` completion of this shard's fetch.
@@ -1105,7 +1256,8 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// The earliest time (ms) something is due: a fetch deadline or a retry.
     pub fn next_due_ms(&self) -> Option<u64> {
-        let retry = self.core().queue.iter().map(|j| j.not_before_ms).min();
+        let retry = Some(self.signals.next_retry_ms[self.shard].load(Ordering::Acquire))
+            .filter(|&r| r != u64::MAX);
         match (self.filler.next_deadline_ms(), retry) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1121,11 +1273,24 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         slots: &mut Vec<ArenaSlot>,
         wake: &mut Vec<usize>,
     ) {
+        slots.append(&mut self.freed);
+        if !self.signals.news[self.shard].load(Ordering::Acquire) {
+            return;
+        }
         let mut core = lock(&self.core);
         out.append(&mut core.notices[self.shard]);
         core.to_wake[self.shard] = false;
         core.take_wakes(wake);
-        slots.append(&mut self.freed);
+    }
+
+    /// Whether the fill has queued fetches for this shard to start (read without the lock).
+    pub fn has_queued(&self) -> bool {
+        self.signals.queued[self.shard].load(Ordering::Acquire) > 0
+    }
+
+    /// Whether notices or dropped versions wait for this shard (read without the lock).
+    pub fn has_news(&self) -> bool {
+        self.signals.news[self.shard].load(Ordering::Acquire)
     }
 
     /// Checks every block of `version` that bytes `file_off..file_off + need` of its data
@@ -1221,11 +1386,13 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
 /// The shared lock; a shard that panicked while holding it leaves the bookkeeping as it was
 /// (every change is applied whole before the journal or a notice hears of it).
-pub(super) fn lock<W: Clone + PartialEq + Routed>(
-    core: &Mutex<FillCore<W>>,
-) -> MutexGuard<'_, FillCore<W>> {
-    core.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+pub(super) fn lock<W: Clone + PartialEq + Routed>(core: &Mutex<FillCore<W>>) -> Locked<'_, W> {
+    Locked {
+        guard: Some(
+            core.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ),
+    }
 }
 
 impl<W: Clone + PartialEq + Routed> FillCore<W> {
@@ -1274,6 +1441,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         waiter: W,
         now_s: u64,
     ) -> Option<Outcome> {
+        let shard = waiter.shard().min(self.notices.len() - 1);
         if let Some(&until) = self.not_found.get(key) {
             if now_s < until {
                 return Some(Outcome::Refused(404));
@@ -1320,6 +1488,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             not_before_ms: 0,
             committed: Vec::new(),
             pinned: false,
+            shard,
         });
         Some(Outcome::Waiting)
     }
@@ -1354,6 +1523,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         waiter: W,
         streaming: bool,
     ) -> Outcome {
+        let shard = waiter.shard().min(self.notices.len() - 1);
         let Some(meta) = self.index.current(key).cloned() else {
             return self.probe(key, origin, path, first, waiter);
         };
@@ -1439,6 +1609,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 not_before_ms: 0,
                 committed: Vec::new(),
                 pinned: false,
+                shard,
             };
             self.queue.push_back(job);
         }
@@ -1449,6 +1620,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// in the middle of a large object fetches its own blocks, not the object's start) and
     /// learns the size from the head.
     fn probe(&mut self, key: &[u8], origin: usize, path: &str, first: u64, waiter: W) -> Outcome {
+        let shard = waiter.shard().min(self.notices.len() - 1);
         if let Some(waiters) = self.probes.get_mut(key) {
             if waiters.len() >= MAX_PROBE_WAITERS {
                 return Outcome::Busy;
@@ -1478,12 +1650,14 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             not_before_ms: 0,
             committed: Vec::new(),
             pinned: false,
+            shard,
         });
         Outcome::Waiting
     }
 
     /// See `CacheFill::refetch`.
     pub fn refetch(&mut self, version: u64, block: u32, waiter: W) -> Outcome {
+        let shard = waiter.shard().min(self.notices.len() - 1);
         let Some(meta) = self.index.meta(version) else {
             return Outcome::Busy;
         };
@@ -1515,6 +1689,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     not_before_ms: 0,
                     committed: Vec::new(),
                     pinned: false,
+                    shard,
                 });
             }
             Ask::Wait => {
@@ -1564,6 +1739,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// (None: no slot free; they wait) and a connection from its origin's pool.
     fn pump<R: RingOps>(
         &mut self,
+        shard: usize,
         filler: &mut Filler,
         ring: &mut R,
         take_slot: &mut dyn FnMut() -> Option<ArenaSlot>,
@@ -1572,7 +1748,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     ) {
         let mut waiting = VecDeque::new();
         while let Some(job) = self.queue.pop_front() {
-            if job.not_before_ms > now_ms {
+            if job.shard != shard || job.not_before_ms > now_ms {
                 waiting.push_back(job);
                 continue;
             }

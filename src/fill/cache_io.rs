@@ -6,8 +6,8 @@
 //! The shards queue work in `FillCore`'s `Outbox` (memory only) and write this thread's
 //! eventfd once per batch; the thread takes the batch under the lock, does the I/O without
 //! it, then takes the lock again to make the batch's records visible (`FillCore::io_done`:
-//! a block or an object becomes visible only once its record is durable), and writes the
-//! eventfd of every shard with news. Without this thread (`Mode::Inline`: tests, tools and
+//! a block becomes visible only once its record is durable) and, in the same hold, to take
+//! the next batch; the shards with news are woken as it lets go. Without this thread (`Mode::Inline`: tests, tools and
 //! the simulator, one thread and deterministic) the same `Outbox` is flushed by the caller.
 
 use std::fs::File;
@@ -109,46 +109,46 @@ pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()
     Ok(())
 }
 
-/// Starts the I/O thread for `core`, owning `journal`; it wakes on `wake` and writes
-/// `wakers[shard]` for each shard with news. It ends when the core is gone.
+/// Starts the I/O thread for `core`, owning `journal`; it wakes on `wake`. The shards with
+/// news are woken as it lets go of the lock (`cache_fill::Locked`). It ends when the core is
+/// gone.
 pub fn spawn<W: Clone + PartialEq + Routed>(
     core: Weak<Mutex<FillCore<W>>>,
     mut journal: JournalFile,
     store: BlockStore,
     wake: Arc<OwnedFd>,
-    wakers: Arc<Vec<OwnedFd>>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("cache-io".into())
         .spawn(move || {
             let mut outbox = Outbox::default();
-            let mut to_wake = Vec::new();
+            let mut done: Option<Done> = None;
             let mut snapshot = Vec::new();
             loop {
-                wait(&wake);
+                if done.is_none() {
+                    wait(&wake);
+                }
                 let Some(core) = core.upgrade() else {
                     return;
                 };
-                super::cache_fill::lock(&core).take_outbox(&mut outbox);
-                if !outbox.is_empty() {
-                    let done = run(&mut outbox, &mut journal, &store);
+                {
+                    // One hold per batch: settle the last one and take the next.
                     let mut c = super::cache_fill::lock(&core);
-                    c.io_done(done);
-                    c.take_wakes(&mut to_wake);
-                    if c.compaction_due() {
-                        c.snapshot(&mut snapshot);
+                    if let Some(d) = done.take() {
+                        c.io_done(d);
+                        if c.compaction_due() {
+                            c.snapshot(&mut snapshot);
+                        }
                     }
-                }
-                for shard in to_wake.drain(..) {
-                    if let Some(fd) = wakers.get(shard) {
-                        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
-                    }
+                    c.take_outbox(&mut outbox);
                 }
                 if !snapshot.is_empty() {
                     let result = compact(&mut journal, &snapshot);
                     snapshot.clear();
-                    let mut c = super::cache_fill::lock(&core);
-                    c.compacted(result, journal.len());
+                    super::cache_fill::lock(&core).compacted(result, journal.len());
+                }
+                if !outbox.is_empty() {
+                    done = Some(run(&mut outbox, &mut journal, &store));
                 }
             }
         })?;

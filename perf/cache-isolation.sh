@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# perf/cache-isolation.sh: the pull-through cache against the shard-per-core design (issue 29),
+# with the cache on the host's own disk (not tmpfs), the origin nginx on loopback with no
+# added latency:
+#   - isolation: a client pinned to CPU 1 (steered to shard 1) fetches a cached 1 MiB object
+#     in a loop (wrk, one connection); its p99 alone and while a client on CPU 0 downloads a
+#     cold 2 GiB object through shard 0. The same for a 1 MiB file of the local root, as the
+#     control;
+#   - nothing blocks: strace of the process during a cold 1 GiB fill, counting fdatasync,
+#     fsync, openat, openat2, unlinkat and futex per thread (shard-N against the rest);
+#   - CPU: shardline's own CPU seconds per GiB for a cold download and for the warm one after;
+#   - cold rate: a cold 1 GiB download, shardline beside nginx set up as lancache (slice 1m,
+#     proxy_cache_lock), same origin, same disk; the median of RUNS runs.
+#
+#   perf/cache-isolation.sh [--runs N] [--out FILE]
+#
+# Needs root (strace -p, drop_caches), nginx, curl, wrk, strace. Writes perf/CACHE-ISOLATION.md.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=fill-lib.sh
+source "$HERE/fill-lib.sh"
+RUNS=5 OUT=$HERE/CACHE-ISOLATION.md
+while (($#)); do
+  case $1 in
+    --runs) RUNS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h | --help) print_usage "$0" ;;
+    *) echo "cache-isolation.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for tool in nginx curl wrk strace; do
+  if ! command -v "$tool" >/dev/null; then
+    log "installing $tool (Debian package)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null ||
+      die "$tool is needed (Debian package $tool)"
+  fi
+done
+[[ $(nproc) -ge 2 ]] || die "needs 2 CPUs (a client on each)"
+# The origin's files live in RAM (the origin is not what is measured); both caches and
+# shardline's root on the host's disk.
+WORK=$(mktemp -d /dev/shm/pl-iso-XXXXXX)
+MNT=$(mktemp -d /var/tmp/pl-iso-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK" "$MNT"
+}
+trap cleanup EXIT
+log "building shardline (release)"
+cargo build --release --quiet --manifest-path "$REPO/Cargo.toml"
+SL=${SHARDLINE_BIN:-$REPO/target/release/shardline}
+
+mkdir -p "$WORK/origin/pull" "$MNT/root" "$MNT/sl-cache"
+log "origin files: 1 GiB and 2 GiB objects, 1 MiB hot objects"
+head -c $((1 << 30)) /dev/urandom >"$WORK/origin/pull/big.bin"
+head -c $((2 << 30)) /dev/urandom >"$WORK/origin/pull/huge.bin"
+head -c $((1 << 20)) /dev/urandom >"$WORK/origin/pull/hot.bin"
+cp "$WORK/origin/pull/hot.bin" "$MNT/root/hot.bin"
+# Each cold download asks for a name never asked before (a symlink to the same bytes).
+for i in $(seq 0 $((RUNS + 4))); do
+  ln -s big.bin "$WORK/origin/pull/cold$i.bin"
+  ln -s huge.bin "$WORK/origin/pull/fill$i.bin"
+done
+DELAY_MS=0
+LANCACHE_UPSTREAM_PORT=18081
+fill_setup
+# The origin on CPU 0, beside the cold client: CPU 1 is the hit loop's.
+taskset -pc 0 "$(cat "$WORK/nginx-origin/pid")" >/dev/null
+
+PORT=18090 ADMIN=18091
+cat >"$WORK/shardline.toml" <<EOF
+cache_dir = "$MNT/sl-cache"
+admin = "127.0.0.1:$ADMIN"
+[[origin]]
+prefix = "/pull/"
+url = "http://127.0.0.1:$ORIGIN_PORT"
+EOF
+"$SL" serve --config "$WORK/shardline.toml" --root "$MNT/root" --listen "127.0.0.1:$PORT" \
+  --shards 2 2>"$WORK/shardline.log" &
+SLPID=$!
+PIDS+=("$SLPID")
+wait_port "$PORT" "$SLPID" 20 || die "shardline did not start: $(tail -5 "$WORK/shardline.log")"
+URL=http://127.0.0.1:$PORT
+curl -sf -o /dev/null "$URL/pull/hot.bin" || die "the warm-up fetch failed"
+
+# cpu_ticks PID: user + system clock ticks the process has used.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+TICK=$(getconf CLK_TCK)
+# p99_ms PATH: one connection on CPU 1 for 4 s; wrk's p99 in ms.
+p99_ms() {
+  taskset -c 1 wrk -t1 -c1 -d4s --latency "$URL$1" 2>/dev/null |
+    awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 }
+      else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
+      printf "%.3f", v }'
+}
+# beside_cold PATH N: PATH's p99 while a client on CPU 0 downloads fill<N>.bin cold.
+beside_cold() {
+  taskset -c 0 curl -sf -o /dev/null "$URL/pull/fill$2.bin" &
+  local c=$!
+  sleep 0.3
+  p99_ms "$1"
+  wait "$c"
+}
+
+log "isolation: 1 MiB hits on shard 1, alone and beside a cold 2 GiB fill on shard 0"
+HIT_ALONE=$(p99_ms /pull/hot.bin)
+HIT_BESIDE=$(beside_cold /pull/hot.bin 0)
+LOCAL_ALONE=$(p99_ms /hot.bin)
+LOCAL_BESIDE=$(beside_cold /hot.bin 1)
+sync
+
+log "strace during a cold 1 GiB fill"
+strace -f -qq -e trace=fdatasync,fsync,openat,openat2,unlinkat,futex -o "$WORK/strace" \
+  -p "$SLPID" &
+STRACE=$!
+sleep 1
+curl -sf -o /dev/null "$URL/pull/cold0.bin"
+sleep 0.5
+kill -INT "$STRACE"
+wait "$STRACE" 2>/dev/null || true
+declare -A COMM
+for t in /proc/"$SLPID"/task/*; do COMM[$(basename "$t")]=$(cat "$t/comm"); done
+# A call's first line ("TID name(args"); "<... name resumed>" lines continue one already counted.
+STRACE_ROWS=$(awk '$2 ~ /^[a-z0-9_]+\(/ { print $1, $2 }' "$WORK/strace" | sed -E 's/\(.*//' |
+  while read -r tid call; do
+    name=${COMM[$tid]:-gone}
+    [[ $name == shard-* ]] && who=shard || who=$name
+    echo "$who $call"
+  done | sort | uniq -c | awk '{ printf "| %s | %s | %d |\n", $2, $3, $1 }')
+SHARD_BLOCKING=$(printf '%s\n' "$STRACE_ROWS" |
+  awk -F'|' '$2 ~ /shard/ && $3 ~ /fdatasync|fsync|openat|unlinkat/ { s += $4 } END { print s + 0 }')
+SHARD_FUTEX=$(printf '%s\n' "$STRACE_ROWS" |
+  awk -F'|' '$2 ~ /shard/ && $3 ~ /futex/ { s += $4 } END { print s + 0 }')
+sync
+
+log "CPU per GiB: cold, then warm"
+t0=$(cpu_ticks "$SLPID")
+curl -sf -o /dev/null "$URL/pull/cold1.bin"
+t1=$(cpu_ticks "$SLPID")
+curl -sf -o /dev/null "$URL/pull/cold1.bin"
+t2=$(cpu_ticks "$SLPID")
+COLD_CPU=$(calc "($t1 - $t0) / $TICK")
+WARM_CPU=$(calc "($t2 - $t1) / $TICK")
+sync
+
+log "cold rate: $RUNS cold 1 GiB downloads each, shardline and lancache-style nginx"
+SL_RATES=() LC_RATES=()
+for i in $(seq 2 $((RUNS + 1))); do
+  s=$(curl -sf -o /dev/null -w '%{speed_download}' "$URL/pull/cold$i.bin")
+  SL_RATES+=("$(calc "$s / 1000000")")
+  sync
+  s=$(curl -sf -o /dev/null -w '%{speed_download}' "http://127.0.0.1:$LANCACHE_PORT/pull/cold$i.bin")
+  LC_RATES+=("$(calc "$s / 1000000")")
+  sync
+  log "run $i: shardline ${SL_RATES[-1]} MB/s, lancache ${LC_RATES[-1]} MB/s"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+SL_MED=$(median "${SL_RATES[@]}")
+LC_MED=$(median "${LC_RATES[@]}")
+
+{
+  echo "# Cache isolation and cost (perf/cache-isolation.sh)"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) vCPU, $(uname -r), at $(git -C "$REPO" rev-parse --short HEAD)."
+  echo "Caches and the root on the host's disk ($(df --output=source "$MNT" | tail -1), $(stat -f -c %T "$MNT")); origin nginx on"
+  echo "loopback serving from RAM, no added latency, pinned to CPU 0; shardline 2 shards, steered by CPU."
+  echo
+  echo "## Isolation: p99 of one connection's 1 MiB GETs on CPU 1 (wrk, 4 s)"
+  echo
+  echo "| object | alone (ms) | beside a cold 2 GiB fill on CPU 0 (ms) | ratio |"
+  echo "|---|---|---|---|"
+  echo "| cached, /pull/hot.bin | $HIT_ALONE | $HIT_BESIDE | $(calc "$HIT_BESIDE / $HIT_ALONE") |"
+  echo "| local root, /hot.bin (control) | $LOCAL_ALONE | $LOCAL_BESIDE | $(calc "$LOCAL_BESIDE / $LOCAL_ALONE") |"
+  echo
+  echo "## Syscalls during a cold 1 GiB fill (strace -f -p, by thread)"
+  echo
+  echo "| thread | syscall | calls |"
+  echo "|---|---|---|"
+  printf '%s\n' "$STRACE_ROWS"
+  echo
+  echo "From shard threads: $SHARD_BLOCKING fdatasync/fsync/openat/unlinkat, $SHARD_FUTEX futex."
+  echo
+  echo "## CPU per GiB (shardline's own, utime + stime)"
+  echo
+  echo "| download | CPU s/GiB |"
+  echo "|---|---|"
+  echo "| cold 1 GiB | $COLD_CPU |"
+  echo "| warm 1 GiB | $WARM_CPU |"
+  echo "| cold / warm | $(calc "$COLD_CPU / $WARM_CPU") |"
+  echo
+  echo "## Cold 1 GiB download (MB/s), $RUNS runs"
+  echo
+  echo "| server | runs | median |"
+  echo "|---|---|---|"
+  echo "| shardline | ${SL_RATES[*]} | $SL_MED |"
+  echo "| nginx as lancache (slice 1m, proxy_cache_lock) | ${LC_RATES[*]} | $LC_MED |"
+  echo "| shardline / lancache | | $(calc "$SL_MED / $LC_MED") |"
+} >"$OUT"
+log "wrote $OUT"
+cat "$OUT"
