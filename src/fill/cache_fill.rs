@@ -26,7 +26,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::cache_io::{self, Done, Outbox};
+use super::cache_io::{self, Done, IoShared, Outbox};
 use super::{Begin, FillEvent, Filler};
 use crate::cache::blocks::{blocks_for, missing_runs};
 use crate::cache::coalesce::{Ask, Failed, Fills};
@@ -202,10 +202,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     /// Data files being created by the I/O thread, and the errno of those it could not.
     opening: HashSet<u64>,
     open_errors: HashMap<u64, i32>,
-    /// The I/O thread's eventfd (None: inline).
-    io_wake: Option<Arc<OwnedFd>>,
-    /// The eventfd was written since the thread last took the outbox.
-    io_requested: bool,
+    /// The shard holding the lock now (`CacheFill::core`; the queue it fills is its).
+    holder: usize,
     /// `flush` is running (inline: a flush reached from inside one only queues).
     flushing: bool,
     index: Index,
@@ -257,6 +255,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     signals: Arc<Signals>,
     /// Shards to wake, gathered as the lock is let go (kept for its capacity).
     wake_scratch: Vec<usize>,
+    /// Batches being settled (kept for its capacity).
+    done_scratch: Vec<Done>,
     /// A compaction's snapshot is being written.
     compacting: bool,
     /// Compactions finished.
@@ -364,16 +364,22 @@ pub struct Signals {
     /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
     /// fills given up on a full disk.
     stats: [AtomicU64; 4],
+    /// The I/O thread's queues (none: inline).
+    io: Option<Arc<IoShared>>,
+    /// `Index::live_bytes`, for the I/O thread's compaction rule.
+    live_bytes: AtomicU64,
 }
 
 impl Signals {
-    fn new(shards: usize, wakers: Option<Arc<Vec<OwnedFd>>>) -> Signals {
+    fn new(shards: usize, wakers: Option<Arc<Vec<OwnedFd>>>, io: Option<Arc<IoShared>>) -> Signals {
         Signals {
             news: (0..shards).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             next_retry_ms: (0..shards).map(|_| AtomicU64::new(u64::MAX)).collect(),
             wakers,
             stats: Default::default(),
+            io,
+            live_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -405,6 +411,10 @@ impl<W: Clone + PartialEq + Routed> Drop for Locked<'_, W> {
         let signals = core.signals.clone();
         let mut wake = std::mem::take(&mut core.wake_scratch);
         core.publish(&mut wake);
+        if let Some(io) = signals.io.as_ref() {
+            let holder = core.holder;
+            io.submit(&mut core.outbox, holder);
+        }
         drop(core);
         if let Some(wakers) = signals.wakers.as_ref() {
             for &shard in &wake {
@@ -471,8 +481,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             deferred: VecDeque::new(),
             opening: HashSet::new(),
             open_errors: HashMap::new(),
-            io_wake: None,
-            io_requested: false,
+            holder: 0,
             flushing: false,
             index,
             probes: HashMap::new(),
@@ -497,8 +506,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: 0,
             disk_full: 0,
             dropped: vec![Vec::new(); shards],
-            signals: Arc::new(Signals::new(shards, None)),
+            signals: Arc::new(Signals::new(shards, None, None)),
             wake_scratch: Vec::new(),
+            done_scratch: Vec::new(),
             compacting: false,
             compactions: 0,
         };
@@ -541,12 +551,16 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
         let journal = self.journal.take().expect("opened inline");
         let shards = self.notices.len();
-        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone())));
-        let wake = Arc::new(cache_io::eventfd()?);
-        self.io_wake = Some(wake.clone());
+        let io = Arc::new(IoShared {
+            todo: Mutex::new(Outbox::default()),
+            done: Mutex::new(Vec::new()),
+            has_done: AtomicBool::new(false),
+            wake: cache_io::eventfd()?,
+        });
+        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
         let store = self.store.clone();
         let core = Arc::new(Mutex::new(self));
-        cache_io::spawn(Arc::downgrade(&core), journal, store, wake)?;
+        cache_io::spawn(Arc::downgrade(&core), journal, store, io, wakers)?;
         Ok(core)
     }
 
@@ -589,7 +603,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.outbox.records.push(record);
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.request_io();
         seq
     }
 
@@ -597,17 +610,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     fn queue_unlink(&mut self, version: u64) {
         self.files.remove(&version);
         self.outbox.unlinks.push(version);
-        self.request_io();
-    }
-
-    /// Tells the I/O thread there is work (once per batch).
-    fn request_io(&mut self) {
-        if let Some(wake) = self.io_wake.as_ref() {
-            if !self.io_requested {
-                self.io_requested = true;
-                let _ = rustix::io::write(wake.as_ref(), &1u64.to_ne_bytes());
-            }
-        }
     }
 
     /// Inline mode: carries the outbox out now (nothing when the I/O thread owns the
@@ -644,7 +646,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.outbox.records.clear();
         self.outbox.opens.clear();
         self.outbox.unlinks.clear();
-        self.io_requested = false;
+        self.outbox.shards = 0;
     }
 
     /// A batch's I/O is done: its records are durable (or failed, and never will be), its
@@ -902,6 +904,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             signals.queued[s].store(q, Ordering::Release);
             signals.next_retry_ms[s].store(r, Ordering::Release);
         }
+        signals
+            .live_bytes
+            .store(self.index.live_bytes(), Ordering::Relaxed);
         let stats = self.stats();
         for (cell, v) in signals.stats.iter().zip([
             stats.versions_evicted,
@@ -964,7 +969,25 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     }
 
     fn core(&self) -> Locked<'_, W> {
-        lock(&self.core)
+        lock_as(&self.core, self.shard)
+    }
+
+    /// Settles the I/O thread's finished batches (their blocks become visible, their waiters
+    /// hear), if it has any: read without the lock.
+    pub fn settle_io(&mut self) {
+        let Some(io) = self.signals.io.clone() else {
+            return;
+        };
+        if !io.has_done.load(Ordering::Acquire) {
+            return;
+        }
+        let mut core = self.core();
+        let mut done = std::mem::take(&mut core.done_scratch);
+        io.take_done(&mut done);
+        for d in done.drain(..) {
+            core.io_done(d);
+        }
+        core.done_scratch = done;
     }
 
     /// The index (what is on disk), under the shared lock: do not hold it across calls.
@@ -1125,7 +1148,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         if !self.has_queued() {
             return;
         }
-        let mut core = lock(&self.core);
+        let mut core = lock_as(&self.core, self.shard);
         core.pump(
             self.shard,
             &mut self.filler,
@@ -1172,7 +1195,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         if self.events.is_empty() {
             return;
         }
-        let mut core = lock(&self.core);
+        let mut core = lock_as(&self.core, self.shard);
         core.settle(&mut self.events, &mut self.freed, now_ms);
     }
 
@@ -1277,7 +1300,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         if !self.signals.news[self.shard].load(Ordering::Acquire) {
             return;
         }
-        let mut core = lock(&self.core);
+        let mut core = self.core();
         out.append(&mut core.notices[self.shard]);
         core.to_wake[self.shard] = false;
         core.take_wakes(wake);
@@ -1384,9 +1407,42 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     }
 }
 
+/// Whether the I/O thread should compact a journal of `journal_bytes` now, judged from what
+/// the shards published (no lock).
+pub(super) fn compaction_due_at<W: Clone + PartialEq + Routed>(
+    core: &Mutex<FillCore<W>>,
+    journal_bytes: u64,
+) -> bool {
+    if journal_bytes < COMPACT_MIN_BYTES {
+        return false;
+    }
+    let live = match core.try_lock() {
+        Ok(c) => {
+            if c.compacting || journal_bytes < c.cfg.compact_min_bytes {
+                return false;
+            }
+            c.signals.live_bytes.load(Ordering::Relaxed)
+        }
+        // Busy: asked again after the next batch.
+        Err(_) => return false,
+    };
+    let dead = journal_bytes.saturating_sub(live);
+    dead * 100 > journal_bytes * COMPACT_DEAD_PERCENT
+}
+
+/// The shared lock, taken by shard `shard` (the records it queues are its to settle).
+fn lock_as<W: Clone + PartialEq + Routed>(
+    core: &Mutex<FillCore<W>>,
+    shard: usize,
+) -> Locked<'_, W> {
+    let mut locked = lock(core);
+    locked.holder = shard;
+    locked
+}
+
 /// The shared lock; a shard that panicked while holding it leaves the bookkeeping as it was
 /// (every change is applied whole before the journal or a notice hears of it).
-pub(super) fn lock<W: Clone + PartialEq + Routed>(core: &Mutex<FillCore<W>>) -> Locked<'_, W> {
+pub(crate) fn lock<W: Clone + PartialEq + Routed>(core: &Mutex<FillCore<W>>) -> Locked<'_, W> {
     Locked {
         guard: Some(
             core.lock()
@@ -1843,7 +1899,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         if self.opening.insert(version) {
             self.outbox.opens.push(version);
-            self.request_io();
             self.flush();
         }
         if let Some((f, _)) = self.files.get(&version) {

@@ -13,7 +13,8 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::cache_fill::{FillCore, Routed};
 use crate::cache::journal::Record;
@@ -35,6 +36,9 @@ pub struct Outbox {
     pub opens: Vec<u64>,
     /// Versions whose data file is to be removed (after this batch's records are durable).
     pub unlinks: Vec<u64>,
+    /// The shards that queued into it (bit per shard; shards past 63 share the last bit's
+    /// fate: every shard is woken).
+    pub shards: u64,
 }
 
 impl Outbox {
@@ -57,6 +61,58 @@ pub struct Done {
     pub opened: Vec<(u64, Result<Arc<File>, i32>)>,
     /// The journal's bytes after the batch.
     pub journal_bytes: u64,
+    /// The shards that queued into it (to wake).
+    pub shards: u64,
+}
+
+/// What the shards and the I/O thread share, outside the fill's lock.
+#[derive(Debug)]
+pub struct IoShared {
+    /// Work queued by the shards, not yet taken by the thread.
+    pub todo: Mutex<Outbox>,
+    /// Batches done, for a shard to settle (`CacheFill::settle_io`).
+    pub done: Mutex<Vec<Done>>,
+    /// `done` holds a batch (read without its lock).
+    pub has_done: AtomicBool,
+    /// The thread's eventfd.
+    pub wake: OwnedFd,
+}
+
+impl IoShared {
+    /// Queues `outbox`'s work (emptied) for the thread, from shard `shard`, waking it when
+    /// the queue was empty.
+    pub fn submit(&self, outbox: &mut Outbox, shard: usize) {
+        if outbox.is_empty() {
+            return;
+        }
+        let was_empty = {
+            let mut todo = self.todo.lock().unwrap_or_else(PoisonError::into_inner);
+            let was_empty = todo.is_empty();
+            if todo.records.is_empty() {
+                todo.first_seq = outbox.first_seq;
+            }
+            assert!(
+                outbox.records.is_empty()
+                    || todo.first_seq + todo.records.len() as u64 == outbox.first_seq,
+                "records queued out of order"
+            );
+            todo.records.append(&mut outbox.records);
+            todo.opens.append(&mut outbox.opens);
+            todo.unlinks.append(&mut outbox.unlinks);
+            todo.shards |= 1 << shard.min(63);
+            was_empty
+        };
+        if was_empty {
+            let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Moves the batches done into `out`.
+    pub fn take_done(&self, out: &mut Vec<Done>) {
+        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        out.append(&mut done);
+        self.has_done.store(false, Ordering::Release);
+    }
 }
 
 /// Carries out `outbox` against `journal` and `store`: one append (synced) for all its
@@ -96,6 +152,7 @@ pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -
         appended,
         opened,
         journal_bytes: journal.len(),
+        shards: std::mem::take(&mut outbox.shards),
     }
 }
 
@@ -109,46 +166,54 @@ pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()
     Ok(())
 }
 
-/// Starts the I/O thread for `core`, owning `journal`; it wakes on `wake`. The shards with
-/// news are woken as it lets go of the lock (`cache_fill::Locked`). It ends when the core is
+/// Starts the I/O thread for `core`, owning `journal`: it takes the shards' batches from
+/// `io`, and wakes through `wakers` the shards that queued each. It ends when the core is
 /// gone.
 pub fn spawn<W: Clone + PartialEq + Routed>(
     core: Weak<Mutex<FillCore<W>>>,
     mut journal: JournalFile,
     store: BlockStore,
-    wake: Arc<OwnedFd>,
+    io: Arc<IoShared>,
+    wakers: Arc<Vec<OwnedFd>>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("cache-io".into())
         .spawn(move || {
             let mut outbox = Outbox::default();
-            let mut done: Option<Done> = None;
             let mut snapshot = Vec::new();
             loop {
-                if done.is_none() {
-                    wait(&wake);
-                }
+                wait(&io.wake);
                 let Some(core) = core.upgrade() else {
                     return;
                 };
-                {
-                    // One hold per batch: settle the last one and take the next.
-                    let mut c = super::cache_fill::lock(&core);
-                    if let Some(d) = done.take() {
-                        c.io_done(d);
-                        if c.compaction_due() {
-                            c.snapshot(&mut snapshot);
+                loop {
+                    {
+                        let mut todo = io.todo.lock().unwrap_or_else(PoisonError::into_inner);
+                        std::mem::swap(&mut *todo, &mut outbox);
+                    }
+                    if outbox.is_empty() {
+                        break;
+                    }
+                    let done = run(&mut outbox, &mut journal, &store);
+                    let shards = done.shards;
+                    io.done
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(done);
+                    io.has_done.store(true, Ordering::Release);
+                    for (shard, fd) in wakers.iter().enumerate() {
+                        if shards & (1 << shard.min(63)) != 0 {
+                            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
                         }
                     }
-                    c.take_outbox(&mut outbox);
                 }
-                if !snapshot.is_empty() {
+                // A compaction is decided from what the shards published (`Signals`), and
+                // takes the fill's lock only to encode the live index.
+                if super::cache_fill::compaction_due_at(&core, journal.len()) {
+                    super::cache_fill::lock(&core).snapshot(&mut snapshot);
                     let result = compact(&mut journal, &snapshot);
                     snapshot.clear();
                     super::cache_fill::lock(&core).compacted(result, journal.len());
-                }
-                if !outbox.is_empty() {
-                    done = Some(run(&mut outbox, &mut journal, &store));
                 }
             }
         })?;

@@ -200,7 +200,8 @@ impl SharedEdge {
         if prefix && path.ends_with(b"/") && !rel.is_empty() {
             rel.push('/');
         }
-        let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        // Through `Locked`: its release hands the drops' records to the I/O thread.
+        let mut core = super::cache_fill::lock(&self.core);
         let purged = core.purge(&rel, prefix);
         // The shards close their descriptors of the removed files (not called from a shard:
         // each is woken).

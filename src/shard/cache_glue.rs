@@ -329,6 +329,8 @@ impl<R: RingOps> Shard<R> {
             return;
         };
         edge.fill.expire(self.now_ms);
+        // Batches the I/O thread made durable: their blocks become visible now.
+        edge.fill.settle_io();
         let arena = &mut self.arena;
         edge.fill.pump(
             &mut self.ring,
