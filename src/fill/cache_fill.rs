@@ -263,6 +263,53 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     pub compactions: u64,
 }
 
+/// Blocks a `CrcWindow` holds.
+pub const CRC_WINDOW_BLOCKS: u32 = 64;
+
+/// The checksums of up to `CRC_WINDOW_BLOCKS` consecutive blocks of one version, copied under
+/// the fill's lock so that a response checks its reads without taking it. A version's blocks
+/// never change their bytes, so a checksum copied once stays right: a block found corrupt
+/// since still has it (its bytes on the disk are what is wrong), and one fetched again has it
+/// again.
+#[derive(Clone, Copy, Debug)]
+pub struct CrcWindow {
+    version: u64,
+    /// The version's size and block size (size 0: nothing copied yet, or the version is gone).
+    size: u64,
+    block_bytes: u32,
+    first: u32,
+    present: u64,
+    crc: [u32; CRC_WINDOW_BLOCKS as usize],
+}
+
+impl CrcWindow {
+    /// A window holding nothing.
+    pub const EMPTY: CrcWindow = CrcWindow {
+        version: 0,
+        size: 0,
+        block_bytes: 1,
+        first: 0,
+        present: 0,
+        crc: [0; CRC_WINDOW_BLOCKS as usize],
+    };
+
+    /// Block `block`'s checksum, if the window holds it.
+    pub fn get(&self, block: u32) -> Option<u32> {
+        let i = block.checked_sub(self.first)?;
+        (i < CRC_WINDOW_BLOCKS && self.present & (1 << i) != 0).then(|| self.crc[i as usize])
+    }
+
+    /// Forgets block `block` (found corrupt: looked up again after it is fetched again).
+    fn forget(&mut self, block: u32) {
+        if let Some(i) = block
+            .checked_sub(self.first)
+            .filter(|&i| i < CRC_WINDOW_BLOCKS)
+        {
+            self.present &= !(1 << i);
+        }
+    }
+}
+
 /// What waits for the journal (`FillCore::deferred`).
 #[derive(Debug)]
 enum Deferred {
@@ -320,8 +367,6 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     pass_events: Vec<FillEvent>,
     /// The next pass-through job id (below `PASS_THROUGH_JOB_BIT`).
     next_pass: u64,
-    /// The blocks `check_blocks` checks (kept for its capacity).
-    check_scratch: Vec<(u32, u32, usize, usize)>,
     /// What this shard reads without the lock.
     signals: Arc<Signals>,
 }
@@ -964,12 +1009,16 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             samples: Vec::new(),
             pass_events: Vec::new(),
             next_pass: 1,
-            check_scratch: Vec::new(),
         }
     }
 
     fn core(&self) -> Locked<'_, W> {
         lock_as(&self.core, self.shard)
+    }
+
+    /// Runs `f` on the shared fill under one hold of its lock (several decisions, one lock).
+    pub fn with_core<T>(&self, f: impl FnOnce(&mut FillCore<W>) -> T) -> T {
+        f(&mut self.core())
     }
 
     /// Settles the I/O thread's finished batches (their blocks become visible, their waiters
@@ -1320,76 +1369,65 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// file touch against its checksum, `bytes` being what the read brought (from
     /// `file_off`, a block boundary). A read of a pulled object holds whole blocks by
     /// construction (its reads are aligned to the block size and end at a block boundary or
-    /// the object's end), so every block a response sends is checked, with no cap. The first
-    /// that fails is forgotten and returned (`BadBlock::Corrupt`), as is one another read
-    /// dropped meanwhile (`BadBlock::Dropped`).
+    /// the object's end), so every block a response sends is checked, with no cap. The
+    /// checksums come from the response's own `window`, refilled under the lock only when a
+    /// block is past it. The first block that fails is forgotten and returned
+    /// (`BadBlock::Corrupt`); one the index no longer holds (another read dropped it) is
+    /// `BadBlock::Dropped`.
     pub fn check_blocks(
         &mut self,
         version: u64,
         file_off: u64,
         need: usize,
         bytes: &[u8],
+        window: &mut CrcWindow,
     ) -> Result<(), BadBlock> {
-        // The checksums are looked up under the lock; the bytes are summed outside it.
-        let mut want = std::mem::take(&mut self.check_scratch);
-        want.clear();
-        let looked_up = {
-            let core = self.core();
-            let b = core
-                .index
-                .meta(version)
-                .map(|m| (m.size, u64::from(m.block_bytes)));
-            match b {
-                // A version read is pinned and never dropped: its bytes cannot be vouched for.
-                None => Err(BadBlock::Dropped(0)),
-                Some((size, b)) => {
-                    assert_eq!(
-                        file_off % b,
-                        0,
-                        "a read of a pulled object starts on a block"
-                    );
-                    let end = (file_off + need as u64).min(size);
-                    let mut at = file_off;
-                    let mut found = Ok(());
-                    while at < end {
-                        let len = (size - at).min(b) as usize;
-                        let start = (at - file_off) as usize;
-                        // Whole blocks only: the read's alignment keeps it so.
-                        assert!(
-                            start + len <= bytes.len(),
-                            "a read holds part of block {} ({} of {len} bytes)",
-                            at / b,
-                            bytes.len() - start
-                        );
-                        let block = (at / b) as u32;
-                        // A read covers committed blocks only: one without its checksum now
-                        // was found corrupt (and dropped) by another read while this one was
-                        // planned or in flight, and its bytes on the disk are the bad ones.
-                        let Some(crc) = core.index.block_crc(version, block) else {
-                            found = Err(BadBlock::Dropped(block));
-                            break;
-                        };
-                        want.push((block, crc, start, len));
-                        at += b;
-                    }
-                    found
-                }
-            }
-        };
-        let mut result = looked_up;
-        if result.is_ok() {
-            for &(block, crc, start, len) in &want {
-                if crate::cache::checksum(&bytes[start..start + len]) != crc {
-                    let mut core = self.core();
-                    core.blocks_corrupt += 1;
-                    core.index.forget_block(version, block);
-                    result = Err(BadBlock::Corrupt(block));
-                    break;
-                }
-            }
+        if window.version != version || window.size == 0 {
+            self.core().fill_window(version, file_off, window);
         }
-        self.check_scratch = want;
-        result
+        let (size, b) = (window.size, u64::from(window.block_bytes));
+        if size == 0 {
+            // A version read is pinned and never dropped: its bytes cannot be vouched for.
+            return Err(BadBlock::Dropped(0));
+        }
+        assert_eq!(
+            file_off % b,
+            0,
+            "a read of a pulled object starts on a block"
+        );
+        let end = (file_off + need as u64).min(size);
+        let mut at = file_off;
+        while at < end {
+            let len = (size - at).min(b) as usize;
+            let start = (at - file_off) as usize;
+            // Whole blocks only: the read's alignment keeps it so.
+            assert!(
+                start + len <= bytes.len(),
+                "a read holds part of block {} ({} of {len} bytes)",
+                at / b,
+                bytes.len() - start
+            );
+            let block = (at / b) as u32;
+            let crc = match window.get(block) {
+                Some(crc) => crc,
+                None => {
+                    self.core().fill_window(version, at, window);
+                    // A read covers committed blocks only: one without its checksum now was
+                    // found corrupt (and dropped) by another read while this one was planned
+                    // or in flight, and its bytes on the disk are the bad ones.
+                    window.get(block).ok_or(BadBlock::Dropped(block))?
+                }
+            };
+            if crate::cache::checksum(&bytes[start..start + len]) != crc {
+                let mut core = self.core();
+                core.blocks_corrupt += 1;
+                core.index.forget_block(version, block);
+                window.forget(block);
+                return Err(BadBlock::Corrupt(block));
+            }
+            at += b;
+        }
+        Ok(())
     }
 
     /// A response reading `version` met block `block` corrupt (or dropped) mid-body: the
@@ -1709,6 +1747,29 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             shard,
         });
         Outcome::Waiting
+    }
+
+    /// Copies the checksums of `version`'s blocks from the one holding byte `from` on (those
+    /// on disk) into `window`; a version the index no longer holds leaves it empty.
+    pub fn fill_window(&self, version: u64, from: u64, window: &mut CrcWindow) {
+        *window = CrcWindow::EMPTY;
+        let Some(meta) = self.index.meta(version) else {
+            return;
+        };
+        let first = u32::try_from(from / u64::from(meta.block_bytes)).unwrap_or(u32::MAX);
+        window.version = version;
+        window.size = meta.size;
+        window.block_bytes = meta.block_bytes;
+        window.first = first;
+        for i in 0..CRC_WINDOW_BLOCKS {
+            if let Some(crc) = first
+                .checked_add(i)
+                .and_then(|b| self.index.block_crc(version, b))
+            {
+                window.crc[i as usize] = crc;
+                window.present |= 1 << i;
+            }
+        }
     }
 
     /// See `CacheFill::refetch`.
@@ -2268,7 +2329,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 }
 
-fn unix_now_s() -> u64 {
+/// Now, in Unix seconds.
+pub(crate) fn unix_now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -342,31 +342,39 @@ impl EdgeCache {
         waiter: Waiter,
     ) -> (Outcome, Option<Stream>) {
         let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
-        if let Some(outcome) = self.fill.admit(key, origin, path, first, !admitted, waiter) {
-            return (outcome, None);
-        }
-        let size = self.fill.index().current(key).map(|m| m.size);
-        let Some(size) = size else {
-            return (
-                self.fill.want(key, origin, path, first, Some(0), waiter),
-                None,
-            );
-        };
-        let (first, last, multi) = Self::span(range, size, head_only);
-        let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
-        if !multi && span_bytes > self.slot_bytes as u64 {
-            let outcome = self
-                .fill
-                .want_streaming(key, origin, path, first, last, waiter);
-            let stream = Stream {
-                key: key.to_vec(),
-                origin,
-                path: path.to_owned(),
-                last,
+        let slot_bytes = self.slot_bytes as u64;
+        // One hold of the fill's lock for the whole decision.
+        let (outcome, streaming, last) = self.fill.with_core(|core| {
+            let now_s = super::cache_fill::unix_now_s();
+            if let Some(outcome) = core.admit(key, origin, path, first, !admitted, waiter, now_s) {
+                return (outcome, false, None);
+            }
+            let Some(size) = core.index().current(key).map(|m| m.size) else {
+                return (
+                    core.want(key, origin, path, first, Some(0), waiter),
+                    false,
+                    None,
+                );
             };
-            return (outcome, Some(stream));
-        }
-        (self.fill.want(key, origin, path, first, last, waiter), None)
+            let (first, last, multi) = Self::span(range, size, head_only);
+            let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
+            if !multi && span_bytes > slot_bytes {
+                let outcome = core.want_streaming(key, origin, path, first, last, waiter);
+                return (outcome, true, last);
+            }
+            (
+                core.want(key, origin, path, first, last, waiter),
+                false,
+                None,
+            )
+        });
+        let stream = streaming.then(|| Stream {
+            key: key.to_vec(),
+            origin,
+            path: path.to_owned(),
+            last,
+        });
+        (outcome, stream)
     }
 
     /// The streaming response `stream` (of `waiter`, on `version`) reached byte `from` of

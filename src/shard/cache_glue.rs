@@ -53,6 +53,9 @@ pub const MAX_REFETCHES_PER_RESPONSE: u32 = 8;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PulledRead {
     version: u64,
+    /// The checksums its reads are checked against (refilled under the lock when a read
+    /// passes it).
+    crcs: crate::fill::cache_fill::CrcWindow,
     /// The held chunk's slot and the block it waits for.
     refetch: Option<(ArenaSlot, u32)>,
     /// Bad blocks met so far (`MAX_REFETCHES_PER_RESPONSE`).
@@ -210,13 +213,26 @@ impl<R: RingOps> Shard<R> {
         self.conns[c.index()].set_read_align(u64::from(meta.block_bytes));
         // Pinned while it is read: eviction never takes a version a response reads.
         self.fill_reads_end(c);
-        if let Some(edge) = self.edge.as_mut() {
-            edge.fill.pin(version);
-        }
+        // One hold of the fill's lock: the pin, the checksums of the first blocks it reads,
+        // and (streaming) how far the committed bytes go.
+        let from = self.conns[c.index()].next_file_offset().unwrap_or(0);
+        let mut crcs = crate::fill::cache_fill::CrcWindow::EMPTY;
+        let streaming = stream.is_some();
+        let end = self
+            .edge
+            .as_mut()
+            .expect("a pulled request has a cache")
+            .fill
+            .with_core(|core| {
+                core.pin(version);
+                core.fill_window(version, from, &mut crcs);
+                streaming.then(|| core.readable_end(version, from))
+            });
         self.fill_reads.insert(
             c.raw(),
             PulledRead {
                 version,
+                crcs,
                 refetch: None,
                 refetches: 0,
             },
@@ -225,10 +241,7 @@ impl<R: RingOps> Shard<R> {
         let mut filling = false;
         // A streaming response reads no further than the committed blocks and moves on as
         // the fill commits more; anything else had every block it needs before it began.
-        if let Some(stream) = stream {
-            let from = self.conns[c.index()].next_file_offset().unwrap_or(0);
-            let edge = self.edge.as_ref().expect("a pulled request has a cache");
-            let end = edge.fill.readable_end(version, from);
+        if let (Some(stream), Some(end)) = (stream, end) {
             filling = end < stream.last.map_or(meta.size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
             self.fill_streams.insert(c.raw(), (stream, version));
@@ -531,13 +544,16 @@ impl<R: RingOps> Shard<R> {
         let Some(edge) = self.edge.as_mut() else {
             return Use(res);
         };
-        let version = read.version;
+        let (version, refetches, mut crcs) = (read.version, read.refetches, read.crcs);
         let got_bytes = u64::from(got) + res as u64;
         let bytes = &self.ring.arena(slot)[buf_off as usize..buf_off as usize + got_bytes as usize];
-        let block = match edge
+        let checked = edge
             .fill
-            .check_blocks(version, file_off, need as usize, bytes)
-        {
+            .check_blocks(version, file_off, need as usize, bytes, &mut crcs);
+        if let Some(r) = self.fill_reads.get_mut(&c.raw()) {
+            r.crcs = crcs;
+        }
+        let block = match checked {
             Ok(()) => return Use(res),
             Err(crate::fill::cache_fill::BadBlock::Dropped(block)) => block,
             Err(crate::fill::cache_fill::BadBlock::Corrupt(block)) => {
@@ -549,8 +565,8 @@ impl<R: RingOps> Shard<R> {
             .meta(version)
             .map(|m| String::from_utf8_lossy(m.key.get(2..).unwrap_or_default()).into_owned())
             .unwrap_or_default();
-        if read.refetches >= MAX_REFETCHES_PER_RESPONSE {
-            tracing::warn!(shard = self.index, object = %key, version, block, refetches = read.refetches, "a cached block failed its checksum again: the response is cut");
+        if refetches >= MAX_REFETCHES_PER_RESPONSE {
+            tracing::warn!(shard = self.index, object = %key, version, block, refetches, "a cached block failed its checksum again: the response is cut");
             return Use(-libc::EIO);
         }
         let outcome = edge.fill.refetch(version, block, waiter);
