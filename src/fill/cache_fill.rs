@@ -2335,3 +2335,68 @@ pub(crate) fn unix_now_s() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    /// A window copies what the index holds from a block on, answers only inside itself,
+    /// and forgets a block found corrupt.
+    #[test]
+    fn a_crc_window_holds_what_was_on_disk_from_its_block() {
+        let mut index = Index::default();
+        let meta = ObjectVersion {
+            key: b"\0\0k".to_vec(),
+            version: 3,
+            size: 200 * 65_536 + 1,
+            block_bytes: 65_536,
+            fetched_unix_s: 0,
+            etag: String::new(),
+            last_modified: String::new(),
+            content_type: String::new(),
+        };
+        assert!(index.apply(Record::Object(meta)));
+        for block in (0..201).filter(|b| b % 3 != 0) {
+            assert!(index.apply(Record::Block {
+                version: 3,
+                block,
+                crc: block * 7,
+            }));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = FillConfig {
+            block_bytes: 65_536,
+            read_ahead_blocks: 0,
+            max_run_blocks: 1,
+            slot_bytes: 1 << 20,
+            align_bytes: 4096,
+            max_attempts: 1,
+            sync_every_blocks: 1,
+            max_bytes: 0,
+            revalidate_s: 1,
+            not_found_s: 0,
+            origin_names: Vec::new(),
+            open_files: 1,
+            compact_min_bytes: COMPACT_MIN_BYTES,
+        };
+        let mut core: FillCore<usize> = FillCore::open(dir.path(), cfg, 1).unwrap();
+        core.index = index;
+        let mut w = CrcWindow::EMPTY;
+        assert_eq!(w.get(0), None);
+        // From the block holding byte 100 * 65 536 + 5: blocks 100..164.
+        core.fill_window(3, 100 * 65_536 + 5, &mut w);
+        assert_eq!(w.get(99), None, "before the window");
+        assert_eq!(w.get(100), Some(700));
+        assert_eq!(w.get(102), None, "not on disk");
+        assert_eq!(w.get(163), Some(163 * 7));
+        assert_eq!(w.get(164), None, "past the window");
+        w.forget(100);
+        assert_eq!(w.get(100), None);
+        core.fill_window(9, 0, &mut w);
+        assert_eq!(
+            (w.get(1), w.size),
+            (None, 0),
+            "an unknown version copies nothing"
+        );
+    }
+}
