@@ -128,5 +128,7 @@ fn main() {
         .status()
         .expect("the restart process");
     assert!(status.success());
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
