@@ -61,7 +61,7 @@ head -c $((2 << 30)) /dev/urandom >"$WORK/origin/pull/huge.bin"
 head -c $((1 << 20)) /dev/urandom >"$WORK/origin/pull/hot.bin"
 cp "$WORK/origin/pull/hot.bin" "$MNT/root/hot.bin"
 # Each cold download asks for a name never asked before (a symlink to the same bytes).
-for i in $(seq 0 $((RUNS + 6))); do
+for i in $(seq 0 $((RUNS + 10))); do
   ln -s big.bin "$WORK/origin/pull/cold$i.bin"
   ln -s huge.bin "$WORK/origin/pull/fill$i.bin"
 done
@@ -90,9 +90,9 @@ curl -sf -o /dev/null "$URL/pull/hot.bin" || die "the warm-up fetch failed"
 # cpu_ticks PID: user + system clock ticks the process has used.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 TICK=$(getconf CLK_TCK)
-# p99_ms PATH: one connection on CPU 1 for 4 s; wrk's p99 in ms.
+# p99_ms PATH: one connection on CPU 1 for 6 s; wrk's p99 in ms.
 p99_ms() {
-  taskset -c 1 wrk -t1 -c1 -d4s --latency "$URL$1" 2>/dev/null |
+  taskset -c 1 wrk -t1 -c1 -d6s --latency "$URL$1" 2>/dev/null |
     awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 }
       else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
       printf "%.3f", v }'
@@ -107,9 +107,9 @@ beside_cold() {
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-log "isolation: 1 MiB hits on shard 1, alone and beside a cold 2 GiB fill on shard 0, 3 rounds"
+log "isolation: 1 MiB hits on shard 1, alone and beside a cold 2 GiB fill on shard 0, 5 rounds"
 HA=() HB=() LA=() LB=()
-for round in 0 1 2; do
+for round in 0 1 2 3 4; do
   HA+=("$(p99_ms /pull/hot.bin)")
   HB+=("$(beside_cold /pull/hot.bin $((2 * round)))")
   sync
@@ -176,7 +176,7 @@ LC_MED=$(median "${LC_RATES[@]}")
   echo "Caches and the root on the host's disk ($(df --output=source "$MNT" | tail -1), $(stat -f -c %T "$MNT")); origin nginx on"
   echo "loopback serving from RAM, no added latency, pinned to CPU 0; shardline 2 shards, steered by CPU."
   echo
-  echo "## Isolation: p99 of one connection's 1 MiB GETs on CPU 1 (wrk, 4 s), median of 3 rounds"
+  echo "## Isolation: p99 of one connection's 1 MiB GETs on CPU 1 (wrk, 6 s), median of 5 rounds"
   echo
   echo "| object | alone (ms) | beside a cold 2 GiB fill on CPU 0 (ms) | ratio of medians | rounds alone / beside |"
   echo "|---|---|---|---|---|"
