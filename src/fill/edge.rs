@@ -62,6 +62,20 @@ pub enum Route {
     },
 }
 
+/// What a request that found every byte it needs on disk takes from the fill in the same
+/// hold of its lock: the version (pinned for it: `CacheFill::unpin` when the response ends),
+/// the checksums of the blocks it reads first, and, when it streams, how far the committed
+/// bytes go.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    /// The version, pinned.
+    pub meta: ObjectVersion,
+    /// Checksums from the block of the first byte it needs.
+    pub crcs: super::cache_fill::CrcWindow,
+    /// Streaming: where the committed bytes from its first byte end.
+    pub readable_end: Option<u64>,
+}
+
 /// A response that streams a pulled object while it fills: what it asks the fill for next.
 #[derive(Clone, Debug)]
 pub struct Stream {
@@ -340,33 +354,43 @@ impl EdgeCache {
         head_only: bool,
         admitted: bool,
         waiter: Waiter,
-    ) -> (Outcome, Option<Stream>) {
+    ) -> (Outcome, Option<Stream>, Option<Hit>) {
         let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
         let slot_bytes = self.slot_bytes as u64;
-        // One hold of the fill's lock for the whole decision.
-        let (outcome, streaming, last) = self.fill.with_core(|core| {
+        // One hold of the fill's lock for the whole decision, and for a hit everything its
+        // response needs from the fill.
+        let (outcome, streaming, last, hit) = self.fill.with_core(|core| {
             let now_s = super::cache_fill::unix_now_s();
             if let Some(outcome) = core.admit(key, origin, path, first, !admitted, waiter, now_s) {
-                return (outcome, false, None);
+                return (outcome, false, None, None);
             }
             let Some(size) = core.index().current(key).map(|m| m.size) else {
-                return (
-                    core.want(key, origin, path, first, Some(0), waiter),
-                    false,
-                    None,
-                );
+                let outcome = core.want(key, origin, path, first, Some(0), waiter);
+                return (outcome, false, None, None);
             };
             let (first, last, multi) = Self::span(range, size, head_only);
             let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
-            if !multi && span_bytes > slot_bytes {
-                let outcome = core.want_streaming(key, origin, path, first, last, waiter);
-                return (outcome, true, last);
-            }
-            (
-                core.want(key, origin, path, first, last, waiter),
-                false,
-                None,
-            )
+            let streaming = !multi && span_bytes > slot_bytes;
+            let outcome = if streaming {
+                core.want_streaming(key, origin, path, first, last, waiter)
+            } else {
+                core.want(key, origin, path, first, last, waiter)
+            };
+            let hit = match outcome {
+                Outcome::Ready(v) => core.index().meta(v).cloned().map(|meta| {
+                    core.pin(v);
+                    let mut crcs = super::cache_fill::CrcWindow::EMPTY;
+                    core.fill_window(v, first, &mut crcs);
+                    let readable_end = streaming.then(|| core.readable_end(v, first));
+                    Hit {
+                        meta,
+                        crcs,
+                        readable_end,
+                    }
+                }),
+                _ => None,
+            };
+            (outcome, streaming, last, hit)
         });
         let stream = streaming.then(|| Stream {
             key: key.to_vec(),
@@ -374,7 +398,7 @@ impl EdgeCache {
             path: path.to_owned(),
             last,
         });
-        (outcome, stream)
+        (outcome, stream, hit)
     }
 
     /// The streaming response `stream` (of `waiter`, on `version`) reached byte `from` of

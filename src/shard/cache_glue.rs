@@ -9,7 +9,7 @@ use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard};
 use crate::cache::index::ObjectVersion;
 use crate::fill::cache_fill::{Notice, Outcome};
-use crate::fill::edge::{EdgeCache, Route, Stream, Waiter};
+use crate::fill::edge::{EdgeCache, Hit, Route, Stream, Waiter};
 use crate::http::plan::{self, FileFacts, FileRead};
 use crate::http::request::{Method, Request};
 
@@ -135,22 +135,24 @@ impl<R: RingOps> Shard<R> {
         // A request resumed after a wait was admitted when it first came: it is not sent to
         // revalidate again (with `cache_revalidate_s = 0` it would never get through).
         let admitted = self.resuming_fill;
-        let (outcome, stream) =
+        let (outcome, stream, hit) =
             edge.want(&key, origin, &path, req.range, head_only, admitted, waiter);
-        match outcome {
-            Outcome::Ready(version) => self.respond_cached(c, req, version, rate, stream),
-            Outcome::Waiting => {
+        match (outcome, hit) {
+            (Outcome::Ready(_), Some(hit)) => self.respond_cached(c, req, hit, rate, stream),
+            // Ready for a version the index no longer holds: cannot be (one hold decided both).
+            (Outcome::Ready(_), None) => self.respond_status(c, 503, keep_alive, head_only),
+            (Outcome::Waiting, _) => {
                 let timeout_ms = edge.wait_timeout_ms;
                 let cx = self.cx();
                 self.conns[c.index()].cache = Some("MISS");
                 self.conns[c.index()].await_fill(timeout_ms, &cx);
                 self.sync_timer(c);
             }
-            Outcome::Busy => {
+            (Outcome::Busy, _) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 self.respond_status(c, 503, keep_alive, head_only)
             }
-            Outcome::Refused(status) => {
+            (Outcome::Refused(status), _) => {
                 // A remembered 404: the cache's answer, the origin not asked.
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 self.conns[c.index()].cache = Some("HIT");
@@ -160,19 +162,28 @@ impl<R: RingOps> Shard<R> {
         true
     }
 
-    /// Serves `req` from version `version` of the cache (every byte it needs is on disk).
+    /// Serves `req` from `hit`, a version of the cache pinned for it (every byte it needs
+    /// is on disk); the pin goes when the response ends (`fill_reads_end`), or here when it
+    /// reads nothing of the file.
     fn respond_cached(
         &mut self,
         c: ConnSlot,
         req: &Request<'_>,
-        version: u64,
+        hit: Hit,
         rate: crate::limits::RateSpec,
         stream: Option<Stream>,
     ) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
-        let edge = self.edge.as_ref().expect("a pulled request has a cache");
-        let meta = edge.meta(version).expect("a ready version");
+        let Hit {
+            meta,
+            crcs,
+            readable_end,
+        } = hit;
+        let version = meta.version;
+        // A response before this one on the connection lets its version go first.
+        self.fill_reads_end(c);
+        let edge = self.edge.as_mut().expect("a pulled request has a cache");
         let (key, path) = edge.data_file(version);
         let idx = match self.files.acquire_immutable(
             &mut self.ring,
@@ -184,6 +195,7 @@ impl<R: RingOps> Shard<R> {
             Ok(idx) => idx,
             Err(e) => {
                 tracing::warn!(shard = self.index, path = %path.display(), ?e, "cache data file");
+                edge.fill.unpin(version);
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
@@ -200,6 +212,9 @@ impl<R: RingOps> Shard<R> {
         started.inline_head = false;
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
+            if let Some(edge) = self.edge.as_mut() {
+                edge.fill.unpin(version);
+            }
             let label = if self.conns[c.index()].cache.is_some() {
                 "MISS"
             } else {
@@ -211,23 +226,8 @@ impl<R: RingOps> Shard<R> {
         self.install(c, started, Some(idx), rate);
         // Every read holds whole blocks, checked against their checksums when it completes.
         self.conns[c.index()].set_read_align(u64::from(meta.block_bytes));
-        // Pinned while it is read: eviction never takes a version a response reads.
-        self.fill_reads_end(c);
-        // One hold of the fill's lock: the pin, the checksums of the first blocks it reads,
-        // and (streaming) how far the committed bytes go.
-        let from = self.conns[c.index()].next_file_offset().unwrap_or(0);
-        let mut crcs = crate::fill::cache_fill::CrcWindow::EMPTY;
-        let streaming = stream.is_some();
-        let end = self
-            .edge
-            .as_mut()
-            .expect("a pulled request has a cache")
-            .fill
-            .with_core(|core| {
-                core.pin(version);
-                core.fill_window(version, from, &mut crcs);
-                streaming.then(|| core.readable_end(version, from))
-            });
+        // Pinned while it is read (since `EdgeCache::want`): eviction never takes a version a
+        // response reads.
         self.fill_reads.insert(
             c.raw(),
             PulledRead {
@@ -241,7 +241,7 @@ impl<R: RingOps> Shard<R> {
         let mut filling = false;
         // A streaming response reads no further than the committed blocks and moves on as
         // the fill commits more; anything else had every block it needs before it began.
-        if let (Some(stream), Some(end)) = (stream, end) {
+        if let (Some(stream), Some(end)) = (stream, readable_end) {
             filling = end < stream.last.map_or(meta.size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
             self.fill_streams.insert(c.raw(), (stream, version));
