@@ -221,6 +221,9 @@ counters! {
     cache_disk_full: Gauge "cache_disk_full_fills",
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
+    /// Hits served without the fill's lock (their version published: every block on disk,
+    /// fresh).
+    cache_lockless_hits: Counter "cache_lockless_hits_total",
     /// Cached versions evicted under `cache_max_bytes` since start (over all shards; shard
     /// 0 reports it).
     cache_evictions: Gauge "cache_evictions",

@@ -370,6 +370,59 @@ fn a_block_damaged_on_disk_is_fetched_again_and_the_same_response_completes() {
     );
 }
 
+/// A version with every block on disk is published for hits that take no lock: the warm
+/// GETs after the first are served that way (counted), byte for byte, ranges too; a purge
+/// unpublishes it, so the next GET goes to the origin again.
+#[test]
+fn warm_hits_take_no_lock_and_a_purge_ends_that() {
+    let e = edge("1", "");
+    let want = origin_file();
+    let lockless =
+        |e: &Edge| common::admin_metric(e.admin, "shardline_cache_lockless_hits_total", "");
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
+    // The first warm GET publishes it (under the lock); the next ones need no lock.
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    let before = lockless(&e);
+    for _ in 0..3 {
+        let r = get(&e.server, "/pull/obj.bin", &[]);
+        assert!(r.status == 200 && r.body == want, "a lockless hit's body");
+    }
+    let r = get(
+        &e.server,
+        "/pull/obj.bin",
+        &[("Range", "bytes=1000-2000999")],
+    );
+    assert_eq!(r.status, 206);
+    assert!(r.body == want[1000..2_001_000], "a lockless range's body");
+    assert_eq!(lockless(&e), before + 4);
+    let out = common::run_shardline(
+        &[
+            "cache",
+            "purge",
+            "--admin",
+            &e.admin.to_string(),
+            "/pull/obj.bin",
+        ],
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(out.code, Some(0), "{} {}", out.stdout, out.stderr);
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    assert_eq!(
+        lockless(&e),
+        before + 4,
+        "a purged version served without the lock"
+    );
+    assert_eq!(
+        e.origin.wait_body_bytes(2 * OBJECT_BYTES),
+        2 * OBJECT_BYTES,
+        "fetched again after the purge"
+    );
+}
+
 /// With 16 MiB chunks and 64 KiB blocks one read holds 256 blocks: every one of them is
 /// checked. A byte flipped in any block of a cached object (here the first, one in the
 /// middle of a read and the last) is caught, and one GET still returns the whole object.

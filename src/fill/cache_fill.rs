@@ -255,6 +255,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     signals: Arc<Signals>,
     /// Shards to wake, gathered as the lock is let go (kept for its capacity).
     wake_scratch: Vec<usize>,
+    /// Versions published for lock-free hits (`HotVersion`).
+    hot: HashMap<u64, Arc<HotVersion>>,
     /// Batches being settled (kept for its capacity).
     done_scratch: Vec<Done>,
     /// A compaction's snapshot is being written.
@@ -307,6 +309,48 @@ impl CrcWindow {
         {
             self.present &= !(1 << i);
         }
+    }
+}
+
+/// Most blocks a version may have to be published for lock-free hits (its checksums are
+/// copied whole: 256 KiB of them at most).
+pub const HOT_MAX_BLOCKS: u64 = 65_536;
+
+/// A version every block of which is on disk, published for hits that take no lock: its
+/// metadata and every block's checksum, copied once. Immutable but for `invalid`, set under
+/// the lock when the version stops being what a hit may serve (replaced, dropped, past its
+/// freshness, a block found corrupt): the next hit then takes the locked path.
+#[derive(Debug)]
+pub struct HotVersion {
+    /// The version.
+    pub meta: ObjectVersion,
+    /// Every block's checksum (a version's bytes never change: these stay right).
+    pub crcs: Box<[u32]>,
+    /// Served without asking the origin until then (Unix seconds).
+    pub fresh_until_s: u64,
+    invalid: AtomicBool,
+}
+
+impl HotVersion {
+    /// Whether a hit may still be served from it.
+    pub fn valid(&self) -> bool {
+        !self.invalid.load(Ordering::Acquire)
+    }
+
+    /// A window of its checksums from the block holding byte `from`.
+    pub fn window(&self, from: u64) -> CrcWindow {
+        let mut w = CrcWindow::EMPTY;
+        w.version = self.meta.version;
+        w.size = self.meta.size;
+        w.block_bytes = self.meta.block_bytes;
+        w.first = u32::try_from(from / u64::from(self.meta.block_bytes)).unwrap_or(u32::MAX);
+        for i in 0..CRC_WINDOW_BLOCKS {
+            if let Some(&crc) = self.crcs.get((w.first as usize).saturating_add(i as usize)) {
+                w.crc[i as usize] = crc;
+                w.present |= 1 << i;
+            }
+        }
+        w
     }
 }
 
@@ -554,6 +598,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             signals: Arc::new(Signals::new(shards, None, None)),
             wake_scratch: Vec::new(),
             done_scratch: Vec::new(),
+            hot: HashMap::new(),
             compacting: false,
             compactions: 0,
         };
@@ -772,6 +817,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         for &version in versions {
             let record = Record::Drop { version };
             self.index.apply(record.clone());
+            self.invalidate_hot(version);
             self.queue_record(record);
             self.queue_unlink(version);
             self.retired.remove(&version);
@@ -821,6 +867,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// The origin has another version of `version`'s key (or none): the key forgets it at
     /// once, and it is dropped when nothing reads or fills it any more.
     fn retire(&mut self, version: u64) {
+        self.invalidate_hot(version);
         if !self.index.retire(version) {
             return;
         }
@@ -1381,9 +1428,15 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         need: usize,
         bytes: &[u8],
         window: &mut CrcWindow,
+        hot: Option<&HotVersion>,
     ) -> Result<(), BadBlock> {
+        // A published version's checksums are all at hand: no lock.
+        let refill = |core: &Self, at: u64, window: &mut CrcWindow| match hot {
+            Some(h) if h.meta.version == version => *window = h.window(at),
+            _ => core.core().fill_window(version, at, window),
+        };
         if window.version != version || window.size == 0 {
-            self.core().fill_window(version, file_off, window);
+            refill(self, file_off, window);
         }
         let (size, b) = (window.size, u64::from(window.block_bytes));
         if size == 0 {
@@ -1411,7 +1464,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             let crc = match window.get(block) {
                 Some(crc) => crc,
                 None => {
-                    self.core().fill_window(version, at, window);
+                    refill(self, at, window);
                     // A read covers committed blocks only: one without its checksum now was
                     // found corrupt (and dropped) by another read while this one was planned
                     // or in flight, and its bytes on the disk are the bad ones.
@@ -1422,6 +1475,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
                 let mut core = self.core();
                 core.blocks_corrupt += 1;
                 core.index.forget_block(version, block);
+                core.invalidate_hot(version);
                 window.forget(block);
                 return Err(BadBlock::Corrupt(block));
             }
@@ -1772,6 +1826,50 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
     }
 
+    /// `version` published for lock-free hits, when every block of it is on disk, it is
+    /// fresh and has at most `HOT_MAX_BLOCKS` blocks.
+    pub fn hot_version(&mut self, version: u64) -> Option<Arc<HotVersion>> {
+        if let Some(h) = self.hot.get(&version) {
+            return Some(h.clone());
+        }
+        let meta = self.index.meta(version)?;
+        let blocks = meta.blocks();
+        if blocks > HOT_MAX_BLOCKS
+            || self.index.blocks_present(version) != blocks
+            || !self.index.is_current(version)
+        {
+            return None;
+        }
+        let crcs: Box<[u32]> = (0..blocks as u32)
+            .map(|b| self.index.block_crc(version, b))
+            .collect::<Option<_>>()?;
+        let fresh_until_s = meta.fetched_unix_s.saturating_add(self.cfg.revalidate_s);
+        let hot = Arc::new(HotVersion {
+            meta: meta.clone(),
+            crcs,
+            fresh_until_s,
+            invalid: AtomicBool::new(false),
+        });
+        self.hot.insert(version, hot.clone());
+        Some(hot)
+    }
+
+    /// `version` may no longer be served without the lock (see `HotVersion`).
+    fn invalidate_hot(&mut self, version: u64) {
+        if let Some(h) = self.hot.remove(&version) {
+            h.invalid.store(true, Ordering::Release);
+        }
+    }
+
+    /// Hits served without the lock count for eviction now (S3-FIFO's frequency).
+    pub fn touch(&mut self, versions: &[u64]) {
+        if let Some(e) = self.evict.as_mut() {
+            for v in versions {
+                e.touch(v);
+            }
+        }
+    }
+
     /// See `CacheFill::refetch`.
     pub fn refetch(&mut self, version: u64, block: u32, waiter: W) -> Outcome {
         let shard = waiter.shard().min(self.notices.len() - 1);
@@ -2094,6 +2192,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if whole {
             job.first = 0;
         }
+        // A key's older version (if any) is no longer what its hits serve.
+        if let Some(old) = self.index.current(&meta.key).map(|m| m.version) {
+            self.invalidate_hot(old);
+        }
         self.index.apply(Record::Object(meta));
         // The new version counts against the budget from now; its fill pins it.
         let mut evicted = Vec::new();
@@ -2275,6 +2377,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 };
                 // Visible now: a confirmation lost to a crash costs one early revalidation.
                 self.index.apply(record.clone());
+                // Fresh for longer: published again on its next hit.
+                self.invalidate_hot(v);
                 self.revalidate_after.remove(&v);
                 self.queue_record(record);
                 self.flush();
@@ -2322,6 +2426,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             Err(ReadError::Corrupt) => {
                 self.blocks_corrupt += 1;
                 self.index.forget_block(version, block);
+                self.invalidate_hot(version);
                 false
             }
             Err(_) => false,

@@ -20,6 +20,12 @@ use crate::origin::fetch::FetchError;
 use crate::origin::response::Unusable;
 use crate::shard::slots::ConnSlot;
 
+/// Most keys a shard remembers as published for lock-free hits (past it, it forgets them all
+/// and learns them again through the locked path).
+pub const HOT_KEYS_PER_SHARD: usize = 4096;
+/// Hits served without the lock a shard counts before it hands them to eviction.
+pub const MAX_TOUCHED: usize = 1024;
+
 /// Most fetches a shard runs at once over all its origins.
 pub const MAX_FETCHES_PER_SHARD: usize = 64;
 /// Blocks one origin request asks for.
@@ -68,8 +74,13 @@ pub enum Route {
 /// bytes go.
 #[derive(Clone, Debug)]
 pub struct Hit {
-    /// The version, pinned.
+    /// The version.
     pub meta: ObjectVersion,
+    /// Pinned against eviction (a hit served without the lock is not: if its version is
+    /// dropped meanwhile, it reads on from the open descriptor of the removed file).
+    pub pinned: bool,
+    /// The version as published for lock-free hits, when it is.
+    pub hot: Option<Arc<super::cache_fill::HotVersion>>,
     /// Checksums from the block of the first byte it needs.
     pub crcs: super::cache_fill::CrcWindow,
     /// Streaming: where the committed bytes from its first byte end.
@@ -108,6 +119,11 @@ pub struct EdgeCache {
     /// (`cache_read_ahead_blocks`); one further behind hears again when it reaches its end.
     pub follow_blocks: u64,
     dropped_buf: Vec<u64>,
+    /// Keys whose current version was published for lock-free hits, with the origin and the
+    /// path their streams ask for (at most `HOT_KEYS_PER_SHARD`).
+    hot: std::collections::HashMap<Vec<u8>, (usize, String, Arc<super::cache_fill::HotVersion>)>,
+    /// Versions hit without the lock since eviction last heard (at most `MAX_TOUCHED`).
+    touched: Vec<u64>,
 }
 
 /// What the shards share: one cache directory, one index and journal, and how to wake each
@@ -262,6 +278,8 @@ impl EdgeCache {
             wake_buf: Vec::new(),
             follow_blocks: shared.read_ahead_blocks.max(1),
             dropped_buf: Vec::new(),
+            hot: std::collections::HashMap::new(),
+            touched: Vec::with_capacity(MAX_TOUCHED),
         })
     }
 
@@ -357,9 +375,14 @@ impl EdgeCache {
     ) -> (Outcome, Option<Stream>, Option<Hit>) {
         let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
         let slot_bytes = self.slot_bytes as u64;
+        if let Some(hit) = self.hot_hit(key, range, head_only, admitted) {
+            return hit;
+        }
         // One hold of the fill's lock for the whole decision, and for a hit everything its
         // response needs from the fill.
+        let touched = &mut self.touched;
         let (outcome, streaming, last, hit) = self.fill.with_core(|core| {
+            Self::flush_touched(touched, core);
             let now_s = super::cache_fill::unix_now_s();
             if let Some(outcome) = core.admit(key, origin, path, first, !admitted, waiter, now_s) {
                 return (outcome, false, None, None);
@@ -384,6 +407,8 @@ impl EdgeCache {
                     let readable_end = streaming.then(|| core.readable_end(v, first));
                     Hit {
                         meta,
+                        pinned: true,
+                        hot: core.hot_version(v),
                         crcs,
                         readable_end,
                     }
@@ -392,6 +417,12 @@ impl EdgeCache {
             };
             (outcome, streaming, last, hit)
         });
+        if let Some(h) = hit.as_ref().and_then(|h| h.hot.clone()) {
+            if self.hot.len() >= HOT_KEYS_PER_SHARD {
+                self.hot.clear();
+            }
+            self.hot.insert(key.to_vec(), (origin, path.to_owned(), h));
+        }
         let stream = streaming.then(|| Stream {
             key: key.to_vec(),
             origin,
@@ -399,6 +430,63 @@ impl EdgeCache {
             last,
         });
         (outcome, stream, hit)
+    }
+
+    /// A hit served without the fill's lock: the key's version was published
+    /// (`HotVersion`), is still valid and fresh, and every block of it is on disk. Its
+    /// eviction frequency is counted later, in a batch (`touched`).
+    fn hot_hit(
+        &mut self,
+        key: &[u8],
+        range: Option<&[u8]>,
+        head_only: bool,
+        admitted: bool,
+    ) -> Option<(Outcome, Option<Stream>, Option<Hit>)> {
+        let (origin, path, h) = self.hot.get(key)?;
+        let now_s = super::cache_fill::unix_now_s();
+        // A request resumed after a wait goes the locked way (it may be the revalidation's).
+        if admitted || !h.valid() || now_s >= h.fresh_until_s {
+            self.hot.remove(key);
+            return None;
+        }
+        let size = h.meta.size;
+        let (first, last, multi) = Self::span(range, size, head_only);
+        let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
+        let streaming = !multi && span_bytes > self.slot_bytes as u64;
+        let version = h.meta.version;
+        let hit = Hit {
+            meta: h.meta.clone(),
+            pinned: false,
+            crcs: h.window(first),
+            readable_end: streaming.then_some(size),
+            hot: Some(h.clone()),
+        };
+        let stream = streaming.then(|| Stream {
+            key: key.to_vec(),
+            origin: *origin,
+            path: path.clone(),
+            last,
+        });
+        if self.touched.len() >= MAX_TOUCHED {
+            let touched = std::mem::take(&mut self.touched);
+            self.fill.with_core(|core| core.touch(&touched));
+            self.touched = touched;
+            self.touched.clear();
+        }
+        self.touched.push(version);
+        Some((Outcome::Ready(version), stream, Some(hit)))
+    }
+
+    /// Forgets that `key` was published for lock-free hits (its next request takes the
+    /// locked path).
+    pub fn forget_hot(&mut self, key: &[u8]) {
+        self.hot.remove(key);
+    }
+
+    /// Counts the hits served without the lock for eviction, in the hold `core` is.
+    fn flush_touched(touched: &mut Vec<u64>, core: &mut super::cache_fill::FillCore<Waiter>) {
+        core.touch(touched);
+        touched.clear();
     }
 
     /// The streaming response `stream` (of `waiter`, on `version`) reached byte `from` of

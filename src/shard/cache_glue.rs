@@ -50,9 +50,13 @@ pub const MAX_REFETCHES_PER_RESPONSE: u32 = 8;
 
 /// A response reading a pulled version: the version (pinned while read), and the chunk that
 /// waits for a bad block to be fetched again, if one does.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct PulledRead {
     version: u64,
+    /// It holds a pin on the version (a hit served without the lock does not).
+    pinned: bool,
+    /// The version as published for lock-free hits: its checksums, all at hand.
+    hot: Option<std::sync::Arc<crate::fill::cache_fill::HotVersion>>,
     /// The checksums its reads are checked against (refilled under the lock when a read
     /// passes it).
     crcs: crate::fill::cache_fill::CrcWindow,
@@ -177,6 +181,8 @@ impl<R: RingOps> Shard<R> {
         let head_only = req.method == Method::Head;
         let Hit {
             meta,
+            pinned,
+            hot,
             crcs,
             readable_end,
         } = hit;
@@ -194,6 +200,13 @@ impl<R: RingOps> Shard<R> {
         ) {
             Ok(idx) => idx,
             Err(e) => {
+                if !pinned {
+                    // A hit served without the lock raced its version's drop (its file is
+                    // gone): the locked path decides again.
+                    edge.forget_hot(&meta.key);
+                    self.respond_pulled(c, req, rate);
+                    return;
+                }
                 tracing::warn!(shard = self.index, path = %path.display(), ?e, "cache data file");
                 edge.fill.unpin(version);
                 return self.respond_status(c, e.status(), keep_alive, head_only);
@@ -212,7 +225,7 @@ impl<R: RingOps> Shard<R> {
         started.inline_head = false;
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
-            if let Some(edge) = self.edge.as_mut() {
+            if let (true, Some(edge)) = (pinned, self.edge.as_mut()) {
                 edge.fill.unpin(version);
             }
             let label = if self.conns[c.index()].cache.is_some() {
@@ -226,12 +239,18 @@ impl<R: RingOps> Shard<R> {
         self.install(c, started, Some(idx), rate);
         // Every read holds whole blocks, checked against their checksums when it completes.
         self.conns[c.index()].set_read_align(u64::from(meta.block_bytes));
-        // Pinned while it is read (since `EdgeCache::want`): eviction never takes a version a
-        // response reads.
+        if !pinned {
+            super::ShardMetrics::add(&self.metrics.cache_lockless_hits, 1);
+        }
+        // Pinned while it is read (since `EdgeCache::want`) when found under the lock:
+        // eviction never takes it. A lockless hit reads on from its open descriptor if its
+        // version is dropped meanwhile.
         self.fill_reads.insert(
             c.raw(),
             PulledRead {
                 version,
+                pinned,
+                hot,
                 crcs,
                 refetch: None,
                 refetches: 0,
@@ -527,9 +546,11 @@ impl<R: RingOps> Shard<R> {
         res: i32,
     ) -> ReadCheck {
         use ReadCheck::Use;
-        let Some(&read) = self.fill_reads.get(&c.raw()) else {
+        let Some(read) = self.fill_reads.get(&c.raw()) else {
             return Use(res);
         };
+        let (version, refetches, mut crcs) = (read.version, read.refetches, read.crcs);
+        let hot = read.hot.clone();
         if !self.conns[c.index()].is_open() {
             // Closing: the machine only counts the read back in.
             return Use(res);
@@ -544,12 +565,16 @@ impl<R: RingOps> Shard<R> {
         let Some(edge) = self.edge.as_mut() else {
             return Use(res);
         };
-        let (version, refetches, mut crcs) = (read.version, read.refetches, read.crcs);
         let got_bytes = u64::from(got) + res as u64;
         let bytes = &self.ring.arena(slot)[buf_off as usize..buf_off as usize + got_bytes as usize];
-        let checked = edge
-            .fill
-            .check_blocks(version, file_off, need as usize, bytes, &mut crcs);
+        let checked = edge.fill.check_blocks(
+            version,
+            file_off,
+            need as usize,
+            bytes,
+            &mut crcs,
+            hot.as_deref(),
+        );
         if let Some(r) = self.fill_reads.get_mut(&c.raw()) {
             r.crcs = crcs;
         }
@@ -649,7 +674,9 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` no longer reads the version it read (its pin goes).
     pub(super) fn fill_reads_end(&mut self, c: ConnSlot) {
         if let (Some(read), Some(edge)) = (self.fill_reads.remove(&c.raw()), self.edge.as_mut()) {
-            edge.fill.unpin(read.version);
+            if read.pinned {
+                edge.fill.unpin(read.version);
+            }
         }
     }
 
