@@ -113,6 +113,16 @@ impl NginxOrigin {
         self.body_bytes_sent()
     }
 
+    /// Waits (at most 5 s) for nginx to have logged at least `want` requests (it logs one
+    /// when it ends, which may be after its answer reached us), then returns its log.
+    pub fn wait_requests(&self, want: usize) -> Vec<OriginLogLine> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.requests() < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.log()
+    }
+
     /// Requests nginx has logged.
     pub fn requests(&self) -> usize {
         std::fs::read_to_string(self.work.join("access.log"))
