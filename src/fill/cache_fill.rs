@@ -315,6 +315,9 @@ impl CrcWindow {
 /// Most blocks a version may have to be published for lock-free hits (its checksums are
 /// copied whole: 256 KiB of them at most).
 pub const HOT_MAX_BLOCKS: u64 = 65_536;
+/// Most versions published at once; past it every publication is withdrawn (invalid) and
+/// the hits publish again what they still ask for.
+pub const HOT_MAX_VERSIONS: usize = 65_536;
 
 /// A version every block of which is on disk, published for hits that take no lock: its
 /// metadata and every block's checksum, copied once. Immutable but for `invalid`, set under
@@ -1844,8 +1847,14 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             .map(|b| self.index.block_crc(version, b))
             .collect::<Option<_>>()?;
         let fresh_until_s = meta.fetched_unix_s.saturating_add(self.cfg.revalidate_s);
+        let meta = meta.clone();
+        if self.hot.len() >= HOT_MAX_VERSIONS {
+            for (_, h) in self.hot.drain() {
+                h.invalid.store(true, Ordering::Release);
+            }
+        }
         let hot = Arc::new(HotVersion {
-            meta: meta.clone(),
+            meta,
             crcs,
             fresh_until_s,
             invalid: AtomicBool::new(false),
