@@ -101,7 +101,8 @@ fn main() {
             if len >= COMPACT_MIN_BYTES && dead * 100 > len * COMPACT_DEAD_PERCENT {
                 let mut snap = Vec::with_capacity(index.live_bytes() as usize);
                 snapshot(&index, &mut snap);
-                let new = JournalFile::write_snapshot(&journal.compaction_path(), &snap)
+                let new = journal
+                    .write_snapshot(&journal.compaction_path(), &snap)
                     .expect("snapshot");
                 let from = journal.len();
                 journal

@@ -29,13 +29,22 @@ pub struct Lifecycle {
 impl Lifecycle {
     /// Serving, with `config`.
     pub fn new(config: Arc<Config>) -> Arc<Lifecycle> {
+        Self::with_client_counts(config, Arc::default())
+    }
+
+    /// Serving, with `config`, counting connections per client in `client_counts` (4 MiB:
+    /// the simulator, which starts thousands of shards, shares one per thread).
+    pub fn with_client_counts(
+        config: Arc<Config>,
+        client_counts: Arc<crate::client::cap::ClientCounts>,
+    ) -> Arc<Lifecycle> {
         Arc::new(Lifecycle {
             leaving: Arc::new(AtomicBool::new(false)),
             config: Mutex::new(config),
             epoch: AtomicU64::new(0),
             tls: Mutex::new(None),
             signing: Mutex::new(Arc::default()),
-            client_counts: Arc::default(),
+            client_counts,
             egress: Arc::default(),
         })
     }

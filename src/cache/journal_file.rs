@@ -12,6 +12,7 @@ use super::index::Index;
 use super::journal::{
     replay_capacity, replay_into, Record, ReplayStats, FRAME_BYTES, MAX_RECORD_BYTES,
 };
+use super::watch::{sync_dir, Watch};
 
 /// Bytes start-up reads of the journal at a time: replay holds this and one record cut at
 /// its end, whatever the journal's size.
@@ -24,6 +25,7 @@ pub struct JournalFile {
     path: PathBuf,
     len: u64,
     buf: Vec<u8>,
+    watch: Watch,
 }
 
 impl JournalFile {
@@ -32,12 +34,30 @@ impl JournalFile {
     /// durable) before anything is appended after it; a whole record replay refuses is
     /// skipped and counted (`ReplayStats::refused`).
     pub fn open(path: &Path) -> io::Result<(JournalFile, Index, ReplayStats)> {
+        Self::open_watched(path, None)
+    }
+
+    /// `open`, telling `watch` (a model of the disk) of every write and sync.
+    pub fn open_watched(
+        path: &Path,
+        watch: Watch,
+    ) -> io::Result<(JournalFile, Index, ReplayStats)> {
+        let existed = path.exists();
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)?;
+        if !existed {
+            // A new journal's entry is made durable before any record is trusted to it.
+            if let Some(w) = &watch {
+                w.created(path);
+            }
+            if let Some(dir) = path.parent() {
+                sync_dir(dir, &watch)?;
+            }
+        }
         let on_disk = file.metadata()?.len();
         let mut index = Index::with_capacity(replay_capacity(on_disk));
         let mut stats = ReplayStats::default();
@@ -71,6 +91,10 @@ impl JournalFile {
             );
             file.set_len(stats.valid_bytes)?;
             file.sync_data()?;
+            if let Some(w) = &watch {
+                w.set_len(path, stats.valid_bytes);
+                w.synced(path);
+            }
         }
         file.seek(SeekFrom::Start(stats.valid_bytes))?;
         let journal = JournalFile {
@@ -78,6 +102,7 @@ impl JournalFile {
             path: path.to_path_buf(),
             len: stats.valid_bytes,
             buf: Vec::new(),
+            watch,
         };
         Ok((journal, index, stats))
     }
@@ -94,9 +119,15 @@ impl JournalFile {
             r.encode(&mut self.buf);
         }
         self.file.write_all(&self.buf)?;
+        if let Some(w) = &self.watch {
+            w.wrote(&self.path, self.len, &self.buf);
+        }
         self.len += self.buf.len() as u64;
         if durable {
             self.file.sync_data()?;
+            if let Some(w) = &self.watch {
+                w.synced(&self.path);
+            }
         }
         Ok(())
     }
@@ -109,15 +140,23 @@ impl JournalFile {
     /// The slow half of a compaction, run off any lock: writes `snapshot` (the live index as
     /// records, `journal::snapshot`) to `path` and makes it durable. The journal itself is
     /// untouched: a crash here leaves it whole.
-    pub fn write_snapshot(path: &Path, snapshot: &[u8]) -> io::Result<File> {
+    pub fn write_snapshot(&self, path: &Path, snapshot: &[u8]) -> io::Result<File> {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(path)?;
+        if let Some(w) = &self.watch {
+            w.created(path);
+            w.set_len(path, 0);
+        }
         file.write_all(snapshot)?;
         file.sync_data()?;
+        if let Some(w) = &self.watch {
+            w.wrote(path, 0, snapshot);
+            w.synced(path);
+        }
         Ok(file)
     }
 
@@ -138,9 +177,17 @@ impl JournalFile {
         new.seek(SeekFrom::Start(snapshot_bytes))?;
         new.write_all(&tail)?;
         new.sync_data()?;
-        std::fs::rename(self.compaction_path(), &self.path)?;
+        let compacted = self.compaction_path();
+        if let Some(w) = &self.watch {
+            w.wrote(&compacted, snapshot_bytes, &tail);
+            w.synced(&compacted);
+        }
+        std::fs::rename(&compacted, &self.path)?;
+        if let Some(w) = &self.watch {
+            w.renamed(&compacted, &self.path);
+        }
         if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
+            sync_dir(dir, &self.watch)?;
         }
         self.len = snapshot_bytes + tail.len() as u64;
         self.file = new;

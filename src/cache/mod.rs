@@ -15,6 +15,8 @@
 //!   bounded read-ahead) and the runs of missing ones a fill asks the origin for.
 //! - `coalesce`: one origin fetch per block however many clients want it; waiters woken
 //!   together when it is on disk, retried or told of the failure together.
+//! - `watch`: what a model of the disk (the simulator's) is told of every write, sync,
+//!   create, rename and unlink, so it can crash the cache as a power loss would.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
 //!   read are pinned and never go), and the LRU it is measured against.
 //!
@@ -35,6 +37,7 @@ pub mod journal;
 pub mod journal_file;
 pub mod store;
 pub mod tool;
+pub mod watch;
 
 pub use index::{Index, ObjectVersion};
 pub use journal::{replay, Record, ReplayStats};

@@ -14,6 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::index::ObjectVersion;
+use super::watch::{sync_dir, DiskWatch, Watch};
 
 /// Why a block could not be read back.
 #[derive(Debug)]
@@ -31,14 +32,34 @@ pub enum ReadError {
 #[derive(Clone, Debug)]
 pub struct BlockStore {
     data: PathBuf,
+    watch: Watch,
 }
 
 impl BlockStore {
     /// The store under `dir` (creates `dir/data`).
     pub fn open(dir: &Path) -> io::Result<BlockStore> {
+        Self::open_watched(dir, None)
+    }
+
+    /// `open`, telling `watch` (a model of the disk) of every write, sync, create and unlink.
+    pub fn open_watched(dir: &Path, watch: Watch) -> io::Result<BlockStore> {
         let data = dir.join("data");
-        std::fs::create_dir_all(&data)?;
-        Ok(BlockStore { data })
+        if !data.is_dir() {
+            std::fs::create_dir_all(&data)?;
+            // The new directory's own entry survives a power loss.
+            sync_dir(dir, &None)?;
+        }
+        Ok(BlockStore { data, watch })
+    }
+
+    /// The model of the disk the store is watched by, if any.
+    pub fn watch(&self) -> Option<&dyn DiskWatch> {
+        self.watch.as_deref()
+    }
+
+    /// Syncs the data directory, so files created (or removed) in it survive a power loss.
+    pub fn sync_data_dir(&self) -> io::Result<()> {
+        sync_dir(&self.data, &self.watch)
     }
 
     /// The data file of `version`.
@@ -65,13 +86,26 @@ impl BlockStore {
                 format!("block {block} is {len} bytes, {} given", bytes.len()),
             ));
         }
+        let path = self.data_path(meta.version);
+        let existed = path.exists();
         let file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
-            .open(self.data_path(meta.version))?;
-        file.write_all_at(bytes, u64::from(block) * u64::from(meta.block_bytes))?;
+            .open(&path)?;
+        if !existed {
+            if let Some(w) = self.watch() {
+                w.created(&path);
+            }
+            self.sync_data_dir()?;
+        }
+        let offset = u64::from(block) * u64::from(meta.block_bytes);
+        file.write_all_at(bytes, offset)?;
         file.sync_data()?;
+        if let Some(w) = self.watch() {
+            w.wrote(&path, offset, bytes);
+            w.synced(&path);
+        }
         Ok(super::checksum(bytes))
     }
 
@@ -104,9 +138,16 @@ impl BlockStore {
 
     /// Removes a dropped version's data file (gone already is fine).
     pub fn remove_version(&self, version: u64) -> io::Result<()> {
-        match std::fs::remove_file(self.data_path(version)) {
+        let path = self.data_path(version);
+        match std::fs::remove_file(&path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+            Err(_) => Ok(()),
+            Ok(()) => {
+                if let Some(w) = self.watch() {
+                    w.removed(&path);
+                }
+                Ok(())
+            }
         }
     }
 }

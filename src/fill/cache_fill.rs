@@ -536,9 +536,20 @@ impl<W: Clone + PartialEq + Routed> std::ops::Deref for IndexGuard<'_, W> {
 impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// Opens the cache in `dir` (replays its journal) for `shards` shards.
     pub fn open(dir: &Path, cfg: FillConfig, shards: usize) -> std::io::Result<FillCore<W>> {
+        Self::open_watched(dir, cfg, shards, None)
+    }
+
+    /// `open`, with the journal and data files written under `watch` (a model of the disk:
+    /// the simulator's power-loss crashes).
+    pub fn open_watched(
+        dir: &Path,
+        cfg: FillConfig,
+        shards: usize,
+        watch: crate::cache::watch::Watch,
+    ) -> std::io::Result<FillCore<W>> {
         assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
-        let store = BlockStore::open(dir)?;
-        let (journal, index, replayed) = JournalFile::open(&dir.join("journal"))?;
+        let store = BlockStore::open_watched(dir, watch.clone())?;
+        let (journal, index, replayed) = JournalFile::open_watched(&dir.join("journal"), watch)?;
         let blocks: u64 = index
             .each_version()
             .map(|v| index.blocks_present(v.version))

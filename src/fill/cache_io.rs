@@ -129,17 +129,35 @@ pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -
         .opens
         .drain(..)
         .map(|version| {
+            let path = store.data_path(version);
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(false)
                 .custom_flags(libc::O_DIRECT)
-                .open(store.data_path(version))
+                .open(&path)
                 .map(Arc::new)
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+            if let (Ok(_), Some(w)) = (&file, store.watch()) {
+                w.created(&path);
+            }
             (version, file)
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // The new files' entries are durable before any block in them is journaled (a block's
+    // record follows its data's fdatasync, which does not cover the directory): one sync of
+    // the data directory per batch with creates. If it fails, no file of the batch is used.
+    let opened = if opened.is_empty() {
+        opened
+    } else {
+        match store.sync_data_dir() {
+            Ok(()) => opened,
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                opened.into_iter().map(|(v, _)| (v, Err(errno))).collect()
+            }
+        }
+    };
     for version in outbox.unlinks.drain(..) {
         if let Err(e) = store.remove_version(version) {
             tracing::warn!(version, error = %e, "removing a dropped version's data file");
@@ -160,7 +178,7 @@ pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -
 /// it, then renamed over. Nothing else appends meanwhile: the caller owns the journal.
 pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()> {
     let before = journal.len();
-    let new = JournalFile::write_snapshot(&journal.compaction_path(), snapshot)?;
+    let new = journal.write_snapshot(&journal.compaction_path(), snapshot)?;
     journal.finish_compaction(new, snapshot.len() as u64, before)?;
     tracing::info!(before, after = journal.len(), "cache journal compacted");
     Ok(())

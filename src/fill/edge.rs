@@ -159,15 +159,17 @@ impl SharedEdge {
         shards: usize,
         config: &crate::config::Config,
     ) -> std::io::Result<SharedEdge> {
-        Self::open_with(cache_dir, shards, config, CacheIo::Thread)
+        Self::open_with(cache_dir, shards, config, CacheIo::Thread, None)
     }
 
-    /// As `open`, with the I/O run as `io` says.
+    /// As `open`, with the I/O run as `io` says and the files written under `watch` (a
+    /// model of the disk, for the simulator's power-loss crashes; None for the real disk).
     pub fn open_with(
         cache_dir: &Path,
         shards: usize,
         config: &crate::config::Config,
         io: CacheIo,
+        watch: crate::cache::watch::Watch,
     ) -> std::io::Result<SharedEdge> {
         let block_bytes = config.cache_block_bytes;
         let cfg = FillConfig {
@@ -185,7 +187,7 @@ impl SharedEdge {
             compact_min_bytes: super::cache_fill::COMPACT_MIN_BYTES,
             origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
         };
-        let core = FillCore::open(cache_dir, cfg, shards)?;
+        let core = FillCore::open_watched(cache_dir, cfg, shards, watch)?;
         let wakers = (0..shards)
             .map(|_| {
                 rustix::event::eventfd(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Longest the resolver sleeps between checks of its stop flag.
+/// Longest the resolver sleeps between checks of its stop flag (a drop also wakes it).
 const STOP_POLL_MS: u64 = 50;
 
 /// What is known of one name.
@@ -107,9 +107,11 @@ impl Resolver {
             .spawn(move || {
                 let step = Duration::from_millis(STOP_POLL_MS);
                 let mut waited = Duration::ZERO;
-                while !s.load(Ordering::Relaxed) {
-                    std::thread::sleep(step.min(ttl));
-                    waited += step.min(ttl);
+                while !s.load(Ordering::Acquire) {
+                    // Parked, not asleep: a drop unparks it, so stopping takes no poll step.
+                    let started = std::time::Instant::now();
+                    std::thread::park_timeout(step.min(ttl));
+                    waited += started.elapsed();
                     if waited >= ttl {
                         waited = Duration::ZERO;
                         a.refresh();
@@ -131,8 +133,9 @@ impl Resolver {
 
 impl Drop for Resolver {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

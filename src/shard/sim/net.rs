@@ -315,7 +315,7 @@ impl Net {
         let mtime = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000 + n * 1000);
         let result = match fault {
             FileFault::Rewrite => {
-                let new: Vec<u8> = (0..old.len()).map(|_| self.rng.next_u64() as u8).collect();
+                let new = self.rng.bytes(old.len());
                 let r = std::fs::OpenOptions::new()
                     .write(true)
                     .open(&f.path)
@@ -340,7 +340,7 @@ impl Net {
             }
             FileFault::Replace => {
                 let len = self.rng.range(1, old.len() as u64 + 4096) as usize;
-                let new: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
+                let new = self.rng.bytes(len);
                 let tmp = f.path.with_extension("new");
                 let r = std::fs::write(&tmp, &new)
                     .and_then(|_| std::fs::File::options().write(true).open(&tmp))
@@ -371,7 +371,7 @@ impl Net {
             } else {
                 self.rng.range(1, old + 64 * 1024)
             };
-            let new: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
+            let new = self.rng.bytes(len as usize);
             f.versions.push(new);
             self.origin_changes_done += 1;
         }
@@ -445,7 +445,7 @@ impl Net {
         }
         let n = c.plan.read_bytes.min(s.to_client.len());
         if n > 0 {
-            let bytes: Vec<u8> = s.to_client.drain(..n).collect();
+            let bytes = take_front(&mut s.to_client, n);
             s.read_total += n as u64;
             c.received += n as u64;
             acted = true;
@@ -860,4 +860,16 @@ fn parse_head(text: &str) -> Result<Head, String> {
         }
     }
     Ok(head)
+}
+
+/// The first `n` bytes of `queue`, taken off it (by slices: a byte at a time is slow in a
+/// debug build, and the simulator moves every byte of every response).
+pub fn take_front(queue: &mut VecDeque<u8>, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    let (a, b) = queue.as_slices();
+    let from_a = n.min(a.len());
+    out.extend_from_slice(&a[..from_a]);
+    out.extend_from_slice(&b[..n - from_a]);
+    queue.drain(..n);
+    out
 }

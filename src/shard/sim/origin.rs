@@ -194,7 +194,7 @@ impl Origin {
             n = n.min(left);
             conn.reset_after = Some(left - n);
         }
-        OriginRecv::Data(conn.response.drain(..n).collect())
+        OriginRecv::Data(super::net::take_front(&mut conn.response, n))
     }
 
     /// The earliest moment a held response becomes ready (µs), after `now_us`.

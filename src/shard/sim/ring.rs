@@ -75,6 +75,20 @@ pub struct Paths {
     pub cq_overflows: u64,
 }
 
+impl Paths {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &Paths) {
+        self.eagain += o.eagain;
+        self.short_sends += o.short_sends;
+        self.polls += o.polls;
+        self.zc_sends += o.zc_sends;
+        self.enobufs += o.enobufs;
+        self.short_reads += o.short_reads;
+        self.cancelled += o.cancelled;
+        self.cq_overflows += o.cq_overflows;
+    }
+}
+
 /// What an in-flight operation does.
 #[derive(Clone, Debug)]
 enum SimOp {
@@ -153,9 +167,13 @@ enum SimOp {
         len: usize,
         file: Arc<std::fs::File>,
         off: u64,
+        /// The file's path, for the disk model.
+        path: std::path::PathBuf,
     },
-    /// An fdatasync of a cache data file.
-    Fsync,
+    /// An fdatasync of a cache data file (its path, for the disk model).
+    Fsync {
+        path: std::path::PathBuf,
+    },
     GetPeer {
         conn: ConnSlot,
         socket: SocketSlot,
@@ -225,6 +243,8 @@ pub struct SimRing {
     pub cache_read_align: usize,
     /// The cache's directory: files registered from beneath it are cache data files.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// The disk model the block writes and fsyncs are told to (power-loss runs).
+    pub disk: Option<Arc<super::disk::PowerDisk>>,
     socket_slots: u32,
     file_slots: u32,
     arena: Vec<Vec<u8>>,
@@ -271,6 +291,7 @@ impl SimRing {
             zerocopy,
             cache_read_align: 0,
             cache_dir: None,
+            disk: None,
             socket_slots: cfg.socket_slots,
             file_slots: cfg.file_slots,
             arena: (0..cfg.arena_slots)
@@ -622,6 +643,7 @@ impl SimRing {
                 len,
                 file,
                 off,
+                path,
             } => {
                 let full = self
                     .net
@@ -631,15 +653,29 @@ impl SimRing {
                 let res = if self.rng.chance(full) {
                     -libc::ENOSPC
                 } else {
-                    match file.write_at(&self.arena[slot.index()][..len], off) {
-                        Ok(n) => n as i32,
+                    let bytes = &self.arena[slot.index()][..len];
+                    match file.write_at(bytes, off) {
+                        Ok(n) => {
+                            if let Some(d) = &self.disk {
+                                crate::cache::watch::DiskWatch::wrote(
+                                    &**d,
+                                    &path,
+                                    off,
+                                    &bytes[..n],
+                                );
+                            }
+                            n as i32
+                        }
                         Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
                     }
                 };
                 self.post(token, res, 0);
                 true
             }
-            SimOp::Fsync => {
+            SimOp::Fsync { path } => {
+                if let Some(d) = &self.disk {
+                    crate::cache::watch::DiskWatch::synced(&**d, &path);
+                }
                 self.post(token, 0, 0);
                 true
             }
@@ -722,9 +758,8 @@ impl SimRing {
         let avail = self.net.socks[id].to_server.len().min(cap);
         let n = self.rng.split(avail);
         let s = &mut self.net.socks[id];
-        for (k, b) in s.to_server.drain(..n).enumerate() {
-            self.recv_bufs[usize::from(bid)][k] = b;
-        }
+        let bytes = super::net::take_front(&mut s.to_server, n);
+        self.recv_bufs[usize::from(bid)][..n].copy_from_slice(&bytes);
         self.recv_state[usize::from(bid)] = RecvBuf::Posted;
         self.post(
             token,
@@ -917,6 +952,11 @@ fn origin_socket(fd: BorrowedFd<'_>) -> io::Result<Arc<TcpStream>> {
 
 /// A duplicate of file `fd` with O_DIRECT cleared (on the open file itself, which the
 /// duplicate shares: the simulated arena is not aligned), and whether it was set.
+/// The path `fd` was opened at (for the disk model; empty when it cannot be read).
+fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
+
 fn without_direct_io(fd: BorrowedFd<'_>) -> io::Result<(std::fs::File, bool)> {
     use rustix::fs::OFlags;
     let owned: OwnedFd = fd.try_clone_to_owned()?;
@@ -1274,6 +1314,7 @@ impl RingOps for SimRing {
         token: u64,
     ) {
         self.take_arena(slot, 0, len);
+        let path = fd_path(fd);
         let file = match without_direct_io(fd) {
             Ok((file, _)) => Arc::new(file),
             Err(e) => return self.violations.push(format!("block write on {fd:?}: {e}")),
@@ -1285,11 +1326,13 @@ impl RingOps for SimRing {
                 len,
                 file,
                 off: file_offset,
+                path,
             },
         );
     }
-    fn fsync_fd(&mut self, _fd: BorrowedFd<'_>, token: u64) {
-        self.push(token, SimOp::Fsync);
+    fn fsync_fd(&mut self, fd: BorrowedFd<'_>, token: u64) {
+        let path = fd_path(fd);
+        self.push(token, SimOp::Fsync { path });
     }
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.wait(want, timeout);

@@ -20,6 +20,16 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// `len` random bytes (eight from each draw).
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        for word in out.chunks_mut(8) {
+            let bytes = self.next_u64().to_le_bytes();
+            word.copy_from_slice(&bytes[..word.len()]);
+        }
+        out
+    }
+
     /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
         if n == 0 {
