@@ -75,63 +75,117 @@ impl ObjectVersion {
 const PAGE_BLOCKS: u32 = 256;
 
 /// The checksums of up to 256 consecutive blocks, and which of them are on disk: as many as
-/// the object has from the page's first block (a 4-block object's page holds 4).
+/// the object has from the page's first block (a 4-block object's page holds 4). One
+/// allocation: `len` checksums, then the presence bits in `len.div_ceil(32)` words.
 #[derive(Clone, Debug)]
 struct Page {
-    crc: Box<[u32]>,
-    present: Box<[u64]>,
+    number: u32,
+    len: u32,
     count: u32,
+    words: Box<[u32]>,
+}
+
+impl Page {
+    fn new(number: u32, len: usize) -> Page {
+        Page {
+            number,
+            len: len as u32,
+            count: 0,
+            words: vec![0; len + len.div_ceil(32)].into_boxed_slice(),
+        }
+    }
+
+    fn present(&self, i: usize) -> bool {
+        i < self.len as usize && self.words[self.len as usize + i / 32] & (1 << (i % 32)) != 0
+    }
+
+    fn set_present(&mut self, i: usize, on: bool) {
+        let w = &mut self.words[self.len as usize + i / 32];
+        if on {
+            *w |= 1 << (i % 32);
+        } else {
+            *w &= !(1 << (i % 32));
+        }
+    }
 }
 
 /// The checksums of a version's blocks on disk, in pages allocated as blocks arrive (kept
 /// sorted by page number): its memory follows what is stored, never the size the origin
-/// claims.
+/// claims. An object of at most `PAGE_BLOCKS` blocks (nearly all) holds its one page inline.
 #[derive(Clone, Debug, Default)]
-struct BlockTable {
-    pages: Vec<(u32, Page)>,
+enum BlockTable {
+    #[default]
+    Empty,
+    One(Page),
+    Many(Vec<Page>),
 }
 
 impl BlockTable {
+    fn pages(&self) -> &[Page] {
+        match self {
+            BlockTable::Empty => &[],
+            BlockTable::One(p) => std::slice::from_ref(p),
+            BlockTable::Many(v) => v,
+        }
+    }
+
     fn page(&self, number: u32) -> Option<&Page> {
-        let i = self.pages.binary_search_by_key(&number, |p| p.0).ok()?;
-        Some(&self.pages[i].1)
+        let pages = self.pages();
+        let i = pages.binary_search_by_key(&number, |p| p.number).ok()?;
+        Some(&pages[i])
     }
 
     fn get(&self, block: u32) -> Option<u32> {
         let page = self.page(block / PAGE_BLOCKS)?;
         let i = (block % PAGE_BLOCKS) as usize;
-        let bit = *page.present.get(i / 64)? & (1 << (i % 64)) != 0;
-        bit.then(|| page.crc[i])
+        page.present(i).then(|| page.words[i])
+    }
+
+    /// The page numbered `number`, made with `len` blocks if it is not there.
+    fn page_mut(&mut self, number: u32, len: usize) -> &mut Page {
+        if let BlockTable::Empty = self {
+            *self = BlockTable::One(Page::new(number, len));
+        }
+        if let BlockTable::One(p) = self {
+            if p.number == number {
+                return match self {
+                    BlockTable::One(p) => p,
+                    _ => unreachable!("just matched"),
+                };
+            }
+            let BlockTable::One(p) = std::mem::take(self) else {
+                unreachable!("just matched")
+            };
+            *self = BlockTable::Many(vec![p]);
+        }
+        let BlockTable::Many(pages) = self else {
+            unreachable!("Empty and One are handled above")
+        };
+        let at = match pages.binary_search_by_key(&number, |p| p.number) {
+            Ok(at) => at,
+            Err(at) => {
+                pages.insert(at, Page::new(number, len));
+                at
+            }
+        };
+        &mut pages[at]
     }
 
     /// Sets block `block`'s checksum (of an object of `blocks` blocks); true when it was not
     /// present before.
     fn set(&mut self, block: u32, crc: u32, blocks: u64) -> bool {
         let number = block / PAGE_BLOCKS;
-        let at = match self.pages.binary_search_by_key(&number, |p| p.0) {
-            Ok(at) => at,
-            Err(at) => {
-                let first = u64::from(number) * u64::from(PAGE_BLOCKS);
-                let len = blocks.saturating_sub(first).min(u64::from(PAGE_BLOCKS)) as usize;
-                let page = Page {
-                    crc: vec![0; len].into_boxed_slice(),
-                    present: vec![0; len.div_ceil(64)].into_boxed_slice(),
-                    count: 0,
-                };
-                self.pages.insert(at, (number, page));
-                at
-            }
-        };
-        let page = &mut self.pages[at].1;
+        let first = u64::from(number) * u64::from(PAGE_BLOCKS);
+        let len = blocks.saturating_sub(first).min(u64::from(PAGE_BLOCKS)) as usize;
+        let page = self.page_mut(number, len);
         let i = (block % PAGE_BLOCKS) as usize;
         assert!(
-            i < page.crc.len(),
+            i < page.len as usize,
             "block {block} past its object's {blocks}"
         );
-        page.crc[i] = crc;
-        let bit = 1 << (i % 64);
-        let new = page.present[i / 64] & bit == 0;
-        page.present[i / 64] |= bit;
+        page.words[i] = crc;
+        let new = !page.present(i);
+        page.set_present(i, true);
         page.count += u32::from(new);
         new
     }
@@ -139,29 +193,45 @@ impl BlockTable {
     /// Forgets block `block`; true when it was present.
     fn take(&mut self, block: u32) -> bool {
         let number = block / PAGE_BLOCKS;
-        let Ok(at) = self.pages.binary_search_by_key(&number, |p| p.0) else {
-            return false;
-        };
-        let page = &mut self.pages[at].1;
         let i = (block % PAGE_BLOCKS) as usize;
-        let bit = 1 << (i % 64);
-        if page.present.get(i / 64).is_none_or(|w| w & bit == 0) {
-            return false;
-        }
-        page.present[i / 64] &= !bit;
-        page.count -= 1;
-        if page.count == 0 {
-            self.pages.remove(at);
+        let emptied = match self {
+            BlockTable::Empty => return false,
+            BlockTable::One(p) => {
+                if p.number != number || !p.present(i) {
+                    return false;
+                }
+                p.set_present(i, false);
+                p.count -= 1;
+                p.count == 0
+            }
+            BlockTable::Many(pages) => {
+                let Ok(at) = pages.binary_search_by_key(&number, |p| p.number) else {
+                    return false;
+                };
+                let p = &mut pages[at];
+                if !p.present(i) {
+                    return false;
+                }
+                p.set_present(i, false);
+                p.count -= 1;
+                if p.count == 0 {
+                    pages.remove(at);
+                }
+                false
+            }
+        };
+        if emptied {
+            *self = BlockTable::Empty;
         }
         true
     }
 
     /// The blocks present and their checksums, in order.
     fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.pages.iter().flat_map(|(p, page)| {
-            (0..page.crc.len())
-                .filter(|&i| page.present[i / 64] & (1 << (i % 64)) != 0)
-                .map(move |i| (p * PAGE_BLOCKS + i as u32, page.crc[i]))
+        self.pages().iter().flat_map(|page| {
+            (0..page.len as usize)
+                .filter(|&i| page.present(i))
+                .map(move |i| (page.number * PAGE_BLOCKS + i as u32, page.words[i]))
         })
     }
 }
@@ -199,7 +269,9 @@ type Ids = std::hash::BuildHasherDefault<IdHasher>;
 #[derive(Debug, Default)]
 pub struct Index {
     current: HashMap<Vec<u8>, u64>,
-    versions: HashMap<u64, Stored, Ids>,
+    /// Boxed: the table's entries stay small (16 bytes), so a replay's table of millions of
+    /// slots costs little memory to reserve and little to rehash as it grows.
+    versions: HashMap<u64, Box<Stored>, Ids>,
     /// Journal bytes a snapshot of every version held would take (`journal::snapshot`
     /// writes only the current ones, so this bounds it from above).
     live_bytes: u64,
@@ -230,11 +302,11 @@ impl Index {
                 self.current.insert(meta.key.clone(), meta.version);
                 self.versions.insert(
                     meta.version,
-                    Stored {
+                    Box::new(Stored {
                         meta,
                         blocks,
                         present: 0,
-                    },
+                    }),
                 );
                 true
             }
@@ -470,7 +542,7 @@ mod tests {
         assert!(t.set((1 << 24) - 1, 5, blocks));
         assert!(t.set(3, 6, blocks));
         assert!(!t.set(3, 7, blocks), "set again");
-        assert_eq!(t.pages.len(), 2);
+        assert_eq!(t.pages().len(), 2);
         assert_eq!(t.get((1 << 24) - 1), Some(5));
         assert_eq!((t.get(3), t.get(4)), (Some(7), None));
         assert_eq!(
@@ -478,16 +550,28 @@ mod tests {
             vec![(3, 7), ((1 << 24) - 1, 5)]
         );
         assert!(t.take(3) && !t.take(3));
-        assert_eq!(t.pages.len(), 1, "an empty page goes");
+        assert_eq!(t.pages().len(), 1, "an empty page goes");
         // A 4-block object's page holds 4 checksums, not 256.
         let mut small = BlockTable::default();
         assert!(small.set(2, 1, 4));
-        assert_eq!(small.pages[0].1.crc.len(), 4);
+        assert_eq!(small.pages()[0].len, 4);
         assert_eq!(small.get(3), None);
         // A page past 256 blocks holds what the object has there.
         let mut tail = BlockTable::default();
         assert!(tail.set(300, 9, 301));
-        assert_eq!(tail.pages[0].1.crc.len(), 45);
+        assert_eq!(tail.pages()[0].len, 45);
+        // One page inline, then many, then back to none.
+        let mut t = BlockTable::default();
+        assert!(t.set(1, 10, 1000) && t.set(600, 11, 1000) && t.set(2, 12, 1000));
+        assert!(matches!(t, BlockTable::Many(_)));
+        assert_eq!(
+            t.iter().collect::<Vec<_>>(),
+            vec![(1, 10), (2, 12), (600, 11)]
+        );
+        let mut one = BlockTable::default();
+        assert!(one.set(7, 1, 8) && matches!(one, BlockTable::One(_)));
+        assert!(one.take(7) && matches!(one, BlockTable::Empty));
+        assert_eq!(one.get(7), None);
     }
 
     #[test]
