@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use shardline::fill::cache_fill::{CacheFill, FillConfig, Notice, Outcome};
 use shardline::fill::{Filler, OriginTarget};
 use shardline::origin::fetch::Timeouts;
+use shardline::ring_api::ops::RingOps;
+use shardline::ring_api::slots::ArenaSlot;
+use shardline::ring_api::token::Token;
 use shardline::shard::ring::{Ring, RingConfig};
-use shardline::shard::ring_ops::RingOps;
-use shardline::shard::slots::ArenaSlot;
-use shardline::shard::token::Token;
 
 const CHUNK: usize = 512 * 1024;
 

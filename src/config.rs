@@ -41,6 +41,13 @@ pub const DEFAULT_CACHE_OPEN_FILES: usize = 1024;
 pub const MAX_CACHE_OPEN_FILES: usize = 65_536;
 /// Largest `cache_revalidate_s`: 10 years.
 pub const MAX_CACHE_REVALIDATE_S: u64 = 10 * 365 * 24 * 3600;
+/// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
+pub const MAX_NOT_FOUND_S: u64 = 3600;
+/// Most `[[origin]]` entries.
+pub const MAX_ORIGINS: usize = 64;
+/// Arena slots kept back from bulk transfers so a small response never waits behind them
+/// (`arena_bytes` must leave this many beyond a pipeline).
+pub const RESERVED_FOR_SMALL_SLOTS: usize = 4;
 
 /// Default `egress_bypass_bytes`: a manifest or a small file goes whole past the egress queue.
 pub const DEFAULT_EGRESS_BYPASS_BYTES: u64 = 256 * 1024;
@@ -533,7 +540,7 @@ impl Config {
             ));
         }
         let slots = self.arena_slots();
-        let needed = self.pipeline_depth + crate::shard::buffers::RESERVED_FOR_SMALL_SLOTS;
+        let needed = self.pipeline_depth + RESERVED_FOR_SMALL_SLOTS;
         if slots < needed || slots > MAX_ARENA_SLOTS {
             return Err(err(
                 "arena_bytes",
@@ -670,11 +677,8 @@ impl Config {
 
 impl Config {
     fn validate_cache(&self) -> Result<(), ConfigError> {
-        if self.origin.len() > crate::fill::route::MAX_ORIGINS {
-            return Err(err(
-                "origin",
-                format!("at most {} origins", crate::fill::route::MAX_ORIGINS),
-            ));
+        if self.origin.len() > MAX_ORIGINS {
+            return Err(err("origin", format!("at most {} origins", MAX_ORIGINS)));
         }
         for o in &self.origin {
             o.validate().map_err(|e| err("origin", e))?;
@@ -711,7 +715,7 @@ impl Config {
         if !(1..=86_400).contains(&self.origin_resolve_ttl_s) {
             return Err(err("origin_resolve_ttl_s", "must be 1..=86400"));
         }
-        let max_404 = crate::fill::cache_fill::MAX_NOT_FOUND_S;
+        let max_404 = MAX_NOT_FOUND_S;
         if self.cache_404_s > max_404 {
             return Err(err("cache_404_s", format!("at most {max_404}")));
         }

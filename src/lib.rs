@@ -5,7 +5,8 @@
 //! `fs/` is path resolution and O_DIRECT alignment math, `tls/` is HTTPS (certificates,
 //! ticket keys, the record layer, one connection's TLS session), `topology`/`plan`/`steering` decide
 //! where shards run and which shard a connection lands on, `limits/` how much a client may take,
-//! `cache/` the pull-through cache's storage (its journal, index and eviction) and `origin/` the
+//! `ring_api/` the ring's interface (operations, slots, tokens) that the shard and the fill
+//! share, `cache/` the pull-through cache's storage (its journal, index and eviction) and `origin/` the
 //! requests it sends and the responses it judges.
 
 // `unsafe` is refused everywhere but the ring modules (allowed in `shard/mod.rs`), and every
@@ -27,6 +28,7 @@ pub mod limits;
 pub mod metrics;
 pub mod origin;
 pub mod plan;
+pub mod ring_api;
 pub mod server;
 pub mod shard;
 pub mod signing;

@@ -17,8 +17,8 @@ use shardline::fs::resolve::{resolve_into, ResolveError, ResolveScratch, MAX_PAT
 use shardline::http::date::DateCache;
 use shardline::http::plan::{plan_response, FileFacts, PlanContext, PlanLimits};
 use shardline::http::request::{parse_request, Parsed, MAX_REQUEST_LINE_BYTES};
+use shardline::ring_api::slots::FileSlot;
 use shardline::shard::files::{FileCache, FileCacheConfig, FileTable, OpenError, TargetError};
-use shardline::shard::slots::FileSlot;
 
 /// Counts allocations made by the thread that armed it; everything else passes straight on.
 struct CountingAlloc;

@@ -38,8 +38,8 @@ use crate::cache::store::{BlockStore, ReadError};
 use crate::origin::fetch::{FetchError, HeadFacts, Plan};
 use crate::origin::pool::retry_after_ms;
 use crate::origin::response::Unusable;
-use crate::shard::ring_ops::RingOps;
-use crate::shard::slots::ArenaSlot;
+use crate::ring_api::ops::RingOps;
+use crate::ring_api::slots::ArenaSlot;
 
 /// Most wants that may wait for an unknown object's head (past it: `Outcome::Busy`).
 pub const MAX_PROBE_WAITERS: usize = 4096;
@@ -47,8 +47,8 @@ pub const MAX_PROBE_WAITERS: usize = 4096;
 pub const MAX_QUEUED_FETCHES: usize = 4096;
 /// Most keys whose 404 is remembered at once (past it the oldest is forgotten early).
 pub const MAX_NOT_FOUND_KEYS: usize = 65_536;
-/// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
-pub const MAX_NOT_FOUND_S: u64 = 3600;
+/// Longest an origin's 404 may be remembered (a limit the config checks, so it lives there).
+pub use crate::config::MAX_NOT_FOUND_S;
 /// Smallest journal a compaction rewrites (below it, dead records cost nothing worth a
 /// rewrite).
 pub const COMPACT_MIN_BYTES: u64 = 4 << 20;
@@ -1273,7 +1273,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     pub fn on_completion<R: RingOps>(
         &mut self,
         ring: &mut R,
-        token: crate::shard::token::Token,
+        token: crate::ring_api::token::Token,
         res: i32,
         now_ms: u64,
     ) {

@@ -18,7 +18,7 @@ use super::Filler;
 use crate::cache::index::ObjectVersion;
 use crate::origin::fetch::FetchError;
 use crate::origin::response::Unusable;
-use crate::shard::slots::ConnSlot;
+use crate::ring_api::slots::ConnSlot;
 
 /// Most keys a shard remembers as published for lock-free hits (past it, it forgets them all
 /// and learns them again through the locked path).
@@ -177,7 +177,7 @@ impl SharedEdge {
             read_ahead_blocks: config.cache_read_ahead_blocks,
             max_run_blocks: RUN_BLOCKS,
             slot_bytes: config.chunk_bytes,
-            align_bytes: crate::shard::files::ARENA_ALIGN_BYTES as usize,
+            align_bytes: crate::ring_api::ARENA_ALIGN_BYTES as usize,
             max_attempts: FILL_ATTEMPTS,
             sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
             max_bytes: config.cache_max_bytes,
@@ -552,7 +552,7 @@ impl EdgeCache {
     pub fn take_notices(
         &mut self,
         notices: &mut Vec<Notice<Waiter>>,
-        slots: &mut Vec<crate::shard::slots::ArenaSlot>,
+        slots: &mut Vec<crate::ring_api::slots::ArenaSlot>,
     ) {
         let mut wake = std::mem::take(&mut self.wake_buf);
         self.fill.take(notices, slots, &mut wake);

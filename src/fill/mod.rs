@@ -30,9 +30,9 @@ use crate::origin::fetch::{BlockFetch, FetchError, HeadFacts, Io, Output, Plan, 
 use crate::origin::pool::{Grant, Pool};
 use crate::origin::request::Fetch;
 use crate::origin::response::Unusable;
-use crate::shard::ring_ops::RingOps;
-use crate::shard::slots::ArenaSlot;
-use crate::shard::token::Token;
+use crate::ring_api::ops::RingOps;
+use crate::ring_api::slots::ArenaSlot;
+use crate::ring_api::token::Token;
 
 /// Bytes at the end of a fetch's slot that TLS to an `https://` origin keeps for records
 /// received and not yet opened (at least one whole record; the fetch machine gets the rest

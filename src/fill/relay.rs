@@ -14,7 +14,7 @@
 //! next piece only when this one is delivered), and a relayed chunk is never given back
 //! (its bytes cannot be read again): `MAX_PASS_THROUGHS_PER_SHARD` bounds what they hold.
 
-use crate::shard::slots::ArenaSlot;
+use crate::ring_api::slots::ArenaSlot;
 
 /// Most pass-throughs one shard runs at once (each holds at most two arena slots); past it,
 /// a fill without room is answered 503 as before.

@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use crate::origin::fetch::Timeouts;
 
-/// Most `[[origin]]` entries.
-pub const MAX_ORIGINS: usize = 64;
+/// Most `[[origin]]` entries (a limit the config checks, so it lives there).
+pub use crate::config::MAX_ORIGINS;
 /// Most fetches one origin may have at once on one shard.
 pub const MAX_ORIGIN_FETCHES: usize = 256;
 

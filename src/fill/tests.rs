@@ -147,7 +147,7 @@ fn drive(ring: &mut Ring, filler: &mut Filler, jobs: usize, limit: Duration) -> 
         let now_ms = start.elapsed().as_millis() as u64;
         for c in &batch {
             let t = Token::decode(c.user_data).expect("our token");
-            assert_eq!(t.op, crate::shard::token::Op::Origin);
+            assert_eq!(t.op, crate::ring_api::token::Op::Origin);
             filler.on_completion(ring, t, c.result, now_ms);
         }
         filler.expire(start.elapsed().as_millis() as u64);

@@ -10,8 +10,8 @@ use super::slots::{ArenaSlot, ConnSlot};
 const SMALL_WAITERS: usize = 0;
 const BULK_WAITERS: usize = 1;
 
-/// Slots kept back from bulk transfers so a small response never waits behind them.
-pub const RESERVED_FOR_SMALL_SLOTS: usize = 4;
+/// Slots kept back from bulk transfers (a limit the config checks, so it lives there).
+pub use crate::config::RESERVED_FOR_SMALL_SLOTS;
 
 /// What kind of response asks for a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,6 +4,8 @@
 //! when their bytes are on disk. A cached version is served as a file response over its data
 //! file (`FileCache::acquire_immutable`), so the chunk pipeline is the one every file uses.
 
+use std::collections::HashMap;
+
 use super::buffers::Demand;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard};
@@ -12,6 +14,38 @@ use crate::fill::cache_fill::{Notice, Outcome};
 use crate::fill::edge::{EdgeCache, Hit, Route, Stream, Waiter};
 use crate::http::plan::{self, FileFacts, FileRead};
 use crate::http::request::{Method, Request};
+
+/// The pulled responses' state on one shard, by connection slot: what the fill owes each
+/// connection and what each connection's response needs from the cache. The shard holds one
+/// (`Shard::pulls`); a connection slot's entries are removed when its response ends.
+#[derive(Default)]
+pub(super) struct Pulls {
+    /// Notices and slots moved out of the fill each tick (kept for their allocations).
+    pub notices: Vec<Notice<Waiter>>,
+    pub slots: Vec<ArenaSlot>,
+    /// Waiting requests whose fill failed: what they get when parsed again (a status, or a
+    /// pass-through when the cache's disk had no room).
+    pub answers: HashMap<u32, FillAnswer>,
+    /// A request parsed again after its fill (its arrival was noted the first time).
+    pub resuming: bool,
+    /// Responses streaming a pulled object as it fills, by connection slot: what they ask
+    /// the fill for next, and the version they read.
+    pub streams: HashMap<u32, (Stream, u64)>,
+    /// Streaming responses to cut (their fill failed, or changed version).
+    pub aborts: Vec<Waiter>,
+    /// Responses reading a pulled version, by connection slot: the version whose blocks'
+    /// checksums every read is checked against.
+    pub reads: HashMap<u32, PulledRead>,
+    /// Pass-through responses by connection slot (`fill::relay`), and their fetches' jobs.
+    pub relays: HashMap<u32, crate::fill::relay::Relay>,
+    /// A pass-through fetch's job -> its connection (slot, generation); kept until the
+    /// fetch's `Ended` gives its slot back, whether or not the connection is still there.
+    pub relay_jobs: HashMap<u64, (ConnSlot, u16)>,
+    /// Connections whose pass-through has something to do (a read asked, a cancel).
+    pub relay_ready: Vec<ConnSlot>,
+    /// Pass-through connections that are closing: their pending read ends, their fetch too.
+    pub relay_cancels: Vec<ConnSlot>,
+}
 
 /// The facts a pulled response is planned from: the version's size and type and the
 /// origin's validators (so every edge holding this version says the same), with `etag` and
@@ -121,7 +155,7 @@ impl<R: RingOps> Shard<R> {
             self.respond_status(c, 414, keep_alive, head_only);
             return true;
         }
-        match self.fill_answers.remove(&c.raw()) {
+        match self.pulls.answers.remove(&c.raw()) {
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 self.respond_status(c, status, keep_alive && status < 500, head_only);
@@ -138,7 +172,7 @@ impl<R: RingOps> Shard<R> {
         let edge = self.edge.as_mut().expect("checked above");
         // A request resumed after a wait was admitted when it first came: it is not sent to
         // revalidate again (with `cache_revalidate_s = 0` it would never get through).
-        let admitted = self.resuming_fill;
+        let admitted = self.pulls.resuming;
         let (outcome, stream, hit) =
             edge.want(&key, origin, &path, req.range, head_only, admitted, waiter);
         match (outcome, hit) {
@@ -245,7 +279,7 @@ impl<R: RingOps> Shard<R> {
         // Pinned while it is read (since `EdgeCache::want`) when found under the lock:
         // eviction never takes it. A lockless hit reads on from its open descriptor if its
         // version is dropped meanwhile.
-        self.fill_reads.insert(
+        self.pulls.reads.insert(
             c.raw(),
             PulledRead {
                 version,
@@ -263,7 +297,7 @@ impl<R: RingOps> Shard<R> {
         if let (Some(stream), Some(end)) = (stream, readable_end) {
             filling = end < stream.last.map_or(meta.size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
-            self.fill_streams.insert(c.raw(), (stream, version));
+            self.pulls.streams.insert(c.raw(), (stream, version));
         }
         let (label, counter) = match (filling, waited) {
             (true, _) => ("FILL", &self.metrics.cache_fill),
@@ -277,17 +311,17 @@ impl<R: RingOps> Shard<R> {
     /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
     /// it waits on the next block, or reads on at once if that came meanwhile.
     pub(super) fn fill_await_block(&mut self, c: ConnSlot, file_offset: u64) {
-        if self.relays.contains_key(&c.raw()) {
+        if self.pulls.relays.contains_key(&c.raw()) {
             // Streamed from the cache up to here; the rest is passed through.
             return self.relay_reaches_end_of_disk(c);
         }
         let waiter = self.waiter(c);
         let (Some(edge), Some((stream, version))) =
-            (self.edge.as_mut(), self.fill_streams.get(&c.raw()))
+            (self.edge.as_mut(), self.pulls.streams.get(&c.raw()))
         else {
             // A body stopped at its readable end with no stream to move it: a bug, but the
             // client must not hang; the response is cut.
-            self.fill_aborts.push(waiter);
+            self.pulls.aborts.push(waiter);
             return;
         };
         match edge.want_more(stream, *version, file_offset, waiter) {
@@ -300,7 +334,7 @@ impl<R: RingOps> Shard<R> {
             Outcome::Waiting => {}
             // Another version (the response began on this one) or too many waiting.
             Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_) => {
-                self.fill_aborts.push(waiter)
+                self.pulls.aborts.push(waiter)
             }
         }
     }
@@ -313,7 +347,8 @@ impl<R: RingOps> Shard<R> {
         if conn.generation != generation || !conn.responding() {
             return;
         }
-        let (Some(edge), Some((stream, v))) = (self.edge.as_mut(), self.fill_streams.get(&c.raw()))
+        let (Some(edge), Some((stream, v))) =
+            (self.edge.as_mut(), self.pulls.streams.get(&c.raw()))
         else {
             return;
         };
@@ -343,14 +378,14 @@ impl<R: RingOps> Shard<R> {
             // Wait on the next block (its notice comes here again).
             if edge.want_more(stream, version, end, waiter) == Outcome::Busy {
                 // The key has another version now: this response cannot be finished.
-                self.fill_aborts.push(waiter);
+                self.pulls.aborts.push(waiter);
             }
         }
         if self.conns[c.index()].set_readable_end(end) {
             self.ready.push_bulk(c);
         }
         if done {
-            self.fill_streams.remove(&c.raw());
+            self.pulls.streams.remove(&c.raw());
         }
     }
 
@@ -369,8 +404,8 @@ impl<R: RingOps> Shard<R> {
             &mut || arena.take(Demand::Bulk),
             self.now_ms,
         );
-        let mut notices = std::mem::take(&mut self.fill_notices);
-        let mut slots = std::mem::take(&mut self.fill_slots);
+        let mut notices = std::mem::take(&mut self.pulls.notices);
+        let mut slots = std::mem::take(&mut self.pulls.slots);
         edge.take_notices(&mut notices, &mut slots);
         for slot in slots.drain(..) {
             self.release_slot(slot);
@@ -415,13 +450,13 @@ impl<R: RingOps> Shard<R> {
                         self.resume_fill(waiter, answer);
                     } else if !(error.is_disk_full() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
-                        self.fill_aborts.push(waiter);
+                        self.pulls.aborts.push(waiter);
                     }
                 }
             }
         }
         // Responses whose stream cannot go on are cut (the client sees a short body).
-        let mut aborts = std::mem::take(&mut self.fill_aborts);
+        let mut aborts = std::mem::take(&mut self.pulls.aborts);
         for Waiter {
             conn: c,
             generation,
@@ -431,7 +466,7 @@ impl<R: RingOps> Shard<R> {
             let conn = &self.conns[c.index()];
             if conn.generation == generation && conn.is_live() && conn.responding() {
                 // Off the waiter lists now (its close then finds no stream to cancel).
-                if self.fill_streams.remove(&c.raw()).is_some() {
+                if self.pulls.streams.remove(&c.raw()).is_some() {
                     let waiter = self.waiter(c);
                     if let Some(edge) = self.edge.as_mut() {
                         edge.fill.cancel(&waiter);
@@ -442,9 +477,9 @@ impl<R: RingOps> Shard<R> {
                 });
             }
         }
-        self.fill_aborts = aborts;
-        self.fill_notices = notices;
-        self.fill_slots = slots;
+        self.pulls.aborts = aborts;
+        self.pulls.notices = notices;
+        self.pulls.slots = slots;
         self.run_relays();
         if let Some(edge) = self.edge.as_mut() {
             let f = edge.fill.filler();
@@ -480,12 +515,12 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         if let Some(a) = answer {
-            self.fill_answers.insert(c.raw(), a);
+            self.pulls.answers.insert(c.raw(), a);
         }
         self.conns[c.index()].fill_resumed();
-        self.resuming_fill = true;
+        self.pulls.resuming = true;
         self.start_request(c);
-        self.resuming_fill = false;
+        self.pulls.resuming = false;
         // Outside a visit nothing pumps a response begun here: queue the connection (a fresh
         // response is urgent work, as a new request is).
         if self.conns[c.index()].responding() {
@@ -514,16 +549,17 @@ impl<R: RingOps> Shard<R> {
 
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
-        self.fill_answers.remove(&c.raw());
+        self.pulls.answers.remove(&c.raw());
         self.relay_end(c);
         let refetching = self
-            .fill_reads
+            .pulls
+            .reads
             .get(&c.raw())
             .is_some_and(|r| r.refetch.is_some());
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a
         // waiter list: every other connection's close costs nothing here.
-        let streaming = self.fill_streams.remove(&c.raw()).is_some();
+        let streaming = self.pulls.streams.remove(&c.raw()).is_some();
         if streaming || refetching || self.conns[c.index()].awaiting_fill() {
             let waiter = self.waiter(c);
             if let Some(edge) = self.edge.as_mut() {
@@ -546,7 +582,7 @@ impl<R: RingOps> Shard<R> {
         res: i32,
     ) -> ReadCheck {
         use ReadCheck::Use;
-        let Some(read) = self.fill_reads.get(&c.raw()) else {
+        let Some(read) = self.pulls.reads.get(&c.raw()) else {
             return Use(res);
         };
         let (version, refetches, mut crcs) = (read.version, read.refetches, read.crcs);
@@ -575,7 +611,7 @@ impl<R: RingOps> Shard<R> {
             &mut crcs,
             hot.as_deref(),
         );
-        if let Some(r) = self.fill_reads.get_mut(&c.raw()) {
+        if let Some(r) = self.pulls.reads.get_mut(&c.raw()) {
             r.crcs = crcs;
         }
         let block = match checked {
@@ -595,7 +631,7 @@ impl<R: RingOps> Shard<R> {
             return Use(-libc::EIO);
         }
         let outcome = edge.fill.refetch(version, block, waiter);
-        let entry = self.fill_reads.get_mut(&c.raw()).expect("looked up above");
+        let entry = self.pulls.reads.get_mut(&c.raw()).expect("looked up above");
         entry.refetches += 1;
         match outcome {
             Outcome::Waiting => {
@@ -622,7 +658,7 @@ impl<R: RingOps> Shard<R> {
         if self.conns[c.index()].generation != waiter.generation {
             return false;
         }
-        let Some(read) = self.fill_reads.get_mut(&c.raw()) else {
+        let Some(read) = self.pulls.reads.get_mut(&c.raw()) else {
             return false;
         };
         let Some((slot, waited)) = read.refetch else {
@@ -646,7 +682,7 @@ impl<R: RingOps> Shard<R> {
         if self.conns[c.index()].generation != waiter.generation {
             return false;
         }
-        let Some(read) = self.fill_reads.get_mut(&c.raw()) else {
+        let Some(read) = self.pulls.reads.get_mut(&c.raw()) else {
             return false;
         };
         let Some((_, block)) = read.refetch.take() else {
@@ -667,13 +703,13 @@ impl<R: RingOps> Shard<R> {
             ?error,
             "a corrupt cached block could not be fetched again: the response is cut"
         );
-        self.fill_aborts.push(waiter);
+        self.pulls.aborts.push(waiter);
         true
     }
 
     /// Connection `c` no longer reads the version it read (its pin goes).
     pub(super) fn fill_reads_end(&mut self, c: ConnSlot) {
-        if let (Some(read), Some(edge)) = (self.fill_reads.remove(&c.raw()), self.edge.as_mut()) {
+        if let (Some(read), Some(edge)) = (self.pulls.reads.remove(&c.raw()), self.edge.as_mut()) {
             if read.pinned {
                 edge.fill.unpin(read.version);
             }

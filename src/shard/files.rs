@@ -31,8 +31,7 @@ use crate::shard::slots::FileSlot;
 
 /// File name served for a directory.
 pub const INDEX_FILE: &str = "index.html";
-/// Largest O_DIRECT memory alignment the arena satisfies (slots are page aligned).
-pub const ARENA_ALIGN_BYTES: u32 = 4096;
+pub use crate::ring_api::ARENA_ALIGN_BYTES;
 /// Extended attribute holding the publisher's SHA-256 of the file (for `etag = "xattr"`).
 pub const DIGEST_XATTR: &str = "user.sha256";
 /// Bytes of a SHA-256 digest.

@@ -20,15 +20,14 @@ mod reload;
 mod respond;
 #[allow(unsafe_code)]
 pub mod ring;
-pub mod ring_ops;
 #[allow(unsafe_code)]
 pub mod ring_sys;
 pub mod sched;
 #[cfg(test)]
 mod sim;
-pub mod slots;
 pub mod timer_wheel;
-pub mod token;
+// The ring's interface lives below the shard (`crate::ring_api`), where the fill uses it too.
+pub use crate::ring_api::{ops as ring_ops, slots, token};
 
 use std::net::TcpListener;
 use std::os::fd::AsFd;
@@ -234,31 +233,8 @@ struct Shard<R: RingOps> {
     lifecycle: reload::LifecycleView,
     /// The pull-through cache, when `[[origin]]` is configured (`fill::edge`).
     edge: Option<crate::fill::edge::EdgeCache>,
-    /// Notices and slots moved out of the fill each tick (kept for their allocations).
-    fill_notices: Vec<crate::fill::cache_fill::Notice<crate::fill::edge::Waiter>>,
-    fill_slots: Vec<ArenaSlot>,
-    /// Waiting requests whose fill failed: what they get when parsed again (a status, or a
-    /// pass-through when the cache's disk had no room).
-    fill_answers: std::collections::HashMap<u32, cache_glue::FillAnswer>,
-    /// A request parsed again after its fill (its arrival was noted the first time).
-    resuming_fill: bool,
-    /// Responses streaming a pulled object as it fills, by connection slot: what they ask
-    /// the fill for next, and the version they read.
-    fill_streams: std::collections::HashMap<u32, (crate::fill::edge::Stream, u64)>,
-    /// Streaming responses to cut (their fill failed, or changed version).
-    fill_aborts: Vec<crate::fill::edge::Waiter>,
-    /// Responses reading a pulled version, by connection slot: the version whose blocks'
-    /// checksums every read is checked against.
-    fill_reads: std::collections::HashMap<u32, cache_glue::PulledRead>,
-    /// Pass-through responses by connection slot (`fill::relay`), and their fetches' jobs.
-    relays: std::collections::HashMap<u32, crate::fill::relay::Relay>,
-    /// A pass-through fetch's job -> its connection (slot, generation); kept until the
-    /// fetch's `Ended` gives its slot back, whether or not the connection is still there.
-    relay_jobs: std::collections::HashMap<u64, (ConnSlot, u16)>,
-    /// Connections whose pass-through has something to do (a read asked, a cancel).
-    relay_ready: Vec<ConnSlot>,
-    /// Pass-through connections that are closing: their pending read ends, their fetch too.
-    relay_cancels: Vec<ConnSlot>,
+    /// The pulled responses' state, by connection (`cache_glue::Pulls`).
+    pulls: cache_glue::Pulls,
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
@@ -420,17 +396,7 @@ impl<R: RingOps> Shard<R> {
             log_epoch,
             lifecycle: reload::LifecycleView::new(lifecycle),
             edge: None,
-            fill_notices: Vec::new(),
-            fill_slots: Vec::new(),
-            fill_answers: std::collections::HashMap::new(),
-            resuming_fill: false,
-            fill_streams: std::collections::HashMap::new(),
-            fill_aborts: Vec::new(),
-            fill_reads: std::collections::HashMap::new(),
-            relays: std::collections::HashMap::new(),
-            relay_jobs: std::collections::HashMap::new(),
-            relay_ready: Vec::new(),
-            relay_cancels: Vec::new(),
+            pulls: cache_glue::Pulls::default(),
             cfg,
         })
     }
@@ -491,8 +457,8 @@ impl<R: RingOps> Shard<R> {
             let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
                 || !self.recv_retry.is_empty()
-                || !self.relay_ready.is_empty()
-                || !self.relay_cancels.is_empty()
+                || !self.pulls.relay_ready.is_empty()
+                || !self.pulls.relay_cancels.is_empty()
                 || handshake_wait == Some(Duration::ZERO);
             if busy {
                 self.ring.submit_and_wait(0, None)?;
@@ -716,10 +682,15 @@ impl<R: RingOps> Shard<R> {
                 file_off,
                 rw_flags,
             } => {
-                if let Some(relay) = self.relays.get_mut(&c.raw()).filter(|r| file_off >= r.from) {
+                if let Some(relay) = self
+                    .pulls
+                    .relays
+                    .get_mut(&c.raw())
+                    .filter(|r| file_off >= r.from)
+                {
                     // A pass-through: the bytes come from its origin fetch, not a disk.
                     relay.read(slot, buf_off, len, file_off);
-                    self.relay_ready.push(c);
+                    self.pulls.relay_ready.push(c);
                 } else {
                     let t = self.chunk_token(Op::Read, c, slot);
                     self.ring
@@ -779,8 +750,8 @@ impl<R: RingOps> Shard<R> {
                 self.ring.shutdown_write(socket, t);
             }
             Action::CancelAll => {
-                if self.relays.contains_key(&c.raw()) {
-                    self.relay_cancels.push(c);
+                if self.pulls.relays.contains_key(&c.raw()) {
+                    self.pulls.relay_cancels.push(c);
                 }
                 let t = self.token(Op::Cancel, c);
                 self.ring.cancel_socket(socket, t);

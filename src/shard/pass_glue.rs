@@ -34,7 +34,8 @@ impl<R: RingOps> Shard<R> {
             .edge
             .as_ref()
             .and_then(|edge| edge.fill.index().current(key).cloned());
-        let Some(meta) = meta.filter(|_| self.relays.len() < MAX_PASS_THROUGHS_PER_SHARD) else {
+        let Some(meta) = meta.filter(|_| self.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD)
+        else {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         };
@@ -96,11 +97,11 @@ impl<R: RingOps> Shard<R> {
     /// it, from the end of what is on disk, is passed through from the origin. False when it
     /// cannot be (the caller cuts it, as before).
     pub(super) fn stream_to_pass_through(&mut self, c: ConnSlot) -> bool {
-        if self.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
+        if self.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
             return false;
         }
         let (Some(edge), Some((stream, version))) =
-            (self.edge.as_ref(), self.fill_streams.get(&c.raw()))
+            (self.edge.as_ref(), self.pulls.streams.get(&c.raw()))
         else {
             return false;
         };
@@ -126,7 +127,7 @@ impl<R: RingOps> Shard<R> {
             "cache disk full: passing the rest of a streaming response through, unstored"
         );
         // Off the fill's waiter lists: its bytes past `from` come from the pass-through now.
-        self.fill_streams.remove(&c.raw());
+        self.pulls.streams.remove(&c.raw());
         let waiter = crate::fill::edge::Waiter {
             shard: self.index as u16,
             conn: c,
@@ -180,8 +181,9 @@ impl<R: RingOps> Shard<R> {
         {
             Ok(job) => {
                 let generation = self.conns[c.index()].generation;
-                self.relay_jobs.insert(job, (c, generation));
-                self.relays
+                self.pulls.relay_jobs.insert(job, (c, generation));
+                self.pulls
+                    .relays
                     .insert(c.raw(), Relay::new(job, meta.size, from));
                 true
             }
@@ -210,9 +212,9 @@ impl<R: RingOps> Shard<R> {
             if let Some(edge) = self.edge.as_mut() {
                 edge.fill.take_pass_through_events(&mut events);
             }
-            let mut cancels = std::mem::take(&mut self.relay_cancels);
+            let mut cancels = std::mem::take(&mut self.pulls.relay_cancels);
             for c in cancels.drain(..) {
-                if let Some(relay) = self.relays.get_mut(&c.raw()) {
+                if let Some(relay) = self.pulls.relays.get_mut(&c.raw()) {
                     let slot = relay.take_read();
                     let job = relay.job;
                     if relay.ended.is_none() {
@@ -226,11 +228,11 @@ impl<R: RingOps> Shard<R> {
                 }
             }
             // Cancels that came while these were done wait for the next turn.
-            cancels.append(&mut self.relay_cancels);
-            self.relay_cancels = cancels;
-            let mut ready = std::mem::take(&mut self.relay_ready);
+            cancels.append(&mut self.pulls.relay_cancels);
+            self.pulls.relay_cancels = cancels;
+            let mut ready = std::mem::take(&mut self.pulls.relay_ready);
             if events.is_empty() && ready.is_empty() {
-                self.relay_ready = ready;
+                self.pulls.relay_ready = ready;
                 return;
             }
             for e in events.drain(..) {
@@ -247,14 +249,15 @@ impl<R: RingOps> Shard<R> {
                     }
                     FillEvent::Head { .. } | FillEvent::Committed { .. } => continue,
                 };
-                let Some(&(c, generation)) = self.relay_jobs.get(&job) else {
+                let Some(&(c, generation)) = self.pulls.relay_jobs.get(&job) else {
                     continue;
                 };
                 if ended.is_some() {
-                    self.relay_jobs.remove(&job);
+                    self.pulls.relay_jobs.remove(&job);
                 }
                 let live = self.conns[c.index()].generation == generation;
                 let Some(relay) = self
+                    .pulls
                     .relays
                     .get_mut(&c.raw())
                     .filter(|r| live && r.job == job)
@@ -282,14 +285,14 @@ impl<R: RingOps> Shard<R> {
                 self.step_relay(c, &mut steps);
             }
             // Reads asked while these were done are answered on the next turn of the loop.
-            ready.append(&mut self.relay_ready);
-            self.relay_ready = ready;
+            ready.append(&mut self.pulls.relay_ready);
+            self.pulls.relay_ready = ready;
         }
     }
 
     /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.
     fn step_relay(&mut self, c: ConnSlot, steps: &mut Vec<Step>) {
-        let Some(relay) = self.relays.get_mut(&c.raw()) else {
+        let Some(relay) = self.pulls.relays.get_mut(&c.raw()) else {
             return;
         };
         let job = relay.job;
@@ -315,7 +318,7 @@ impl<R: RingOps> Shard<R> {
         }
         // A read the fetch can no longer answer (it ended, or the reads went backwards):
         // the response is cut, never padded.
-        let Some(relay) = self.relays.get_mut(&c.raw()) else {
+        let Some(relay) = self.pulls.relays.get_mut(&c.raw()) else {
             return;
         };
         if failed || (relay.ended.is_some() && relay.reading()) {
@@ -337,7 +340,7 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c`'s response ended (or it closed): its pass-through is forgotten, and a
     /// fetch still running for it is ended (its `Ended` gives the fetch's slot back).
     pub(super) fn relay_end(&mut self, c: ConnSlot) {
-        let Some(relay) = self.relays.remove(&c.raw()) else {
+        let Some(relay) = self.pulls.relays.remove(&c.raw()) else {
             return;
         };
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
@@ -348,7 +351,7 @@ impl<R: RingOps> Shard<R> {
                     .abort_pass_through(&mut self.ring, relay.job, now_ms);
             }
             // Its events (the end) are taken on the next turn of `run_relays`.
-            self.relay_ready.push(c);
+            self.pulls.relay_ready.push(c);
         }
     }
 }

@@ -26,7 +26,7 @@ impl<R: RingOps> Shard<R> {
         let parsed = parse_request(&rx);
         // A request resumed after its fill was noted when it first arrived (its clock runs
         // from then).
-        if !matches!(parsed, Parsed::Partial) && !self.resuming_fill {
+        if !matches!(parsed, Parsed::Partial) && !self.pulls.resuming {
             self.note_request(c, &rx, &parsed);
         }
         let over_cap = self.conns[c.index()].over_cap;
@@ -162,9 +162,9 @@ impl<R: RingOps> Shard<R> {
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
         // A new response: whatever the last one streamed is over (a request parsed again
         // after its fill keeps what its first parse noted).
-        self.fill_streams.remove(&c.raw());
+        self.pulls.streams.remove(&c.raw());
         self.fill_reads_end(c);
-        if !self.resuming_fill {
+        if !self.pulls.resuming {
             self.conns[c.index()].cache = None;
         }
         let keep_alive = req.keep_alive && !self.leaving();

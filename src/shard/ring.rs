@@ -14,9 +14,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 
-use super::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
+use crate::ring_api::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// Buffer group id of the provided-buffer ring used for receives.
 const RECV_BUFFER_GROUP: u16 = 0;
@@ -56,31 +56,7 @@ pub struct RingConfig {
     pub conn_slots: usize,
 }
 
-/// One completion, copied out of the CQ so handlers never hold the ring borrowed.
-#[derive(Clone, Copy, Debug)]
-pub struct Completion {
-    /// The token the operation was submitted with.
-    pub user_data: u64,
-    /// Result: bytes, a slot index, or a negated errno.
-    pub result: i32,
-    /// CQE flags (`F_MORE`, `F_NOTIF`, buffer id).
-    pub flags: u32,
-}
-
-impl Completion {
-    /// More completions will follow for this submission (multishot, or SEND_ZC's notification).
-    pub fn more(&self) -> bool {
-        cqueue::more(self.flags)
-    }
-    /// This is a SEND_ZC notification: the kernel is done with the buffer.
-    pub fn is_notification(&self) -> bool {
-        cqueue::notif(self.flags)
-    }
-    /// The provided buffer a receive landed in.
-    pub fn buffer_id(&self) -> Option<u16> {
-        cqueue::buffer_select(self.flags)
-    }
-}
+pub use crate::ring_api::ops::Completion;
 
 /// Anonymous, page-aligned memory mapped for the life of the ring.
 struct Mapping {
@@ -494,7 +470,7 @@ impl Ring {
 
 /// The real ring behind the shard's seam (the operations live here, not in a second copy);
 /// the clock is real time since the ring was built.
-impl super::ring_ops::RingOps for Ring {
+impl crate::ring_api::ops::RingOps for Ring {
     fn now(&self) -> Duration {
         self.started.elapsed()
     }
@@ -1087,8 +1063,8 @@ impl PeerBuffers {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ring_ops::RingOps;
     use super::*;
+    use crate::ring_api::ops::RingOps;
     use std::os::fd::AsFd;
     use std::os::unix::fs::OpenOptionsExt;
 

@@ -684,7 +684,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         .edge
         .iter()
         .flat_map(|e| e.fill.held_slots())
-        .chain(shard.fill_slots.iter().copied());
+        .chain(shard.pulls.slots.iter().copied());
     for slot in fill_slots {
         if let Some(other) = held.insert(slot, u32::MAX) {
             return Err(format!("arena slot {slot} held by the fill and by {other}"));

@@ -17,9 +17,9 @@ use std::time::Duration;
 use super::net::Net;
 use super::origin::OriginRecv;
 use super::rng::Rng;
+use crate::ring_api::ops::RingOps;
+use crate::ring_api::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 use crate::shard::ring::{Completion, RingConfig};
-use crate::shard::ring_ops::RingOps;
-use crate::shard::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// CQE flag: a provided buffer was used (its id in the upper 16 bits).
 const CQE_F_BUFFER: u32 = 1;
@@ -998,8 +998,8 @@ impl RingOps for SimRing {
     }
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64) {
         assert!(listener.is_none(), "the simulator has no listener");
-        let tls = crate::shard::token::Token::decode(token)
-            .is_some_and(|t| t.op == crate::shard::token::Op::AcceptTls);
+        let tls = crate::ring_api::token::Token::decode(token)
+            .is_some_and(|t| t.op == crate::ring_api::token::Op::AcceptTls);
         let armed = if tls {
             &mut self.accept_tls
         } else {

@@ -10,7 +10,6 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use super::ring::Completion;
 use super::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// What a shard needs from a ring (see `Ring` for each method's contract).
@@ -191,4 +190,30 @@ pub trait RingOps {
     ) -> io::Result<()>;
     /// Moves up to `max` completions into `out`.
     fn drain_completions(&mut self, out: &mut Vec<Completion>, max: usize);
+}
+
+/// One completion, copied out of the CQ so handlers never hold the ring borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct Completion {
+    /// The token the operation was submitted with.
+    pub user_data: u64,
+    /// Result: bytes, a slot index, or a negated errno.
+    pub result: i32,
+    /// CQE flags (`F_MORE`, `F_NOTIF`, buffer id).
+    pub flags: u32,
+}
+
+impl Completion {
+    /// More completions will follow for this submission (multishot, or SEND_ZC's notification).
+    pub fn more(&self) -> bool {
+        io_uring::cqueue::more(self.flags)
+    }
+    /// This is a SEND_ZC notification: the kernel is done with the buffer.
+    pub fn is_notification(&self) -> bool {
+        io_uring::cqueue::notif(self.flags)
+    }
+    /// The provided buffer a receive landed in.
+    pub fn buffer_id(&self) -> Option<u16> {
+        io_uring::cqueue::buffer_select(self.flags)
+    }
 }
