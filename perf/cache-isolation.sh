@@ -10,7 +10,11 @@
 #     fsync, openat, openat2, unlinkat and futex per thread (shard-N against the rest);
 #   - CPU: shardline's own CPU seconds per GiB for a cold download and for the warm one after;
 #   - cold rate: a cold 1 GiB download, shardline beside nginx set up as lancache (slice 1m,
-#     proxy_cache_lock), same origin, same disk; the median of RUNS runs.
+#     proxy_cache_lock), same origin, same disk; the median of RUNS runs;
+#   - restart: examples/cache_restart on the same disk: a journal written through 1M objects x
+#     4 blocks with a churn history 10x that (compacted by the fill's rule), then a start-up's
+#     replay in a process of its own: journal against live bytes, time to a ready index (RUNS
+#     opens, the page cache dropped before the first), peak RSS.
 #
 #   perf/cache-isolation.sh [--runs N] [--out FILE]
 #
@@ -169,6 +173,22 @@ done
 SL_MED=$(median "${SL_RATES[@]}")
 LC_MED=$(median "${LC_RATES[@]}")
 
+log "restart: 1M objects x 4 blocks after a churn of 10x (examples/cache_restart)"
+cargo build --release --quiet --example cache_restart --manifest-path "$REPO/Cargo.toml"
+RESTART_BIN=$REPO/target/release/examples/cache_restart
+RESTART_OUT=$(KEEP=1 "$RESTART_BIN" "$MNT/restart" 1000000 4 10)
+RESTART_HISTORY=$(head -2 <<<"$RESTART_OUT")
+sync
+echo 3 >/proc/sys/vm/drop_caches
+RESTART_OPENS=()
+for _ in $(seq "$RUNS"); do
+  RESTART_OPENS+=("$("$RESTART_BIN" open "$MNT/restart/journal")")
+done
+RESTART_S=$(printf '%s\n' "${RESTART_OPENS[@]}" | sed -E 's/.*ready in ([0-9.]+) s.*/\1/')
+RESTART_MED=$(printf '%s\n' $RESTART_S | sort -n | sed -n "$(((RUNS + 1) / 2))p")
+RESTART_RSS=$(printf '%s\n' "${RESTART_OPENS[0]}" | sed -E 's/.*peak RSS ([0-9]+) MiB.*/\1/')
+rm -rf "$MNT/restart"
+
 {
   echo "# Cache isolation and cost (perf/cache-isolation.sh)"
   echo
@@ -206,6 +226,14 @@ LC_MED=$(median "${LC_RATES[@]}")
   echo "| shardline | ${SL_RATES[*]} | $SL_MED |"
   echo "| nginx as lancache (slice 1m, proxy_cache_lock) | ${LC_RATES[*]} | $LC_MED |"
   echo "| shardline / lancache | | $(calc "$SL_MED / $LC_MED") |"
+  echo
+  echo "## Restart: 1M objects x 4 blocks after a churn history 10x that (examples/cache_restart)"
+  echo
+  printf '%s\n' "$RESTART_HISTORY" | sed 's/^/    /'
+  echo
+  echo "| index ready (s), $RUNS opens, first after drop_caches | median | peak RSS |"
+  echo "|---|---|---|"
+  echo "| $(echo $RESTART_S) | $RESTART_MED | $RESTART_RSS MiB |"
 } >"$OUT"
 log "wrote $OUT"
 cat "$OUT"
