@@ -2,6 +2,7 @@
 
 pub mod conditional;
 pub mod date;
+pub mod head_scan;
 pub mod mime;
 pub mod plan;
 pub mod range;

@@ -1,8 +1,8 @@
 //! Request-head parsing: request line by hand, header fields with `httparse`.
 //!
-//! `parse_request` is a pure function of the bytes received so far; the shard calls it again
-//! whenever more arrive (heads are small, so re-scanning is cheaper than keeping parser state
-//! per connection). It is *prefix-consistent*: every check decides at a fixed byte position
+//! `parse_request` is a pure function of the bytes received so far; the shard calls it when
+//! `head_scan::HeadScan`, which looks at each received byte once, says it can answer more
+//! than `Partial` (so a trickled head costs linear time). It is *prefix-consistent*: every check decides at a fixed byte position
 //! from the bytes before it, so a prefix of a request parses as `Partial`, as the same
 //! `Rejected` the whole request gets (once enough bytes are there to decide), or, once the
 //! head is complete, as the same `Complete`. The split-at-every-offset tests hold it to that.
@@ -208,7 +208,7 @@ enum Step<T> {
 }
 
 /// tchar (RFC 9110 §5.6.2): what a method token may contain.
-fn is_tchar(b: u8) -> bool {
+pub(super) fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
@@ -695,7 +695,7 @@ pub fn query_param<'a>(query: &'a [u8], name: &str) -> Option<&'a [u8]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -1265,7 +1265,7 @@ mod tests {
     }
 
     /// A request built from pieces that are each sometimes valid, sometimes not.
-    fn request_strategy() -> impl Strategy<Value = Vec<u8>> {
+    pub(in crate::http) fn request_strategy() -> impl Strategy<Value = Vec<u8>> {
         let lead = prop_oneof![
             Just(""),
             Just("\r\n"),

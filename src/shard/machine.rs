@@ -496,6 +496,8 @@ pub struct ConnMachine {
     pub arena: ArenaWait,
     /// Request bytes received and not yet consumed (pipelined requests wait here).
     pub rx: Vec<u8>,
+    /// How far `rx` has been scanned for the end of the head (reset whenever `rx` loses bytes).
+    pub head_scan: crate::http::head_scan::HeadScan,
     /// Active timer.
     pub deadline: Deadline,
     /// When it fires (shard clock, ms).
@@ -562,6 +564,7 @@ impl ConnMachine {
             egress: None,
             arena: ArenaWait::None,
             rx: Vec::new(),
+            head_scan: crate::http::head_scan::HeadScan::new(),
             deadline: Deadline::None,
             deadline_ms: 0,
             parked_ms: 0,
@@ -919,6 +922,7 @@ impl ConnMachine {
         self.ops.close = true;
         if self.rx.capacity() > 2 * RECV_BUFFER_BYTES {
             self.rx = Vec::new();
+            self.head_scan.reset();
         }
         out.push(Action::ReleaseHeadBuffer);
         out.push(Action::CloseSocket);
@@ -2271,6 +2275,7 @@ impl ConnMachine {
     fn begin_linger(&mut self, cx: &Ctx, out: &mut Actions) {
         self.life = Lifecycle::Lingering { dropped_bytes: 0 };
         self.rx.clear();
+        self.head_scan.reset();
         self.set_deadline(Deadline::Linger, cx.now_ms + LINGER_TIMEOUT_MS);
         match self.tls.as_mut().filter(|t| t.is_open()) {
             // close_notify first; the write side is shut once it has left.

@@ -7,6 +7,7 @@ use super::files::{ReadMode, TargetError};
 use super::slots::{ConnSlot, FileSlot};
 use super::{access_log, ring, RingOps, Shard};
 use crate::http::date::DateCache;
+use crate::http::head_scan::Verdict;
 use crate::http::plan::{self, BodyPart, FileFacts, PlanContext, PlanLimits, ResponsePlan};
 use crate::http::request::{parse_request, Method, Parsed, Request};
 use crate::tls::sniff::FirstBytes;
@@ -22,7 +23,14 @@ impl<R: RingOps> Shard<R> {
     /// Parses the next request in the connection's buffer and starts its response, or arms a
     /// receive when the head is not complete yet.
     pub(super) fn start_request(&mut self, c: ConnSlot) {
-        let rx = std::mem::take(&mut self.conns[c.index()].rx);
+        let conn = &mut self.conns[c.index()];
+        // Each received byte is scanned once; the parse runs only when it can say more than
+        // Partial, so a trickled head costs linear time (http::head_scan).
+        if conn.head_scan.advance(&conn.rx) == Verdict::Wait {
+            self.drive(c, |m, cx, out| m.need_more_request(cx, out));
+            return;
+        }
+        let rx = std::mem::take(&mut conn.rx);
         let parsed = parse_request(&rx);
         // A request resumed after its fill was noted when it first arrived (its clock runs
         // from then).
@@ -56,7 +64,10 @@ impl<R: RingOps> Shard<R> {
         };
         let conn = &mut self.conns[c.index()];
         conn.rx = rx;
-        conn.rx.drain(..consumed);
+        if consumed > 0 {
+            conn.rx.drain(..consumed);
+            conn.head_scan.reset();
+        }
         self.drive(c, |m, cx, out| m.need_more_request(cx, out));
     }
 

@@ -37,6 +37,9 @@
 //!          and held until the server answers with its flight or H ms pass (`flood.rs`).
 //!   ttfb ... --keepalive 1: the probes share one kept-alive connection (reconnected if
 //!          closed) instead of a fresh connection each.
+//!   trickle --addr A --path U --conns C --head-bytes H --tail-bytes T --gap-ms G: C
+//!          connections send the first H-T bytes of an H-byte head at once, then the last T one
+//!          byte per G ms each (`trickle.rs`); every one must get its 200.
 //!
 //! Fixture content: byte `o` of a file made with seed `s` is byte `o % 8` (little endian) of
 //! `splitmix64(s, o / 8)`, so any range of any fixture can be verified without reading the file
@@ -55,6 +58,7 @@ mod fetch;
 mod flood;
 mod swarm;
 mod tls;
+mod trickle;
 
 use tls::Stream;
 
@@ -1166,7 +1170,7 @@ fn die(msg: &str) -> ! {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = argv.split_first() else {
-        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes --key value ...")
+        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes|trickle --key value ...")
     };
     let a = Args::parse(rest);
     tls::init(&a);
@@ -1181,6 +1185,7 @@ fn main() {
         "idle" => cmd_idle(&a),
         "swarm" => swarm::cmd_swarm(&a),
         "fetch" => fetch::cmd_fetch(&a),
+        "trickle" => trickle::cmd_trickle(&a),
         _ => die(&format!("unknown subcommand {cmd}")),
     }
 }
