@@ -11,6 +11,9 @@
 #    once, then the last 1000 one byte per 2 ms (TCP_NODELAY; `loadgen trickle`). The server's
 #    utime+stime over the trickle, and the TTFB p99 of 1 KiB keep-alive fetches at 200/s
 #    (`loadgen ttfb --keepalive 1`) beside it against the same probe alone.
+# 2. missing files: 10 000 requests/s for paths that do not exist, never the same twice (so no
+#    negative cache answers; `loadgen misses`, 8 keep-alive connections), for 3 s. The same
+#    probe's p99 beside it against alone, and the server's CPU over the flood.
 # Writes perf/HOSTILE.md; raw outputs in perf/out/hostile/.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -87,11 +90,29 @@ row_trickle() { # row_trickle sl|ng RUN_INDEX
   log "$s run $i: trickle CPU ${V[$s.trickle_cpu.$i]} s over ${V[$s.trickle_s.$i]} s; probe p99 alone ${V[$s.alone_p99.$i]} ms, beside ${V[$s.beside_p99.$i]} ms"
 }
 
+row_misses() { # row_misses sl|ng RUN_INDEX
+  local s=$1 i=$2 c0 c1 d=$RUN/$1-misses-$2
+  probe "$d-alone.txt" 2
+  c0=$(cpu_s)
+  client misses --addr "127.0.0.1:$PORT" --rate 10000 --duration-s 3 --conns 8 >"$d.txt" &
+  local mp=$!
+  probe "$d-beside.txt" 2 0.5
+  wait "$mp" || die "$s: loadgen misses failed ($d.txt)"
+  c1=$(cpu_s)
+  [[ $(kv "$d.txt" other) == 0 ]] || die "$s: a request for a missing file got no 404 ($d.txt)"
+  [[ $(kv "$d-beside.txt" errors) == 0 ]] || die "$s: probe errors beside the misses ($d-beside.txt)"
+  V[$s.miss_cpu.$i]=$(calc "$c1 - $c0")
+  V[$s.miss_rate.$i]=$(kv "$d.txt" rate_per_s)
+  V[$s.miss_alone_p99.$i]=$(kv "$d-alone.txt" ttfb_p99_ms)
+  V[$s.miss_beside_p99.$i]=$(kv "$d-beside.txt" ttfb_p99_ms)
+  log "$s run $i: misses at ${V[$s.miss_rate.$i]}/s, CPU ${V[$s.miss_cpu.$i]} s; probe p99 alone ${V[$s.miss_alone_p99.$i]} ms, beside ${V[$s.miss_beside_p99.$i]} ms"
+}
+
 for ((i = 1; i <= RUNS; i++)); do
   for s in sl ng; do
     start "$s"
     row_trickle "$s" "$i"
-    stop
+    row_misses "$s" "$i"
   done
 done
 
@@ -115,6 +136,13 @@ ratio() { calc "$1 / $2" | awk '{ printf "%.2f", $1 }'; }
   sa=$(med sl alone_p99) sb=$(med sl beside_p99) na=$(med ng alone_p99) nb=$(med ng beside_p99)
   echo "| 1 KiB keep-alive TTFB p99 alone, ms | $sa [$(all sl alone_p99)] | $na [$(all ng alone_p99)] | $(ratio "$sa" "$na") | |"
   echo "| 1 KiB keep-alive TTFB p99 beside the trickle, ms | $sb [$(all sl beside_p99)] | $nb [$(all ng beside_p99)] | $(ratio "$sb" "$nb") | |"
+  echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+  sr=$(med sl miss_rate) nr=$(med ng miss_rate)
+  echo "| missing files: 404s answered per s (offered 10 000/s, unique paths, 3 s) | $sr [$(all sl miss_rate)] | $nr [$(all ng miss_rate)] | $(ratio "$sr" "$nr") | |"
+  sc=$(med sl miss_cpu) nc=$(med ng miss_cpu)
+  echo "| missing files: server CPU-s over the flood | $sc [$(all sl miss_cpu)] | $nc [$(all ng miss_cpu)] | $(ratio "$sc" "$nc") | |"
+  sa=$(med sl miss_alone_p99) sb=$(med sl miss_beside_p99) na=$(med ng miss_alone_p99) nb=$(med ng miss_beside_p99)
+  echo "| 1 KiB keep-alive TTFB p99 alone / beside the misses, ms | $sa / $sb | $na / $nb | | |"
   echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
   echo
   echo "Raw outputs: perf/out/hostile/ (\`*-trickle-N.txt\`: loadgen trickle; \`-alone\`/\`-beside\`: loadgen ttfb)."

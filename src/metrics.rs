@@ -130,6 +130,8 @@ counters! {
     file_cache_hits: Counter "file_cache_hits_total",
     /// Open-file cache misses (opens).
     file_cache_misses: Counter "file_cache_misses_total",
+    /// Lookups answered 404/403 from the open-file cache's negative entries (no open).
+    file_cache_negative_hits: Counter "file_cache_negative_hits_total",
     /// Accepts that failed for lack of descriptors (backoff applied).
     accept_errors: Counter "accept_errors_total",
     /// Receives that found no provided buffer (retried next tick).

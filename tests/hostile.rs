@@ -2175,3 +2175,52 @@ fn receive_buffer_exhaustion_is_retried_not_fatal() {
     assert_no_stray_completions(admin);
     health(&mut server, &fx).unwrap();
 }
+
+/// A flood of requests for a missing file costs one open per `open_file_valid_ms`, not one per
+/// request (negative entries, as nginx's `open_file_cache_errors`); a file created under the
+/// path is served once its entry is that old.
+#[test]
+fn missing_files_are_answered_from_negative_entries_then_found() {
+    let _g = serial();
+    let fx = Fixture::new();
+    // One shard (the harness's default), so every request meets the same cache; a long
+    // interval, so the repeats fall inside it however loaded the machine is.
+    let (mut server, admin) = fx.serve_admin("open_file_valid_ms = 3000\n");
+    for _ in 0..20 {
+        assert_eq!(get(&server, "/later.bin", &[]).status, 404);
+    }
+    // Metrics are published by the shard's loop: wait for them to show the 20 requests.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (negative, misses) = loop {
+        let negative = metric(admin, "file_cache_negative_hits_total");
+        let misses = metric(admin, "file_cache_misses_total");
+        if negative + misses >= 20.0 || Instant::now() > deadline {
+            break (negative, misses);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("20 requests for a missing file: {misses} opens, {negative} negative hits");
+    assert!(
+        negative + misses >= 20.0,
+        "metrics never showed the requests"
+    );
+    // The test cannot pin how many 3 s intervals the 20 requests spanned on a loaded host, but
+    // each interval costs one open.
+    assert!(negative >= 10.0, "{negative} negative hits, {misses} opens");
+    std::fs::write(fx.root.join("later.bin"), b"here now").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = get(&server, "/later.bin", &[]);
+        if r.status == 200 {
+            assert_eq!(r.body, b"here now");
+            break;
+        }
+        assert_eq!(r.status, 404);
+        assert!(
+            Instant::now() < deadline,
+            "the created file was never served"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    health(&mut server, &fx).unwrap();
+}

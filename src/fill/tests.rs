@@ -60,6 +60,7 @@ fn ring(slots: u16) -> Ring {
         recv_buffers: 4,
         recv_buffer_bytes: 4096,
         conn_slots: 2,
+        unqueued_max_entries: 1024,
     })
     .expect("a ring (needs io_uring and a few MiB of RLIMIT_MEMLOCK)")
 }

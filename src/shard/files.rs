@@ -3,7 +3,8 @@
 //!
 //! Opens happen synchronously on the shard thread (openat2 + statx + fcntl + one
 //! files-update), only on a cache miss or once per `open_file_valid_ms` per hot file; a hit
-//! costs no syscall. Responses hold a reference, so a file replaced by rename keeps serving
+//! costs no syscall, and neither does a path that gave 404/403 within that interval
+//! (`missing.rs`). Responses hold a reference, so a file replaced by rename keeps serving
 //! the old version to the responses that started on it.
 //!
 //! A hit allocates nothing, also one that revalidates: the request path is resolved into the
@@ -225,6 +226,10 @@ pub struct FileCache {
     pub hits: u64,
     /// Lookups that opened the file.
     pub misses: u64,
+    /// Paths that just gave 404 or 403, answered again without an open.
+    missing: super::missing::Missing,
+    /// Lookups answered from `missing`.
+    pub negative_hits: u64,
 }
 
 impl FileCache {
@@ -247,6 +252,8 @@ impl FileCache {
             modes_logged: HashSet::new(),
             hits: 0,
             misses: 0,
+            missing: super::missing::Missing::with_capacity(super::missing::MISSING_PATHS_MAX),
+            negative_hits: 0,
         })
     }
 
@@ -316,8 +323,18 @@ impl FileCache {
             self.entries[idx.index()].as_mut().expect("entry").stale = true;
             self.free_if_unused(ring, idx);
         }
+        if let Some(e) = self.missing.get(rel, wants_dir, now_ms, self.cfg.valid_ms) {
+            self.negative_hits += 1;
+            return Err(e);
+        }
         self.misses += 1;
-        let (fd, opened) = self.open_path(rel, wants_dir)?;
+        let (fd, opened) = match self.open_path(rel, wants_dir) {
+            Ok(found) => found,
+            Err(e) => {
+                self.missing.insert(rel, wants_dir, e, now_ms);
+                return Err(e);
+            }
+        };
         let idx = self.free_slot(ring).ok_or(OpenError::Busy)?;
         let file = self.build_entry(fd, idx, rel, wants_dir, opened, now_ms)?;
         ring.register(idx, file._fd.as_fd())

@@ -15,6 +15,7 @@ mod handshakes;
 pub mod header_buffers;
 pub mod intrusive;
 pub mod machine;
+pub mod missing;
 mod pass_glue;
 mod reload;
 mod respond;
@@ -100,6 +101,15 @@ pub const WAIT_BATCH_COMPLETIONS: usize = 32;
 pub const COMPLETION_BATCH_MAX: usize = 4096;
 /// Fixed-file slots beyond the connection cap, so over-cap clients get a quick 503.
 pub const OVERFLOW_SOCKET_SLOTS: u32 = 64;
+/// Most operations one connection has in flight besides its body chunks: a receive, a head
+/// send, a TLS send, a poll, a cancel, a shutdown, a close and a peer lookup
+/// (`ConnMachine::in_flight`).
+pub const CONN_OPS_BESIDES_CHUNKS: usize = 8;
+/// Most operations one origin connection, fetching or idle in the pool, has in flight (connect
+/// poll, send, receive, disk write, sync, cancel, close), with room to spare.
+pub const ORIGIN_CONN_OPS_MAX: usize = 8;
+/// Shard-wide operations: two multishot accepts, an access-log write, their cancels.
+pub const SHARD_OPS_MAX: usize = 8;
 /// Back-off after accept fails for lack of descriptors (EMFILE/ENFILE), instead of spinning.
 pub const ACCEPT_BACKOFF_MS: u64 = 100;
 /// Shortest interval between two "accept failed" log lines.
@@ -238,6 +248,21 @@ struct Shard<R: RingOps> {
 }
 
 /// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
+/// The most operations the shard can have in flight at once, from what its config fixes at
+/// start-up (and the limits a reload may raise the rest to): the bound of the ring's unqueued
+/// FIFO, since every entry waiting there is one of them.
+fn unqueued_bound(cfg: &Config) -> usize {
+    let sockets = cfg.max_connections_per_shard + OVERFLOW_SOCKET_SLOTS as usize;
+    let per_conn = CONN_OPS_BESIDES_CHUNKS + crate::config::MAX_PIPELINE_DEPTH;
+    // Fetching plus idle pooled connections, for as many origins as a reload may add.
+    let origin_conns = crate::config::MAX_ORIGINS * crate::fill::route::MAX_ORIGIN_FETCHES * 2;
+    sockets * per_conn
+        + origin_conns * ORIGIN_CONN_OPS_MAX
+        + cfg.arena_slots()
+        + 2 * cfg.open_file_cache_entries
+        + SHARD_OPS_MAX
+}
+
 fn ring_config(cfg: &Config) -> RingConfig {
     let max_conns = cfg.max_connections_per_shard;
     RingConfig {
@@ -251,6 +276,7 @@ fn ring_config(cfg: &Config) -> RingConfig {
         recv_buffers: cfg.recv_buffers as u16,
         recv_buffer_bytes: RECV_BUFFER_BYTES,
         conn_slots: max_conns,
+        unqueued_max_entries: unqueued_bound(cfg),
     }
 }
 
@@ -511,6 +537,10 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::set(&self.metrics.file_cache_hits, self.files.hits);
             ShardMetrics::set(&self.metrics.file_cache_misses, self.files.misses);
             ShardMetrics::set(
+                &self.metrics.file_cache_negative_hits,
+                self.files.negative_hits,
+            );
+            ShardMetrics::set(
                 &self.metrics.tls_pending_handshakes,
                 self.pending_handshakes() as u64,
             );
@@ -627,6 +657,12 @@ impl<R: RingOps> Shard<R> {
         for &action in &out {
             self.execute(c, action);
         }
+        // The ring's unqueued FIFO is sized from this bound (unqueued_bound).
+        debug_assert!(
+            self.conns[c.index()].in_flight()
+                <= CONN_OPS_BESIDES_CHUNKS + crate::config::MAX_PIPELINE_DEPTH,
+            "a connection has more operations in flight than unqueued_bound counts"
+        );
         out.clear();
         self.action_pool.push(out);
         if let Some(spare) = self.conns[c.index()].spare.take() {
@@ -1402,4 +1438,23 @@ fn unix_now_secs() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest config a shard accepts sizes the unqueued FIFO past what its connections
+    /// can hold in flight (the fixed 2^16 it replaced panicked at 2^20 connections doing 1 op).
+    #[test]
+    fn the_unqueued_bound_covers_every_connection_at_the_config_limits() {
+        let mut cfg = Config::default();
+        cfg.max_connections_per_shard = crate::config::MAX_CONNECTIONS_PER_SHARD;
+        let ring = ring_config(&cfg);
+        let most_per_conn = CONN_OPS_BESIDES_CHUNKS + crate::config::MAX_PIPELINE_DEPTH;
+        assert!(ring.unqueued_max_entries >= ring.conn_slots * most_per_conn);
+        assert!(ring.unqueued_max_entries > 1 << 16);
+        let small = ring_config(&Config::default());
+        assert!(small.unqueued_max_entries >= small.conn_slots * most_per_conn);
+    }
 }

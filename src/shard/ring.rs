@@ -22,10 +22,6 @@ use crate::ring_api::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 const RECV_BUFFER_GROUP: u16 = 0;
 /// `RWF_DONTCACHE` (Linux 6.14+); the io-uring crate has no constant for it yet.
 pub const RWF_DONTCACHE: i32 = 0x80;
-/// Entries that may wait in the unqueued FIFO (the SQ was full and the kernel would not take
-/// more, e.g. while its CQ overflow list is flushed). Beyond this the shard is far outside its
-/// sizing (every connection has a bounded number of operations), so it is a bug: panic.
-const UNQUEUED_MAX_ENTRIES: usize = 1 << 16;
 /// On drop, how long the ring waits for cancelled operations to complete before it closes.
 const DROP_DRAIN_TIMEOUT: Duration = Duration::from_millis(1000);
 /// `io_uring_register` opcode that restricts auto-allocated fixed-file slots to a range.
@@ -54,6 +50,11 @@ pub struct RingConfig {
     pub recv_buffer_bytes: usize,
     /// Connection slots (one header buffer each).
     pub conn_slots: usize,
+    /// Most entries that may wait in the unqueued FIFO (the SQ was full and the kernel would
+    /// not take more, e.g. while its CQ overflow list is flushed): the most operations the
+    /// shard can have in flight at once, from its config (`shard::unqueued_bound`). Every
+    /// waiting entry is an operation in flight, so more is a bug that breaks that bound.
+    pub unqueued_max_entries: usize,
 }
 
 pub use crate::ring_api::ops::Completion;
@@ -221,6 +222,8 @@ pub struct Ring {
     log_in_flight: Option<Vec<u8>>,
     /// Entries that did not fit in the SQ, in submission order (TigerBeetle's `unqueued`).
     unqueued: VecDeque<squeue::Entry>,
+    /// `RingConfig::unqueued_max_entries`.
+    unqueued_max_entries: usize,
     socket_slots: u32,
     file_slots: u32,
     /// Whether SINGLE_ISSUER|DEFER_TASKRUN were accepted by the kernel.
@@ -306,6 +309,7 @@ impl Ring {
             peers: PeerBuffers::new(cfg.conn_slots),
             log_in_flight: None,
             unqueued: VecDeque::with_capacity(usize::try_from(cfg.sq_entries).unwrap_or(0)),
+            unqueued_max_entries: cfg.unqueued_max_entries,
             socket_slots: cfg.socket_slots,
             file_slots: cfg.file_slots,
             deferred_taskrun,
@@ -332,8 +336,9 @@ impl Ring {
             return;
         }
         assert!(
-            self.unqueued.len() < UNQUEUED_MAX_ENTRIES,
-            "unqueued FIFO overflow: operations are not bounded per connection"
+            self.unqueued.len() < self.unqueued_max_entries,
+            "unqueued FIFO past {} entries: more operations in flight than the config allows",
+            self.unqueued_max_entries
         );
         self.unqueued_total += 1;
         self.unqueued.push_back(entry);
@@ -1080,6 +1085,7 @@ mod tests {
             recv_buffers: 4,
             recv_buffer_bytes: 4096,
             conn_slots: 2,
+            unqueued_max_entries: 100,
         })
         .expect("a small ring (needs io_uring and 32 KiB of RLIMIT_MEMLOCK)")
     }
@@ -1118,6 +1124,26 @@ mod tests {
         assert_eq!(ring.unqueued_len(), 0);
         assert_eq!(ring.unqueued_total, 92);
         assert_eq!(ring.cq_overflow(), 0);
+    }
+
+    /// The FIFO holds exactly its configured bound while the kernel takes nothing (the SQ of 8
+    /// plus 100 waiting), and the entry past it is the bug the bound exists to catch.
+    #[test]
+    fn the_unqueued_fifo_holds_its_configured_bound() {
+        let mut ring = small_ring(8);
+        ring.refuse_submits = true;
+        for t in 1..=108u64 {
+            ring.nop(t);
+        }
+        assert_eq!(ring.unqueued_len(), 100);
+        let past = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ring.nop(109)));
+        let message = past.expect_err("an entry past the bound panics");
+        let message = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(message.contains("past 100 entries"), "{message}");
+        ring.refuse_submits = false;
     }
 
     /// A ring dropped with operations in flight (a poll that would never complete) cancels

@@ -40,6 +40,9 @@
 //!   trickle --addr A --path U --conns C --head-bytes H --tail-bytes T --gap-ms G: C
 //!          connections send the first H-T bytes of an H-byte head at once, then the last T one
 //!          byte per G ms each (`trickle.rs`); every one must get its 200.
+//!   misses --addr A --rate R --duration-s D [--conns 8] [--prefix /nx/]: R requests/s in all
+//!          for paths that do not exist, never the same twice, on C keep-alive connections
+//!          (`misses.rs`); every answer must be a 404.
 //!
 //! Fixture content: byte `o` of a file made with seed `s` is byte `o % 8` (little endian) of
 //! `splitmix64(s, o / 8)`, so any range of any fixture can be verified without reading the file
@@ -58,6 +61,7 @@ mod fetch;
 mod flood;
 mod swarm;
 mod tls;
+mod misses;
 mod trickle;
 
 use tls::Stream;
@@ -1170,7 +1174,7 @@ fn die(msg: &str) -> ! {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = argv.split_first() else {
-        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes|trickle --key value ...")
+        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes|trickle|misses --key value ...")
     };
     let a = Args::parse(rest);
     tls::init(&a);
@@ -1186,6 +1190,7 @@ fn main() {
         "swarm" => swarm::cmd_swarm(&a),
         "fetch" => fetch::cmd_fetch(&a),
         "trickle" => trickle::cmd_trickle(&a),
+        "misses" => misses::cmd_misses(&a),
         _ => die(&format!("unknown subcommand {cmd}")),
     }
 }
