@@ -54,7 +54,10 @@ fn the_readme_lists_every_skip_variable_the_code_reads() {
         .filter(|l| l.starts_with("| `SHARDLINE_SKIP_"))
         .flat_map(skip_variables)
         .collect();
-    assert!(in_code.len() >= 9, "found only {in_code:?}: the scan is broken");
+    assert!(
+        in_code.len() >= 9,
+        "found only {in_code:?}: the scan is broken"
+    );
     let undocumented: Vec<_> = in_code.difference(&in_table).collect();
     let stale: Vec<_> = in_table.difference(&in_code).collect();
     assert!(

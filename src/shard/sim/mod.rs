@@ -1179,7 +1179,7 @@ fn simulated_shard_keeps_its_invariants() {
     eprintln!(
         "simulator: {} seeds, {} ticks, {} responses ({} pulled through the cache, {} origin \
          requests, {} origin faults, {} pass-throughs, {} corrupt blocks caught), {} connections \
-         cut short, {} file changes, {} arena waits, {:?}",
+         cut short, {} file changes, {} arena waits, {:#?}",
         seeds.len(),
         total.ticks,
         total.responses,
@@ -1197,6 +1197,50 @@ fn simulated_shard_keeps_its_invariants() {
         total.responses > 0,
         "the simulated clients got no response at all"
     );
+    // Over the default seeds (or more), every fault class must still fire: a fault that
+    // stopped firing (a changed draw, a path no longer reached) leaves its handling untested
+    // while the run passes.
+    if seeds.len() as u64 >= DEFAULT_SEEDS {
+        let starved: Vec<String> = fault_classes(&total)
+            .into_iter()
+            .filter(|&(_, fired, minimum)| fired < minimum)
+            .map(|(class, fired, minimum)| format!("{class}: {fired} < {minimum}"))
+            .collect();
+        assert!(
+            starved.is_empty(),
+            "fault classes that fired too rarely over {} seeds: {starved:?}",
+            seeds.len()
+        );
+    }
+}
+
+/// Each fault class the simulator injects, how often it fired over a run, and the fewest
+/// times it must fire over `DEFAULT_SEEDS` seeds: about a quarter of what the default seeds
+/// counted when the minimum was set (the seeds are fixed, so the counts only move when the
+/// code does).
+fn fault_classes(t: &RunStats) -> [(&'static str, u64, u64); 19] {
+    let p = &t.paths;
+    [
+        ("origin faults", t.origin_faults, 100),
+        ("pass-throughs (cache disk full)", t.pass_throughs, 20),
+        ("corrupt cached blocks caught", t.corrupt_blocks, 20),
+        ("connections cut short", t.cut_short as u64, 150),
+        ("files changed mid-response", t.file_changes as u64, 100),
+        ("arena waits", t.arena_waits, 800),
+        ("pulled responses", t.pulled as u64, 300),
+        ("sends refused with EAGAIN", p.eagain, 600),
+        ("short sends", p.short_sends, 25_000),
+        ("writability polls", p.polls, 20_000),
+        ("SEND_ZC sends", p.zc_sends, 700),
+        ("receives without a buffer (ENOBUFS)", p.enobufs, 1000),
+        ("short file reads", p.short_reads, 1000),
+        ("operations cancelled", p.cancelled, 200),
+        ("CQ overflows", p.cq_overflows, 400),
+        ("file reads failed with EIO", p.read_eios, 12),
+        ("waits with a full SQ", p.sq_full_waits, 8000),
+        ("completions deferred", p.deferred, 50_000),
+        ("spurious poll cancels", p.spurious_poll_cancels, 1600),
+    ]
 }
 
 /// Runs `seeds` in `mode` over the machine's threads; fails with a reproduction line per

@@ -73,6 +73,14 @@ pub struct Paths {
     pub cancelled: u64,
     /// Completions that overflowed the CQ.
     pub cq_overflows: u64,
+    /// File reads failed with EIO.
+    pub read_eios: u64,
+    /// Waits in which the kernel took no new submission (a full SQ).
+    pub sq_full_waits: u64,
+    /// Completions held back to a later wait.
+    pub deferred: u64,
+    /// Writability polls ended with a spurious ECANCELED.
+    pub spurious_poll_cancels: u64,
 }
 
 impl Paths {
@@ -86,6 +94,10 @@ impl Paths {
         self.short_reads += o.short_reads;
         self.cancelled += o.cancelled;
         self.cq_overflows += o.cq_overflows;
+        self.read_eios += o.read_eios;
+        self.sq_full_waits += o.sq_full_waits;
+        self.deferred += o.deferred;
+        self.spurious_poll_cancels += o.spurious_poll_cancels;
     }
 }
 
@@ -415,6 +427,9 @@ impl SimRing {
         }
         self.accept_ready();
         let take_new = !self.rng.chance(self.faults.sq_full_pct);
+        if !take_new && self.ops.iter().any(|o| !o.submitted) {
+            self.paths.sq_full_waits += 1;
+        }
         if take_new {
             for op in &mut self.ops {
                 op.submitted = true;
@@ -435,7 +450,11 @@ impl SimRing {
             let Some(i) = self.ops.iter().position(|o| o.seq == seq) else {
                 continue; // completed by a cancel meanwhile
             };
-            if self.blocked_by_earlier_write(i) || self.rng.chance(self.faults.defer_pct) {
+            if self.blocked_by_earlier_write(i) {
+                continue;
+            }
+            if self.rng.chance(self.faults.defer_pct) {
+                self.paths.deferred += 1;
                 continue;
             }
             self.try_complete(i);
@@ -828,6 +847,7 @@ impl SimRing {
             return true;
         };
         if self.rng.chance(self.faults.poll_cancel_pct) {
+            self.paths.spurious_poll_cancels += 1;
             self.post(token, -libc::ECANCELED, 0);
             return true;
         }
@@ -864,6 +884,7 @@ impl SimRing {
             return;
         };
         if self.rng.chance(self.faults.read_eio_pct) {
+            self.paths.read_eios += 1;
             self.post(token, -libc::EIO, 0);
             return;
         }
