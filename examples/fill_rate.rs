@@ -53,6 +53,8 @@ fn main() {
         recv_buffers: 4,
         recv_buffer_bytes: 4096,
         conn_slots: 2,
+        // Each fetch holds a few operations; this run has no client connections.
+        unqueued_max_entries: 64 * (usize::from(slots) + 4),
     })
     .expect("ring");
     let filler = Filler::new(

@@ -1448,8 +1448,10 @@ mod tests {
     /// can hold in flight (the fixed 2^16 it replaced panicked at 2^20 connections doing 1 op).
     #[test]
     fn the_unqueued_bound_covers_every_connection_at_the_config_limits() {
-        let mut cfg = Config::default();
-        cfg.max_connections_per_shard = crate::config::MAX_CONNECTIONS_PER_SHARD;
+        let cfg = Config {
+            max_connections_per_shard: crate::config::MAX_CONNECTIONS_PER_SHARD,
+            ..Config::default()
+        };
         let ring = ring_config(&cfg);
         let most_per_conn = CONN_OPS_BESIDES_CHUNKS + crate::config::MAX_PIPELINE_DEPTH;
         assert!(ring.unqueued_max_entries >= ring.conn_slots * most_per_conn);

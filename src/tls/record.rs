@@ -56,6 +56,8 @@ pub mod alert {
     pub const RECORD_OVERFLOW: u8 = 22;
     /// handshake_failure.
     pub const HANDSHAKE_FAILURE: u8 = 40;
+    /// illegal_parameter.
+    pub const ILLEGAL_PARAMETER: u8 = 47;
     /// decode_error.
     pub const DECODE_ERROR: u8 = 50;
     /// protocol_version.

@@ -20,10 +20,18 @@ use super::record::{
 };
 use super::sniff::{self, FirstBytes};
 
-/// Most TLS bytes a connection buffers before its handshake completes (a ClientHello with a
-/// post-quantum key share is ~1.8 KiB; this leaves room for big extension lists): more is
-/// refused with a close.
-pub const HANDSHAKE_INCOMING_MAX_BYTES: usize = 32 * 1024;
+/// Most TLS bytes a connection buffers before its handshake completes: the largest handshake
+/// message rustls accepts (`MAX_HANDSHAKE_SIZE`, 64 KiB; OpenSSL's ClientHello limit is
+/// 128 KiB), with the headers of the records it spans and room behind it. Post-quantum key
+/// shares make ClientHellos grow (one ML-KEM share is ~1.2 KiB, hybrids and lists more). More
+/// is refused with a handshake_failure alert.
+pub const HANDSHAKE_INCOMING_MAX_BYTES: usize = 72 * 1024;
+/// Largest plaintext record fragment (2^14, RFC 8446 5.1); a longer plaintext handshake
+/// record gets record_overflow.
+const PLAINTEXT_RECORD_MAX_BYTES: usize = 16 * 1024;
+/// Highest ClientHello `legacy_version` refused with protocol_version (SSL 3.0, RFC 8446
+/// D.5).
+const LEGACY_VERSION_REFUSED_MAX: u16 = 0x0300;
 /// Most TLS bytes buffered after the handshake: one whole record of the largest size, plus a
 /// receive buffer's worth that arrived behind it.
 pub const INCOMING_MAX_BYTES: usize = super::record::MAX_RECORD_BYTES + 4096;
@@ -37,6 +45,14 @@ pub const EMPTY_RECORDS_MAX: u32 = 32;
 /// Rounds of one handshake turn at most (each processes a message or emits a record; a
 /// full TLS 1.3 flight is under 10).
 const HANDSHAKE_ROUNDS_MAX: usize = 64;
+/// Handshake message type of a KeyUpdate (RFC 8446 4).
+const HANDSHAKE_KEY_UPDATE: u8 = 24;
+
+/// Longest post-handshake message a client may send us, header included: a KeyUpdate (4 + 1
+/// bytes) is the only one we accept (no post-handshake authentication), so anything longer is
+/// refused as soon as its header says so.
+pub const POST_HANDSHAKE_MESSAGE_MAX_BYTES: usize = 5;
+
 /// A TLS 1.3 KeyUpdate handshake message (type 24, length 1, update_not_requested).
 const KEY_UPDATE_NOT_REQUESTED: [u8; 5] = [24, 0, 0, 1, 0];
 
@@ -159,6 +175,10 @@ struct Records {
     tx_records_max: u64,
     /// Consecutive empty records and warning alerts from the client.
     empties: u32,
+    /// A post-handshake message received in part (RFC 8446 5.1 lets a handshake message
+    /// span records): its first bytes, up to `POST_HANDSHAKE_MESSAGE_MAX_BYTES`.
+    partial: [u8; POST_HANDSHAKE_MESSAGE_MAX_BYTES],
+    partial_len: usize,
 }
 
 /// One connection's TLS state.
@@ -174,6 +194,9 @@ pub struct TlsSession {
     sni: Option<Box<str>>,
     /// Handshake turns taken so far.
     turns: u32,
+    /// The server has sent handshake records: from then on (TLS 1.3) an alert must be
+    /// encrypted, which only rustls can do, so our own plaintext alerts stop.
+    spoke: bool,
 }
 
 impl std::fmt::Debug for TlsSession {
@@ -190,6 +213,34 @@ impl std::fmt::Debug for TlsSession {
             .field("facts", &self.facts)
             .finish()
     }
+}
+
+/// Checks the client's records that rustls has not consumed yet, before the server's first
+/// flight, for what rustls lets through but the RFCs refuse; returns the alert to send. Each
+/// record's header is judged as soon as it is in; bodies only for the ClientHello's version.
+fn precheck_records(incoming: &[u8]) -> Option<u8> {
+    let mut at = 0;
+    while let Some(header) = incoming.get(at..at + RECORD_HEADER_BYTES) {
+        let typ = header[0];
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if typ == CONTENT_HANDSHAKE && len > PLAINTEXT_RECORD_MAX_BYTES {
+            return Some(alert::RECORD_OVERFLOW);
+        }
+        // No application data before the handshake is done, and never an empty fragment.
+        if typ == CONTENT_APPLICATION_DATA && len == 0 {
+            return Some(alert::UNEXPECTED_MESSAGE);
+        }
+        // The first record starts the ClientHello: type, length (3), legacy_version (2).
+        if at == 0 && typ == CONTENT_HANDSHAKE {
+            if let Some(&[1, _, _, _, major, minor]) = incoming.get(5..11) {
+                if u16::from_be_bytes([major, minor]) <= LEGACY_VERSION_REFUSED_MAX {
+                    return Some(alert::PROTOCOL_VERSION);
+                }
+            }
+        }
+        at += RECORD_HEADER_BYTES + len;
+    }
+    None
 }
 
 fn records_max(suite: SupportedCipherSuite) -> u64 {
@@ -211,6 +262,7 @@ impl TlsSession {
             facts: None,
             sni: None,
             turns: 0,
+            spoke: false,
         })
     }
 
@@ -238,10 +290,23 @@ impl TlsSession {
             INCOMING_MAX_BYTES
         };
         if self.incoming.len() + data.len() > max {
+            if self.handshaking() {
+                self.refuse_plain(alert::HANDSHAKE_FAILURE);
+            }
             return false;
         }
         self.incoming.extend_from_slice(data);
         true
+    }
+
+    /// Ends a handshake the server has not answered yet with a plaintext fatal alert.
+    fn refuse_plain(&mut self, desc: u8) {
+        if !self.spoke {
+            self.outgoing.clear();
+            self.outgoing
+                .extend_from_slice(&[CONTENT_ALERT, 3, 3, 0, 2, 2, desc]);
+        }
+        self.state = State::Done;
     }
 
     /// Frees the buffers of an idle connection (nothing pending in them).
@@ -274,9 +339,9 @@ impl TlsSession {
     }
 
     fn handshake_unguarded(&mut self, app: &mut Vec<u8>) -> HandshakeStep {
-        let State::Handshaking(conn) = &mut self.state else {
+        if !self.handshaking() {
             return HandshakeStep::Failed(HandshakeFailure::Protocol);
-        };
+        }
         if self.sni.is_none() {
             match sniff::classify(&self.incoming) {
                 FirstBytes::Unknown => return HandshakeStep::NeedInput,
@@ -291,6 +356,15 @@ impl TlsSession {
             self.sni = sniff::client_hello_sni(&self.incoming).map(Box::from);
         }
         self.turns += 1;
+        if !self.spoke {
+            if let Some(desc) = precheck_records(&self.incoming) {
+                self.refuse_plain(desc);
+                return HandshakeStep::Failed(HandshakeFailure::Protocol);
+            }
+        }
+        let State::Handshaking(conn) = &mut self.state else {
+            return HandshakeStep::Failed(HandshakeFailure::Protocol);
+        };
         let mut failed = None;
         for _ in 0..HANDSHAKE_ROUNDS_MAX {
             let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut self.incoming);
@@ -304,6 +378,7 @@ impl TlsSession {
                 }
                 Ok(ConnectionState::EncodeTlsData(mut enc)) => {
                     encode_into(&mut self.outgoing, |buf| enc.encode(buf));
+                    self.spoke = true;
                     Round::Encoded
                 }
                 // The bytes are ours to send from `outgoing`; rustls needs no more than that.
@@ -406,6 +481,8 @@ impl TlsSession {
             key_update_due: false,
             tx_records_max: records_max(suite),
             empties: 0,
+            partial: [0; POST_HANDSHAKE_MESSAGE_MAX_BYTES],
+            partial_len: 0,
         }));
         HandshakeStep::Complete
     }
@@ -592,6 +669,11 @@ impl TlsSession {
             };
             r.rx_seq += 1;
             let payload = &rec[range];
+            // A handshake message split over records must not be interleaved with other
+            // record types (RFC 8446 5.1).
+            if r.partial_len > 0 && typ != CONTENT_HANDSHAKE {
+                break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
+            }
             match typ {
                 CONTENT_APPLICATION_DATA => {
                     if payload.is_empty() {
@@ -603,6 +685,10 @@ impl TlsSession {
                         r.empties = 0;
                         app.extend_from_slice(payload);
                     }
+                }
+                // Zero-length alert and handshake fragments are not allowed (RFC 8446 5.1).
+                CONTENT_ALERT | CONTENT_HANDSHAKE if payload.is_empty() => {
+                    break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
                 }
                 CONTENT_ALERT => {
                     let [level, desc] = payload else {
@@ -642,37 +728,62 @@ impl TlsSession {
 impl Records {
     /// Seals our alert into `outgoing` and reports the session as failed.
     fn fail(&mut self, outgoing: &mut Vec<u8>, desc: u8) -> Received {
-        let level = if desc == alert::NO_RENEGOTIATION {
-            1
-        } else {
-            2
-        };
-        // no_renegotiation is only a warning; we close after it anyway.
+        if desc == alert::NO_RENEGOTIATION {
+            // no_renegotiation is only a warning (RFC 5246 7.2.2); we close after it, and a
+            // close is announced with close_notify (RFC 5246 7.2.1).
+            for d in [alert::NO_RENEGOTIATION, alert::CLOSE_NOTIFY] {
+                self.tx
+                    .seal_append(outgoing, &[1, d], CONTENT_ALERT, self.tx_seq);
+                self.tx_seq += 1;
+            }
+            return Received::Fatal;
+        }
         self.tx
-            .seal_append(outgoing, &[level, desc], CONTENT_ALERT, self.tx_seq);
+            .seal_append(outgoing, &[2, desc], CONTENT_ALERT, self.tx_seq);
         self.tx_seq += 1;
         Received::Fatal
     }
 
-    /// A handshake record after a TLS 1.3 handshake: only KeyUpdate is legal from a client
-    /// (RFC 8446 4.6.3), and it must come whole in one record here.
+    /// The payload of a handshake record after a TLS 1.3 handshake: only KeyUpdate is legal
+    /// from a client (RFC 8446 4.6.3). It may span records (5.1), up to
+    /// `POST_HANDSHAKE_MESSAGE_MAX_BYTES`; it must end its record, since the key changes
+    /// after it (5.1: no message may span a key change).
     fn on_post_handshake(&mut self, payload: &[u8]) -> Result<(), u8> {
-        match payload {
-            [24, 0, 0, 1, request] if *request <= 1 => {
-                let (seq, secrets) = self
-                    .kernel
-                    .update_rx_secret()
-                    .map_err(|_| alert::INTERNAL_ERROR)?;
-                self.rx = RecordKey::new(self.version, &secrets).ok_or(alert::INTERNAL_ERROR)?;
-                self.rx_seq = seq;
-                if *request == 1 {
-                    self.key_update_due = true;
+        let mut rest = payload;
+        while let Some((&b, tail)) = rest.split_first() {
+            rest = tail;
+            self.partial[self.partial_len] = b;
+            self.partial_len += 1;
+            match &self.partial[..self.partial_len] {
+                // The header decides as soon as it is in: a type other than KeyUpdate, or a
+                // KeyUpdate of another length, is refused without waiting for its body.
+                [typ, ..] if *typ != HANDSHAKE_KEY_UPDATE => return Err(alert::UNEXPECTED_MESSAGE),
+                [_, l0, l1, l2] if [*l0, *l1, *l2] != [0, 0, 1] => return Err(alert::DECODE_ERROR),
+                [_, _, _, _, request] => {
+                    let request = *request;
+                    self.partial_len = 0;
+                    if request > 1 {
+                        return Err(alert::ILLEGAL_PARAMETER);
+                    }
+                    if !rest.is_empty() {
+                        return Err(alert::UNEXPECTED_MESSAGE);
+                    }
+                    let (seq, secrets) = self
+                        .kernel
+                        .update_rx_secret()
+                        .map_err(|_| alert::INTERNAL_ERROR)?;
+                    self.rx =
+                        RecordKey::new(self.version, &secrets).ok_or(alert::INTERNAL_ERROR)?;
+                    self.rx_seq = seq;
+                    if request == 1 {
+                        self.key_update_due = true;
+                    }
                 }
-                Ok(())
+                _ => {}
             }
-            [24, ..] => Err(alert::DECODE_ERROR),
-            _ => Err(alert::UNEXPECTED_MESSAGE),
         }
+        debug_assert!(self.partial_len < POST_HANDSHAKE_MESSAGE_MAX_BYTES);
+        Ok(())
     }
 
     /// Appends our KeyUpdate (sealed with the current key) to `out`, then moves to the next
@@ -971,6 +1082,282 @@ mod tests {
         s.seal_tail(&mut head, 0, 16384);
         s.outgoing = head;
         assert_eq!(to_client(&mut s, &mut c), b"new key");
+    }
+
+    /// A scripted client: after a real handshake, the client's keys taken from rustls, so a
+    /// test can send exactly the records it wants and read the server's alerts.
+    struct Peer {
+        version: ProtocolVersion,
+        tx: RecordKey,
+        tx_seq: u64,
+        rx: RecordKey,
+        rx_seq: u64,
+    }
+
+    impl Peer {
+        fn after_handshake(w: &World, tls12: bool) -> (Peer, TlsSession) {
+            let versions: &[&'static rustls::SupportedProtocolVersion] = if tls12 {
+                &[&rustls::version::TLS12]
+            } else {
+                &[&rustls::version::TLS13]
+            };
+            let (_, cc) = client(w, None, versions);
+            let mut cc = (*cc).clone();
+            cc.enable_secret_extraction = true;
+            let mut c =
+                ClientConnection::new(Arc::new(cc), ServerName::try_from("edge.test").unwrap())
+                    .unwrap();
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            shake(&mut s, &mut c);
+            // TLS 1.3 tickets come after the handshake; let the client read them first.
+            to_client(&mut s, &mut c);
+            let version = c.protocol_version().unwrap();
+            let secrets = c.dangerous_extract_secrets().unwrap();
+            let peer = Peer {
+                version,
+                tx: RecordKey::new(version, &secrets.tx.1).unwrap(),
+                tx_seq: secrets.tx.0,
+                rx: RecordKey::new(version, &secrets.rx.1).unwrap(),
+                rx_seq: secrets.rx.0,
+            };
+            (peer, s)
+        }
+
+        /// Seals one record of `typ` around `payload` and hands it to the server.
+        fn send(&mut self, s: &mut TlsSession, typ: u8, payload: &[u8]) -> Received {
+            let mut rec = Vec::new();
+            self.tx.seal_append(&mut rec, payload, typ, self.tx_seq);
+            self.tx_seq += 1;
+            assert!(s.receive(&rec));
+            s.open_records(&mut Vec::new())
+        }
+
+        /// The (level, description) of every alert the server queued.
+        fn alerts(&mut self, s: &mut TlsSession) -> Vec<(u8, u8)> {
+            let mut out = std::mem::take(&mut s.outgoing);
+            let mut got = Vec::new();
+            let mut at = 0;
+            while at + RECORD_HEADER_BYTES <= out.len() {
+                let len = usize::from(u16::from_be_bytes([out[at + 3], out[at + 4]]));
+                let rec = &mut out[at..at + RECORD_HEADER_BYTES + len];
+                let (typ, range) = self
+                    .rx
+                    .open_one(rec, self.rx_seq)
+                    .expect("our record opens");
+                self.rx_seq += 1;
+                if typ == CONTENT_ALERT {
+                    got.push((rec[range.start], rec[range.start + 1]));
+                }
+                at += RECORD_HEADER_BYTES + len;
+            }
+            assert_eq!(at, out.len(), "whole records");
+            got
+        }
+    }
+
+    #[test]
+    fn a_key_update_split_over_records_is_reassembled() {
+        let w = world();
+        let (mut p, mut s) = Peer::after_handshake(&w, false);
+        assert_eq!(p.version, ProtocolVersion::TLSv1_3);
+        assert_eq!(p.send(&mut s, CONTENT_HANDSHAKE, &[24, 0]), Received::Data);
+        assert_eq!(p.send(&mut s, CONTENT_HANDSHAKE, &[0, 1]), Received::Data);
+        assert_eq!(p.send(&mut s, CONTENT_HANDSHAKE, &[1]), Received::Data);
+        assert!(s.key_update_ready(), "update_requested was read");
+        // The receive key changed: a record under the old key no longer opens.
+        assert_eq!(
+            p.send(&mut s, CONTENT_APPLICATION_DATA, b"x"),
+            Received::Fatal
+        );
+        assert_eq!(p.alerts(&mut s), [(2, alert::BAD_RECORD_MAC)]);
+    }
+
+    #[test]
+    fn post_handshake_records_get_the_alerts_rfc_8446_names() {
+        let w = world();
+        // (what, the records sent as (type, payload), the alert expected)
+        type Case<'a> = (&'a str, &'a [(u8, &'a [u8])], u8);
+        let cases: &[Case] = &[
+            // 4.6.3: request_update other than 0 or 1.
+            (
+                "KeyUpdate request 2",
+                &[(CONTENT_HANDSHAKE, &[24, 0, 0, 1, 2])],
+                alert::ILLEGAL_PARAMETER,
+            ),
+            // 4.6.3 / 4: a KeyUpdate is one byte long.
+            (
+                "KeyUpdate of length 2",
+                &[(CONTENT_HANDSHAKE, &[24, 0, 0, 2])],
+                alert::DECODE_ERROR,
+            ),
+            // 5.1: zero-length alert and handshake fragments.
+            (
+                "empty alert",
+                &[(CONTENT_ALERT, &[])],
+                alert::UNEXPECTED_MESSAGE,
+            ),
+            (
+                "empty handshake",
+                &[(CONTENT_HANDSHAKE, &[])],
+                alert::UNEXPECTED_MESSAGE,
+            ),
+            (
+                "alert of 3 bytes",
+                &[(CONTENT_ALERT, &[2, 0, 0])],
+                alert::DECODE_ERROR,
+            ),
+            // 5.1: no message spans a key change; no interleaving inside a message.
+            (
+                "data after a KeyUpdate",
+                &[(CONTENT_HANDSHAKE, &[24, 0, 0, 1, 0, 24])],
+                alert::UNEXPECTED_MESSAGE,
+            ),
+            (
+                "data inside a KeyUpdate",
+                &[
+                    (CONTENT_HANDSHAKE, &[24, 0]),
+                    (CONTENT_APPLICATION_DATA, b"x"),
+                ],
+                alert::UNEXPECTED_MESSAGE,
+            ),
+            // 4.6: no other post-handshake message from a client we did not ask.
+            (
+                "a ClientHello",
+                &[(CONTENT_HANDSHAKE, &[1, 0, 0, 0])],
+                alert::UNEXPECTED_MESSAGE,
+            ),
+        ];
+        for (what, records, want) in cases {
+            let (mut p, mut s) = Peer::after_handshake(&w, false);
+            let mut last = Received::Data;
+            for (typ, payload) in *records {
+                last = p.send(&mut s, *typ, payload);
+            }
+            assert_eq!(last, Received::Fatal, "{what}");
+            assert_eq!(p.alerts(&mut s), [(2, *want)], "{what}");
+        }
+    }
+
+    #[test]
+    fn a_refused_renegotiation_is_followed_by_close_notify() {
+        let w = world();
+        let (mut p, mut s) = Peer::after_handshake(&w, true);
+        assert_eq!(p.version, ProtocolVersion::TLSv1_2);
+        let hello = testing::client_hello(Some("edge.test"));
+        assert_eq!(
+            p.send(&mut s, CONTENT_HANDSHAKE, &hello[5..]),
+            Received::Fatal
+        );
+        assert_eq!(
+            p.alerts(&mut s),
+            [(1, alert::NO_RENEGOTIATION), (1, alert::CLOSE_NOTIFY)]
+        );
+    }
+
+    /// What the server answers to `records` sent before or during the handshake: the step and
+    /// the plaintext alerts it queued (those before its first flight).
+    fn handshake_answer(w: &World, input: &[u8]) -> (HandshakeStep, Vec<(u8, u8)>) {
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        let step = if s.receive(input) {
+            s.handshake(&mut Vec::new())
+        } else {
+            HandshakeStep::Failed(HandshakeFailure::TooLarge)
+        };
+        let mut alerts = Vec::new();
+        let mut at = 0;
+        let out = &s.outgoing;
+        while at + RECORD_HEADER_BYTES <= out.len() {
+            let len = usize::from(u16::from_be_bytes([out[at + 3], out[at + 4]]));
+            if out[at] == CONTENT_ALERT && len == 2 {
+                alerts.push((out[at + 5], out[at + 6]));
+            }
+            at += RECORD_HEADER_BYTES + len;
+        }
+        (step, alerts)
+    }
+
+    /// A ClientHello record with its handshake body padded by `extra` bytes in an unknown
+    /// extension, as post-quantum key shares make them grow; split into records of at most
+    /// `record_max` bytes.
+    fn big_client_hello(extra: usize, record_max: usize) -> Vec<u8> {
+        let rec = testing::client_hello(Some("edge.test"));
+        let mut msg = rec[5..].to_vec();
+        // Extensions block: after version, random, session id, suites and compression.
+        let mut at = 4 + 2 + 32;
+        at += 1 + usize::from(msg[at]);
+        at += 2 + usize::from(u16::from_be_bytes([msg[at], msg[at + 1]]));
+        at += 1 + usize::from(msg[at]);
+        let ext_len = usize::from(u16::from_be_bytes([msg[at], msg[at + 1]]));
+        let mut ext = vec![0xfe, 0x77];
+        ext.extend_from_slice(&(extra as u16).to_be_bytes());
+        ext.extend(std::iter::repeat_n(0u8, extra));
+        // The padding goes first: a PSK extension, if any, must stay last.
+        msg.splice(at + 2..at + 2, ext.iter().copied());
+        let new_ext_len = (ext_len + 4 + extra) as u16;
+        msg[at..at + 2].copy_from_slice(&new_ext_len.to_be_bytes());
+        let body_len = (msg.len() - 4) as u32;
+        msg[1..4].copy_from_slice(&body_len.to_be_bytes()[1..]);
+        let mut out = Vec::new();
+        for piece in msg.chunks(record_max) {
+            out.extend_from_slice(&[CONTENT_HANDSHAKE, 3, 1]);
+            out.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            out.extend_from_slice(piece);
+        }
+        out
+    }
+
+    #[test]
+    fn client_hellos_at_the_edges_get_the_alerts_the_rfcs_name() {
+        let w = world();
+        let hello = testing::client_hello(Some("edge.test"));
+        // A ClientHello of 40 KiB in records of 16 KiB: accepted (real ones grow with
+        // post-quantum key shares).
+        let (step, alerts) = handshake_answer(&w, &big_client_hello(40 * 1024, 16384));
+        assert_eq!(
+            (step, alerts),
+            (HandshakeStep::NeedInput, vec![]),
+            "a 40 KiB ClientHello"
+        );
+        // legacy_version SSL 3.0: protocol_version (RFC 8446 D.5).
+        let mut ssl3 = hello.clone();
+        ssl3[9..11].copy_from_slice(&[3, 0]);
+        let (step, alerts) = handshake_answer(&w, &ssl3);
+        assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
+        assert_eq!(
+            alerts,
+            [(2, alert::PROTOCOL_VERSION)],
+            "legacy_version 0x0300"
+        );
+        // A plaintext record over 2^14 bytes: record_overflow (RFC 8446 5.1).
+        let (step, alerts) = handshake_answer(&w, &big_client_hello(16_400, 20_000));
+        assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
+        assert_eq!(
+            alerts,
+            [(2, alert::RECORD_OVERFLOW)],
+            "a 16.4 KB plaintext record"
+        );
+        // A zero-length application-data record before the handshake is done.
+        let mut empty_data = hello.clone();
+        empty_data.extend_from_slice(&[CONTENT_APPLICATION_DATA, 3, 3, 0, 0]);
+        let (step, alerts) = handshake_answer(&w, &empty_data);
+        assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
+        assert_eq!(
+            alerts,
+            [(2, alert::UNEXPECTED_MESSAGE)],
+            "empty data in the handshake"
+        );
+        // More than the handshake buffer holds: an alert, not a silent close.
+        let (step, alerts) =
+            handshake_answer(&w, &big_client_hello(HANDSHAKE_INCOMING_MAX_BYTES, 16384));
+        assert!(
+            matches!(step, HandshakeStep::Failed(HandshakeFailure::TooLarge)),
+            "{step:?}"
+        );
+        assert_eq!(
+            alerts,
+            [(2, alert::HANDSHAKE_FAILURE)],
+            "over the handshake buffer"
+        );
     }
 
     #[test]
