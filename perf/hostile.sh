@@ -9,7 +9,7 @@
 # Rows, each run N times (default 3) per server, servers alternating, medians reported:
 # 1. trickled heads: 200 connections each send the first 14 000 bytes of a 15 000-byte head at
 #    once, then the last 1000 one byte per 2 ms (TCP_NODELAY; `loadgen trickle`). The server's
-#    utime+stime over the trickle, and the TTFB p99 of 1 KiB keep-alive fetches at 200/s
+#    utime+stime over the trickle, and the TTFB p99 of 1 KiB keep-alive fetches at 1000/s (2000 samples a window, so a p99 is not 4 samples)
 #    (`loadgen ttfb --keepalive 1`) beside it against the same probe alone.
 # 2. missing files: 10 000 requests/s for paths that do not exist, never the same twice (so no
 #    negative cache answers; `loadgen misses`, 8 keep-alive connections), for 3 s. The same
@@ -46,6 +46,10 @@ cleanup() { [[ -n $PG ]] && kill_group "$PG" 5; return 0; }
 trap cleanup EXIT
 
 start() { # start sl|ng: sets PG and PORT
+  # A server left behind would take the load while the one measured failed to start.
+  for p in $SL_PORT ${SL_ADMIN##*:} $NG_PORT; do
+    ! port_busy "$p" || die "port $p is in use: a server left from an earlier run? (ss -ltnp)"
+  done
   if [[ $1 == sl ]]; then
     PORT=$SL_PORT
     setsid taskset -c $SERVER_CPU nice -n "$NICE" "$SL_BIN" serve --root "$RUN/root" \
@@ -65,7 +69,7 @@ stop() { kill_group "$PG" 10 || true; wait "$PG" 2>/dev/null || true; PG=''; }
 cpu_s() { "$LOADGEN" cpu --pgid "$PG" | sed -n 's/^cpu_s=//p'; }
 client() { taskset -c $CLIENT_CPU nice -n "$NICE" "$LOADGEN" "$@"; }
 probe() { # probe OUTFILE DURATION_S [DELAY_S]
-  client ttfb --addr "127.0.0.1:$PORT" --path /small.bin --rate 200 --duration-s "$2" \
+  client ttfb --addr "127.0.0.1:$PORT" --path /small.bin --rate 1000 --duration-s "$2" \
     --delay-s "${3:-0}" --keepalive 1 --seed 11 --expect-len 1024 >"$1"
 }
 median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
@@ -113,6 +117,7 @@ for ((i = 1; i <= RUNS; i++)); do
     start "$s"
     row_trickle "$s" "$i"
     row_misses "$s" "$i"
+    stop
   done
 done
 
