@@ -8,11 +8,17 @@
 //! - `range_parser`: 8 bytes little-endian file length, 1 byte `max_ranges`, then the Range
 //!   header value. Shorter inputs are padded with zeros.
 //! - `path_resolver`: the raw request path (query stripped, still percent-encoded).
+//! - `origin_response`: the bytes an origin sent (a response head, maybe a body after it).
+//! - `proxy_header`: the bytes a balancer sent first (a PROXY v1 or v2 header, then data).
+//! - `journal_record`: the bytes of a cache journal (records, torn or damaged).
 #![allow(dead_code)]
 
+use shardline::cache::journal::{replay_into, Decoded, Record, FRAME_BYTES, MAX_RECORD_BYTES};
+use shardline::client::proxy_protocol::{self, Parse, MAX_HEADER_BYTES, V1_MAX_BYTES};
 use shardline::fs::resolve::{resolve_target, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
 use shardline::http::range::{parse_range, RangeOutcome};
 use shardline::http::request::{parse_request, Parsed, MAX_HEAD_BYTES, MAX_REQUEST_LINE_BYTES};
+use shardline::origin::response::{self as origin_response, MAX_RESPONSE_HEAD_BYTES};
 
 /// Splits a `range_parser` input into (file length, max_ranges, header value).
 pub fn split_range_input(data: &[u8]) -> (u64, usize, &[u8]) {
@@ -228,4 +234,95 @@ fn reencode(rel: &str) -> String {
         }
     }
     s
+}
+
+/// The origin response head parser: no panic; a complete head lies inside the buffer and the
+/// limit and ends with an empty line; every prefix of a complete head is incomplete or the
+/// same error (what the fetch relies on to parse only when `head_may_end` says so), and the
+/// end scan never misses the receive that completes it.
+pub fn check_origin_response_input(data: &[u8]) {
+    let whole = origin_response::parse(data);
+    if let Ok(Some(head)) = &whole {
+        assert!(head.head_len <= data.len() && head.head_len <= MAX_RESPONSE_HEAD_BYTES);
+        let h = &data[..head.head_len];
+        assert!(
+            h.ends_with(b"\n\n") || h.ends_with(b"\n\r\n"),
+            "head without an end"
+        );
+        assert!(
+            origin_response::head_may_end(h, 0),
+            "the end scan misses a whole head"
+        );
+        for n in 0..head.head_len {
+            assert!(
+                !matches!(origin_response::parse(&data[..n]), Ok(Some(_))),
+                "a head complete before its end at {n}"
+            );
+        }
+        assert_eq!(
+            origin_response::parse(h),
+            whole,
+            "the head alone parses the same"
+        );
+    }
+}
+
+/// The PROXY header parser: no panic; a whole header is inside the buffer and its bounds (v1
+/// at most `V1_MAX_BYTES`, any at most `MAX_HEADER_BYTES`); every prefix of it is incomplete
+/// (so a header split over receives is waited for, never misread); bytes after it change
+/// nothing.
+pub fn check_proxy_input(data: &[u8]) {
+    match proxy_protocol::parse(data) {
+        Parse::Done { len, source } => {
+            assert!(
+                len > 0 && len <= data.len() && len <= MAX_HEADER_BYTES,
+                "len {len}"
+            );
+            if data.starts_with(b"PROXY ") {
+                assert!(len <= V1_MAX_BYTES, "a v1 header of {len} bytes");
+            }
+            for n in 0..len {
+                assert_eq!(
+                    proxy_protocol::parse(&data[..n]),
+                    Parse::Incomplete,
+                    "prefix {n}"
+                );
+            }
+            assert_eq!(
+                proxy_protocol::parse(&data[..len]),
+                Parse::Done { len, source }
+            );
+        }
+        Parse::Incomplete => assert!(data.len() <= MAX_HEADER_BYTES, "waits past the bound"),
+        Parse::Invalid(_) => {}
+    }
+}
+
+/// The journal record parser: no panic on any bytes; a record it accepts lies inside the
+/// buffer, passes `validate` and encodes back to the same bytes; replay never reads past the
+/// buffer.
+pub fn check_journal_input(data: &[u8]) {
+    match Record::decode(data) {
+        Decoded::Record(r, n) => {
+            assert!(n <= data.len() && n <= FRAME_BYTES + MAX_RECORD_BYTES);
+            assert_eq!(r.validate(), Ok(()));
+            let mut again = Vec::new();
+            r.encode(&mut again);
+            assert_eq!(
+                again,
+                &data[..n],
+                "an accepted record encodes back differently"
+            );
+        }
+        Decoded::Refused(_, n) => assert!(n <= data.len()),
+        Decoded::Incomplete | Decoded::Corrupt => {}
+    }
+    let mut index = Default::default();
+    let mut stats = Default::default();
+    let (used, _) = replay_into(data, &mut index, &mut stats);
+    assert!(
+        used <= data.len(),
+        "replay used {used} of {} bytes",
+        data.len()
+    );
 }

@@ -125,3 +125,68 @@ paths = {
 }
 for name, data in paths.items():
     write("path_resolver", name, data)
+
+origin = {
+    "206": "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\nContent-Range: bytes 0-9/100\r\nETag: \"v1\"\r\n\r\n0123456789",
+    "200": "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nLast-Modified: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Type: application/octet-stream\r\n\r\nhello",
+    "304": "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+    "http10-bare-lf": "HTTP/1.0 200 OK\nContent-Length: 0\n\n",
+    "chunked": "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "two-lengths": "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    "bad-range": "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 9-0/x\r\n\r\n",
+    "star-total": "HTTP/1.1 206 Partial Content\r\nContent-Length: 1\r\nContent-Range: bytes 0-0/*\r\n\r\n",
+    "connection-close": "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nConnection: close\r\n\r\n",
+    "truncated": "HTTP/1.1 200 OK\r\nContent-Len",
+    "garbage": "\x00\xffHTTP/1.1 200\r\n\r\n",
+    "many-fields": "HTTP/1.1 200 OK\r\n" + "X: y\r\n" * 70 + "\r\n",
+}
+for name, data in origin.items():
+    write("origin_response", name, data)
+
+def v2(cmd_fam, addr):
+    return b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x20 | 1, cmd_fam]) + struct.pack(">H", len(addr)) + addr
+proxy = {
+    "v1-tcp4": b"PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\nGET / HTTP/1.1\r\n\r\n",
+    "v1-tcp6": b"PROXY TCP6 2001:db8::1 2001:db8::2 56324 443\r\n",
+    "v1-unknown": b"PROXY UNKNOWN\r\n",
+    "v1-no-crlf": b"PROXY TCP4 192.0.2.1 198.51.100.2 56324 443" + b" " * 80,
+    "v1-bad-port": b"PROXY TCP4 192.0.2.1 198.51.100.2 99999 443\r\n",
+    "v2-tcp4": v2(0x11, bytes([192, 0, 2, 1, 198, 51, 100, 2]) + struct.pack(">HH", 56324, 443)),
+    "v2-tcp6": v2(0x21, bytes(15) + b"\x01" + bytes(15) + b"\x02" + struct.pack(">HH", 1, 2)),
+    "v2-local": b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x20, 0x00, 0, 0]),
+    "v2-short-addr": v2(0x11, bytes([192, 0, 2])),
+    "v2-tlv": v2(0x11, bytes([192, 0, 2, 1, 198, 51, 100, 2]) + struct.pack(">HH", 1, 2) + b"\x04\x00\x02ab"),
+    "v2-signature-only": b"\r\n\r\n\x00\r\nQUIT\n",
+    "not-proxy": b"GET / HTTP/1.1\r\n\r\n",
+}
+for name, data in proxy.items():
+    write("proxy_header", name, data)
+
+import zlib
+def crc32c(data):
+    # CRC-32C (Castagnoli), reflected, as cache::checksum.
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+def frame(body):
+    return struct.pack("<II", len(body), crc32c(body)) + body
+def text(s):
+    return struct.pack("<H", len(s)) + s
+obj = b"\x01" + text(b"\x00\x01/depot/1/chunk/abc") + struct.pack("<QQIQ", 7, 3 << 20, 1 << 20, 1764633600) + text(b'"v1"') + text(b"") + text(b"application/octet-stream")
+block = b"\x02" + struct.pack("<QII", 7, 0, 0xDEADBEEF)
+journal = {
+    "object-and-block": frame(obj) + frame(block),
+    "drop": frame(b"\x03" + struct.pack("<Q", 7)),
+    "fresh": frame(b"\x04" + struct.pack("<QQ", 7, 1764640000)),
+    "torn-tail": frame(obj) + frame(block)[:9],
+    "bad-crc": frame(obj)[:-1] + b"\x00",
+    "unknown-kind": frame(b"\x09abc"),
+    "trailing-field": frame(b"\x03" + struct.pack("<Q", 7) + b"x"),
+    "zero-length": struct.pack("<II", 0, 0),
+    "huge-length": struct.pack("<II", 0xFFFFFFFF, 0) + b"x" * 16,
+}
+for name, data in journal.items():
+    write("journal_record", name, data)

@@ -41,6 +41,64 @@ fn path_corpus() {
     assert!(run_corpus("path_resolver", checks::check_path_input) >= 10);
 }
 
+#[test]
+fn origin_response_corpus() {
+    assert!(run_corpus("origin_response", checks::check_origin_response_input) >= 10);
+}
+
+#[test]
+fn proxy_corpus() {
+    assert!(run_corpus("proxy_header", checks::check_proxy_input) >= 10);
+}
+
+#[test]
+fn journal_corpus() {
+    assert!(run_corpus("journal_record", checks::check_journal_input) >= 8);
+    // The seeds' checksums are right (else every seed would only test the checksum).
+    let seed =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/journal_record/object-and-block");
+    let bytes = std::fs::read(seed).expect("seed");
+    assert!(matches!(
+        shardline::cache::journal::Record::decode(&bytes),
+        shardline::cache::journal::Decoded::Record(..)
+    ));
+}
+
+/// Pieces origin response heads are made of.
+fn origin_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("HTTP/1.1 206 Partial Content\r\n".to_string()),
+        Just("HTTP/1.0 200 OK\n".to_string()),
+        Just("Content-Length: 10\r\n".to_string()),
+        Just("Content-Length: 99999999999999999999999\r\n".to_string()),
+        Just("Content-Range: bytes 0-9/10\r\n".to_string()),
+        Just("Content-Range: bytes 9-0/*\r\n".to_string()),
+        Just("Transfer-Encoding: chunked\r\n".to_string()),
+        Just("Connection: keep-alive, close\r\n".to_string()),
+        Just("ETag: \"\u{e9}\"\r\n".to_string()),
+        Just("\r\n".to_string()),
+        Just("\n".to_string()),
+        "[ -~]{0,12}",
+    ]
+}
+
+/// PROXY v1 lines and v2 headers, whole or in pieces.
+fn proxy_piece() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(b"PROXY ".to_vec()),
+        Just(b"TCP4 192.0.2.1 198.51.100.2 1 2\r\n".to_vec()),
+        Just(b"TCP6 ::1 ::2 1 2\r\n".to_vec()),
+        Just(b"UNKNOWN\r\n".to_vec()),
+        Just(b"\r\n\r\n\x00\r\nQUIT\n".to_vec()),
+        Just(vec![
+            0x21, 0x11, 0, 12, 192, 0, 2, 1, 198, 51, 100, 2, 0, 1, 0, 2
+        ]),
+        Just(vec![0x20, 0x00, 0, 0]),
+        Just(vec![0x21, 0x21, 0, 36]),
+        prop::collection::vec(any::<u8>(), 0..8),
+    ]
+}
+
 /// Pieces hostile paths are made of.
 fn path_piece() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -153,5 +211,25 @@ proptest! {
     #[test]
     fn arbitrary_ranges(raw in prop::collection::vec(any::<u8>(), 0..64)) {
         checks::check_range_input(&raw);
+    }
+
+    #[test]
+    fn generated_origin_responses(raw in prop::collection::vec(origin_piece(), 0..10)) {
+        checks::check_origin_response_input(raw.concat().as_bytes());
+    }
+
+    #[test]
+    fn arbitrary_origin_responses(raw in prop::collection::vec(any::<u8>(), 0..256)) {
+        checks::check_origin_response_input(&raw);
+    }
+
+    #[test]
+    fn generated_proxy_headers(raw in prop::collection::vec(proxy_piece(), 0..4)) {
+        checks::check_proxy_input(&raw.concat());
+    }
+
+    #[test]
+    fn arbitrary_journal_bytes(raw in prop::collection::vec(any::<u8>(), 0..256)) {
+        checks::check_journal_input(&raw);
     }
 }

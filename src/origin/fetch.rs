@@ -352,11 +352,19 @@ impl BlockFetch {
             };
             return self.fail(e, out);
         }
+        let scanned = filled;
         let filled = filled + res as usize;
-        let head = match response::parse(&slot[..filled]) {
+        let room = response::MAX_RESPONSE_HEAD_BYTES.min(self.plan.slot_bytes);
+        // Parse only when the new bytes may end the head (or the room is full): a head that
+        // trickles in costs linear time.
+        let parsed = if filled >= room || response::head_may_end(&slot[..filled], scanned) {
+            response::parse(&slot[..filled])
+        } else {
+            Ok(None)
+        };
+        let head = match parsed {
             Err(e) => return self.fail(FetchError::Head(e), out),
             Ok(None) => {
-                let room = response::MAX_RESPONSE_HEAD_BYTES.min(self.plan.slot_bytes);
                 if filled >= room {
                     return self.fail(FetchError::Head(HeadError::TooLarge), out);
                 }
