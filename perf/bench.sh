@@ -536,18 +536,37 @@ w_tls_flood() {
   log "${NAME[$s]} flood at ${V[$s.flood_offered]:-?}/s offered (${V[$s.flood_done]:-?}/s answered): paced downloads ${V[$s.flood_gbs]:-?} GB/s (x${V[$s.flood_keep]:-?} of ${V[$s.flood_base_gbs]:-?} without the flood), keep-alive ttfb p99 ${V[$s.flood_p99]:-?} ms"
 }
 
-# H5: the idle workload over HTTPS: RSS per idle TLS keep-alive connection.
+# H5: the idle workload over HTTPS: RSS per idle TLS keep-alive connection. The connections are
+# counted on both sides while held (the client: those the server has not closed; the server's
+# port: established sockets, `ss`); a run where either server closed some (nginx does when
+# worker_connections run out: "reusing connections") is refused, its figure left empty.
 w_tls_idle() {
-  local s=$1 f=$RUN/$1-tls-idle.txt
-  run_client "$f" "$LOADGEN" idle --addr "127.0.0.1:${TLS_PORT[$s]}" --path /small.bin \
-    --conns "$IDLE_CONNS" --pid "$(serving_pid "${PG[$s]}")" --settle-s 1 "${TLS_ARGS[@]}" ||
-    failure "${NAME[$s]} HTTPS idle client exited non-zero"
-  local r0 r1 est
+  local s=$1 f=$RUN/$1-tls-idle.txt ready=$RUN/$1-tls-idle.ready stop=$RUN/$1-tls-idle.stop
+  rm -f "$ready" "$stop"
+  spawn "$CLIENT_CPU" "$f" "$LOADGEN" idle --addr "127.0.0.1:${TLS_PORT[$s]}" --path /small.bin \
+    --conns "$IDLE_CONNS" --pid "$(serving_pid "${PG[$s]}")" --settle-s 1 \
+    --ready-file "$ready" --stop-file "$stop" "${TLS_ARGS[@]}"
+  local pid=$LAST_PID i server_open=''
+  for ((i = 0; i < 1200; i++)); do
+    [[ -s $ready ]] && break
+    alive "$pid" || break
+    sleep 0.1
+  done
+  [[ -s $ready ]] && server_open=$(ss -Htn state established "( sport = :${TLS_PORT[$s]} )" | wc -l)
+  touch "$stop"
+  reap "$pid" || failure "${NAME[$s]} HTTPS idle client exited non-zero"
+  local r0 r1 est open
   r0=$(kv "$f" rss_before_kib) r1=$(kv "$f" rss_after_kib) est=$(kv "$f" conns_established)
-  [[ $r0 =~ ^[0-9]+$ && $r1 =~ ^[0-9]+$ && ${est:-0} != 0 ]] && V[$s.tidle_kib_per_conn]=$(calc "($r1 - $r0) / $est")
+  open=$(kv "$f" conns_still_open)
+  V[$s.tidle_open]="${open:-?}/${server_open:-?}"
+  if [[ ${est:-0} != 0 && $open == "$est" && $server_open == "$est" ]]; then
+    [[ $r0 =~ ^[0-9]+$ && $r1 =~ ^[0-9]+$ ]] && V[$s.tidle_kib_per_conn]=$(calc "($r1 - $r0) / $est")
+  else
+    note "${NAME[$s]} HTTPS idle refused: of ${est:-0} connections, ${open:-?} still open at the client and ${server_open:-?} established at the server after 1 s idle (the server closed some: its RSS is not that of $est idle connections)"
+  fi
   [[ $est == "$IDLE_CONNS" ]] || note "${NAME[$s]} HTTPS idle: only ${est:-0} of $IDLE_CONNS connections established (first error: $(kv "$f" first_error))"
   sleep 1
-  log "${NAME[$s]} HTTPS idle: RSS $r0 -> $r1 KiB over $est connections"
+  log "${NAME[$s]} HTTPS idle: RSS $r0 -> $r1 KiB over $est connections, $open open at the client, $server_open at the server"
 }
 
 # ------------------------------------------------------------------ report

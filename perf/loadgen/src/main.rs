@@ -15,9 +15,11 @@
 //!          which a busy, unpinned client adds to what it measures; and the CPU it was on.
 //!   get    --addr A --path U [--range START-END] [--seed S] [--expect-len N]
 //!          one GET (END inclusive, as in HTTP); the body is checked against the stream.
-//!   idle   --addr A --path U --conns N [--pid P] [--settle-s S]
+//!   idle   --addr A --path U --conns N [--pid P] [--settle-s S] [--ready-file R --stop-file F]
 //!          opens N keep-alive connections, each sends one request and reads its response,
-//!          then all stay idle; server RSS and fd count of P before and after.
+//!          then all stay idle; server RSS and fd count of P before and after; with the files,
+//!          writes R once idle and holds the connections until F exists (the caller counts
+//!          them on the server's side), then counts those the server has not closed.
 //!   swarm  --addr A --path U --conns N --duration-s D [--warmup-s W] [--rate-bytes-per-s R]
 //!          [--pace-tick-ms T] [--read-bytes B] [--rcvbuf-bytes K] [--stall 1] [--pgid G]
 //!          [--expect-len L] [--gap-ms 1000] [--ready-file F] [--stop-file F]
@@ -926,6 +928,9 @@ fn cmd_get(a: &Args) {
 
 // ---------------------------------------------------------------- idle
 
+/// Longest `idle` waits for its --stop-file.
+const IDLE_HOLD_MAX_S: u64 = 120;
+
 fn cmd_idle(a: &Args) {
     let addr = resolve(&a.str("addr"));
     let path = a.str("path");
@@ -970,6 +975,16 @@ fn cmd_idle(a: &Args) {
     thread::sleep(Duration::from_secs_f64(settle));
     let rss1 = pid.and_then(rss_kib);
     let fd1 = pid.and_then(fd_count);
+    // With --ready-file/--stop-file the connections are held while the caller counts them on
+    // the server's side (`ss`), so a server that closed idle ones cannot pass as holding them.
+    if let (Some(ready), Some(stop)) = (a.opt_str("ready-file"), a.opt_str("stop-file")) {
+        std::fs::write(&ready, format!("{}\n", conns.len()))
+            .unwrap_or_else(|e| die(&format!("--ready-file {ready}: {e}")));
+        let deadline = Instant::now() + Duration::from_secs(IDLE_HOLD_MAX_S);
+        while !std::path::Path::new(&stop).exists() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
     let mut still_open = 0u64;
     for c in &mut conns {
         if c.s.tcp().set_nonblocking(true).is_err() {
