@@ -151,6 +151,14 @@ fn parse_v1(buf: &[u8]) -> Parse {
         Some(b'\n') => {}
         Some(_) => return Parse::Invalid("PROXY v1: CR not followed by LF"),
     }
+    // The same rule as for an incomplete line above, so a header split over receives is
+    // judged as it would be whole (a NUL after UNKNOWN was accepted whole, refused in part).
+    if !window[6..cr]
+        .iter()
+        .all(|b| b.is_ascii_graphic() || *b == b' ')
+    {
+        return Parse::Invalid("PROXY v1: bytes that are not text");
+    }
     let Ok(line) = std::str::from_utf8(&window[6..cr]) else {
         return Parse::Invalid("PROXY v1: bytes that are not text");
     };
@@ -367,6 +375,23 @@ mod tests {
                 source: None
             }
         );
+    }
+
+    /// Found by the proxy_header fuzz target: a control byte after UNKNOWN was accepted when
+    /// the line came whole and refused when it came in part; now refused both ways.
+    #[test]
+    fn a_control_byte_is_refused_whole_and_in_part() {
+        let h = b"PROXY UNKNOWN \0\0\0 2 99999 4\r\n";
+        assert_eq!(
+            parse(h),
+            Parse::Invalid("PROXY v1: bytes that are not text")
+        );
+        assert_eq!(
+            parse(&h[..16]),
+            Parse::Invalid("PROXY v1: bytes that are not text")
+        );
+        let tab = b"PROXY TCP4\t1.2.3.4 5.6.7.8 1 2\r\n";
+        assert!(matches!(parse(tab), Parse::Invalid(_)));
     }
 
     #[test]
