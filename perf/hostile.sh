@@ -14,6 +14,13 @@
 # 2. missing files: 10 000 requests/s for paths that do not exist, never the same twice (so no
 #    negative cache answers; `loadgen misses`, 8 keep-alive connections), for 3 s. The same
 #    probe's p99 beside it against alone, and the server's CPU over the flood.
+# 3. handshake memory: 1000 connections to the HTTPS port each send 64 KiB of a ClientHello that
+#    announces 100 KiB (A), or 48 KiB of one of 60 KiB (B: under rustls's 64 KiB limit, so
+#    shardline's budget is what refuses), then stall for 6 s (`loadgen hellos`). shardline's handshake bytes held
+#    (`shardline_tls_handshake_bytes`, at its highest while they stall) against its budget
+#    (`tls_handshake_budget_bytes`, 16 MiB by default), each server's RSS growth, how many
+#    connections each still holds at the end, and a plain-HTTP download's goodput (1 connection,
+#    64 MiB file in a loop, 3 s) beside them against alone.
 # Writes perf/HOSTILE.md; raw outputs in perf/out/hostile/.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -39,7 +46,17 @@ mkdir -p "$RUN/root"
 build_tools
 LOADGEN=$HERE/loadgen/target/release/loadgen
 ensure_fixture "$LOADGEN" "$RUN/root" "$RUN" small.bin 1024 11
-SL_PORT=28780 NG_PORT=28782 SL_ADMIN=127.0.0.1:28781
+ensure_fixture "$LOADGEN" "$RUN/root" "$RUN" big.bin $((64 << 20)) 12
+tls_test_cert "$RUN/tls"
+SL_PORT=28780 NG_PORT=28782 SL_ADMIN=127.0.0.1:28781 SL_TLS_PORT=28783 NG_TLS_PORT=28784
+HS_BUDGET_BYTES=$((16 << 20))
+cat >"$RUN/sl.toml" <<EOF
+tls_listen = "127.0.0.1:$SL_TLS_PORT"
+tls_handshake_budget_bytes = $HS_BUDGET_BYTES
+[[tls_certificate]]
+cert = "$RUN/tls/cert.pem"
+key = "$RUN/tls/key.pem"
+EOF
 SERVER_CPU=0 CLIENT_CPU=1
 PG=''
 cleanup() { [[ -n $PG ]] && kill_group "$PG" 5; return 0; }
@@ -47,17 +64,20 @@ trap cleanup EXIT
 
 start() { # start sl|ng: sets PG and PORT
   # A server left behind would take the load while the one measured failed to start.
-  for p in $SL_PORT ${SL_ADMIN##*:} $NG_PORT; do
+  for p in $SL_PORT ${SL_ADMIN##*:} $NG_PORT $SL_TLS_PORT $NG_TLS_PORT; do
     ! port_busy "$p" || die "port $p is in use: a server left from an earlier run? (ss -ltnp)"
   done
   if [[ $1 == sl ]]; then
-    PORT=$SL_PORT
+    PORT=$SL_PORT TLS_PORT=$SL_TLS_PORT
     setsid taskset -c $SERVER_CPU nice -n "$NICE" "$SL_BIN" serve --root "$RUN/root" \
       --listen "127.0.0.1:$PORT" --admin "$SL_ADMIN" --shards 1 --cpus $SERVER_CPU \
+      --config "$RUN/sl.toml" \
       >"$RUN/sl-server.log" 2>&1 </dev/null &
   else
     PORT=$NG_PORT
-    render_nginx_conf "$HERE/nginx.conf" "$RUN/nginx" "$RUN/root" "$PORT" $SERVER_CPU
+    TLS_PORT=$NG_TLS_PORT
+    render_nginx_conf "$HERE/nginx.conf" "$RUN/nginx" "$RUN/root" "$PORT" $SERVER_CPU \
+      "$TLS_PORT" "$RUN/tls/cert.pem" "$RUN/tls/key.pem"
     setsid taskset -c $SERVER_CPU nice -n "$NICE" nginx -p "$RUN/nginx" -c "$RUN/nginx/nginx.conf" \
       >"$RUN/ng-server.log" 2>&1 </dev/null &
   fi
@@ -112,11 +132,51 @@ row_misses() { # row_misses sl|ng RUN_INDEX
   log "$s run $i: misses at ${V[$s.miss_rate.$i]}/s, CPU ${V[$s.miss_cpu.$i]} s; probe p99 alone ${V[$s.miss_alone_p99.$i]} ms, beside ${V[$s.miss_beside_p99.$i]} ms"
 }
 
+rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$(serving_pid "$PG")/status" 2>/dev/null || echo 0; }
+sl_metric() { # sl_metric NAME: shardline's gauge NAME summed over the shards
+  curl -s "http://$SL_ADMIN/metrics" | awk -v n="$1" '$1 ~ "^"n"[{ ]" { s += $2 } END { print s + 0 }'
+}
+row_hellos() { # row_hellos sl|ng RUN_INDEX TAG ANNOUNCE_KIB SEND_KIB
+  local s=$1 i=$2 t=$3 d=$RUN/$1-hellos$3-$2 ready=$RUN/$1-hellos$3-$2.ready r0 rmax=0 r held=0 h k
+  client bulk --addr "127.0.0.1:$PORT" --path /big.bin --conns 1 --duration-s 3 --warmup-s 0.5 \
+    --expect-len $((64 << 20)) >"$d-bulk-alone.txt" || die "$s: bulk alone failed"
+  r0=$(rss_kib)
+  rm -f "$ready"
+  client hellos --addr "127.0.0.1:$TLS_PORT" --conns 1000 --announce-bytes $(($4 << 10)) \
+    --send-bytes $(($5 << 10)) --hold-s 6 --ready-file "$ready" >"$d.txt" &
+  local hp=$!
+  for ((k = 0; k < 300; k++)); do [[ -s $ready ]] && break; sleep 0.05; done
+  [[ -s $ready ]] || die "$s: loadgen hellos never sent its ClientHellos ($d.txt)"
+  client bulk --addr "127.0.0.1:$PORT" --path /big.bin --conns 1 --duration-s 3 --warmup-s 0.5 \
+    --expect-len $((64 << 20)) >"$d-bulk-beside.txt" &
+  local bp=$!
+  # Sample while they stall: the highest RSS, and shardline's handshake bytes.
+  for ((k = 0; k < 20; k++)); do
+    r=$(rss_kib)
+    ((r > rmax)) && rmax=$r
+    if [[ $s == sl ]]; then
+      h=$(sl_metric shardline_tls_handshake_bytes)
+      ((h > held)) && held=$h
+    fi
+    sleep 0.2
+  done
+  wait "$bp" || die "$s: bulk beside the hellos failed"
+  wait "$hp" || die "$s: loadgen hellos failed ($d.txt)"
+  V[$s.hs${t}_held.$i]=$held
+  V[$s.hs${t}_rss.$i]=$(((rmax - r0) / 1024))
+  V[$s.hs${t}_open.$i]=$(kv "$d.txt" still_open)
+  V[$s.hs${t}_alone.$i]=$(calc "$(kv "$d-bulk-alone.txt" bytes_per_s) / 1000000" | awk '{ printf "%.0f", $1 }')
+  V[$s.hs${t}_beside.$i]=$(calc "$(kv "$d-bulk-beside.txt" bytes_per_s) / 1000000" | awk '{ printf "%.0f", $1 }')
+  log "$s run $i: 1000 x $5 KiB of $4 KiB ClientHellos, stalled: held ${held} B, RSS +${V[$s.hs${t}_rss.$i]} MiB, ${V[$s.hs${t}_open.$i]} still open; goodput ${V[$s.hs${t}_alone.$i]} -> ${V[$s.hs${t}_beside.$i]} MB/s"
+}
+
 for ((i = 1; i <= RUNS; i++)); do
   for s in sl ng; do
     start "$s"
     row_trickle "$s" "$i"
     row_misses "$s" "$i"
+    row_hellos "$s" "$i" A 100 64
+    row_hellos "$s" "$i" B 60 48
     stop
   done
 done
@@ -149,6 +209,15 @@ ratio() { calc "$1 / $2" | awk '{ printf "%.2f", $1 }'; }
   sa=$(med sl miss_alone_p99) sb=$(med sl miss_beside_p99) na=$(med ng miss_alone_p99) nb=$(med ng miss_beside_p99)
   echo "| 1 KiB keep-alive TTFB p99 alone / beside the misses, ms | $sa / $sb | $na / $nb | | |"
   echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+  for t in A B; do
+    if [[ $t == A ]]; then what="1000 x 64 KiB of a 100 KiB ClientHello (over rustls's 64 KiB), stalled"; else what="1000 x 48 KiB of a 60 KiB ClientHello, stalled"; fi
+    echo "| $what: shardline's handshake bytes held at most, MiB | $(calc "$(med sl hs${t}_held) / 1048576" | awk '{ printf "%.1f", $1 }') [$(all sl hs${t}_held)] | | | <= budget $((HS_BUDGET_BYTES >> 20)) MiB |"
+    echo "| $what: server RSS growth, MiB | $(med sl hs${t}_rss) [$(all sl hs${t}_rss)] | $(med ng hs${t}_rss) [$(all ng hs${t}_rss)] | | |"
+    echo "| $what: connections still held after 6 s (of 1000) | $(med sl hs${t}_open) [$(all sl hs${t}_open)] | $(med ng hs${t}_open) [$(all ng hs${t}_open)] | | |"
+    ga=$(med sl hs${t}_alone) gb=$(med sl hs${t}_beside) nga=$(med ng hs${t}_alone) ngb=$(med ng hs${t}_beside)
+    echo "| $what: a 1-connection download alone / beside, MB/s | $ga / $gb | $nga / $ngb | | |"
+    echo "| $what: goodput beside / alone (each server its own) | $(ratio "$gb" "$ga") | $(ratio "$ngb" "$nga") | | kept |"
+  done
   echo
   echo "Raw outputs: perf/out/hostile/ (\`*-trickle-N.txt\`: loadgen trickle; \`-alone\`/\`-beside\`: loadgen ttfb)."
 } >"$OUT"

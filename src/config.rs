@@ -59,6 +59,11 @@ pub const DEFAULT_HEALTH_PATH: &str = "/__shardline/health";
 /// Longest lame-duck window (`drain_accept_ms`): beyond it a stop looks like a hang.
 pub const MAX_DRAIN_ACCEPT_MS: u64 = 600_000;
 
+/// Smallest `tls_handshake_budget_bytes`: one largest ClientHello a connection may buffer
+/// (`tls::session::HANDSHAKE_INCOMING_MAX_BYTES`, restated here so config stays a leaf; a test
+/// holds them equal).
+pub const MIN_TLS_HANDSHAKE_BUDGET_BYTES: usize = 72 * 1024;
+
 /// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
 
@@ -292,6 +297,10 @@ pub struct Config {
     pub tls_handshake_timeout_ms: u64,
     /// Handshakes per shard that may wait for their turn; a new one past it is closed.
     pub tls_max_pending_handshakes: usize,
+    /// Handshake bytes a shard holds at most, over all its handshaking connections (what
+    /// arrived and rustls has not consumed: a ClientHello split over records waits whole); a
+    /// receive that would pass it gets a handshake_failure alert and a close.
+    pub tls_handshake_budget_bytes: usize,
     /// Every connection on `listen` starts with a PROXY protocol header (v1 or v2) from a
     /// peer in `trusted_proxies`, naming the client; anything else is closed and counted.
     pub proxy_protocol: bool,
@@ -399,6 +408,7 @@ impl Default for Config {
             tls_record_bytes: MAX_TLS_RECORD_BYTES,
             tls_handshake_timeout_ms: 10_000,
             tls_max_pending_handshakes: 1024,
+            tls_handshake_budget_bytes: 16 << 20,
             proxy_protocol: false,
             tls_proxy_protocol: false,
             trusted_proxies: Vec::new(),
@@ -786,6 +796,14 @@ impl Config {
         if self.tls_max_pending_handshakes == 0 {
             return Err(err("tls_max_pending_handshakes", "must be at least 1"));
         }
+        if self.tls_handshake_budget_bytes < MIN_TLS_HANDSHAKE_BUDGET_BYTES {
+            return Err(err(
+                "tls_handshake_budget_bytes",
+                format!(
+                    "must be at least {MIN_TLS_HANDSHAKE_BUDGET_BYTES} (one largest ClientHello)"
+                ),
+            ));
+        }
         if self.tls_ticket_lifetime_s == 0 || self.tls_ticket_lifetime_s > 7 * 86_400 {
             return Err(err(
                 "tls_ticket_lifetime_s",
@@ -819,6 +837,7 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "tls_ticket_lifetime_s",
     "tls_handshake_timeout_ms",
     "tls_max_pending_handshakes",
+    "tls_handshake_budget_bytes",
     "trusted_proxies",
     "signed_url",
     "max_connections_per_client",
@@ -919,6 +938,7 @@ impl Config {
             tls_ticket_lifetime_s,
             tls_handshake_timeout_ms,
             tls_max_pending_handshakes,
+            tls_handshake_budget_bytes,
             trusted_proxies,
             signed_url,
             max_connections_per_client,
@@ -1114,6 +1134,10 @@ mod tests {
                 "tls_max_pending_handshakes",
             ),
             ("tls_ticket_lifetime_s = 700000\n", "tls_ticket_lifetime_s"),
+            (
+                "tls_handshake_budget_bytes = 73727\n",
+                "tls_handshake_budget_bytes",
+            ),
         ] {
             let c = parse(&format!("{line}{with_cert}")).unwrap();
             assert_eq!(c.validate().unwrap_err().key, key, "{line}");
@@ -1209,5 +1233,13 @@ mod tests {
         let c = parse("admin = \"127.0.0.1:8080\"").unwrap();
         assert_eq!(c.validate().unwrap_err().key, "admin");
         assert_eq!(parse("admin = 9900").unwrap_err().key, "admin");
+    }
+
+    #[test]
+    fn the_handshake_budget_floor_is_one_largest_client_hello() {
+        assert_eq!(
+            MIN_TLS_HANDSHAKE_BUDGET_BYTES,
+            crate::tls::session::HANDSHAKE_INCOMING_MAX_BYTES
+        );
     }
 }

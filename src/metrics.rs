@@ -158,6 +158,9 @@ counters! {
     tls_accepted: Counter "tls_connections_accepted_total",
     /// TLS handshakes waiting for their turn on the shard now.
     tls_pending_handshakes: Gauge "tls_pending_handshakes",
+    /// Handshake bytes the shard holds now (received, not yet consumed; bounded by
+    /// `tls_handshake_budget_bytes`).
+    tls_handshake_bytes: Gauge "tls_handshake_bytes",
     /// TLS bytes received (records of every kind, handshakes included).
     tls_bytes_in: Counter "tls_bytes_total" { direction = "in" },
     /// TLS bytes sent (records of every kind, handshakes included).
@@ -349,13 +352,14 @@ impl RequestCounters {
 
 /// `result` label values of `shardline_tls_handshakes_total` other than `ok`, in
 /// `TlsCounters::failed` order.
-pub const TLS_FAILURES: [&str; 6] = [
+pub const TLS_FAILURES: [&str; 7] = [
     "failed",
     "peer_closed",
     "timeout",
     "queue_full",
     "too_large",
     "plain_http",
+    "over_budget",
 ];
 /// `version` label values of completed handshakes.
 pub const TLS_VERSIONS: [&str; 2] = ["TLSv1.2", "TLSv1.3"];
@@ -541,7 +545,7 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         name,
         "counter",
         "TLS handshakes, by result (ok, failed, peer_closed, timeout, queue_full, too_large, \
-         plain_http), version and whether a ticket resumed the session.",
+         plain_http, over_budget), version and whether a ticket resumed the session.",
     );
     for (v, version) in TLS_VERSIONS.iter().enumerate() {
         for resumed in [false, true] {

@@ -848,3 +848,87 @@ fn a_handshake_flood_past_the_queue_is_refused_and_counted() {
     assert!(r.body == pattern_range(10, 1_000_000));
     let _ = Read::bytes(&mut std::io::empty());
 }
+
+/// The first bytes of a ClientHello of `body_bytes`: a handshake record header of
+/// `record_bytes`, the handshake header and the legacy version. What a client that stalls mid-hello has
+/// sent is this, then part of the body.
+fn hello_prefix(record_bytes: usize, body_bytes: usize) -> Vec<u8> {
+    let mut v = vec![0x16, 3, 1];
+    v.extend_from_slice(&(record_bytes as u16).to_be_bytes());
+    v.push(1);
+    v.extend_from_slice(&(body_bytes as u32).to_be_bytes()[1..]);
+    // legacy_version TLS 1.2 (an older one is refused at once with protocol_version).
+    v.extend_from_slice(&[3, 3]);
+    v
+}
+
+#[test]
+fn handshake_bytes_stay_within_the_shards_budget() {
+    let dir = root();
+    let (pki, certs) = pki_with_localhost();
+    // The smallest budget: one largest ClientHello (72 KiB).
+    let cfg = pki.config(&certs, "tls_handshake_budget_bytes = 73728");
+    let (server, admin) =
+        common::start_tls_with_admin(dir.path(), &["--config", cfg.to_str().unwrap()]);
+    let addr = tls_port(&server);
+    // A stalls after 40 KiB of a ClientHello that announces 60 KiB (three records).
+    let mut a = TcpStream::connect(addr).unwrap();
+    let mut sent = hello_prefix(16384, 60 * 1024);
+    sent.resize(5 + 16384, 0);
+    for _ in 0..2 {
+        sent.extend_from_slice(&[0x16, 3, 1, 0x40, 0x00]);
+        sent.resize(sent.len() + 16384, 0);
+    }
+    sent.truncate(40 * 1024);
+    a.write_all(&sent).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        let held = admin_metric(admin, "shardline_tls_handshake_bytes", "");
+        if held >= 40 * 1024 || Instant::now() > deadline {
+            break held;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(held, 40 * 1024, "the stalled ClientHello is counted");
+    // B sends 40 KiB more: past the budget, so B gets handshake_failure and a close, A stays.
+    let mut b = TcpStream::connect(addr).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.write_all(&sent).unwrap();
+    let mut answer = Vec::new();
+    let _ = b.read_to_end(&mut answer);
+    assert_eq!(
+        answer,
+        [0x15, 3, 3, 0, 2, 2, 40],
+        "a handshake_failure alert, then a close"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let over = loop {
+        let over = admin_metric(
+            admin,
+            "shardline_tls_handshakes_total",
+            "result=\"over_budget\"",
+        );
+        if over > 0 || Instant::now() > deadline {
+            break over;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(over, 1);
+    assert_eq!(
+        admin_metric(admin, "shardline_tls_handshake_bytes", ""),
+        40 * 1024
+    );
+    // A leaves: its bytes are given back, and a real client gets through.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin_metric(admin, "shardline_tls_handshake_bytes", "") != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a closed connection's bytes stay counted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = TlsConn::connect(addr, pki.client(), "localhost").unwrap();
+    let r = c.get("/big.bin", &[("Range", "bytes=0-99")]);
+    assert_eq!(r.body, pattern_range(0, 100));
+}

@@ -146,6 +146,7 @@ impl<R: RingOps> Shard<R> {
             HandshakeOutcome::QueueFull => t.count_failed(3),
             HandshakeOutcome::TooLarge => t.count_failed(4),
             HandshakeOutcome::PlainHttp => t.count_failed(5),
+            HandshakeOutcome::OverBudget => t.count_failed(6),
         }
     }
 }

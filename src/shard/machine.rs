@@ -180,6 +180,8 @@ pub enum HandshakeOutcome {
     QueueFull,
     /// Too many handshake bytes.
     TooLarge,
+    /// The shard's handshake budget (`tls_handshake_budget_bytes`) had no room for them.
+    OverBudget,
     /// Cleartext HTTP on the TLS port (answered with a plain 400).
     PlainHttp,
 }
@@ -457,6 +459,9 @@ pub struct Ctx {
     pub limits: Limits,
     /// The egress bucket's clock, µs (one clock for every shard, from `EgressBucket::epoch`).
     pub egress_now_us: u64,
+    /// Handshake bytes the shard may still hold (`tls_handshake_budget_bytes` less what its
+    /// handshaking connections hold now).
+    pub handshake_room_bytes: usize,
 }
 
 /// One connection slot.
@@ -1126,6 +1131,15 @@ impl ConnMachine {
     fn receive_tls(&mut self, data: &[u8], cx: &Ctx, out: &mut Actions) -> bool {
         let tls = self.tls.as_mut().expect("TLS bytes without a session");
         out.push(Action::Count(Counter::TlsBytesIn, data.len() as u64));
+        if tls.handshaking() && data.len() > cx.handshake_room_bytes {
+            tls.refuse_handshake();
+            out.push(Action::Count(
+                Counter::Handshake(HandshakeOutcome::OverBudget),
+                1,
+            ));
+            self.close(CloseReason::ProtocolError, cx, out);
+            return false;
+        }
         if !tls.receive(data) {
             if tls.handshaking() {
                 out.push(Action::Count(
@@ -2513,6 +2527,7 @@ mod tests {
             now_us: now_ms * 1000,
             draining: false,
             zc_room: true,
+            handshake_room_bytes: usize::MAX,
             limits: Limits {
                 header_timeout_ms: 10_000,
                 keepalive_timeout_ms: 75_000,

@@ -235,6 +235,10 @@ struct Shard<R: RingOps> {
     zc_warmup_bytes: u64,
     /// Arena slots lent to SEND_ZC and not yet released by a notification.
     zc_held: usize,
+    /// Handshake bytes the handshaking connections hold now (bounded by
+    /// `tls_handshake_budget_bytes`), and what it counts for each connection slot.
+    handshake_bytes: usize,
+    handshake_counted: Vec<usize>,
     last_sweep_ms: u64,
     /// Bytes of bulk work (reads planned, chunk sends) the shard may still add this tick.
     shard_budget: TickBudget,
@@ -416,6 +420,8 @@ impl<R: RingOps> Shard<R> {
             zerocopy,
             zc_warmup_bytes: ZC_WARMUP_BYTES,
             zc_held: 0,
+            handshake_bytes: 0,
+            handshake_counted: vec![0; max_conns],
             last_sweep_ms: 0,
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             access_log,
@@ -544,6 +550,10 @@ impl<R: RingOps> Shard<R> {
                 &self.metrics.tls_pending_handshakes,
                 self.pending_handshakes() as u64,
             );
+            ShardMetrics::set(
+                &self.metrics.tls_handshake_bytes,
+                self.handshake_bytes as u64,
+            );
         }
         Ok(true)
     }
@@ -605,6 +615,10 @@ impl<R: RingOps> Shard<R> {
             now_us,
             draining: self.drain_deadline_ms.is_some(),
             zc_room: self.zc_held < self.cfg.arena_slots() / ZC_ARENA_SHARE_DIVISOR,
+            handshake_room_bytes: self
+                .cfg
+                .tls_handshake_budget_bytes
+                .saturating_sub(self.handshake_bytes),
             limits: Limits {
                 header_timeout_ms: self.cfg.header_timeout_ms,
                 keepalive_timeout_ms: self.cfg.keepalive_timeout_ms,
@@ -665,10 +679,22 @@ impl<R: RingOps> Shard<R> {
         );
         out.clear();
         self.action_pool.push(out);
+        self.sync_handshake_bytes(c);
         if let Some(spare) = self.conns[c.index()].spare.take() {
             self.body_pool.push(spare);
         }
         self.sync_timer(c);
+    }
+
+    /// Brings `handshake_bytes` up to date with what connection `c` holds now (every change to
+    /// a connection's TLS buffers comes from a machine call, and every one ends here).
+    fn sync_handshake_bytes(&mut self, c: ConnSlot) {
+        let now = self.conns[c.index()]
+            .tls
+            .as_ref()
+            .map_or(0, |t| t.handshake_bytes());
+        let before = std::mem::replace(&mut self.handshake_counted[c.index()], now);
+        self.handshake_bytes = self.handshake_bytes - before + now;
     }
 
     /// Mirrors connection `c`'s deadline into the timer wheel (O(1); a no-op when unchanged).
@@ -1218,6 +1244,14 @@ impl<R: RingOps> Shard<R> {
     }
 
     fn sweep_timers(&mut self) {
+        debug_assert_eq!(
+            self.handshake_bytes,
+            self.conns
+                .iter()
+                .map(|m| m.tls.as_ref().map_or(0, |t| t.handshake_bytes()))
+                .sum::<usize>(),
+            "the handshake byte count drifted from what the connections hold"
+        );
         self.expire_parked();
         self.measure_egress_rate();
         while let Some(c) = self.timers.pop_expired(self.now_ms).map(ConnSlot::new) {
@@ -1283,6 +1317,7 @@ impl<R: RingOps> Shard<R> {
             self.client_counts.release(key);
         }
         self.conns[c.index()].on_closed();
+        self.sync_handshake_bytes(c);
         self.timers.cancel(c.raw());
         self.free_conns.push(c);
         self.open_conns -= 1;

@@ -299,6 +299,21 @@ impl TlsSession {
         true
     }
 
+    /// Ends a handshake that may not buffer more (the shard's budget is spent): a
+    /// handshake_failure alert if the server has not spoken yet, then the caller closes.
+    pub fn refuse_handshake(&mut self) {
+        self.refuse_plain(alert::HANDSHAKE_FAILURE);
+    }
+
+    /// Handshake bytes held now: received, not yet consumed by rustls (0 once open).
+    pub fn handshake_bytes(&self) -> usize {
+        if self.handshaking() {
+            self.incoming.len()
+        } else {
+            0
+        }
+    }
+
     /// Ends a handshake the server has not answered yet with a plaintext fatal alert.
     fn refuse_plain(&mut self, desc: u8) {
         if !self.spoke {

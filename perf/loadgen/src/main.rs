@@ -45,6 +45,9 @@
 //!   misses --addr A --rate R --duration-s D [--conns 8] [--prefix /nx/]: R requests/s in all
 //!          for paths that do not exist, never the same twice, on C keep-alive connections
 //!          (`misses.rs`); every answer must be a 404.
+//!   hellos --addr A --conns N --announce-bytes X --send-bytes B --hold-s S: N connections
+//!          each send the first B bytes of a ClientHello announcing X bytes, then stall for S s
+//!          (`hellos.rs`); how many the server still holds open at the end.
 //!
 //! Fixture content: byte `o` of a file made with seed `s` is byte `o % 8` (little endian) of
 //! `splitmix64(s, o / 8)`, so any range of any fixture can be verified without reading the file
@@ -63,6 +66,7 @@ mod fetch;
 mod flood;
 mod swarm;
 mod tls;
+mod hellos;
 mod misses;
 mod trickle;
 
@@ -1189,7 +1193,7 @@ fn die(msg: &str) -> ! {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = argv.split_first() else {
-        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes|trickle|misses --key value ...")
+        die("usage: loadgen gen|cpu|bulk|ttfb|get|idle|swarm|fetch|handshakes|trickle|misses|hellos --key value ...")
     };
     let a = Args::parse(rest);
     tls::init(&a);
@@ -1206,6 +1210,7 @@ fn main() {
         "fetch" => fetch::cmd_fetch(&a),
         "trickle" => trickle::cmd_trickle(&a),
         "misses" => misses::cmd_misses(&a),
+        "hellos" => hellos::cmd_hellos(&a),
         _ => die(&format!("unknown subcommand {cmd}")),
     }
 }
