@@ -188,10 +188,12 @@ med() { # med KEY: median over the runs
 }
 all() { local s=$1 k=$2 out='' i; for ((i = 1; i <= RUNS; i++)); do out+="${V[$s.$k.$i]:-?} "; done; echo "${out% }"; }
 ratio() { calc "$1 / $2" | awk '{ printf "%.2f", $1 }'; }
+# Judged before the report is written: writing it would make the tree look changed.
+DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo '+dirty')
 {
   echo "# Hostile input: shardline vs nginx, side by side (perf/hostile.sh)"
   echo
-  echo "- $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet || echo '+dirty'), $(nproc) vCPU, $(uname -r); $(nginx -v 2>&1 | sed 's/^nginx version: //') with perf/nginx.conf"
+  echo "- $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$REPO" rev-parse --short HEAD)$DIRTY, $(nproc) vCPU, $(uname -r); $(nginx -v 2>&1 | sed 's/^nginx version: //') with perf/nginx.conf"
   echo "- servers on CPU $SERVER_CPU (1 shard / 1 worker), clients on CPU $CLIENT_CPU, loopback; $RUNS runs per server alternating, medians (every run in brackets); nice $NICE"
   echo
   echo "| Row | shardline | nginx | shardline / nginx | target |"
