@@ -251,7 +251,6 @@ struct Shard<R: RingOps> {
     pulls: cache_glue::Pulls,
 }
 
-/// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
 /// The most operations the shard can have in flight at once, from what its config fixes at
 /// start-up (and the limits a reload may raise the rest to): the bound of the ring's unqueued
 /// FIFO, since every entry waiting there is one of them.
@@ -267,6 +266,7 @@ fn unqueued_bound(cfg: &Config) -> usize {
         + SHARD_OPS_MAX
 }
 
+/// Sizes of a shard's ring for `cfg` (the simulator's fake ring uses the same).
 fn ring_config(cfg: &Config) -> RingConfig {
     let max_conns = cfg.max_connections_per_shard;
     RingConfig {
