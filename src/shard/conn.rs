@@ -23,6 +23,10 @@ pub enum Deadline {
     Handshake,
     /// A response waiting for the cache fill gets a 504 then (`cache_wait_timeout_ms`).
     Fill,
+    /// A closing TLS connection's last words (close_notify, an alert) must have left by then
+    /// (`send_timeout_ms` from the close), or they are cancelled: a client that stopped
+    /// reading would hold the slot for ever.
+    LastWords,
 }
 
 /// Why a connection is closed (for counters and logs).

@@ -866,6 +866,9 @@ impl ConnMachine {
             }
         }
         self.life = Lifecycle::Closing { reason };
+        if self.tls.is_some() {
+            self.set_deadline(Deadline::LastWords, cx.now_ms + cx.limits.send_timeout_ms);
+        }
         out.push(Action::Count(Counter::Closed(reason), 1));
         out.push(Action::Unqueue);
         out.push(Action::Unlist);
@@ -957,6 +960,10 @@ impl ConnMachine {
 
     /// The timer sweep: closes the connection if its deadline has passed (true if so).
     pub fn on_timer(&mut self, cx: &Ctx, out: &mut Actions) -> bool {
+        if self.deadline == Deadline::LastWords && cx.now_ms >= self.deadline_ms {
+            self.give_up_last_words(out);
+            return false;
+        }
         if !self.is_live() || self.deadline == Deadline::None || cx.now_ms < self.deadline_ms {
             return false;
         }
@@ -968,6 +975,31 @@ impl ConnMachine {
         };
         self.close(reason, cx, out);
         true
+    }
+
+    /// The last words of a closing connection did not leave in time: the send is cancelled
+    /// and the rest dropped, so the socket closes.
+    fn give_up_last_words(&mut self, out: &mut Actions) {
+        self.deadline = Deadline::None;
+        if !matches!(self.life, Lifecycle::Closing { .. }) {
+            return;
+        }
+        if let Some(tls) = self.tls.as_mut() {
+            tls.outgoing.clear();
+        }
+        if self.tls_send != TlsSend::Idle && !self.ops.cancel {
+            self.ops.cancel = true;
+            out.push(Action::CancelAll);
+        }
+    }
+
+    /// Whether the timer wheel should hold this connection's deadline.
+    pub fn wants_timer(&self) -> bool {
+        match self.deadline {
+            Deadline::None => false,
+            Deadline::LastWords => matches!(self.life, Lifecycle::Closing { .. }),
+            _ => self.is_live(),
+        }
     }
 
     /// The shard starts draining: an idle connection closes, a responding one closes after
@@ -1737,6 +1769,9 @@ impl ConnMachine {
         if self.ops.poll {
             // Read ahead landed behind a full socket: the chunk is ours now, so a reclaim that
             // found it still being read (and freed nothing) can take it this time.
+            // Parked past its hold already (the read waited for a block fetched again):
+            // the chunks go back now, not at the next sweep.
+            self.reclaim_past_hold(cx, out);
             out.push(Action::ListParked);
             out.push(Action::Reclaim);
             return;
@@ -2057,12 +2092,28 @@ impl ConnMachine {
         self.fast_drain = false;
         if !self.ops.poll {
             self.ops.poll = true;
-            self.parked_ms = cx.now_ms;
+            // The hold runs from the last park after which the socket took bytes: a wake-up
+            // that sent nothing (a spurious poll completion, a socket full again at once)
+            // must not restart it, or a stalled client keeps its chunks for ever.
+            if self.round_bytes > 0 || self.parked_ms == 0 {
+                self.parked_ms = cx.now_ms;
+            }
             out.push(Action::PollWritable);
         }
         out.push(Action::Count(Counter::ParkedSend, 1));
+        // Parked again with nothing taken since the hold began: the chunks go back now (the
+        // sweep may never find it parked when every wake-up sends nothing and parks again).
+        self.reclaim_past_hold(cx, out);
         out.push(Action::ListParked);
         out.push(Action::Reclaim);
+    }
+
+    /// Gives back every chunk it can when the connection has been parked longer than
+    /// `PARK_HOLD_MS` (see `reclaim`).
+    fn reclaim_past_hold(&mut self, cx: &Ctx, out: &mut Actions) {
+        if cx.now_ms >= self.parked_ms + super::PARK_HOLD_MS {
+            self.reclaim(out);
+        }
     }
 
     /// The socket drained below its low-water mark: parked chunks may send again, and a
@@ -2824,6 +2875,43 @@ mod tests {
             Some(Segment::File { pos: 1000, end }) if *end == 2 * CHUNK as u64
         ));
         assert_eq!(body.read_size_bytes, MIN_READ_BYTES);
+    }
+
+    #[test]
+    fn a_wake_up_that_sends_nothing_keeps_the_park_hold_running() {
+        let mut m = responding(2 * CHUNK as u64);
+        m.response_mut().unwrap().head = HeadState::Done;
+        let mut out = Actions::new();
+        let mut free = vec![11, 10];
+        pump(&mut m, &mut free, &mut out);
+        m.on_read(a(10), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.on_read(a(11), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.try_send(&cx(1), &mut out);
+        m.on_send(a(10), 1000, false, false, &cx(2), &mut out);
+        assert_eq!(m.parked_ms, 2);
+        // Woken (a spurious poll completion), but the socket takes nothing: parked again
+        // with the hold still counted from the first park, and nothing given back yet.
+        m.on_writable(-libc::ECANCELED, &cx(50), &mut out);
+        m.try_send(&cx(50), &mut out);
+        out.clear();
+        m.on_send(a(10), -libc::EAGAIN, false, false, &cx(60), &mut out);
+        assert!(m.is_parked());
+        assert_eq!(
+            m.parked_ms, 2,
+            "a wake-up that sent nothing restarts no hold"
+        );
+        assert!(!out.iter().any(|a| matches!(a, Action::ReleaseSlot(_))));
+        // Past the hold, the next empty wake-up gives every chunk back at once: the sweep
+        // might never find it parked.
+        m.on_writable(-libc::ECANCELED, &cx(250), &mut out);
+        m.try_send(&cx(250), &mut out);
+        out.clear();
+        m.on_send(a(10), -libc::EAGAIN, false, false, &cx(260), &mut out);
+        assert!(
+            out.contains(&Action::ReleaseSlot(a(10))) && out.contains(&Action::ReleaseSlot(a(11)))
+        );
+        assert!(m.body().unwrap().chunks.is_empty());
+        assert!(m.is_parked(), "it still waits for its socket to drain");
     }
 
     #[test]

@@ -700,7 +700,7 @@ impl<R: RingOps> Shard<R> {
     /// Mirrors connection `c`'s deadline into the timer wheel (O(1); a no-op when unchanged).
     fn sync_timer(&mut self, c: ConnSlot) {
         let m = &self.conns[c.index()];
-        let want = (m.is_live() && m.deadline != Deadline::None).then_some(m.deadline_ms);
+        let want = m.wants_timer().then_some(m.deadline_ms);
         if self.timers.deadline(c.raw()) != want {
             match want {
                 Some(at_ms) => self.timers.arm(c.raw(), at_ms),
