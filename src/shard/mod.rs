@@ -42,7 +42,7 @@ use crate::http::date::DateCache;
 use crate::metrics::ShardMetrics;
 use crate::signing::Refusal;
 use buffers::ArenaSlots;
-use conn::{CloseReason, Deadline, Source};
+use conn::{CloseReason, Source};
 use files::{FileCache, FileCacheConfig};
 use intrusive::ListSet;
 use machine::{Action, Actions, ConnMachine, Counter, Ctx, GiveBack, Lifecycle, Limits};

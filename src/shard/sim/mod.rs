@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
-use super::conn::{ChunkState, Deadline};
+use super::conn::ChunkState;
 use super::machine::{ArenaWait, Lifecycle};
 use super::slots::ArenaSlot;
 use super::{RingOps as _, Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
