@@ -49,7 +49,8 @@ pub fn cmd_hellos(a: &Args) {
     let mut send_errors = 0u64;
     for _ in 0..conns {
         let mut s = TcpStream::connect(addr).unwrap_or_else(|e| die(&format!("connect: {e}")));
-        s.set_write_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s.set_write_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
         if s.write_all(&bytes).is_err() {
             send_errors += 1;
         }

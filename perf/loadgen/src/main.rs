@@ -64,10 +64,10 @@ use std::time::{Duration, Instant};
 
 mod fetch;
 mod flood;
-mod swarm;
-mod tls;
 mod hellos;
 mod misses;
+mod swarm;
+mod tls;
 mod trickle;
 
 use tls::Stream;

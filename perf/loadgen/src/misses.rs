@@ -5,41 +5,16 @@
 //!
 //!   misses --addr A --rate R --duration-s D [--conns 8] [--prefix /nx/]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::{die, resolve, Args};
+use crate::{die, resolve, Args, Conn};
 
-/// Reads one response; returns its status. Bodies are read by Content-Length.
-fn read_status(r: &mut BufReader<TcpStream>) -> std::io::Result<u16> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let status = line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let mut len = 0usize;
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    Ok(status)
+/// Reads one response with loadgen's client (`Conn`); returns its status.
+fn read_status(conn: &mut Conn) -> std::io::Result<u16> {
+    let head = conn.read_head()?;
+    conn.read_body(head.content_length.unwrap_or(0), |_| {})?;
+    Ok(head.status)
 }
 
 pub fn cmd_misses(a: &Args) {
@@ -57,22 +32,22 @@ pub fn cmd_misses(a: &Args) {
         .map(|c| {
             let prefix = prefix.clone();
             thread::spawn(move || {
-                let s = TcpStream::connect(addr).unwrap_or_else(|e| die(&format!("connect: {e}")));
-                s.set_nodelay(true).expect("TCP_NODELAY");
-                let mut w = s.try_clone().expect("clone");
-                let mut r = BufReader::new(s);
+                let mut conn = Conn::connect(&addr, 4096, None)
+                    .unwrap_or_else(|e| die(&format!("connect: {e}")));
                 let (mut sent, mut not_found, mut other) = (0u64, 0u64, 0u64);
                 // Spread the connections' schedules over one gap.
                 let offset = gap.mul_f64(c as f64 / conns as f64);
                 while start.elapsed() < duration {
                     let at = start + offset + gap * sent as u32;
                     thread::sleep(at.saturating_duration_since(Instant::now()));
-                    let req = format!("GET {prefix}{c}-{sent} HTTP/1.1\r\nHost: localhost\r\n\r\n");
-                    if w.write_all(req.as_bytes()).is_err() {
+                    if conn
+                        .send_get(&format!("{prefix}{c}-{sent}"), None, false)
+                        .is_err()
+                    {
                         break;
                     }
                     sent += 1;
-                    match read_status(&mut r) {
+                    match read_status(&mut conn) {
                         Ok(404) => not_found += 1,
                         Ok(_) => other += 1,
                         Err(_) => break,

@@ -14,7 +14,9 @@ use crate::{die, resolve, Args};
 pub fn padded_head(path: &str, total: usize) -> Vec<u8> {
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n").into_bytes();
     if total < head.len() + 2 {
-        die(&format!("--head-bytes {total} is shorter than the request line and Host"));
+        die(&format!(
+            "--head-bytes {total} is shorter than the request line and Host"
+        ));
     }
     let mut i = 0;
     // Each padding line is "X-Pad-<i>: <a...>\r\n"; the last one takes what remains.
@@ -75,7 +77,8 @@ pub fn cmd_trickle(a: &Args) {
     let mut bad = 0u64;
     let mut first_bad = None;
     for s in &mut socks {
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
         let mut buf = [0u8; 64];
         let mut got = 0;
         while got < 12 {
