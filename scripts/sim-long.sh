@@ -6,12 +6,11 @@
 #
 #   scripts/sim-long.sh [SEEDS]
 #
-# Wall time: 1 000 000 seeds took 21 min 28 s on the 2-vCPU CI host (2026-12-04, commit 6e07976,
-# release build included). That run found 36 failing seeds out of the million, which the
-# default 2 000 never reach (32 "parked since ... still holds 1 chunks" with a chunk
-# Refetching, 2 hung, 2 with a response missing; reproduce one with
-# `SHARDLINE_SIM_SEED=105240 cargo test --lib shard::sim`). They fail the same way at 83926e3,
-# before that session's changes.
+# Wall time: 1 000 000 seeds took 21 min 30 s on the 2-vCPU CI host (2026-12-04, commit 337466d,
+# release build included), with no failing seed. The run before (commit 6e07976) found 36 of
+# the million failing; they are fixed and kept as `seeds_that_once_failed_pass` in
+# src/shard/sim/mod.rs. A failing seed prints its reproduction line
+# (`SHARDLINE_SIM_SEED=N cargo test --lib shard::sim`; a comma-separated list runs several).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${1:-1000000}
