@@ -36,8 +36,10 @@ pub trait RingOps {
     /// Arms a multishot accept on `listener`; `None` when the ring itself is the source of
     /// connections (the simulator).
     fn accept_multi(&mut self, listener: Option<BorrowedFd<'_>>, token: u64);
-    /// Arms one receive on a fixed socket (into a provided buffer).
-    fn recv(&mut self, socket: SocketSlot, token: u64);
+    /// Arms a receive on a fixed socket (into a provided buffer); a `multishot` one stays
+    /// armed, completing with `IORING_CQE_F_MORE` for each arrival, until it ends (no
+    /// buffer, EOF, an error, a cancel).
+    fn recv(&mut self, socket: SocketSlot, token: u64, multishot: bool);
     /// Takes ownership of provided buffer `bid` named by a receive completion.
     fn claim_recv(&mut self, bid: u16);
     /// The bytes a receive placed in provided buffer `bid`.

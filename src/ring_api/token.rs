@@ -51,6 +51,8 @@ pub enum Op {
     Origin = 17,
     /// The poll on the shard's fill eventfd: another shard's fetch has notices for it.
     FillWake = 18,
+    /// Cancel of a connection's multishot receive (its unread bytes reached their bound).
+    CancelRecv = 19,
 }
 
 impl Op {
@@ -74,6 +76,7 @@ impl Op {
             16 => Op::PeerName,
             17 => Op::Origin,
             18 => Op::FillWake,
+            19 => Op::CancelRecv,
             _ => return None,
         })
     }
@@ -189,6 +192,7 @@ mod tests {
             Op::PeerName,
             Op::Origin,
             Op::FillWake,
+            Op::CancelRecv,
         ];
         for op in ops {
             for (slot, generation, aux) in [(0, 0, 0), (MAX_SLOT, u16::MAX, u16::MAX), (7, 3, 9)] {

@@ -143,6 +143,8 @@ pub struct OpSlots {
     pub close: bool,
     /// The request for the peer's address (`SO_PEERNAME`), sent at accept.
     pub peer: bool,
+    /// The cancel of the multishot receive (`rx` reached `RX_MULTISHOT_MAX_BYTES`).
+    pub recv_cancel: bool,
 }
 
 /// A send of TLS bytes the session produced (handshake flight, alert, close_notify,
@@ -238,8 +240,10 @@ pub enum Counter {
 /// What the driver does for the machine, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Arm a receive.
+    /// Arm a receive (multishot where `ConnMachine::recv_multishot` says so).
     Recv,
+    /// Cancel the multishot receive: `rx` holds as much as it may.
+    CancelRecv,
     /// The body's next file bytes (from `file_offset`) are not in the pulled object's
     /// committed blocks yet: have the fill say when they are (`Body::readable_end`).
     AwaitBlock {
@@ -404,6 +408,10 @@ pub const ACTIONS_PER_EVENT_MAX: usize = 4 * crate::config::MAX_PIPELINE_DEPTH +
 /// Longest framing run (a multipart part header) that travels in the same chunk as the file
 /// bytes after it; longer ones (never produced today) take a chunk of their own.
 pub const SHARED_FRAMING_MAX_BYTES: usize = 4096;
+
+/// Unread request bytes a multishot receive may fill `rx` with before it is cancelled (the
+/// bound of one head; the receive is armed again once they are consumed).
+pub const RX_MULTISHOT_MAX_BYTES: usize = crate::http::request::MAX_HEAD_BYTES;
 
 /// The actions of one event, in order.
 pub type Actions = Vec<Action>;
@@ -608,6 +616,7 @@ impl ConnMachine {
             + usize::from(self.ops.shutdown)
             + usize::from(self.ops.close)
             + usize::from(self.ops.peer)
+            + usize::from(self.ops.recv_cancel)
     }
 
     /// Serving requests (not free, not closing, not lingering).
@@ -1027,6 +1036,39 @@ impl ConnMachine {
         out.push(Action::Recv);
     }
 
+    /// Whether its receive is armed multishot: a cleartext connection's stays armed across
+    /// arrivals (one SQE and one poll arm per connection, not per arrival: a head trickled a
+    /// byte at a time costs one receive per byte, as in nginx). A TLS connection's is
+    /// one-shot: records opened while a response's sealed chunks leave could put our
+    /// KeyUpdate answer between them.
+    pub fn recv_multishot(&self) -> bool {
+        self.tls.is_none()
+    }
+
+    /// The multishot receive completed `n` bytes and stays armed: once `rx` holds
+    /// `RX_MULTISHOT_MAX_BYTES` (a head's bound; a response in progress reads no further
+    /// than that of what follows it) it is cancelled, and armed again when `rx` has been
+    /// consumed.
+    fn bound_multishot(&mut self, out: &mut Actions) {
+        if self.read == ReadState::Armed
+            && self.rx.len() >= RX_MULTISHOT_MAX_BYTES
+            && !self.ops.recv_cancel
+        {
+            self.ops.recv_cancel = true;
+            out.push(Action::CancelRecv);
+        }
+    }
+
+    /// The cancel of the multishot receive completed.
+    pub fn on_recv_cancel_done(&mut self, out: &mut Actions) {
+        assert!(
+            self.ops.recv_cancel,
+            "receive cancel completion without a cancel"
+        );
+        self.ops.recv_cancel = false;
+        self.maybe_finish_close(out);
+    }
+
     /// The shard has provided buffers again: re-arm a receive that found none.
     pub fn retry_recv(&mut self, out: &mut Actions) {
         if self.read == ReadState::AwaitingBuffer {
@@ -1036,14 +1078,23 @@ impl ConnMachine {
     }
 
     /// A receive completed with `res` and, when `res > 0`, the bytes (`data`, None if the
-    /// kernel named no buffer).
-    pub fn on_recv(&mut self, res: i32, data: Option<&[u8]>, cx: &Ctx, out: &mut Actions) {
+    /// kernel named no buffer); `more`: a multishot receive stays armed.
+    pub fn on_recv(
+        &mut self,
+        res: i32,
+        data: Option<&[u8]>,
+        more: bool,
+        cx: &Ctx,
+        out: &mut Actions,
+    ) {
         assert_eq!(
             self.read,
             ReadState::Armed,
             "receive completion without a receive"
         );
-        self.read = ReadState::Idle;
+        if !more {
+            self.read = ReadState::Idle;
+        }
         if !self.is_live() {
             self.maybe_finish_close(out);
             return;
@@ -1143,6 +1194,7 @@ impl ConnMachine {
             }
         } else {
             self.rx.extend_from_slice(data);
+            self.bound_multishot(out);
         }
         // The first byte after an idle keep-alive pause starts the header clock; a new
         // connection's clock started at accept and is not restarted by a trickle.
@@ -2612,7 +2664,7 @@ mod tests {
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &lcx, &mut out);
         m.on_peer(None, false, &mut out);
-        m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &lcx, &mut out);
+        m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), false, &lcx, &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &lcx);
         m.begin_response(
@@ -2686,7 +2738,7 @@ mod tests {
         m.open(SocketSlot::new(3), None, &pcx, &mut out);
         m.on_peer(Some(lb), true, &mut out);
         out.clear();
-        m.on_recv(5, Some(&header[..5]), &pcx, &mut out);
+        m.on_recv(5, Some(&header[..5]), false, &pcx, &mut out);
         assert_eq!(out, [Action::Recv], "more of the header is needed");
         assert!(
             m.rx.is_empty(),
@@ -2695,7 +2747,7 @@ mod tests {
         out.clear();
         let mut rest = header[5..].to_vec();
         rest.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
-        m.on_recv(rest.len() as i32, Some(&rest), &pcx, &mut out);
+        m.on_recv(rest.len() as i32, Some(&rest), false, &pcx, &mut out);
         assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Accepted), 1)));
         assert!(
             out.contains(&Action::ClientKnown),
@@ -2710,7 +2762,7 @@ mod tests {
         m.open(SocketSlot::new(4), None, &pcx, &mut out);
         m.on_peer(Some("192.0.2.77:1".parse().unwrap()), false, &mut out);
         out.clear();
-        m.on_recv(header.len() as i32, Some(&header), &pcx, &mut out);
+        m.on_recv(header.len() as i32, Some(&header), false, &pcx, &mut out);
         assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Untrusted), 1)));
         assert!(!m.is_open());
         assert_eq!(m.client.proxied, None);
@@ -2719,9 +2771,9 @@ mod tests {
         let mut out = Actions::new();
         m.open(SocketSlot::new(5), None, &pcx, &mut out);
         m.on_peer(Some(lb), true, &mut out);
-        m.on_recv(7, Some(&header[..7]), &pcx, &mut out);
+        m.on_recv(7, Some(&header[..7]), false, &pcx, &mut out);
         out.clear();
-        m.on_recv(0, None, &pcx, &mut out);
+        m.on_recv(0, None, false, &pcx, &mut out);
         assert!(out.contains(&Action::Count(Counter::Proxy(ProxyOutcome::Truncated), 1)));
         assert!(!m.is_open());
     }
@@ -2753,7 +2805,7 @@ mod tests {
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
         m.on_peer(Some("192.0.2.1:4000".parse().unwrap()), false, &mut out);
-        m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), &cx(0), &mut out);
+        m.on_recv(18, Some(b"GET / HTTP/1.1\r\n\r\n"), false, &cx(0), &mut out);
         m.rx.clear();
         m.request_parsed(Some(Method::Get), &cx(0));
         m.begin_response(
@@ -2797,7 +2849,7 @@ mod tests {
         assert_eq!(m.client.addr(), Some(peer));
         assert_eq!(m.in_flight(), 1);
         out.clear();
-        m.on_recv(4, Some(b"GET "), &cx(1001), &mut out);
+        m.on_recv(4, Some(b"GET "), false, &cx(1001), &mut out);
         assert_eq!(out, [Action::QueueUrgent]);
         assert_eq!(m.in_flight(), 0);
     }
@@ -2875,6 +2927,47 @@ mod tests {
             Some(Segment::File { pos: 1000, end }) if *end == 2 * CHUNK as u64
         ));
         assert_eq!(body.read_size_bytes, MIN_READ_BYTES);
+    }
+
+    #[test]
+    fn a_multishot_receive_stays_armed_and_is_cancelled_at_its_bound() {
+        let mut m = responding(CHUNK as u64);
+        assert!(
+            m.recv_multishot(),
+            "a cleartext connection receives multishot"
+        );
+        let mut out = Actions::new();
+        m.read = ReadState::Idle;
+        m.arm_recv(&mut out);
+        assert_eq!(out, [Action::Recv]);
+        out.clear();
+        // Pipelined bytes arrive during the response: kept, and the receive stays armed.
+        let piece = vec![b'x'; RX_MULTISHOT_MAX_BYTES / 2];
+        m.on_recv(piece.len() as i32, Some(&piece), true, &cx(1), &mut out);
+        assert_eq!(m.read, ReadState::Armed);
+        assert!(
+            out.is_empty(),
+            "nothing to do until the response ends: {out:?}"
+        );
+        m.arm_recv(&mut out);
+        assert!(out.is_empty(), "no second receive while one is armed");
+        // At the bound: cancelled once, whatever else arrives before the cancel lands.
+        m.on_recv(piece.len() as i32, Some(&piece), true, &cx(2), &mut out);
+        assert_eq!(out, [Action::CancelRecv]);
+        out.clear();
+        m.on_recv(10, Some(&piece[..10]), true, &cx(2), &mut out);
+        assert!(out.is_empty(), "one cancel: {out:?}");
+        let before = m.in_flight();
+        m.on_recv(-libc::ECANCELED, None, false, &cx(3), &mut out);
+        assert_eq!(m.read, ReadState::Idle);
+        assert_eq!(m.in_flight(), before - 1);
+        m.on_recv_cancel_done(&mut out);
+        assert!(!m.ops.recv_cancel);
+        assert_eq!(m.rx.len(), RX_MULTISHOT_MAX_BYTES + 10, "no byte lost");
+        // Once the bytes are consumed the receive is armed again.
+        m.rx.clear();
+        m.arm_recv(&mut out);
+        assert_eq!(out, [Action::Recv]);
     }
 
     #[test]
@@ -2995,7 +3088,7 @@ mod tests {
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
         m.on_peer(None, false, &mut out);
-        m.on_recv(4, Some(b"GET "), &cx(0), &mut out);
+        m.on_recv(4, Some(b"GET "), false, &cx(0), &mut out);
         m.begin_response(431, false, 50, None, RateSpec::default(), &cx(0));
         m.try_send(&cx(0), &mut out);
         out.clear();
@@ -3003,7 +3096,7 @@ mod tests {
         assert!(out.contains(&Action::ShutdownWrite) && out.contains(&Action::Recv));
         assert_eq!(m.life, Lifecycle::Lingering { dropped_bytes: 0 });
         out.clear();
-        m.on_recv(100, Some(&[0; 100]), &cx(2), &mut out);
+        m.on_recv(100, Some(&[0; 100]), false, &cx(2), &mut out);
         assert_eq!(m.life, Lifecycle::Lingering { dropped_bytes: 100 });
         assert!(m.rx.is_empty(), "lingering bytes are dropped");
         out.clear();

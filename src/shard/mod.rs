@@ -226,6 +226,14 @@ struct Shard<R: RingOps> {
     /// Rate-limited responses waiting for their allowance: when to wake each (no slot held).
     limit_waits: TimerWheel,
     now_ms: u64,
+    /// The same moment in µs: read once per tick with `now_ms` (`read_clock`), as nginx
+    /// caches its time per loop turn; every event of the tick is judged by it.
+    now_us: u64,
+    /// When the HTTP date was last refreshed (shard clock, ms): at most once per ms.
+    date_read_ms: u64,
+    /// The configuration's limits as the machine sees them, built at start and at a reload
+    /// (`build_limits`), not per event.
+    limits: Limits,
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
     /// A connection was accepted since the last urgent round (its receive is to go out).
@@ -414,6 +422,9 @@ impl<R: RingOps> Shard<R> {
                 .map(|_| Vec::with_capacity(machine::ACTIONS_PER_EVENT_MAX))
                 .collect(),
             now_ms: 0,
+            now_us: 0,
+            date_read_ms: u64::MAX,
+            limits: build_limits(&cfg, zerocopy, ZC_WARMUP_BYTES),
             drain_deadline_ms: None,
             open_conns: 0,
             accepted_in_round: false,
@@ -449,8 +460,7 @@ impl<R: RingOps> Shard<R> {
     fn tick(&mut self) -> std::io::Result<bool> {
         // The body of what was the loop, unchanged in shape (the simulator calls it per step).
         {
-            self.now_ms = self.ring.now().as_millis() as u64;
-            self.date.refresh(unix_now_secs());
+            self.read_clock();
             self.apply_reload();
             if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
                 self.begin_drain();
@@ -474,9 +484,16 @@ impl<R: RingOps> Shard<R> {
             let tick_started = self.ring.now();
             let tick_budget_time = Duration::from_micros(TICK_BUDGET_US);
             loop {
-                let bulk_allowed = self.shard_budget.has_room()
-                    && self.ring.now().saturating_sub(tick_started) < tick_budget_time;
-                let Some(c) = self.ready.next_conn(bulk_allowed) else {
+                // Urgent turns first; the clock is read only when a bulk turn is next.
+                let next = match self.ready.next_conn(false) {
+                    Some(c) => Some(c),
+                    None => {
+                        let bulk_allowed = self.shard_budget.has_room()
+                            && self.ring.now().saturating_sub(tick_started) < tick_budget_time;
+                        self.ready.next_conn(bulk_allowed)
+                    }
+                };
+                let Some(c) = next else {
                     break;
                 };
                 if self.visit(c, tick_budget) == Turn::MoreWork {
@@ -516,7 +533,7 @@ impl<R: RingOps> Shard<R> {
             self.accepted_in_round = false;
             self.reap();
             self.answer_new_requests(tick_budget)?;
-            self.now_ms = self.ring.now().as_millis() as u64;
+            self.read_clock();
             self.wake_limited();
             if self.now_ms >= self.last_sweep_ms + TIMER_SWEEP_MS {
                 self.last_sweep_ms = self.now_ms;
@@ -605,11 +622,23 @@ impl<R: RingOps> Shard<R> {
     /// The moment and shard-wide facts a machine event is judged by.
     /// The egress bucket's clock, µs, read through this ring's.
     fn egress_now_us(&self) -> u64 {
-        self.ring.now().as_micros() as u64 + self.egress_clock_offset_us
+        self.now_us + self.egress_clock_offset_us
+    }
+
+    /// Reads the shard clock (`now_ms`, `now_us`) and, when a new ms began, the wall clock
+    /// for the Date header.
+    fn read_clock(&mut self) {
+        let now = self.ring.now();
+        self.now_us = now.as_micros() as u64;
+        self.now_ms = now.as_millis() as u64;
+        if self.now_ms != self.date_read_ms {
+            self.date_read_ms = self.now_ms;
+            self.date.refresh(unix_now_secs());
+        }
     }
 
     fn cx(&self) -> Ctx {
-        let now_us = self.ring.now().as_micros() as u64;
+        let now_us = self.now_us;
         Ctx {
             now_ms: self.now_ms,
             now_us,
@@ -619,26 +648,7 @@ impl<R: RingOps> Shard<R> {
                 .cfg
                 .tls_handshake_budget_bytes
                 .saturating_sub(self.handshake_bytes),
-            limits: Limits {
-                header_timeout_ms: self.cfg.header_timeout_ms,
-                keepalive_timeout_ms: self.cfg.keepalive_timeout_ms,
-                send_timeout_ms: self.cfg.send_timeout_ms,
-                chunk_bytes: self.cfg.chunk_bytes,
-                pipeline_depth: self.cfg.pipeline_depth,
-                zerocopy: self.zerocopy,
-                zerocopy_min_bytes: self.cfg.zerocopy_min_bytes,
-                zerocopy_warmup_bytes: self.zc_warmup_bytes,
-                tls_record_bytes: self.cfg.tls_record_bytes as u32,
-                tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(
-                    self.cfg.chunk_bytes,
-                    self.cfg.tls_record_bytes,
-                ),
-                tls_handshake_timeout_ms: self.cfg.tls_handshake_timeout_ms,
-                proxy_protocol: self.cfg.proxy_protocol,
-                tls_proxy_protocol: self.cfg.tls_proxy_protocol,
-                egress_limit_bytes_per_s: self.cfg.egress_limit_bytes_per_s,
-                egress_bypass_bytes: self.cfg.egress_bypass_bytes,
-            },
+            limits: self.limits,
             egress_now_us: now_us + self.egress_clock_offset_us,
         }
     }
@@ -728,7 +738,13 @@ impl<R: RingOps> Shard<R> {
         match action {
             Action::Recv => {
                 let t = self.token(Op::Recv, c);
-                self.ring.recv(socket, t);
+                let multishot = self.conns[c.index()].recv_multishot();
+                self.ring.recv(socket, t, multishot);
+            }
+            Action::CancelRecv => {
+                let target = self.token(Op::Recv, c);
+                let t = self.token(Op::CancelRecv, c);
+                self.ring.cancel_token(target, t);
             }
             Action::RetryRecv => self.recv_retry.push(c),
             Action::SendHead { from, more } => {
@@ -950,7 +966,7 @@ impl<R: RingOps> Shard<R> {
         // A pulled version stays pinned only while a response reads it.
         self.fill_reads_end(c);
         self.relay_end(c);
-        let now_us = self.ring.now().as_micros() as u64;
+        let now_us = self.now_us;
         let conn = &self.conns[c.index()];
         self.metrics.count_request(conn.method, status);
         match conn.cache {
@@ -1127,7 +1143,7 @@ impl<R: RingOps> Shard<R> {
         let data = bid
             .filter(|_| cqe.result > 0)
             .map(|b| self.ring.recv_data(b, cqe.result as usize));
-        self.conns[c.index()].on_recv(cqe.result, data, &cx, &mut out);
+        self.conns[c.index()].on_recv(cqe.result, data, cqe.more(), &cx, &mut out);
         if let Some(b) = bid {
             self.ring.recycle_recv(b);
         }
@@ -1401,6 +1417,7 @@ impl<R: RingOps> Shard<R> {
                 });
             }
             Op::Cancel => self.drive(c, |m, _, out| m.on_cancel_done(out)),
+            Op::CancelRecv => self.drive(c, |m, _, out| m.on_recv_cancel_done(out)),
             Op::PeerName => {
                 let len = usize::try_from(res).unwrap_or(0);
                 let peer = crate::client::sockaddr::parse(self.ring.peer_done(c, len));
@@ -1473,6 +1490,30 @@ fn unix_now_secs() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
+}
+
+/// The configuration's limits as the machine sees them (`Ctx::limits`).
+fn build_limits(cfg: &Config, zerocopy: bool, zc_warmup_bytes: u64) -> Limits {
+    Limits {
+        header_timeout_ms: cfg.header_timeout_ms,
+        keepalive_timeout_ms: cfg.keepalive_timeout_ms,
+        send_timeout_ms: cfg.send_timeout_ms,
+        chunk_bytes: cfg.chunk_bytes,
+        pipeline_depth: cfg.pipeline_depth,
+        zerocopy,
+        zerocopy_min_bytes: cfg.zerocopy_min_bytes,
+        zerocopy_warmup_bytes: zc_warmup_bytes,
+        tls_record_bytes: cfg.tls_record_bytes as u32,
+        tls_chunk_bytes: crate::tls::record::chunk_plaintext_capacity(
+            cfg.chunk_bytes,
+            cfg.tls_record_bytes,
+        ),
+        tls_handshake_timeout_ms: cfg.tls_handshake_timeout_ms,
+        proxy_protocol: cfg.proxy_protocol,
+        tls_proxy_protocol: cfg.tls_proxy_protocol,
+        egress_limit_bytes_per_s: cfg.egress_limit_bytes_per_s,
+        egress_bypass_bytes: cfg.egress_bypass_bytes,
+    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,7 @@ impl<R: RingOps> Shard<R> {
             self.tls = self.lifecycle.shared.tls();
             self.signing = self.lifecycle.shared.signing();
             tracing::debug!(shard = self.index, epoch, "configuration reloaded");
+            self.limits = super::build_limits(&new, self.zerocopy, self.zc_warmup_bytes);
             self.cfg = new;
         }
         if self.lifecycle.log_change_pending {

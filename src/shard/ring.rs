@@ -514,12 +514,18 @@ impl crate::ring_api::ops::RingOps for Ring {
         }
     }
     /// Arms one receive on a fixed socket; the kernel picks a provided buffer when data comes.
-    fn recv(&mut self, socket: SocketSlot, token: u64) {
-        let e = opcode::Recv::new(types::Fixed(socket.raw()), std::ptr::null_mut(), 0)
-            .buf_group(RECV_BUFFER_GROUP)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(token);
+    fn recv(&mut self, socket: SocketSlot, token: u64, multishot: bool) {
+        let e = if multishot {
+            opcode::RecvMulti::new(types::Fixed(socket.raw()), RECV_BUFFER_GROUP)
+                .build()
+                .user_data(token)
+        } else {
+            opcode::Recv::new(types::Fixed(socket.raw()), std::ptr::null_mut(), 0)
+                .buf_group(RECV_BUFFER_GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+                .user_data(token)
+        };
         self.push(e);
     }
     /// Takes ownership of provided buffer `bid` named by a receive completion; it stays ours

@@ -79,6 +79,9 @@ pub struct Request {
     pub range: Option<String>,
     /// `Connection: close`.
     pub close: bool,
+    /// Bytes of an `X-Pad` header (a large head: pipelined ones fill the multishot
+    /// receive's bound, `RX_MULTISHOT_MAX_BYTES`).
+    pub pad_bytes: usize,
 }
 
 /// How a client behaves.
@@ -517,6 +520,11 @@ impl Net {
             }
             if r.close {
                 req.push_str("Connection: close\r\n");
+            }
+            if r.pad_bytes > 0 {
+                req.push_str("X-Pad: ");
+                req.extend(std::iter::repeat_n('p', r.pad_bytes));
+                req.push_str("\r\n");
             }
             req.push_str("\r\n");
             match c.tls.as_mut() {

@@ -81,6 +81,10 @@ pub struct Paths {
     pub deferred: u64,
     /// Writability polls ended with a spurious ECANCELED.
     pub spurious_poll_cancels: u64,
+    /// Arrivals a multishot receive posted and stayed armed after.
+    pub multishot_recvs: u64,
+    /// Multishot receives cancelled by the connection (its unread bytes at their bound).
+    pub recv_cancels: u64,
 }
 
 impl Paths {
@@ -98,6 +102,8 @@ impl Paths {
         self.sq_full_waits += o.sq_full_waits;
         self.deferred += o.deferred;
         self.spurious_poll_cancels += o.spurious_poll_cancels;
+        self.multishot_recvs += o.multishot_recvs;
+        self.recv_cancels += o.recv_cancels;
     }
 }
 
@@ -106,6 +112,7 @@ impl Paths {
 enum SimOp {
     Recv {
         socket: SocketSlot,
+        multishot: bool,
     },
     SendTx {
         conn: ConnSlot,
@@ -197,7 +204,7 @@ impl SimOp {
     /// The socket slot this operation acts on, if any.
     fn socket(&self) -> Option<SocketSlot> {
         match *self {
-            SimOp::Recv { socket }
+            SimOp::Recv { socket, .. }
             | SimOp::SendTx { socket, .. }
             | SimOp::SendArena { socket, .. }
             | SimOp::ZcNotif { socket, .. }
@@ -500,7 +507,7 @@ impl SimRing {
         let (token, seq) = (self.ops[i].token, self.ops[i].seq);
         let op = self.ops[i].op.clone();
         let done = match op {
-            SimOp::Recv { socket } => self.complete_recv(token, socket),
+            SimOp::Recv { socket, multishot } => self.complete_recv(token, socket, multishot),
             SimOp::SendTx { conn, socket, from } => {
                 let bytes = self.tx.in_flight(conn.index(), from).to_vec();
                 self.complete_send(token, socket, &bytes, true, false, true)
@@ -569,6 +576,13 @@ impl SimRing {
                 true
             }
             SimOp::CancelToken { target } => {
+                if self
+                    .ops
+                    .iter()
+                    .any(|o| o.token == target && matches!(o.op, SimOp::Recv { .. }))
+                {
+                    self.paths.recv_cancels += 1;
+                }
                 let mut n = self.cancel_where(|o| o.token == target);
                 for tls in [false, true] {
                     let armed = if tls {
@@ -749,7 +763,10 @@ impl SimRing {
         n
     }
 
-    fn complete_recv(&mut self, token: u64, socket: SocketSlot) -> bool {
+    /// A multishot receive stays in flight after each arrival it posts (with
+    /// `IORING_CQE_F_MORE`); it ends with its last completion (no buffer, EOF, an error), and
+    /// when the CQ has no room for another, as the kernel ends one it cannot post for.
+    fn complete_recv(&mut self, token: u64, socket: SocketSlot, multishot: bool) -> bool {
         let Some(id) = self.socket_id(socket) else {
             self.post(token, -libc::EBADF, 0);
             return true;
@@ -780,12 +797,18 @@ impl SimRing {
         let bytes = super::net::take_front(&mut s.to_server, n);
         self.recv_bufs[usize::from(bid)][..n].copy_from_slice(&bytes);
         self.recv_state[usize::from(bid)] = RecvBuf::Posted;
+        let cq_full =
+            self.cq.len() + 1 >= self.faults.cq_entries.max(1) || !self.cq_overflow.is_empty();
+        let more = multishot && !cq_full;
+        if more {
+            self.paths.multishot_recvs += 1;
+        }
         self.post(
             token,
             n as i32,
-            CQE_F_BUFFER | (u32::from(bid) << CQE_BUFFER_SHIFT),
+            CQE_F_BUFFER | (u32::from(bid) << CQE_BUFFER_SHIFT) | if more { CQE_F_MORE } else { 0 },
         );
-        true
+        !more
     }
 
     /// A send into the client's modelled socket buffer. `blocking` sends (the header buffer,
@@ -1029,8 +1052,8 @@ impl RingOps for SimRing {
         assert!(armed.is_none(), "second multishot accept armed");
         *armed = Some(token);
     }
-    fn recv(&mut self, socket: SocketSlot, token: u64) {
-        self.push(token, SimOp::Recv { socket });
+    fn recv(&mut self, socket: SocketSlot, token: u64, multishot: bool) {
+        self.push(token, SimOp::Recv { socket, multishot });
     }
     fn claim_recv(&mut self, bid: u16) {
         let s = &mut self.recv_state[usize::from(bid)];
