@@ -13,6 +13,9 @@
 #   dir-sync-skipped   the data directory is not synced after creates      -> power-loss simulator
 #   head-scan-lax      the head scan lets a control byte through a value   -> head_scan property tests
 #   budget-leak        a closed connection's handshake bytes stay counted  -> tests/https.rs
+#   park-hold-restart  a wake-up that sends nothing restarts the park hold -> machine test, sim seeds
+#   last-words-wait    a closing TLS connection's last words wait for ever -> sim seeds
+#   rx-unbounded       the multishot receive is never cancelled at its bound -> machine test, sim
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -88,6 +91,18 @@ plant budget-leak src/shard/mod.rs \
         self.sync_handshake_bytes(c);' \
   '        self.conns[c.index()].on_closed();' \
   '' --test https handshake_bytes_stay_within_the_shards_budget
+plant park-hold-restart src/shard/machine.rs \
+  '            if self.round_bytes > 0 || self.parked_ms == 0 {' \
+  '            if true || self.round_bytes > 0 || self.parked_ms == 0 {' \
+  '' --lib shard::
+plant last-words-wait src/shard/machine.rs \
+  '        if self.deadline == Deadline::LastWords && cx.now_ms >= self.deadline_ms {' \
+  '        if false && self.deadline == Deadline::LastWords && cx.now_ms >= self.deadline_ms {' \
+  '' --lib shard::sim::seeds_that_once_failed_pass
+plant rx-unbounded src/shard/machine.rs \
+  '            && self.rx.len() >= RX_MULTISHOT_MAX_BYTES' \
+  '            && self.rx.len() >= usize::MAX' \
+  '' --lib shard::
 
 echo
 bad=0
