@@ -16,6 +16,8 @@
 #   park-hold-restart  a wake-up that sends nothing restarts the park hold -> machine test, sim seeds
 #   last-words-wait    a closing TLS connection's last words wait for ever -> sim seeds
 #   rx-unbounded       the multishot receive is never cancelled at its bound -> machine test, sim
+#   dropped-unchecked  a block another read dropped as corrupt is sent unchecked -> simulator
+#   relay-byte-late    a pass-through copies from one byte late               -> simulator
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -103,6 +105,14 @@ plant rx-unbounded src/shard/machine.rs \
   '            && self.rx.len() >= RX_MULTISHOT_MAX_BYTES' \
   '            && self.rx.len() >= usize::MAX' \
   '' --lib shard::
+plant dropped-unchecked src/fill/cache_fill.rs \
+  '                    window.get(block).ok_or(BadBlock::Dropped(block))?' \
+  '                    match window.get(block) { Some(c) => c, None => { at += b; continue; } }' \
+  '' --lib shard::sim::simulated_shard_keeps_its_invariants
+plant relay-byte-late src/fill/relay.rs \
+  '                from_off: self.used,' \
+  '                from_off: self.used + 1,' \
+  '' --lib shard::sim::simulated_shard_keeps_its_invariants
 
 echo
 bad=0
