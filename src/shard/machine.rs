@@ -1045,10 +1045,10 @@ impl ConnMachine {
         self.tls.is_none()
     }
 
-    /// The multishot receive completed `n` bytes and stays armed: once `rx` holds
+    /// After bytes went into `rx` with the multishot receive still armed: once `rx` holds
     /// `RX_MULTISHOT_MAX_BYTES` (a head's bound; a response in progress reads no further
-    /// than that of what follows it) it is cancelled, and armed again when `rx` has been
-    /// consumed.
+    /// than that of what follows it) the receive is cancelled, and armed again when `rx`
+    /// has been consumed.
     fn bound_multishot(&mut self, out: &mut Actions) {
         if self.read == ReadState::Armed
             && self.rx.len() >= RX_MULTISHOT_MAX_BYTES
@@ -1820,9 +1820,8 @@ impl ConnMachine {
         }
         if self.ops.poll {
             // Read ahead landed behind a full socket: the chunk is ours now, so a reclaim that
-            // found it still being read (and freed nothing) can take it this time.
-            // Parked past its hold already (the read waited for a block fetched again):
-            // the chunks go back now, not at the next sweep.
+            // found it still being read (and freed nothing) can take it this time; past the
+            // hold already (the read waited for a block fetched again) it goes back now.
             self.reclaim_past_hold(cx, out);
             out.push(Action::ListParked);
             out.push(Action::Reclaim);
