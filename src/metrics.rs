@@ -126,6 +126,8 @@ counters! {
     ring_cqes: Counter "ring_cqes_total",
     /// io_uring_enter calls.
     ring_enters: Counter "ring_enters_total",
+    /// Configuration reloads this shard has applied (SIGHUP epochs; 0 until the first).
+    config_epoch: Gauge "config_epoch",
     /// Open-file cache hits.
     file_cache_hits: Counter "file_cache_hits_total",
     /// Open-file cache misses (opens).

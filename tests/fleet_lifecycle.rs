@@ -214,7 +214,7 @@ fn sighup_applies_a_new_timeout_refuses_fixed_keys_by_name_and_keeps_connections
     let root = fleet_root();
     let cfg_dir = tempfile::tempdir().unwrap();
     let cfg = config_file(cfg_dir.path(), "header_timeout_ms = 30000\n");
-    let server = Server::start(root.path(), &["--config", &cfg]);
+    let (server, admin) = start_with_admin(root.path(), &["--config", &cfg]);
     let (mut ka, mut ka_r) = connect_pair(&server);
     let first = exchange(&mut ka, &mut ka_r, "GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
     assert_eq!(first.status, 200);
@@ -238,8 +238,8 @@ fn sighup_applies_a_new_timeout_refuses_fixed_keys_by_name_and_keeps_connections
         "header_timeout_ms may change:\n{log}"
     );
 
-    // Shards pick a reload up on their next loop tick (within TIMER_SWEEP_MS = 100 ms).
-    std::thread::sleep(Duration::from_millis(500));
+    // Shards pick a reload up on their next loop tick and publish its epoch once applied.
+    wait_reload_applied(admin, 1, 1);
     // The new header timeout: a connection that sends nothing is closed in well under the old
     // 30 s.
     let mut silent = server.connect();

@@ -387,7 +387,8 @@ fn a_second_edge_resumes_the_tickets_the_first_issued() {
         &format!("tls_ticket_key_file = \"{}\"", keys.display()),
     );
     let a = Server::start_tls(dir.path(), &["--config", shared.to_str().unwrap()]);
-    let b = Server::start_tls(dir.path(), &["--config", shared.to_str().unwrap()]);
+    let (b, b_admin) =
+        common::start_tls_with_admin(dir.path(), &["--config", shared.to_str().unwrap()]);
     let other = Server::start_tls(
         dir.path(),
         &["--config", pki.config(&certs, "").to_str().unwrap()],
@@ -456,7 +457,7 @@ fn a_second_edge_resumes_the_tickets_the_first_issued() {
         "{}",
         b.log()
     );
-    std::thread::sleep(Duration::from_millis(300));
+    common::wait_reload_applied(b_admin, 1, 1);
     let on_b = TlsConn::connect(tls_port(&b), cc, "localhost").unwrap();
     assert_eq!(
         on_b.conn().handshake_kind(),
@@ -520,7 +521,7 @@ fn certificates_reload_under_load_and_a_bad_file_keeps_the_old_one() {
         "{}",
         server.log()
     );
-    std::thread::sleep(Duration::from_millis(300));
+    common::wait_reload_applied(admin, 1, 1);
     let fresh = TlsConn::connect(addr, cc.clone(), "localhost").unwrap();
     let new_der = peer(&fresh);
     assert_ne!(

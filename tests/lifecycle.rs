@@ -672,8 +672,17 @@ fn connections_over_the_cap_get_503_and_slots_are_reused() {
     std::fs::create_dir_all(&root).unwrap();
     std::fs::write(root.join("a.txt"), b"a").unwrap();
     let cfg = write_config(dir.path(), "max_connections_per_shard = 2\n");
-    let server = Server::start(&root, &["--config", &cfg]);
+    let (server, admin) = start_with_admin(&root, &["--config", &cfg]);
+    // A slot is free again once the server has seen the close; the gauge counts taken slots.
+    let wait_all_slots_free = |round: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while admin_metric(admin, "shardline_connections_open", "") != 0 {
+            assert!(Instant::now() < deadline, "round {round}: slots not freed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
     for round in 0..3 {
+        wait_all_slots_free(round);
         let mut held: Vec<_> = (0..2).map(|_| connect_pair(&server)).collect();
         for (s, r) in held.iter_mut() {
             let resp = exchange(s, r, "GET /a.txt HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
@@ -685,19 +694,13 @@ fn connections_over_the_cap_get_503_and_slots_are_reused() {
         assert_eq!(over.status, 503, "round {round}");
         drop(held);
         // Freed slots come back (the server closes its side once it sees EOF).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let r = raw_request(
-                &server,
-                b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
-            )
-            .unwrap();
-            if r.status == 200 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "slots not freed: {}", r.status);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_all_slots_free(round);
+        let r = raw_request(
+            &server,
+            b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "round {round}: a freed slot serves");
     }
 }
 

@@ -232,15 +232,14 @@ struct Shard<R: RingOps> {
     /// When the HTTP date was last refreshed (shard clock, ms): at most once per ms.
     date_read_ms: u64,
     /// The configuration's limits as the machine sees them, built at start and at a reload
-    /// (`build_limits`), not per event.
+    /// (`build_limits`), not per event; the zero-copy warm-up is `ZC_WARMUP_BYTES` (the
+    /// simulator, whose files are smaller, lowers it).
     limits: Limits,
     drain_deadline_ms: Option<u64>,
     open_conns: usize,
     /// A connection was accepted since the last urgent round (its receive is to go out).
     accepted_in_round: bool,
     zerocopy: bool,
-    /// `ZC_WARMUP_BYTES` (the simulator, whose files are smaller, lowers it).
-    zc_warmup_bytes: u64,
     /// Arena slots lent to SEND_ZC and not yet released by a notification.
     zc_held: usize,
     /// Handshake bytes the handshaking connections hold now (bounded by
@@ -429,7 +428,6 @@ impl<R: RingOps> Shard<R> {
             open_conns: 0,
             accepted_in_round: false,
             zerocopy,
-            zc_warmup_bytes: ZC_WARMUP_BYTES,
             zc_held: 0,
             handshake_bytes: 0,
             handshake_counted: vec![0; max_conns],
@@ -619,7 +617,6 @@ impl<R: RingOps> Shard<R> {
         Ok(())
     }
 
-    /// The moment and shard-wide facts a machine event is judged by.
     /// The egress bucket's clock, µs, read through this ring's.
     fn egress_now_us(&self) -> u64 {
         self.now_us + self.egress_clock_offset_us
@@ -637,11 +634,11 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
+    /// The moment and shard-wide facts a machine event is judged by.
     fn cx(&self) -> Ctx {
-        let now_us = self.now_us;
         Ctx {
             now_ms: self.now_ms,
-            now_us,
+            now_us: self.now_us,
             draining: self.drain_deadline_ms.is_some(),
             zc_room: self.zc_held < self.cfg.arena_slots() / ZC_ARENA_SHARE_DIVISOR,
             handshake_room_bytes: self
@@ -649,7 +646,7 @@ impl<R: RingOps> Shard<R> {
                 .tls_handshake_budget_bytes
                 .saturating_sub(self.handshake_bytes),
             limits: self.limits,
-            egress_now_us: now_us + self.egress_clock_offset_us,
+            egress_now_us: self.egress_now_us(),
         }
     }
 

@@ -59,8 +59,11 @@ impl<R: RingOps> Shard<R> {
             self.tls = self.lifecycle.shared.tls();
             self.signing = self.lifecycle.shared.signing();
             tracing::debug!(shard = self.index, epoch, "configuration reloaded");
-            self.limits = super::build_limits(&new, self.zerocopy, self.zc_warmup_bytes);
+            self.limits =
+                super::build_limits(&new, self.zerocopy, self.limits.zerocopy_warmup_bytes);
             self.cfg = new;
+            // Published last: a reader who sees this epoch sees the shard on the new settings.
+            crate::metrics::ShardMetrics::set(&self.metrics.config_epoch, epoch);
         }
         if self.lifecycle.log_change_pending {
             self.switch_access_log();

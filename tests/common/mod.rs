@@ -699,6 +699,19 @@ pub fn admin_metric(admin: SocketAddr, family: &str, label: &str) -> u64 {
         .sum()
 }
 
+/// Waits until every one of `shards` shards has applied configuration reload number `epoch`
+/// (each publishes `shardline_config_epoch` once it runs on the new settings).
+pub fn wait_reload_applied(admin: SocketAddr, shards: u64, epoch: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin_metric(admin, "shardline_config_epoch", "") < shards * epoch {
+        assert!(
+            Instant::now() < deadline,
+            "reload {epoch} not applied by all {shards} shards"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Bytes the server sent that were read with O_DIRECT (`bytes_sent_total{source="direct"}`).
 pub fn direct_bytes_sent(admin: SocketAddr) -> u64 {
     admin_metric(admin, "shardline_bytes_sent_total", "source=\"direct\"")

@@ -896,8 +896,7 @@ fn start_shard(
     };
     // The files here are far below the 2 MiB a response sends before it may use SEND_ZC:
     // a lower warm-up lets the zero-copy runs take it.
-    shard.zc_warmup_bytes = 64 * 1024;
-    shard.limits.zerocopy_warmup_bytes = shard.zc_warmup_bytes;
+    shard.limits.zerocopy_warmup_bytes = 64 * 1024;
     Ok((shard, shared))
 }
 
