@@ -8,7 +8,8 @@
 #     control;
 #   - nothing blocks: strace of the process during a cold 1 GiB fill, counting fdatasync,
 #     fsync, openat, openat2, unlinkat and futex per thread (shard-N against the rest);
-#   - CPU: shardline's own CPU seconds per GiB for a cold download and for the warm one after;
+#   - CPU: shardline's own CPU seconds per GiB for a cold download and for the warm one after,
+#     the same for lancache-style nginx, and (with perf installed) shardline's profile of both;
 #   - cold rate: a cold 1 GiB download, shardline beside nginx set up as lancache (slice 1m,
 #     proxy_cache_lock), same origin, same disk; the median of RUNS runs;
 #   - restart: examples/cache_restart on the same disk: a journal written through 1M objects x
@@ -158,6 +159,49 @@ t2=$(cpu_ticks "$SLPID")
 COLD_CPU=$(calc "($t1 - $t0) / $TICK")
 WARM_CPU=$(calc "($t2 - $t1) / $TICK")
 sync
+# The same two downloads through lancache-style nginx (its one process: master_process off).
+LCPID=$(cat "$WORK/lancache/pid")
+LC_NAME=cold$((RUNS + 3)).bin
+t0=$(cpu_ticks "$LCPID")
+curl -sf -o /dev/null "http://127.0.0.1:$LANCACHE_PORT/pull/$LC_NAME"
+t1=$(cpu_ticks "$LCPID")
+curl -sf -o /dev/null "http://127.0.0.1:$LANCACHE_PORT/pull/$LC_NAME"
+t2=$(cpu_ticks "$LCPID")
+LC_COLD_CPU=$(calc "($t1 - $t0) / $TICK")
+LC_WARM_CPU=$(calc "($t2 - $t1) / $TICK")
+sync
+
+# profile_top OUT NAME: perf samples of shardline (every thread) while it serves NAME once.
+profile_run() {
+  perf record -q -F 999 -g -p "$SLPID" -o "$1" -- sleep 600 >/dev/null 2>&1 &
+  local perf_pid=$!
+  sleep 1
+  curl -sf -o /dev/null "$URL/pull/$2"
+  kill -INT "$perf_pid"
+  wait "$perf_pid" 2>/dev/null || true
+}
+# symbol_samples DATA: "samples symbol" per symbol, every thread together.
+symbol_samples() {
+  perf report -i "$1" --no-children --sort sym -g none -n --stdio 2>/dev/null |
+    awk '/^ +[0-9.]+%/ { n = $2; $1 = ""; $2 = ""; $3 = ""; sub(/^ +/, ""); print n "\t" $0 }'
+}
+PROFILE_ROWS=""
+if command -v perf >/dev/null; then
+  log "profile: shardline serving a cold 1 GiB download, then the same warm (perf record -g)"
+  PROF_NAME=cold$((RUNS + 2)).bin
+  profile_run "$WORK/cold.perf" "$PROF_NAME"
+  profile_run "$WORK/warm.perf" "$PROF_NAME"
+  symbol_samples "$WORK/cold.perf" >"$WORK/cold.samples"
+  symbol_samples "$WORK/warm.perf" >"$WORK/warm.samples"
+  PROFILE_ROWS=$(awk -F'\t' 'NR == FNR { warm[$2] = $1; next }
+    { cold_total += $1; if (FNR <= 12) { top[FNR] = $2; cold[$2] = $1 } }
+    END {
+      for (i = 1; i <= 12 && (i in top); i++) printf "| `%s` | %d | %d |\n", top[i], cold[top[i]], warm[top[i]]
+    }' "$WORK/warm.samples" "$WORK/cold.samples")
+  PROFILE_TOTALS="$(awk -F'\t' '{ s += $1 } END { print s + 0 }' "$WORK/cold.samples") | $(awk -F'\t' '{ s += $1 } END { print s + 0 }' "$WORK/warm.samples")"
+else
+  log "perf is not installed: no profile"
+fi
 
 log "cold rate: $RUNS cold 1 GiB downloads each, shardline and lancache-style nginx"
 SL_RATES=() LC_RATES=()
@@ -211,13 +255,29 @@ rm -rf "$MNT/restart"
   echo
   echo "From shard threads: $SHARD_BLOCKING fdatasync/fsync/openat/unlinkat, $SHARD_FUTEX futex."
   echo
-  echo "## CPU per GiB (shardline's own, utime + stime)"
+  echo "## CPU per GiB (each server's own process, utime + stime)"
   echo
-  echo "| download | CPU s/GiB |"
-  echo "|---|---|"
-  echo "| cold 1 GiB | $COLD_CPU |"
-  echo "| warm 1 GiB | $WARM_CPU |"
-  echo "| cold / warm | $(calc "$COLD_CPU / $WARM_CPU") |"
+  echo "| download | shardline CPU s/GiB | nginx as lancache CPU s/GiB | shardline / nginx |"
+  echo "|---|---|---|---|"
+  echo "| cold 1 GiB | $COLD_CPU | $LC_COLD_CPU | $(calc "$COLD_CPU / $LC_COLD_CPU") |"
+  echo "| warm 1 GiB (the same again) | $WARM_CPU | $LC_WARM_CPU | $(calc "$WARM_CPU / $LC_WARM_CPU") |"
+  echo "| cold / warm | $(calc "$COLD_CPU / $WARM_CPU") | $(calc "$LC_COLD_CPU / $LC_WARM_CPU") | |"
+  echo
+  echo "nginx's warm download is sendfile from the page cache (its cache file was just written);"
+  echo "shardline's is an O_DIRECT read checked block by block, then a send."
+  if [[ -n $PROFILE_ROWS ]]; then
+    echo
+    echo "### Profile: shardline's samples per symbol, every thread (perf record -F 999 -g)"
+    echo
+    echo "The top symbols of the cold download, beside the same symbols warm. On loopback the"
+    echo "receiver's ACKs run the origin's transmit in the receiver's context, so part of the"
+    echo "origin's send is counted here (tcp_write_xmit under tcp_rcv_established); on a NIC it is not."
+    echo
+    echo "| symbol | cold samples | warm samples |"
+    echo "|---|---|---|"
+    printf '%s\n' "$PROFILE_ROWS"
+    echo "| every symbol | $PROFILE_TOTALS |"
+  fi
   echo
   echo "## Cold 1 GiB download (MB/s), $RUNS runs"
   echo

@@ -340,7 +340,8 @@ pub struct Config {
     pub cache_dir: Option<PathBuf>,
     /// Block size of newly cached objects (each object keeps its own).
     pub cache_block_bytes: u32,
-    /// Blocks fetched ahead of what a request needs.
+    /// Most blocks fetched ahead of what a request needs (the cap of the adaptive
+    /// read-ahead: `fill::cache_fill::FillCore::read_ahead`).
     pub cache_read_ahead_blocks: u64,
     /// Longest a request waits for the fill before it gets a 504.
     pub cache_wait_timeout_ms: u64,

@@ -169,30 +169,73 @@ fn a_cold_object_is_filled_from_the_origin_then_served_from_the_cache() {
     );
 }
 
-#[test]
-fn a_cold_range_fetches_only_its_blocks_and_the_read_ahead() {
-    let e = edge("1", "cache_read_ahead_blocks = 1");
-    let want = origin_file();
-    let (first, last) = (2_500_000usize, 2_600_000usize);
-    let r = get(
-        &e.server,
-        "/pull/obj.bin",
-        &[("Range", &format!("bytes={first}-{last}"))],
-    );
-    assert_eq!(r.status, 206);
-    assert!(r.body == want[first..=last], "the range differs");
-    assert_eq!(
-        r.header("content-range"),
-        Some(format!("bytes {first}-{last}/{OBJECT_BYTES}").as_str())
-    );
-    // The first fetch starts at the range's own block and asks for it and its read-ahead
-    // (one block): issue 20's "at most 2 blocks plus the read-ahead".
-    let sent = e.origin.wait_body_bytes(2 << 20);
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert_eq!(e.origin.body_bytes_sent(), sent);
+/// Waits until the origin has sent at least `blocks` blocks of 256 KiB (the object's last one
+/// is shorter) into the cache and no fetch runs, then checks it sent exactly those (heads
+/// aside): `what` names the step.
+fn origin_sent_blocks(e: &Edge, blocks: u64, fetches: u64, what: &str) {
+    const BLOCK: u64 = 256 * 1024;
+    let bytes = (blocks * BLOCK).min(OBJECT_BYTES);
+    let received =
+        || common::admin_metric(e.admin, "shardline_cache_bytes_total", "source=\"origin\"");
+    let running = || common::admin_metric(e.admin, "shardline_origin_fetches", "");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while received() < bytes || running() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the origin sent {} bytes, {} fetches run; want {blocks} blocks",
+            received(),
+            running()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let got = received();
+    // Each fetch's head is a few hundred bytes.
     assert!(
-        sent <= 3 << 20,
-        "{sent} bytes from the origin for a 100 KB range"
+        got >= bytes && got < bytes + fetches * 1024,
+        "{what}: the origin sent {got} bytes, want {bytes} ({blocks} blocks) and {fetches} heads"
+    );
+}
+
+#[test]
+fn a_closed_range_reads_ahead_only_when_it_continues_what_was_read_before() {
+    // 256 KiB blocks, a read-ahead capped at 8 of them.
+    let e = edge("1", "cache_read_ahead_blocks = 8");
+    let want = origin_file();
+    const B: usize = 256 * 1024;
+    let ranged = |first: usize, last: usize| {
+        let r = get(
+            &e.server,
+            "/pull/obj.bin",
+            &[("Range", &format!("bytes={first}-{last}"))],
+        );
+        assert_eq!(r.status, 206);
+        assert!(r.body == want[first..=last], "bytes {first}-{last} differ");
+        assert_eq!(
+            r.header("content-range"),
+            Some(format!("bytes {first}-{last}/{OBJECT_BYTES}").as_str())
+        );
+    };
+    // A cold range in the middle (inside block 9): that block, nothing past it.
+    ranged(2_500_000, 2_600_000);
+    origin_sent_blocks(&e, 1, 1, "a cold range in the middle");
+    // The next range continues it (block 10): one block of read-ahead past it.
+    ranged(10 * B, 11 * B - 1);
+    origin_sent_blocks(&e, 3, 2, "a range after the one before");
+    // Block 11 is there already; three behind it, so two more come while it is served.
+    ranged(11 * B, 12 * B - 1);
+    origin_sent_blocks(&e, 5, 3, "a range whose blocks are there");
+    // A jump (block 18; nothing behind it): exactly its block.
+    ranged(18 * B + 7, 18 * B + 1000);
+    origin_sent_blocks(&e, 6, 4, "a jump");
+    // A whole download from the start streams and reads ahead to the end.
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body == want, "the whole object differs");
+    origin_sent_blocks(
+        &e,
+        OBJECT_BYTES.div_ceil(256 * 1024),
+        16,
+        "the whole object",
     );
 }
 

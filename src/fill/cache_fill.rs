@@ -45,6 +45,18 @@ use crate::ring_api::slots::ArenaSlot;
 pub const MAX_PROBE_WAITERS: usize = 4096;
 /// Most fetches waiting for a slot or a connection (past it: `Outcome::Busy`).
 pub const MAX_QUEUED_FETCHES: usize = 4096;
+/// Blocks a stream that did not start at an object's start reads ahead at first (1 MiB in
+/// 64 KiB blocks, 4 MiB in 256 KiB ones), before the blocks behind it show it sequential.
+pub const INITIAL_READ_AHEAD_BLOCKS: u64 = 16;
+
+/// How far one want fetches ahead (`FillCore::read_ahead`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ReadAhead {
+    /// Blocks past the one being read, within the request.
+    within: u64,
+    /// Blocks past a closed request's last block.
+    past_end: u64,
+}
 /// Most keys whose 404 is remembered at once (past it the oldest is forgotten early).
 pub const MAX_NOT_FOUND_KEYS: usize = 65_536;
 /// Longest an origin's 404 may be remembered (a limit the config checks, so it lives there).
@@ -1160,8 +1172,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         last: Option<u64>,
         waiter: W,
     ) -> Outcome {
-        self.core()
-            .want_blocks(key, origin, path, first, last, waiter, false)
+        self.core().want(key, origin, path, first, last, waiter)
     }
 
     /// See `FillCore::want_streaming`.
@@ -1175,7 +1186,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         waiter: W,
     ) -> Outcome {
         self.core()
-            .want_blocks(key, origin, path, first, last, waiter, true)
+            .want_streaming(key, origin, path, first, last, waiter)
     }
 
     /// See `FillCore::admit`.
@@ -1200,12 +1211,13 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         key: &[u8],
         origin: usize,
         path: &str,
+        start: u64,
         first: u64,
         last: Option<u64>,
         waiter: W,
     ) -> Outcome {
         self.core()
-            .want_more(version, key, origin, path, first, last, waiter)
+            .want_more(version, key, origin, path, start, first, last, waiter)
     }
 
     /// See `FillCore::stats` (as of the lock's last release: read without it).
@@ -1569,7 +1581,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         last: Option<u64>,
         waiter: W,
     ) -> Outcome {
-        self.want_blocks(key, origin, path, first, last, waiter, false)
+        self.want_blocks(key, origin, path, first, first, last, waiter, false)
     }
 
     /// As `want`, for a response that streams: `Ready` once the block holding `first` is on
@@ -1584,7 +1596,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         last: Option<u64>,
         waiter: W,
     ) -> Outcome {
-        self.want_blocks(key, origin, path, first, last, waiter, true)
+        self.want_blocks(key, origin, path, first, first, last, waiter, true)
     }
 
     /// What a request for `key` (from byte `first`) must wait for before its bytes are
@@ -1655,8 +1667,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         Some(Outcome::Waiting)
     }
 
-    /// As `want_streaming`, for a response that began on `version`: `Busy` once the key has
-    /// another version (the response cannot go on without mixing them).
+    /// As `want_streaming`, for a response that began on `version` at byte `start` and reads
+    /// on from `first`: `Busy` once the key has another version (the response cannot go on
+    /// without mixing them).
     #[allow(clippy::too_many_arguments)]
     pub fn want_more(
         &mut self,
@@ -1664,6 +1677,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         key: &[u8],
         origin: usize,
         path: &str,
+        start: u64,
         first: u64,
         last: Option<u64>,
         waiter: W,
@@ -1671,7 +1685,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if self.index.current(key).map(|m| m.version) != Some(version) {
             return Outcome::Busy;
         }
-        self.want_blocks(key, origin, path, first, last, waiter, true)
+        self.want_blocks(key, origin, path, start, first, last, waiter, true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1680,6 +1694,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         key: &[u8],
         origin: usize,
         path: &str,
+        start: u64,
         first: u64,
         last: Option<u64>,
         waiter: W,
@@ -1687,50 +1702,57 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     ) -> Outcome {
         let shard = waiter.shard().min(self.notices.len() - 1);
         let Some(meta) = self.index.current(key).cloned() else {
-            return self.probe(key, origin, path, first, waiter);
+            return self.probe(key, origin, path, first, last, waiter);
         };
         if meta.size == 0 {
             return Outcome::Ready(meta.version);
         }
+        // Closed: the client said where it stops, short of the object's end.
+        let closed = last.is_some_and(|l| l < meta.size - 1);
         let last = last.unwrap_or(meta.size - 1).min(meta.size - 1);
         let first = first.min(last);
+        let start = start.min(first);
         let b = u64::from(meta.block_bytes);
-        let (need_last, ahead_last) = if streaming {
-            let window = (self.cfg.read_ahead_blocks + 1).saturating_mul(b);
-            (
-                (first | (b - 1)).min(last),
-                first.saturating_add(window - 1).min(last),
-            )
+        let need_last = if streaming {
+            (first | (b - 1)).min(last)
         } else {
-            (last, last)
+            last
         };
         let need = blocks_for(first, need_last, meta.size, meta.block_bytes, 0);
-        let mut ahead = blocks_for(
-            first,
-            ahead_last,
-            meta.size,
-            meta.block_bytes,
-            self.cfg.read_ahead_blocks,
-        );
-        // The read-ahead window ends on a multiple of its step (the read-ahead, at most a
-        // run), so it grows a step at a time: a window sliding one block per want would turn
-        // every later request into a one-block run, each paying the origin's first-byte delay.
-        // It is rounded down (never below what the want needs), so no more than the
-        // read-ahead is ever fetched past the request.
-        let step = self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks);
-        if step > 1 && ahead.end < meta.blocks() {
-            ahead.end = (ahead.end / step * step).max(need.end);
-        }
+        let ra = self.read_ahead(&meta, start, first, last, closed);
+        let ahead_end = if streaming {
+            // Within the request, the ramp; past a closed request's end, what `read_ahead`
+            // allows. The window ends on a multiple of its step (the ramp, at most a run), so
+            // it grows a step at a time: one sliding a block per want would turn every later
+            // request into a one-block run, each paying the origin's first-byte delay. It is
+            // rounded down (never below what the want needs).
+            let end = (first / b + 1 + ra.within).min(last / b + 1 + ra.past_end);
+            let step = ra.within.min(self.cfg.max_run_blocks);
+            if step > 1 && end < meta.blocks() {
+                (end / step * step).max(need.end)
+            } else {
+                end
+            }
+        } else {
+            last / b + 1 + ra.past_end
+        };
+        let ahead = need.start..ahead_end.min(meta.blocks()).max(need.end);
         let v = meta.version;
         let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
-        if need.clone().all(present) {
+        // Ready now, and the read-ahead still asked for: a sequential reader whose blocks
+        // are all there finds its next ones coming (the kernel's asynchronous read-ahead).
+        let ready = need.clone().all(present);
+        if ready {
             if let Some(e) = self.evict.as_mut() {
                 e.touch(&v);
             }
-            return Outcome::Ready(v);
         }
         if self.queue.len() >= MAX_QUEUED_FETCHES {
-            return Outcome::Busy;
+            return if ready {
+                Outcome::Ready(v)
+            } else {
+                Outcome::Busy
+            };
         }
         // The first missing block this waiter needs is what it waits on; the others of its
         // range and the read-ahead are fetched for nobody in particular.
@@ -1775,13 +1797,81 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             };
             self.queue.push_back(job);
         }
-        Outcome::Waiting
+        if ready {
+            Outcome::Ready(v)
+        } else {
+            Outcome::Waiting
+        }
+    }
+
+    /// How far a want may fetch past the block of byte `first`, by the context the way the
+    /// kernel's on-demand read-ahead judges it: a download from the object's start that runs
+    /// to its end gets the whole `read_ahead_blocks` at once; any other stream starts at
+    /// `INITIAL_READ_AHEAD_BLOCKS` and grows with the blocks already there (or coming) right
+    /// behind where it reads, so it doubles while access stays sequential. Past the end of a
+    /// closed range (`last`, the request began at `start`) only when the blocks right behind
+    /// the request were there: a client that continues what it or another read before (a
+    /// chunked download, a PS5's 18 MiB ranges) gets its next ranges ahead, one that jumps
+    /// (Delivery Optimization, TACT archives, Riot bundles) gets exactly what it asked for.
+    fn read_ahead(
+        &self,
+        meta: &crate::cache::index::ObjectVersion,
+        start: u64,
+        first: u64,
+        last: u64,
+        closed: bool,
+    ) -> ReadAhead {
+        let cap = self.cfg.read_ahead_blocks;
+        let b = u64::from(meta.block_bytes);
+        let (start_block, first_block) = (start / b, first / b);
+        let within = if start_block == 0 && !closed {
+            cap
+        } else {
+            cap.min(INITIAL_READ_AHEAD_BLOCKS.max(self.blocks_behind(
+                meta.version,
+                first_block,
+                cap,
+            )))
+        };
+        let past_end = if closed {
+            let behind = self.blocks_behind(meta.version, start_block, cap);
+            let asked = last / b + 1 - start_block;
+            if behind == 0 {
+                0
+            } else {
+                cap.min(behind.max(asked))
+            }
+        } else {
+            0
+        };
+        ReadAhead { within, past_end }
+    }
+
+    /// Blocks of `version` right before `block` that are on disk or being fetched, counted up
+    /// to `max`.
+    fn blocks_behind(&self, version: u64, block: u64, max: u64) -> u64 {
+        let v = version;
+        let there = |b: u64| {
+            self.index.block_crc(v, b as u32).is_some() || self.blocks.fetching(&(v, b as u32))
+        };
+        (1..=max.min(block))
+            .take_while(|&d| there(block - d))
+            .count() as u64
     }
 
     /// An unknown object: its first fetch starts at the block of byte `first` (a cold Range
-    /// in the middle of a large object fetches its own blocks, not the object's start) and
-    /// learns the size from the head.
-    fn probe(&mut self, key: &[u8], origin: usize, path: &str, first: u64, waiter: W) -> Outcome {
+    /// in the middle of a large object fetches its own blocks, not the object's start), asks
+    /// for the blocks up to a closed range's `last` only, or for the read-ahead's start (the
+    /// whole `read_ahead_blocks` from the object's start), and learns the size from the head.
+    fn probe(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        first: u64,
+        last: Option<u64>,
+        waiter: W,
+    ) -> Outcome {
         let shard = waiter.shard().min(self.notices.len() - 1);
         if let Some(waiters) = self.probes.get_mut(key) {
             if waiters.len() >= MAX_PROBE_WAITERS {
@@ -1798,8 +1888,14 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.waits_started += 1;
         let version = self.next_version;
         self.next_version += 1;
-        let start = u32::try_from(first / u64::from(self.cfg.block_bytes)).unwrap_or(u32::MAX);
-        let run = self.cfg.read_ahead_blocks.min(self.cfg.max_run_blocks - 1) as u32;
+        let b = u64::from(self.cfg.block_bytes);
+        let start = u32::try_from(first / b).unwrap_or(u32::MAX);
+        let ahead = match last {
+            Some(last) => (last.max(first) / b).saturating_sub(first / b),
+            None if first < b => self.cfg.read_ahead_blocks,
+            None => self.cfg.read_ahead_blocks.min(INITIAL_READ_AHEAD_BLOCKS),
+        };
+        let run = ahead.min(self.cfg.max_run_blocks - 1) as u32;
         self.queue.push_back(Job {
             key: key.to_vec(),
             origin,
@@ -2522,6 +2618,117 @@ mod window_tests {
             (w.get(1), w.size),
             (None, 0),
             "an unknown version copies nothing"
+        );
+    }
+}
+
+#[cfg(test)]
+mod read_ahead_tests {
+    use super::*;
+
+    const B: u64 = 65_536;
+
+    /// A core whose index holds a 200-block object of version 1 with blocks `present` on
+    /// disk; read-ahead capped at 32 blocks, runs of at most 16.
+    fn core_with(present: std::ops::Range<u32>) -> (FillCore<usize>, tempfile::TempDir) {
+        let mut index = Index::default();
+        assert!(index.apply(Record::Object(ObjectVersion {
+            key: b"\0\0k".to_vec(),
+            version: 1,
+            size: 200 * B,
+            block_bytes: B as u32,
+            fetched_unix_s: unix_now_s(),
+            etag: String::new(),
+            last_modified: String::new(),
+            content_type: String::new(),
+        })));
+        for block in present {
+            assert!(index.apply(Record::Block {
+                version: 1,
+                block,
+                crc: block,
+            }));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = FillConfig {
+            block_bytes: B as u32,
+            read_ahead_blocks: 32,
+            max_run_blocks: 16,
+            slot_bytes: 1 << 20,
+            align_bytes: 4096,
+            max_attempts: 1,
+            sync_every_blocks: 1,
+            max_bytes: 0,
+            revalidate_s: 3600,
+            not_found_s: 0,
+            origin_names: vec!["o".into()],
+            open_files: 1,
+            compact_min_bytes: COMPACT_MIN_BYTES,
+        };
+        let mut core: FillCore<usize> = FillCore::open(dir.path(), cfg, 1).unwrap();
+        core.index = index;
+        (core, dir)
+    }
+
+    fn queued(core: &FillCore<usize>) -> Vec<(u32, u32)> {
+        core.queue.iter().map(|j| (j.first, j.last)).collect()
+    }
+
+    /// The read-ahead grows with what is right behind a read, and a closed range gets none
+    /// past its end unless it continues what was read before.
+    #[test]
+    fn read_ahead_follows_the_blocks_behind_a_read() {
+        let (core, _dir) = core_with(40..60);
+        let meta = core.index.current(b"\0\0k").cloned().unwrap();
+        let ra = |start: u64, last: u64, closed: bool| {
+            let r = core.read_ahead(&meta, start, start, last, closed);
+            (r.within, r.past_end)
+        };
+        let end = 200 * B - 1;
+        assert_eq!(ra(0, end, false), (32, 0), "a download from the start");
+        assert_eq!(
+            ra(100 * B, end, false),
+            (16, 0),
+            "a resume with nothing behind"
+        );
+        assert_eq!(ra(60 * B, end, false), (20, 0), "20 blocks behind");
+        assert_eq!(ra(100 * B, 100 * B + 9, true), (16, 0), "a jump");
+        assert_eq!(ra(50 * B, 50 * B + 9, true), (16, 10), "10 blocks behind");
+        assert_eq!(ra(60 * B, 64 * B - 1, true), (20, 20), "20 behind, 4 asked");
+        let (core, _dir) = core_with(0..100);
+        let meta = core.index.current(b"\0\0k").cloned().unwrap();
+        let r = core.read_ahead(&meta, 100 * B, 100 * B, 100 * B, true);
+        assert_eq!(r.past_end, 32, "capped at cache_read_ahead_blocks");
+    }
+
+    #[test]
+    fn a_jump_fetches_its_blocks_and_a_continued_hit_fetches_the_next() {
+        let (mut core, _dir) = core_with(40..50);
+        // A closed range far from anything there: its own blocks, one run.
+        let o = core.want(b"\0\0k", 0, "/k", 100 * B + 5, Some(101 * B + 5), 7);
+        assert_eq!(o, Outcome::Waiting);
+        assert_eq!(queued(&core), vec![(100, 101)]);
+        core.queue.clear();
+        // A hit on block 45 (5 behind): ready, and blocks 50 (missing) on come.
+        let o = core.want(b"\0\0k", 0, "/k", 45 * B, Some(46 * B - 1), 7);
+        assert_eq!(o, Outcome::Ready(1));
+        assert_eq!(queued(&core), vec![(50, 50)]);
+    }
+
+    #[test]
+    fn a_probe_asks_for_a_closed_range_alone_and_a_whole_download_for_a_run() {
+        let (mut core, _dir) = core_with(0..0);
+        core.want(b"\0\0x", 0, "/x", 10 * B + 1, Some(12 * B), 7);
+        assert_eq!(queued(&core), vec![(10, 12)]);
+        core.queue.clear();
+        core.want(b"\0\0y", 0, "/y", 0, None, 7);
+        assert_eq!(queued(&core), vec![(0, 15)], "a run from the start");
+        core.queue.clear();
+        core.want(b"\0\0z", 0, "/z", 30 * B, None, 7);
+        assert_eq!(
+            queued(&core),
+            vec![(30, 45)],
+            "the initial read-ahead (16 blocks)"
         );
     }
 }

@@ -96,6 +96,8 @@ pub struct Stream {
     pub origin: usize,
     /// The request target at the origin.
     pub path: String,
+    /// First byte the response asked for (where its read-ahead is judged from).
+    pub start: u64,
     /// Last byte the response needs (None: the object's end).
     pub last: Option<u64>,
 }
@@ -358,6 +360,25 @@ impl EdgeCache {
             .ok()
     }
 
+    /// The last byte of a single `bytes=N-M` range, before the size is known (open, a suffix
+    /// or several ranges: None).
+    pub fn last_byte(range: Option<&[u8]>) -> Option<u64> {
+        let spec = range?.trim_ascii().strip_prefix(b"bytes=")?;
+        if spec.contains(&b',') {
+            return None;
+        }
+        let dash = spec.iter().position(|&b| b == b'-')?;
+        let first: u64 = std::str::from_utf8(spec[..dash].trim_ascii())
+            .ok()?
+            .parse()
+            .ok()?;
+        let last: u64 = std::str::from_utf8(spec[dash + 1..].trim_ascii())
+            .ok()?
+            .parse()
+            .ok()?;
+        (last >= first).then_some(last)
+    }
+
     /// What `waiter` wants of `key`: `Ready(version)` when it may start. A remembered 404
     /// comes first, and for a request not yet `admitted` (not resumed after a wait), a stale
     /// version's revalidation (`FillCore::admit`). A single range (or
@@ -383,15 +404,22 @@ impl EdgeCache {
         // One hold of the fill's lock for the whole decision, and for a hit everything its
         // response needs from the fill.
         let touched = &mut self.touched;
-        let (outcome, streaming, last, hit) = self.fill.with_core(|core| {
+        let (outcome, streaming, (start, last), hit) = self.fill.with_core(|core| {
             Self::flush_touched(touched, core);
             let now_s = super::cache_fill::unix_now_s();
             if let Some(outcome) = core.admit(key, origin, path, first, !admitted, waiter, now_s) {
-                return (outcome, false, None, None);
+                return (outcome, false, (first, None), None);
             }
             let Some(size) = core.index().current(key).map(|m| m.size) else {
-                let outcome = core.want(key, origin, path, first, Some(0), waiter);
-                return (outcome, false, None, None);
+                // Unknown yet: its first fetch asks for no more than a closed range (or a
+                // HEAD: the first block) needs.
+                let last = if head_only {
+                    Some(0)
+                } else {
+                    Self::last_byte(range)
+                };
+                let outcome = core.want(key, origin, path, first, last, waiter);
+                return (outcome, false, (first, None), None);
             };
             let (first, last, multi) = Self::span(range, size, head_only);
             let span_bytes = last.unwrap_or(size.saturating_sub(1)).saturating_sub(first) + 1;
@@ -417,7 +445,7 @@ impl EdgeCache {
                 }),
                 _ => None,
             };
-            (outcome, streaming, last, hit)
+            (outcome, streaming, (first, last), hit)
         });
         if let Some(h) = hit.as_ref().and_then(|h| h.hot.clone()) {
             if self.hot.len() >= HOT_KEYS_PER_SHARD {
@@ -429,6 +457,7 @@ impl EdgeCache {
             key: key.to_vec(),
             origin,
             path: path.to_owned(),
+            start,
             last,
         });
         (outcome, stream, hit)
@@ -467,6 +496,7 @@ impl EdgeCache {
             key: key.to_vec(),
             origin: *origin,
             path: path.clone(),
+            start: first,
             last,
         });
         if self.touched.len() >= MAX_TOUCHED {
@@ -506,6 +536,7 @@ impl EdgeCache {
             &stream.key,
             stream.origin,
             &stream.path,
+            stream.start,
             from,
             stream.last,
             waiter,
