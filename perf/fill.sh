@@ -495,8 +495,9 @@ shards_run=$(grep -o 'shards=[0-9]*' "$WORK/shardline.log" | head -1 | cut -d= -
   echo "| shardline | ${sl_range% *} | ${sl_range#* } | $(printf %.1f "$(blocks_of "$sl_range")") |"
   echo "| nginx proxy_cache as lancache | ${lc_range% *} | ${lc_range#* } | $(printf %.1f "$(blocks_of "$lc_range")") |"
   echo
-  echo "Target: at most 2 blocks plus the read-ahead ($READ_AHEAD blocks) from the origin. shardline's count includes"
-  echo "the read-ahead it starts (it fetches on after the response, for the next range)."
+  echo "Target (issue 31): at most 4 MiB from the origin. A closed range that does not continue blocks already"
+  echo "there gets no read-ahead past its end (the blocks it touches: an unaligned 1 MiB spans 5); lancache fetches"
+  echo "its 1 MiB slices whole."
   echo
   echo "## kill -9 during 20 fills"
   echo
