@@ -63,6 +63,7 @@ fn main() {
             resolved: None,
             host: "origin".into(),
             max_fetches: conns,
+            budget: None,
             max_idle: conns,
             timeouts: Timeouts {
                 connect_ms: 2000,

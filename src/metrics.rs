@@ -226,6 +226,9 @@ counters! {
     /// Fills given up because the cache's disk had no room, over all shards (shard 0 reports
     /// it; their clients got 503, hits went on).
     cache_disk_full: Gauge "cache_disk_full_fills",
+    /// Pauses origins asked for (a 429 or 503 with `Retry-After`: no new fetch to that origin
+    /// until it ends; a warn line names the origin), over all shards (shard 0 reports it).
+    origin_pauses: Gauge "origin_pauses",
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
     /// Hits served without the fill's lock (their version published: every block on disk,

@@ -30,6 +30,17 @@ fn edge(shards: &str, extra_config: &str) -> Edge {
 
 /// As `edge`, with `nginx_extra` in the origin's `http` block and an object of `object_bytes`.
 fn edge_with(shards: &str, extra_config: &str, nginx_extra: &str, object_bytes: u64) -> Edge {
+    edge_with_origin_keys(shards, extra_config, "", nginx_extra, object_bytes)
+}
+
+/// As `edge_with`, with `origin_keys` in the `[[origin]]` table.
+fn edge_with_origin_keys(
+    shards: &str,
+    extra_config: &str,
+    origin_keys: &str,
+    nginx_extra: &str,
+    object_bytes: u64,
+) -> Edge {
     let origin_root = tempfile::tempdir().unwrap();
     std::fs::create_dir(origin_root.path().join("pull")).unwrap();
     common::write_pattern_file(&origin_root.path().join("pull/obj.bin"), object_bytes);
@@ -46,7 +57,7 @@ fn edge_with(shards: &str, extra_config: &str, nginx_extra: &str, object_bytes: 
     std::fs::write(
         &cfg,
         format!(
-            "cache_dir = \"{}\"\n{extra_config}\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            "cache_dir = \"{}\"\n{extra_config}\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n{origin_keys}\n",
             cache.display(),
             origin.addr
         ),
@@ -236,6 +247,125 @@ fn a_closed_range_reads_ahead_only_when_it_continues_what_was_read_before() {
         OBJECT_BYTES.div_ceil(256 * 1024),
         16,
         "the whole object",
+    );
+}
+
+#[test]
+fn an_origins_max_fetches_holds_over_all_shards() {
+    let Some(cpus) = common::two_or_more_cpus() else {
+        return;
+    };
+    // nginx answers 503 to a request beyond one at a time (limit_conn; limit_rate keeps each
+    // response going long enough to overlap another): its log shows whether the edge ever
+    // had two fetches running at once, whatever the retries made of them.
+    let e = edge_with_origin_keys(
+        "2",
+        "",
+        "max_fetches = 1",
+        "limit_conn_zone $server_addr zone=one_at_a_time:1m;\nlimit_conn one_at_a_time 1;\nlimit_rate 20m;",
+        OBJECT_BYTES,
+    );
+    const OBJECTS: usize = 16;
+    for i in 0..OBJECTS {
+        common::write_pattern_file(&e.origin_root.join(format!("pull/o{i}.bin")), 600_000);
+    }
+    let addr = e.server.addr;
+    let clients: Vec<_> = (0..OBJECTS)
+        .map(|i| {
+            let cpu = cpus[i % 2];
+            std::thread::spawn(move || {
+                // The client's CPU steers its connection to that CPU's shard.
+                let mut set = rustix::thread::CpuSet::new();
+                set.set(cpu);
+                rustix::thread::sched_setaffinity(None, &set).expect("pin the client");
+                get_in_thread(addr, &format!("/pull/o{i}.bin"))
+                    .join()
+                    .unwrap()
+            })
+        })
+        .collect();
+    let responses: Vec<common::Response> = clients
+        .into_iter()
+        .map(|c| c.join().expect("a client"))
+        .collect();
+    let log = e.origin.wait_requests(OBJECTS);
+    assert!(
+        log.iter().all(|l| l.status == 200 || l.status == 206),
+        "the origin refused a second fetch at once: {log:#?}"
+    );
+    let want = common::pattern(600_000);
+    for r in responses {
+        assert_eq!(r.status, 200);
+        assert!(r.body == want, "a client got other bytes");
+    }
+    for shard in ["0", "1"] {
+        let label = format!("shard=\"{shard}\"");
+        assert!(
+            common::admin_metric(e.admin, "shardline_cache_lookups_total", &label) > 0,
+            "no request reached shard {shard}: the cap was not tried over two shards"
+        );
+    }
+}
+
+#[test]
+fn an_origin_that_answers_429_with_retry_after_is_paused_and_the_others_go_on() {
+    // A second origin (another nginx server) answers every request 429 with Retry-After: 30.
+    let busy_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let e = edge_with_origin_keys(
+        "1",
+        "cache_wait_timeout_ms = 1000",
+        &format!("[[origin]]\nprefix = \"/busy/\"\nurl = \"http://127.0.0.1:{busy_port}\""),
+        &format!(
+            "server {{ listen 127.0.0.1:{busy_port}; \
+             location / {{ add_header Retry-After 30 always; return 429; }} }}"
+        ),
+        OBJECT_BYTES,
+    );
+    let busy_requests = || {
+        e.origin
+            .log()
+            .iter()
+            .filter(|l| l.uri.starts_with("/busy/"))
+            .count()
+    };
+    let retry_later = |path: &str| {
+        let r = get(&e.server, path, &[]);
+        assert_eq!(r.status, 503, "{path}");
+        let s: u64 = r
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{path}: no Retry-After in seconds"));
+        assert!((1..=30).contains(&s), "{path}: Retry-After {s}");
+    };
+    // The first request's fetch is refused; the client waits its timeout, then is told to
+    // come back when the origin said.
+    retry_later("/busy/a.bin");
+    assert_eq!(busy_requests(), 1);
+    // A request for another object of that origin during the pause sends it nothing.
+    retry_later("/busy/b.bin");
+    assert_eq!(
+        busy_requests(),
+        1,
+        "a fetch reached the origin during its pause"
+    );
+    // The other origin is not paused.
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body == origin_file());
+    assert_eq!(
+        common::admin_metric(e.admin, "shardline_origin_pauses", ""),
+        1
+    );
+    let log = e.server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("origin asked the edge to wait")
+                && l.contains(&format!("127.0.0.1:{busy_port}"))
+                && l.contains("pause_s=30")),
+        "no log line naming the paused origin:\n{log}"
     );
 }
 

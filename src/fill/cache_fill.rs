@@ -49,6 +49,10 @@ pub const MAX_QUEUED_FETCHES: usize = 4096;
 /// 64 KiB blocks, 4 MiB in 256 KiB ones), before the blocks behind it show it sequential.
 pub const INITIAL_READ_AHEAD_BLOCKS: u64 = 16;
 
+/// Shortest pause a `Retry-After` makes (a `0` or a past date would otherwise send the fetch
+/// straight back to an origin that just refused it).
+pub const MIN_ORIGIN_PAUSE_S: u64 = 1;
+
 /// How far one want fetches ahead (`FillCore::read_ahead`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ReadAhead {
@@ -229,6 +233,11 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     /// Fetches running on any shard, by job id.
     running: HashMap<u64, Job>,
     queue: VecDeque<Job>,
+    /// Each origin's pause (its 429/503 with `Retry-After`): no fetch to it starts before this
+    /// (ms of the shards' clock; 0: none).
+    paused_until_ms: Vec<u64>,
+    /// Pauses asked by origins, for the metrics.
+    pub origin_pauses: u64,
     next_job: u64,
     next_version: u64,
     /// Notices for each shard's waiters.
@@ -408,6 +417,8 @@ pub struct FillStats {
     pub waits_started: u64,
     /// Fills given up because the cache's disk had no room.
     pub disk_full: u64,
+    /// Pauses asked by origins (429 or 503 with `Retry-After`).
+    pub origin_pauses: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -467,7 +478,7 @@ pub struct Signals {
     wakers: Option<Arc<Vec<OwnedFd>>>,
     /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
     /// fills given up on a full disk.
-    stats: [AtomicU64; 4],
+    stats: [AtomicU64; 5],
     /// The I/O thread's queues (none: inline).
     io: Option<Arc<IoShared>>,
     /// `Index::live_bytes`, for the I/O thread's compaction rule.
@@ -620,6 +631,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_joined: 0,
             waits_started: 0,
             disk_full: 0,
+            paused_until_ms: Vec::new(),
+            origin_pauses: 0,
             dropped: vec![Vec::new(); shards],
             signals: Arc::new(Signals::new(shards, None, None)),
             wake_scratch: Vec::new(),
@@ -943,6 +956,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_joined: self.waits_joined,
             waits_started: self.waits_started,
             disk_full: self.disk_full,
+            origin_pauses: self.origin_pauses,
         }
     }
 
@@ -1004,7 +1018,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if counted {
             for j in &self.queue {
                 queued[j.shard] += 1;
-                retry[j.shard] = retry[j.shard].min(j.not_before_ms);
+                retry[j.shard] = retry[j.shard].min(self.due_ms(j));
             }
         }
         for s in 0..shards {
@@ -1016,7 +1030,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 let mine = self.queue.iter().filter(|j| j.shard == s);
                 (
                     mine.clone().count(),
-                    mine.map(|j| j.not_before_ms).min().unwrap_or(u64::MAX),
+                    mine.map(|j| self.due_ms(j)).min().unwrap_or(u64::MAX),
                 )
             };
             signals.queued[s].store(q, Ordering::Release);
@@ -1031,10 +1045,21 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             stats.waits_joined,
             stats.waits_started,
             stats.disk_full,
+            stats.origin_pauses,
         ]) {
             cell.store(v, Ordering::Relaxed);
         }
         self.take_wakes(wake);
+    }
+
+    /// Every shard with fetches queued for it is woken as the lock is let go (a unit of an
+    /// origin's shared fetch budget came back).
+    fn wake_queued_shards(&mut self) {
+        for (shard, wake) in self.to_wake.iter_mut().enumerate() {
+            if self.signals.queued[shard].load(Ordering::Acquire) > 0 {
+                *wake = true;
+            }
+        }
     }
 
     /// Shards that have notices waiting since the last call (each once).
@@ -1220,14 +1245,20 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             .want_more(version, key, origin, path, start, first, last, waiter)
     }
 
+    /// See `FillCore::origin_paused_s`.
+    pub fn origin_paused_s(&mut self, origin: usize, now_ms: u64) -> Option<u64> {
+        self.core().origin_paused_s(origin, now_ms)
+    }
+
     /// See `FillCore::stats` (as of the lock's last release: read without it).
     pub fn stats(&self) -> FillStats {
-        let [a, b, c, d] = &self.signals.stats;
+        let [a, b, c, d, e] = &self.signals.stats;
         FillStats {
             versions_evicted: a.load(Ordering::Relaxed),
             waits_joined: b.load(Ordering::Relaxed),
             waits_started: c.load(Ordering::Relaxed),
             disk_full: d.load(Ordering::Relaxed),
+            origin_pauses: e.load(Ordering::Relaxed),
         }
     }
 
@@ -1314,10 +1345,16 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             }
             false
         });
-        if self.events.is_empty() {
+        // A fetch ended while another shard was refused its origin's shared budget: the
+        // shards with queued fetches try again (they are woken as the lock is let go).
+        let budget_freed = self.filler.take_budget_freed();
+        if self.events.is_empty() && !budget_freed {
             return;
         }
         let mut core = lock_as(&self.core, self.shard);
+        if budget_freed {
+            core.wake_queued_shards();
+        }
         core.settle(&mut self.events, &mut self.freed, now_ms);
     }
 
@@ -2079,7 +2116,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     ) {
         let mut waiting = VecDeque::new();
         while let Some(job) = self.queue.pop_front() {
-            if job.shard != shard || job.not_before_ms > now_ms {
+            // A paused origin's fetches wait; the other origins' go on.
+            if job.shard != shard || self.due_ms(&job) > now_ms {
                 waiting.push_back(job);
                 continue;
             }
@@ -2373,6 +2411,48 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.retry_or_fail(job, error, now_ms);
     }
 
+    /// When `job` may start: its own retry time, or its origin's pause if later.
+    fn due_ms(&self, job: &Job) -> u64 {
+        job.not_before_ms.max(self.paused_until(job.origin))
+    }
+
+    /// The end of `origin`'s pause (0: none).
+    fn paused_until(&self, origin: usize) -> u64 {
+        self.paused_until_ms.get(origin).copied().unwrap_or(0)
+    }
+
+    /// Seconds left of `origin`'s pause at `now_ms`, rounded up (None: not paused): what a
+    /// client that waited in vain is told to wait (`Retry-After`).
+    pub fn origin_paused_s(&self, origin: usize, now_ms: u64) -> Option<u64> {
+        let until = self.paused_until(origin);
+        (until > now_ms).then(|| (until - now_ms).div_ceil(1000))
+    }
+
+    /// `origin` answered `status` with a `Retry-After` of `pause_s`: no new fetch to it
+    /// before then (fetches already running go on).
+    fn pause_origin(&mut self, origin: usize, status: u16, pause_s: u64, now_ms: u64) {
+        if self.paused_until_ms.len() <= origin {
+            self.paused_until_ms.resize(origin + 1, 0);
+        }
+        let until = now_ms + pause_s * 1000;
+        if until <= self.paused_until_ms[origin] {
+            return;
+        }
+        self.paused_until_ms[origin] = until;
+        self.origin_pauses += 1;
+        let name = self
+            .cfg
+            .origin_names
+            .get(origin)
+            .map_or("?", String::as_str);
+        tracing::warn!(
+            origin = name,
+            status,
+            pause_s,
+            "origin asked the edge to wait (Retry-After): no new fetch to it until then"
+        );
+    }
+
     fn block_in_object(&self, version: u64, block: u32) -> bool {
         self.index
             .meta(version)
@@ -2380,6 +2460,23 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     fn retry_or_fail(&mut self, job: Job, error: FetchError, now_ms: u64) {
+        if let FetchError::Unusable(Unusable::Throttled {
+            status,
+            retry_after,
+        }) = error
+        {
+            // The origin asked to wait: no fetch to it starts before then, this one included
+            // (not an attempt: its waiters wait on, within their own timeout).
+            let pause_s = retry_after
+                .seconds_from(i64::try_from(unix_now_s()).unwrap_or(i64::MAX))
+                .max(MIN_ORIGIN_PAUSE_S);
+            self.pause_origin(job.origin, status, pause_s, now_ms);
+            let mut again = job;
+            again.committed.clear();
+            again.pinned = false;
+            self.queue.push_front(again);
+            return;
+        }
         if job.probe && self.index.meta(job.version).is_none() {
             // The head never came: the probe's waiters get the error (retried like a block).
             return self.give_up(&job, error);
@@ -2625,6 +2722,7 @@ mod window_tests {
 #[cfg(test)]
 mod read_ahead_tests {
     use super::*;
+    use crate::origin::response::Unusable;
 
     const B: u64 = 65_536;
 
@@ -2713,6 +2811,48 @@ mod read_ahead_tests {
         let o = core.want(b"\0\0k", 0, "/k", 45 * B, Some(46 * B - 1), 7);
         assert_eq!(o, Outcome::Ready(1));
         assert_eq!(queued(&core), vec![(50, 50)]);
+    }
+
+    #[test]
+    fn an_origin_that_asks_to_wait_gets_no_fetch_until_then() {
+        use crate::origin::response::RetryAfter;
+        let (mut core, _dir) = core_with(0..0);
+        let job = |origin: usize| Job {
+            key: b"\0\0k".to_vec(),
+            origin,
+            path: "/k".into(),
+            version: 1,
+            first: 3,
+            last: 4,
+            probe: false,
+            revalidate: false,
+            not_before_ms: 0,
+            committed: Vec::new(),
+            pinned: false,
+            shard: 0,
+        };
+        let throttled = |s: u64| {
+            FetchError::Unusable(Unusable::Throttled {
+                status: 429,
+                retry_after: RetryAfter::Seconds(s),
+            })
+        };
+        core.retry_or_fail(job(0), throttled(2), 10_000);
+        assert_eq!(core.origin_pauses, 1);
+        assert_eq!(core.origin_paused_s(0, 10_000), Some(2));
+        assert_eq!(core.origin_paused_s(0, 11_001), Some(1));
+        assert_eq!(core.origin_paused_s(0, 12_000), None, "the pause is over");
+        assert_eq!(core.origin_paused_s(1, 10_000), None, "other origins go on");
+        // The fetch waits out the pause at the front of the queue (not an attempt).
+        assert_eq!(queued(&core), vec![(3, 4)]);
+        assert_eq!(core.due_ms(&core.queue[0]), 12_000);
+        assert_eq!(core.due_ms(&job(1)), 0);
+        // A shorter ask does not end a pause early; a zero is still a second.
+        core.retry_or_fail(job(0), throttled(1), 10_500);
+        assert_eq!(core.paused_until(0), 12_000);
+        assert_eq!(core.origin_pauses, 1);
+        core.retry_or_fail(job(1), throttled(0), 10_000);
+        assert_eq!(core.paused_until(1), 11_000);
     }
 
     #[test]

@@ -141,6 +141,8 @@ pub struct SharedEdge {
     resolver: Arc<crate::origin::resolve::Resolver>,
     /// `cache_read_ahead_blocks`.
     read_ahead_blocks: u64,
+    /// Each origin's fetches at once over every shard (`[[origin]] max_fetches`).
+    budgets: Vec<Arc<crate::origin::pool::FetchBudget>>,
 }
 
 /// Where the cache's blocking I/O runs (`fill::cache_io`).
@@ -218,6 +220,11 @@ impl SharedEdge {
             wakers,
             resolver: Arc::new(resolver),
             read_ahead_blocks: config.cache_read_ahead_blocks,
+            budgets: config
+                .origin
+                .iter()
+                .map(|o| crate::origin::pool::FetchBudget::new(o.max_fetches))
+                .collect(),
         })
     }
 }
@@ -266,6 +273,7 @@ impl EdgeCache {
             .map(|(i, o)| {
                 let mut t = o.target().map_err(std::io::Error::other)?;
                 t.resolved = Some((published.clone(), i));
+                t.budget = shared.budgets.get(i).cloned();
                 Ok(t)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
@@ -571,6 +579,7 @@ impl EdgeCache {
     pub fn status_for(error: &FetchError) -> u16 {
         match error {
             FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s) => *s,
+            FetchError::Unusable(Unusable::Throttled { .. }) => 503,
             FetchError::Timeout(_) => 504,
             e if e.is_disk_full() => 503,
             FetchError::Disk(_) => 500,

@@ -58,8 +58,10 @@ pub struct OriginTarget {
     pub resolved: Option<(Arc<crate::origin::resolve::Addresses>, usize)>,
     /// The Host header to send.
     pub host: String,
-    /// Most fetches at once from this shard.
+    /// Most fetches at once from this shard (its own budget when `budget` is None).
     pub max_fetches: usize,
+    /// The origin's fetches at once over every shard (`[[origin]] max_fetches`), shared.
+    pub budget: Option<Arc<crate::origin::pool::FetchBudget>>,
     /// Most idle keep-alive connections kept by this shard.
     pub max_idle: usize,
     /// Timeouts of each fetch.
@@ -225,7 +227,10 @@ impl Filler {
         let n_origins = origins.len();
         let pools = origins
             .iter()
-            .map(|o| Pool::new(o.max_fetches, o.max_idle))
+            .map(|o| match &o.budget {
+                Some(b) => Pool::with_budget(b.clone(), o.max_idle),
+                None => Pool::new(o.max_fetches, o.max_idle),
+            })
             .collect();
         let max_conns = origins
             .iter()
@@ -511,7 +516,10 @@ impl Filler {
                     // A 304 or a refusal is an answer too: its time counts.
                     let answered = matches!(
                         e,
-                        FetchError::NotModified | FetchError::Unusable(Unusable::Status(_))
+                        FetchError::NotModified
+                            | FetchError::Unusable(
+                                Unusable::Status(_) | Unusable::Throttled { .. }
+                            )
                     );
                     if let Some(t) = run.started_ms.take().filter(|_| answered) {
                         self.first_byte_ms.push(now_ms.saturating_sub(t));
@@ -720,6 +728,16 @@ impl Filler {
             error,
             slot: run.slot,
         });
+    }
+
+    /// Whether a fetch ended since the last call while a shard had been refused a unit of an
+    /// origin's shared budget (the shards with queued fetches should try again).
+    pub fn take_budget_freed(&mut self) -> bool {
+        let mut freed = false;
+        for p in &mut self.pools {
+            freed |= p.take_freed_for_others();
+        }
+        freed
     }
 
     fn close_conn(&mut self, conn: u32) {

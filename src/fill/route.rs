@@ -12,7 +12,7 @@ use crate::origin::fetch::Timeouts;
 
 /// Most `[[origin]]` entries (a limit the config checks, so it lives there).
 pub use crate::config::MAX_ORIGINS;
-/// Most fetches one origin may have at once on one shard.
+/// Most fetches one origin may have at once (over all shards).
 pub const MAX_ORIGIN_FETCHES: usize = 256;
 
 /// One `[[origin]]` entry.
@@ -30,7 +30,7 @@ pub struct OriginConfig {
     /// The Host header sent to the origin (default: the url's host).
     #[serde(default)]
     pub host_header: Option<String>,
-    /// Fetches at once per shard.
+    /// Fetches at once from this origin over all shards (`origin::pool::FetchBudget`).
     #[serde(default = "default_max_fetches")]
     pub max_fetches: usize,
     /// Connect timeout.
@@ -225,6 +225,7 @@ impl OriginConfig {
                 .clone()
                 .map_or_else(|| self.url_host(), Ok)?,
             max_fetches: self.max_fetches,
+            budget: None,
             max_idle: self.max_fetches,
             timeouts: Timeouts {
                 connect_ms: self.connect_timeout_ms,

@@ -71,6 +71,7 @@ fn target(addr: SocketAddr, max_fetches: usize, timeouts: Timeouts) -> OriginTar
         resolved: None,
         host: "origin.test".into(),
         max_fetches,
+        budget: None,
         max_idle: max_fetches,
         timeouts,
         tls: None,

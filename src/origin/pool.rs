@@ -1,8 +1,59 @@
 //! One origin's connections, as a shard keeps them: a bounded set of idle keep-alive
-//! connections, at most `max_fetches` fetches at once, and the backoff after failures. Pure
-//! bookkeeping over connection ids; the shard's ring owns the sockets.
+//! connections, at most `max_fetches` fetches at once over every shard (a `FetchBudget` the
+//! shards share without a lock), and the backoff after failures. Pure bookkeeping over
+//! connection ids; the shard's ring owns the sockets.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// One origin's fetches at once over every shard: each shard's pool takes a unit before a
+/// fetch and gives it back at its end, with atomics (no lock, no shard waits for another).
+#[derive(Debug)]
+pub struct FetchBudget {
+    max: usize,
+    taken: AtomicUsize,
+    /// A take was refused since the last give-back: whoever gives one back wakes the shards.
+    refused: AtomicBool,
+}
+
+impl FetchBudget {
+    /// A budget of `max` fetches at once.
+    pub fn new(max: usize) -> Arc<FetchBudget> {
+        assert!(max > 0);
+        Arc::new(FetchBudget {
+            max,
+            taken: AtomicUsize::new(0),
+            refused: AtomicBool::new(false),
+        })
+    }
+
+    /// Takes a unit; false (and remembered) when all `max` are taken.
+    fn try_take(&self) -> bool {
+        let taken = self
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                (t < self.max).then_some(t + 1)
+            })
+            .is_ok();
+        if !taken {
+            self.refused.store(true, Ordering::Release);
+        }
+        taken
+    }
+
+    /// Gives a unit back; true when a take was refused meanwhile (its shard waits to be woken).
+    fn give_back(&self) -> bool {
+        let before = self.taken.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "a fetch budget given back more than taken");
+        self.refused.swap(false, Ordering::AcqRel)
+    }
+
+    /// Fetches running now over every shard.
+    pub fn taken(&self) -> usize {
+        self.taken.load(Ordering::Acquire)
+    }
+}
 
 /// First wait after a failed fetch before the next attempt.
 pub const RETRY_FIRST_MS: u64 = 50;
@@ -26,29 +77,36 @@ pub enum Grant {
 /// One origin's pool.
 #[derive(Debug)]
 pub struct Pool {
-    max_fetches: usize,
+    budget: Arc<FetchBudget>,
     max_idle: usize,
     in_flight: usize,
     idle: VecDeque<u32>,
+    /// A give-back found a refused take: the shards waiting on this origin should be woken.
+    freed_for_others: bool,
 }
 
 impl Pool {
-    /// A pool that runs at most `max_fetches` fetches at once and keeps at most `max_idle`
-    /// idle connections.
+    /// A pool that runs at most `max_fetches` fetches at once (a budget of its own) and keeps
+    /// at most `max_idle` idle connections.
     pub fn new(max_fetches: usize, max_idle: usize) -> Pool {
-        assert!(max_fetches > 0);
+        Pool::with_budget(FetchBudget::new(max_fetches), max_idle)
+    }
+
+    /// A pool whose fetches at once count against `budget`, shared with other shards' pools.
+    pub fn with_budget(budget: Arc<FetchBudget>, max_idle: usize) -> Pool {
         Pool {
-            max_fetches,
+            budget,
             max_idle,
             in_flight: 0,
             idle: VecDeque::with_capacity(max_idle),
+            freed_for_others: false,
         }
     }
 
     /// A fetch wants to start: the most recently idled connection first (its socket is the
     /// least likely to have been closed by the origin).
     pub fn acquire(&mut self) -> Grant {
-        if self.in_flight >= self.max_fetches {
+        if !self.budget.try_take() {
             return Grant::Wait;
         }
         self.in_flight += 1;
@@ -64,6 +122,7 @@ impl Pool {
     pub fn release(&mut self, conn: u32, keep: bool) -> Option<u32> {
         assert!(self.in_flight > 0, "a release without an acquire");
         self.in_flight -= 1;
+        self.freed_for_others |= self.budget.give_back();
         if !keep || self.max_idle == 0 {
             return Some(conn);
         }
@@ -83,6 +142,12 @@ impl Pool {
             }
             None => false,
         }
+    }
+
+    /// Whether a fetch ended since the last call while another pool (or this one) had been
+    /// refused a unit of the shared budget: the shards waiting on it should try again.
+    pub fn take_freed_for_others(&mut self) -> bool {
+        std::mem::take(&mut self.freed_for_others)
     }
 
     /// Fetches in flight.
@@ -137,6 +202,31 @@ mod tests {
         assert_eq!(q.release(1, true), None);
         assert_eq!(q.release(2, true), Some(1));
         assert_eq!(q.acquire(), Grant::Reuse(2));
+    }
+
+    #[test]
+    fn pools_sharing_a_budget_run_at_most_its_fetches_over_all_shards() {
+        let budget = FetchBudget::new(1);
+        let mut a = Pool::with_budget(budget.clone(), 1);
+        let mut b = Pool::with_budget(budget.clone(), 1);
+        assert_eq!(a.acquire(), Grant::Connect);
+        assert_eq!(
+            b.acquire(),
+            Grant::Wait,
+            "the other shard's fetch holds the unit"
+        );
+        assert_eq!(budget.taken(), 1);
+        assert_eq!(a.release(3, true), None);
+        assert!(a.take_freed_for_others(), "b was refused: it must be woken");
+        assert!(!a.take_freed_for_others());
+        assert_eq!(b.acquire(), Grant::Connect);
+        assert_eq!(a.acquire(), Grant::Wait);
+        b.release(4, false);
+        assert!(b.take_freed_for_others());
+        assert_eq!(a.acquire(), Grant::Reuse(3));
+        a.release(3, true);
+        assert!(!a.take_freed_for_others(), "nobody was refused since");
+        assert_eq!(budget.taken(), 0);
     }
 
     #[test]

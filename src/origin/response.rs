@@ -11,6 +11,40 @@
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 16 * 1024;
 /// Most header fields read from an origin's response.
 pub const MAX_RESPONSE_HEADERS: usize = 64;
+/// Longest pause an origin's `Retry-After` can ask of the edge (longer asks are cut to it, so
+/// a wrong date cannot stop an origin's fills for days).
+pub const MAX_ORIGIN_PAUSE_S: u64 = 300;
+
+/// A `Retry-After` value (RFC 9110 10.2.3): seconds from now, or an HTTP-date.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// `delay-seconds`.
+    Seconds(u64),
+    /// An HTTP-date, in seconds since the Unix epoch.
+    Date(i64),
+}
+
+impl RetryAfter {
+    /// Parses a `Retry-After` value; None for anything else (the field is then ignored).
+    pub fn parse(value: &str) -> Option<RetryAfter> {
+        let v = value.trim();
+        if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+            // More digits than a u64 holds is a very long wait: the cap applies.
+            return Some(RetryAfter::Seconds(v.parse().unwrap_or(u64::MAX)));
+        }
+        crate::http::date::parse_http_date(v.as_bytes()).map(RetryAfter::Date)
+    }
+
+    /// Seconds to wait from `now_unix_s`, at most `MAX_ORIGIN_PAUSE_S` (a date in the past:
+    /// 0).
+    pub fn seconds_from(self, now_unix_s: i64) -> u64 {
+        let s = match self {
+            RetryAfter::Seconds(s) => s,
+            RetryAfter::Date(at) => u64::try_from(at.saturating_sub(now_unix_s)).unwrap_or(0),
+        };
+        s.min(MAX_ORIGIN_PAUSE_S)
+    }
+}
 
 /// `Content-Range: bytes first-last/total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +78,8 @@ pub struct OriginHead<'a> {
     pub keep_alive: bool,
     /// Transfer-Encoding other than identity was sent (the body's length is not in the head).
     pub transfer_coded: bool,
+    /// `Retry-After`, when it parses.
+    pub retry_after: Option<RetryAfter>,
 }
 
 /// Why a head could not be read.
@@ -100,6 +136,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
         content_type: None,
         keep_alive: version == 1,
         transfer_coded: false,
+        retry_after: None,
     };
     for h in resp.headers.iter() {
         let value = std::str::from_utf8(h.value).map(str::trim);
@@ -127,6 +164,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
             head.last_modified = value.ok();
         } else if is("content-type") {
             head.content_type = value.ok();
+        } else if is("retry-after") {
+            head.retry_after = value.ok().and_then(RetryAfter::parse);
         } else if is("transfer-encoding") {
             head.transfer_coded = value.map_or(true, |v| !v.eq_ignore_ascii_case("identity"));
         } else if is("connection") {
@@ -211,6 +250,14 @@ pub enum Unusable {
     /// An object the cache cannot record (more blocks than `MAX_BLOCKS_PER_OBJECT`, or a
     /// key or field over its bound): refused before anything of it is journaled.
     Uncacheable,
+    /// 429 or 503 with a `Retry-After`: the origin asks the edge to wait before its next
+    /// fetch (fills to it pause; this one is tried again after the pause).
+    Throttled {
+        /// 429 or 503.
+        status: u16,
+        /// How long.
+        retry_after: RetryAfter,
+    },
 }
 
 /// Judges `head` against what the fill expected.
@@ -219,6 +266,12 @@ pub fn judge(head: &OriginHead<'_>, expect: &Expect<'_>) -> Verdict {
         return Verdict::NotModified;
     }
     if head.status != 200 && head.status != 206 {
+        if let (429 | 503, Some(retry_after)) = (head.status, head.retry_after) {
+            return Verdict::Unusable(Unusable::Throttled {
+                status: head.status,
+                retry_after,
+            });
+        }
         return Verdict::Unusable(Unusable::Status(head.status));
     }
     if let (Some(want), Some(got)) = (expect.etag, head.etag) {
@@ -446,6 +499,56 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(judge(&head(text), &ASK), want, "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_429_or_503_with_retry_after_asks_the_edge_to_wait() {
+        let throttled = |status: u16, retry_after: RetryAfter| {
+            Verdict::Unusable(Unusable::Throttled {
+                status,
+                retry_after,
+            })
+        };
+        let cases = [
+            (
+                "HTTP/1.1 429 Too Many\r\nRetry-After: 2\r\nContent-Length: 0\r\n\r\n",
+                throttled(429, RetryAfter::Seconds(2)),
+            ),
+            (
+                "HTTP/1.1 503 Busy\r\nRetry-After: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n",
+                throttled(503, RetryAfter::Date(784_111_777)),
+            ),
+            (
+                "HTTP/1.1 429 Too Many\r\nContent-Length: 0\r\n\r\n",
+                Verdict::Unusable(Unusable::Status(429)),
+            ),
+            (
+                "HTTP/1.1 429 Too Many\r\nRetry-After: soon\r\n\r\n",
+                Verdict::Unusable(Unusable::Status(429)),
+            ),
+            (
+                "HTTP/1.1 500 Oops\r\nRetry-After: 2\r\n\r\n",
+                Verdict::Unusable(Unusable::Status(500)),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(judge(&head(text), &ASK), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date_and_bounded() {
+        assert_eq!(RetryAfter::parse(" 7 "), Some(RetryAfter::Seconds(7)));
+        assert_eq!(RetryAfter::parse("-1"), None);
+        assert_eq!(RetryAfter::parse(""), None);
+        assert_eq!(RetryAfter::parse("1.5"), None);
+        let huge = RetryAfter::parse("99999999999999999999999").unwrap();
+        assert_eq!(huge.seconds_from(0), MAX_ORIGIN_PAUSE_S);
+        assert_eq!(RetryAfter::Seconds(7).seconds_from(123), 7);
+        let at = RetryAfter::parse("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        assert_eq!(at.seconds_from(784_111_777 - 60), 60);
+        assert_eq!(at.seconds_from(784_111_777 + 60), 0, "a date past");
+        assert_eq!(at.seconds_from(0), MAX_ORIGIN_PAUSE_S, "capped");
     }
 
     #[test]

@@ -158,7 +158,15 @@ impl<R: RingOps> Shard<R> {
         match self.pulls.answers.remove(&c.raw()) {
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
-                self.respond_status(c, status, keep_alive && status < 500, head_only);
+                // Waited in vain on an origin that asked the edge to wait: told for how long.
+                let now_ms = self.now_ms;
+                let paused = (status == 504)
+                    .then(|| self.edge.as_mut()?.fill.origin_paused_s(origin, now_ms))
+                    .flatten();
+                match paused {
+                    Some(s) => self.respond_retry_later(c, s, head_only),
+                    None => self.respond_status(c, status, keep_alive && status < 500, head_only),
+                }
                 return true;
             }
             Some(FillAnswer::PassThrough) => {
@@ -498,6 +506,7 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::set(&m.cache_waits_joined, stats.waits_joined);
                 super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
                 super::ShardMetrics::set(&m.cache_disk_full, stats.disk_full);
+                super::ShardMetrics::set(&m.origin_pauses, stats.origin_pauses);
             }
         }
     }

@@ -156,9 +156,41 @@ impl<R: RingOps> Shard<R> {
 
     /// A fixed answer (wrong protocol on this port), then a close.
     fn respond_canned(&mut self, c: ConnSlot, status: u16, bytes: &'static [u8]) {
+        self.respond_bytes_then_close(c, status, |tx| tx.extend_from_slice(bytes));
+    }
+
+    /// `503` with `Retry-After: retry_after_s`, then a close: a pulled request that waited
+    /// its `cache_wait_timeout_ms` for an origin that asked the edge to wait.
+    pub(super) fn respond_retry_later(&mut self, c: ConnSlot, retry_after_s: u64, head: bool) {
+        const BODY: &str = "The origin asked this edge to wait: retry later\n";
+        let mut date = [0u8; crate::http::date::HTTP_DATE_BYTES];
+        date.copy_from_slice(self.date.header_value());
+        self.respond_bytes_then_close(c, 503, |tx| {
+            use std::io::Write;
+            tx.extend_from_slice(b"HTTP/1.1 503 Service Unavailable\r\nDate: ");
+            tx.extend_from_slice(&date);
+            let _ = write!(
+                tx,
+                "\r\nRetry-After: {retry_after_s}\r\nContent-Type: text/plain\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n",
+                BODY.len()
+            );
+            if !head {
+                tx.extend_from_slice(BODY.as_bytes());
+            }
+        });
+    }
+
+    /// An answer written whole into the connection's send buffer by `write`, then a close.
+    fn respond_bytes_then_close(
+        &mut self,
+        c: ConnSlot,
+        status: u16,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
         let tx = self.ring.tx_mut(c);
         tx.clear();
-        tx.extend_from_slice(bytes);
+        write(tx);
         let bufs = self.body_pool.pop().unwrap_or_default();
         let started = Started {
             status,
