@@ -370,6 +370,70 @@ fn an_origin_that_answers_429_with_retry_after_is_paused_and_the_others_go_on() 
 }
 
 #[test]
+fn host_aliases_share_objects_tokens_do_not_split_them_and_key_query_does() {
+    let e = edge_with_origin_keys(
+        "1",
+        "",
+        "hosts = [\"a.example\", \"b.example\"]\nkey_query = [\"v\"]",
+        "",
+        OBJECT_BYTES,
+    );
+    let want = origin_file();
+    let fetch = |target: &str, host: &str| {
+        common::raw_request(
+            &e.server,
+            format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .expect("a response")
+    };
+    let origin_gets = || {
+        e.origin
+            .log()
+            .iter()
+            .filter(|l| l.uri == "/pull/obj.bin")
+            .map(|l| l.args.clone())
+            .collect::<Vec<_>>()
+    };
+    // Filled through one name, with a session token: the origin gets the whole query.
+    let r = fetch("/pull/obj.bin?sid=1&v=1", "a.example");
+    assert_eq!(r.status, 200);
+    assert!(r.body == want);
+    let filled = e.origin.wait_body_bytes(OBJECT_BYTES);
+    assert!(
+        origin_gets().iter().all(|a| a == "sid=1&v=1"),
+        "{:?}",
+        origin_gets()
+    );
+    // Through the other name, with another token: the same object, a hit.
+    let r = fetch("/pull/obj.bin?v=1&sid=2", "B.example:8080");
+    assert_eq!(r.status, 200);
+    assert!(r.body == want);
+    assert_eq!(
+        e.origin.body_bytes_sent(),
+        filled,
+        "a token split the object"
+    );
+    // Another value of a keyed parameter is another object.
+    let r = fetch("/pull/obj.bin?v=2", "b.example");
+    assert_eq!(r.status, 200);
+    assert!(r.body == want);
+    assert!(e.origin.wait_body_bytes(2 * OBJECT_BYTES) >= 2 * OBJECT_BYTES);
+    assert!(
+        origin_gets().iter().any(|a| a == "v=2"),
+        "{:?}",
+        origin_gets()
+    );
+    // A name the entry does not list, or a bare address, is not this origin's: the local root.
+    assert_eq!(fetch("/pull/obj.bin?v=1", "c.example").status, 404);
+    assert_eq!(fetch("/pull/obj.bin?v=1", "127.0.0.1:8080").status, 404);
+    assert_eq!(
+        common::admin_metric(e.admin, "shardline_cache_lookups_total", "result=\"hit\""),
+        1
+    );
+}
+
+#[test]
 fn many_clients_of_one_cold_object_all_get_it_and_the_origin_sends_it_once() {
     // Over two shards: the clients land on both, the fill is one.
     let e = edge("2", "");

@@ -929,7 +929,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             if prefix {
                 rel.starts_with(path.as_bytes())
             } else {
-                rel == path.as_bytes()
+                // The path itself, and its variants keyed by query parameters (`key_query`:
+                // the path, then `\0name=value`).
+                rel.strip_prefix(path.as_bytes())
+                    .is_some_and(|rest| rest.is_empty() || rest[0] == 0)
             }
         };
         let current: Vec<u64> = self

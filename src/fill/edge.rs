@@ -311,6 +311,7 @@ impl EdgeCache {
     pub fn route(
         &self,
         path: &[u8],
+        query: Option<&[u8]>,
         host: Option<&[u8]>,
         scratch: &mut crate::fs::resolve::ResolveScratch,
     ) -> Route {
@@ -321,13 +322,10 @@ impl EdgeCache {
             return Route::Local;
         };
         let rel = resolved.rel_path;
-        let mut key = Vec::with_capacity(rel.len() + 4);
-        key.extend_from_slice(&(origin as u16).to_be_bytes());
-        key.extend_from_slice(rel.as_bytes());
         Route::Origin {
             origin,
-            key,
-            path: format!("/{rel}"),
+            key: super::route::cache_key(origin, rel, query, &self.origins[origin].key_query),
+            path: super::route::origin_path(rel, query),
         }
     }
 

@@ -22,9 +22,19 @@ pub struct OriginConfig {
     /// Canonical path prefix filled from this origin (starts with '/').
     #[serde(default = "default_prefix")]
     pub prefix: String,
-    /// Only requests with this Host (case-insensitive, port ignored); None: any.
+    /// Only requests with this Host (case-insensitive, port ignored); None: any (unless
+    /// `hosts` names some).
     #[serde(default)]
     pub host: Option<String>,
+    /// More Host names this entry answers, sharing one key space with `host` (a chunk served
+    /// under several CDN names is cached once).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Query parameters that are part of the cache key, in this order; the default (none)
+    /// keeps per-session tokens from splitting an object. The whole query still goes to the
+    /// origin.
+    #[serde(default)]
+    pub key_query: Vec<String>,
     /// The origin: `http://host:port` (no path; the request path is sent as it came).
     pub url: String,
     /// The Host header sent to the origin (default: the url's host).
@@ -55,6 +65,10 @@ pub const SYSTEM_CA_FILES: &[&str] = &[
 ];
 /// Largest CA file read.
 pub const MAX_CA_FILE_BYTES: u64 = 4 << 20;
+/// Most Host aliases (`hosts`) one `[[origin]]` entry may list.
+pub const MAX_ORIGIN_HOSTS: usize = 64;
+/// Most query parameters (`key_query`) one `[[origin]]` entry may key on.
+pub const MAX_KEY_QUERY_PARAMS: usize = 16;
 
 fn default_prefix() -> String {
     "/".into()
@@ -186,6 +200,27 @@ impl OriginConfig {
                 return Err(format!("{name} must be 1..=3600000 ms, not {v}"));
             }
         }
+        if self.hosts.len() > MAX_ORIGIN_HOSTS {
+            return Err(format!("hosts may list at most {MAX_ORIGIN_HOSTS} names"));
+        }
+        for h in self.host.iter().chain(&self.hosts) {
+            if h.is_empty() || h.bytes().any(|b| b <= b' ' || b == 0x7f || b == b'/') {
+                return Err(format!("host '{h}' is not a host name"));
+            }
+        }
+        if self.key_query.len() > MAX_KEY_QUERY_PARAMS {
+            return Err(format!(
+                "key_query may list at most {MAX_KEY_QUERY_PARAMS} parameters"
+            ));
+        }
+        for k in &self.key_query {
+            if k.is_empty()
+                || k.bytes()
+                    .any(|b| matches!(b, b'&' | b'=' | b'#') || b <= b' ')
+            {
+                return Err(format!("key_query '{k}' is not a query parameter name"));
+            }
+        }
         let header = self
             .host_header
             .clone()
@@ -266,24 +301,65 @@ fn split_authority_bytes(a: &[u8]) -> (&[u8], Option<u16>) {
 }
 
 /// The origin `path` (resolved) and `host` (the request's Host, if any) are filled from:
-/// the longest covering prefix among entries whose host matches.
+/// the longest covering prefix among entries whose host matches. A Host that is a bare IP
+/// address (v4 or v6, with or without a port: Delivery Optimization's URLs) is routed like a
+/// request without one, by prefix among the entries that name no host.
 pub fn origin_for(
     origins: &[OriginConfig],
     path: &crate::fs::resolve::ResolvedRef<'_>,
     host: Option<&[u8]>,
 ) -> Option<usize> {
-    let host = host.map(|h| split_authority_bytes(h).0);
+    let host = host
+        .map(|h| split_authority_bytes(h).0)
+        .filter(|h| !is_ip_literal(h));
     origins
         .iter()
         .enumerate()
         .filter(|(_, o)| path.is_under(&o.prefix))
-        .filter(|(_, o)| match (&o.host, host) {
-            (None, _) => true,
-            (Some(want), Some(got)) => want.as_bytes().eq_ignore_ascii_case(got),
-            (Some(_), None) => false,
+        .filter(|(_, o)| {
+            let mut names = o.host.iter().chain(&o.hosts).peekable();
+            if names.peek().is_none() {
+                return true;
+            }
+            host.is_some_and(|got| names.any(|want| want.as_bytes().eq_ignore_ascii_case(got)))
         })
         .max_by_key(|(_, o)| o.prefix.len())
         .map(|(i, _)| i)
+}
+
+/// Whether a Host (port already split off, brackets removed) is an IPv4 or IPv6 address.
+fn is_ip_literal(host: &[u8]) -> bool {
+    std::str::from_utf8(host).is_ok_and(|h| h.parse::<std::net::IpAddr>().is_ok())
+}
+
+/// The cache key of `rel` (a resolved path under origin entry `origin`): the entry's number,
+/// the path, then each `key_query` parameter the request's query has (`\0name=value`; a
+/// resolved path holds no NUL), so two requests differing only in other parameters (tokens)
+/// share an object.
+pub fn cache_key(origin: usize, rel: &str, query: Option<&[u8]>, key_query: &[String]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(rel.len() + 4);
+    key.extend_from_slice(&(origin as u16).to_be_bytes());
+    key.extend_from_slice(rel.as_bytes());
+    for name in key_query {
+        if let Some(v) = query.and_then(|q| crate::http::request::query_param(q, name)) {
+            key.push(0);
+            key.extend_from_slice(name.as_bytes());
+            key.push(b'=');
+            key.extend_from_slice(v);
+        }
+    }
+    key
+}
+
+/// The request target sent to the origin: the resolved path, and the client's whole query
+/// (tokens the origin may ask for) when it is plain ASCII.
+pub fn origin_path(rel: &str, query: Option<&[u8]>) -> String {
+    match query.and_then(|q| std::str::from_utf8(q).ok()) {
+        Some(q) if !q.is_empty() && q.bytes().all(|b| b.is_ascii_graphic()) => {
+            format!("/{rel}?{q}")
+        }
+        _ => format!("/{rel}"),
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +370,8 @@ mod tests {
         OriginConfig {
             prefix: prefix.into(),
             host: host.map(Into::into),
+            hosts: Vec::new(),
+            key_query: Vec::new(),
             url: url.into(),
             host_header: None,
             max_fetches: 8,
@@ -354,5 +432,77 @@ mod tests {
         let only_host = vec![origin("/", Some("a.example"), "http://a")];
         let p = crate::fs::resolve::resolve_into(b"/x", &mut scratch).unwrap();
         assert_eq!(origin_for(&only_host, &p, Some(b"b.example")), None);
+    }
+
+    #[test]
+    fn host_aliases_share_an_entry_and_bare_ip_hosts_route_by_prefix() {
+        let mut steam = origin("/depot/", Some("cache1.steamcontent.example"), "http://s");
+        steam.hosts = vec![
+            "cache2.steamcontent.example".into(),
+            "lancache.example".into(),
+        ];
+        let rules = vec![origin("/", None, "http://any"), steam];
+        let mut scratch = crate::fs::resolve::ResolveScratch::with_capacity(64);
+        let mut pick = |host: Option<&[u8]>| {
+            let p = crate::fs::resolve::resolve_into(b"/depot/1/chunk/ab", &mut scratch).unwrap();
+            origin_for(&rules, &p, host)
+        };
+        assert_eq!(pick(Some(b"cache1.steamcontent.example")), Some(1));
+        assert_eq!(pick(Some(b"CACHE2.steamcontent.example:80")), Some(1));
+        assert_eq!(pick(Some(b"lancache.example")), Some(1));
+        assert_eq!(pick(Some(b"other.example")), Some(0));
+        // Bare addresses, with or without a port: like no Host at all.
+        for ip in [
+            &b"10.1.2.3"[..],
+            b"10.1.2.3:8080",
+            b"[2001:db8::1]",
+            b"[2001:db8::1]:80",
+        ] {
+            assert_eq!(
+                pick(Some(ip)),
+                pick(None),
+                "{}",
+                String::from_utf8_lossy(ip)
+            );
+        }
+        assert_eq!(pick(None), Some(0));
+        let mut o = origin("/", None, "http://x");
+        o.hosts = vec!["bad host".into()];
+        assert!(o.validate().is_err());
+        o.hosts = vec!["ok.example".into()];
+        o.key_query = vec!["a=b".into()];
+        assert!(o.validate().is_err());
+        o.key_query = vec!["v".into()];
+        assert!(o.validate().is_ok());
+    }
+
+    #[test]
+    fn keys_hold_only_the_named_query_parameters_and_the_origin_gets_the_whole_query() {
+        let none: &[String] = &[];
+        let key = |q: &str, kq: &[String]| cache_key(3, "depot/1/chunk/ab", Some(q.as_bytes()), kq);
+        // Tokens never split an object.
+        assert_eq!(key("l=1&e=2&sid=9&h=x", none), key("sid=7", none));
+        assert_eq!(
+            key("sid=7", none),
+            cache_key(3, "depot/1/chunk/ab", None, none)
+        );
+        assert_eq!(&key("", none)[..2], &[0, 3], "the entry's number first");
+        // A named parameter does, in the configured order, whatever the query's order.
+        let kq = vec!["v".to_string(), "lang".to_string()];
+        assert_eq!(key("v=2&sid=1&lang=en", &kq), key("lang=en&v=2&sid=5", &kq));
+        assert_ne!(key("v=2", &kq), key("v=3", &kq));
+        assert_ne!(key("v=2", &kq), key("", &kq));
+        assert!(key("v=2", &kq).ends_with(b"ab\0v=2"));
+        assert_eq!(
+            origin_path("a/b.bin", Some(b"sid=1&h=x")),
+            "/a/b.bin?sid=1&h=x"
+        );
+        assert_eq!(origin_path("a/b.bin", Some(b"")), "/a/b.bin");
+        assert_eq!(origin_path("a/b.bin", None), "/a/b.bin");
+        assert_eq!(
+            origin_path("a/b.bin", Some(b"x=\xff")),
+            "/a/b.bin",
+            "not ASCII: dropped"
+        );
     }
 }

@@ -56,7 +56,7 @@ impl NginxOrigin {
         let conf = format!(
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid;\n\
              error_log {d}/error.log;\nevents {{ worker_connections 256; }}\n\
-             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\" \"$uri\" \"$connection_requests\"';\n\
+             http {{ log_format sent '$body_bytes_sent $status \"$http_range\" \"$http_if_none_match\" \"$uri\" \"$connection_requests\" \"$args\"';\n\
                access_log {d}/access.log sent; keepalive_requests 100000; {extra}\n\
                client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
                uwsgi_temp_path {d}; scgi_temp_path {d};\n\
@@ -147,6 +147,8 @@ pub struct OriginLogLine {
     pub uri: String,
     /// Requests its connection had carried, this one included (2 and up: kept alive).
     pub connection_requests: u32,
+    /// The request's query ("" when none).
+    pub args: String,
 }
 
 impl OriginLogLine {
@@ -165,6 +167,7 @@ impl OriginLogLine {
             if_none_match: quoted.next().unwrap_or_else(|| "-".into()),
             uri: quoted.next().unwrap_or_default(),
             connection_requests: quoted.next().and_then(|n| n.parse().ok()).unwrap_or(0),
+            args: quoted.next().unwrap_or_default(),
         }
     }
 

@@ -137,7 +137,7 @@ impl<R: RingOps> Shard<R> {
             return false;
         };
         let mut scratch = std::mem::take(&mut self.path_scratch);
-        let route = edge.route(req.path, req.host, &mut scratch);
+        let route = edge.route(req.path, req.query, req.host, &mut scratch);
         self.path_scratch = scratch;
         let Route::Origin { origin, key, path } = route else {
             return false;

@@ -444,6 +444,8 @@ fn pull_scenario(
     cfg.origin = vec![crate::fill::route::OriginConfig {
         prefix: "/pull/".into(),
         host: None,
+        hosts: Vec::new(),
+        key_query: Vec::new(),
         url: format!("http://{}", origin.addr()?),
         host_header: None,
         max_fetches: rng.range(1, 4) as usize,
