@@ -14,7 +14,7 @@
 #   head-scan-lax      the head scan lets a control byte through a value   -> head_scan property tests
 #   budget-leak        a closed connection's handshake bytes stay counted  -> tests/https.rs
 #   park-hold-restart  a wake-up that sends nothing restarts the park hold -> machine test, sim seeds
-#   last-words-wait    a closing TLS connection's last words wait for ever -> sim seeds
+#   last-words-wait    a closing TLS connection's last words wait for ever -> machine test
 #   rx-unbounded       the multishot receive is never cancelled at its bound -> machine test, sim
 #   dropped-unchecked  a block another read dropped as corrupt is sent unchecked -> simulator
 #   relay-byte-late    a pass-through copies from one byte late               -> simulator
@@ -100,7 +100,7 @@ plant park-hold-restart src/shard/machine.rs \
 plant last-words-wait src/shard/machine.rs \
   '        if self.deadline == Deadline::LastWords && cx.now_ms >= self.deadline_ms {' \
   '        if false && self.deadline == Deadline::LastWords && cx.now_ms >= self.deadline_ms {' \
-  '' --lib shard::sim::seeds_that_once_failed_pass
+  '' --lib shard::machine::tests::last_words
 plant rx-unbounded src/shard/machine.rs \
   '            && self.rx.len() >= RX_MULTISHOT_MAX_BYTES' \
   '            && self.rx.len() >= usize::MAX' \

@@ -71,6 +71,8 @@ macro_rules! counters {
             pub tls_handshake_time: Histogram,
             /// Time from an origin fetch's start to the origin's head, in microseconds.
             pub origin_first_byte_time: Histogram,
+            /// Counters by `[[origin]]` entry (`OriginCounters`).
+            pub origins: OriginCounters,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -329,6 +331,137 @@ pub const REQUEST_METHODS: [&str; 3] = ["GET", "HEAD", "other"];
 /// `status_class` label values of `shardline_requests_total`, in column order.
 pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+/// Where a pulled response's bytes came from, for `OriginCounters::sent_bytes`.
+pub const ORIGIN_SOURCES: [&str; 3] = ["hit", "miss", "pass"];
+
+/// One shard's counters by `[[origin]]` entry: at most `config::MAX_ORIGINS` of them, so the
+/// `origin` label's cardinality is bounded by the config. A hit ratio per origin is
+/// `sent_bytes{source="hit"}` over all three sources.
+#[derive(Debug)]
+pub struct OriginCounters {
+    /// Each entry's label values (its url and prefix), set once at start-up; rendering reads
+    /// shard 0's.
+    pub names: std::sync::OnceLock<Vec<(String, String)>>,
+    /// Pulled requests answered.
+    pub requests: [AtomicU64; crate::config::MAX_ORIGINS],
+    /// Bytes of pulled responses sent, by `ORIGIN_SOURCES` (hit: the object was cached; miss:
+    /// the response waited for or streamed with the fill; pass: passed through unstored).
+    pub sent_bytes: [[AtomicU64; crate::config::MAX_ORIGINS]; 3],
+    /// Bytes received from the origin (heads included).
+    pub origin_bytes: [AtomicU64; crate::config::MAX_ORIGINS],
+    /// Pauses the origin asked for (429/503 with `Retry-After`), over all shards: shard 0
+    /// reports them.
+    pub pauses: [AtomicU64; crate::config::MAX_ORIGINS],
+}
+
+impl Default for OriginCounters {
+    fn default() -> OriginCounters {
+        let zeros = || std::array::from_fn(|_| AtomicU64::new(0));
+        OriginCounters {
+            names: std::sync::OnceLock::new(),
+            requests: zeros(),
+            sent_bytes: [zeros(), zeros(), zeros()],
+            origin_bytes: zeros(),
+            pauses: zeros(),
+        }
+    }
+}
+
+impl OriginCounters {
+    /// The counter of entry `origin` in `counters`, if the entry can exist.
+    pub fn of(counters: &[AtomicU64], origin: usize) -> Option<&AtomicU64> {
+        counters.get(origin)
+    }
+
+    /// Bytes of a pulled response sent: `source` is the access log's `cache` value.
+    pub fn count_sent(&self, origin: usize, source: &str, bytes: u64) {
+        let i = match source {
+            "HIT" => 0,
+            "PASS" => 2,
+            _ => 1,
+        };
+        if let Some(c) = Self::of(&self.sent_bytes[i], origin) {
+            ShardMetrics::add(c, bytes);
+        }
+    }
+}
+
+/// Appends the per-origin families (`OriginCounters`) of every shard.
+fn render_origins(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
+    let Some(names) = shards.first().and_then(|m| m.origins.names.get()) else {
+        return;
+    };
+    let esc = |v: &str| {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let labels: Vec<String> = names
+        .iter()
+        .enumerate()
+        .take(crate::config::MAX_ORIGINS)
+        .map(|(i, (url, prefix))| {
+            format!(
+                "origin=\"{i}\",url=\"{}\",prefix=\"{}\"",
+                esc(url),
+                esc(prefix)
+            )
+        })
+        .collect();
+    type Pick = fn(&OriginCounters) -> &[AtomicU64];
+    let families: [(&str, &str, &str, Option<&str>, Pick); 6] = [
+        (
+            "shardline_origin_requests_total",
+            "counter",
+            "Pulled requests answered, by [[origin]] entry (origin: its index; url, prefix).",
+            None,
+            |o| &o.requests,
+        ),
+        (
+            "shardline_origin_sent_bytes_total",
+            "counter",
+            "Bytes of pulled responses sent, by [[origin]] entry and source: hit (cached), miss \
+             (waited for or streamed with the fill) and pass (passed through unstored). The hit \
+             ratio of an origin is hit over the sum.",
+            Some("hit"),
+            |o| &o.sent_bytes[0],
+        ),
+        ("", "", "", Some("miss"), |o| &o.sent_bytes[1]),
+        ("", "", "", Some("pass"), |o| &o.sent_bytes[2]),
+        (
+            "shardline_origin_received_bytes_total",
+            "counter",
+            "Bytes received from each [[origin]] entry's origin into the cache (heads included).",
+            None,
+            |o| &o.origin_bytes,
+        ),
+        (
+            "shardline_origin_pauses_total",
+            "counter",
+            "Pauses each [[origin]] entry's origin asked for (a 429 or 503 with Retry-After), over \
+             all shards (shard 0 reports them).",
+            None,
+            |o| &o.pauses,
+        ),
+    ];
+    let mut name = "";
+    for (family, kind, help, source, pick) in families {
+        if !family.is_empty() {
+            name = family;
+            write_family_header(out, name, kind, help);
+        }
+        let source = source
+            .map(|s| format!(",source=\"{s}\""))
+            .unwrap_or_default();
+        for (i, label) in labels.iter().enumerate() {
+            for (shard, m) in shards.iter().enumerate() {
+                let v = pick(&m.origins)[i].load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}{{{label}{source},shard=\"{shard}\"}} {v}");
+            }
+        }
+    }
+}
+
 /// Requests answered, one counter per (method, status class).
 #[derive(Default, Debug)]
 pub struct RequestCounters {
@@ -523,6 +656,8 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
         }
         i = end;
     }
+
+    render_origins(&mut out, shards);
 
     let name = "shardline_requests_total";
     write_family_header(
@@ -780,6 +915,66 @@ mod tests {
             .iter()
             .find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v)))
             .map(|s| s.value)
+    }
+
+    #[test]
+    fn per_origin_families_carry_the_entry_and_parse() {
+        let a = Arc::new(ShardMetrics::default());
+        let b = Arc::new(ShardMetrics::default());
+        let names = vec![
+            ("http://steam.example".to_string(), "/depot/".to_string()),
+            ("http://we\"ird".to_string(), "/x/".to_string()),
+        ];
+        a.origins.names.set(names).unwrap();
+        ShardMetrics::add(&a.origins.requests[1], 4);
+        a.origins.count_sent(0, "HIT", 300);
+        b.origins.count_sent(0, "MISS", 100);
+        b.origins.count_sent(0, "FILL", 1);
+        a.origins.count_sent(0, "PASS", 7);
+        a.origins.count_sent(crate::config::MAX_ORIGINS, "HIT", 1);
+        ShardMetrics::set(&b.origins.origin_bytes[0], 101);
+        ShardMetrics::set(&a.origins.pauses[1], 2);
+        let text = render_prometheus(&[a, b]);
+        let s = parse_exposition(&text).unwrap();
+        let get = |name: &str, labels: &[(&str, &str)]| value(&s, name, labels);
+        let sent = "shardline_origin_sent_bytes_total";
+        assert_eq!(
+            get(sent, &[("origin", "0"), ("source", "hit"), ("shard", "0")]),
+            Some(300.0)
+        );
+        assert_eq!(
+            get(sent, &[("origin", "0"), ("source", "miss"), ("shard", "1")]),
+            Some(101.0)
+        );
+        assert_eq!(
+            get(sent, &[("origin", "0"), ("source", "pass"), ("shard", "0")]),
+            Some(7.0)
+        );
+        assert_eq!(
+            get(
+                "shardline_origin_requests_total",
+                &[("origin", "1"), ("prefix", "/x/")]
+            ),
+            Some(4.0)
+        );
+        assert_eq!(
+            get(
+                "shardline_origin_received_bytes_total",
+                &[("url", "http://steam.example"), ("shard", "1")]
+            ),
+            Some(101.0)
+        );
+        assert_eq!(
+            get(
+                "shardline_origin_pauses_total",
+                &[("origin", "1"), ("shard", "0")]
+            ),
+            Some(2.0)
+        );
+        assert!(text.contains("url=\"http://we\\\"ird\""), "{text}");
+        // No names (no [[origin]]): no per-origin families.
+        let bare = render_prometheus(&[Arc::new(ShardMetrics::default())]);
+        assert!(!bare.contains("shardline_origin_requests_total"));
     }
 
     #[test]

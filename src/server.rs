@@ -590,6 +590,13 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     let mut tls_listeners = tls_listeners.into_iter();
     for (index, (listener, &cpu)) in listeners.into_iter().zip(&cpus).enumerate() {
         let metrics = Arc::new(ShardMetrics::default());
+        // The per-origin families' labels (rendered from shard 0's).
+        let _ = metrics.origins.names.set(
+            cfg.origin
+                .iter()
+                .map(|o| (o.url.clone(), o.prefix.clone()))
+                .collect(),
+        );
         all_metrics.push(metrics.clone());
         let params = ShardParams {
             index,

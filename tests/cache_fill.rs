@@ -433,6 +433,119 @@ fn host_aliases_share_objects_tokens_do_not_split_them_and_key_query_does() {
     );
 }
 
+/// The `expr` values of a Prometheus rules file: `expr: ...` on one line, or `expr: |` and the
+/// lines indented under it. Every rule must also have an alert name, a severity and a summary.
+fn alert_exprs(yaml: &str) -> Vec<String> {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut exprs = Vec::new();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        if rest.trim() == "|" {
+            let block: Vec<&str> = lines[i + 1..]
+                .iter()
+                .take_while(|l| l.trim().is_empty() || indent(l) > indent(line))
+                .map(|l| l.trim())
+                .collect();
+            exprs.push(block.join(" "));
+        } else {
+            exprs.push(rest.trim().to_string());
+        }
+    }
+    let count = |key: &str| {
+        lines
+            .iter()
+            .filter(|l| l.trim_start().starts_with(key))
+            .count()
+    };
+    assert_eq!(count("- alert:"), exprs.len(), "a rule without an expr");
+    assert_eq!(count("severity:"), exprs.len(), "a rule without a severity");
+    assert_eq!(count("summary:"), exprs.len(), "a rule without a summary");
+    exprs
+}
+
+/// Every `expr` string anywhere in a Grafana dashboard.
+fn dashboard_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => dashboard_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| dashboard_exprs(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn per_origin_counters_count_and_the_shipped_dashboard_and_alerts_query_real_metrics() {
+    let e = edge("1", "");
+    let want = origin_file();
+    for _ in 0..2 {
+        let r = get(&e.server, "/pull/obj.bin", &[]);
+        assert_eq!(r.status, 200);
+        assert!(r.body == want);
+    }
+    let metrics = {
+        let mut s = std::net::TcpStream::connect(e.admin).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
+        String::from_utf8(r.body).unwrap()
+    };
+    // The miss and the hit, each whole (its head included), under origin entry 0.
+    let m = |family: &str, label: &str| common::admin_metric(e.admin, family, label);
+    assert_eq!(m("shardline_origin_requests_total", "origin=\"0\""), 2);
+    let sent = "shardline_origin_sent_bytes_total";
+    let whole = OBJECT_BYTES..OBJECT_BYTES + 1024;
+    assert!(
+        whole.contains(&m(sent, "source=\"hit\"")),
+        "hit {}",
+        m(sent, "source=\"hit\"")
+    );
+    assert!(
+        whole.contains(&m(sent, "source=\"miss\"")),
+        "miss {}",
+        m(sent, "source=\"miss\"")
+    );
+    assert_eq!(m(sent, "source=\"pass\""), 0);
+    assert!(m("shardline_origin_received_bytes_total", "prefix=\"/pull/\"") >= OBJECT_BYTES);
+    // Every metric the shipped dashboard and alert rules query is on /metrics.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("grafana-dashboard.json")).unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    dashboard_exprs(&dashboard, &mut exprs);
+    let rules = alert_exprs(&std::fs::read_to_string(root.join("prometheus-alerts.yml")).unwrap());
+    assert!(exprs.len() >= 10 && rules.len() >= 5, "{exprs:?} {rules:?}");
+    exprs.extend(rules);
+    let mut checked = 0;
+    for expr in &exprs {
+        let names = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|t| t.starts_with("shardline_"));
+        for name in names {
+            let exposed = metrics.lines().any(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|r| r.starts_with(['{', ' ']))
+            });
+            assert!(exposed, "{name} (in `{expr}`) is not on /metrics");
+            checked += 1;
+        }
+    }
+    assert!(checked >= exprs.len(), "an expr without a shardline metric");
+}
+
 #[test]
 fn many_clients_of_one_cold_object_all_get_it_and_the_origin_sends_it_once() {
     // Over two shards: the clients land on both, the fill is one.

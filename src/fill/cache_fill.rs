@@ -238,6 +238,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     paused_until_ms: Vec<u64>,
     /// Pauses asked by origins, for the metrics.
     pub origin_pauses: u64,
+    /// `origin_pauses` by origin.
+    pauses_by_origin: Vec<u64>,
     next_job: u64,
     next_version: u64,
     /// Notices for each shard's waiters.
@@ -483,6 +485,8 @@ pub struct Signals {
     io: Option<Arc<IoShared>>,
     /// `Index::live_bytes`, for the I/O thread's compaction rule.
     live_bytes: AtomicU64,
+    /// Pauses each origin asked for (`FillCore::pauses_by_origin`).
+    origin_pauses: Box<[AtomicU64]>,
 }
 
 impl Signals {
@@ -495,6 +499,9 @@ impl Signals {
             stats: Default::default(),
             io,
             live_bytes: AtomicU64::new(0),
+            origin_pauses: (0..crate::config::MAX_ORIGINS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 }
@@ -633,6 +640,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             disk_full: 0,
             paused_until_ms: Vec::new(),
             origin_pauses: 0,
+            pauses_by_origin: Vec::new(),
             dropped: vec![Vec::new(); shards],
             signals: Arc::new(Signals::new(shards, None, None)),
             wake_scratch: Vec::new(),
@@ -1246,6 +1254,14 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     ) -> Outcome {
         self.core()
             .want_more(version, key, origin, path, start, first, last, waiter)
+    }
+
+    /// Pauses origin `origin` asked for so far (read without the lock).
+    pub fn origin_pauses_of(&self, origin: usize) -> u64 {
+        self.signals
+            .origin_pauses
+            .get(origin)
+            .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// See `FillCore::origin_paused_s`.
@@ -2443,6 +2459,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         self.paused_until_ms[origin] = until;
         self.origin_pauses += 1;
+        if self.pauses_by_origin.len() <= origin {
+            self.pauses_by_origin.resize(origin + 1, 0);
+        }
+        self.pauses_by_origin[origin] += 1;
+        if let Some(n) = self.signals.origin_pauses.get(origin) {
+            n.store(self.pauses_by_origin[origin], Ordering::Relaxed);
+        }
         let name = self
             .cfg
             .origin_names

@@ -206,6 +206,8 @@ pub struct Filler {
     events: Vec<FillEvent>,
     /// Bytes received from origins (heads and bodies), since start.
     received_bytes: u64,
+    /// `received_bytes` by origin.
+    received_by_origin: Vec<u64>,
     /// Times from a fetch's start to its origin's head (ms), not yet taken.
     first_byte_ms: Vec<u64>,
     /// Per origin: the resolver's publication last read, its addresses, and the next to use
@@ -253,6 +255,7 @@ impl Filler {
             request: String::with_capacity(crate::origin::request::MAX_REQUEST_HEAD_BYTES),
             events: Vec::with_capacity(16),
             received_bytes: 0,
+            received_by_origin: vec![0; n_origins],
             first_byte_ms: Vec::with_capacity(max_fetches),
             addrs: (0..n_origins)
                 .map(|_| OriginAddrs {
@@ -286,6 +289,11 @@ impl Filler {
     /// Bytes received from origins since start.
     pub fn received_bytes(&self) -> u64 {
         self.received_bytes
+    }
+
+    /// `received_bytes` by origin (index = the origin's).
+    pub fn received_by_origin(&self) -> &[u64] {
+        &self.received_by_origin
     }
 
     /// Moves the times from fetch start to origin head (ms) observed since the last call into
@@ -693,6 +701,7 @@ impl Filler {
             TlsOp::RecordRecv if res == 0 => Dispatch::Answer(0),
             TlsOp::HandshakeRecv | TlsOp::RecordRecv => {
                 self.received_bytes += res as u64;
+                self.received_by_origin[run.origin] += res as u64;
                 run.ct_len += res as usize;
                 self.tls_io(ring, index, token)
             }
@@ -790,7 +799,9 @@ impl Filler {
             }
             Io::Send { .. } => run.machine.on_sent(res, now_ms, &mut self.out),
             Io::Recv { .. } => {
-                self.received_bytes += u64::from(res.max(0).unsigned_abs());
+                let n = u64::from(res.max(0).unsigned_abs());
+                self.received_bytes += n;
+                self.received_by_origin[run.origin] += n;
                 let slot = ring.arena_mut(run.slot);
                 run.machine.on_received(res, slot, now_ms, &mut self.out);
             }

@@ -4,6 +4,7 @@
 //! when their bytes are on disk. A cached version is served as a file response over its data
 //! file (`FileCache::acquire_immutable`), so the chunk pipeline is the one every file uses.
 
+use crate::metrics::OriginCounters;
 use std::collections::HashMap;
 
 use super::buffers::Demand;
@@ -142,6 +143,13 @@ impl<R: RingOps> Shard<R> {
         let Route::Origin { origin, key, path } = route else {
             return false;
         };
+        if !self.pulls.resuming {
+            // Counted once per request (a request parsed again after its wait is the same).
+            self.conns[c.index()].cache_origin = u8::try_from(origin).ok();
+            if let Some(n) = OriginCounters::of(&self.metrics.origins.requests, origin) {
+                super::ShardMetrics::add(n, 1);
+            }
+        }
         if key.len() > crate::cache::journal::MAX_KEY_BYTES {
             // Its record could never be journaled (replay would refuse it): 414, before the
             // cache or the origin sees it.
@@ -495,6 +503,11 @@ impl<R: RingOps> Shard<R> {
             super::ShardMetrics::set(&self.metrics.origin_connections, f.connections() as u64);
             let received = f.received_bytes();
             super::ShardMetrics::set(&self.metrics.cache_origin_bytes, received);
+            for (origin, &bytes) in f.received_by_origin().iter().enumerate() {
+                if let Some(n) = OriginCounters::of(&self.metrics.origins.origin_bytes, origin) {
+                    super::ShardMetrics::set(n, bytes);
+                }
+            }
             let first_byte = &self.metrics.origin_first_byte_time;
             edge.fill
                 .take_first_byte_ms(|ms| first_byte.observe(ms * 1000));
@@ -507,6 +520,9 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
                 super::ShardMetrics::set(&m.cache_disk_full, stats.disk_full);
                 super::ShardMetrics::set(&m.origin_pauses, stats.origin_pauses);
+                for (origin, n) in m.origins.pauses.iter().enumerate() {
+                    super::ShardMetrics::set(n, edge.fill.origin_pauses_of(origin));
+                }
             }
         }
     }

@@ -497,6 +497,8 @@ pub struct ConnMachine {
     pub limiter: Option<&'static str>,
     /// Where the current pulled response's bytes come from (the access log's `cache`).
     pub cache: Option<&'static str>,
+    /// The `[[origin]]` entry of the current pulled response (the per-origin counters).
+    pub cache_origin: Option<u8>,
     /// The current response's rate limit (`limit_rate_bytes_per_s`), if one applies.
     pub rate_limit: Option<crate::limits::RateLimit>,
     /// The current response's place with the edge's egress cap, if one applies.
@@ -573,6 +575,7 @@ impl ConnMachine {
             over_cap: false,
             limiter: None,
             cache: None,
+            cache_origin: None,
             rate_limit: None,
             egress: None,
             arena: ArenaWait::None,
@@ -2967,6 +2970,70 @@ mod tests {
         m.rx.clear();
         m.arm_recv(&mut out);
         assert_eq!(out, [Action::Recv]);
+    }
+
+    /// A TLS session under a certificate generated for the test (the directory holds it).
+    fn tls_session() -> (tempfile::TempDir, Box<TlsSession>) {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::tls::testing::write_cert(
+            dir.path(),
+            "edge",
+            crate::tls::testing::KeyKind::EcdsaP256,
+            &["edge.test"],
+        );
+        let cfg = crate::config::Config {
+            tls_listen: Some("127.0.0.1:0".parse().unwrap()),
+            tls_certificate: vec![spec],
+            ..crate::config::Config::default()
+        };
+        let ctx = crate::tls::TlsBuilder::new()
+            .unwrap()
+            .build(&cfg)
+            .unwrap()
+            .unwrap();
+        (dir, Box::new(TlsSession::new(ctx.server.clone()).unwrap()))
+    }
+
+    #[test]
+    fn last_words_stuck_in_a_full_socket_are_cut_at_the_send_timeout() {
+        // A TLS connection closing cleanly: its last record (an alert) goes out before the
+        // socket closes, but the client stopped reading, so the send never completes.
+        let (_dir, mut tls) = tls_session();
+        tls.outgoing.extend_from_slice(&[21, 3, 3, 0, 2, 1, 0]);
+        let mut m = ConnMachine::new();
+        m.tls = Some(tls);
+        m.life = Lifecycle::Closing {
+            reason: CloseReason::Normal,
+        };
+        m.set_deadline(Deadline::LastWords, 60_000);
+        let mut out = Actions::new();
+        m.maybe_finish_close(&mut out);
+        assert!(
+            out.iter().any(|a| matches!(a, Action::SendTls { .. })),
+            "{out:?}"
+        );
+        assert!(!out.iter().any(|a| matches!(a, Action::CloseSocket)));
+        assert!(m.wants_timer(), "the deadline must stay on the wheel");
+        // Before the deadline nothing changes.
+        out.clear();
+        assert!(!m.on_timer(&cx(59_999), &mut out));
+        assert!(out.is_empty(), "{out:?}");
+        // At it, the send is cancelled and the rest dropped.
+        assert!(!m.on_timer(&cx(60_000), &mut out));
+        assert!(
+            out.iter().any(|a| matches!(a, Action::CancelAll)),
+            "{out:?}"
+        );
+        assert!(m.tls.as_ref().unwrap().outgoing.is_empty());
+        assert!(!m.wants_timer());
+        // The cancelled send and the cancel complete: the socket closes.
+        out.clear();
+        m.on_tls_sent(-libc::ECANCELED, &cx(60_001), &mut out);
+        m.on_cancel_done(&mut out);
+        assert!(
+            out.iter().any(|a| matches!(a, Action::CloseSocket)),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -971,6 +971,11 @@ impl<R: RingOps> Shard<R> {
             Some(_) => ShardMetrics::add(&self.metrics.cache_sent_bytes, bytes),
             None => {}
         }
+        if let (Some(source), Some(origin)) = (conn.cache, conn.cache_origin) {
+            self.metrics
+                .origins
+                .count_sent(usize::from(origin), source, bytes);
+        }
         if let Some(log) = self.access_log.as_mut() {
             log.record(&access_log::Entry {
                 request: &conn.log_request,

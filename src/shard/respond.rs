@@ -209,6 +209,7 @@ impl<R: RingOps> Shard<R> {
         self.fill_reads_end(c);
         if !self.pulls.resuming {
             self.conns[c.index()].cache = None;
+            self.conns[c.index()].cache_origin = None;
         }
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
