@@ -547,6 +547,98 @@ fn per_origin_counters_count_and_the_shipped_dashboard_and_alerts_query_real_met
 }
 
 #[test]
+fn a_shardline_shield_between_the_edge_and_the_origin_works_end_to_end() {
+    use std::io::{Read, Write};
+    const BIG: u64 = 24 << 20;
+    // The shield (B) fills from nginx (8 MB/s per connection: its fill takes a while); the
+    // edge (A) fills from B and revalidates with it every time.
+    let shield = edge_with("1", "", "limit_rate 8m;", BIG);
+    let dir = common::disk_tempdir();
+    let (root, cache) = (dir.path().join("root"), dir.path().join("cache"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("edge.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\ncache_revalidate_s = 0\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            cache.display(),
+            shield.server.addr
+        ),
+    )
+    .unwrap();
+    let (edge_server, _edge_admin) =
+        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap()]);
+    let want = common::pattern_range(0, BIG as usize);
+    let at_origin = {
+        let mut s = std::net::TcpStream::connect(shield.origin.addr).unwrap();
+        s.write_all(b"HEAD /pull/obj.bin HTTP/1.1\r\nHost: o\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        common::read_response(&mut std::io::BufReader::new(s), true).unwrap()
+    };
+    // Cold through both tiers, streaming: the client has its first MiB while the shield's
+    // journal still lacks blocks of the object.
+    let mut s = edge_server.connect();
+    s.write_all(b"GET /pull/obj.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        r.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    for h in ["etag", "last-modified"] {
+        let v = at_origin.header(h).unwrap().to_lowercase();
+        assert!(
+            head.contains(&format!("{h}: {v}\r\n")),
+            "{h} through two tiers: {head}"
+        );
+    }
+    let mut body = vec![0u8; 1 << 20];
+    r.read_exact(&mut body).unwrap();
+    let journal = std::fs::read(shield.cache.join("journal")).unwrap();
+    let (index, _) = shardline::cache::journal::replay(&journal);
+    let v = index
+        .current(b"\0\0pull/obj.bin")
+        .expect("the shield's version")
+        .version;
+    let (present, blocks) = (index.blocks_present(v), index.meta(v).unwrap().blocks());
+    assert!(
+        present < blocks,
+        "the first MiB came only after the shield had it all ({present} of {blocks} blocks)"
+    );
+    r.read_to_end(&mut body).unwrap();
+    assert!(body == want, "the cold body through two tiers differs");
+    assert_eq!(shield.origin.wait_body_bytes(BIG), BIG);
+    // A range, and a conditional request, answered by the edge.
+    let r = get(
+        &edge_server,
+        "/pull/obj.bin",
+        &[("Range", "bytes=4000000-4000999")],
+    );
+    assert_eq!(r.status, 206);
+    assert!(r.body == want[4_000_000..4_001_000]);
+    let etag = at_origin.header("etag").unwrap();
+    let r = get(&edge_server, "/pull/obj.bin", &[("If-None-Match", etag)]);
+    assert_eq!(r.status, 304);
+    // The edge revalidated with the shield each time (cache_revalidate_s = 0), which
+    // answered 304 from its own cache: the origin sent nothing more.
+    let not_modified = common::admin_metric(
+        shield.admin,
+        "shardline_requests_total",
+        "status_class=\"3xx\"",
+    );
+    assert!(
+        not_modified >= 2,
+        "the shield answered {not_modified} revalidations with 304"
+    );
+    assert_eq!(shield.origin.body_bytes_sent(), BIG);
+}
+
+#[test]
 fn many_clients_of_one_cold_object_all_get_it_and_the_origin_sends_it_once() {
     // Over two shards: the clients land on both, the fill is one.
     let e = edge("2", "");

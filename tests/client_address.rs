@@ -551,3 +551,25 @@ fn an_ipv6_listener_logs_and_caps_its_clients_by_their_ipv6_address() {
         assert_eq!(line["client"], "::1", "{line}");
     }
 }
+
+/// The HAProxy configurations shipped in `config/` (one tier, layer 4, two cache tiers) are
+/// valid for the HAProxy the tests run (`haproxy -c`).
+#[test]
+fn shipped_haproxy_configs_are_valid() {
+    let haproxy = tool("haproxy", "haproxy");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    for name in ["haproxy.cfg", "haproxy-l4.cfg", "haproxy-tiers.cfg"] {
+        let out = Command::new(&haproxy)
+            .arg("-c")
+            .arg("-f")
+            .arg(dir.join(name))
+            .output()
+            .expect("run haproxy -c");
+        assert!(
+            out.status.success(),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
