@@ -16,7 +16,7 @@
 #   park-hold-restart  a wake-up that sends nothing restarts the park hold -> machine test, sim seeds
 #   last-words-wait    a closing TLS connection's last words wait for ever -> machine test
 #   rx-unbounded       the multishot receive is never cancelled at its bound -> machine test, sim
-#   dropped-unchecked  a block another read dropped as corrupt is sent unchecked -> simulator
+#   dropped-unchecked  a block another read dropped as corrupt is sent unchecked -> cache_fill test
 #   relay-byte-late    a pass-through copies from one byte late               -> simulator
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -108,7 +108,7 @@ plant rx-unbounded src/shard/machine.rs \
 plant dropped-unchecked src/fill/cache_fill.rs \
   '                    window.get(block).ok_or(BadBlock::Dropped(block))?' \
   '                    match window.get(block) { Some(c) => c, None => { at += b; continue; } }' \
-  '' --lib shard::sim::simulated_shard_keeps_its_invariants
+  '' --lib fill::cache_fill::core_tests::a_block_another_read_dropped
 plant relay-byte-late src/fill/relay.rs \
   '                from_off: self.used,' \
   '                from_off: self.used + 1,' \

@@ -2746,7 +2746,7 @@ mod window_tests {
 }
 
 #[cfg(test)]
-mod read_ahead_tests {
+mod core_tests {
     use super::*;
     use crate::origin::response::Unusable;
 
@@ -2879,6 +2879,43 @@ mod read_ahead_tests {
         assert_eq!(core.origin_pauses, 1);
         core.retry_or_fail(job(1), throttled(0), 10_000);
         assert_eq!(core.paused_until(1), 11_000);
+    }
+
+    #[test]
+    fn a_block_another_read_dropped_is_never_passed_unchecked() {
+        // Blocks 0..4 of version 1 on disk with the checksums of `bytes`; a response's window
+        // took their checksums before another read found block 2 corrupt and dropped it.
+        let bytes: Vec<u8> = (0..4 * B).map(|i| (i % 251) as u8).collect();
+        let (mut core, _dir) = core_with(0..0);
+        for block in 0..4u32 {
+            let at = (u64::from(block) * B) as usize;
+            let crc = crate::cache::checksum(&bytes[at..at + B as usize]);
+            assert!(core.index.apply(Record::Block {
+                version: 1,
+                block,
+                crc
+            }));
+        }
+        let filler = crate::fill::Filler::new(Vec::new(), 1);
+        let mut cf: CacheFill<usize> = CacheFill::attach(core.into_shared(), 0, filler);
+        let mut window = CrcWindow::EMPTY;
+        let read = 4 * B as usize;
+        assert_eq!(
+            cf.check_blocks(1, 0, read, &bytes, &mut window, None),
+            Ok(())
+        );
+        // Dropped meanwhile: its bytes on disk are the bad ones, whatever this read holds.
+        cf.with_core(|c| c.index.forget_block(1, 2));
+        window.forget(2);
+        assert_eq!(
+            cf.check_blocks(1, 0, read, &bytes, &mut window, None),
+            Err(BadBlock::Dropped(2))
+        );
+        // A read that does not reach it is fine.
+        assert_eq!(
+            cf.check_blocks(1, 0, 2 * B as usize, &bytes, &mut window, None),
+            Ok(())
+        );
     }
 
     #[test]
