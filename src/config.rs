@@ -39,6 +39,11 @@ pub const DEFAULT_CACHE_REVALIDATE_S: u64 = 30 * 24 * 3600;
 pub const DEFAULT_CACHE_OPEN_FILES: usize = 1024;
 /// Most `cache_open_files` may be (each is a descriptor of the process).
 pub const MAX_CACHE_OPEN_FILES: usize = 65_536;
+/// Slowest background scrub (`cache_scrub_bytes_per_s`, when on): 64 KiB/s.
+pub const MIN_SCRUB_BYTES_PER_S: u64 = 64 * 1024;
+/// Fastest background scrub: 10 GB/s (the rate is a cap; the scrub never goes ahead of
+/// clients' reads).
+pub const MAX_SCRUB_BYTES_PER_S: u64 = 10_000_000_000;
 /// Largest `cache_revalidate_s`: 10 years.
 pub const MAX_CACHE_REVALIDATE_S: u64 = 10 * 365 * 24 * 3600;
 /// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
@@ -358,6 +363,9 @@ pub struct Config {
     /// Most cached versions whose data file the fill keeps open for writing (least recently
     /// used closed first; a fetch under way keeps its own).
     pub cache_open_files: usize,
+    /// Bytes per second the background scrub reads back to check cached blocks against their
+    /// checksums (a bad one is dropped before a client meets it); 0: no scrub.
+    pub cache_scrub_bytes_per_s: u64,
     /// Seconds between two lookups of every origin's name (off the shard threads; new
     /// connections go to the latest addresses, in turn).
     pub origin_resolve_ttl_s: u64,
@@ -431,6 +439,7 @@ impl Default for Config {
             cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
             cache_404_s: 10,
             cache_open_files: DEFAULT_CACHE_OPEN_FILES,
+            cache_scrub_bytes_per_s: 0,
             origin_resolve_ttl_s: 60,
         }
     }
@@ -723,6 +732,15 @@ impl Config {
                 format!("at most {MAX_CACHE_REVALIDATE_S} (10 years)"),
             ));
         }
+        if self.cache_scrub_bytes_per_s != 0
+            && !(MIN_SCRUB_BYTES_PER_S..=MAX_SCRUB_BYTES_PER_S)
+                .contains(&self.cache_scrub_bytes_per_s)
+        {
+            return Err(err(
+                "cache_scrub_bytes_per_s",
+                format!("0 (off) or {MIN_SCRUB_BYTES_PER_S}..={MAX_SCRUB_BYTES_PER_S}"),
+            ));
+        }
         if !(1..=86_400).contains(&self.origin_resolve_ttl_s) {
             return Err(err("origin_resolve_ttl_s", "must be 1..=86400"));
         }
@@ -849,6 +867,7 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "rate_limit",
     "egress_limit_bytes_per_s",
     "egress_bypass_bytes",
+    "cache_scrub_bytes_per_s",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -950,6 +969,7 @@ impl Config {
             rate_limit,
             egress_limit_bytes_per_s,
             egress_bypass_bytes,
+            cache_scrub_bytes_per_s,
         );
         config.validate()?;
         Ok(Reload { config, refused })

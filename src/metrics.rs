@@ -233,6 +233,15 @@ counters! {
     origin_pauses: Gauge "origin_pauses",
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
+    /// Bytes the background scrub read back and checked (`cache_scrub_bytes_per_s`).
+    cache_scrub_bytes: Counter "cache_scrub_bytes_total",
+    /// Cached blocks the scrub found failing their checksum (dropped before a client met
+    /// them; also counted in cache_corrupt_blocks_total).
+    cache_scrub_bad_blocks: Counter "cache_scrub_bad_blocks_total",
+    /// Passes of the scrub over every cached block, completed.
+    cache_scrub_passes: Counter "cache_scrub_passes_total",
+    /// How far the scrub's current pass is, in thousandths of the blocks cached when it began.
+    cache_scrub_progress: Gauge "cache_scrub_pass_progress_permille",
     /// Hits served without the fill's lock (their version published: every block on disk,
     /// fresh).
     cache_lockless_hits: Counter "cache_lockless_hits_total",

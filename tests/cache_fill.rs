@@ -748,6 +748,64 @@ fn a_cold_download_streams_blocks_as_they_arrive() {
     );
 }
 
+/// The background scrub finds a byte flipped in a cached block before any client reads it:
+/// the block is dropped, counted and logged with its object, and the next GET fetches that
+/// block alone again and returns the whole object right.
+#[test]
+fn the_scrub_finds_a_damaged_block_before_a_client_does() {
+    use std::os::unix::fs::FileExt;
+    let e = edge("1", "cache_scrub_bytes_per_s = 67108864");
+    let want = origin_file();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
+    let m = |family: &str| common::admin_metric(e.admin, family, "");
+    let wait_for = |family: &str, want: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while m(family) < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{family} stayed at {} (want {want})\n{}",
+                m(family),
+                e.server.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    // A whole pass over the clean object finds nothing.
+    wait_for("shardline_cache_scrub_passes_total", 1);
+    assert_eq!(m("shardline_cache_scrub_bad_blocks_total"), 0);
+    assert!(m("shardline_cache_scrub_bytes_total") >= OBJECT_BYTES);
+    // Block 5 (blocks of 256 KiB): one byte flipped on the disk.
+    let at = 5 * 262_144 + 77;
+    let data = e.cache.join("data/0000000000000001");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    f.write_all_at(&[want[at] ^ 0x20], at as u64).unwrap();
+    f.sync_all().unwrap();
+    wait_for("shardline_cache_scrub_bad_blocks_total", 1);
+    let log = e.server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("scrub: a cached block failed its checksum")
+                && l.contains("pull/obj.bin")
+                && l.contains("block=5")),
+        "no scrub line naming the object and block:\n{log}"
+    );
+    // The client never met it: only the scrub counted a corrupt block, and the GET fetched
+    // that block alone again.
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(
+        r.status == 200 && r.body == want,
+        "a wrong byte reached the client"
+    );
+    assert_eq!(m("shardline_cache_corrupt_blocks_total"), 1);
+    assert_eq!(
+        e.origin.wait_body_bytes(OBJECT_BYTES + 262_144),
+        OBJECT_BYTES + 262_144
+    );
+    assert!(m("shardline_cache_scrub_pass_progress_permille") <= 1000);
+}
+
 /// A cached block damaged on disk under a running server: the read that meets it fails its
 /// checksum, the block is fetched again alone at the front of the fill's queue, and the same
 /// response goes on with the right bytes: one GET returns the whole object byte for byte, and

@@ -49,6 +49,35 @@ pub const MAX_QUEUED_FETCHES: usize = 4096;
 /// 64 KiB blocks, 4 MiB in 256 KiB ones), before the blocks behind it show it sequential.
 pub const INITIAL_READ_AHEAD_BLOCKS: u64 = 16;
 
+/// Most blocks one `FillCore::scrub_next` call looks at (a hold of the lock stays short).
+pub const SCRUB_SCAN_BLOCKS: u32 = 4096;
+
+/// One block for the scrub to read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScrubBlock {
+    /// Its number.
+    pub block: u32,
+    /// Its journaled checksum.
+    pub crc: u32,
+    /// Where it starts in the data file.
+    pub offset: u64,
+    /// Its bytes (the object's last block may be short).
+    pub len: usize,
+    /// The object's size.
+    pub size: u64,
+}
+
+/// What `FillCore::scrub_next` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScrubStep {
+    /// A block to read back.
+    Block(ScrubBlock),
+    /// None on disk up to here (exclusive): ask again from it.
+    Skip(u32),
+    /// The version is done (or gone).
+    Done,
+}
+
 /// Shortest pause a `Retry-After` makes (a `0` or a past date would otherwise send the fetch
 /// straight back to an origin that just refused it).
 pub const MIN_ORIGIN_PAUSE_S: u64 = 1;
@@ -2428,6 +2457,53 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             return;
         }
         self.retry_or_fail(job, error, now_ms);
+    }
+
+    /// The versions a scrub pass walks (oldest first) and the blocks they hold now.
+    pub fn scrub_pass(&self) -> (Vec<u64>, u64) {
+        let mut versions: Vec<u64> = self.index.each_version().map(|m| m.version).collect();
+        versions.sort_unstable();
+        let blocks = versions.iter().map(|&v| self.index.blocks_present(v)).sum();
+        (versions, blocks)
+    }
+
+    /// The scrub's next block of `version` from block `from` on: the first on disk among at
+    /// most `SCRUB_SCAN_BLOCKS` (a sparse version is walked over several calls).
+    pub fn scrub_next(&self, version: u64, from: u32) -> ScrubStep {
+        let Some(m) = self.index.meta(version) else {
+            return ScrubStep::Done;
+        };
+        let blocks = u32::try_from(m.blocks()).unwrap_or(u32::MAX);
+        let b = u64::from(m.block_bytes);
+        let until = from.saturating_add(SCRUB_SCAN_BLOCKS).min(blocks);
+        for block in from..until {
+            if let Some(crc) = self.index.block_crc(version, block) {
+                let offset = u64::from(block) * b;
+                return ScrubStep::Block(ScrubBlock {
+                    block,
+                    crc,
+                    offset,
+                    len: (m.size - offset).min(b) as usize,
+                    size: m.size,
+                });
+            }
+        }
+        if until >= blocks {
+            ScrubStep::Done
+        } else {
+            ScrubStep::Skip(until)
+        }
+    }
+
+    /// The scrub read block `block` of `version` back and it failed its checksum: the block
+    /// is forgotten (the next request fetches it again) and counted; its object's key, for
+    /// the log line (None: already gone).
+    pub fn scrub_found_bad(&mut self, version: u64, block: u32) -> Option<Vec<u8>> {
+        self.index.block_crc(version, block)?;
+        self.blocks_corrupt += 1;
+        self.index.forget_block(version, block);
+        self.invalidate_hot(version);
+        self.index.meta(version).map(|m| m.key.clone())
     }
 
     /// When `job` may start: its own retry time, or its origin's pause if later.

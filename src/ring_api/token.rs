@@ -53,6 +53,8 @@ pub enum Op {
     FillWake = 18,
     /// Cancel of a connection's multishot receive (its unread bytes reached their bound).
     CancelRecv = 19,
+    /// The background scrub's read of a cached block (`shard::scrub`).
+    Scrub = 20,
 }
 
 impl Op {
@@ -77,6 +79,7 @@ impl Op {
             17 => Op::Origin,
             18 => Op::FillWake,
             19 => Op::CancelRecv,
+            20 => Op::Scrub,
             _ => return None,
         })
     }

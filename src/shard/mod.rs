@@ -24,6 +24,7 @@ pub mod ring;
 #[allow(unsafe_code)]
 pub mod ring_sys;
 pub mod sched;
+mod scrub;
 #[cfg(test)]
 mod sim;
 pub mod timer_wheel;
@@ -256,6 +257,8 @@ struct Shard<R: RingOps> {
     edge: Option<crate::fill::edge::EdgeCache>,
     /// The pulled responses' state, by connection (`cache_glue::Pulls`).
     pulls: cache_glue::Pulls,
+    /// The background scrub's pass and its read in flight (shard 0 only).
+    scrub: scrub::Scrub,
 }
 
 /// The most operations the shard can have in flight at once, from what its config fixes at
@@ -438,6 +441,7 @@ impl<R: RingOps> Shard<R> {
             lifecycle: reload::LifecycleView::new(lifecycle),
             edge: None,
             pulls: cache_glue::Pulls::default(),
+            scrub: scrub::Scrub::default(),
             cfg,
         })
     }
@@ -466,7 +470,7 @@ impl<R: RingOps> Shard<R> {
             if let Some(deadline) = self.drain_deadline_ms {
                 let log_busy = self.access_log.as_ref().is_some_and(|l| l.busy());
                 let accepting = self.accept_armed || self.tls_accept_armed;
-                if self.open_conns == 0 && !accepting && !log_busy {
+                if self.open_conns == 0 && !accepting && !log_busy && !self.scrub.busy() {
                     return Ok(false);
                 }
                 if self.now_ms >= deadline {
@@ -500,6 +504,7 @@ impl<R: RingOps> Shard<R> {
             }
             self.run_handshakes();
             self.run_fill();
+            self.run_scrub();
 
             let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
@@ -512,9 +517,14 @@ impl<R: RingOps> Shard<R> {
             } else {
                 let sweep = Duration::from_millis(TIMER_SWEEP_MS);
                 let mut timeout = handshake_wait.map_or(sweep, |w| w.min(sweep));
-                for at_ms in [self.limit_waits.next_deadline_ms(), self.fill_due_ms()]
-                    .into_iter()
-                    .flatten()
+                let scrub_due = self.scrub.due_ms(self.cfg.cache_scrub_bytes_per_s);
+                for at_ms in [
+                    self.limit_waits.next_deadline_ms(),
+                    self.fill_due_ms(),
+                    scrub_due,
+                ]
+                .into_iter()
+                .flatten()
                 {
                     let wait_ms = at_ms.saturating_sub(self.now_ms).max(1);
                     timeout = timeout.min(Duration::from_millis(wait_ms));
@@ -1362,6 +1372,7 @@ impl<R: RingOps> Shard<R> {
             Op::Overflow | Op::CancelAccept => return,
             Op::Origin => return self.on_origin(t, cqe.result),
             Op::FillWake => return self.on_fill_wake(),
+            Op::Scrub => return self.on_scrub_read(cqe.result),
             Op::LogWrite => {
                 if let Some(log) = self.access_log.as_mut() {
                     log.on_write_done(&mut self.ring, cqe.result);
@@ -1451,6 +1462,7 @@ impl<R: RingOps> Shard<R> {
             | Op::CancelAccept
             | Op::Origin
             | Op::FillWake
+            | Op::Scrub
             | Op::LogWrite => {
                 unreachable!()
             }

@@ -1,0 +1,181 @@
+//! The background scrub (`cache_scrub_bytes_per_s`): shard 0 reads every cached block back,
+//! one at a time through its ring into an arena slot, and checks it against its journaled
+//! checksum, so a block that went bad on the disk is dropped (and fetched again by the next
+//! request) before a client meets it. Paced by the configured rate, and never ahead of
+//! clients: it reads only when the shard has no connection waiting for a turn and at least
+//! half the arena is free.
+
+use super::{RingOps, Shard};
+use crate::fill::cache_fill::{ScrubBlock, ScrubStep};
+use crate::metrics::ShardMetrics;
+use crate::ring_api::slots::{ArenaSlot, FileSlot};
+use crate::ring_api::token::{Op, Token};
+use crate::shard::buffers::Demand;
+
+/// How long the scrub steps aside when clients need the shard (a turn waiting, or the arena
+/// more than half taken).
+pub const SCRUB_YIELD_MS: u64 = 10;
+/// Read alignment of the scrub's reads (O_DIRECT data files want at most this).
+const SCRUB_READ_ALIGN: usize = 4096;
+
+/// The read in flight.
+struct InFlight {
+    slot: ArenaSlot,
+    file: FileSlot,
+    version: u64,
+    block: ScrubBlock,
+}
+
+/// Where the scrub is in its pass over the cache.
+#[derive(Default)]
+pub(super) struct Scrub {
+    /// The versions of this pass, oldest first, and the one being read.
+    versions: Vec<u64>,
+    next_version: usize,
+    next_block: u32,
+    /// Blocks read in this pass, and the blocks the cache held when it began.
+    pass_done: u64,
+    pass_blocks: u64,
+    in_flight: Option<InFlight>,
+    /// No read starts before this (the rate's pacing, or stepping aside).
+    next_at_ms: u64,
+}
+
+impl Scrub {
+    /// Whether a read is in flight (the shard does not exit before it completes).
+    pub(super) fn busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// When the shard should wake for the scrub's next read (None: nothing to do).
+    pub(super) fn due_ms(&self, rate: u64) -> Option<u64> {
+        (rate > 0 && self.in_flight.is_none()).then_some(self.next_at_ms)
+    }
+}
+
+impl<R: RingOps> Shard<R> {
+    /// Starts the scrub's next read when it is due and the shard can spare it.
+    pub(super) fn run_scrub(&mut self) {
+        let rate = self.cfg.cache_scrub_bytes_per_s;
+        if rate == 0 || self.index != 0 || self.drain_deadline_ms.is_some() {
+            return;
+        }
+        if self.scrub.in_flight.is_some() || self.now_ms < self.scrub.next_at_ms {
+            return;
+        }
+        let Some(edge) = self.edge.as_ref() else {
+            return;
+        };
+        if !self.ready.is_empty() || self.arena.free_count() * 2 < self.cfg.arena_slots() {
+            self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
+            return;
+        }
+        // The next block on disk, starting a new pass when the last one is done.
+        let found = loop {
+            let s = &mut self.scrub;
+            let Some(&version) = s.versions.get(s.next_version) else {
+                if s.pass_blocks > 0 {
+                    ShardMetrics::add(&self.metrics.cache_scrub_passes, 1);
+                }
+                let (versions, blocks) = edge.fill.with_core(|c| c.scrub_pass());
+                *s = Scrub {
+                    versions,
+                    pass_blocks: blocks,
+                    next_at_ms: s.next_at_ms,
+                    ..Scrub::default()
+                };
+                ShardMetrics::set(&self.metrics.cache_scrub_progress, 0);
+                if blocks == 0 {
+                    // Nothing cached yet: look again in a second.
+                    s.next_at_ms = self.now_ms + 1000;
+                    return;
+                }
+                continue;
+            };
+            match edge.fill.with_core(|c| c.scrub_next(version, s.next_block)) {
+                ScrubStep::Block(b) => {
+                    s.next_block = b.block + 1;
+                    break (version, b);
+                }
+                ScrubStep::Skip(from) => s.next_block = from,
+                ScrubStep::Done => {
+                    s.next_version += 1;
+                    s.next_block = 0;
+                }
+            }
+        };
+        let (version, block) = found;
+        let (key, path) = edge.data_file(version);
+        let file =
+            match self
+                .files
+                .acquire_immutable(&mut self.ring, &key, &path, block.size, self.now_ms)
+            {
+                Ok(f) => f,
+                Err(_) => {
+                    // Dropped meanwhile (its file removed), or no descriptor free: on to the next.
+                    self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
+                    return;
+                }
+            };
+        let Some(slot) = self.arena.take(Demand::Bulk) else {
+            self.files.release(&mut self.ring, file);
+            self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
+            return;
+        };
+        let len = block
+            .len
+            .next_multiple_of(SCRUB_READ_ALIGN)
+            .min(self.ring.arena(slot).len());
+        let fixed = self.ring.file_fixed_index(file);
+        let t = Token::shard(Op::Scrub).encode();
+        self.ring
+            .read_fixed(slot, 0, len, fixed, block.offset, 0, t);
+        self.scrub.in_flight = Some(InFlight {
+            slot,
+            file,
+            version,
+            block,
+        });
+    }
+
+    /// The scrub's read completed with `res`: the block is checked, a bad one dropped.
+    pub(super) fn on_scrub_read(&mut self, res: i32) {
+        let f = self
+            .scrub
+            .in_flight
+            .take()
+            .expect("a scrub completion without a scrub read");
+        self.ring.arena_done(f.slot);
+        let len = f.block.len;
+        let good = usize::try_from(res).is_ok_and(|n| n >= len)
+            && crate::cache::checksum(&self.ring.arena(f.slot)[..len]) == f.block.crc;
+        if !good {
+            let bad = self.edge.as_ref().and_then(|e| {
+                e.fill
+                    .with_core(|c| c.scrub_found_bad(f.version, f.block.block))
+            });
+            if let Some(key) = bad {
+                ShardMetrics::add(&self.metrics.cache_scrub_bad_blocks, 1);
+                ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
+                tracing::warn!(
+                    object = %String::from_utf8_lossy(key.get(2..).unwrap_or_default()),
+                    version = f.version,
+                    block = f.block.block,
+                    read = res,
+                    "scrub: a cached block failed its checksum; dropped (fetched again when asked)"
+                );
+            }
+        }
+        self.files.release(&mut self.ring, f.file);
+        self.release_slot(f.slot);
+        let s = &mut self.scrub;
+        s.pass_done += 1;
+        ShardMetrics::add(&self.metrics.cache_scrub_bytes, len as u64);
+        if let Some(permille) = (s.pass_done * 1000).checked_div(s.pass_blocks) {
+            ShardMetrics::set(&self.metrics.cache_scrub_progress, permille.min(1000));
+        }
+        let rate = self.cfg.cache_scrub_bytes_per_s.max(1);
+        s.next_at_ms = self.now_ms + (len as u64 * 1000).div_ceil(rate);
+    }
+}
