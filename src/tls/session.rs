@@ -26,6 +26,12 @@ use super::sniff::{self, FirstBytes};
 /// shares make ClientHellos grow (one ML-KEM share is ~1.2 KiB, hybrids and lists more). More
 /// is refused with a handshake_failure alert.
 pub const HANDSHAKE_INCOMING_MAX_BYTES: usize = 72 * 1024;
+/// Longest handshake message rustls takes (its `MAX_HANDSHAKE_SIZE`, 64 KiB); a ClientHello
+/// that says it is longer gets illegal_parameter (OpenSSL's alert for an excessive message)
+/// from our precheck, where rustls would close without one. OpenSSL takes ClientHellos up to
+/// 128 KiB: the bound is rustls's deframer's, which the transcript hash keeps us from working
+/// around (the message must reach it whole).
+pub const HANDSHAKE_MESSAGE_MAX_BYTES: u32 = 0xffff;
 /// Largest plaintext record fragment (2^14, RFC 8446 5.1); a longer plaintext handshake
 /// record gets record_overflow.
 const PLAINTEXT_RECORD_MAX_BYTES: usize = 16 * 1024;
@@ -230,8 +236,14 @@ fn precheck_records(incoming: &[u8]) -> Option<u8> {
         if typ == CONTENT_APPLICATION_DATA && len == 0 {
             return Some(alert::UNEXPECTED_MESSAGE);
         }
-        // The first record starts the ClientHello: type, length (3), legacy_version (2).
+        // The first record starts the ClientHello: type, length (3), legacy_version (2). One
+        // longer than rustls takes would be refused there without an alert.
         if at == 0 && typ == CONTENT_HANDSHAKE {
+            if let Some(&[1, a, b, c]) = incoming.get(5..9) {
+                if u32::from_be_bytes([0, a, b, c]) > HANDSHAKE_MESSAGE_MAX_BYTES {
+                    return Some(alert::ILLEGAL_PARAMETER);
+                }
+            }
             if let Some(&[1, _, _, _, major, minor]) = incoming.get(5..11) {
                 if u16::from_be_bytes([major, minor]) <= LEGACY_VERSION_REFUSED_MAX {
                     return Some(alert::PROTOCOL_VERSION);
@@ -1295,11 +1307,26 @@ mod tests {
     /// extension, as post-quantum key shares make them grow; split into records of at most
     /// `record_max` bytes.
     fn big_client_hello(extra: usize, record_max: usize) -> Vec<u8> {
+        big_client_hello_with_suites(extra, 0, record_max)
+    }
+
+    /// As `big_client_hello`, with `more_suites` unknown cipher suites (two bytes each) before
+    /// the real ones: with both, a ClientHello can pass 64 KiB (each list's length is 16 bits).
+    fn big_client_hello_with_suites(
+        extra: usize,
+        more_suites: usize,
+        record_max: usize,
+    ) -> Vec<u8> {
         let rec = testing::client_hello(Some("edge.test"));
         let mut msg = rec[5..].to_vec();
         // Extensions block: after version, random, session id, suites and compression.
         let mut at = 4 + 2 + 32;
         at += 1 + usize::from(msg[at]);
+        let suites_len = usize::from(u16::from_be_bytes([msg[at], msg[at + 1]]));
+        let junk = std::iter::repeat_n([0x0a, 0x0a], more_suites).flatten();
+        msg.splice(at + 2..at + 2, junk);
+        let new_suites_len = (suites_len + 2 * more_suites) as u16;
+        msg[at..at + 2].copy_from_slice(&new_suites_len.to_be_bytes());
         at += 2 + usize::from(u16::from_be_bytes([msg[at], msg[at + 1]]));
         at += 1 + usize::from(msg[at]);
         let ext_len = usize::from(u16::from_be_bytes([msg[at], msg[at + 1]]));
@@ -1372,6 +1399,32 @@ mod tests {
             alerts,
             [(2, alert::HANDSHAKE_FAILURE)],
             "over the handshake buffer"
+        );
+    }
+
+    /// rustls refuses a handshake message over its `MAX_HANDSHAKE_SIZE` (64 KiB), where OpenSSL
+    /// takes a ClientHello up to 128 KiB (`CLIENT_HELLO_MAX_LENGTH`); the bound is in rustls's
+    /// deframer, which our record layer cannot widen (the ClientHello is hashed into the
+    /// transcript whole). Pinned: a 40 KiB one completes (`client_hellos_at_the_edges_...`), a
+    /// ~70 KiB one (within `HANDSHAKE_INCOMING_MAX_BYTES`, so rustls itself judges it) gets an
+    /// alert, never a silent close. Real ClientHellos, post-quantum shares included, are a few
+    /// KiB.
+    #[test]
+    fn a_client_hello_over_rustls_handshake_limit_gets_an_alert() {
+        let w = world();
+        let hello = big_client_hello_with_suites(60 * 1024, 4096, 16384);
+        let body =
+            hello.len() - hello.len().div_ceil(16384 + RECORD_HEADER_BYTES) * RECORD_HEADER_BYTES;
+        assert!(
+            body > 64 * 1024 && hello.len() <= HANDSHAKE_INCOMING_MAX_BYTES,
+            "{body}"
+        );
+        let (step, alerts) = handshake_answer(&w, &hello);
+        assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
+        assert_eq!(
+            alerts,
+            [(2, alert::ILLEGAL_PARAMETER)],
+            "an alert, then the close"
         );
     }
 
