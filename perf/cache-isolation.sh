@@ -6,6 +6,8 @@
 #     in a loop (wrk, one connection); its p99 alone and while a client on CPU 0 downloads a
 #     cold 2 GiB object through shard 0. The same for a 1 MiB file of the local root, as the
 #     control;
+#   - scrub: a 1 KiB cached hit's p99 on shard 0 alone and while the background scrub
+#     (cache_scrub_bytes_per_s, SCRUB_RATE: 100 MiB/s) reads the cache there;
 #   - nothing blocks: strace of the process during a cold 1 GiB fill, counting fdatasync,
 #     fsync, openat, openat2, unlinkat and futex per thread (shard-N against the rest);
 #   - CPU: shardline's own CPU seconds per GiB for a cold download and for the warm one after,
@@ -64,6 +66,7 @@ log "origin files: 1 GiB and 2 GiB objects, 1 MiB hot objects"
 head -c $((1 << 30)) /dev/urandom >"$WORK/origin/pull/big.bin"
 head -c $((2 << 30)) /dev/urandom >"$WORK/origin/pull/huge.bin"
 head -c $((1 << 20)) /dev/urandom >"$WORK/origin/pull/hot.bin"
+head -c 1024 /dev/urandom >"$WORK/origin/pull/small.bin"
 cp "$WORK/origin/pull/hot.bin" "$MNT/root/hot.bin"
 # Each cold download asks for a name never asked before (a symlink to the same bytes).
 for i in $(seq 0 $((RUNS + 10))); do
@@ -77,13 +80,18 @@ fill_setup
 taskset -pc 0 "$(cat "$WORK/nginx-origin/pid")" >/dev/null
 
 PORT=18090 ADMIN=18091
-cat >"$WORK/shardline.toml" <<EOF
+# write_config SCRUB_BYTES_PER_S: shardline's configuration (the scrub is reloadable).
+write_config() {
+  cat >"$WORK/shardline.toml" <<EOF
 cache_dir = "$MNT/sl-cache"
 admin = "127.0.0.1:$ADMIN"
+cache_scrub_bytes_per_s = $1
 [[origin]]
 prefix = "/pull/"
 url = "http://127.0.0.1:$ORIGIN_PORT"
 EOF
+}
+write_config 0
 "$SL" serve --config "$WORK/shardline.toml" --root "$MNT/root" --listen "127.0.0.1:$PORT" \
   --shards 2 2>"$WORK/shardline.log" &
 SLPID=$!
@@ -91,13 +99,14 @@ PIDS+=("$SLPID")
 wait_port "$PORT" "$SLPID" 20 || die "shardline did not start: $(tail -5 "$WORK/shardline.log")"
 URL=http://127.0.0.1:$PORT
 curl -sf -o /dev/null "$URL/pull/hot.bin" || die "the warm-up fetch failed"
+curl -sf -o /dev/null "$URL/pull/small.bin" || die "the warm-up fetch failed"
 
 # cpu_ticks PID: user + system clock ticks the process has used.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 TICK=$(getconf CLK_TCK)
-# p99_ms PATH: one connection on CPU 1 for 6 s; wrk's p99 in ms.
+# p99_ms PATH [CPU]: one connection on CPU (default 1) for 6 s; wrk's p99 in ms.
 p99_ms() {
-  taskset -c 1 wrk -t1 -c1 -d6s --latency "$URL$1" 2>/dev/null |
+  taskset -c "${2:-1}" wrk -t1 -c1 -d6s --latency "$URL$1" 2>/dev/null |
     awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 }
       else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
       printf "%.3f", v }'
@@ -125,6 +134,26 @@ for round in 0 1 2 3 4; do
 done
 HIT_ALONE=$(median "${HA[@]}") HIT_BESIDE=$(median "${HB[@]}")
 LOCAL_ALONE=$(median "${LA[@]}") LOCAL_BESIDE=$(median "${LB[@]}")
+
+SCRUB_RATE=${SCRUB_RATE:-104857600}
+log "scrub: 1 KiB hits on shard 0 (the scrubbing shard), alone and while the scrub reads the cache at $SCRUB_RATE B/s, 5 rounds"
+scrub_bytes() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_scrub_bytes_total/ { s += $2 } END { printf "%d", s }'; }
+SA=() SB=() SR=()
+for round in 0 1 2 3 4; do
+  SA+=("$(p99_ms /pull/small.bin 0)")
+  write_config "$SCRUB_RATE"
+  kill -HUP "$SLPID"
+  b0=$(scrub_bytes)
+  for _ in $(seq 200); do (($(scrub_bytes) > b0)) && break; sleep 0.05; done
+  b0=$(scrub_bytes) t0=$(date +%s.%N)
+  SB+=("$(p99_ms /pull/small.bin 0)")
+  SR+=("$(calc "($(scrub_bytes) - $b0) / ($(date +%s.%N) - $t0) / 1000000")")
+  write_config 0
+  kill -HUP "$SLPID"
+  sleep 0.5
+  log "round $round: alone ${SA[-1]} ms, with the scrub ${SB[-1]} ms (scrub ${SR[-1]} MB/s)"
+done
+SCRUB_ALONE=$(median "${SA[@]}") SCRUB_BESIDE=$(median "${SB[@]}") SCRUB_MBS=$(median "${SR[@]}")
 
 log "strace during a cold 1 GiB fill"
 strace -f -qq -e trace=fdatasync,fsync,openat,openat2,unlinkat,futex -o "$WORK/strace" \
@@ -246,6 +275,14 @@ rm -rf "$MNT/restart"
   echo "|---|---|---|---|---|"
   echo "| cached, /pull/hot.bin | $HIT_ALONE | $HIT_BESIDE | $(calc "$HIT_BESIDE / $HIT_ALONE") | ${HA[*]} / ${HB[*]} |"
   echo "| local root, /hot.bin (control) | $LOCAL_ALONE | $LOCAL_BESIDE | $(calc "$LOCAL_BESIDE / $LOCAL_ALONE") | ${LA[*]} / ${LB[*]} |"
+  echo
+  echo "## Scrub: p99 of 1 KiB cached hits on shard 0 (wrk, one connection on CPU 0, 6 s), median of 5 rounds"
+  echo
+  echo "The scrub runs on shard 0 (cache_scrub_bytes_per_s = $SCRUB_RATE, turned on and off by SIGHUP each round)."
+  echo
+  echo "| alone (ms) | while the scrub reads (ms) | ratio (target <= 1.1) | scrub MB/s held | rounds alone / with |"
+  echo "|---|---|---|---|---|"
+  echo "| $SCRUB_ALONE | $SCRUB_BESIDE | $(calc "$SCRUB_BESIDE / $SCRUB_ALONE") | $SCRUB_MBS | ${SA[*]} / ${SB[*]} |"
   echo
   echo "## Syscalls during a cold 1 GiB fill (strace -f -p, by thread)"
   echo
