@@ -352,37 +352,36 @@ impl EdgeCache {
         }
     }
 
-    /// The first byte of a single `bytes=N-...` range, before the size is known (a suffix
-    /// or several ranges: None, the object's start).
-    pub fn first_byte(range: Option<&[u8]>) -> Option<u64> {
+    /// The two sides of a single `bytes=A-B` range, as numbers where they are (either may be
+    /// empty: an open range, a suffix); None for several ranges or another unit.
+    fn single_range_sides(range: Option<&[u8]>) -> Option<(Option<u64>, Option<u64>)> {
         let spec = range?.trim_ascii().strip_prefix(b"bytes=")?;
         if spec.contains(&b',') {
             return None;
         }
         let dash = spec.iter().position(|&b| b == b'-')?;
-        std::str::from_utf8(spec[..dash].trim_ascii())
-            .ok()?
-            .parse()
-            .ok()
+        let num = |side: &[u8]| {
+            std::str::from_utf8(side.trim_ascii())
+                .ok()?
+                .parse::<u64>()
+                .ok()
+        };
+        Some((num(&spec[..dash]), num(&spec[dash + 1..])))
+    }
+
+    /// The first byte of a single `bytes=N-...` range, before the size is known (a suffix
+    /// or several ranges: None, the object's start).
+    pub fn first_byte(range: Option<&[u8]>) -> Option<u64> {
+        Self::single_range_sides(range)?.0
     }
 
     /// The last byte of a single `bytes=N-M` range, before the size is known (open, a suffix
     /// or several ranges: None).
     pub fn last_byte(range: Option<&[u8]>) -> Option<u64> {
-        let spec = range?.trim_ascii().strip_prefix(b"bytes=")?;
-        if spec.contains(&b',') {
-            return None;
+        match Self::single_range_sides(range)? {
+            (Some(first), Some(last)) if last >= first => Some(last),
+            _ => None,
         }
-        let dash = spec.iter().position(|&b| b == b'-')?;
-        let first: u64 = std::str::from_utf8(spec[..dash].trim_ascii())
-            .ok()?
-            .parse()
-            .ok()?;
-        let last: u64 = std::str::from_utf8(spec[dash + 1..].trim_ascii())
-            .ok()?
-            .parse()
-            .ok()?;
-        (last >= first).then_some(last)
     }
 
     /// What `waiter` wants of `key`: `Ready(version)` when it may start. A remembered 404
@@ -639,6 +638,17 @@ mod tests {
         assert_eq!(EdgeCache::first_byte(Some(b"bytes=-7")), None);
         assert_eq!(EdgeCache::first_byte(Some(b"bytes=1-2,5-6")), None);
         assert_eq!(EdgeCache::first_byte(None), None);
+        assert_eq!(EdgeCache::last_byte(Some(b"bytes=7-9")), Some(9));
+        assert_eq!(EdgeCache::last_byte(Some(b"bytes= 7 - 9 ")), Some(9));
+        for open_or_odd in [
+            &b"bytes=7-"[..],
+            b"bytes=-9",
+            b"bytes=9-7",
+            b"bytes=1-2,5-6",
+            b"items=1-2",
+        ] {
+            assert_eq!(EdgeCache::last_byte(Some(open_or_odd)), None);
+        }
     }
 
     #[test]
