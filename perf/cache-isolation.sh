@@ -174,9 +174,9 @@ STRACE_ROWS=$(awk '$2 ~ /^[a-z0-9_]+\(/ { print $1, $2 }' "$WORK/strace" | sed -
     echo "$who $call"
   done | sort | uniq -c | awk '{ printf "| %s | %s | %d |\n", $2, $3, $1 }')
 SHARD_BLOCKING=$(printf '%s\n' "$STRACE_ROWS" |
-  awk -F'|' '$2 ~ /shard/ && $3 ~ /fdatasync|fsync|openat|unlinkat/ { s += $4 } END { print s + 0 }')
+  awk -F'|' '$2 == " shard " && $3 ~ /fdatasync|fsync|openat|unlinkat/ { s += $4 } END { print s + 0 }')
 SHARD_FUTEX=$(printf '%s\n' "$STRACE_ROWS" |
-  awk -F'|' '$2 ~ /shard/ && $3 ~ /futex/ { s += $4 } END { print s + 0 }')
+  awk -F'|' '$2 == " shard " && $3 ~ /futex/ { s += $4 } END { print s + 0 }')
 sync
 
 log "CPU per GiB: cold, then warm"

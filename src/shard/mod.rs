@@ -508,6 +508,7 @@ impl<R: RingOps> Shard<R> {
 
             let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
+                || self.scrub.checking()
                 || !self.recv_retry.is_empty()
                 || !self.pulls.relay_ready.is_empty()
                 || !self.pulls.relay_cancels.is_empty()

@@ -3,7 +3,7 @@
 //! checksum, so a block that went bad on the disk is dropped (and fetched again by the next
 //! request) before a client meets it. Paced by the configured rate, and never ahead of
 //! clients: it reads only when the shard has no connection waiting for a turn and at least
-//! half the arena is free.
+//! half the arena is free, and checksums what it read `SCRUB_CHECK_STEP_BYTES` per tick.
 
 use super::{RingOps, Shard};
 use crate::fill::cache_fill::{ScrubBlock, ScrubStep};
@@ -17,8 +17,11 @@ use crate::shard::buffers::Demand;
 pub const SCRUB_YIELD_MS: u64 = 10;
 /// Read alignment of the scrub's reads (O_DIRECT data files want at most this).
 const SCRUB_READ_ALIGN: usize = 4096;
+/// Bytes of a read block the scrub checksums per loop tick: a whole block at once would hold
+/// the shard for tens of microseconds, a client's request behind it.
+pub const SCRUB_CHECK_STEP_BYTES: usize = 16 * 1024;
 
-/// The read in flight.
+/// The read in flight (or being checked).
 struct InFlight {
     slot: ArenaSlot,
     file: FileSlot,
@@ -37,25 +40,36 @@ pub(super) struct Scrub {
     pass_done: u64,
     pass_blocks: u64,
     in_flight: Option<InFlight>,
+    /// A read that completed, being checksummed a step per tick: the read, its result, the
+    /// bytes checked so far and their CRC.
+    checking: Option<(InFlight, i32, usize, u32)>,
     /// No read starts before this (the rate's pacing, or stepping aside).
     next_at_ms: u64,
 }
 
 impl Scrub {
-    /// Whether a read is in flight (the shard does not exit before it completes).
+    /// Whether a read is in flight or being checked (the shard does not exit before).
     pub(super) fn busy(&self) -> bool {
-        self.in_flight.is_some()
+        self.in_flight.is_some() || self.checking.is_some()
+    }
+
+    /// Whether a block is being checked: the loop does not sleep until it is done.
+    pub(super) fn checking(&self) -> bool {
+        self.checking.is_some()
     }
 
     /// When the shard should wake for the scrub's next read (None: nothing to do).
     pub(super) fn due_ms(&self, rate: u64) -> Option<u64> {
-        (rate > 0 && self.in_flight.is_none()).then_some(self.next_at_ms)
+        (rate > 0 && !self.busy()).then_some(self.next_at_ms)
     }
 }
 
 impl<R: RingOps> Shard<R> {
     /// Starts the scrub's next read when it is due and the shard can spare it.
     pub(super) fn run_scrub(&mut self) {
+        if self.scrub.checking.is_some() {
+            return self.scrub_check_step();
+        }
         let rate = self.cfg.cache_scrub_bytes_per_s;
         if rate == 0 || self.index != 0 || self.drain_deadline_ms.is_some() {
             return;
@@ -139,7 +153,7 @@ impl<R: RingOps> Shard<R> {
         });
     }
 
-    /// The scrub's read completed with `res`: the block is checked, a bad one dropped.
+    /// The scrub's read completed with `res`: the block is checked from the next tick on.
     pub(super) fn on_scrub_read(&mut self, res: i32) {
         let f = self
             .scrub
@@ -147,9 +161,31 @@ impl<R: RingOps> Shard<R> {
             .take()
             .expect("a scrub completion without a scrub read");
         self.ring.arena_done(f.slot);
+        self.scrub.checking = Some((f, res, 0, 0));
+    }
+
+    /// Checksums the next `SCRUB_CHECK_STEP_BYTES` of the read being checked; at its end, a
+    /// bad block is dropped, and the slot and file go back.
+    fn scrub_check_step(&mut self) {
+        let (f, res, at, crc) = self.scrub.checking.take().expect("checked by the caller");
         let len = f.block.len;
-        let good = usize::try_from(res).is_ok_and(|n| n >= len)
-            && crate::cache::checksum(&self.ring.arena(f.slot)[..len]) == f.block.crc;
+        let read_whole = usize::try_from(res).is_ok_and(|n| n >= len);
+        if read_whole && at < len {
+            let end = (at + SCRUB_CHECK_STEP_BYTES).min(len);
+            let crc = crate::cache::checksum_append(crc, &self.ring.arena(f.slot)[at..end]);
+            if end < len {
+                self.scrub.checking = Some((f, res, end, crc));
+                return;
+            }
+            return self.scrub_checked(f, res, crc);
+        }
+        self.scrub_checked(f, res, crc);
+    }
+
+    /// The read's block is checked (`crc` over all of it, unless the read came short).
+    fn scrub_checked(&mut self, f: InFlight, res: i32, crc: u32) {
+        let len = f.block.len;
+        let good = usize::try_from(res).is_ok_and(|n| n >= len) && crc == f.block.crc;
         if !good {
             let bad = self.edge.as_ref().and_then(|e| {
                 e.fill
