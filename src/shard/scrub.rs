@@ -21,6 +21,13 @@ const SCRUB_READ_ALIGN: usize = 4096;
 /// the shard for tens of microseconds, a client's request behind it.
 pub const SCRUB_CHECK_STEP_BYTES: usize = 16 * 1024;
 
+/// How long the scrub waits after reading `len` bytes at `rate` bytes/s. A rate turned off
+/// meanwhile (a reload) paces nothing: the scrub starts at once when it is turned on again,
+/// instead of waiting out `len` bytes at 1 byte/s.
+fn pause_after_ms(len: usize, rate: u64) -> u64 {
+    (len as u64 * 1000).checked_div(rate).unwrap_or(0)
+}
+
 /// The read in flight (or being checked).
 struct InFlight {
     slot: ArenaSlot,
@@ -211,7 +218,18 @@ impl<R: RingOps> Shard<R> {
         if let Some(permille) = (s.pass_done * 1000).checked_div(s.pass_blocks) {
             ShardMetrics::set(&self.metrics.cache_scrub_progress, permille.min(1000));
         }
-        let rate = self.cfg.cache_scrub_bytes_per_s.max(1);
-        s.next_at_ms = self.now_ms + (len as u64 * 1000).div_ceil(rate);
+        s.next_at_ms = self.now_ms + pause_after_ms(len, self.cfg.cache_scrub_bytes_per_s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pace_follows_the_rate_and_a_rate_turned_off_paces_nothing() {
+        assert_eq!(pause_after_ms(262_144, 262_144), 1000);
+        assert_eq!(pause_after_ms(262_144, 104_857_600), 2);
+        assert_eq!(pause_after_ms(262_144, 0), 0);
     }
 }
