@@ -21,11 +21,11 @@ const SCRUB_READ_ALIGN: usize = 4096;
 /// the shard for tens of microseconds, a client's request behind it.
 pub const SCRUB_CHECK_STEP_BYTES: usize = 16 * 1024;
 
-/// How long the scrub waits after reading `len` bytes at `rate` bytes/s. A rate turned off
-/// meanwhile (a reload) paces nothing: the scrub starts at once when it is turned on again,
-/// instead of waiting out `len` bytes at 1 byte/s.
-fn pause_after_ms(len: usize, rate: u64) -> u64 {
-    (len as u64 * 1000).checked_div(rate).unwrap_or(0)
+/// How long (µs) the scrub's `len` bytes take at `rate` bytes/s. A rate turned off meanwhile
+/// (a reload) paces nothing: the scrub starts at once when it is turned on again, instead of
+/// waiting out `len` bytes at 1 byte/s.
+fn pace_us(len: usize, rate: u64) -> u64 {
+    (len as u64 * 1_000_000).checked_div(rate).unwrap_or(0)
 }
 
 /// The read in flight (or being checked).
@@ -50,8 +50,13 @@ pub(super) struct Scrub {
     /// A read that completed, being checksummed a step per tick: the read, its result, the
     /// bytes checked so far and their CRC.
     checking: Option<(InFlight, i32, usize, u32)>,
-    /// No read starts before this (the rate's pacing, or stepping aside).
+    /// No read starts before this (the rate's pacing, or stepping aside), ms of the shard
+    /// clock.
     next_at_ms: u64,
+    /// When the bytes read so far are paid for at the rate (µs of the shard clock): reads
+    /// are paced in µs, so the rate holds whatever the block size (a pause rounded to whole
+    /// ms would not).
+    paid_until_us: u64,
 }
 
 impl Scrub {
@@ -103,6 +108,7 @@ impl<R: RingOps> Shard<R> {
                     versions,
                     pass_blocks: blocks,
                     next_at_ms: s.next_at_ms,
+                    paid_until_us: s.paid_until_us,
                     ..Scrub::default()
                 };
                 ShardMetrics::set(&self.metrics.cache_scrub_progress, 0);
@@ -218,7 +224,10 @@ impl<R: RingOps> Shard<R> {
         if let Some(permille) = (s.pass_done * 1000).checked_div(s.pass_blocks) {
             ShardMetrics::set(&self.metrics.cache_scrub_progress, permille.min(1000));
         }
-        s.next_at_ms = self.now_ms + pause_after_ms(len, self.cfg.cache_scrub_bytes_per_s);
+        let paid =
+            s.paid_until_us.max(self.now_us) + pace_us(len, self.cfg.cache_scrub_bytes_per_s);
+        s.paid_until_us = paid;
+        s.next_at_ms = paid.div_ceil(1000);
     }
 }
 
@@ -228,8 +237,8 @@ mod tests {
 
     #[test]
     fn the_pace_follows_the_rate_and_a_rate_turned_off_paces_nothing() {
-        assert_eq!(pause_after_ms(262_144, 262_144), 1000);
-        assert_eq!(pause_after_ms(262_144, 104_857_600), 2);
-        assert_eq!(pause_after_ms(262_144, 0), 0);
+        assert_eq!(pace_us(262_144, 262_144), 1_000_000);
+        assert_eq!(pace_us(262_144, 104_857_600), 2500);
+        assert_eq!(pace_us(262_144, 0), 0);
     }
 }
