@@ -136,7 +136,7 @@ HIT_ALONE=$(median "${HA[@]}") HIT_BESIDE=$(median "${HB[@]}")
 LOCAL_ALONE=$(median "${LA[@]}") LOCAL_BESIDE=$(median "${LB[@]}")
 
 SCRUB_RATES=${SCRUB_RATES:-26214400 104857600}
-scrub_bytes() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_scrub_bytes_total/ { s += $2 } END { printf "%d", s }'; }
+scrub_bytes() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_scrub_bytes_total/ { s += $2 } END { printf "%.0f", s }'; }
 SCRUB_ROWS=""
 for rate in $SCRUB_RATES; do
   log "scrub: 1 KiB hits on shard 0 (the scrubbing shard), alone and while the scrub reads the cache at $rate B/s, 5 rounds"

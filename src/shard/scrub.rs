@@ -140,13 +140,18 @@ impl<R: RingOps> Shard<R> {
             {
                 Ok(f) => f,
                 Err(_) => {
-                    // Dropped meanwhile (its file removed), or no descriptor free: on to the next.
+                    // Dropped meanwhile (its file removed), or no descriptor free: on to the
+                    // next version (a removed one has nothing more to read).
+                    self.scrub.next_version += 1;
+                    self.scrub.next_block = 0;
                     self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
                     return;
                 }
             };
         let Some(slot) = self.arena.take(Demand::Bulk) else {
+            // Clients took the arena meanwhile: this block again, later.
             self.files.release(&mut self.ring, file);
+            self.scrub.next_block = block.block;
             self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
             return;
         };
