@@ -109,7 +109,8 @@ pub const CONN_OPS_BESIDES_CHUNKS: usize = 8;
 /// Most operations one origin connection, fetching or idle in the pool, has in flight (connect
 /// poll, send, receive, disk write, sync, cancel, close), with room to spare.
 pub const ORIGIN_CONN_OPS_MAX: usize = 8;
-/// Shard-wide operations: two multishot accepts, an access-log write, their cancels.
+/// Shard-wide operations: two multishot accepts and their cancels, an access-log write, the
+/// fill's wake-up poll and the scrub's read (7), with room to spare.
 pub const SHARD_OPS_MAX: usize = 8;
 /// Back-off after accept fails for lack of descriptors (EMFILE/ENFILE), instead of spinning.
 pub const ACCEPT_BACKOFF_MS: u64 = 100;
