@@ -480,7 +480,7 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
                     extra_headers: "Allow: POST\r\n",
                     ..Reply::text(405, "purge with POST\n")
                 },
-                (false, path) => route(path, state),
+                (false, path) => route(path, request.query, state),
             };
             reply.head_only = request.method == Method::Head;
             let linger = head_len + usize::from(post) < buf.len() || reply.status >= 400;
@@ -516,9 +516,52 @@ fn purge(query: Option<&[u8]>, state: &State) -> Reply {
     }
 }
 
+/// `GET /cache/object?target=/a/b.bin%3Fv%3D1&host=H` (target percent-encoded, host
+/// optional): what the cache holds of that request target, as JSON
+/// (`{"origin":0,"size":N,"cached":true}`; size null before its head was fetched); 404 naming
+/// why when no `[[origin]]` covers it. `shardline cache prefill` asks it before each fetch.
+fn object_state(query: Option<&[u8]>, state: &State) -> Reply {
+    let Some(edge) = state.edge.as_ref() else {
+        return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let query = query.unwrap_or_default();
+    let decode = |v: &[u8]| crate::fs::resolve::percent_decode(v);
+    let Some(target) = crate::http::request::query_param(query, "target").and_then(decode) else {
+        return Reply::text(
+            400,
+            "give target=PATH (percent-encoded, its query included)\n",
+        );
+    };
+    let host = crate::http::request::query_param(query, "host").and_then(decode);
+    let (path, target_query) = match target.iter().position(|&b| b == b'?') {
+        Some(i) => (&target[..i], Some(&target[i + 1..])),
+        None => (&target[..], None),
+    };
+    if !path.starts_with(b"/") {
+        return Reply::text(400, "the target must start with /\n");
+    }
+    match edge.object_state(path, target_query, host.as_deref()) {
+        Ok(s) => {
+            let size = s.size.map_or("null".to_string(), |n| n.to_string());
+            Reply {
+                content_type: "application/json",
+                ..Reply::text(
+                    200,
+                    &format!(
+                        "{{\"origin\":{},\"size\":{size},\"cached\":{}}}\n",
+                        s.origin, s.cached
+                    ),
+                )
+            }
+        }
+        Err(why) => Reply::text(404, &format!("{why}\n")),
+    }
+}
+
 /// Answers a GET (or HEAD) of `path`.
-fn route(path: &[u8], state: &State) -> Reply {
+fn route(path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
     match path {
+        b"/cache/object" => object_state(query, state),
         b"/metrics" => Reply {
             content_type: "text/plain; version=0.0.4; charset=utf-8",
             ..Reply::text(200, &render_metrics(&state.metrics, &state.proc_root))

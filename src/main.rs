@@ -47,6 +47,34 @@ enum CacheCommand {
     /// Tells a running server (through its admin listener) to forget an object, or every
     /// object under a prefix: the next request fetches it from the origin again.
     Purge(CachePurgeArgs),
+    /// Fills a running server's cache with the objects a list names (a URL or a path per
+    /// line; blank lines and `#` comments skipped) before clients ask: what is cached is
+    /// skipped, the rest is fetched through the server's own listener at `--rate` at most.
+    /// The whole list is checked first (a line that is not a URL or that no `[[origin]]`
+    /// covers is named, and nothing is fetched). Exit 1 with a summary if any object failed.
+    Prefill(CachePrefillArgs),
+}
+
+/// Flags of `shardline cache prefill`.
+#[derive(Args)]
+struct CachePrefillArgs {
+    /// The list: a file, or - for standard input.
+    list: String,
+    /// The server's config file (its `admin` and `listen` addresses).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["admin", "edge"])]
+    config: Option<PathBuf>,
+    /// The server's admin listener (ADDRESS:PORT), with --edge.
+    #[arg(long, value_name = "ADDR", requires = "edge")]
+    admin: Option<std::net::SocketAddr>,
+    /// The server's listener the objects are fetched through (ADDRESS:PORT), with --admin.
+    #[arg(long, value_name = "ADDR", requires = "admin")]
+    edge: Option<std::net::SocketAddr>,
+    /// Most bytes per second fetched, over all objects (0: no cap).
+    #[arg(long, value_name = "BYTES_PER_S", default_value_t = 0)]
+    rate: u64,
+    /// One JSON line per object on standard output instead of the progress bar.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Flags of `shardline cache purge`.
@@ -164,6 +192,7 @@ fn cache_command(c: CacheCommand) -> ExitCode {
     let args = match &c {
         CacheCommand::Stats(a) | CacheCommand::Verify(a) => a,
         CacheCommand::Purge(p) => return cache_purge(p),
+        CacheCommand::Prefill(p) => return cache_prefill(p),
     };
     let dir = match (&args.dir, &args.config) {
         (Some(d), _) => d.clone(),
@@ -216,7 +245,7 @@ fn cache_command(c: CacheCommand) -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        CacheCommand::Purge(_) => unreachable!("answered above"),
+        CacheCommand::Purge(_) | CacheCommand::Prefill(_) => unreachable!("answered above"),
     }
 }
 
@@ -255,6 +284,145 @@ fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
             eprintln!("shardline: admin listener {admin}: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `shardline cache prefill` (see `shardline::cache::prefill`).
+fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
+    use shardline::cache::prefill::{self, Pacer, MAX_LIST_BYTES};
+    use std::io::Read;
+    let fail = |msg: &str| {
+        eprintln!("shardline: prefill: {msg}");
+        ExitCode::from(2)
+    };
+    let (admin, edge) = match (p.admin, p.edge, &p.config) {
+        (Some(a), Some(e), _) => (a, e),
+        (_, _, Some(cfg)) => match Config::from_file(cfg) {
+            Ok(c) => match c.admin_addr() {
+                Ok(Some(a)) => {
+                    // A wildcard listen address is reached on loopback.
+                    let mut e = c.listen;
+                    if e.ip().is_unspecified() {
+                        e.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                    }
+                    (a, e)
+                }
+                Ok(None) => {
+                    return fail(&format!("{} turns the admin listener off", cfg.display()))
+                }
+                Err(e) => return fail(&e.to_string()),
+            },
+            Err(e) => return fail(&format!("config error: {e}")),
+        },
+        _ => return fail("give --config FILE, or --admin ADDR and --edge ADDR"),
+    };
+    let mut text = String::new();
+    let read = if p.list == "-" {
+        std::io::stdin()
+            .take(MAX_LIST_BYTES + 1)
+            .read_to_string(&mut text)
+    } else {
+        std::fs::File::open(&p.list)
+            .and_then(|f| f.take(MAX_LIST_BYTES + 1).read_to_string(&mut text))
+    };
+    if let Err(e) = read {
+        return fail(&format!("{}: {e}", p.list));
+    }
+    if text.len() as u64 > MAX_LIST_BYTES {
+        return fail(&format!("{}: longer than {MAX_LIST_BYTES} bytes", p.list));
+    }
+    let targets = match prefill::parse_list(&text) {
+        Ok(t) => t,
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("shardline: prefill: {}: {e}", p.list);
+            }
+            return fail(&format!("{} bad lines; nothing fetched", errors.len()));
+        }
+    };
+    // Every line against the server's routing first; then only what is not cached.
+    let mut todo = Vec::new();
+    let mut errors = Vec::new();
+    let mut cached = 0usize;
+    for t in &targets {
+        match prefill::lookup(admin, t) {
+            Ok(h) if h.cached => cached += 1,
+            Ok(_) => todo.push(t),
+            Err(why) => errors.push(format!("line {}: {}: {why}", t.line, t.target)),
+        }
+    }
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("shardline: prefill: {}: {e}", p.list);
+        }
+        return fail(&format!(
+            "{} lines the server cannot fill; nothing fetched",
+            errors.len()
+        ));
+    }
+    if p.json {
+        for t in targets.iter().filter(|t| !todo.contains(t)) {
+            println!(
+                "{}",
+                serde_json::json!({"line": t.line, "target": t.target, "result": "cached", "bytes": 0})
+            );
+        }
+    }
+    let bar = if p.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(todo.len() as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} objects, {msg} [{elapsed_precise}, ETA {eta}]",
+        )
+        .expect("a valid template"),
+    );
+    let mut pacer = Pacer::new(p.rate);
+    let (started, mut bytes, mut failed) = (std::time::Instant::now(), 0u64, 0usize);
+    for t in &todo {
+        let mut on_bytes = |n: u64| {
+            bytes += n;
+            let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!(
+                "{} at {}/s",
+                indicatif::HumanBytes(bytes),
+                indicatif::HumanBytes(rate as u64)
+            ));
+        };
+        let result = prefill::fetch(edge, t, &mut pacer, &mut on_bytes);
+        bar.inc(1);
+        let line = match &result {
+            Ok(n) => {
+                serde_json::json!({"line": t.line, "target": t.target, "result": "filled", "bytes": n})
+            }
+            Err(e) => {
+                failed += 1;
+                if !p.json {
+                    bar.suspend(|| {
+                        eprintln!("shardline: prefill: line {}: {}: {e}", t.line, t.target)
+                    });
+                }
+                serde_json::json!({"line": t.line, "target": t.target, "result": "failed", "error": e})
+            }
+        };
+        if p.json {
+            println!("{line}");
+        }
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "shardline: prefill: {} objects: {cached} already cached, {} filled, {failed} failed; {} in {:.1} s",
+        targets.len(),
+        todo.len() - failed,
+        indicatif::HumanBytes(bytes),
+        started.elapsed().as_secs_f64()
+    );
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

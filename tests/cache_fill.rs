@@ -639,6 +639,104 @@ fn a_shardline_shield_between_the_edge_and_the_origin_works_end_to_end() {
 }
 
 #[test]
+fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
+    let e = edge("1", "");
+    let dir = tempfile::tempdir().unwrap();
+    let admin = e.admin.to_string();
+    let edge_addr = e.server.addr.to_string();
+    let prefill = |list: &str| {
+        let path = dir.path().join("list.txt");
+        std::fs::write(&path, list).unwrap();
+        common::run_shardline(
+            &[
+                "cache",
+                "prefill",
+                "--admin",
+                &admin,
+                "--edge",
+                &edge_addr,
+                "--json",
+                path.to_str().unwrap(),
+            ],
+            std::time::Duration::from_secs(60),
+        )
+    };
+    let results = |out: &common::RunOutput| {
+        out.stdout
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+                (
+                    v["line"].as_u64().unwrap(),
+                    v["result"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let list = "# release day\n\n/pull/obj.bin\nhttp://any.host/pull/small.txt?sid=9\n";
+    // First run: both fetched (through the edge, so they are cached), the origin sends each
+    // once.
+    let out = prefill(list);
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        results(&out),
+        vec![(3, "filled".to_string()), (4, "filled".to_string())]
+    );
+    let sent = e.origin.wait_body_bytes(OBJECT_BYTES + 11);
+    assert_eq!(sent, OBJECT_BYTES + 11, "the origin sent each object once");
+    // Second run: nothing to fetch.
+    let out = prefill(list);
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        results(&out),
+        vec![(3, "cached".to_string()), (4, "cached".to_string())]
+    );
+    assert!(
+        out.stderr.contains("2 already cached, 0 filled, 0 failed"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        e.origin.body_bytes_sent(),
+        sent,
+        "a cached object was fetched again"
+    );
+    // Bad lines are named and nothing is fetched: not a URL, then a path no origin covers.
+    let out = prefill("/pull/obj.bin\nftp://x/y\n");
+    assert_eq!(out.code, Some(2));
+    assert!(
+        out.stderr.contains("line 2: not an http(s) URL"),
+        "{}",
+        out.stderr
+    );
+    let out = prefill("/pull/obj.bin\n/local.bin\n");
+    assert_eq!(out.code, Some(2));
+    assert!(
+        out.stderr.contains("line 2: /local.bin: no [[origin]]"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "nothing fetched: {}", out.stdout);
+    // An object the origin does not have fails; the run says so and exits 1.
+    let out = prefill("/pull/missing.bin\n/pull/obj.bin\n");
+    assert_eq!(out.code, Some(1), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        results(&out),
+        vec![(2, "cached".to_string()), (1, "failed".to_string())]
+    );
+    assert!(out.stderr.contains("0 filled, 1 failed"), "{}", out.stderr);
+    // (The origin's 404 has a body of its own.)
+    let of_cached: u64 = e
+        .origin
+        .log()
+        .iter()
+        .filter(|l| l.uri != "/pull/missing.bin")
+        .map(|l| l.body_bytes)
+        .sum();
+    assert_eq!(of_cached, sent, "nothing cached was fetched again");
+}
+
+#[test]
 fn many_clients_of_one_cold_object_all_get_it_and_the_origin_sends_it_once() {
     // Over two shards: the clients land on both, the fill is one.
     let e = edge("2", "");

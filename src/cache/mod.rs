@@ -35,6 +35,7 @@ pub mod evict;
 pub mod index;
 pub mod journal;
 pub mod journal_file;
+pub mod prefill;
 pub mod store;
 pub mod tool;
 pub mod watch;

@@ -89,15 +89,26 @@ pub fn purge(
     path: &str,
     prefix: bool,
 ) -> std::io::Result<(u16, String)> {
+    let name = if prefix { "prefix" } else { "path" };
+    admin_request(
+        admin,
+        "POST",
+        &format!("/cache/purge?{name}={}", query_encode(path)),
+    )
+}
+
+/// One request to a running server's admin listener: its status and body.
+pub fn admin_request(
+    admin: std::net::SocketAddr,
+    method: &str,
+    target: &str,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&admin, PURGE_TIMEOUT)?;
     s.set_read_timeout(Some(PURGE_TIMEOUT))?;
     s.set_write_timeout(Some(PURGE_TIMEOUT))?;
-    let name = if prefix { "prefix" } else { "path" };
-    let request = format!(
-        "POST /cache/purge?{name}={} HTTP/1.1\r\nHost: shardline\r\nConnection: close\r\n\r\n",
-        query_encode(path)
-    );
+    let request =
+        format!("{method} {target} HTTP/1.1\r\nHost: shardline\r\nConnection: close\r\n\r\n");
     s.write_all(request.as_bytes())?;
     let mut reply = Vec::new();
     s.take(PURGE_REPLY_MAX_BYTES).read_to_end(&mut reply)?;
@@ -113,7 +124,7 @@ pub fn purge(
 }
 
 /// `path` with every byte but unreserved ones and '/' percent-encoded (a query value).
-fn query_encode(path: &str) -> String {
+pub fn query_encode(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     for b in path.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {

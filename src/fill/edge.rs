@@ -143,6 +143,19 @@ pub struct SharedEdge {
     read_ahead_blocks: u64,
     /// Each origin's fetches at once over every shard (`[[origin]] max_fetches`).
     budgets: Vec<Arc<crate::origin::pool::FetchBudget>>,
+    /// The `[[origin]]` entries (routing for `object_state`).
+    origins: Vec<OriginConfig>,
+}
+
+/// What the cache holds of one request target (`SharedEdge::object_state`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectState {
+    /// The `[[origin]]` entry the target routes to.
+    pub origin: usize,
+    /// The object's size, once its head was fetched.
+    pub size: Option<u64>,
+    /// Whether every block of it is on disk.
+    pub cached: bool,
 }
 
 /// Where the cache's blocking I/O runs (`fill::cache_io`).
@@ -225,11 +238,48 @@ impl SharedEdge {
                 .iter()
                 .map(|o| crate::origin::pool::FetchBudget::new(o.max_fetches))
                 .collect(),
+            origins: config.origin.clone(),
         })
     }
 }
 
 impl SharedEdge {
+    /// What the cache holds of request target `path` (and `query`) under Host `host`, as a
+    /// client's request would find it; Err names why it is none of the cache's (no
+    /// `[[origin]]` covers it, or it does not resolve). For `shardline cache prefill`.
+    pub fn object_state(
+        &self,
+        path: &[u8],
+        query: Option<&[u8]>,
+        host: Option<&[u8]>,
+    ) -> Result<ObjectState, &'static str> {
+        let mut scratch = crate::fs::resolve::ResolveScratch::default();
+        let resolved = crate::fs::resolve::resolve_into(path, &mut scratch)
+            .map_err(|_| "the path does not resolve")?;
+        let origin = origin_for(&self.origins, &resolved, host)
+            .ok_or("no [[origin]] covers this path and host")?;
+        let key = super::route::cache_key(
+            origin,
+            resolved.rel_path,
+            query,
+            &self.origins[origin].key_query,
+        );
+        let core = super::cache_fill::lock(&self.core);
+        let index = core.index();
+        Ok(match index.current(&key) {
+            Some(m) => ObjectState {
+                origin,
+                size: Some(m.size),
+                cached: index.blocks_present(m.version) == m.blocks(),
+            },
+            None => ObjectState {
+                origin,
+                size: None,
+                cached: false,
+            },
+        })
+    }
+
     /// Purges cached objects by request path (`/pull/a.bin`) or path prefix (`/pull/`):
     /// `FillCore::purge`. None when the path does not resolve (dot segments above the root,
     /// a NUL).

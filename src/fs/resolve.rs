@@ -80,6 +80,28 @@ fn hex_value(b: u8) -> Option<u8> {
     }
 }
 
+/// Percent-decodes `raw` once (a query parameter's value); None for a bad escape or a NUL.
+pub fn percent_decode(raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while let Some(&b) = raw.get(i) {
+        let byte = if b == b'%' {
+            let hi = raw.get(i + 1).copied().and_then(hex_value)?;
+            let lo = raw.get(i + 2).copied().and_then(hex_value)?;
+            i += 3;
+            (hi << 4) | lo
+        } else {
+            i += 1;
+            b
+        };
+        if byte == 0 {
+            return None;
+        }
+        out.push(byte);
+    }
+    Some(out)
+}
+
 fn is_control(b: u8) -> bool {
     b < 0x20 || b == 0x7f
 }
@@ -316,6 +338,18 @@ mod tests {
         ok("/a%20b+c", "a b+c", false);
         ok("/%2e", "", true);
         ok("/a/%2E%2e", "", true);
+    }
+
+    #[test]
+    fn query_values_decode_once_and_refuse_bad_escapes() {
+        assert_eq!(
+            percent_decode(b"/a%3Fv%3D1").as_deref(),
+            Some(&b"/a?v=1"[..])
+        );
+        assert_eq!(percent_decode(b"%2541").as_deref(), Some(&b"%41"[..]));
+        assert_eq!(percent_decode(b"%4"), None);
+        assert_eq!(percent_decode(b"%zz"), None);
+        assert_eq!(percent_decode(b"a%00"), None);
     }
 
     #[test]

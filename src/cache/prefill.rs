@@ -1,0 +1,283 @@
+//! `shardline cache prefill`: fills a running server's cache with the objects a list names,
+//! before the clients ask (release day). Each line is a URL (`http[s]://host[:port]/path?q`,
+//! its host is the Host the request carries) or an absolute path; blank lines and `#` comments
+//! are skipped. The whole list is checked first, against the server's own routing (the admin
+//! listener's `GET /cache/object`): a line that is not a URL, or that no `[[origin]]` covers,
+//! is an error naming its line, and nothing is fetched. Then each object not cached yet is
+//! fetched through the server's own listener, as a client would, so it joins a fill already
+//! under way and is checked like any response; the body is read at `--rate` at most, and the
+//! fill's read-ahead keeps the origin within one read-ahead window of that pace.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Largest list read (16 MiB: about 100 000 URLs of Steam's length).
+pub const MAX_LIST_BYTES: u64 = 16 << 20;
+/// Most objects one prefill takes.
+pub const MAX_LIST_OBJECTS: usize = 1_000_000;
+/// Longest line taken (a URL the server would refuse anyway is refused here first).
+pub const MAX_LINE_BYTES: usize = 8192;
+/// Connect, read and write timeout of each request (a stalled fetch fails its object).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most bytes of an admin reply or a response head read.
+const HEAD_MAX_BYTES: usize = 64 * 1024;
+/// Bytes read from a body at once.
+const READ_BYTES: usize = 256 * 1024;
+
+/// One object of the list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Its line in the list (1-based).
+    pub line: usize,
+    /// The Host its request carries (a URL's authority; None for a bare path).
+    pub host: Option<String>,
+    /// The request target: the path and its query.
+    pub target: String,
+}
+
+/// Parses the list; Err holds one message per bad line, each naming it.
+pub fn parse_list(text: &str) -> Result<Vec<Target>, Vec<String>> {
+    let mut targets = Vec::new();
+    let mut errors = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let l = raw.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        match parse_line(l) {
+            Ok((host, target)) => targets.push(Target { line, host, target }),
+            Err(why) => errors.push(format!("line {line}: {why}: {}", shorten(l))),
+        }
+        if targets.len() > MAX_LIST_OBJECTS {
+            errors.push(format!("line {line}: more than {MAX_LIST_OBJECTS} objects"));
+            break;
+        }
+    }
+    if errors.is_empty() {
+        Ok(targets)
+    } else {
+        Err(errors)
+    }
+}
+
+fn shorten(l: &str) -> &str {
+    l.get(..l.floor_char_boundary(120)).unwrap_or(l)
+}
+
+/// `http[s]://host[:port]/path?q` or `/path?q` -> (Host, target).
+fn parse_line(l: &str) -> Result<(Option<String>, String), &'static str> {
+    if l.len() > MAX_LINE_BYTES {
+        return Err("longer than 8192 bytes");
+    }
+    if l.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err("a space or control byte in it");
+    }
+    let l = l.split('#').next().unwrap_or_default();
+    if l.starts_with('/') {
+        return Ok((None, l.to_string()));
+    }
+    let rest = l
+        .strip_prefix("http://")
+        .or_else(|| l.strip_prefix("https://"))
+        .ok_or("not an http(s) URL or an absolute path")?;
+    let (authority, target) = match rest.find(['/', '?']) {
+        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_string()),
+        Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+        None => (rest, "/".to_string()),
+    };
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    if host.is_empty() {
+        return Err("a URL without a host");
+    }
+    Ok((Some(host.to_string()), target))
+}
+
+/// What the server's cache holds of a target (the admin's `GET /cache/object`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Every block is on disk: nothing to fetch.
+    pub cached: bool,
+    /// The object's size, once known.
+    pub size: Option<u64>,
+}
+
+/// Asks the admin listener what the cache holds of `t`; Err(message) when no `[[origin]]`
+/// covers it (or the server cannot say).
+pub fn lookup(admin: SocketAddr, t: &Target) -> Result<Held, String> {
+    use super::tool::query_encode;
+    let mut q = format!("target={}", query_encode(&t.target));
+    if let Some(h) = &t.host {
+        q.push_str(&format!("&host={}", query_encode(h)));
+    }
+    let (status, body) = super::tool::admin_request(admin, "GET", &format!("/cache/object?{q}"))
+        .map_err(|e| format!("admin listener {admin}: {e}"))?;
+    if status != 200 {
+        return Err(body);
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&body).map_err(|_| format!("admin listener: not JSON: {body}"))?;
+    Ok(Held {
+        cached: v["cached"].as_bool().unwrap_or(false),
+        size: v["size"].as_u64(),
+    })
+}
+
+/// Holds reads to `rate` bytes per second (0: no cap) since it was made.
+pub struct Pacer {
+    rate: u64,
+    start: Instant,
+    bytes: u64,
+}
+
+impl Pacer {
+    /// A pacer starting now.
+    pub fn new(rate_bytes_per_s: u64) -> Pacer {
+        Pacer {
+            rate: rate_bytes_per_s,
+            start: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// `n` more bytes were read: sleeps until the rate allows them.
+    pub fn took(&mut self, n: u64) {
+        self.bytes += n;
+        if self.rate == 0 {
+            return;
+        }
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
+        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+/// Fetches `t` through the server's listener `edge`, reading its body at `pacer`'s rate and
+/// reporting each read's bytes to `progress`; the body bytes, or why it failed.
+pub fn fetch(
+    edge: SocketAddr,
+    t: &Target,
+    pacer: &mut Pacer,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u64, String> {
+    let mut s = TcpStream::connect_timeout(&edge, REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(REQUEST_TIMEOUT))
+        .and_then(|()| s.set_write_timeout(Some(REQUEST_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let host = t.host.as_deref().unwrap_or("shardline-prefill");
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: shardline-prefill\r\nConnection: close\r\n\r\n",
+        t.target
+    );
+    s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; READ_BYTES];
+    let mut head = Vec::new();
+    let body_start = loop {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the server closed before the head".into());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if head.len() > HEAD_MAX_BYTES {
+            return Err("a response head over 64 KiB".into());
+        }
+    };
+    let text = String::from_utf8_lossy(&head[..body_start]).to_string();
+    let status: u16 = text
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .ok_or("not an HTTP response")?;
+    if status != 200 {
+        let line = text.lines().next().unwrap_or_default();
+        return Err(format!("the server answered {line}"));
+    }
+    let length: Option<u64> = text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())?
+    });
+    let mut got = (head.len() - body_start) as u64;
+    progress(got);
+    pacer.took(got);
+    loop {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+        progress(n as u64);
+        pacer.took(n as u64);
+    }
+    match length {
+        Some(l) if got != l => Err(format!("{got} of {l} bytes: the response was cut")),
+        _ => Ok(got),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_take_urls_and_paths_and_name_every_bad_line() {
+        let list = "# release 1.2\n\n/pull/a.bin\nhttp://cdn.example:8080/pull/b.bin?sid=1\n\
+                    https://cdn.example?x=1\n  /pull/c.bin  \n";
+        let t = parse_list(list).unwrap();
+        assert_eq!(
+            t,
+            vec![
+                Target {
+                    line: 3,
+                    host: None,
+                    target: "/pull/a.bin".into()
+                },
+                Target {
+                    line: 4,
+                    host: Some("cdn.example:8080".into()),
+                    target: "/pull/b.bin?sid=1".into()
+                },
+                Target {
+                    line: 5,
+                    host: Some("cdn.example".into()),
+                    target: "/?x=1".into()
+                },
+                Target {
+                    line: 6,
+                    host: None,
+                    target: "/pull/c.bin".into()
+                },
+            ]
+        );
+        let bad = parse_list("/ok\nftp://x/y\npull/rel\nhttp:///nohost\n/a b\n").unwrap_err();
+        assert_eq!(bad.len(), 4, "{bad:?}");
+        for (msg, line) in bad.iter().zip([2, 3, 4, 5]) {
+            assert!(msg.starts_with(&format!("line {line}: ")), "{msg}");
+        }
+        assert!(parse_list(&format!("/{}\n", "a".repeat(MAX_LINE_BYTES))).is_err());
+        assert_eq!(parse_list("\n# nothing\n").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn the_pacer_holds_the_rate_and_a_zero_rate_does_not_wait() {
+        let mut free = Pacer::new(0);
+        let t = Instant::now();
+        free.took(1 << 30);
+        assert!(t.elapsed() < Duration::from_millis(100));
+        // 1 MB at 10 MB/s: at least 100 ms (a slower host only makes it later).
+        let mut p = Pacer::new(10_000_000);
+        let t = Instant::now();
+        for _ in 0..10 {
+            p.took(100_000);
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(99),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+}
