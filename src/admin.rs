@@ -83,6 +83,18 @@ struct State {
     proc_root: PathBuf,
     /// The pull-through cache, for `POST /cache/purge` (None: no `[[origin]]`).
     edge: Option<crate::fill::edge::SharedEdge>,
+    /// The running prefill's lease, if one runs (`/cache/prefill/*`): one at a time.
+    prefill: std::sync::Mutex<PrefillLease>,
+}
+
+/// Seconds a prefill's lease lasts without a renewal (a prefill that died frees it after).
+pub const PREFILL_LEASE_S: u64 = 30;
+
+/// Which prefill runs: its id and when its lease ends.
+#[derive(Default)]
+struct PrefillLease {
+    held: Option<(u64, std::time::Instant)>,
+    next_id: u64,
 }
 
 /// A running admin listener; stopping (or dropping) it closes the socket and joins the thread.
@@ -148,6 +160,7 @@ pub fn start(
         shutdown,
         proc_root,
         edge,
+        prefill: Default::default(),
     };
     let thread_stop = stop.clone();
     let thread = std::thread::Builder::new()
@@ -472,9 +485,12 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
         Parsed::Complete { request, head_len } => {
             let mut reply = match (post, request.path) {
                 (true, b"/cache/purge") => purge(request.query, state),
+                (true, p) if p.starts_with(b"/cache/prefill/") => {
+                    prefill_lease(&p[b"/cache/prefill/".len()..], request.query, state)
+                }
                 (true, _) => Reply {
                     extra_headers: "Allow: GET, HEAD\r\n",
-                    ..Reply::text(405, "POST is for /cache/purge only\n")
+                    ..Reply::text(405, "POST is for /cache/purge and /cache/prefill/* only\n")
                 },
                 (false, b"/cache/purge") => Reply {
                     extra_headers: "Allow: POST\r\n",
@@ -486,6 +502,54 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
             let linger = head_len + usize::from(post) < buf.len() || reply.status >= 400;
             Some((reply, linger))
         }
+    }
+}
+
+/// `POST /cache/prefill/begin` (200 and the lease's id; 409 while another prefill holds it),
+/// `/cache/prefill/renew?id=N` (another `PREFILL_LEASE_S`; 409 if it was lost) and
+/// `/cache/prefill/end?id=N`: one `shardline cache prefill` at a time per server.
+fn prefill_lease(action: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
+    use std::time::{Duration, Instant};
+    let now = Instant::now();
+    let mut lease = state
+        .prefill
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let live = lease.held.filter(|&(_, until)| until > now);
+    let id = query
+        .and_then(|q| crate::http::request::query_param(q, "id"))
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+    let until = now + Duration::from_secs(PREFILL_LEASE_S);
+    match action {
+        b"begin" => {
+            if live.is_some() {
+                return Reply::text(
+                    409,
+                    "another prefill runs on this server; try when it ends\n",
+                );
+            }
+            lease.next_id += 1;
+            let id = lease.next_id;
+            lease.held = Some((id, until));
+            Reply::text(200, &format!("{id}\n"))
+        }
+        b"renew" => match (live, id) {
+            (Some((held, _)), Some(id)) if held == id => {
+                lease.held = Some((id, until));
+                Reply::text(200, "renewed\n")
+            }
+            _ => Reply::text(
+                409,
+                "this prefill's lease was lost (it was not renewed in time)\n",
+            ),
+        },
+        b"end" => {
+            if live.is_some_and(|(held, _)| Some(held) == id) {
+                lease.held = None;
+            }
+            Reply::text(200, "ended\n")
+        }
+        _ => Reply::text(404, "POST /cache/prefill/begin, /renew?id= or /end?id=\n"),
     }
 }
 
@@ -671,6 +735,7 @@ mod tests {
             shutdown: Arc::new(AtomicBool::new(shutdown)),
             proc_root,
             edge: None,
+            prefill: Default::default(),
         }
     }
 
@@ -684,6 +749,50 @@ mod tests {
         answer(head, st)
             .unwrap_or_else(|| panic!("{:?} is not complete", String::from_utf8_lossy(head)))
             .0
+    }
+
+    #[test]
+    fn one_prefill_holds_the_lease_at_a_time() {
+        let st = state(false, fixture());
+        let post = |target: &str| {
+            let r = respond(
+                format!("POST {target} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes(),
+                &st,
+            );
+            (r.status, r.body.trim().to_string())
+        };
+        let (status, id) = post("/cache/prefill/begin");
+        assert_eq!(status, 200);
+        assert_eq!(
+            post("/cache/prefill/begin").0,
+            409,
+            "a second prefill while one runs"
+        );
+        assert_eq!(post(&format!("/cache/prefill/renew?id={id}")).0, 200);
+        assert_eq!(
+            post("/cache/prefill/renew?id=999").0,
+            409,
+            "not this prefill's lease"
+        );
+        assert_eq!(post("/cache/prefill/end?id=999").0, 200);
+        assert_eq!(
+            post("/cache/prefill/begin").0,
+            409,
+            "a wrong id ends nothing"
+        );
+        assert_eq!(post(&format!("/cache/prefill/end?id={id}")).0, 200);
+        let (status, next) = post("/cache/prefill/begin");
+        assert_eq!(status, 200);
+        assert_ne!(next, id);
+        assert_eq!(
+            post(&format!("/cache/prefill/renew?id={id}")).0,
+            409,
+            "an old lease"
+        );
+        assert_eq!(post("/cache/prefill/other").0, 404);
+        // An expired lease frees the next prefill.
+        st.prefill.lock().unwrap().held = Some((7, std::time::Instant::now()));
+        assert_eq!(post("/cache/prefill/begin").0, 200);
     }
 
     #[test]

@@ -360,6 +360,11 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
             errors.len()
         ));
     }
+    // One prefill at a time per server.
+    let mut lease = match prefill::Lease::begin(admin) {
+        Ok(l) => l,
+        Err(why) => return fail(why.trim()),
+    };
     if p.json {
         for t in targets.iter().filter(|t| !todo.contains(t)) {
             println!(
@@ -382,7 +387,13 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
     let mut pacer = Pacer::new(p.rate);
     let (started, mut bytes, mut failed) = (std::time::Instant::now(), 0u64, 0usize);
     for t in &todo {
+        if let Err(why) = lease.renew_if_due() {
+            bar.finish_and_clear();
+            return fail(why.trim());
+        }
         let mut on_bytes = |n: u64| {
+            // A long object keeps the lease too (a lost one shows at the next object).
+            let _ = lease.renew_if_due();
             bytes += n;
             let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
             bar.set_message(format!(
@@ -412,6 +423,7 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
         }
     }
     bar.finish_and_clear();
+    lease.end();
     eprintln!(
         "shardline: prefill: {} objects: {cached} already cached, {} filled, {failed} failed; {} in {:.1} s",
         targets.len(),

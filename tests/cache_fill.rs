@@ -701,6 +701,20 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
         sent,
         "a cached object was fetched again"
     );
+    // A second prefill while one runs (its lease held) is refused, and runs once it ended.
+    let (status, id) =
+        shardline::cache::tool::admin_request(e.admin, "POST", "/cache/prefill/begin").unwrap();
+    assert_eq!(status, 200);
+    let out = prefill(list);
+    assert_eq!(out.code, Some(2));
+    assert!(
+        out.stderr.contains("another prefill runs"),
+        "{}",
+        out.stderr
+    );
+    let end = format!("/cache/prefill/end?id={id}");
+    shardline::cache::tool::admin_request(e.admin, "POST", &end).unwrap();
+    assert_eq!(prefill(list).code, Some(0));
     // Bad lines are named and nothing is fetched: not a URL, then a path no origin covers.
     let out = prefill("/pull/obj.bin\nftp://x/y\n");
     assert_eq!(out.code, Some(2));

@@ -124,6 +124,60 @@ pub fn lookup(admin: SocketAddr, t: &Target) -> Result<Held, String> {
     })
 }
 
+/// Seconds between renewals of the prefill's lease (a third of the admin's `PREFILL_LEASE_S`).
+pub const LEASE_RENEW_S: u64 = 10;
+
+/// This prefill's lease on the server (`POST /cache/prefill/begin`): one prefill at a time.
+pub struct Lease {
+    admin: SocketAddr,
+    id: u64,
+    renewed: Instant,
+}
+
+impl Lease {
+    /// Takes the server's prefill lease; Err names why (another prefill runs).
+    pub fn begin(admin: SocketAddr) -> Result<Lease, String> {
+        let (status, body) = super::tool::admin_request(admin, "POST", "/cache/prefill/begin")
+            .map_err(|e| format!("admin listener {admin}: {e}"))?;
+        let id = body
+            .trim()
+            .parse()
+            .ok()
+            .filter(|_| status == 200)
+            .ok_or(body)?;
+        Ok(Lease {
+            admin,
+            id,
+            renewed: Instant::now(),
+        })
+    }
+
+    /// Renews the lease when `LEASE_RENEW_S` have passed; Err when it was lost.
+    pub fn renew_if_due(&mut self) -> Result<(), String> {
+        if self.renewed.elapsed() < Duration::from_secs(LEASE_RENEW_S) {
+            return Ok(());
+        }
+        let target = format!("/cache/prefill/renew?id={}", self.id);
+        match super::tool::admin_request(self.admin, "POST", &target) {
+            Ok((200, _)) => {
+                self.renewed = Instant::now();
+                Ok(())
+            }
+            Ok((_, body)) => Err(body),
+            Err(e) => Err(format!("admin listener {}: {e}", self.admin)),
+        }
+    }
+
+    /// Gives the lease back (the next prefill may begin at once).
+    pub fn end(self) {
+        let _ = super::tool::admin_request(
+            self.admin,
+            "POST",
+            &format!("/cache/prefill/end?id={}", self.id),
+        );
+    }
+}
+
 /// Holds reads to `rate` bytes per second (0: no cap) since it was made.
 pub struct Pacer {
     rate: u64,
