@@ -377,11 +377,6 @@ impl Default for OriginCounters {
 }
 
 impl OriginCounters {
-    /// The counter of entry `origin` in `counters`, if the entry can exist.
-    pub fn of(counters: &[AtomicU64], origin: usize) -> Option<&AtomicU64> {
-        counters.get(origin)
-    }
-
     /// Bytes of a pulled response sent: `source` is the access log's `cache` value.
     pub fn count_sent(&self, origin: usize, source: &str, bytes: u64) {
         let i = match source {
@@ -389,7 +384,7 @@ impl OriginCounters {
             "PASS" => 2,
             _ => 1,
         };
-        if let Some(c) = Self::of(&self.sent_bytes[i], origin) {
+        if let Some(c) = self.sent_bytes[i].get(origin) {
             ShardMetrics::add(c, bytes);
         }
     }

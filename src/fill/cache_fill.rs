@@ -1909,25 +1909,21 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let cap = self.cfg.read_ahead_blocks;
         let b = u64::from(meta.block_bytes);
         let (start_block, first_block) = (start / b, first / b);
+        // Counted once where the request starts and the read is (a want that does not
+        // stream reads from its start).
+        let behind_start = closed.then(|| self.blocks_behind(meta.version, start_block, cap));
         let within = if start_block == 0 && !closed {
             cap
         } else {
-            cap.min(INITIAL_READ_AHEAD_BLOCKS.max(self.blocks_behind(
-                meta.version,
-                first_block,
-                cap,
-            )))
+            let behind = match behind_start {
+                Some(n) if first_block == start_block => n,
+                _ => self.blocks_behind(meta.version, first_block, cap),
+            };
+            cap.min(INITIAL_READ_AHEAD_BLOCKS.max(behind))
         };
-        let past_end = if closed {
-            let behind = self.blocks_behind(meta.version, start_block, cap);
-            let asked = last / b + 1 - start_block;
-            if behind == 0 {
-                0
-            } else {
-                cap.min(behind.max(asked))
-            }
-        } else {
-            0
+        let past_end = match behind_start {
+            None | Some(0) => 0,
+            Some(behind) => cap.min(behind.max(last / b + 1 - start_block)),
         };
         ReadAhead { within, past_end }
     }

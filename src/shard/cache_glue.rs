@@ -4,7 +4,6 @@
 //! when their bytes are on disk. A cached version is served as a file response over its data
 //! file (`FileCache::acquire_immutable`), so the chunk pipeline is the one every file uses.
 
-use crate::metrics::OriginCounters;
 use std::collections::HashMap;
 
 use super::buffers::Demand;
@@ -146,7 +145,7 @@ impl<R: RingOps> Shard<R> {
         if !self.pulls.resuming {
             // Counted once per request (a request parsed again after its wait is the same).
             self.conns[c.index()].cache_origin = u8::try_from(origin).ok();
-            if let Some(n) = OriginCounters::of(&self.metrics.origins.requests, origin) {
+            if let Some(n) = self.metrics.origins.requests.get(origin) {
                 super::ShardMetrics::add(n, 1);
             }
         }
@@ -504,7 +503,7 @@ impl<R: RingOps> Shard<R> {
             let received = f.received_bytes();
             super::ShardMetrics::set(&self.metrics.cache_origin_bytes, received);
             for (origin, &bytes) in f.received_by_origin().iter().enumerate() {
-                if let Some(n) = OriginCounters::of(&self.metrics.origins.origin_bytes, origin) {
+                if let Some(n) = self.metrics.origins.origin_bytes.get(origin) {
                     super::ShardMetrics::set(n, bytes);
                 }
             }
@@ -520,7 +519,9 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
                 super::ShardMetrics::set(&m.cache_disk_full, stats.disk_full);
                 super::ShardMetrics::set(&m.origin_pauses, stats.origin_pauses);
-                for (origin, n) in m.origins.pauses.iter().enumerate() {
+                // The configured origins only (not every slot of MAX_ORIGINS, each tick).
+                let origins = edge.fill.filler().received_by_origin().len();
+                for (origin, n) in m.origins.pauses.iter().enumerate().take(origins) {
                     super::ShardMetrics::set(n, edge.fill.origin_pauses_of(origin));
                 }
             }
