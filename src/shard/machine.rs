@@ -760,6 +760,36 @@ impl ConnMachine {
                 .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Sending))
     }
 
+    /// Bytes from the response's source (the origin, for a pass-through) arrived while the
+    /// client had taken everything offered: the send timeout restarts, since the wait was the
+    /// origin's (bounded by its own timeouts), not the client's. Without this, a timer sweep
+    /// in the same tick as the send closed a connection whose last bytes had just left.
+    pub fn source_delivered(&mut self, cx: &Ctx) {
+        if self.deadline == Deadline::Send && self.waiting_on_source() {
+            self.deadline_ms = self.deadline_ms.max(cx.now_ms + cx.limits.send_timeout_ms);
+        }
+    }
+
+    /// Nothing of the response waits for the client: the head is out, no send is in flight
+    /// or parked, and the next bytes to leave are still being read (from the origin, for a
+    /// pass-through, whose own timeouts bound the wait). A block fetched again is not
+    /// counted: the send timeout is what bounds that wait.
+    fn waiting_on_source(&self) -> bool {
+        let Some(resp) = self.response() else {
+            return false;
+        };
+        let next = resp.body.as_ref().and_then(|b| {
+            b.chunks
+                .iter()
+                .find(|c| c.state != ChunkState::AwaitNotif || c.sent < c.send_len)
+        });
+        self.is_open()
+            && resp.head == HeadState::Done
+            && !self.send_in_flight()
+            && !self.is_parked()
+            && next.is_some_and(|c| c.state == ChunkState::Reading)
+    }
+
     fn chunk_mut(&mut self, slot: ArenaSlot) -> &mut Chunk {
         let body = self
             .body_mut()
@@ -977,6 +1007,13 @@ impl ConnMachine {
             return false;
         }
         if !self.is_live() || self.deadline == Deadline::None || cx.now_ms < self.deadline_ms {
+            return false;
+        }
+        if self.deadline == Deadline::Send && self.waiting_on_source() {
+            // The send timeout measures a client that does not take what it is given (nginx's
+            // `send_timeout`, between two writes). Bytes still coming from the origin (a
+            // pass-through, a block fetched again) are bounded by the origin's own timeouts.
+            self.deadline_ms = cx.now_ms + cx.limits.send_timeout_ms;
             return false;
         }
         // A lingering close that runs out of time is still a normal end.
@@ -2897,6 +2934,37 @@ mod tests {
             more: true,
             zerocopy: false
         }));
+    }
+
+    #[test]
+    fn a_wait_on_the_origin_is_not_the_clients_send_timeout() {
+        let mut m = responding(2 * CHUNK as u64);
+        m.response_mut().unwrap().head = HeadState::Done;
+        let mut out = Actions::new();
+        let mut free = vec![11, 10];
+        pump(&mut m, &mut free, &mut out);
+        m.on_read(a(10), CHUNK as i32, &mut |_| true, &cx(1), &mut out);
+        m.try_send(&cx(1), &mut out);
+        m.on_send(a(10), CHUNK as i32, false, false, &cx(2), &mut out);
+        assert_eq!(m.deadline, Deadline::Send);
+        let due = m.deadline_ms;
+        // The second chunk's bytes are still coming from the origin (a pass-through): the
+        // client has taken everything, so its send timeout does not run out.
+        out.clear();
+        assert!(!m.on_timer(&cx(due + 1), &mut out));
+        assert!(m.is_open() && out.is_empty());
+        // The bytes arrive long after: the send timeout restarts from them, so the timer
+        // sweep of the same tick does not close the connection whose last bytes just left.
+        let late = due + 10 * cx(0).limits.send_timeout_ms;
+        m.source_delivered(&cx(late));
+        m.on_read(a(11), CHUNK as i32, &mut |_| true, &cx(late), &mut out);
+        m.try_send(&cx(late), &mut out);
+        assert!(out.iter().any(|a| matches!(a, Action::Send { .. })));
+        assert!(!m.on_timer(&cx(late), &mut out));
+        assert!(m.is_open());
+        // A client that then takes nothing still runs out of time.
+        let stalled = late + cx(0).limits.send_timeout_ms;
+        assert!(m.on_timer(&cx(stalled), &mut out));
     }
 
     #[test]

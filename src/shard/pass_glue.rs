@@ -332,6 +332,9 @@ impl<R: RingOps> Shard<R> {
     fn complete_relay_read(&mut self, c: ConnSlot, slot: ArenaSlot, res: i32) {
         let cx = self.cx();
         let mut out = self.take_actions();
+        if res >= 0 {
+            self.conns[c.index()].source_delivered(&cx);
+        }
         // No file: nothing to check for changes.
         self.conns[c.index()].on_read(slot, res, &mut |_| true, &cx, &mut out);
         self.run_actions(c, out);
