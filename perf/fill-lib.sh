@@ -77,13 +77,13 @@ wait_port "$RELAY_PORT" "${PIDS[-1]}" 10 || die "the relay did not start"
 # lancache's setup (lancachenet/monolithic: slice 1m, proxy_cache_lock on, keys by slice).
 mkdir -p "$MNT/lancache"
 cat >"$WORK/lancache/nginx.conf" <<EOF
-daemon off; master_process off; worker_processes 1; pid $WORK/lancache/pid;
+daemon off; master_process ${LANCACHE_MASTER:-off}; worker_processes ${LANCACHE_WORKERS:-1}; pid $WORK/lancache/pid;
 error_log $WORK/lancache/error.log;
 events { worker_connections 1024; }
 http { access_log off; sendfile on;
   client_body_temp_path $WORK/lancache; proxy_temp_path $MNT/lancache-tmp;
   fastcgi_temp_path $WORK/lancache; uwsgi_temp_path $WORK/lancache; scgi_temp_path $WORK/lancache;
-  proxy_cache_path $MNT/lancache levels=2:2 keys_zone=generic:64m inactive=200d max_size=100g use_temp_path=off;
+  proxy_cache_path $MNT/lancache levels=2:2 keys_zone=generic:64m inactive=200d max_size=${LANCACHE_MAX_SIZE:-100g} use_temp_path=off;
   server { listen 127.0.0.1:$LANCACHE_PORT;
     location / {
       slice 1m;

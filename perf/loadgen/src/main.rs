@@ -45,6 +45,10 @@
 //!   misses --addr A --rate R --duration-s D [--conns 8] [--prefix /nx/]: R requests/s in all
 //!          for paths that do not exist, never the same twice, on C keep-alive connections
 //!          (`misses.rs`); every answer must be a 404.
+//!   traffic-gen --dir D [--seed S] [--scale F] / traffic --addr A --dir D [--seed S]
+//!          [--scale F] [--clients C]: the platforms' mixed traffic (`traffic.rs`): writes the
+//!          catalogue an origin serves, then plays the seeded trace against A, checking every
+//!          body byte.
 //!   hellos --addr A --conns N --announce-bytes X --send-bytes B --hold-s S: N connections
 //!          each send the first B bytes of a ClientHello announcing X bytes, then stall for S s
 //!          (`hellos.rs`); how many the server still holds open at the end.
@@ -68,6 +72,7 @@ mod hellos;
 mod misses;
 mod swarm;
 mod tls;
+mod traffic;
 mod trickle;
 
 use tls::Stream;
@@ -292,6 +297,7 @@ struct Head {
     status: u16,
     content_length: Option<u64>,
     content_range: Option<String>,
+    content_type: Option<String>,
     close: bool,
     first_byte: Instant,
 }
@@ -425,6 +431,7 @@ fn parse_head(head: &str) -> io::Result<Head> {
         status,
         content_length: None,
         content_range: None,
+        content_type: None,
         close: version == "HTTP/1.0",
         first_byte: Instant::now(),
     };
@@ -440,6 +447,8 @@ fn parse_head(head: &str) -> io::Result<Head> {
             );
         } else if k.eq_ignore_ascii_case("content-range") {
             h.content_range = Some(v.to_string());
+        } else if k.eq_ignore_ascii_case("content-type") {
+            h.content_type = Some(v.to_string());
         } else if k.eq_ignore_ascii_case("connection") {
             if v.eq_ignore_ascii_case("close") {
                 h.close = true;
@@ -1211,6 +1220,8 @@ fn main() {
         "trickle" => trickle::cmd_trickle(&a),
         "misses" => misses::cmd_misses(&a),
         "hellos" => hellos::cmd_hellos(&a),
+        "traffic-gen" => traffic::cmd_gen(&a),
+        "traffic" => traffic::cmd_play(&a),
         _ => die(&format!("unknown subcommand {cmd}")),
     }
 }
