@@ -64,6 +64,7 @@ fn main() {
             host: "origin".into(),
             max_fetches: conns,
             budget: None,
+            bandwidth: None,
             max_idle: conns,
             timeouts: Timeouts {
                 connect_ms: 2000,

@@ -308,6 +308,28 @@ fn an_origins_max_fetches_holds_over_all_shards() {
 }
 
 #[test]
+fn an_origins_bandwidth_cap_paces_its_fills() {
+    // The lowest cap (1 MiB/s) and a 3 MiB object. What is checked is a lower bound on the
+    // fill's time, which load on the test host can only lengthen: without the cap, loopback
+    // brings 3 MiB in milliseconds.
+    const CAPPED_BYTES: u64 = 3 << 20;
+    let e = edge_with_origin_keys("1", "", "max_bytes_per_s = 1048576", "", CAPPED_BYTES);
+    let start = std::time::Instant::now();
+    let r = common::get(&e.server, "/pull/obj.bin", &[]);
+    let took = start.elapsed();
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body == common::pattern_range(0, CAPPED_BYTES as usize),
+        "other bytes"
+    );
+    // The first receive is charged after the fact (at most a slot), so 2 s at least remain.
+    assert!(
+        took >= std::time::Duration::from_secs(2),
+        "3 MiB came through a 1 MiB/s cap in {took:?}"
+    );
+}
+
+#[test]
 fn an_origin_that_answers_429_with_retry_after_is_paused_and_the_others_go_on() {
     // A second origin (another nginx server) answers every request 429 with Retry-After: 30.
     let busy_port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -1360,6 +1360,13 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         );
     }
 
+    /// Posts the origin receives a bandwidth cap held back whose turn came.
+    pub fn resume_paced<R: RingOps>(&mut self, ring: &mut R, now_ms: u64) {
+        if self.filler.resume_paced(ring, now_ms) {
+            self.settle_events(now_ms);
+        }
+    }
+
     /// An `Op::Origin` completion of this shard's fetch.
     pub fn on_completion<R: RingOps>(
         &mut self,

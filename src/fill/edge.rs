@@ -143,6 +143,8 @@ pub struct SharedEdge {
     read_ahead_blocks: u64,
     /// Each origin's fetches at once over every shard (`[[origin]] max_fetches`).
     budgets: Vec<Arc<crate::origin::pool::FetchBudget>>,
+    /// Each origin's bandwidth cap, shared by every shard (None: `max_bytes_per_s` 0).
+    bandwidth: Vec<Option<Arc<crate::limits::egress::EgressBucket>>>,
     /// The `[[origin]]` entries (routing for `object_state`).
     origins: Vec<OriginConfig>,
 }
@@ -238,6 +240,14 @@ impl SharedEdge {
                 .iter()
                 .map(|o| crate::origin::pool::FetchBudget::new(o.max_fetches))
                 .collect(),
+            bandwidth: config
+                .origin
+                .iter()
+                .map(|o| {
+                    (o.max_bytes_per_s > 0)
+                        .then(|| Arc::new(crate::limits::egress::EgressBucket::new()))
+                })
+                .collect(),
             origins: config.origin.clone(),
         })
     }
@@ -324,6 +334,12 @@ impl EdgeCache {
                 let mut t = o.target().map_err(std::io::Error::other)?;
                 t.resolved = Some((published.clone(), i));
                 t.budget = shared.budgets.get(i).cloned();
+                t.bandwidth = shared
+                    .bandwidth
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .map(|b| (b, o.max_bytes_per_s));
                 Ok(t)
             })
             .collect::<std::io::Result<Vec<_>>>()?;

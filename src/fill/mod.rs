@@ -62,6 +62,9 @@ pub struct OriginTarget {
     pub max_fetches: usize,
     /// The origin's fetches at once over every shard (`[[origin]] max_fetches`), shared.
     pub budget: Option<Arc<crate::origin::pool::FetchBudget>>,
+    /// The origin's bandwidth cap over every shard (`[[origin]] max_bytes_per_s`): the
+    /// shared bucket and its rate; None: no cap.
+    pub bandwidth: Option<(Arc<crate::limits::egress::EgressBucket>, u64)>,
     /// Most idle keep-alive connections kept by this shard.
     pub max_idle: usize,
     /// Timeouts of each fetch.
@@ -155,6 +158,10 @@ struct Running {
     /// TLS: the layer's own operation the ring holds (a handshake flight, sealed records, a
     /// receive of records); the machine's `io` waits behind it.
     tls_op: Option<TlsOp>,
+    /// The origin's bandwidth cap: no receive is posted before this time (ms).
+    paced_until_ms: u64,
+    /// The machine's receive (`io`) waits for `paced_until_ms`, not yet on the ring.
+    paced: bool,
 }
 
 /// An operation of the TLS layer (`origin::tls`) on a fetch's slot.
@@ -213,6 +220,8 @@ pub struct Filler {
     /// Per origin: the resolver's publication last read, its addresses, and the next to use
     /// (new connections go round them).
     addrs: Vec<OriginAddrs>,
+    /// Whether any origin has a bandwidth cap (receives may be held back).
+    paced_any: bool,
 }
 
 /// What a filler last read of an origin's published addresses.
@@ -227,6 +236,7 @@ impl Filler {
     pub fn new(origins: Vec<OriginTarget>, max_fetches: usize) -> Filler {
         assert!(max_fetches > 0 && max_fetches < (1 << 24));
         let n_origins = origins.len();
+        let paced_any = origins.iter().any(|o| o.bandwidth.is_some());
         let pools = origins
             .iter()
             .map(|o| match &o.budget {
@@ -264,6 +274,7 @@ impl Filler {
                     next: 0,
                 })
                 .collect(),
+            paced_any,
         }
     }
 
@@ -391,6 +402,8 @@ impl Filler {
             started_ms: Some(now_ms),
             ct_len: 0,
             tls_op: None,
+            paced_until_ms: 0,
+            paced: false,
         });
         self.carry_out(ring, index, now_ms);
         Ok(())
@@ -462,47 +475,14 @@ impl Filler {
                         "two operations of one fetch"
                     );
                     run.io = Some(io);
-                    let tls = self.tls[run.conn as usize].is_some();
-                    match (io, run.file.as_ref()) {
-                        (Io::Write { len, file_offset }, None) => {
-                            // A pass-through: the piece goes to its client, and the write is
-                            // done when `delivered` says so.
-                            self.events.push(FillEvent::Piece {
-                                job: run.job,
-                                slot: run.slot,
-                                file_offset,
-                                len,
-                            });
-                            continue;
-                        }
-                        // Nothing was written: nothing to make durable.
-                        (Io::Sync, None) => answer = Some(0),
-                        (Io::Write { len, file_offset }, Some(file)) => {
-                            ring.write_arena_fd(run.slot, len, file.as_fd(), file_offset, token)
-                        }
-                        (Io::Sync, Some(file)) => ring.fsync_fd(file.as_fd(), token),
-                        (Io::Send { .. } | Io::Recv { .. }, _) if tls => {
-                            if let Dispatch::Answer(res) = self.tls_io(ring, index, token) {
-                                answer = Some(res);
-                            }
-                        }
-                        (Io::Connect | Io::Send { .. } | Io::Recv { .. }, _) => {
-                            let socket = self.conns[run.conn as usize]
-                                .as_ref()
-                                .expect("the fetch's connection");
-                            match io {
-                                Io::Connect => {
-                                    ring.poll_fd(socket.as_fd(), libc::POLLOUT as u32, token)
-                                }
-                                Io::Send { offset, len } => {
-                                    ring.send_arena_fd(run.slot, offset, len, socket.as_fd(), token)
-                                }
-                                Io::Recv { offset, len } => {
-                                    ring.recv_arena_fd(run.slot, offset, len, socket.as_fd(), token)
-                                }
-                                _ => unreachable!("matched above"),
-                            }
-                        }
+                    if matches!(io, Io::Recv { .. }) && run.paced_until_ms > now_ms {
+                        // The origin's bandwidth cap: the receive waits for its turn
+                        // (`resume_paced`), and TCP holds the origin back meanwhile.
+                        run.paced = true;
+                        continue;
+                    }
+                    if let Some(res) = self.submit_io(ring, index, io, token) {
+                        answer = Some(res);
                     }
                 }
                 Output::Head(facts) => {
@@ -542,6 +522,61 @@ impl Filler {
             self.out = outputs;
         }
         answer
+    }
+
+    /// Puts the machine's operation `io` of fetch `index` on the ring; Some(result) when it
+    /// was answered at once (nothing to sync, or plaintext the TLS layer held).
+    fn submit_io<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        index: u32,
+        io: Io,
+        token: u64,
+    ) -> Option<i32> {
+        let run = self.fetches[index as usize]
+            .run
+            .as_ref()
+            .expect("a running fetch");
+        let tls = self.tls[run.conn as usize].is_some();
+        match (io, run.file.as_ref()) {
+            (Io::Write { len, file_offset }, None) => {
+                // A pass-through: the piece goes to its client, and the write is done when
+                // `delivered` says so.
+                self.events.push(FillEvent::Piece {
+                    job: run.job,
+                    slot: run.slot,
+                    file_offset,
+                    len,
+                });
+            }
+            // Nothing was written: nothing to make durable.
+            (Io::Sync, None) => return Some(0),
+            (Io::Write { len, file_offset }, Some(file)) => {
+                ring.write_arena_fd(run.slot, len, file.as_fd(), file_offset, token)
+            }
+            (Io::Sync, Some(file)) => ring.fsync_fd(file.as_fd(), token),
+            (Io::Send { .. } | Io::Recv { .. }, _) if tls => {
+                if let Dispatch::Answer(res) = self.tls_io(ring, index, token) {
+                    return Some(res);
+                }
+            }
+            (Io::Connect | Io::Send { .. } | Io::Recv { .. }, _) => {
+                let socket = self.conns[run.conn as usize]
+                    .as_ref()
+                    .expect("the fetch's connection");
+                match io {
+                    Io::Connect => ring.poll_fd(socket.as_fd(), libc::POLLOUT as u32, token),
+                    Io::Send { offset, len } => {
+                        ring.send_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                    }
+                    Io::Recv { offset, len } => {
+                        ring.recv_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                    }
+                    _ => unreachable!("matched above"),
+                }
+            }
+        }
+        None
     }
 
     /// Completes the machine's pending operation of fetch `index` with `res`.
@@ -802,6 +837,12 @@ impl Filler {
                 let n = u64::from(res.max(0).unsigned_abs());
                 self.received_bytes += n;
                 self.received_by_origin[run.origin] += n;
+                if let Some((bucket, rate)) = self.origins[run.origin].bandwidth.as_ref() {
+                    // Charged after the fact: the next receive waits out these bytes' turn.
+                    let now_us = bucket.epoch().elapsed().as_micros() as u64;
+                    let wait_us = bucket.reserve(n, *rate, now_us);
+                    run.paced_until_ms = now_ms + wait_us.div_ceil(1000);
+                }
                 let slot = ring.arena_mut(run.slot);
                 run.machine.on_received(res, slot, now_ms, &mut self.out);
             }
@@ -835,12 +876,54 @@ impl Filler {
 
     /// The earliest deadline of any fetch (ms), for the loop's sleep.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.fetches
-            .iter()
-            .filter_map(|f| f.run.as_ref())
+        let runs = self.fetches.iter().filter_map(|f| f.run.as_ref());
+        let deadlines = runs
+            .clone()
             .filter(|r| r.timed_out.is_none())
-            .filter_map(|r| r.machine.deadline_ms())
-            .min()
+            .filter_map(|r| r.machine.deadline_ms());
+        // A held receive is due at its turn, or at once when its fetch was cut meanwhile.
+        let paced = runs.filter(|r| r.paced).map(|r| {
+            if r.timed_out.is_some() {
+                0
+            } else {
+                r.paced_until_ms
+            }
+        });
+        deadlines.chain(paced).min()
+    }
+
+    /// Posts the receives the origins' bandwidth caps held back whose turn came; one whose
+    /// fetch was cut meanwhile (a deadline, an abort) ends it with that error instead.
+    pub fn resume_paced<R: RingOps>(&mut self, ring: &mut R, now_ms: u64) -> bool {
+        if !self.paced_any {
+            return false;
+        }
+        let mut resumed = false;
+        for index in 0..self.fetches.len() as u32 {
+            let generation = self.fetches[index as usize].generation;
+            let Some(run) = self.fetches[index as usize].run.as_mut() else {
+                continue;
+            };
+            if !run.paced || (run.paced_until_ms > now_ms && run.timed_out.is_none()) {
+                continue;
+            }
+            run.paced = false;
+            resumed = true;
+            self.out.clear();
+            if let Some(e) = run.timed_out.take() {
+                run.io = None;
+                self.out.push(Output::Failed(e));
+                self.carry_out(ring, index, now_ms);
+                continue;
+            }
+            let io = run.io.expect("a held receive");
+            let token = Token::fetch(index, generation).encode();
+            if let Some(res) = self.submit_io(ring, index, io, token) {
+                self.answer_machine(ring, index, res, now_ms);
+                self.carry_out(ring, index, now_ms);
+            }
+        }
+        resumed
     }
 
     /// The running fetch of `job`, if any.

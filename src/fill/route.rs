@@ -14,6 +14,9 @@ use crate::origin::fetch::Timeouts;
 pub use crate::config::MAX_ORIGINS;
 /// Most fetches one origin may have at once (over all shards).
 pub const MAX_ORIGIN_FETCHES: usize = 256;
+/// The lowest origin bandwidth cap (`max_bytes_per_s`) accepted: below it one receive would
+/// wait longer than an origin's idle timeout is likely to allow.
+pub const MIN_ORIGIN_BYTES_PER_S: u64 = 1 << 20;
 
 /// One `[[origin]]` entry.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -52,6 +55,10 @@ pub struct OriginConfig {
     /// Between two receives of a body.
     #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
+    /// Most bytes per second received from this origin over all shards (0: no cap). Paced
+    /// by not posting a fetch's next receive until its turn, so TCP slows the origin down.
+    #[serde(default)]
+    pub max_bytes_per_s: u64,
     /// An `https://` origin's trusted roots (PEM); default: the system's bundle
     /// (`SYSTEM_CA_FILES`).
     #[serde(default)]
@@ -200,6 +207,12 @@ impl OriginConfig {
                 return Err(format!("{name} must be 1..=3600000 ms, not {v}"));
             }
         }
+        if self.max_bytes_per_s != 0 && self.max_bytes_per_s < MIN_ORIGIN_BYTES_PER_S {
+            return Err(format!(
+                "max_bytes_per_s must be 0 (no cap) or at least {MIN_ORIGIN_BYTES_PER_S}, not {}",
+                self.max_bytes_per_s
+            ));
+        }
         if self.hosts.len() > MAX_ORIGIN_HOSTS {
             return Err(format!("hosts may list at most {MAX_ORIGIN_HOSTS} names"));
         }
@@ -261,6 +274,7 @@ impl OriginConfig {
                 .map_or_else(|| self.url_host(), Ok)?,
             max_fetches: self.max_fetches,
             budget: None,
+            bandwidth: None,
             max_idle: self.max_fetches,
             timeouts: Timeouts {
                 connect_ms: self.connect_timeout_ms,
@@ -378,6 +392,7 @@ mod tests {
             connect_timeout_ms: 1000,
             first_byte_timeout_ms: 1000,
             idle_timeout_ms: 1000,
+            max_bytes_per_s: 0,
             ca_file: None,
         }
     }
@@ -398,6 +413,11 @@ mod tests {
         let mut o = origin("/", None, "http://a");
         o.max_fetches = 0;
         assert!(o.validate().is_err());
+        let mut o = origin("/", None, "http://a");
+        o.max_bytes_per_s = MIN_ORIGIN_BYTES_PER_S - 1;
+        assert!(o.validate().is_err(), "a cap under the floor");
+        o.max_bytes_per_s = MIN_ORIGIN_BYTES_PER_S;
+        assert!(o.validate().is_ok());
     }
 
     #[test]

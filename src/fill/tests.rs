@@ -72,6 +72,7 @@ fn target(addr: SocketAddr, max_fetches: usize, timeouts: Timeouts) -> OriginTar
         host: "origin.test".into(),
         max_fetches,
         budget: None,
+        bandwidth: None,
         max_idle: max_fetches,
         timeouts,
         tls: None,

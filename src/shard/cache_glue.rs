@@ -411,6 +411,7 @@ impl<R: RingOps> Shard<R> {
             return;
         };
         edge.fill.expire(self.now_ms);
+        edge.fill.resume_paced(&mut self.ring, self.now_ms);
         // Batches the I/O thread made durable: their blocks become visible now.
         edge.fill.settle_io();
         let arena = &mut self.arena;

@@ -452,6 +452,7 @@ fn pull_scenario(
         connect_timeout_ms: 1000,
         first_byte_timeout_ms: 1500,
         idle_timeout_ms: 1500,
+        max_bytes_per_s: 0,
         ca_file: None,
     }];
     Ok(origin)
