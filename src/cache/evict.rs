@@ -127,6 +127,26 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         self.evict(evicted);
     }
 
+    /// `key` now holds `bytes` (a fill stored more of it, or a damaged block was forgotten),
+    /// then evicts down to the budget: an entry counts what is on disk, not what the origin
+    /// says the object's size is. False when `key` is not held.
+    pub fn resize(&mut self, key: &K, bytes: u64, evicted: &mut Vec<K>) -> bool {
+        let Some(e) = self.entries.get_mut(key) else {
+            return false;
+        };
+        let total = match e.queue {
+            Queue::Small => &mut self.small_bytes,
+            Queue::Main => &mut self.main_bytes,
+        };
+        *total = *total - e.bytes + bytes;
+        let grew = bytes > e.bytes;
+        e.bytes = bytes;
+        if grew {
+            self.evict(evicted);
+        }
+        true
+    }
+
     /// A response began reading `key` (it must not be evicted until `unpin`).
     pub fn pin(&mut self, key: &K) -> bool {
         self.entries.get_mut(key).map(|e| e.pins += 1).is_some()
@@ -273,6 +293,23 @@ impl<K: Hash + Eq + Clone> Lru<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_that_grows_evicts_others_and_counts_what_it_holds() {
+        let mut c = S3Fifo::new(100);
+        let mut ev = Vec::new();
+        c.insert(1, 60, &mut ev);
+        c.insert_pinned(2, 0, &mut ev);
+        assert!(ev.is_empty(), "an empty entry costs nothing");
+        assert!(c.resize(&2, 30, &mut ev));
+        assert!(ev.is_empty() && c.bytes() == 90);
+        assert!(c.resize(&2, 50, &mut ev));
+        assert_eq!(ev, vec![1], "past the budget, the unpinned one goes");
+        assert_eq!(c.bytes(), 50);
+        assert!(c.resize(&2, 20, &mut ev), "a shrink");
+        assert_eq!(c.bytes(), 20);
+        assert!(!c.resize(&9, 1, &mut ev), "not held");
+    }
 
     #[test]
     fn an_entry_inserted_pinned_is_never_its_own_victim() {

@@ -692,7 +692,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let held: Vec<(u64, u64)> = core
             .index
             .each_version()
-            .map(|v| (v.version, v.size))
+            .map(|v| v.version)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|v| (v, core.stored_bytes(v)))
             .collect();
         if let Some(e) = core.evict.as_mut() {
             for (version, size) in held {
@@ -2350,6 +2353,20 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 block,
             });
         }
+        // The budget counts what is on disk: a range read of a huge object costs its blocks.
+        let stored = self.stored_bytes(version);
+        let mut evicted = Vec::new();
+        if let Some(e) = self.evict.as_mut() {
+            e.resize(&version, stored, &mut evicted);
+        }
+        self.drop_versions(&evicted, true);
+    }
+
+    /// Bytes of `version` on disk: its blocks present, at most its size.
+    fn stored_bytes(&self, version: u64) -> u64 {
+        self.index.meta(version).map_or(0, |m| {
+            (self.index.blocks_present(version) * u64::from(m.block_bytes)).min(m.size)
+        })
     }
 
     fn on_head(&mut self, id: u64, facts: HeadFacts) {
@@ -2390,7 +2407,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// A probe's head came: its version is known now (index, budget, the blocks its fetch
     /// brings, the wants that waited for it).
     fn head_known(&mut self, id: u64, meta: ObjectVersion, whole: bool) {
-        let (version, key, size) = (meta.version, meta.key.clone(), meta.size);
+        let (version, key) = (meta.version, meta.key.clone());
         let Some(job) = self.running.get_mut(&id) else {
             return;
         };
@@ -2402,12 +2419,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             self.invalidate_hot(old);
         }
         self.index.apply(Record::Object(meta));
-        // The new version counts against the budget from now; its fill pins it.
+        // The new version counts against the budget with what it stores, block by block as
+        // they arrive (`block_known`), never with the size its origin claims; its fill pins it.
         let mut evicted = Vec::new();
         if let Some(e) = self.evict.as_mut() {
-            // Pinned as it goes in: its own insert never evicts it (an object larger than the
+            // Pinned as it goes in: its own growth never evicts it (an object larger than the
             // whole budget stays while it fills and is read, past the budget until it goes).
-            e.insert_pinned(version, size, &mut evicted);
+            e.insert_pinned(version, 0, &mut evicted);
         }
         *self.pins.entry(version).or_default() += 1;
         if let Some(job) = self.running.get_mut(&id) {
