@@ -12,7 +12,9 @@
 # Every body byte is checked against the origin's.
 #
 #   perf/traffic.sh [--scale F] [--clients C] [--cache-mib M] [--delay-ms D] [--seed S]
-#                   [--out FILE]
+#                   [--kinds steam,riot,ps5,do,whole] [--out FILE]
+#
+# --kinds plays only those kinds' sessions (to see what each costs the origin).
 #
 # Figures, per server: origin body bytes over the unique bytes the cold pass asked for; the
 # cold pass's client goodput (requested bytes per second, all clients); the warm pass's byte
@@ -27,7 +29,8 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 # shellcheck source=fill-lib.sh
 source "$HERE/fill-lib.sh"
-SCALE=1 CLIENTS=16 CACHE_MIB=1280 DELAY_MS=20 SEED=31 OUT=$HERE/TRAFFIC.md
+SCALE=1 CLIENTS=16 CACHE_MIB=1280 DELAY_MS=20 SEED=31 KINDS=steam,riot,ps5,do,whole
+OUT=$HERE/TRAFFIC.md
 while (($#)); do
   case $1 in
     --scale) SCALE=$2; shift 2 ;;
@@ -35,6 +38,7 @@ while (($#)); do
     --cache-mib) CACHE_MIB=$2; shift 2 ;;
     --delay-ms) DELAY_MS=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
+    --kinds) KINDS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h | --help) print_usage "$0" ;;
     *) echo "traffic.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -95,7 +99,7 @@ pass() {
   local o0
   o0=$(fill_origin_body_bytes)
   "$LG" traffic --addr "127.0.0.1:$2" --seed "$SEED" --scale "$SCALE" --clients "$CLIENTS" \
-    >"$WORK/$1.txt" 2>"$WORK/$1.err" || die "$1: loadgen failed: $(tail -3 "$WORK/$1.err")"
+    --sessions-from "$KINDS" >"$WORK/$1.txt" 2>"$WORK/$1.err" || die "$1: loadgen failed: $(tail -3 "$WORK/$1.err")"
   sleep 1 # the origin's log line of a response is written when it ends
   echo "origin_bytes=$(($(fill_origin_body_bytes) - o0))" >>"$WORK/$1.txt"
   log "$1: $(tr '\n' ' ' <"$WORK/$1.txt")"

@@ -251,6 +251,50 @@ fn a_closed_range_reads_ahead_only_when_it_continues_what_was_read_before() {
 }
 
 #[test]
+fn a_cold_multipart_range_fetches_its_pieces_blocks_only() {
+    // Riot's patcher asks for several pieces of a bundle in one request. 256 KiB blocks:
+    // three pieces in blocks 2, 9 and 15 of the 5 MiB object.
+    let e = edge("1", "");
+    let want = origin_file();
+    const B: usize = 256 * 1024;
+    let pieces = [
+        (2 * B + 10, 2 * B + 5000),
+        (9 * B, 9 * B + 99),
+        (15 * B + 7, 15 * B + 70),
+    ];
+    let spec: Vec<String> = pieces.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+    let range = format!("bytes={}", spec.join(","));
+    let r = get(&e.server, "/pull/obj.bin", &[("Range", &range)]);
+    assert_eq!(r.status, 206);
+    let boundary = r
+        .header("content-type")
+        .and_then(|t| t.strip_prefix("multipart/byteranges; boundary="))
+        .expect("a multipart answer")
+        .to_string();
+    let mut rest: &[u8] = &r.body;
+    for &(a, b) in &pieces {
+        let opening = format!("\r\n--{boundary}\r\n");
+        rest = rest
+            .strip_prefix(opening.as_bytes())
+            .unwrap_or_else(|| panic!("part {a}-{b} does not start with the boundary"));
+        let end = rest
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("part head");
+        let head = String::from_utf8_lossy(&rest[..end]).to_string();
+        let range_line = format!("Content-Range: bytes {a}-{b}/{OBJECT_BYTES}");
+        assert!(head.lines().any(|l| l == range_line), "part head {head:?}");
+        rest = &rest[end + 4..];
+        assert!(rest[..=b - a] == want[a..=b], "part {a}-{b} differs");
+        rest = &rest[b - a + 1..];
+    }
+    assert_eq!(rest, format!("\r\n--{boundary}--\r\n").as_bytes());
+    // The probe fetched the first piece's block, then one fetch each for the others: the
+    // span between them (14 blocks) was never asked for.
+    origin_sent_blocks(&e, 3, 3, "a cold multipart range");
+}
+
+#[test]
 fn an_origins_max_fetches_holds_over_all_shards() {
     let Some(cpus) = common::two_or_more_cpus() else {
         return;

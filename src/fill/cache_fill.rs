@@ -48,6 +48,40 @@ pub const MAX_QUEUED_FETCHES: usize = 4096;
 /// Blocks a stream that did not start at an object's start reads ahead at first (1 MiB in
 /// 64 KiB blocks, 4 MiB in 256 KiB ones), before the blocks behind it show it sequential.
 pub const INITIAL_READ_AHEAD_BLOCKS: u64 = 16;
+/// Closed requests remembered per version to tell a sequential client (its next range starts
+/// where one ended) from one that jumps.
+pub const RECENT_ENDS_PER_VERSION: usize = 4;
+/// Versions whose recent request ends are remembered at once; past it the memory is cleared
+/// (a request then gets no read-ahead past its end until its stream is seen again).
+pub const MAX_RECENT_END_VERSIONS: usize = 65_536;
+
+/// The last bytes of a version's last `RECENT_ENDS_PER_VERSION` closed requests (a ring).
+#[derive(Clone, Copy, Debug, Default)]
+struct RecentEnds {
+    last_bytes: [Option<u64>; RECENT_ENDS_PER_VERSION],
+    next: usize,
+}
+
+impl RecentEnds {
+    /// Whether a request starting at byte `start` continues one of them, judged by blocks
+    /// (`block_bytes`) as the kernel judges by pages: it starts in the block after the one an
+    /// end is in, or later in that same block.
+    fn continued_by(&self, start: u64, block_bytes: u64) -> bool {
+        let s = start / block_bytes;
+        self.last_bytes.iter().flatten().any(|&e| {
+            let b = e / block_bytes;
+            s == b + 1 || (s == b && start > e)
+        })
+    }
+
+    fn note(&mut self, last: u64) {
+        if self.last_bytes.contains(&Some(last)) {
+            return;
+        }
+        self.last_bytes[self.next] = Some(last);
+        self.next = (self.next + 1) % RECENT_ENDS_PER_VERSION;
+    }
+}
 
 /// Most blocks one `FillCore::scrub_next` call looks at (a hold of the lock stays short).
 pub const SCRUB_SCAN_BLOCKS: u32 = 4096;
@@ -227,6 +261,9 @@ impl Routed for usize {
 /// only for bookkeeping (a block's journal append is the longest thing done under it).
 pub struct FillCore<W: Clone + PartialEq + Routed> {
     cfg: FillConfig,
+    /// Per version, where its last few closed requests ended (their last byte): a closed
+    /// request that starts right after one of them continues it (read-ahead past its end).
+    recent_ends: HashMap<u64, RecentEnds>,
     store: BlockStore,
     /// The journal, when this thread writes it (`cache_io`'s inline mode); None when the
     /// cache's I/O thread owns it.
@@ -647,6 +684,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             flushing: false,
             index,
             probes: HashMap::new(),
+            recent_ends: HashMap::new(),
             files: HashMap::new(),
             file_uses: 0,
             running: HashMap::new(),
@@ -1783,6 +1821,99 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.want_blocks(key, origin, path, start, first, last, waiter, true)
     }
 
+    /// `waiter` wants the pieces of a multipart range (`(first, last)` byte pairs, last
+    /// inclusive, within the object) of `key`: `Ready` once the blocks of every piece are on
+    /// disk. Only those blocks are fetched, with no read-ahead: a Riot patcher's pieces of a
+    /// bundle cost the origin their own blocks, not the span between them.
+    pub fn want_pieces(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        pieces: &[(u64, u64)],
+        waiter: W,
+    ) -> Outcome {
+        let Some(&(first, last)) = pieces.first() else {
+            return self.want(key, origin, path, 0, None, waiter);
+        };
+        let Some(meta) = self.index.current(key).cloned() else {
+            return self.probe(key, origin, path, first, Some(last), waiter);
+        };
+        if meta.size == 0 {
+            return Outcome::Ready(meta.version);
+        }
+        let shard = waiter.shard().min(self.notices.len() - 1);
+        // Each piece's blocks, merged where they touch.
+        let mut spans: Vec<std::ops::Range<u64>> = pieces
+            .iter()
+            .filter(|(a, b)| a <= b && *b < meta.size)
+            .map(|&(a, b)| blocks_for(a, b, meta.size, meta.block_bytes, 0))
+            .collect();
+        spans.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<u64>> = Vec::with_capacity(spans.len());
+        for r in spans {
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        let v = meta.version;
+        let present = |b: u64| self.index.block_crc(v, b as u32).is_some();
+        let ready = merged.iter().all(|r| r.clone().all(present));
+        if ready {
+            if let Some(e) = self.evict.as_mut() {
+                e.touch(&v);
+            }
+            return Outcome::Ready(v);
+        }
+        if self.queue.len() >= MAX_QUEUED_FETCHES {
+            return Outcome::Busy;
+        }
+        // The first missing block is what the waiter waits on; the rest are fetched for
+        // nobody in particular (the waiter asks again when it is woken).
+        let mut waited = false;
+        let mut to_fetch = Vec::new();
+        for b in merged.iter().flat_map(|r| r.clone()) {
+            if present(b) {
+                continue;
+            }
+            let w = (!waited).then(|| waiter.clone());
+            let is_waiter = w.is_some();
+            if !is_waiter && self.blocks.fetching(&(v, b as u32)) {
+                continue;
+            }
+            match self.blocks.want((v, b as u32), w) {
+                Ask::Fetch => {
+                    self.waits_started += u64::from(is_waiter);
+                    to_fetch.push(b);
+                }
+                Ask::Wait => self.waits_joined += u64::from(is_waiter),
+                Ask::PassThrough if is_waiter => return Outcome::Busy,
+                Ask::PassThrough => continue,
+            }
+            waited |= is_waiter;
+        }
+        for span in merged {
+            for run in missing_runs(span, |b| !to_fetch.contains(&b), self.cfg.max_run_blocks) {
+                self.queue.push_back(Job {
+                    key: key.to_vec(),
+                    origin,
+                    path: path.to_owned(),
+                    version: v,
+                    first: run.start as u32,
+                    last: (run.end - 1) as u32,
+                    probe: false,
+                    revalidate: false,
+                    not_before_ms: 0,
+                    committed: Vec::new(),
+                    pinned: false,
+                    shard,
+                });
+            }
+        }
+        Outcome::Waiting
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn want_blocks(
         &mut self,
@@ -1814,7 +1945,20 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             last
         };
         let need = blocks_for(first, need_last, meta.size, meta.block_bytes, 0);
-        let ra = self.read_ahead(&meta, start, first, last, closed);
+        let continues = closed
+            && self
+                .recent_ends
+                .get(&meta.version)
+                .is_some_and(|r| r.continued_by(start, b));
+        if closed {
+            if self.recent_ends.len() >= MAX_RECENT_END_VERSIONS
+                && !self.recent_ends.contains_key(&meta.version)
+            {
+                self.recent_ends.clear();
+            }
+            self.recent_ends.entry(meta.version).or_default().note(last);
+        }
+        let ra = self.read_ahead(&meta, start, first, last, closed, continues);
         let ahead_end = if streaming {
             // Within the request, the ramp; past a closed request's end, what `read_ahead`
             // allows. The window ends on a multiple of its step (the ramp, at most a run), so
@@ -1904,10 +2048,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// to its end gets the whole `read_ahead_blocks` at once; any other stream starts at
     /// `INITIAL_READ_AHEAD_BLOCKS` and grows with the blocks already there (or coming) right
     /// behind where it reads, so it doubles while access stays sequential. Past the end of a
-    /// closed range (`last`, the request began at `start`) only when the blocks right behind
-    /// the request were there: a client that continues what it or another read before (a
-    /// chunked download, a PS5's 18 MiB ranges) gets its next ranges ahead, one that jumps
-    /// (Delivery Optimization, TACT archives, Riot bundles) gets exactly what it asked for.
+    /// closed range (`last`, the request began at `start`) only when it `continues` one of the
+    /// version's recent closed requests (it starts where one ended) and the blocks right
+    /// behind it are there: a client that continues what it or another read before (a chunked
+    /// download, a PS5's 18 MiB ranges) gets its next ranges ahead, one that jumps (Delivery
+    /// Optimization, TACT archives, Riot bundles) gets exactly what it asked for, even where
+    /// earlier jumps happened to leave blocks right behind it.
     fn read_ahead(
         &self,
         meta: &crate::cache::index::ObjectVersion,
@@ -1915,6 +2061,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         first: u64,
         last: u64,
         closed: bool,
+        continues: bool,
     ) -> ReadAhead {
         let cap = self.cfg.read_ahead_blocks;
         let b = u64::from(meta.block_bytes);
@@ -1933,6 +2080,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         };
         let past_end = match behind_start {
             None | Some(0) => 0,
+            Some(_) if !continues => 0,
             Some(behind) => cap.min(behind.max(last / b + 1 - start_block)),
         };
         ReadAhead { within, past_end }
@@ -2902,7 +3050,7 @@ mod core_tests {
         let (core, _dir) = core_with(40..60);
         let meta = core.index.current(b"\0\0k").cloned().unwrap();
         let ra = |start: u64, last: u64, closed: bool| {
-            let r = core.read_ahead(&meta, start, start, last, closed);
+            let r = core.read_ahead(&meta, start, start, last, closed, true);
             (r.within, r.past_end)
         };
         let end = 200 * B - 1;
@@ -2916,10 +3064,57 @@ mod core_tests {
         assert_eq!(ra(100 * B, 100 * B + 9, true), (16, 0), "a jump");
         assert_eq!(ra(50 * B, 50 * B + 9, true), (16, 10), "10 blocks behind");
         assert_eq!(ra(60 * B, 64 * B - 1, true), (20, 20), "20 behind, 4 asked");
+        let jump = core.read_ahead(&meta, 60 * B, 60 * B, 64 * B - 1, true, false);
+        assert_eq!(
+            (jump.within, jump.past_end),
+            (20, 0),
+            "blocks behind, but no request ended there: a jump"
+        );
         let (core, _dir) = core_with(0..100);
         let meta = core.index.current(b"\0\0k").cloned().unwrap();
-        let r = core.read_ahead(&meta, 100 * B, 100 * B, 100 * B, true);
+        let r = core.read_ahead(&meta, 100 * B, 100 * B, 100 * B, true, true);
         assert_eq!(r.past_end, 32, "capped at cache_read_ahead_blocks");
+    }
+
+    #[test]
+    fn a_request_continues_one_that_ended_right_before_it() {
+        let mut r = RecentEnds::default();
+        assert!(!r.continued_by(100, B));
+        r.note(2 * B - 1);
+        assert!(r.continued_by(2 * B, B), "starts at the next byte");
+        assert!(r.continued_by(2 * B + 1, B), "in the next block");
+        assert!(!r.continued_by(3 * B, B), "a block skipped");
+        r.note(5 * B + 10);
+        assert!(
+            r.continued_by(5 * B + 100, B),
+            "later in the block it ended in"
+        );
+        assert!(
+            !r.continued_by(5 * B, B),
+            "before its end: not a continuation"
+        );
+        for k in 0..RECENT_ENDS_PER_VERSION as u64 {
+            r.note(100 * B + k);
+        }
+        assert!(!r.continued_by(2 * B, B), "the oldest ends are forgotten");
+    }
+
+    #[test]
+    fn random_ranges_that_land_behind_stored_blocks_fetch_only_their_own() {
+        // Blocks 40..50 are there (earlier random reads); a closed range starting at 50 does
+        // not continue any request: its own block alone. Then one that does: read-ahead.
+        let (mut core, _dir) = core_with(40..50);
+        let o = core.want(b"\0\0k", 0, "/k", 50 * B, Some(51 * B - 1), 7);
+        assert_eq!(o, Outcome::Waiting);
+        assert_eq!(queued(&core), vec![(50, 50)]);
+        core.queue.clear();
+        let o = core.want(b"\0\0k", 0, "/k", 51 * B, Some(52 * B - 1), 7);
+        assert_eq!(o, Outcome::Waiting);
+        assert!(
+            queued(&core).iter().any(|&(_, last)| last > 51),
+            "a request continuing the last one reads ahead: {:?}",
+            queued(&core)
+        );
     }
 
     #[test]
@@ -2930,7 +3125,12 @@ mod core_tests {
         assert_eq!(o, Outcome::Waiting);
         assert_eq!(queued(&core), vec![(100, 101)]);
         core.queue.clear();
-        // A hit on block 45 (5 behind): ready, and blocks 50 (missing) on come.
+        // A hit on block 44: ready, and nothing more (no request ended right before it).
+        let o = core.want(b"\0\0k", 0, "/k", 44 * B, Some(45 * B - 1), 7);
+        assert_eq!(o, Outcome::Ready(1));
+        assert_eq!(queued(&core), vec![]);
+        // A hit on block 45 that continues it (5 behind): ready, and blocks 50 (missing) on
+        // come.
         let o = core.want(b"\0\0k", 0, "/k", 45 * B, Some(46 * B - 1), 7);
         assert_eq!(o, Outcome::Ready(1));
         assert_eq!(queued(&core), vec![(50, 50)]);

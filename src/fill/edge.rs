@@ -418,6 +418,29 @@ impl EdgeCache {
         }
     }
 
+    /// The pieces (first, last inclusive) of a multipart range over an object of `size`.
+    fn pieces(range: Option<&[u8]>, size: u64) -> Vec<(u64, u64)> {
+        use crate::http::range::{parse_range, RangeOutcome, MAX_RANGES};
+        match range.map(|v| parse_range(v, size, MAX_RANGES)) {
+            Some(RangeOutcome::Multi(rs)) => rs.iter().map(|r| (r.start, r.end - 1)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The first piece of several `bytes=A-B,...` ranges when it is closed (both sides
+    /// numbers), before the size is known; None for one range, or a first piece open or a
+    /// suffix.
+    fn first_piece(range: Option<&[u8]>) -> Option<(u64, u64)> {
+        let spec = range?.trim_ascii().strip_prefix(b"bytes=")?;
+        let comma = spec.iter().position(|&b| b == b',')?;
+        let mut first = b"bytes=".to_vec();
+        first.extend_from_slice(&spec[..comma]);
+        match Self::single_range_sides(Some(&first))? {
+            (Some(a), Some(b)) if b >= a => Some((a, b)),
+            _ => None,
+        }
+    }
+
     /// The two sides of a single `bytes=A-B` range, as numbers where they are (either may be
     /// empty: an open range, a suffix); None for several ranges or another unit.
     fn single_range_sides(range: Option<&[u8]>) -> Option<(Option<u64>, Option<u64>)> {
@@ -484,10 +507,11 @@ impl EdgeCache {
             let Some(size) = core.index().current(key).map(|m| m.size) else {
                 // Unknown yet: its first fetch asks for no more than a closed range (or a
                 // HEAD: the first block) needs.
-                let last = if head_only {
-                    Some(0)
-                } else {
-                    Self::last_byte(range)
+                let (first, last) = match Self::first_piece(range) {
+                    // Several ranges: the probe fetches the first piece's blocks alone.
+                    Some((a, b)) if !head_only => (a, Some(b)),
+                    _ if head_only => (first, Some(0)),
+                    _ => (first, Self::last_byte(range)),
                 };
                 let outcome = core.want(key, origin, path, first, last, waiter);
                 return (outcome, false, (first, None), None);
@@ -497,6 +521,9 @@ impl EdgeCache {
             let streaming = !multi && span_bytes > slot_bytes;
             let outcome = if streaming {
                 core.want_streaming(key, origin, path, first, last, waiter)
+            } else if multi {
+                let pieces = Self::pieces(range, size);
+                core.want_pieces(key, origin, path, &pieces, waiter)
             } else {
                 core.want(key, origin, path, first, last, waiter)
             };
