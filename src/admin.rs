@@ -84,8 +84,31 @@ struct State {
     /// The pull-through cache, for `POST /cache/purge` (None: no `[[origin]]`).
     edge: Option<crate::fill::edge::SharedEdge>,
     /// The running prefill's lease, if one runs (`/cache/prefill/*`): one at a time.
-    prefill: std::sync::Mutex<PrefillLease>,
+    prefill: Arc<std::sync::Mutex<PrefillLease>>,
+    /// The server's listener a prefill started here fetches through (`POST /cache/prefill`).
+    edge_listen: Option<SocketAddr>,
+    /// The last prefill started here, and how far it got (`GET /cache/prefill`).
+    prefill_run: Arc<std::sync::Mutex<Option<PrefillRun>>>,
 }
+
+/// A prefill the admin listener runs (`POST /cache/prefill`), as `GET /cache/prefill` shows it.
+#[derive(Default)]
+struct PrefillRun {
+    list: String,
+    objects: usize,
+    cached: usize,
+    to_fetch: usize,
+    filled: usize,
+    failed: usize,
+    bytes: u64,
+    started: Option<Instant>,
+    finished_s: Option<f64>,
+    /// The first `PREFILL_ERRORS_KEPT` failures, each naming its line.
+    errors: Vec<String>,
+}
+
+/// Failures a server-side prefill keeps for `GET /cache/prefill`.
+pub const PREFILL_ERRORS_KEPT: usize = 100;
 
 /// Seconds a prefill's lease lasts without a renewal (a prefill that died frees it after).
 pub const PREFILL_LEASE_S: u64 = 30;
@@ -146,6 +169,7 @@ pub fn start(
     shutdown: Arc<AtomicBool>,
     proc_root: PathBuf,
     edge: Option<crate::fill::edge::SharedEdge>,
+    edge_listen: Option<SocketAddr>,
 ) -> std::io::Result<Option<AdminHandle>> {
     let Some(addr) = addr else {
         return Ok(None);
@@ -161,6 +185,8 @@ pub fn start(
         proc_root,
         edge,
         prefill: Default::default(),
+        edge_listen,
+        prefill_run: Default::default(),
     };
     let thread_stop = stop.clone();
     let thread = std::thread::Builder::new()
@@ -485,12 +511,17 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
         Parsed::Complete { request, head_len } => {
             let mut reply = match (post, request.path) {
                 (true, b"/cache/purge") => purge(request.query, state),
+                (true, b"/cache/pin") => pin(request.query, state),
+                (true, b"/cache/prefill") => prefill_start(request.query, state),
                 (true, p) if p.starts_with(b"/cache/prefill/") => {
                     prefill_lease(&p[b"/cache/prefill/".len()..], request.query, state)
                 }
                 (true, _) => Reply {
                     extra_headers: "Allow: GET, HEAD\r\n",
-                    ..Reply::text(405, "POST is for /cache/purge and /cache/prefill/* only\n")
+                    ..Reply::text(
+                        405,
+                        "POST is for /cache/purge, /cache/pin and /cache/prefill only\n",
+                    )
                 },
                 (false, b"/cache/purge") => Reply {
                     extra_headers: "Allow: POST\r\n",
@@ -553,6 +584,274 @@ fn prefill_lease(action: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
     }
 }
 
+/// A request target named in an admin query: its path, its query, and the Host it is asked
+/// under.
+type NamedTarget = (Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// The `target=` (percent-encoded, its query included) and optional `host=` of an admin
+/// query, split into path, query and host; Err is the reply.
+fn target_of(query: &[u8]) -> Result<NamedTarget, Reply> {
+    let decode = |v: &[u8]| crate::fs::resolve::percent_decode(v);
+    let Some(target) = crate::http::request::query_param(query, "target").and_then(decode) else {
+        return Err(Reply::text(
+            400,
+            "give target=PATH (percent-encoded, its query included)\n",
+        ));
+    };
+    let host = crate::http::request::query_param(query, "host").and_then(decode);
+    let (path, target_query) = match target.iter().position(|&b| b == b'?') {
+        Some(i) => (target[..i].to_vec(), Some(target[i + 1..].to_vec())),
+        None => (target, None),
+    };
+    if !path.starts_with(b"/") {
+        return Err(Reply::text(400, "the target must start with /\n"));
+    }
+    Ok((path, target_query, host))
+}
+
+/// `POST /cache/pin?target=/a/b.bin&until=UNIX_S[&host=H]`: keeps that object from eviction
+/// until then (`SharedEdge::pin_until`); "pinned", or "not cached" when the cache does not
+/// hold it; 404 naming why when no `[[origin]]` covers it.
+fn pin(query: Option<&[u8]>, state: &State) -> Reply {
+    let Some(edge) = state.edge.as_ref() else {
+        return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let query = query.unwrap_or_default();
+    let until = crate::http::request::query_param(query, "until")
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+    let Some(until) = until else {
+        return Reply::text(400, "give until=UNIX_SECONDS\n");
+    };
+    let (path, target_query, host) = match target_of(query) {
+        Ok(t) => t,
+        Err(reply) => return reply,
+    };
+    match edge.pin_until(&path, target_query.as_deref(), host.as_deref(), until) {
+        Ok(true) => Reply::text(200, "pinned\n"),
+        Ok(false) => Reply::text(200, "not cached\n"),
+        Err(why) => Reply::text(404, &format!("{why}\n")),
+    }
+}
+
+/// `POST /cache/prefill?list=PATH[&rate=BYTES_PER_S][&parallel=N][&pin_until=TIME]`: the
+/// server itself prefills from a list file on its own disk (the admin listener takes no
+/// request body, so a list of 100 000 URLs is named, not sent). The list is checked whole
+/// first, as `shardline cache prefill` checks it: 400 naming every bad line, nothing fetched.
+/// Then the prefill takes the lease (409 while another runs), answers 202, and fetches on a
+/// thread of its own through the server's listener; `GET /cache/prefill` shows how far.
+fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
+    use crate::cache::prefill;
+    use std::io::Read as _;
+    let (Some(edge), Some(listen)) = (state.edge.as_ref(), state.edge_listen) else {
+        return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let query = query.unwrap_or_default();
+    let param = |name: &str| {
+        crate::http::request::query_param(query, name)
+            .and_then(crate::fs::resolve::percent_decode)
+            .and_then(|v| String::from_utf8(v).ok())
+    };
+    let Some(list) = param("list") else {
+        return Reply::text(
+            400,
+            "give list=PATH (a file on the server, one URL or path a line)\n",
+        );
+    };
+    let number = |name: &str, default: u64| match param(name) {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<u64>()
+            .map_err(|_| format!("{name}={v} is not a number\n")),
+    };
+    let (rate, parallel) = match (
+        number("rate", 0),
+        number("parallel", prefill::DEFAULT_PARALLEL as u64),
+    ) {
+        (Ok(r), Ok(p)) if (1..=prefill::MAX_PARALLEL as u64).contains(&p) => (r, p as usize),
+        (Err(e), _) | (_, Err(e)) => return Reply::text(400, &e),
+        _ => {
+            return Reply::text(
+                400,
+                &format!("parallel must be 1..={}\n", prefill::MAX_PARALLEL),
+            )
+        }
+    };
+    let now_s = crate::fill::cache_fill::unix_now_s();
+    let pin_until = match param("pin_until").map(|v| prefill::parse_pin_until(&v, now_s)) {
+        Some(Err(e)) => return Reply::text(400, &format!("pin_until: {e}\n")),
+        Some(Ok(t)) => Some(t),
+        None => None,
+    };
+    let mut text = String::new();
+    let read = std::fs::File::open(&list).and_then(|f| {
+        f.take(prefill::MAX_LIST_BYTES + 1)
+            .read_to_string(&mut text)
+    });
+    if let Err(e) = read {
+        return Reply::text(400, &format!("{list}: {e}\n"));
+    }
+    if text.len() as u64 > prefill::MAX_LIST_BYTES {
+        return Reply::text(
+            400,
+            &format!("{list}: longer than {} bytes\n", prefill::MAX_LIST_BYTES),
+        );
+    }
+    let targets = match prefill::parse_list(&text) {
+        Ok(t) => t,
+        Err(errors) => return Reply::text(400, &format!("{list}:\n{}\n", errors.join("\n"))),
+    };
+    let mut errors = Vec::new();
+    let mut todo = Vec::new();
+    let mut cached = Vec::new();
+    for t in targets {
+        let (path, q) = match t.target.split_once('?') {
+            Some((p, q)) => (p.as_bytes(), Some(q.as_bytes())),
+            None => (t.target.as_bytes(), None),
+        };
+        match edge.object_state(path, q, t.host.as_deref().map(str::as_bytes)) {
+            Ok(s) if s.cached => cached.push(t),
+            Ok(_) => todo.push(t),
+            Err(why) => errors.push(format!("line {}: {}: {why}", t.line, t.target)),
+        }
+    }
+    if !errors.is_empty() {
+        return Reply::text(
+            400,
+            &format!(
+                "{list}: lines the server cannot fill; nothing fetched:\n{}\n",
+                errors.join("\n")
+            ),
+        );
+    }
+    // The lease the CLI takes too: one prefill at a time, whoever runs it.
+    let id = {
+        let mut lease = state
+            .prefill
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        if lease.held.is_some_and(|(_, until)| until > now) {
+            return Reply::text(
+                409,
+                "another prefill runs on this server; try when it ends\n",
+            );
+        }
+        lease.next_id += 1;
+        // Held until this prefill ends (it releases it then).
+        lease.held = Some((lease.next_id, now + Duration::from_secs(10 * 365 * 86_400)));
+        lease.next_id
+    };
+    *state
+        .prefill_run
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(PrefillRun {
+        list: list.clone(),
+        objects: todo.len() + cached.len(),
+        cached: cached.len(),
+        to_fetch: todo.len(),
+        started: Some(Instant::now()),
+        ..Default::default()
+    });
+    let reply = format!(
+        "prefill of {list} started: {} objects, {} cached, {} to fetch\n",
+        todo.len() + cached.len(),
+        cached.len(),
+        todo.len()
+    );
+    let (edge, run, lease) = (
+        edge.clone(),
+        state.prefill_run.clone(),
+        state.prefill.clone(),
+    );
+    let spawned = std::thread::Builder::new().name("prefill".into()).spawn(move || {
+        let with_run = |f: &mut dyn FnMut(&mut PrefillRun)| {
+            if let Some(r) = run.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_mut() {
+                f(r);
+            }
+        };
+        let pin = |t: &prefill::Target| {
+            let Some(until) = pin_until else { return };
+            let (path, q) = match t.target.split_once('?') {
+                Some((p, q)) => (p.as_bytes(), Some(q.as_bytes())),
+                None => (t.target.as_bytes(), None),
+            };
+            let _ = edge.pin_until(path, q, t.host.as_deref().map(str::as_bytes), until);
+        };
+        cached.iter().for_each(pin);
+        let todo_refs: Vec<&prefill::Target> = todo.iter().collect();
+        prefill::run(
+            listen,
+            &todo_refs,
+            rate,
+            parallel,
+            &|n| with_run(&mut |r| r.bytes += n),
+            &|t, result| {
+                match result {
+                    Ok(_) => pin(t),
+                    Err(e) => tracing::warn!(line = t.line, target = %t.target, error = %e, "prefill: an object failed"),
+                }
+                with_run(&mut |r| match result {
+                    Ok(_) => r.filled += 1,
+                    Err(e) => {
+                        r.failed += 1;
+                        if r.errors.len() < PREFILL_ERRORS_KEPT {
+                            r.errors.push(format!("line {}: {}: {e}", t.line, t.target));
+                        }
+                    }
+                });
+            },
+        );
+        with_run(&mut |r| {
+            r.finished_s = r.started.map(|s| s.elapsed().as_secs_f64());
+            tracing::info!(list = %r.list, objects = r.objects, cached = r.cached, filled = r.filled, failed = r.failed, bytes = r.bytes, "prefill done");
+        });
+        let mut lease = lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if lease.held.is_some_and(|(held, _)| held == id) {
+            lease.held = None;
+        }
+    });
+    if let Err(e) = spawned {
+        state
+            .prefill
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .held = None;
+        return Reply::text(500, &format!("cannot start the prefill thread: {e}\n"));
+    }
+    Reply::text(202, &reply)
+}
+
+/// `GET /cache/prefill`: the last prefill started with `POST /cache/prefill`, as JSON (404
+/// when none was).
+fn prefill_status(state: &State) -> Reply {
+    let run = state
+        .prefill_run
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(r) = run.as_ref() else {
+        return Reply::text(404, "no prefill was started here\n");
+    };
+    let elapsed = r
+        .finished_s
+        .or_else(|| r.started.map(|s| s.elapsed().as_secs_f64()));
+    let body = serde_json::json!({
+        "list": r.list,
+        "running": r.finished_s.is_none(),
+        "objects": r.objects,
+        "cached": r.cached,
+        "to_fetch": r.to_fetch,
+        "filled": r.filled,
+        "failed": r.failed,
+        "bytes": r.bytes,
+        "seconds": elapsed,
+        "errors": r.errors,
+    });
+    Reply {
+        content_type: "application/json",
+        ..Reply::text(200, &format!("{body}\n"))
+    }
+}
+
 /// `POST /cache/purge?path=/a/b.bin` (one object) or `?prefix=/a/` (everything beneath): the
 /// cache forgets them (`SharedEdge::purge`) and the next request fetches from the origin.
 fn purge(query: Option<&[u8]>, state: &State) -> Reply {
@@ -588,23 +887,11 @@ fn object_state(query: Option<&[u8]>, state: &State) -> Reply {
     let Some(edge) = state.edge.as_ref() else {
         return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
     };
-    let query = query.unwrap_or_default();
-    let decode = |v: &[u8]| crate::fs::resolve::percent_decode(v);
-    let Some(target) = crate::http::request::query_param(query, "target").and_then(decode) else {
-        return Reply::text(
-            400,
-            "give target=PATH (percent-encoded, its query included)\n",
-        );
+    let (path, target_query, host) = match target_of(query.unwrap_or_default()) {
+        Ok(t) => t,
+        Err(reply) => return reply,
     };
-    let host = crate::http::request::query_param(query, "host").and_then(decode);
-    let (path, target_query) = match target.iter().position(|&b| b == b'?') {
-        Some(i) => (&target[..i], Some(&target[i + 1..])),
-        None => (&target[..], None),
-    };
-    if !path.starts_with(b"/") {
-        return Reply::text(400, "the target must start with /\n");
-    }
-    match edge.object_state(path, target_query, host.as_deref()) {
+    match edge.object_state(&path, target_query.as_deref(), host.as_deref()) {
         Ok(s) => {
             let size = s.size.map_or("null".to_string(), |n| n.to_string());
             Reply {
@@ -626,6 +913,7 @@ fn object_state(query: Option<&[u8]>, state: &State) -> Reply {
 fn route(path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
     match path {
         b"/cache/object" => object_state(query, state),
+        b"/cache/prefill" => prefill_status(state),
         b"/metrics" => Reply {
             content_type: "text/plain; version=0.0.4; charset=utf-8",
             ..Reply::text(200, &render_metrics(&state.metrics, &state.proc_root))
@@ -736,6 +1024,8 @@ mod tests {
             proc_root,
             edge: None,
             prefill: Default::default(),
+            edge_listen: None,
+            prefill_run: Default::default(),
         }
     }
 
@@ -976,6 +1266,7 @@ mod tests {
             shutdown,
             fixture(),
             None,
+            None,
         )
         .unwrap()
         .unwrap()
@@ -988,6 +1279,7 @@ mod tests {
             vec![],
             Arc::new(AtomicBool::new(false)),
             fixture(),
+            None,
             None,
         )
         .unwrap();
@@ -1100,6 +1392,7 @@ mod tests {
             vec![],
             Arc::new(AtomicBool::new(false)),
             fixture(),
+            None,
             None,
         );
         assert!(r.is_err());

@@ -72,6 +72,13 @@ struct CachePrefillArgs {
     /// Most bytes per second fetched, over all objects (0: no cap).
     #[arg(long, value_name = "BYTES_PER_S", default_value_t = 0)]
     rate: u64,
+    /// Objects fetched at once (each waits the origin's first byte; a few keep it busy).
+    #[arg(long, value_name = "N", default_value_t = shardline::cache::prefill::DEFAULT_PARALLEL)]
+    parallel: usize,
+    /// Keep every listed object from eviction until then: Unix seconds, or +N[smhd] from now
+    /// (as +72h). Held in the server's memory: a restart keeps the objects, not the pins.
+    #[arg(long, value_name = "TIME")]
+    pin_until: Option<String>,
     /// One JSON line per object on standard output instead of the progress bar.
     #[arg(long)]
     json: bool,
@@ -289,7 +296,7 @@ fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
 
 /// `shardline cache prefill` (see `shardline::cache::prefill`).
 fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
-    use shardline::cache::prefill::{self, Pacer, MAX_LIST_BYTES};
+    use shardline::cache::prefill::{self, MAX_LIST_BYTES};
     use std::io::Read;
     let fail = |msg: &str| {
         eprintln!("shardline: prefill: {msg}");
@@ -360,16 +367,41 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
             errors.len()
         ));
     }
+    let pin_until = match p
+        .pin_until
+        .as_deref()
+        .map(|v| prefill::parse_pin_until(v, shardline::fill::cache_fill::unix_now_s()))
+    {
+        Some(Err(e)) => return fail(&format!("--pin-until: {e}")),
+        Some(Ok(t)) => Some(t),
+        None => None,
+    };
+    if !(1..=prefill::MAX_PARALLEL).contains(&p.parallel) {
+        return fail(&format!("--parallel must be 1..={}", prefill::MAX_PARALLEL));
+    }
     // One prefill at a time per server.
-    let mut lease = match prefill::Lease::begin(admin) {
-        Ok(l) => l,
+    let lease = match prefill::Lease::begin(admin) {
+        Ok(l) => std::sync::Mutex::new(l),
         Err(why) => return fail(why.trim()),
     };
-    if p.json {
-        for t in targets.iter().filter(|t| !todo.contains(t)) {
+    let pin = |t: &prefill::Target| match pin_until {
+        Some(until) => prefill::pin(admin, t, until).map(|_| ()),
+        None => Ok(()),
+    };
+    let mut pin_failed = 0usize;
+    for t in targets.iter().filter(|t| !todo.contains(t)) {
+        let pinned = pin(t);
+        if let Err(e) = &pinned {
+            pin_failed += 1;
+            eprintln!(
+                "shardline: prefill: line {}: {}: not pinned: {e}",
+                t.line, t.target
+            );
+        }
+        if p.json {
             println!(
                 "{}",
-                serde_json::json!({"line": t.line, "target": t.target, "result": "cached", "bytes": 0})
+                serde_json::json!({"line": t.line, "target": t.target, "result": "cached", "bytes": 0, "pinned": pin_until.is_some() && pinned.is_ok()})
             );
         }
     }
@@ -384,32 +416,37 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
         )
         .expect("a valid template"),
     );
-    let mut pacer = Pacer::new(p.rate);
-    let (started, mut bytes, mut failed) = (std::time::Instant::now(), 0u64, 0usize);
-    for t in &todo {
-        if let Err(why) = lease.renew_if_due() {
-            bar.finish_and_clear();
-            return fail(why.trim());
+    let started = std::time::Instant::now();
+    let bytes = std::sync::atomic::AtomicU64::new(0);
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let lease_lost = std::sync::Mutex::new(None::<String>);
+    let on_bytes = |n: u64| {
+        // A long object keeps the lease too.
+        if let Err(why) = lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .renew_if_due()
+        {
+            *lease_lost
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         }
-        let mut on_bytes = |n: u64| {
-            // A long object keeps the lease too (a lost one shows at the next object).
-            let _ = lease.renew_if_due();
-            bytes += n;
-            let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!(
-                "{} at {}/s",
-                indicatif::HumanBytes(bytes),
-                indicatif::HumanBytes(rate as u64)
-            ));
-        };
-        let result = prefill::fetch(edge, t, &mut pacer, &mut on_bytes);
+        let total = bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        let rate = total as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!(
+            "{} at {}/s",
+            indicatif::HumanBytes(total),
+            indicatif::HumanBytes(rate as u64)
+        ));
+    };
+    let on_done = |t: &prefill::Target, result: &Result<u64, String>| {
         bar.inc(1);
-        let line = match &result {
+        let mut line = match result {
             Ok(n) => {
                 serde_json::json!({"line": t.line, "target": t.target, "result": "filled", "bytes": n})
             }
             Err(e) => {
-                failed += 1;
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if !p.json {
                     bar.suspend(|| {
                         eprintln!("shardline: prefill: line {}: {}: {e}", t.line, t.target)
@@ -418,18 +455,41 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
                 serde_json::json!({"line": t.line, "target": t.target, "result": "failed", "error": e})
             }
         };
+        if result.is_ok() && pin_until.is_some() {
+            let pinned = pin(t);
+            if let Err(e) = &pinned {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                bar.suspend(|| {
+                    eprintln!(
+                        "shardline: prefill: line {}: {}: not pinned: {e}",
+                        t.line, t.target
+                    )
+                });
+            }
+            line["pinned"] = serde_json::json!(pinned.is_ok());
+        }
         if p.json {
             println!("{line}");
         }
-    }
+    };
+    prefill::run(edge, &todo, p.rate, p.parallel, &on_bytes, &on_done);
     bar.finish_and_clear();
-    lease.end();
+    if let Some(why) = lease_lost.into_inner().unwrap_or(None) {
+        return fail(why.trim());
+    }
+    lease
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .end();
+    let failed = failed.into_inner() + pin_failed;
+    let bytes = bytes.into_inner();
+    let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "shardline: prefill: {} objects: {cached} already cached, {} filled, {failed} failed; {} in {:.1} s",
+        "shardline: prefill: {} objects: {cached} already cached, {} filled, {failed} failed; {} in {secs:.1} s ({}/s)",
         targets.len(),
-        todo.len() - failed,
+        todo.len().saturating_sub(failed),
         indicatif::HumanBytes(bytes),
-        started.elapsed().as_secs_f64()
+        indicatif::HumanBytes((bytes as f64 / secs.max(1e-3)) as u64)
     );
     if failed > 0 {
         ExitCode::from(1)

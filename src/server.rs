@@ -646,6 +646,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         lifecycle.leaving_flag(),
         PathBuf::from("/proc"),
         edge.clone(),
+        Some(loopback_if_unspecified(local)),
     ) {
         Ok(a) => a,
         Err(e) => {
@@ -865,6 +866,17 @@ fn reload(
         refused = outcome.refused.len(),
         "configuration reloaded"
     );
+}
+
+/// `addr`, reached on loopback when it is a wildcard (what a local client connects to).
+fn loopback_if_unspecified(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    addr
 }
 
 #[cfg(test)]

@@ -728,8 +728,10 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
             std::time::Duration::from_secs(60),
         )
     };
+    // By line: the objects are fetched several at once, so they end in any order.
     let results = |out: &common::RunOutput| {
-        out.stdout
+        let mut r = out
+            .stdout
             .lines()
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
@@ -738,7 +740,9 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
                     v["result"].as_str().unwrap().to_string(),
                 )
             })
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        r.sort();
+        r
     };
     let list = "# release day\n\n/pull/obj.bin\nhttp://any.host/pull/small.txt?sid=9\n";
     // First run: both fetched (through the edge, so they are cached), the origin sends each
@@ -803,7 +807,7 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
     assert_eq!(out.code, Some(1), "{}{}", out.stdout, out.stderr);
     assert_eq!(
         results(&out),
-        vec![(2, "cached".to_string()), (1, "failed".to_string())]
+        vec![(1, "failed".to_string()), (2, "cached".to_string())]
     );
     assert!(out.stderr.contains("0 filled, 1 failed"), "{}", out.stderr);
     // (The origin's 404 has a body of its own.)
@@ -815,6 +819,116 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
         .map(|l| l.body_bytes)
         .sum();
     assert_eq!(of_cached, sent, "nothing cached was fetched again");
+}
+
+/// `POST /cache/prefill?list=` runs the prefill in the server; `pin_until` keeps its objects
+/// through evictions that take everything else; `--pin-until` does the same from the CLI.
+#[test]
+fn a_server_side_prefill_fills_and_pins_and_the_pins_outlast_evictions() {
+    const MIB: u64 = 1 << 20;
+    let e = edge_with_origin_keys("1", "cache_max_bytes = 3145728", "", "", OBJECT_BYTES);
+    for name in ["p1", "p2", "c1", "o1", "o2", "o3", "o4", "o5"] {
+        common::write_pattern_file(&e.origin_root.join(format!("pull/{name}.bin")), MIB);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("release.txt");
+    let admin = |method: &str, target: &str| {
+        shardline::cache::tool::admin_request(e.admin, method, target).unwrap()
+    };
+    // A bad line: 400 naming it, nothing fetched.
+    std::fs::write(
+        &list,
+        "/pull/p1.bin
+ftp://x/y
+",
+    )
+    .unwrap();
+    let (status, body) = admin("POST", &format!("/cache/prefill?list={}", list.display()));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("line 2"), "{body}");
+    assert!(e.origin.log().is_empty(), "nothing fetched");
+    // The server fills both and pins them for an hour.
+    std::fs::write(
+        &list,
+        "/pull/p1.bin
+/pull/p2.bin
+",
+    )
+    .unwrap();
+    let (status, body) = admin(
+        "POST",
+        &format!("/cache/prefill?list={}&pin_until=%2B1h", list.display()),
+    );
+    assert_eq!(status, 202, "{body}");
+    let status_json = || {
+        let (status, body) = admin("GET", "/cache/prefill");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while status_json()["running"].as_bool() == Some(true) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the prefill never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let s = status_json();
+    assert_eq!(
+        (s["filled"].as_u64(), s["failed"].as_u64()),
+        (Some(2), Some(0)),
+        "{s}"
+    );
+    assert_eq!(s["bytes"].as_u64(), Some(2 * MIB));
+    // The CLI pins one more (it fetches it first).
+    let list2 = dir.path().join("more.txt");
+    std::fs::write(
+        &list2,
+        "/pull/c1.bin
+",
+    )
+    .unwrap();
+    let out = common::run_shardline(
+        &[
+            "cache",
+            "prefill",
+            "--admin",
+            &e.admin.to_string(),
+            "--edge",
+            &e.server.addr.to_string(),
+            "--pin-until",
+            "+1h",
+            "--json",
+            list2.to_str().unwrap(),
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("\"pinned\":true"), "{}", out.stdout);
+    // Five more objects through a 3 MiB budget: everything unpinned goes, the pinned stay.
+    for name in ["o1", "o2", "o3", "o4", "o5"] {
+        let r = get(&e.server, &format!("/pull/{name}.bin"), &[]);
+        assert_eq!(r.status, 200);
+    }
+    for name in ["p1", "p2", "c1"] {
+        let (status, body) = admin("GET", &format!("/cache/object?target=/pull/{name}.bin"));
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("\"cached\":true"),
+            "{name} was evicted: {body}"
+        );
+    }
+    let (_, body) = admin("GET", "/cache/object?target=/pull/o1.bin");
+    assert!(
+        body.contains("\"cached\":false"),
+        "o1 was not evicted: {body}"
+    );
+    // A prefill over a list of what is cached fetches nothing.
+    let sent = e.origin.body_bytes_sent();
+    let (status, body) = admin("POST", &format!("/cache/prefill?list={}", list.display()));
+    assert_eq!(status, 202, "{body}");
+    assert!(body.contains("2 cached, 0 to fetch"), "{body}");
+    assert_eq!(e.origin.body_bytes_sent(), sent);
 }
 
 #[test]

@@ -152,6 +152,11 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         self.entries.get_mut(key).map(|e| e.pins += 1).is_some()
     }
 
+    /// How many pins `key` holds (0 when not held).
+    pub fn pins(&self, key: &K) -> u32 {
+        self.entries.get(key).map_or(0, |e| e.pins)
+    }
+
     /// That response is done with `key`.
     pub fn unpin(&mut self, key: &K) {
         if let Some(e) = self.entries.get_mut(key) {

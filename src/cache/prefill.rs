@@ -178,6 +178,73 @@ impl Lease {
     }
 }
 
+/// Fetches at once by default: each waits the origin's first-byte delay, so a few in flight
+/// keep a distant origin busy up to the rate.
+pub const DEFAULT_PARALLEL: usize = 8;
+/// Most fetches at once a prefill may ask for.
+pub const MAX_PARALLEL: usize = 64;
+
+/// `--pin-until`: Unix seconds, or `+N` with a unit (`s`, `m`, `h`, `d`) from `now_unix_s`.
+pub fn parse_pin_until(v: &str, now_unix_s: u64) -> Result<u64, String> {
+    let bad = || format!("'{v}' is not Unix seconds or +N[smhd] (as +72h)");
+    let Some(rel) = v.strip_prefix('+') else {
+        return v.parse::<u64>().map_err(|_| bad());
+    };
+    let (digits, unit) = rel.split_at(rel.len().saturating_sub(1));
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(bad()),
+    };
+    Ok(now_unix_s.saturating_add(secs))
+}
+
+/// Pins `t` against eviction until `until_unix_s` through the admin listener (`POST
+/// /cache/pin`); Ok(false) when the server does not hold it.
+pub fn pin(admin: SocketAddr, t: &Target, until_unix_s: u64) -> Result<bool, String> {
+    use super::tool::query_encode;
+    let mut q = format!("target={}&until={until_unix_s}", query_encode(&t.target));
+    if let Some(h) = &t.host {
+        q.push_str(&format!("&host={}", query_encode(h)));
+    }
+    match super::tool::admin_request(admin, "POST", &format!("/cache/pin?{q}")) {
+        Ok((200, body)) => Ok(body.trim() == "pinned"),
+        Ok((_, body)) => Err(body.trim().to_string()),
+        Err(e) => Err(format!("admin listener {admin}: {e}")),
+    }
+}
+
+/// Fetches `todo` through the server's listener `edge`, `parallel` at once, their bodies read
+/// at `rate` bytes per second over all (0: no cap). `on_bytes` hears of every read,
+/// `on_done` of every object's end (its body bytes, or why it failed), from the workers'
+/// threads.
+pub fn run(
+    edge: SocketAddr,
+    todo: &[&Target],
+    rate_bytes_per_s: u64,
+    parallel: usize,
+    on_bytes: &(dyn Fn(u64) + Sync),
+    on_done: &(dyn Fn(&Target, &Result<u64, String>) + Sync),
+) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let pacer = std::sync::Mutex::new(Pacer::new(rate_bytes_per_s));
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.clamp(1, MAX_PARALLEL).min(todo.len().max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(t) = todo.get(i) else {
+                    return;
+                };
+                let result = fetch(edge, t, &pacer, &mut |n| on_bytes(n));
+                on_done(t, &result);
+            });
+        }
+    });
+}
+
 /// Holds reads to `rate` bytes per second (0: no cap) since it was made.
 pub struct Pacer {
     rate: u64,
@@ -195,27 +262,35 @@ impl Pacer {
         }
     }
 
-    /// `n` more bytes were read: sleeps until the rate allows them.
-    pub fn took(&mut self, n: u64) {
+    /// `n` more bytes were read: how long to wait before the rate allows them.
+    pub fn took(&mut self, n: u64) -> Duration {
         self.bytes += n;
         if self.rate == 0 {
-            return;
+            return Duration::ZERO;
         }
         let due = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
-        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-            std::thread::sleep(wait);
-        }
+        due.saturating_sub(self.start.elapsed())
     }
 }
 
-/// Fetches `t` through the server's listener `edge`, reading its body at `pacer`'s rate and
-/// reporting each read's bytes to `progress`; the body bytes, or why it failed.
+/// Fetches `t` through the server's listener `edge`, reading its body at `pacer`'s rate
+/// (shared by the fetches of one prefill; the wait is slept outside its lock) and reporting
+/// each read's bytes to `progress`; the body bytes, or why it failed.
 pub fn fetch(
     edge: SocketAddr,
     t: &Target,
-    pacer: &mut Pacer,
+    pacer: &std::sync::Mutex<Pacer>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<u64, String> {
+    let pace = |n: u64| {
+        let wait = pacer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .took(n);
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    };
     let mut s = TcpStream::connect_timeout(&edge, REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(REQUEST_TIMEOUT))
         .and_then(|()| s.set_write_timeout(Some(REQUEST_TIMEOUT)))
@@ -257,7 +332,7 @@ pub fn fetch(
     });
     let mut got = (head.len() - body_start) as u64;
     progress(got);
-    pacer.took(got);
+    pace(got);
     loop {
         let n = s.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
@@ -265,7 +340,7 @@ pub fn fetch(
         }
         got += n as u64;
         progress(n as u64);
-        pacer.took(n as u64);
+        pace(n as u64);
     }
     match length {
         Some(l) if got != l => Err(format!("{got} of {l} bytes: the response was cut")),
@@ -319,19 +394,26 @@ mod tests {
     #[test]
     fn the_pacer_holds_the_rate_and_a_zero_rate_does_not_wait() {
         let mut free = Pacer::new(0);
-        let t = Instant::now();
-        free.took(1 << 30);
-        assert!(t.elapsed() < Duration::from_millis(100));
-        // 1 MB at 10 MB/s: at least 100 ms (a slower host only makes it later).
+        assert_eq!(free.took(1 << 30), Duration::ZERO);
+        // 1 MB at 10 MB/s: the last 100 kB may go 100 ms after the start, not before.
         let mut p = Pacer::new(10_000_000);
-        let t = Instant::now();
+        let mut wait = Duration::ZERO;
         for _ in 0..10 {
-            p.took(100_000);
+            wait = p.took(100_000);
         }
-        assert!(
-            t.elapsed() >= Duration::from_millis(99),
-            "{:?}",
-            t.elapsed()
-        );
+        let may_go = p.start.elapsed() + wait;
+        assert!(may_go >= Duration::from_millis(100), "{may_go:?}");
+    }
+
+    #[test]
+    fn pin_until_takes_unix_seconds_or_a_time_from_now() {
+        assert_eq!(parse_pin_until("1800000000", 5), Ok(1_800_000_000));
+        assert_eq!(parse_pin_until("+90s", 10), Ok(100));
+        assert_eq!(parse_pin_until("+2m", 0), Ok(120));
+        assert_eq!(parse_pin_until("+72h", 0), Ok(72 * 3600));
+        assert_eq!(parse_pin_until("+7d", 1), Ok(7 * 86_400 + 1));
+        for bad in ["", "+", "+5", "+5w", "tomorrow", "-5"] {
+            assert!(parse_pin_until(bad, 0).is_err(), "{bad}");
+        }
     }
 }

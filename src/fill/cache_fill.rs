@@ -264,6 +264,9 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     /// Per version, where its last few closed requests ended (their last byte): a closed
     /// request that starts right after one of them continues it (read-ahead past its end).
     recent_ends: HashMap<u64, RecentEnds>,
+    /// Versions pinned against eviction until a time (`shardline cache prefill --pin-until`):
+    /// version -> Unix seconds. In memory only: a restart keeps the objects, not the pins.
+    pinned_until: HashMap<u64, u64>,
     store: BlockStore,
     /// The journal, when this thread writes it (`cache_io`'s inline mode); None when the
     /// cache's I/O thread owns it.
@@ -685,6 +688,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             index,
             probes: HashMap::new(),
             recent_ends: HashMap::new(),
+            pinned_until: HashMap::new(),
             files: HashMap::new(),
             file_uses: 0,
             running: HashMap::new(),
@@ -939,6 +943,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             self.queue_unlink(version);
             self.retired.remove(&version);
             self.revalidate_after.remove(&version);
+            self.pinned_until.remove(&version);
+            self.recent_ends.remove(&version);
             if let Some(e) = self.evict.as_mut() {
                 e.remove(&version);
             }
@@ -2502,12 +2508,55 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             });
         }
         // The budget counts what is on disk: a range read of a huge object costs its blocks.
+        if !self.pinned_until.is_empty() {
+            self.release_expired_pins(unix_now_s());
+        }
         let stored = self.stored_bytes(version);
         let mut evicted = Vec::new();
         if let Some(e) = self.evict.as_mut() {
             e.resize(&version, stored, &mut evicted);
         }
         self.drop_versions(&evicted, true);
+    }
+
+    /// Pins `key`'s current version against eviction until `until_unix_s` (a later time
+    /// than a pin it has extends it). False when the key has no version yet.
+    pub fn pin_until(&mut self, key: &[u8], until_unix_s: u64) -> bool {
+        let Some(v) = self.index.current(key).map(|m| m.version) else {
+            return false;
+        };
+        match self.pinned_until.entry(v) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let t = o.get_mut();
+                *t = (*t).max(until_unix_s);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                if let Some(ev) = self.evict.as_mut() {
+                    ev.pin(&v);
+                }
+                e.insert(until_unix_s);
+            }
+        }
+        true
+    }
+
+    /// Versions pinned until a time now past become evictable again.
+    fn release_expired_pins(&mut self, now_unix_s: u64) {
+        if self.pinned_until.is_empty() {
+            return;
+        }
+        let expired: Vec<u64> = self
+            .pinned_until
+            .iter()
+            .filter(|&(_, &until)| until <= now_unix_s)
+            .map(|(&v, _)| v)
+            .collect();
+        for v in expired {
+            self.pinned_until.remove(&v);
+            if let Some(ev) = self.evict.as_mut() {
+                ev.unpin(&v);
+            }
+        }
     }
 
     /// Bytes of `version` on disk: its blocks present, at most its size.
@@ -2919,7 +2968,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
 }
 
 /// Now, in Unix seconds.
-pub(crate) fn unix_now_s() -> u64 {
+pub fn unix_now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -3074,6 +3123,35 @@ mod core_tests {
         let meta = core.index.current(b"\0\0k").cloned().unwrap();
         let r = core.read_ahead(&meta, 100 * B, 100 * B, 100 * B, true, true);
         assert_eq!(r.past_end, 32, "capped at cache_read_ahead_blocks");
+    }
+
+    #[test]
+    fn a_pin_until_a_time_keeps_a_version_until_then() {
+        let (mut core, _dir) = core_with(0..4);
+        core.evict = Some(S3Fifo::new(4 * B));
+        let mut ev = Vec::new();
+        core.evict.as_mut().unwrap().insert(1, 4 * B, &mut ev);
+        assert!(ev.is_empty());
+        assert!(!core.pin_until(b"\0\0none", 100), "no such key");
+        assert!(core.pin_until(b"\0\0k", 100));
+        assert!(
+            core.pin_until(b"\0\0k", 50),
+            "an earlier time keeps the later"
+        );
+        assert_eq!(core.pinned_until.get(&1), Some(&100));
+        core.release_expired_pins(99);
+        for v in 2..6 {
+            core.evict.as_mut().unwrap().insert(v, B, &mut ev);
+        }
+        assert!(!ev.contains(&1), "pinned: kept though over budget: {ev:?}");
+        assert_eq!(core.evict.as_ref().unwrap().pins(&1), 1);
+        core.release_expired_pins(100);
+        assert!(core.pinned_until.is_empty());
+        assert_eq!(
+            core.evict.as_ref().unwrap().pins(&1),
+            0,
+            "evictable once the time passed"
+        );
     }
 
     #[test]

@@ -290,6 +290,31 @@ impl SharedEdge {
         })
     }
 
+    /// Pins the object request target `path` (and `query`, under Host `host`) names against
+    /// eviction until `until_unix_s` (`FillCore::pin_until`); Ok(false) when it is not cached
+    /// yet, Err naming why it is none of the cache's.
+    pub fn pin_until(
+        &self,
+        path: &[u8],
+        query: Option<&[u8]>,
+        host: Option<&[u8]>,
+        until_unix_s: u64,
+    ) -> Result<bool, &'static str> {
+        let mut scratch = crate::fs::resolve::ResolveScratch::default();
+        let resolved = crate::fs::resolve::resolve_into(path, &mut scratch)
+            .map_err(|_| "the path does not resolve")?;
+        let origin = origin_for(&self.origins, &resolved, host)
+            .ok_or("no [[origin]] covers this path and host")?;
+        let key = super::route::cache_key(
+            origin,
+            resolved.rel_path,
+            query,
+            &self.origins[origin].key_query,
+        );
+        let mut core = super::cache_fill::lock(&self.core);
+        Ok(core.pin_until(&key, until_unix_s))
+    }
+
     /// Purges cached objects by request path (`/pull/a.bin`) or path prefix (`/pull/`):
     /// `FillCore::purge`. None when the path does not resolve (dot segments above the root,
     /// a NUL).
