@@ -111,6 +111,38 @@ log "lancache: cold pass, then warm"
 pass lc-cold "$LANCACHE_PORT"
 pass lc-warm "$LANCACHE_PORT"
 
+# Prefill: PREFILL_OBJECTS objects of 1 MiB at --rate PREFILL_RATE (pinned, so the trace's
+# objects cannot push them out), then the same list again: it must fetch nothing.
+PREFILL_OBJECTS=1000 PREFILL_RATE=200000000
+log "prefill: $PREFILL_OBJECTS objects of 1 MiB at $PREFILL_RATE B/s"
+mkdir -p "$WORK/origin/prefill"
+for ((i = 0; i < PREFILL_OBJECTS; i++)); do
+  echo "/prefill/o$i.bin"
+done >"$WORK/prefill.txt"
+"$LG" gen --path "$WORK/origin/prefill/o0.bin" --size $((1 << 20)) --seed 7 >/dev/null
+for ((i = 1; i < PREFILL_OBJECTS; i++)); do
+  ln "$WORK/origin/prefill/o0.bin" "$WORK/origin/prefill/o$i.bin"
+done
+prefill_run() { # NAME: one prefill of the list, its wall time and origin bytes in $WORK/NAME.txt
+  local o0 t0 t1
+  o0=$(fill_origin_body_bytes)
+  t0=$(date +%s.%N)
+  "$SL" cache prefill --admin "127.0.0.1:$ADMIN_PORT" --edge "127.0.0.1:$SL_PORT" \
+    --rate "$PREFILL_RATE" --pin-until +1h --json "$WORK/prefill.txt" >"$WORK/$1.json" 2>"$WORK/$1.err" ||
+    die "$1: prefill failed: $(tail -3 "$WORK/$1.err")"
+  t1=$(date +%s.%N)
+  sleep 1
+  {
+    echo "wall_s=$(calc "$t1 - $t0")"
+    echo "origin_bytes=$(($(fill_origin_body_bytes) - o0))"
+    echo "filled=$(grep -c '"filled"' "$WORK/$1.json" || true)"
+    echo "cached=$(grep -c '"cached"' "$WORK/$1.json" || true)"
+  } >"$WORK/$1.txt"
+  log "$1: $(tr '\n' ' ' <"$WORK/$1.txt")"
+}
+prefill_run prefill-1
+prefill_run prefill-2
+
 get() { kv "$WORK/$1.txt" "$2"; }
 UNIQUE=$(get sl-cold unique_bytes)
 wrong=0
@@ -143,6 +175,17 @@ gp_ratio=$(calc "$sl_gp / $lc_gp")
   printf '| wrong or failed responses (both passes) | %d | %d | 0 |\n' \
     "$(($(get sl-cold wrong_responses) + $(get sl-warm wrong_responses) + $(get sl-cold errors) + $(get sl-warm errors)))" \
     "$(($(get lc-cold wrong_responses) + $(get lc-warm wrong_responses) + $(get lc-cold errors) + $(get lc-warm errors)))"
+  echo
+  pf_bytes=$((PREFILL_OBJECTS << 20))
+  pf_rate=$(calc "$pf_bytes / $(get prefill-1 wall_s)")
+  echo "Prefill (\`shardline cache prefill --rate $PREFILL_RATE --pin-until +1h\`, $PREFILL_OBJECTS objects of 1 MiB, 8 at once, through the same relay):"
+  echo
+  echo "| run | objects filled / already cached | wall s | rate, B/s | of the cap | origin bytes |"
+  echo "|---|---|---|---|---|---|"
+  printf '| first | %d / %d | %.2f | %.0f | %.3f (target within 5%%) | %d |\n' "$(get prefill-1 filled)" "$(get prefill-1 cached)" \
+    "$(get prefill-1 wall_s)" "$pf_rate" "$(calc "$pf_rate / $PREFILL_RATE")" "$(get prefill-1 origin_bytes)"
+  printf '| second | %d / %d | %.2f | | | %d (target 0) |\n' "$(get prefill-2 filled)" "$(get prefill-2 cached)" \
+    "$(get prefill-2 wall_s)" "$(get prefill-2 origin_bytes)"
   echo
   echo "Per pass (bytes; useful = what the requests asked for):"
   echo
