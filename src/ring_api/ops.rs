@@ -103,6 +103,19 @@ pub trait RingOps {
         rw_flags: i32,
         token: u64,
     );
+    /// As `read_fixed` for background work (the scrub) at the idle I/O priority class: the
+    /// block layer's scheduler (mq-deadline, bfq) dispatches clients' reads first. Where the
+    /// ring has no priorities (the simulator), a plain read.
+    fn read_fixed_idle(
+        &mut self,
+        slot: ArenaSlot,
+        len: usize,
+        file: u32,
+        file_offset: u64,
+        token: u64,
+    ) {
+        self.read_fixed(slot, 0, len, file, file_offset, 0, token);
+    }
     /// Sends `len` bytes of arena slot `slot` from `offset` (MSG_DONTWAIT; SEND_ZC with
     /// `zerocopy`).
     #[allow(clippy::too_many_arguments)]

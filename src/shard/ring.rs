@@ -19,6 +19,9 @@ use io_uring::{opcode, squeue, types, IoUring};
 use crate::ring_api::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// Buffer group id of the provided-buffer ring used for receives.
+/// The idle I/O priority class (IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT): background reads
+/// the block layer's scheduler dispatches after every other class.
+const IOPRIO_IDLE: u16 = 3 << 13;
 const RECV_BUFFER_GROUP: u16 = 0;
 /// `RWF_DONTCACHE` (Linux 6.14+); the io-uring crate has no constant for it yet.
 pub const RWF_DONTCACHE: i32 = 0x80;
@@ -682,6 +685,24 @@ impl crate::ring_api::ops::RingOps for Ring {
         let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, buffer)
             .offset(file_offset)
             .rw_flags(rw_flags)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+    fn read_fixed_idle(
+        &mut self,
+        slot: ArenaSlot,
+        len: usize,
+        file: u32,
+        file_offset: u64,
+        token: u64,
+    ) {
+        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        let ptr = self.arena_ptr(slot, 0, len);
+        let buffer = self.arena.buffer_of[slot.index()];
+        let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, buffer)
+            .offset(file_offset)
+            .ioprio(IOPRIO_IDLE)
             .build()
             .user_data(token);
         self.push(e);

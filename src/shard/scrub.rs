@@ -161,8 +161,7 @@ impl<R: RingOps> Shard<R> {
             .min(self.ring.arena(slot).len());
         let fixed = self.ring.file_fixed_index(file);
         let t = Token::shard(Op::Scrub).encode();
-        self.ring
-            .read_fixed(slot, 0, len, fixed, block.offset, 0, t);
+        self.ring.read_fixed_idle(slot, len, fixed, block.offset, t);
         self.scrub.in_flight = Some(InFlight {
             slot,
             file,
