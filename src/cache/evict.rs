@@ -46,6 +46,10 @@ pub struct S3Fifo<K: Hash + Eq + Clone> {
     main: VecDeque<K>,
     small_bytes: u64,
     main_bytes: u64,
+    /// Bytes of the entries that hold a pin: when every byte held is pinned, nothing can go
+    /// and `evict` does not scan (a prefill pinning more than the budget would otherwise
+    /// make every block's arrival walk `EVICT_SCAN_MAX` entries).
+    pinned_bytes: u64,
     ghost: VecDeque<K>,
     ghost_set: HashSet<K>,
 }
@@ -60,6 +64,7 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
             main: VecDeque::new(),
             small_bytes: 0,
             main_bytes: 0,
+            pinned_bytes: 0,
             ghost: VecDeque::new(),
             ghost_set: HashSet::new(),
         }
@@ -139,6 +144,9 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
             Queue::Main => &mut self.main_bytes,
         };
         *total = *total - e.bytes + bytes;
+        if e.pins > 0 {
+            self.pinned_bytes = self.pinned_bytes - e.bytes + bytes;
+        }
         let grew = bytes > e.bytes;
         e.bytes = bytes;
         if grew {
@@ -149,7 +157,14 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
 
     /// A response began reading `key` (it must not be evicted until `unpin`).
     pub fn pin(&mut self, key: &K) -> bool {
-        self.entries.get_mut(key).map(|e| e.pins += 1).is_some()
+        let Some(e) = self.entries.get_mut(key) else {
+            return false;
+        };
+        if e.pins == 0 {
+            self.pinned_bytes += e.bytes;
+        }
+        e.pins += 1;
+        true
     }
 
     /// How many pins `key` holds (0 when not held).
@@ -162,6 +177,9 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
         if let Some(e) = self.entries.get_mut(key) {
             assert!(e.pins > 0, "unpinned more than pinned");
             e.pins -= 1;
+            if e.pins == 0 {
+                self.pinned_bytes -= e.bytes;
+            }
         }
     }
 
@@ -179,6 +197,9 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
             queue.remove(i);
         }
         *bytes -= e.bytes;
+        if e.pins > 0 {
+            self.pinned_bytes -= e.bytes;
+        }
         true
     }
 
@@ -186,7 +207,11 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
     /// it: a fill that cannot get space is passed through, not stored).
     fn evict(&mut self, evicted: &mut Vec<K>) {
         let mut scanned = 0;
-        while self.bytes() > self.budget_bytes && scanned < EVICT_SCAN_MAX {
+        debug_assert!(self.pinned_bytes <= self.bytes());
+        while self.bytes() > self.budget_bytes
+            && self.bytes() > self.pinned_bytes
+            && scanned < EVICT_SCAN_MAX
+        {
             scanned += 1;
             let small_over = self.small_bytes > self.budget_bytes / SMALL_QUEUE_DIVISOR;
             if (small_over || self.main.is_empty()) && !self.small.is_empty() {
@@ -314,6 +339,17 @@ mod tests {
         assert!(c.resize(&2, 20, &mut ev), "a shrink");
         assert_eq!(c.bytes(), 20);
         assert!(!c.resize(&9, 1, &mut ev), "not held");
+        // Pinned bytes are counted exactly: everything pinned and over budget, nothing goes.
+        assert_eq!(c.pinned_bytes, 20);
+        assert!(c.resize(&2, 150, &mut ev));
+        assert_eq!((c.pinned_bytes, c.bytes()), (150, 150));
+        c.pin(&2);
+        c.unpin(&2);
+        assert_eq!(c.pinned_bytes, 150, "still pinned once");
+        c.unpin(&2);
+        assert_eq!(c.pinned_bytes, 0);
+        c.insert(3, 10, &mut ev);
+        assert!(!c.contains(&2), "unpinned and over budget: it went");
     }
 
     #[test]
