@@ -1335,7 +1335,7 @@ fn a_byte_budget_evicts_whole_versions_and_they_are_fetched_again() {
     let journal = std::fs::read(cache.join("journal")).unwrap();
     let (index, _) = shardline::cache::journal::replay(&journal);
     assert_eq!(index.versions(), 1, "one object fits the budget");
-    let data_files = std::fs::read_dir(cache.join("data")).unwrap().count();
+    let data_files = data_files(&cache, 1);
     assert_eq!(data_files, 1, "evicted versions' files are gone");
 }
 

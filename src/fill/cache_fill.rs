@@ -837,7 +837,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 break;
             }
             let journal = self.journal.as_mut().expect("inline");
-            let done = cache_io::run(&mut outbox, journal, &self.store);
+            let store = &self.store;
+            let done = cache_io::run(&mut outbox, journal, store, &mut |v| {
+                cache_io::remove_version(store, v)
+            });
             self.io_done(done);
         }
         if self.compaction_due() {

@@ -116,9 +116,14 @@ impl IoShared {
 }
 
 /// Carries out `outbox` against `journal` and `store`: one append (synced) for all its
-/// records, then its creates, then its unlinks. Called by the I/O thread, or by the fill
-/// itself in `Mode::Inline`.
-pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -> Done {
+/// records, then its creates; its unlinks (their Drop records durable by then) go to
+/// `unlink`. Called by the I/O thread, or by the fill itself in `Mode::Inline`.
+pub fn run(
+    outbox: &mut Outbox,
+    journal: &mut JournalFile,
+    store: &BlockStore,
+    unlink: &mut dyn FnMut(u64),
+) -> Done {
     let records = outbox.records.len() as u64;
     let appended = if outbox.records.is_empty() {
         Ok(())
@@ -159,9 +164,7 @@ pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -
         }
     };
     for version in outbox.unlinks.drain(..) {
-        if let Err(e) = store.remove_version(version) {
-            tracing::warn!(version, error = %e, "removing a dropped version's data file");
-        }
+        unlink(version);
     }
     outbox.records.clear();
     Done {
@@ -171,6 +174,14 @@ pub fn run(outbox: &mut Outbox, journal: &mut JournalFile, store: &BlockStore) -
         opened,
         journal_bytes: journal.len(),
         shards: std::mem::take(&mut outbox.shards),
+    }
+}
+
+/// Removes dropped version `version`'s data file (a failure is logged: the space is lost
+/// until a restart's sweep, nothing else).
+pub fn remove_version(store: &BlockStore, version: u64) {
+    if let Err(e) = store.remove_version(version) {
+        tracing::warn!(version, error = %e, "removing a dropped version's data file");
     }
 }
 
@@ -194,9 +205,23 @@ pub fn spawn<W: Clone + PartialEq + Routed>(
     io: Arc<IoShared>,
     wakers: Arc<Vec<OwnedFd>>,
 ) -> std::io::Result<()> {
+    // Unlinks on a thread of their own: freeing a large file's extents takes milliseconds,
+    // and the journal's next sync (the blocks clients wait for) must not wait behind them.
+    let (unlinks, unlink_rx) = std::sync::mpsc::channel::<u64>();
+    let unlink_store = store.clone();
+    std::thread::Builder::new()
+        .name("cache-unlink".into())
+        .spawn(move || {
+            for version in unlink_rx {
+                remove_version(&unlink_store, version);
+            }
+        })?;
     std::thread::Builder::new()
         .name("cache-io".into())
         .spawn(move || {
+            let mut unlink = |v: u64| {
+                let _ = unlinks.send(v);
+            };
             let mut outbox = Outbox::default();
             let mut snapshot = Vec::new();
             loop {
@@ -212,7 +237,7 @@ pub fn spawn<W: Clone + PartialEq + Routed>(
                     if outbox.is_empty() {
                         break;
                     }
-                    let done = run(&mut outbox, &mut journal, &store);
+                    let done = run(&mut outbox, &mut journal, &store, &mut unlink);
                     let shards = done.shards;
                     io.done
                         .lock()
