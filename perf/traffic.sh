@@ -9,7 +9,9 @@
 # downloads, played by C keep-alive clients (default 16). Its catalogue (1.77 GB at scale 1)
 # is bigger than either cache (--cache-mib, default 1280); the bytes it asks for (1.0 GB)
 # fit. Each server gets a cold pass (empty cache), then a warm pass (the same trace again).
-# Every body byte is checked against the origin's.
+# Every body byte is checked against the origin's. Before the passes, `shardline cache
+# prefill` fills 1000 objects of 1 MiB at --rate 200 MB/s into a shardline of its own, twice
+# (the second run must fetch nothing).
 #
 #   perf/traffic.sh [--scale F] [--clients C] [--cache-mib M] [--delay-ms D] [--seed S]
 #                   [--kinds steam,riot,ps5,do,whole] [--out FILE]
@@ -73,6 +75,57 @@ mkdir -p "$MNT/cache" "$MNT/lancache" "$MNT/lancache-tmp" "$MNT/root"
 # lancache: its shipped nginx (a master with a cache manager, which enforces max_size).
 LANCACHE_MASTER=on LANCACHE_WORKERS=auto LANCACHE_MAX_SIZE="${CACHE_MIB}m" fill_setup
 
+# Prefill first, on a shardline of its own with an empty cache (so the passes' writes do not
+# share its disk): PREFILL_OBJECTS objects of 1 MiB at --rate PREFILL_RATE, pinned, then the
+# same list again: it must fetch nothing.
+PREFILL_OBJECTS=1000 PREFILL_RATE=200000000 PF_PORT=18086 PF_ADMIN_PORT=18087
+mkdir -p "$MNT/prefill-cache"
+cat >"$WORK/prefill.toml" <<EOF
+cache_dir = "$MNT/prefill-cache"
+cache_max_bytes = $CACHE_BYTES
+[[origin]]
+prefix = "/"
+url = "http://127.0.0.1:$RELAY_PORT"
+EOF
+"$SL" serve --root "$MNT/root" --listen "127.0.0.1:$PF_PORT" --config "$WORK/prefill.toml" \
+  --admin "127.0.0.1:$PF_ADMIN_PORT" >"$WORK/prefill-shardline.log" 2>&1 &
+PF_PID=$!
+PIDS+=("$PF_PID")
+wait_port "$PF_PORT" "$PF_PID" 20 || die "shardline (prefill) did not start: $(tail -3 "$WORK/prefill-shardline.log")"
+
+log "prefill: $PREFILL_OBJECTS objects of 1 MiB at $PREFILL_RATE B/s"
+mkdir -p "$WORK/origin/prefill"
+for ((i = 0; i < PREFILL_OBJECTS; i++)); do
+  echo "/prefill/o$i.bin"
+done >"$WORK/prefill.txt"
+"$LG" gen --path "$WORK/origin/prefill/o0.bin" --size $((1 << 20)) --seed 7 >/dev/null
+for ((i = 1; i < PREFILL_OBJECTS; i++)); do
+  ln "$WORK/origin/prefill/o0.bin" "$WORK/origin/prefill/o$i.bin"
+done
+prefill_run() { # NAME: one prefill of the list, its wall time and origin bytes in $WORK/NAME.txt
+  local o0 t0 t1
+  o0=$(fill_origin_body_bytes)
+  t0=$(date +%s.%N)
+  "$SL" cache prefill --admin "127.0.0.1:$PF_ADMIN_PORT" --edge "127.0.0.1:$PF_PORT" \
+    --rate "$PREFILL_RATE" --pin-until +1h --json "$WORK/prefill.txt" >"$WORK/$1.json" 2>"$WORK/$1.err" ||
+    die "$1: prefill failed: $(tail -3 "$WORK/$1.err")"
+  t1=$(date +%s.%N)
+  sleep 1
+  {
+    echo "wall_s=$(calc "$t1 - $t0")"
+    echo "origin_bytes=$(($(fill_origin_body_bytes) - o0))"
+    echo "filled=$(grep -c '"filled"' "$WORK/$1.json" || true)"
+    echo "cached=$(grep -c '"cached"' "$WORK/$1.json" || true)"
+  } >"$WORK/$1.txt"
+  log "$1: $(tr '\n' ' ' <"$WORK/$1.txt")"
+}
+prefill_run prefill-1
+prefill_run prefill-2
+kill "$PF_PID"
+wait "$PF_PID" 2>/dev/null || true
+rm -rf "$MNT/prefill-cache"
+
+
 SL_PORT=18084 ADMIN_PORT=18085
 cat >"$WORK/shardline.toml" <<EOF
 cache_dir = "$MNT/cache"
@@ -111,38 +164,6 @@ log "lancache: cold pass, then warm"
 pass lc-cold "$LANCACHE_PORT"
 pass lc-warm "$LANCACHE_PORT"
 
-# Prefill: PREFILL_OBJECTS objects of 1 MiB at --rate PREFILL_RATE (pinned, so the trace's
-# objects cannot push them out), then the same list again: it must fetch nothing.
-PREFILL_OBJECTS=1000 PREFILL_RATE=200000000
-log "prefill: $PREFILL_OBJECTS objects of 1 MiB at $PREFILL_RATE B/s"
-mkdir -p "$WORK/origin/prefill"
-for ((i = 0; i < PREFILL_OBJECTS; i++)); do
-  echo "/prefill/o$i.bin"
-done >"$WORK/prefill.txt"
-"$LG" gen --path "$WORK/origin/prefill/o0.bin" --size $((1 << 20)) --seed 7 >/dev/null
-for ((i = 1; i < PREFILL_OBJECTS; i++)); do
-  ln "$WORK/origin/prefill/o0.bin" "$WORK/origin/prefill/o$i.bin"
-done
-prefill_run() { # NAME: one prefill of the list, its wall time and origin bytes in $WORK/NAME.txt
-  local o0 t0 t1
-  o0=$(fill_origin_body_bytes)
-  t0=$(date +%s.%N)
-  "$SL" cache prefill --admin "127.0.0.1:$ADMIN_PORT" --edge "127.0.0.1:$SL_PORT" \
-    --rate "$PREFILL_RATE" --pin-until +1h --json "$WORK/prefill.txt" >"$WORK/$1.json" 2>"$WORK/$1.err" ||
-    die "$1: prefill failed: $(tail -3 "$WORK/$1.err")"
-  t1=$(date +%s.%N)
-  sleep 1
-  {
-    echo "wall_s=$(calc "$t1 - $t0")"
-    echo "origin_bytes=$(($(fill_origin_body_bytes) - o0))"
-    echo "filled=$(grep -c '"filled"' "$WORK/$1.json" || true)"
-    echo "cached=$(grep -c '"cached"' "$WORK/$1.json" || true)"
-  } >"$WORK/$1.txt"
-  log "$1: $(tr '\n' ' ' <"$WORK/$1.txt")"
-}
-prefill_run prefill-1
-prefill_run prefill-2
-
 get() { kv "$WORK/$1.txt" "$2"; }
 UNIQUE=$(get sl-cold unique_bytes)
 wrong=0
@@ -178,7 +199,7 @@ gp_ratio=$(calc "$sl_gp / $lc_gp")
   echo
   pf_bytes=$((PREFILL_OBJECTS << 20))
   pf_rate=$(calc "$pf_bytes / $(get prefill-1 wall_s)")
-  echo "Prefill (\`shardline cache prefill --rate $PREFILL_RATE --pin-until +1h\`, $PREFILL_OBJECTS objects of 1 MiB, 8 at once, through the same relay):"
+  echo "Prefill (\`shardline cache prefill --rate $PREFILL_RATE --pin-until +1h\`, $PREFILL_OBJECTS objects of 1 MiB, 8 at once, through the same relay, into an empty cache of a shardline of its own, before the passes):"
   echo
   echo "| run | objects filled / already cached | wall s | rate, B/s | of the cap | origin bytes |"
   echo "|---|---|---|---|---|---|"
