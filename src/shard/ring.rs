@@ -692,14 +692,13 @@ impl crate::ring_api::ops::RingOps for Ring {
     fn read_fixed_idle(
         &mut self,
         slot: ArenaSlot,
-        buf_offset: usize,
         len: usize,
         file: u32,
         file_offset: u64,
         token: u64,
     ) {
         assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
-        let ptr = self.arena_ptr(slot, buf_offset, len);
+        let ptr = self.arena_ptr(slot, 0, len);
         let buffer = self.arena.buffer_of[slot.index()];
         let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, buffer)
             .offset(file_offset)

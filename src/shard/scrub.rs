@@ -20,10 +20,6 @@ const SCRUB_READ_ALIGN: usize = 4096;
 /// Bytes of a read block the scrub checksums per loop tick: a whole block at once would hold
 /// the shard for tens of microseconds, a client's request behind it.
 pub const SCRUB_CHECK_STEP_BYTES: usize = 16 * 1024;
-/// Bytes the scrub reads at once: a block is read in pieces, so a client's read that the
-/// disk queues behind one waits for 64 KiB, not a whole block (a read already dispatched to
-/// the device is not preempted by the idle priority class).
-pub const SCRUB_READ_BYTES: usize = 64 * 1024;
 
 /// How long (µs) the scrub's `len` bytes take at `rate` bytes/s. A rate turned off meanwhile
 /// (a reload) paces nothing: the scrub starts at once when it is turned on again, instead of
@@ -32,17 +28,12 @@ fn pace_us(len: usize, rate: u64) -> u64 {
     (len as u64 * 1_000_000).checked_div(rate).unwrap_or(0)
 }
 
-/// The block being read (a piece in flight) or checked.
+/// The read in flight (or being checked).
 struct InFlight {
     slot: ArenaSlot,
     file: FileSlot,
     version: u64,
     block: ScrubBlock,
-    /// The piece read last (or in flight): its offset in the block and its length.
-    read_at: usize,
-    read_len: usize,
-    /// Bytes the block's reads take (its length rounded up to `SCRUB_READ_ALIGN`).
-    read_total: usize,
 }
 
 /// Where the scrub is in its pass over the cache.
@@ -56,11 +47,9 @@ pub(super) struct Scrub {
     pass_done: u64,
     pass_blocks: u64,
     in_flight: Option<InFlight>,
-    /// A piece that was read, being checksummed a step per tick: the block, and the bytes
-    /// of it in hand (or the errno of a read that failed).
-    checking: Option<(InFlight, i32)>,
-    /// The block's bytes checksummed so far, and their CRC.
-    checked: (usize, u32),
+    /// A read that completed, being checksummed a step per tick: the read, its result, the
+    /// bytes checked so far and their CRC.
+    checking: Option<(InFlight, i32, usize, u32)>,
     /// No read starts before this (the rate's pacing, or stepping aside), ms of the shard
     /// clock.
     next_at_ms: u64,
@@ -166,33 +155,19 @@ impl<R: RingOps> Shard<R> {
             self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
             return;
         };
-        let read_total = block
+        let len = block
             .len
             .next_multiple_of(SCRUB_READ_ALIGN)
             .min(self.ring.arena(slot).len());
-        self.scrub.checked = (0, 0);
-        self.scrub_read_piece(InFlight {
+        let fixed = self.ring.file_fixed_index(file);
+        let t = Token::shard(Op::Scrub).encode();
+        self.ring.read_fixed_idle(slot, len, fixed, block.offset, t);
+        self.scrub.in_flight = Some(InFlight {
             slot,
             file,
             version,
             block,
-            read_at: 0,
-            read_len: 0,
-            read_total,
         });
-    }
-
-    /// Reads the block's next piece (the one after the piece read last).
-    fn scrub_read_piece(&mut self, mut f: InFlight) {
-        f.read_at += f.read_len;
-        f.read_len = SCRUB_READ_BYTES.min(f.read_total - f.read_at);
-        assert!(f.read_len > 0, "a scrub read past its block");
-        let fixed = self.ring.file_fixed_index(f.file);
-        let t = Token::shard(Op::Scrub).encode();
-        let at = f.block.offset + f.read_at as u64;
-        self.ring
-            .read_fixed_idle(f.slot, f.read_at, f.read_len, fixed, at, t);
-        self.scrub.in_flight = Some(f);
     }
 
     /// The scrub's read completed with `res`: the block is checked from the next tick on.
@@ -203,35 +178,23 @@ impl<R: RingOps> Shard<R> {
             .take()
             .expect("a scrub completion without a scrub read");
         self.ring.arena_done(f.slot);
-        // The bytes of the block in hand; a piece that came short ends the block's reads
-        // (it is judged with what was read), an error keeps its errno.
-        let res = match usize::try_from(res) {
-            Ok(n) => (f.read_at + n.min(f.read_len)) as i32,
-            Err(_) => res,
-        };
-        self.scrub.checking = Some((f, res));
+        self.scrub.checking = Some((f, res, 0, 0));
     }
 
-    /// Checksums the next `SCRUB_CHECK_STEP_BYTES` of the piece being checked; then reads the
-    /// block's next piece, or, at the block's end (or a read that failed), judges it: a bad
-    /// block is dropped, and the slot and file go back.
+    /// Checksums the next `SCRUB_CHECK_STEP_BYTES` of the read being checked; at its end, a
+    /// bad block is dropped, and the slot and file go back.
     fn scrub_check_step(&mut self) {
-        let (f, res) = self.scrub.checking.take().expect("checked by the caller");
-        let (at, crc) = self.scrub.checked;
-        let pieces_whole = usize::try_from(res).is_ok_and(|n| n == f.read_at + f.read_len);
-        if !pieces_whole {
-            return self.scrub_checked(f, res, crc);
-        }
-        let readable = (f.read_at + f.read_len).min(f.block.len);
-        if at < readable {
-            let end = (at + SCRUB_CHECK_STEP_BYTES).min(readable);
+        let (f, res, at, crc) = self.scrub.checking.take().expect("checked by the caller");
+        let len = f.block.len;
+        let read_whole = usize::try_from(res).is_ok_and(|n| n >= len);
+        if read_whole && at < len {
+            let end = (at + SCRUB_CHECK_STEP_BYTES).min(len);
             let crc = crate::cache::checksum_append(crc, &self.ring.arena(f.slot)[at..end]);
-            self.scrub.checked = (end, crc);
-            self.scrub.checking = Some((f, res));
-            return;
-        }
-        if f.read_at + f.read_len < f.read_total {
-            return self.scrub_read_piece(f);
+            if end < len {
+                self.scrub.checking = Some((f, res, end, crc));
+                return;
+            }
+            return self.scrub_checked(f, res, crc);
         }
         self.scrub_checked(f, res, crc);
     }
