@@ -704,11 +704,8 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
     let mut todo = Vec::new();
     let mut cached = Vec::new();
     for t in targets {
-        let (path, q) = match t.target.split_once('?') {
-            Some((p, q)) => (p.as_bytes(), Some(q.as_bytes())),
-            None => (t.target.as_bytes(), None),
-        };
-        match edge.object_state(path, q, t.host.as_deref().map(str::as_bytes)) {
+        let (path, q, host) = t.parts();
+        match edge.object_state(path, q, host) {
             Ok(s) if s.cached => cached.push(t),
             Ok(_) => todo.push(t),
             Err(why) => errors.push(format!("line {}: {}: {why}", t.line, t.target)),
@@ -771,11 +768,8 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
         };
         let pin = |t: &prefill::Target| {
             let Some(until) = pin_until else { return };
-            let (path, q) = match t.target.split_once('?') {
-                Some((p, q)) => (p.as_bytes(), Some(q.as_bytes())),
-                None => (t.target.as_bytes(), None),
-            };
-            let _ = edge.pin_until(path, q, t.host.as_deref().map(str::as_bytes), until);
+            let (path, q, host) = t.parts();
+            let _ = edge.pin_until(path, q, host, until);
         };
         cached.iter().for_each(pin);
         let todo_refs: Vec<&prefill::Target> = todo.iter().collect();

@@ -306,14 +306,7 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
         (Some(a), Some(e), _) => (a, e),
         (_, _, Some(cfg)) => match Config::from_file(cfg) {
             Ok(c) => match c.admin_addr() {
-                Ok(Some(a)) => {
-                    // A wildcard listen address is reached on loopback.
-                    let mut e = c.listen;
-                    if e.ip().is_unspecified() {
-                        e.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-                    }
-                    (a, e)
-                }
+                Ok(Some(a)) => (a, shardline::server::loopback_if_unspecified(c.listen)),
                 Ok(None) => {
                     return fail(&format!("{} turns the admin listener off", cfg.display()))
                 }

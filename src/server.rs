@@ -869,7 +869,7 @@ fn reload(
 }
 
 /// `addr`, reached on loopback when it is a wildcard (what a local client connects to).
-fn loopback_if_unspecified(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
+pub fn loopback_if_unspecified(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr {
             std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),

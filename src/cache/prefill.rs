@@ -36,6 +36,17 @@ pub struct Target {
     pub target: String,
 }
 
+impl Target {
+    /// Its path, its query and its Host, as a client's request carries them.
+    pub fn parts(&self) -> (&[u8], Option<&[u8]>, Option<&[u8]>) {
+        let (path, query) = match self.target.split_once('?') {
+            Some((p, q)) => (p.as_bytes(), Some(q.as_bytes())),
+            None => (self.target.as_bytes(), None),
+        };
+        (path, query, self.host.as_deref().map(str::as_bytes))
+    }
+}
+
 /// Parses the list; Err holds one message per bad line, each naming it.
 pub fn parse_list(text: &str) -> Result<Vec<Target>, Vec<String>> {
     let mut targets = Vec::new();

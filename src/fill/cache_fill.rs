@@ -1880,45 +1880,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         // The first missing block is what the waiter waits on; the rest are fetched for
         // nobody in particular (the waiter asks again when it is woken).
-        let mut waited = false;
-        let mut to_fetch = Vec::new();
-        for b in merged.iter().flat_map(|r| r.clone()) {
-            if present(b) {
-                continue;
-            }
-            let w = (!waited).then(|| waiter.clone());
-            let is_waiter = w.is_some();
-            if !is_waiter && self.blocks.fetching(&(v, b as u32)) {
-                continue;
-            }
-            match self.blocks.want((v, b as u32), w) {
-                Ask::Fetch => {
-                    self.waits_started += u64::from(is_waiter);
-                    to_fetch.push(b);
-                }
-                Ask::Wait => self.waits_joined += u64::from(is_waiter),
-                Ask::PassThrough if is_waiter => return Outcome::Busy,
-                Ask::PassThrough => continue,
-            }
-            waited |= is_waiter;
-        }
-        for span in merged {
-            for run in missing_runs(span, |b| !to_fetch.contains(&b), self.cfg.max_run_blocks) {
-                self.queue.push_back(Job {
-                    key: key.to_vec(),
-                    origin,
-                    path: path.to_owned(),
-                    version: v,
-                    first: run.start as u32,
-                    last: (run.end - 1) as u32,
-                    probe: false,
-                    revalidate: false,
-                    not_before_ms: 0,
-                    committed: Vec::new(),
-                    pinned: false,
-                    shard,
-                });
-            }
+        if !self.ask_missing(key, origin, path, v, &merged, &|_| true, &waiter, shard) {
+            return Outcome::Busy;
         }
         Outcome::Waiting
     }
@@ -2004,16 +1967,43 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         // The first missing block this waiter needs is what it waits on; the others of its
         // range and the read-ahead are fetched for nobody in particular.
+        let needed = |b: u64| need.contains(&b);
+        if !self.ask_missing(key, origin, path, v, &[ahead], &needed, &waiter, shard) {
+            return Outcome::Busy;
+        }
+        if ready {
+            Outcome::Ready(v)
+        } else {
+            Outcome::Waiting
+        }
+    }
+
+    /// Asks for the blocks of `spans` of version `v` that are not on disk: the first one
+    /// `needed` is what `waiter` waits on, the others are fetched for nobody in particular
+    /// (one already coming is left alone), and the blocks to fetch are queued in runs. False
+    /// when the waiter's block is being passed through (the want is `Busy`).
+    #[allow(clippy::too_many_arguments)]
+    fn ask_missing(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        v: u64,
+        spans: &[std::ops::Range<u64>],
+        needed: &dyn Fn(u64) -> bool,
+        waiter: &W,
+        shard: usize,
+    ) -> bool {
         let mut waited = false;
         let mut to_fetch = Vec::new();
-        for b in ahead.clone() {
-            if present(b) {
+        for b in spans.iter().flat_map(|r| r.clone()) {
+            if self.index.block_crc(v, b as u32).is_some() {
                 continue;
             }
-            let w = (!waited && need.contains(&b)).then(|| waiter.clone());
+            let w = (!waited && needed(b)).then(|| waiter.clone());
             let is_waiter = w.is_some();
             if !is_waiter && self.blocks.fetching(&(v, b as u32)) {
-                // Read-ahead already under way: nobody to add to its list.
+                // Already under way: nobody to add to its list.
                 continue;
             }
             match self.blocks.want((v, b as u32), w) {
@@ -2022,34 +2012,35 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     to_fetch.push(b);
                 }
                 Ask::Wait => self.waits_joined += u64::from(is_waiter),
-                Ask::PassThrough if is_waiter => return Outcome::Busy,
+                Ask::PassThrough if is_waiter => return false,
                 Ask::PassThrough => continue,
             }
             waited |= is_waiter;
         }
-        let runs = missing_runs(ahead, |b| !to_fetch.contains(&b), self.cfg.max_run_blocks);
-        for run in runs {
-            let job = Job {
-                key: key.to_vec(),
-                origin,
-                path: path.to_owned(),
-                version: v,
-                first: run.start as u32,
-                last: (run.end - 1) as u32,
-                probe: false,
-                revalidate: false,
-                not_before_ms: 0,
-                committed: Vec::new(),
-                pinned: false,
-                shard,
-            };
-            self.queue.push_back(job);
+        for span in spans {
+            let runs = missing_runs(
+                span.clone(),
+                |b| !to_fetch.contains(&b),
+                self.cfg.max_run_blocks,
+            );
+            for run in runs {
+                self.queue.push_back(Job {
+                    key: key.to_vec(),
+                    origin,
+                    path: path.to_owned(),
+                    version: v,
+                    first: run.start as u32,
+                    last: (run.end - 1) as u32,
+                    probe: false,
+                    revalidate: false,
+                    not_before_ms: 0,
+                    committed: Vec::new(),
+                    pinned: false,
+                    shard,
+                });
+            }
         }
-        if ready {
-            Outcome::Ready(v)
-        } else {
-            Outcome::Waiting
-        }
+        true
     }
 
     /// How far a want may fetch past the block of byte `first`, by the context the way the

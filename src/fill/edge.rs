@@ -254,15 +254,14 @@ impl SharedEdge {
 }
 
 impl SharedEdge {
-    /// What the cache holds of request target `path` (and `query`) under Host `host`, as a
-    /// client's request would find it; Err names why it is none of the cache's (no
-    /// `[[origin]]` covers it, or it does not resolve). For `shardline cache prefill`.
-    pub fn object_state(
+    /// The `[[origin]]` entry and cache key a client's request for `path` (and `query`) under
+    /// Host `host` would have; Err names why it is none of the cache's.
+    fn key_of(
         &self,
         path: &[u8],
         query: Option<&[u8]>,
         host: Option<&[u8]>,
-    ) -> Result<ObjectState, &'static str> {
+    ) -> Result<(usize, Vec<u8>), &'static str> {
         let mut scratch = crate::fs::resolve::ResolveScratch::default();
         let resolved = crate::fs::resolve::resolve_into(path, &mut scratch)
             .map_err(|_| "the path does not resolve")?;
@@ -274,6 +273,19 @@ impl SharedEdge {
             query,
             &self.origins[origin].key_query,
         );
+        Ok((origin, key))
+    }
+
+    /// What the cache holds of request target `path` (and `query`) under Host `host`, as a
+    /// client's request would find it; Err names why it is none of the cache's (no
+    /// `[[origin]]` covers it, or it does not resolve). For `shardline cache prefill`.
+    pub fn object_state(
+        &self,
+        path: &[u8],
+        query: Option<&[u8]>,
+        host: Option<&[u8]>,
+    ) -> Result<ObjectState, &'static str> {
+        let (origin, key) = self.key_of(path, query, host)?;
         let core = super::cache_fill::lock(&self.core);
         let index = core.index();
         Ok(match index.current(&key) {
@@ -300,17 +312,7 @@ impl SharedEdge {
         host: Option<&[u8]>,
         until_unix_s: u64,
     ) -> Result<bool, &'static str> {
-        let mut scratch = crate::fs::resolve::ResolveScratch::default();
-        let resolved = crate::fs::resolve::resolve_into(path, &mut scratch)
-            .map_err(|_| "the path does not resolve")?;
-        let origin = origin_for(&self.origins, &resolved, host)
-            .ok_or("no [[origin]] covers this path and host")?;
-        let key = super::route::cache_key(
-            origin,
-            resolved.rel_path,
-            query,
-            &self.origins[origin].key_query,
-        );
+        let (_, key) = self.key_of(path, query, host)?;
         let mut core = super::cache_fill::lock(&self.core);
         Ok(core.pin_until(&key, until_unix_s))
     }
