@@ -5,9 +5,7 @@
 
 use std::ops::Range;
 
-/// Most blocks `cache_read_ahead_blocks` may ask for past a request (64 MiB in 256 KiB blocks:
-/// four origin requests of `fill::edge::RUN_BLOCKS`).
-pub const MAX_READ_AHEAD_BLOCKS: u64 = 256;
+pub use crate::config::MAX_READ_AHEAD_BLOCKS;
 
 /// Blocks (numbers) that bytes `first..=last` of an object of `size` bytes in blocks of
 /// `block_bytes` touch, and up to `read_ahead` blocks after them (never past the end).

@@ -5,71 +5,8 @@
 
 use std::collections::HashMap;
 
-use super::journal::{
-    Invalid, Record, MAX_BLOCKS_PER_OBJECT, MAX_BLOCK_BYTES, MAX_FIELD_BYTES, MAX_KEY_BYTES,
-    MIN_BLOCK_BYTES,
-};
-
-/// One version of a cached object: what the origin said about it, and how it is stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObjectVersion {
-    /// The cache key (origin and path).
-    pub key: Vec<u8>,
-    /// This version's id, unique on this edge (blocks and the data file name it).
-    pub version: u64,
-    /// The object's size in bytes.
-    pub size: u64,
-    /// The block size it is stored in (its own: changing `cache_block_bytes` later
-    /// invalidates nothing).
-    pub block_bytes: u32,
-    /// When it was fetched or last revalidated (Unix seconds).
-    pub fetched_unix_s: u64,
-    /// The origin's ETag ("" if none).
-    pub etag: String,
-    /// The origin's Last-Modified ("" if none).
-    pub last_modified: String,
-    /// The origin's Content-Type ("" if none).
-    pub content_type: String,
-}
-
-impl ObjectVersion {
-    /// Blocks the object spans.
-    pub fn blocks(&self) -> u64 {
-        self.size.div_ceil(u64::from(self.block_bytes))
-    }
-
-    /// The bounds every stored version keeps: a key of 1 to `MAX_KEY_BYTES`, fields within
-    /// `MAX_FIELD_BYTES`, a power-of-two block size in range, and not more blocks than
-    /// `MAX_BLOCKS_PER_OBJECT`. The one rule the writer checks before it journals a version
-    /// and replay checks when it reads one back, so nothing written is ever refused later.
-    pub fn validate(&self) -> Result<(), Invalid> {
-        if self.key.is_empty() || self.key.len() > MAX_KEY_BYTES {
-            return Err(Invalid::KeyLength(self.key.len()));
-        }
-        let longest = [&self.etag, &self.last_modified, &self.content_type]
-            .iter()
-            .map(|f| f.len())
-            .max()
-            .unwrap_or(0);
-        if longest > MAX_FIELD_BYTES {
-            return Err(Invalid::FieldLength(longest));
-        }
-        if !self.block_bytes.is_power_of_two()
-            || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
-        {
-            return Err(Invalid::BlockBytes(self.block_bytes));
-        }
-        if self.blocks() > MAX_BLOCKS_PER_OBJECT {
-            return Err(Invalid::Blocks(self.blocks()));
-        }
-        Ok(())
-    }
-
-    /// Whether `validate` passes.
-    pub fn is_valid(&self) -> bool {
-        self.validate().is_ok()
-    }
-}
+pub use super::record::ObjectVersion;
+use super::record::Record;
 
 /// Blocks a page of a `BlockTable` covers at most.
 const PAGE_BLOCKS: u32 = 256;

@@ -36,6 +36,7 @@ pub mod index;
 pub mod journal;
 pub mod journal_file;
 pub mod prefill;
+pub mod record;
 pub mod store;
 pub mod tool;
 pub mod watch;

@@ -1667,27 +1667,35 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     }
 }
 
-/// Whether the I/O thread should compact a journal of `journal_bytes` now, judged from what
-/// the shards published (no lock).
-pub(super) fn compaction_due_at<W: Clone + PartialEq + Routed>(
-    core: &Mutex<FillCore<W>>,
-    journal_bytes: u64,
-) -> bool {
-    if journal_bytes < COMPACT_MIN_BYTES {
-        return false;
-    }
-    let live = match core.try_lock() {
-        Ok(c) => {
-            if c.compacting || journal_bytes < c.cfg.compact_min_bytes {
-                return false;
-            }
-            c.signals.live_bytes.load(Ordering::Relaxed)
+/// The I/O thread's view of the shared core: it compacts the journal when dead records pass
+/// `COMPACT_DEAD_PERCENT`, judged from what the shards published, and takes the lock only to
+/// encode the live index.
+impl<W: Clone + PartialEq + Routed> cache_io::Compactable for Mutex<FillCore<W>> {
+    fn compaction_due(&self, journal_bytes: u64) -> bool {
+        if journal_bytes < COMPACT_MIN_BYTES {
+            return false;
         }
-        // Busy: asked again after the next batch.
-        Err(_) => return false,
-    };
-    let dead = journal_bytes.saturating_sub(live);
-    dead * 100 > journal_bytes * COMPACT_DEAD_PERCENT
+        let live = match self.try_lock() {
+            Ok(c) => {
+                if c.compacting || journal_bytes < c.cfg.compact_min_bytes {
+                    return false;
+                }
+                c.signals.live_bytes.load(Ordering::Relaxed)
+            }
+            // Busy: asked again after the next batch.
+            Err(_) => return false,
+        };
+        let dead = journal_bytes.saturating_sub(live);
+        dead * 100 > journal_bytes * COMPACT_DEAD_PERCENT
+    }
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        lock(self).snapshot(out);
+    }
+
+    fn compacted(&self, result: std::io::Result<()>, journal_bytes: u64) {
+        lock(self).compacted(result, journal_bytes);
+    }
 }
 
 /// The shared lock, taken by shard `shard` (the records it queues are its to settle).

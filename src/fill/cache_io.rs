@@ -16,7 +16,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use super::cache_fill::{FillCore, Routed};
 use crate::cache::journal::Record;
 use crate::cache::journal_file::JournalFile;
 use crate::cache::store::BlockStore;
@@ -24,6 +23,17 @@ use crate::cache::store::BlockStore;
 /// How long the thread sleeps between looks at whether its cache still exists (its eventfd
 /// wakes it for work at once).
 const IDLE_POLL_MS: i32 = 500;
+
+/// The index the I/O thread journals for, as the thread sees it (the fill's shared core
+/// implements it): when to compact the journal, and a snapshot of what is live.
+pub trait Compactable: Send + Sync + 'static {
+    /// Whether a journal of `journal_bytes` should be compacted now (never waits for a lock).
+    fn compaction_due(&self, journal_bytes: u64) -> bool;
+    /// Encodes every live record into `out`; the compaction has begun.
+    fn snapshot(&self, out: &mut Vec<u8>);
+    /// The compaction's outcome and the journal's length after it.
+    fn compacted(&self, result: std::io::Result<()>, journal_bytes: u64);
+}
 
 /// What the fill has queued for the I/O thread.
 #[derive(Debug, Default)]
@@ -198,8 +208,8 @@ pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()
 /// Starts the I/O thread for `core`, owning `journal`: it takes the shards' batches from
 /// `io`, and wakes through `wakers` the shards that queued each. It ends when the core is
 /// gone.
-pub fn spawn<W: Clone + PartialEq + Routed>(
-    core: Weak<Mutex<FillCore<W>>>,
+pub fn spawn<C: Compactable>(
+    core: Weak<C>,
     mut journal: JournalFile,
     store: BlockStore,
     io: Arc<IoShared>,
@@ -252,11 +262,11 @@ pub fn spawn<W: Clone + PartialEq + Routed>(
                 }
                 // A compaction is decided from what the shards published (`Signals`), and
                 // takes the fill's lock only to encode the live index.
-                if super::cache_fill::compaction_due_at(&core, journal.len()) {
-                    super::cache_fill::lock(&core).snapshot(&mut snapshot);
+                if core.compaction_due(journal.len()) {
+                    core.snapshot(&mut snapshot);
                     let result = compact(&mut journal, &snapshot);
                     snapshot.clear();
-                    super::cache_fill::lock(&core).compacted(result, journal.len());
+                    core.compacted(result, journal.len());
                 }
             }
         })?;

@@ -13,12 +13,13 @@
 //! framing, zeros) are rendered by [`ResponsePlan::render`] straight into a caller's slice, so
 //! no part owns a buffer of its own.
 
-use crate::config::DIAG_ZERO_MAX_BYTES;
 use crate::http::conditional::{self, Conditions, Precondition, Validators};
 use crate::http::range::{parse_range, ByteRange, RangeOutcome};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Boundary, ByteCounter, ContentRange, Head, Sink, SliceSink};
 
+/// Largest body the network-only diagnostic endpoint will generate.
+pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
 /// Path of the network-only diagnostic endpoint (`GET /__shardline/zero?bytes=N`).
 pub const DIAG_ZERO_PATH: &[u8] = b"/__shardline/zero";
 

@@ -16,32 +16,7 @@ pub struct RateSpec {
     pub after_bytes: u64,
 }
 
-/// Most `[[rate_limit]]` rules.
-pub const MAX_RATE_LIMIT_RULES: usize = 64;
-
-/// One `[[rate_limit]]` entry: responses under a path prefix get their own rate (for example
-/// a slower one for a beta channel), in place of `limit_rate_bytes_per_s`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrefixRate {
-    /// Canonical path prefix the rule covers (starts with `/`; `/beta/` covers `/beta/x`).
-    pub prefix: String,
-    /// Bytes per second of each response under the prefix; 0 = not limited.
-    pub rate_bytes_per_s: u64,
-    /// Bytes each response sends at full speed first.
-    #[serde(default)]
-    pub after_bytes: u64,
-}
-
-impl PrefixRate {
-    /// Checks the entry's own shape.
-    pub fn validate(&self) -> Result<(), String> {
-        if !self.prefix.starts_with('/') {
-            return Err(format!("prefix '{}' must start with '/'", self.prefix));
-        }
-        Ok(())
-    }
-}
+pub use crate::config::rules::{PrefixRate, MAX_RATE_LIMIT_RULES};
 
 /// The rate of a response for `path`: the longest covering `[[rate_limit]]` prefix's, else
 /// `default` (the server-wide `limit_rate_bytes_per_s`).

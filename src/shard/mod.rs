@@ -15,7 +15,6 @@ mod handshakes;
 pub mod header_buffers;
 pub mod intrusive;
 pub mod machine;
-pub mod missing;
 mod pass_glue;
 mod reload;
 mod respond;

@@ -18,65 +18,11 @@ use base64::Engine as _;
 use crate::fs::resolve::ResolvedRef;
 use crate::http::request::query_param;
 
+pub use crate::config::rules::{RuleConfig, MAX_SIGNED_URL_RULES};
 pub use keys::KeyRing;
 
-/// Most `[[signed_url]]` rules.
-pub const MAX_SIGNED_URL_RULES: usize = 64;
 /// Longest query string looked at for the signing parameters.
 pub const MAX_QUERY_BYTES: usize = 4096;
-
-/// One `[[signed_url]]` entry of the configuration.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleConfig {
-    /// Canonical path prefix the rule covers (starts with `/`; `/beta/` covers `/beta/x`).
-    pub prefix: String,
-    /// The key file: lines of `KEY_ID HEX_SECRET` (at least 32 bytes), `#` comments.
-    pub key_file: PathBuf,
-    /// Query parameter holding the expiry (Unix seconds).
-    #[serde(default = "default_expires_param")]
-    pub expires_param: String,
-    /// Query parameter holding the key id.
-    #[serde(default = "default_key_id_param")]
-    pub key_id_param: String,
-    /// Query parameter holding the signature.
-    #[serde(default = "default_signature_param")]
-    pub signature_param: String,
-}
-
-fn default_expires_param() -> String {
-    "expires".into()
-}
-fn default_key_id_param() -> String {
-    "key_id".into()
-}
-fn default_signature_param() -> String {
-    "signature".into()
-}
-
-impl RuleConfig {
-    /// Checks the entry's own shape (the key file is read by `Signing::load`).
-    pub fn validate(&self) -> Result<(), String> {
-        if !self.prefix.starts_with('/') {
-            return Err(format!("prefix '{}' must start with '/'", self.prefix));
-        }
-        let params = [
-            &self.expires_param,
-            &self.key_id_param,
-            &self.signature_param,
-        ];
-        if params
-            .iter()
-            .any(|p| p.is_empty() || p.contains(['&', '=', '#']))
-        {
-            return Err("parameter names must be non-empty, without '&', '=' or '#'".into());
-        }
-        if params[0] == params[1] || params[1] == params[2] || params[0] == params[2] {
-            return Err("expires_param, key_id_param and signature_param must differ".into());
-        }
-        Ok(())
-    }
-}
 
 /// Why a request to a signed prefix was refused (403); the metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,9 +216,9 @@ mod tests {
         let rule = RuleConfig {
             prefix: "/beta/".into(),
             key_file: file,
-            expires_param: default_expires_param(),
-            key_id_param: default_key_id_param(),
-            signature_param: default_signature_param(),
+            expires_param: crate::config::rules::default_expires_param(),
+            key_id_param: crate::config::rules::default_key_id_param(),
+            signature_param: crate::config::rules::default_signature_param(),
         };
         let s = Signing::load(std::slice::from_ref(&rule)).unwrap();
         (dir, s, rule)

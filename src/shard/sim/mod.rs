@@ -33,6 +33,7 @@
 //! chunk once it has been parked longer than `PARK_HOLD_MS` plus two timer sweeps.
 
 mod disk;
+mod model;
 mod net;
 mod origin;
 mod ring;

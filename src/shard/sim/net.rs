@@ -5,10 +5,10 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+pub use super::model::{take_front, SimFile};
 use super::rng::Rng;
 
 /// One TCP connection as both ends see it.
@@ -32,18 +32,6 @@ pub struct SimSocket {
     pub written_total: u64,
     /// Bytes the client read in all (SEND_ZC notifications wait for them).
     pub read_total: u64,
-}
-
-/// A file under the served root, with every content it has had.
-pub struct SimFile {
-    /// URL path (`/name`).
-    pub url: String,
-    /// Where it lives.
-    pub path: PathBuf,
-    /// Contents, oldest first: a response must match one of them throughout.
-    pub versions: Vec<Vec<u8>>,
-    /// Served by the simulated origin through the pull-through cache (`path` is not used).
-    pub pulled: bool,
 }
 
 /// A change to a file while it may be served.
@@ -868,16 +856,4 @@ fn parse_head(text: &str) -> Result<Head, String> {
         }
     }
     Ok(head)
-}
-
-/// The first `n` bytes of `queue`, taken off it (by slices: a byte at a time is slow in a
-/// debug build, and the simulator moves every byte of every response).
-pub fn take_front(queue: &mut VecDeque<u8>, n: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n);
-    let (a, b) = queue.as_slices();
-    let from_a = n.min(a.len());
-    out.extend_from_slice(&a[..from_a]);
-    out.extend_from_slice(&b[..n - from_a]);
-    queue.drain(..n);
-    out
 }

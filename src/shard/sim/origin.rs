@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 
-use super::net::SimFile;
+use super::model::{take_front, SimFile};
 use super::rng::Rng;
 
 /// Longest the origin holds a slow response's first byte (µs): past the filler's first-byte
@@ -194,7 +194,7 @@ impl Origin {
             n = n.min(left);
             conn.reset_after = Some(left - n);
         }
-        OriginRecv::Data(super::net::take_front(&mut conn.response, n))
+        OriginRecv::Data(take_front(&mut conn.response, n))
     }
 
     /// The earliest moment a held response becomes ready (µs), after `now_us`.

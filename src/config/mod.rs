@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod origin;
+pub mod rules;
+
 /// Smallest chunk we allow: below this, per-chunk overhead dominates.
 pub const MIN_CHUNK_BYTES: usize = 64 * 1024;
 /// Largest chunk: one registered buffer must stay well under the 1 GiB iovec limit.
@@ -48,8 +51,14 @@ pub const MAX_SCRUB_BYTES_PER_S: u64 = 10_000_000_000;
 pub const MAX_CACHE_REVALIDATE_S: u64 = 10 * 365 * 24 * 3600;
 /// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
 pub const MAX_NOT_FOUND_S: u64 = 3600;
-/// Most `[[origin]]` entries.
-pub const MAX_ORIGINS: usize = 64;
+pub use origin::MAX_ORIGINS;
+/// Smallest block size an object may record.
+pub const MIN_BLOCK_BYTES: u32 = 64 * 1024;
+/// Largest block size an object may record.
+pub const MAX_BLOCK_BYTES: u32 = 64 * 1024 * 1024;
+/// Most blocks `cache_read_ahead_blocks` may ask for past a request (64 MiB in 256 KiB blocks:
+/// four origin requests of `fill::edge::RUN_BLOCKS`).
+pub const MAX_READ_AHEAD_BLOCKS: u64 = 256;
 /// Arena slots kept back from bulk transfers so a small response never waits behind them
 /// (`arena_bytes` must leave this many beyond a pipeline).
 pub const RESERVED_FOR_SMALL_SLOTS: usize = 4;
@@ -177,9 +186,6 @@ pub enum ClientCapAction {
     #[serde(rename = "close")]
     Close,
 }
-
-/// Largest body the network-only diagnostic endpoint will generate.
-pub const DIAG_ZERO_MAX_BYTES: u64 = 1 << 40;
 
 /// Smallest `tls_record_bytes` (a record smaller than a TCP segment only adds overhead).
 pub const MIN_TLS_RECORD_BYTES: usize = 1024;
@@ -315,7 +321,7 @@ pub struct Config {
     /// or with X-Forwarded-For / Forwarded. Empty: nobody.
     pub trusted_proxies: Vec<String>,
     /// Path prefixes whose requests must carry a valid signature (`[[signed_url]]`).
-    pub signed_url: Vec<crate::signing::RuleConfig>,
+    pub signed_url: Vec<rules::RuleConfig>,
     /// Connections one client (address; IPv6 by `client_ipv6_prefix`) may hold open over all
     /// shards; 0 = no cap.
     pub max_connections_per_client: u32,
@@ -330,7 +336,7 @@ pub struct Config {
     pub limit_rate_after_bytes: u64,
     /// Path prefixes with a rate of their own (`[[rate_limit]]`), in place of
     /// `limit_rate_bytes_per_s` for responses under them.
-    pub rate_limit: Vec<crate::limits::rate::PrefixRate>,
+    pub rate_limit: Vec<rules::PrefixRate>,
     /// The whole edge's egress cap in bytes per second, over all shards and clients (an
     /// edge held to its commit rate); 0 = none.
     pub egress_limit_bytes_per_s: u64,
@@ -339,7 +345,7 @@ pub struct Config {
     pub egress_bypass_bytes: u64,
     /// Pull-through origins (`[[origin]]`): requests under their prefixes are filled from
     /// them into the cache; others are served from `root`.
-    pub origin: Vec<crate::fill::route::OriginConfig>,
+    pub origin: Vec<origin::OriginConfig>,
     /// Where the pull-through cache keeps its journal and data files (one directory per
     /// shard beneath it); needed with `[[origin]]`.
     pub cache_dir: Option<PathBuf>,
@@ -645,29 +651,26 @@ impl Config {
         if !(16..=128).contains(&self.client_ipv6_prefix) {
             return Err(err("client_ipv6_prefix", "must be 16..=128"));
         }
-        if self.signed_url.len() > crate::signing::MAX_SIGNED_URL_RULES {
+        if self.signed_url.len() > rules::MAX_SIGNED_URL_RULES {
             return Err(err(
                 "signed_url",
-                format!("at most {} rules", crate::signing::MAX_SIGNED_URL_RULES),
+                format!("at most {} rules", rules::MAX_SIGNED_URL_RULES),
             ));
         }
         for rule in &self.signed_url {
             rule.validate().map_err(|e| err("signed_url", e))?;
         }
-        if self.rate_limit.len() > crate::limits::rate::MAX_RATE_LIMIT_RULES {
+        if self.rate_limit.len() > rules::MAX_RATE_LIMIT_RULES {
             return Err(err(
                 "rate_limit",
-                format!(
-                    "at most {} rules",
-                    crate::limits::rate::MAX_RATE_LIMIT_RULES
-                ),
+                format!("at most {} rules", rules::MAX_RATE_LIMIT_RULES),
             ));
         }
         for rule in &self.rate_limit {
             rule.validate().map_err(|e| err("rate_limit", e))?;
         }
         self.validate_cache()?;
-        let trusted = crate::client::TrustedProxies::parse(&self.trusted_proxies)
+        let trusted = crate::client::cidr::TrustedProxies::parse(&self.trusted_proxies)
             .map_err(|e| err("trusted_proxies", e))?;
         if (self.proxy_protocol || self.tls_proxy_protocol) && trusted.is_empty() {
             let key = if self.proxy_protocol {
@@ -704,23 +707,19 @@ impl Config {
             o.validate().map_err(|e| err("origin", e))?;
         }
         let b = self.cache_block_bytes;
-        if !b.is_power_of_two()
-            || !(crate::cache::journal::MIN_BLOCK_BYTES..=crate::cache::journal::MAX_BLOCK_BYTES)
-                .contains(&b)
-        {
+        if !b.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&b) {
             return Err(err(
                 "cache_block_bytes",
                 format!(
                     "must be a power of two in {}..={}",
-                    crate::cache::journal::MIN_BLOCK_BYTES,
-                    crate::cache::journal::MAX_BLOCK_BYTES
+                    MIN_BLOCK_BYTES, MAX_BLOCK_BYTES
                 ),
             ));
         }
-        if self.cache_read_ahead_blocks > crate::cache::blocks::MAX_READ_AHEAD_BLOCKS {
+        if self.cache_read_ahead_blocks > MAX_READ_AHEAD_BLOCKS {
             return Err(err(
                 "cache_read_ahead_blocks",
-                format!("at most {}", crate::cache::blocks::MAX_READ_AHEAD_BLOCKS),
+                format!("at most {}", MAX_READ_AHEAD_BLOCKS),
             ));
         }
         if !(1..=3_600_000).contains(&self.cache_wait_timeout_ms) {
@@ -1209,7 +1208,7 @@ mod tests {
 
     #[test]
     fn the_read_ahead_is_capped() {
-        let cap = crate::cache::blocks::MAX_READ_AHEAD_BLOCKS;
+        let cap = MAX_READ_AHEAD_BLOCKS;
         parse(&format!("cache_read_ahead_blocks = {cap}"))
             .unwrap()
             .validate()

@@ -7,7 +7,7 @@
 //! remembered path is served once its entry is `valid_ms` old, the same delay a replaced file
 //! takes to show in the positive cache.
 
-use super::files::OpenError;
+use super::OpenError;
 use std::collections::{HashMap, VecDeque};
 
 /// Paths remembered as missing per shard.
@@ -77,11 +77,13 @@ impl Missing {
     }
 
     /// Paths remembered.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.order.len()
     }
 
     /// Nothing remembered.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }

@@ -22,6 +22,8 @@ use std::path::Path;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
 use rustix::io::Errno;
 
+mod missing;
+
 use crate::config::{EtagSource, SymlinkPolicy};
 use crate::fs::resolve::{resolve_into, ResolveError, ResolveScratch};
 use crate::http::conditional::{self, ETAG_MAX_BYTES};
@@ -227,7 +229,7 @@ pub struct FileCache {
     /// Lookups that opened the file.
     pub misses: u64,
     /// Paths that just gave 404 or 403, answered again without an open.
-    missing: super::missing::Missing,
+    missing: missing::Missing,
     /// Lookups answered from `missing`.
     pub negative_hits: u64,
 }
@@ -252,7 +254,7 @@ impl FileCache {
             modes_logged: HashSet::new(),
             hits: 0,
             misses: 0,
-            missing: super::missing::Missing::with_capacity(super::missing::MISSING_PATHS_MAX),
+            missing: missing::Missing::with_capacity(missing::MISSING_PATHS_MAX),
             negative_hits: 0,
         })
     }

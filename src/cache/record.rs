@@ -1,0 +1,343 @@
+//! The cache's records, as the journal frames them and replay reads them back: one version
+//! of an object (`ObjectVersion`), a block on disk, a drop, a refresh. `ObjectVersion::validate`
+//! is the one rule the writer and replay share. The index applies records; the journal
+//! frames and replays them.
+
+/// Bytes of a record's frame before its kind (length and checksum).
+pub const FRAME_BYTES: usize = 8;
+/// Longest record body (a key and its validators, with room).
+pub const MAX_RECORD_BYTES: usize = 16 * 1024;
+/// Longest cache key (the origin's name and the path).
+pub const MAX_KEY_BYTES: usize = 4096;
+/// Longest validator (ETag or Last-Modified) or content type kept.
+pub const MAX_FIELD_BYTES: usize = 512;
+pub use crate::config::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+/// Most blocks one object may have (a 16 TiB object at 1 MiB blocks).
+pub const MAX_BLOCKS_PER_OBJECT: u64 = 1 << 24;
+
+/// Record kinds, the byte after the frame.
+pub(crate) const KIND_OBJECT: u8 = 1;
+pub(crate) const KIND_BLOCK: u8 = 2;
+pub(crate) const KIND_DROP: u8 = 3;
+pub(crate) const KIND_FRESH: u8 = 4;
+
+/// Why a record may not be journaled (the writer) or is refused (replay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    /// A key of this many bytes (0, or over `MAX_KEY_BYTES`).
+    KeyLength(usize),
+    /// A validator or content type of this many bytes (over `MAX_FIELD_BYTES`).
+    FieldLength(usize),
+    /// A block size that is not a power of two in `MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES`.
+    BlockBytes(u32),
+    /// More blocks than `MAX_BLOCKS_PER_OBJECT`.
+    Blocks(u64),
+    /// An unknown record kind, or fields that do not parse.
+    Malformed,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Invalid::KeyLength(n) => write!(f, "a key of {n} bytes (1 to {MAX_KEY_BYTES})"),
+            Invalid::FieldLength(n) => {
+                write!(f, "a field of {n} bytes (at most {MAX_FIELD_BYTES})")
+            }
+            Invalid::BlockBytes(n) => write!(f, "a block size of {n} bytes"),
+            Invalid::Blocks(n) => write!(f, "{n} blocks (at most {MAX_BLOCKS_PER_OBJECT})"),
+            Invalid::Malformed => f.write_str("a malformed record"),
+        }
+    }
+}
+
+/// One change to the cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A version of a key begins (it supersedes the key's previous version).
+    Object(ObjectVersion),
+    /// A block of a version is on disk with this checksum.
+    Block {
+        /// The version's id.
+        version: u64,
+        /// Block number (byte offset / the version's block size).
+        block: u32,
+        /// CRC-32C of the block's bytes (the last block: of its bytes up to the object's end).
+        crc: u32,
+    },
+    /// A version is gone (evicted, or replaced and no longer read).
+    Drop {
+        /// The version's id.
+        version: u64,
+    },
+    /// The origin confirmed a version (a 304, or the same validators) at this time: it is
+    /// fresh for another `cache_revalidate_s`.
+    Fresh {
+        /// The version's id.
+        version: u64,
+        /// When it was confirmed (Unix seconds).
+        fetched_unix_s: u64,
+    },
+}
+
+/// What decoding the front of a buffer found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// A record, and the bytes it took.
+    Record(Record, usize),
+    /// The buffer ends inside a record (or is empty).
+    Incomplete,
+    /// The bytes are not a valid record (damaged, or garbage after a torn write).
+    Corrupt,
+    /// A whole record that matches its checksum but holds what `Record::validate` refuses:
+    /// skipped (the bytes it took), never a reason to stop.
+    Refused(Invalid, usize),
+}
+
+impl Record {
+    /// Bytes a block record takes in the journal, framed.
+    pub const BLOCK_BYTES: u64 = (FRAME_BYTES + 1 + 8 + 4 + 4) as u64;
+
+    /// Bytes `o`'s object record takes in the journal, framed.
+    pub fn object_bytes(o: &ObjectVersion) -> u64 {
+        (FRAME_BYTES
+            + 1
+            + 2
+            + o.key.len()
+            + 8
+            + 8
+            + 4
+            + 8
+            + 6
+            + o.etag.len()
+            + o.last_modified.len()
+            + o.content_type.len()) as u64
+    }
+
+    /// What a record may hold: the one rule the writer keeps before it journals a record and
+    /// replay applies when it reads one back.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            Record::Object(o) => o.validate(),
+            Record::Block { .. } | Record::Drop { .. } | Record::Fresh { .. } => Ok(()),
+        }
+    }
+
+    /// Appends the record, framed, to `out` (it must pass `validate`).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        debug_assert_eq!(
+            self.validate(),
+            Ok(()),
+            "journaling a record replay refuses"
+        );
+        self.encode_unchecked(out);
+    }
+
+    /// `encode` without the check (tests plant refused records with it).
+    pub(crate) fn encode_unchecked(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; FRAME_BYTES]);
+        match self {
+            Record::Object(o) => {
+                out.push(KIND_OBJECT);
+                put_bytes(out, &o.key);
+                out.extend_from_slice(&o.version.to_le_bytes());
+                out.extend_from_slice(&o.size.to_le_bytes());
+                out.extend_from_slice(&o.block_bytes.to_le_bytes());
+                out.extend_from_slice(&o.fetched_unix_s.to_le_bytes());
+                put_bytes(out, o.etag.as_bytes());
+                put_bytes(out, o.last_modified.as_bytes());
+                put_bytes(out, o.content_type.as_bytes());
+            }
+            Record::Block {
+                version,
+                block,
+                crc,
+            } => {
+                out.push(KIND_BLOCK);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&block.to_le_bytes());
+                out.extend_from_slice(&crc.to_le_bytes());
+            }
+            Record::Drop { version } => {
+                out.push(KIND_DROP);
+                out.extend_from_slice(&version.to_le_bytes());
+            }
+            Record::Fresh {
+                version,
+                fetched_unix_s,
+            } => {
+                out.push(KIND_FRESH);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&fetched_unix_s.to_le_bytes());
+            }
+        }
+        let body = &out[start + FRAME_BYTES..];
+        assert!(body.len() <= MAX_RECORD_BYTES, "a record over its bound");
+        let len = body.len() as u32;
+        let crc = super::checksum(body);
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes the record at the front of `buf`.
+    pub fn decode(buf: &[u8]) -> Decoded {
+        let Some(frame) = buf.get(..FRAME_BYTES) else {
+            return Decoded::Incomplete;
+        };
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
+        if len == 0 || len > MAX_RECORD_BYTES {
+            return Decoded::Corrupt;
+        }
+        let Some(body) = buf.get(FRAME_BYTES..FRAME_BYTES + len) else {
+            return Decoded::Incomplete;
+        };
+        if super::checksum(body) != crc {
+            return Decoded::Corrupt;
+        }
+        match parse_body(body).ok_or(Invalid::Malformed).and_then(|r| {
+            r.validate()?;
+            Ok(r)
+        }) {
+            Ok(r) => Decoded::Record(r, FRAME_BYTES + len),
+            Err(why) => Decoded::Refused(why, FRAME_BYTES + len),
+        }
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    assert!(
+        b.len() <= usize::from(u16::MAX),
+        "a field over its length prefix"
+    );
+    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Reads fields off the front of a record body; every read is bounds-checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = usize::from(u16::from_le_bytes(self.take(2)?.try_into().ok()?));
+        self.take(n)
+    }
+    fn text(&mut self) -> Option<String> {
+        String::from_utf8(self.bytes()?.to_vec()).ok()
+    }
+}
+
+fn parse_body(body: &[u8]) -> Option<Record> {
+    let mut r = Reader(body);
+    let record = match r.u8()? {
+        KIND_OBJECT => {
+            // Lengths are bounded by the record's; what a field may hold is `validate`'s.
+            let key = r.bytes()?.to_vec();
+            let version = r.u64()?;
+            let size = r.u64()?;
+            let block_bytes = r.u32()?;
+            let fetched_unix_s = r.u64()?;
+            let (etag, last_modified, content_type) = (r.text()?, r.text()?, r.text()?);
+            Record::Object(ObjectVersion {
+                key,
+                version,
+                size,
+                block_bytes,
+                fetched_unix_s,
+                etag,
+                last_modified,
+                content_type,
+            })
+        }
+        KIND_BLOCK => Record::Block {
+            version: r.u64()?,
+            block: r.u32()?,
+            crc: r.u32()?,
+        },
+        KIND_DROP => Record::Drop { version: r.u64()? },
+        KIND_FRESH => Record::Fresh {
+            version: r.u64()?,
+            fetched_unix_s: r.u64()?,
+        },
+        _ => return None,
+    };
+    // Nothing may follow a record's fields.
+    r.0.is_empty().then_some(record)
+}
+
+/// One version of a cached object: what the origin said about it, and how it is stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectVersion {
+    /// The cache key (origin and path).
+    pub key: Vec<u8>,
+    /// This version's id, unique on this edge (blocks and the data file name it).
+    pub version: u64,
+    /// The object's size in bytes.
+    pub size: u64,
+    /// The block size it is stored in (its own: changing `cache_block_bytes` later
+    /// invalidates nothing).
+    pub block_bytes: u32,
+    /// When it was fetched or last revalidated (Unix seconds).
+    pub fetched_unix_s: u64,
+    /// The origin's ETag ("" if none).
+    pub etag: String,
+    /// The origin's Last-Modified ("" if none).
+    pub last_modified: String,
+    /// The origin's Content-Type ("" if none).
+    pub content_type: String,
+}
+
+impl ObjectVersion {
+    /// Blocks the object spans.
+    pub fn blocks(&self) -> u64 {
+        self.size.div_ceil(u64::from(self.block_bytes))
+    }
+
+    /// The bounds every stored version keeps: a key of 1 to `MAX_KEY_BYTES`, fields within
+    /// `MAX_FIELD_BYTES`, a power-of-two block size in range, and not more blocks than
+    /// `MAX_BLOCKS_PER_OBJECT`. The one rule the writer checks before it journals a version
+    /// and replay checks when it reads one back, so nothing written is ever refused later.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.key.is_empty() || self.key.len() > MAX_KEY_BYTES {
+            return Err(Invalid::KeyLength(self.key.len()));
+        }
+        let longest = [&self.etag, &self.last_modified, &self.content_type]
+            .iter()
+            .map(|f| f.len())
+            .max()
+            .unwrap_or(0);
+        if longest > MAX_FIELD_BYTES {
+            return Err(Invalid::FieldLength(longest));
+        }
+        if !self.block_bytes.is_power_of_two()
+            || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
+        {
+            return Err(Invalid::BlockBytes(self.block_bytes));
+        }
+        if self.blocks() > MAX_BLOCKS_PER_OBJECT {
+            return Err(Invalid::Blocks(self.blocks()));
+        }
+        Ok(())
+    }
+
+    /// Whether `validate` passes.
+    pub fn is_valid(&self) -> bool {
+        self.validate().is_ok()
+    }
+}
