@@ -27,7 +27,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
 pub mod origin;
-pub mod plan;
+pub mod placement;
 pub mod ring_api;
 pub mod server;
 pub mod shard;

@@ -20,7 +20,7 @@ enum Command {
     /// Serve a directory over HTTP/1.1 (GET/HEAD, Range, keep-alive) from one shard per CPU.
     Serve(ServeArgs),
     /// Print the shard plan: shard -> CPU -> core -> NUMA node -> NIC queue/IRQ, with warnings.
-    Plan(shardline::plan::PlanArgs),
+    Plan(shardline::placement::PlanArgs),
     /// Check this host (sysctls, NIC rings/offloads/MTU/drops, memlock, O_DIRECT) for the
     /// traps that masquerade as slow storage or a slow network.
     Doctor(shardline::doctor::DoctorArgs),
@@ -187,7 +187,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Plan(args) => shardline::plan::run_plan_cli(&args),
+        Command::Plan(args) => shardline::placement::run_plan_cli(&args),
         Command::Doctor(args) => shardline::doctor::run_doctor_cli(&args),
         Command::Tls(TlsCommand::NewTicketKey { file }) => new_ticket_key(&file),
         Command::Sign(args) => sign(&args),

@@ -24,7 +24,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::{Config, ConfigError, ShardCount};
 use crate::metrics::ShardMetrics;
-use crate::plan::{CpuSelection, PlanError, PlanRequest};
+use crate::placement::{CpuSelection, PlanError, PlanRequest};
 use crate::shard::{self, ShardParams};
 use crate::topology::Topology;
 use std::path::Path;
@@ -87,7 +87,7 @@ pub fn shard_cpus(cfg: &Config) -> Result<Vec<usize>, ConfigError> {
         },
         one_per_core: !cfg.smt,
     };
-    let plan = crate::plan::plan(&topo, &request).map_err(|e| {
+    let plan = crate::placement::plan(&topo, &request).map_err(|e| {
         let key = match e {
             PlanError::UnknownNic { .. } | PlanError::NicWithoutLocalCpus { .. } => "nic",
             PlanError::TooManyShards { .. } | PlanError::ZeroShards => "shards",

@@ -129,7 +129,7 @@ fn cpus_come_from_shardline_plan_json() {
     let dir = fixture_copy("nic-8-queues");
     let root = dir.path();
     // The JSON the real `shardline plan --json` prints for this root and these flags.
-    let args = shardline::plan::PlanArgs {
+    let args = shardline::placement::PlanArgs {
         root: root.to_path_buf(),
         cpus: "nic-local".parse().unwrap(),
         nic: Some("eth0".to_string()),
@@ -138,7 +138,7 @@ fn cpus_come_from_shardline_plan_json() {
         smt: false,
         hwloc: false,
     };
-    let json = shardline::plan::plan_cli_output(&args).unwrap();
+    let json = shardline::placement::plan_cli_output(&args).unwrap();
     let bin_dir = tempfile::tempdir().unwrap();
     fs::write(bin_dir.path().join("plan.json"), json).unwrap();
     let fake = bin_dir.path().join("shardline");

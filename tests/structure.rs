@@ -482,3 +482,177 @@ fn the_reader_finds_a_planted_cycle_and_ignores_comments_and_strings() {
     g.entry(m("d")).or_default().insert(m("a"));
     assert_eq!(cycles(&g), vec![vec![m("a"), m("b"), m("c")]]);
 }
+
+/// Names in `docs/ARCHITECTURE.md` that are not this repository's: the kernel's and nginx's.
+const NAMES_FROM_ELSEWHERE: &[&str] = &[
+    "IORING_OP_URING_CMD",
+    "MORE",
+    "SOCKET_URING_OP_GETSOCKOPT",
+    "SOCKET_URING_OP_SETSOCKOPT",
+    "TLS_RX",
+    "TLS_TX",
+    "proxy_limit_rate",
+    "sendmsg",
+];
+
+/// Every `.rs` file under the repository's code directories, relative to the repository.
+fn repo_rust_files() -> Vec<String> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = ["src", "tests", "examples", "perf"]
+        .iter()
+        .map(|d| repo.join(d))
+        .collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                if path
+                    .file_name()
+                    .is_some_and(|n| n != "target" && n != "out")
+                {
+                    stack.push(path);
+                }
+            } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+                out.push(
+                    path.strip_prefix(repo)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The walk names only what exists: each `.rs` file it names is a file of the repository
+/// (`src/x.rs` exactly, a bare `x.rs` somewhere under the code), and each code name in
+/// backticks (`Type::method`, `function()`, `CONSTANT`, `field_name`) is found in the code.
+#[test]
+fn the_architecture_names_only_files_and_functions_that_exist() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(repo.join("docs/ARCHITECTURE.md")).expect("read doc");
+    let files = repo_rust_files();
+    let code: String = files
+        .iter()
+        .map(|f| std::fs::read_to_string(repo.join(f)).expect("read source"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let words: BTreeSet<&str> = code
+        .split(|c: char| !is_ident(c))
+        .filter(|w| !w.is_empty())
+        .collect();
+
+    let mut missing_files = BTreeSet::new();
+    for token in doc.split(|c: char| !(is_ident(c) || c == '/' || c == '.')) {
+        let Some(stem) = token.strip_suffix(".rs") else {
+            continue;
+        };
+        if stem.is_empty() {
+            continue;
+        }
+        let found = if token.starts_with("src/") || token.starts_with("tests/") {
+            files.iter().any(|f| f == token)
+        } else {
+            files
+                .iter()
+                .any(|f| f == token || f.ends_with(&format!("/{token}")))
+        };
+        if !found {
+            missing_files.insert(token.to_string());
+        }
+    }
+
+    let mut missing_names = BTreeSet::new();
+    let mut checked = 0;
+    for (k, quoted) in doc.split('`').enumerate() {
+        if k % 2 == 0 || quoted.contains('\n') {
+            continue;
+        }
+        let name = quoted.trim().strip_suffix("()").unwrap_or(quoted.trim());
+        let is_code_path = !name.is_empty()
+            && !name.starts_with("::")
+            && !name.ends_with("::")
+            && name.split("::").all(|s| {
+                !s.is_empty()
+                    && s.chars().all(is_ident)
+                    && !s.starts_with(|c: char| c.is_ascii_digit())
+            });
+        if !is_code_path || NAMES_FROM_ELSEWHERE.contains(&name) {
+            continue;
+        }
+        checked += 1;
+        if !name.split("::").all(|s| words.contains(s)) {
+            missing_names.insert(name.to_string());
+        }
+    }
+    assert!(
+        checked > 200,
+        "only {checked} names read: is the doc still there?"
+    );
+    assert!(
+        missing_files.is_empty() && missing_names.is_empty(),
+        "docs/ARCHITECTURE.md names files that do not exist: {missing_files:?}\n\
+         and names no code has: {missing_names:?}"
+    );
+}
+
+/// The document keeps no benchmark figure of its own (they drift): a ratio against nginx or
+/// lancache, or a measured rate, lives in `perf/*.md`.
+#[test]
+fn the_architecture_copies_no_benchmark_figure() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(repo.join("docs/ARCHITECTURE.md")).expect("read doc");
+    let mut found = Vec::new();
+    for (n, line) in doc.lines().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for (k, w) in words.iter().enumerate() {
+            let number = w.trim_start_matches(['(', '~']);
+            let is_ratio = number.len() > 1
+                && number.ends_with('x')
+                && number[..number.len() - 1]
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || c == '.' || c == '-');
+            let is_rate = number.chars().next().is_some_and(|c| c.is_ascii_digit())
+                && words
+                    .get(k + 1)
+                    .is_some_and(|u| ["MB/s", "GB/s", "Gbit/s", "MB/s,", "GB/s,"].contains(u));
+            if is_ratio || is_rate {
+                found.push(format!("{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "figures copied into docs/ARCHITECTURE.md (point at perf/*.md instead):\n{}",
+        found.join("\n")
+    );
+}
+
+/// Most lines a source file may have, its unit-test modules aside: past it a file mixes
+/// concerns a newcomer should meet one at a time.
+const MAX_FILE_LINES: usize = 1500;
+
+#[test]
+fn no_source_file_is_longer_than_a_newcomer_can_hold() {
+    let mut long = Vec::new();
+    for (module, file) in modules() {
+        if module.last().map(String::as_str) == Some("tests") {
+            continue;
+        }
+        let src = std::fs::read_to_string(&file).expect("read module");
+        let lines = without_test_modules(&src).lines().count();
+        if lines > MAX_FILE_LINES {
+            long.push(format!("{}: {lines} lines", file.display()));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "files over {MAX_FILE_LINES} lines (test modules aside):\n{}",
+        long.join("\n")
+    );
+}

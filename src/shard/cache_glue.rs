@@ -25,19 +25,19 @@ pub(super) struct Pulls {
     pub slots: Vec<ArenaSlot>,
     /// Waiting requests whose fill failed: what they get when parsed again (a status, or a
     /// pass-through when the cache's disk had no room).
-    pub answers: HashMap<u32, FillAnswer>,
+    pub answers: ByConn<FillAnswer>,
     /// A request parsed again after its fill (its arrival was noted the first time).
     pub resuming: bool,
     /// Responses streaming a pulled object as it fills, by connection slot: what they ask
     /// the fill for next, and the version they read.
-    pub streams: HashMap<u32, (Stream, u64)>,
+    pub streams: ByConn<(Stream, u64)>,
     /// Streaming responses to cut (their fill failed, or changed version).
     pub aborts: Vec<Waiter>,
     /// Responses reading a pulled version, by connection slot: the version whose blocks'
     /// checksums every read is checked against.
-    pub reads: HashMap<u32, PulledRead>,
+    pub reads: ByConn<PulledRead>,
     /// Pass-through responses by connection slot (`fill::relay`), and their fetches' jobs.
-    pub relays: HashMap<u32, crate::fill::relay::Relay>,
+    pub relays: ByConn<crate::fill::relay::Relay>,
     /// A pass-through fetch's job -> its connection (slot, generation); kept until the
     /// fetch's `Ended` gives its slot back, whether or not the connection is still there.
     pub relay_jobs: HashMap<u64, (ConnSlot, u16)>,
@@ -45,6 +45,76 @@ pub(super) struct Pulls {
     pub relay_ready: Vec<ConnSlot>,
     /// Pass-through connections that are closing: their pending read ends, their fetch too.
     pub relay_cancels: Vec<ConnSlot>,
+}
+
+/// A connection as the glue's tables key it: its slot and the generation the slot had when
+/// the entry was made, so an entry a closed connection left is never read by the next
+/// connection in its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ConnRef {
+    slot: ConnSlot,
+    generation: u16,
+}
+
+impl ConnRef {
+    /// Slot `slot` in its generation `generation`.
+    pub fn new(slot: ConnSlot, generation: u16) -> ConnRef {
+        ConnRef { slot, generation }
+    }
+}
+
+/// A table of entries by connection (`ConnRef`): a lookup with another generation than the
+/// entry's misses (and drops the stale entry).
+#[derive(Debug)]
+pub(super) struct ByConn<V> {
+    map: HashMap<u32, (u16, V)>,
+}
+
+impl<V> Default for ByConn<V> {
+    fn default() -> Self {
+        ByConn {
+            map: HashMap::new(),
+        }
+    }
+}
+
+impl<V> ByConn<V> {
+    /// Sets `c`'s entry, replacing whatever its slot held.
+    pub fn insert(&mut self, c: ConnRef, v: V) {
+        self.map.insert(c.slot.raw(), (c.generation, v));
+    }
+
+    /// `c`'s entry, if it is this generation's.
+    pub fn get(&self, c: ConnRef) -> Option<&V> {
+        self.map
+            .get(&c.slot.raw())
+            .filter(|(g, _)| *g == c.generation)
+            .map(|(_, v)| v)
+    }
+
+    /// `c`'s entry, if it is this generation's, to change.
+    pub fn get_mut(&mut self, c: ConnRef) -> Option<&mut V> {
+        self.map
+            .get_mut(&c.slot.raw())
+            .filter(|(g, _)| *g == c.generation)
+            .map(|(_, v)| v)
+    }
+
+    /// Whether `c` has an entry of its generation.
+    pub fn contains(&self, c: ConnRef) -> bool {
+        self.get(c).is_some()
+    }
+
+    /// Takes `c`'s entry out; a stale entry in its slot is dropped and not returned.
+    pub fn remove(&mut self, c: ConnRef) -> Option<V> {
+        let (g, v) = self.map.remove(&c.slot.raw())?;
+        (g == c.generation).then_some(v)
+    }
+
+    /// Entries held (stale ones included until their slot is used again).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
 }
 
 /// The facts a pulled response is planned from: the version's size and type and the
@@ -162,7 +232,7 @@ impl<R: RingOps> Shard<R> {
             self.respond_status(c, 414, keep_alive, head_only);
             return true;
         }
-        match self.pulls.answers.remove(&c.raw()) {
+        match self.pulls.answers.remove(self.conn_ref(c)) {
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 // Waited in vain on an origin that asked the edge to wait: told for how long.
@@ -295,7 +365,7 @@ impl<R: RingOps> Shard<R> {
         // eviction never takes it. A lockless hit reads on from its open descriptor if its
         // version is dropped meanwhile.
         self.pulls.reads.insert(
-            c.raw(),
+            self.conn_ref(c),
             PulledRead {
                 version,
                 pinned,
@@ -312,7 +382,9 @@ impl<R: RingOps> Shard<R> {
         if let (Some(stream), Some(end)) = (stream, readable_end) {
             filling = end < stream.last.map_or(meta.size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
-            self.pulls.streams.insert(c.raw(), (stream, version));
+            self.pulls
+                .streams
+                .insert(self.conn_ref(c), (stream, version));
         }
         let (label, counter) = match (filling, waited) {
             (true, _) => ("FILL", &self.metrics.cache_fill),
@@ -326,13 +398,14 @@ impl<R: RingOps> Shard<R> {
     /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
     /// it waits on the next block, or reads on at once if that came meanwhile.
     pub(super) fn fill_await_block(&mut self, c: ConnSlot, file_offset: u64) {
-        if self.pulls.relays.contains_key(&c.raw()) {
+        if self.pulls.relays.contains(self.conn_ref(c)) {
             // Streamed from the cache up to here; the rest is passed through.
             return self.relay_reaches_end_of_disk(c);
         }
         let waiter = self.waiter(c);
+        let key = self.conn_ref(c);
         let (Some(edge), Some((stream, version))) =
-            (self.edge.as_mut(), self.pulls.streams.get(&c.raw()))
+            (self.edge.as_mut(), self.pulls.streams.get(key))
         else {
             // A body stopped at its readable end with no stream to move it: a bug, but the
             // client must not hang; the response is cut.
@@ -362,8 +435,8 @@ impl<R: RingOps> Shard<R> {
         if conn.generation != generation || !conn.responding() {
             return;
         }
-        let (Some(edge), Some((stream, v))) =
-            (self.edge.as_mut(), self.pulls.streams.get(&c.raw()))
+        let key = self.conn_ref(c);
+        let (Some(edge), Some((stream, v))) = (self.edge.as_mut(), self.pulls.streams.get(key))
         else {
             return;
         };
@@ -400,7 +473,7 @@ impl<R: RingOps> Shard<R> {
             self.ready.push_bulk(c);
         }
         if done {
-            self.pulls.streams.remove(&c.raw());
+            self.pulls.streams.remove(self.conn_ref(c));
         }
     }
 
@@ -482,7 +555,7 @@ impl<R: RingOps> Shard<R> {
             let conn = &self.conns[c.index()];
             if conn.generation == generation && conn.is_live() && conn.responding() {
                 // Off the waiter lists now (its close then finds no stream to cancel).
-                if self.pulls.streams.remove(&c.raw()).is_some() {
+                if self.pulls.streams.remove(self.conn_ref(c)).is_some() {
                     let waiter = self.waiter(c);
                     if let Some(edge) = self.edge.as_mut() {
                         edge.fill.cancel(&waiter);
@@ -542,7 +615,7 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         if let Some(a) = answer {
-            self.pulls.answers.insert(c.raw(), a);
+            self.pulls.answers.insert(self.conn_ref(c), a);
         }
         self.conns[c.index()].fill_resumed();
         self.pulls.resuming = true;
@@ -576,17 +649,17 @@ impl<R: RingOps> Shard<R> {
 
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
-        self.pulls.answers.remove(&c.raw());
+        self.pulls.answers.remove(self.conn_ref(c));
         self.relay_end(c);
         let refetching = self
             .pulls
             .reads
-            .get(&c.raw())
+            .get(self.conn_ref(c))
             .is_some_and(|r| r.refetch.is_some());
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a
         // waiter list: every other connection's close costs nothing here.
-        let streaming = self.pulls.streams.remove(&c.raw()).is_some();
+        let streaming = self.pulls.streams.remove(self.conn_ref(c)).is_some();
         if streaming || refetching || self.conns[c.index()].awaiting_fill() {
             let waiter = self.waiter(c);
             if let Some(edge) = self.edge.as_mut() {
@@ -609,7 +682,7 @@ impl<R: RingOps> Shard<R> {
         res: i32,
     ) -> ReadCheck {
         use ReadCheck::Use;
-        let Some(read) = self.pulls.reads.get(&c.raw()) else {
+        let Some(read) = self.pulls.reads.get(self.conn_ref(c)) else {
             return Use(res);
         };
         let (version, refetches, mut crcs) = (read.version, read.refetches, read.crcs);
@@ -625,6 +698,7 @@ impl<R: RingOps> Shard<R> {
             return Use(res);
         }
         let waiter = self.waiter(c);
+        let key = self.conn_ref(c);
         let Some(edge) = self.edge.as_mut() else {
             return Use(res);
         };
@@ -638,7 +712,7 @@ impl<R: RingOps> Shard<R> {
             &mut crcs,
             hot.as_deref(),
         );
-        if let Some(r) = self.pulls.reads.get_mut(&c.raw()) {
+        if let Some(r) = self.pulls.reads.get_mut(key) {
             r.crcs = crcs;
         }
         let block = match checked {
@@ -658,7 +732,11 @@ impl<R: RingOps> Shard<R> {
             return Use(-libc::EIO);
         }
         let outcome = edge.fill.refetch(version, block, waiter);
-        let entry = self.pulls.reads.get_mut(&c.raw()).expect("looked up above");
+        let entry = self
+            .pulls
+            .reads
+            .get_mut(self.conn_ref(c))
+            .expect("looked up above");
         entry.refetches += 1;
         match outcome {
             Outcome::Waiting => {
@@ -685,7 +763,7 @@ impl<R: RingOps> Shard<R> {
         if self.conns[c.index()].generation != waiter.generation {
             return false;
         }
-        let Some(read) = self.pulls.reads.get_mut(&c.raw()) else {
+        let Some(read) = self.pulls.reads.get_mut(self.conn_ref(c)) else {
             return false;
         };
         let Some((slot, waited)) = read.refetch else {
@@ -709,7 +787,7 @@ impl<R: RingOps> Shard<R> {
         if self.conns[c.index()].generation != waiter.generation {
             return false;
         }
-        let Some(read) = self.pulls.reads.get_mut(&c.raw()) else {
+        let Some(read) = self.pulls.reads.get_mut(self.conn_ref(c)) else {
             return false;
         };
         let Some((_, block)) = read.refetch.take() else {
@@ -736,7 +814,10 @@ impl<R: RingOps> Shard<R> {
 
     /// Connection `c` no longer reads the version it read (its pin goes).
     pub(super) fn fill_reads_end(&mut self, c: ConnSlot) {
-        if let (Some(read), Some(edge)) = (self.pulls.reads.remove(&c.raw()), self.edge.as_mut()) {
+        if let (Some(read), Some(edge)) = (
+            self.pulls.reads.remove(self.conn_ref(c)),
+            self.edge.as_mut(),
+        ) {
             if read.pinned {
                 edge.fill.unpin(read.version);
             }
@@ -777,5 +858,28 @@ impl<R: RingOps> Shard<R> {
             Some(edge) => edge.fill.on_completion(&mut self.ring, t, res, now_ms),
             None => super::ShardMetrics::add(&self.metrics.stray_completions, 1),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_left_by_a_closed_connection_is_not_the_next_ones() {
+        let mut t: ByConn<&str> = ByConn::default();
+        let old = ConnRef::new(ConnSlot::new(7), 3);
+        let next = ConnRef::new(ConnSlot::new(7), 4);
+        t.insert(old, "old");
+        assert_eq!(t.get(old), Some(&"old"));
+        assert!(t.get(next).is_none() && !t.contains(next));
+        assert!(t.get_mut(next).is_none());
+        // Taken out by the next generation: dropped, not returned.
+        assert_eq!(t.remove(next), None);
+        assert_eq!(t.len(), 0);
+        t.insert(next, "next");
+        assert_eq!(t.remove(old), None, "the old generation reads nothing");
+        t.insert(next, "next");
+        assert_eq!(t.remove(next), Some("next"));
     }
 }

@@ -1,6 +1,6 @@
 //! The data a connection's response is made of: the body still to plan (segments), the
 //! chunks of registered memory it holds (each in one pipeline state), and the reasons and
-//! timers the connection machine (`machine.rs`) works with.
+//! timers the connection machine (`machine/`) works with.
 
 use std::collections::VecDeque;
 
@@ -96,7 +96,7 @@ pub struct Chunk {
     /// the notification.
     pub zerocopy: bool,
     /// Where its bytes are planned again from when the chunk is given back unsent.
-    pub origin: Origin,
+    pub bytes_from: BytesFrom,
     /// On a TLS connection, once sealed: how its plaintext became records. `send_off`,
     /// `send_len` and `sent` then count ciphertext; this maps them back to plaintext.
     pub tls: Option<SealedRun>,
@@ -152,7 +152,7 @@ impl ChunkState {
 
 /// Where a chunk's bytes come from, so the unsent rest can be planned again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
+pub enum BytesFrom {
     /// File bytes (read into the slot at `read_buf_off`).
     File,
     /// The body's framing buffer from byte `at` (multipart part headers, closing boundary).
@@ -173,7 +173,7 @@ pub enum Origin {
     },
 }
 
-/// Origin of a chunk's bytes.
+/// How a chunk's file bytes are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     /// O_DIRECT read.

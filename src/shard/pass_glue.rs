@@ -101,7 +101,7 @@ impl<R: RingOps> Shard<R> {
             return false;
         }
         let (Some(edge), Some((stream, version))) =
-            (self.edge.as_ref(), self.pulls.streams.get(&c.raw()))
+            (self.edge.as_ref(), self.pulls.streams.get(self.conn_ref(c)))
         else {
             return false;
         };
@@ -127,7 +127,7 @@ impl<R: RingOps> Shard<R> {
             "cache disk full: passing the rest of a streaming response through, unstored"
         );
         // Off the fill's waiter lists: its bytes past `from` come from the pass-through now.
-        self.pulls.streams.remove(&c.raw());
+        self.pulls.streams.remove(self.conn_ref(c));
         let waiter = crate::fill::edge::Waiter {
             shard: self.index as u16,
             conn: c,
@@ -184,7 +184,7 @@ impl<R: RingOps> Shard<R> {
                 self.pulls.relay_jobs.insert(job, (c, generation));
                 self.pulls
                     .relays
-                    .insert(c.raw(), Relay::new(job, meta.size, from));
+                    .insert(self.conn_ref(c), Relay::new(job, meta.size, from));
                 true
             }
             Err(slot) => {
@@ -214,7 +214,7 @@ impl<R: RingOps> Shard<R> {
             }
             let mut cancels = std::mem::take(&mut self.pulls.relay_cancels);
             for c in cancels.drain(..) {
-                if let Some(relay) = self.pulls.relays.get_mut(&c.raw()) {
+                if let Some(relay) = self.pulls.relays.get_mut(self.conn_ref(c)) {
                     let slot = relay.take_read();
                     let job = relay.job;
                     if relay.ended.is_none() {
@@ -259,7 +259,7 @@ impl<R: RingOps> Shard<R> {
                 let Some(relay) = self
                     .pulls
                     .relays
-                    .get_mut(&c.raw())
+                    .get_mut(self.conn_ref(c))
                     .filter(|r| live && r.job == job)
                 else {
                     // Its response ended first: the piece is not wanted.
@@ -292,7 +292,7 @@ impl<R: RingOps> Shard<R> {
 
     /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.
     fn step_relay(&mut self, c: ConnSlot, steps: &mut Vec<Step>) {
-        let Some(relay) = self.pulls.relays.get_mut(&c.raw()) else {
+        let Some(relay) = self.pulls.relays.get_mut(self.conn_ref(c)) else {
             return;
         };
         let job = relay.job;
@@ -318,7 +318,7 @@ impl<R: RingOps> Shard<R> {
         }
         // A read the fetch can no longer answer (it ended, or the reads went backwards):
         // the response is cut, never padded.
-        let Some(relay) = self.pulls.relays.get_mut(&c.raw()) else {
+        let Some(relay) = self.pulls.relays.get_mut(self.conn_ref(c)) else {
             return;
         };
         if failed || (relay.ended.is_some() && relay.reading()) {
@@ -343,7 +343,7 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c`'s response ended (or it closed): its pass-through is forgotten, and a
     /// fetch still running for it is ended (its `Ended` gives the fetch's slot back).
     pub(super) fn relay_end(&mut self, c: ConnSlot) {
-        let Some(relay) = self.pulls.relays.remove(&c.raw()) else {
+        let Some(relay) = self.pulls.relays.remove(self.conn_ref(c)) else {
             return;
         };
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");

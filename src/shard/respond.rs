@@ -205,7 +205,7 @@ impl<R: RingOps> Shard<R> {
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
         // A new response: whatever the last one streamed is over (a request parsed again
         // after its fill keeps what its first parse noted).
-        self.pulls.streams.remove(&c.raw());
+        self.pulls.streams.remove(self.conn_ref(c));
         self.fill_reads_end(c);
         if !self.pulls.resuming {
             self.conns[c.index()].cache = None;

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use super::conn::ChunkState;
-use super::machine::{ArenaWait, Lifecycle};
+use super::machine::{ArenaWait, ConnLife};
 use super::slots::ArenaSlot;
 use super::{RingOps as _, Shard, PARK_HOLD_MS, TIMER_SWEEP_MS};
 use crate::config::{Config, ZeroCopy};
@@ -578,7 +578,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     let now_ms = shard.now_ms;
     for (c, conn) in shard.conns.iter().enumerate() {
         let c = c as u32;
-        if conn.life == Lifecycle::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
+        if conn.life == ConnLife::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
             return Err(format!("free connection {c} has operations or a body"));
         }
         // A rate-limited response never plans past its allowance (a multipart part header
@@ -949,7 +949,7 @@ fn drive(
                 shard
                     .conns
                     .iter()
-                    .filter(|m| m.life != super::machine::Lifecycle::Free)
+                    .filter(|m| m.life != super::machine::ConnLife::Free)
                     .map(|m| (m.life, m.tls_send))
                     .collect::<Vec<_>>()
             ));
