@@ -656,3 +656,55 @@ fn no_source_file_is_longer_than_a_newcomer_can_hold() {
         long.join("\n")
     );
 }
+
+/// The fields of `struct NAME` in `file` (one per `name: Type,` line at the first indent) and
+/// whether each is `pub`.
+fn struct_fields(file: &str, header: &str) -> Vec<(String, bool)> {
+    let src = std::fs::read_to_string(src_dir().join(file)).expect("read source");
+    let start = src
+        .find(header)
+        .unwrap_or_else(|| panic!("{header} not found in {file}"));
+    let body = &src[start..];
+    let end = body.find("\n}\n").expect("struct end");
+    body[..end]
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.starts_with("    ") && !l.starts_with("     ") && !l.trim_start().starts_with("//")
+        })
+        .filter_map(|l| {
+            let l = l.trim();
+            let (is_pub, rest) = match l.strip_prefix("pub ") {
+                Some(r) => (true, r),
+                None => (l.starts_with("pub("), l),
+            };
+            let name = rest.split(':').next()?.trim();
+            (!name.is_empty() && name.chars().all(is_ident) && rest.contains(':'))
+                .then(|| (name.to_string(), is_pub))
+        })
+        .collect()
+}
+
+/// The shard only drives: it holds the ring, the connections and the arena beside one group
+/// of state per subsystem (`shard/state.rs`), and the connection machine's state is its own.
+#[test]
+fn the_shard_holds_few_fields_and_the_machine_shows_none() {
+    let shard = struct_fields("shard/mod.rs", "struct Shard<R: RingOps> {");
+    assert!(shard.len() >= 10, "Shard's fields not read: {shard:?}");
+    assert!(
+        shard.len() <= 25,
+        "Shard has {} fields (at most 25: group a subsystem's state in shard/state.rs): {:?}",
+        shard.len(),
+        shard.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    let machine = struct_fields("shard/machine/mod.rs", "pub struct ConnMachine {");
+    assert!(
+        machine.len() >= 20,
+        "ConnMachine's fields not read: {machine:?}"
+    );
+    let public: Vec<_> = machine.iter().filter(|(_, p)| *p).map(|(n, _)| n).collect();
+    assert!(
+        public.is_empty(),
+        "ConnMachine fields the driver could write around its methods: {public:?}"
+    );
+}

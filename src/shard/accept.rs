@@ -12,12 +12,12 @@ impl<R: RingOps> Shard<R> {
         if cap == 0 {
             return;
         }
-        let Some(addr) = self.conns[c.index()].client.addr() else {
+        let Some(addr) = self.conns[c.index()].client().addr() else {
             return;
         };
         let key = crate::client::cap::ClientKey::new(addr.ip(), self.cfg.client_ipv6_prefix);
-        if self.client_counts.acquire(key, cap) {
-            self.conns[c.index()].cap_key = Some(key);
+        if self.policy.client_counts.acquire(key, cap) {
+            self.conns[c.index()].set_cap_key(key);
             return;
         }
         ShardMetrics::add(&self.metrics.refused_client_cap, 1);
@@ -26,7 +26,7 @@ impl<R: RingOps> Shard<R> {
                 self.drive(c, |m, cx, out| m.close(CloseReason::Abort, cx, out));
             }
             crate::config::ClientCapAction::TooManyRequests => {
-                self.conns[c.index()].over_cap = true;
+                self.conns[c.index()].set_over_cap();
             }
         }
     }
@@ -48,35 +48,36 @@ impl<R: RingOps> Shard<R> {
     }
 
     pub(super) fn arm_accept(&mut self) {
-        let tls_wanted = self.tls_listener.is_some() || (self.ring_accepts && self.tls.is_some());
-        if (self.accept_armed && (self.tls_accept_armed || !tls_wanted))
-            || self.drain_deadline_ms.is_some()
-            || self.now_ms < self.accept_retry_ms
+        let tls_wanted = self.accept.tls_listener.is_some()
+            || (self.accept.ring_accepts && self.handshaking.tls.is_some());
+        if (self.accept.accept_armed && (self.accept.tls_accept_armed || !tls_wanted))
+            || self.life.drain_deadline_ms.is_some()
+            || self.clock.now_ms < self.accept.accept_retry_ms
         {
             return;
         }
-        let listener = self.listener.as_ref().map(|l| l.as_fd());
-        if !self.accept_armed && (listener.is_some() || self.ring_accepts) {
+        let listener = self.accept.listener.as_ref().map(|l| l.as_fd());
+        if !self.accept.accept_armed && (listener.is_some() || self.accept.ring_accepts) {
             let t = Token::shard(Op::Accept).encode();
             self.ring.accept_multi(listener, t);
-            self.accept_armed = true;
+            self.accept.accept_armed = true;
         }
-        let tls_listener = self.tls_listener.as_ref().map(|l| l.as_fd());
+        let tls_listener = self.accept.tls_listener.as_ref().map(|l| l.as_fd());
         // The simulator's ring produces TLS connections too when the shard has a context.
-        let ring_tls = self.ring_accepts && self.tls.is_some();
-        if !self.tls_accept_armed && (tls_listener.is_some() || ring_tls) {
+        let ring_tls = self.accept.ring_accepts && self.handshaking.tls.is_some();
+        if !self.accept.tls_accept_armed && (tls_listener.is_some() || ring_tls) {
             let t = Token::shard(Op::AcceptTls).encode();
             self.ring.accept_multi(tls_listener, t);
-            self.tls_accept_armed = true;
+            self.accept.tls_accept_armed = true;
         }
     }
 
     pub(super) fn on_accept(&mut self, cqe: Completion, tls: bool) {
         if !cqe.more() {
             if tls {
-                self.tls_accept_armed = false;
+                self.accept.tls_accept_armed = false;
             } else {
-                self.accept_armed = false;
+                self.accept.accept_armed = false;
             }
         }
         if cqe.result < 0 {
@@ -84,10 +85,10 @@ impl<R: RingOps> Shard<R> {
             if errno != libc::ECANCELED {
                 ShardMetrics::add(&self.metrics.accept_errors, 1);
                 // Under a connection flood this repeats: log at most once per interval.
-                if self.now_ms >= self.accept_warned_ms + ACCEPT_WARN_INTERVAL_MS
-                    || self.accept_warned_ms == 0
+                if self.clock.now_ms >= self.accept.accept_warned_ms + ACCEPT_WARN_INTERVAL_MS
+                    || self.accept.accept_warned_ms == 0
                 {
-                    self.accept_warned_ms = self.now_ms.max(1);
+                    self.accept.accept_warned_ms = self.clock.now_ms.max(1);
                     tracing::warn!(
                         shard = self.index,
                         errno,
@@ -95,12 +96,12 @@ impl<R: RingOps> Shard<R> {
                          are counted in accept_errors_total, logged at most once a second)"
                     );
                 }
-                self.accept_retry_ms = self.now_ms + ACCEPT_BACKOFF_MS;
+                self.accept.accept_retry_ms = self.clock.now_ms + ACCEPT_BACKOFF_MS;
             }
             return;
         }
         let socket = SocketSlot::new(cqe.result as u32);
-        let draining = self.drain_deadline_ms.is_some();
+        let draining = self.life.drain_deadline_ms.is_some();
         let Some(c) = (!draining).then(|| self.free_conns.pop()).flatten() else {
             ShardMetrics::add(&self.metrics.refused_over_cap, 1);
             let t = Token::socket(Op::Overflow, socket).encode();
@@ -124,7 +125,7 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         self.open_conns += 1;
-        self.accepted_in_round = true;
+        self.accept.accepted_in_round = true;
         self.drive(c, |m, cx, out| m.open(socket, session, cx, out));
     }
 }

@@ -203,18 +203,18 @@ impl<R: RingOps> Shard<R> {
     ) -> bool {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
-        let Some(edge) = self.edge.as_mut() else {
+        let Some(edge) = self.cache.edge.as_mut() else {
             return false;
         };
-        let mut scratch = std::mem::take(&mut self.path_scratch);
+        let mut scratch = std::mem::take(&mut self.policy.path_scratch);
         let route = edge.route(req.path, req.query, req.host, &mut scratch);
-        self.path_scratch = scratch;
+        self.policy.path_scratch = scratch;
         let Route::Origin { origin, key, path } = route else {
             return false;
         };
-        if !self.pulls.resuming {
+        if !self.cache.pulls.resuming {
             // Counted once per request (a request parsed again after its wait is the same).
-            self.conns[c.index()].cache_origin = u8::try_from(origin).ok();
+            self.conns[c.index()].set_cache_origin(u8::try_from(origin).ok());
             if let Some(n) = self.metrics.origins.requests.get(origin) {
                 super::ShardMetrics::add(n, 1);
             }
@@ -232,13 +232,19 @@ impl<R: RingOps> Shard<R> {
             self.respond_status(c, 414, keep_alive, head_only);
             return true;
         }
-        match self.pulls.answers.remove(self.conn_ref(c)) {
+        match self.cache.pulls.answers.remove(self.conn_ref(c)) {
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 // Waited in vain on an origin that asked the edge to wait: told for how long.
-                let now_ms = self.now_ms;
+                let now_ms = self.clock.now_ms;
                 let paused = (status == 504)
-                    .then(|| self.edge.as_mut()?.fill.origin_paused_s(origin, now_ms))
+                    .then(|| {
+                        self.cache
+                            .edge
+                            .as_mut()?
+                            .fill
+                            .origin_paused_s(origin, now_ms)
+                    })
                     .flatten();
                 match paused {
                     Some(s) => self.respond_retry_later(c, s, head_only),
@@ -254,10 +260,10 @@ impl<R: RingOps> Shard<R> {
             None => {}
         }
         let waiter = self.waiter(c);
-        let edge = self.edge.as_mut().expect("checked above");
+        let edge = self.cache.edge.as_mut().expect("checked above");
         // A request resumed after a wait was admitted when it first came: it is not sent to
         // revalidate again (with `cache_revalidate_s = 0` it would never get through).
-        let admitted = self.pulls.resuming;
+        let admitted = self.cache.pulls.resuming;
         let (outcome, stream, hit) =
             edge.want(&key, origin, &path, req.range, head_only, admitted, waiter);
         match (outcome, hit) {
@@ -267,7 +273,7 @@ impl<R: RingOps> Shard<R> {
             (Outcome::Waiting, _) => {
                 let timeout_ms = edge.wait_timeout_ms;
                 let cx = self.cx();
-                self.conns[c.index()].cache = Some("MISS");
+                self.conns[c.index()].set_cache_label(Some("MISS"));
                 self.conns[c.index()].await_fill(timeout_ms, &cx);
                 self.sync_timer(c);
             }
@@ -278,7 +284,7 @@ impl<R: RingOps> Shard<R> {
             (Outcome::Refused(status), _) => {
                 // A remembered 404: the cache's answer, the origin not asked.
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
-                self.conns[c.index()].cache = Some("HIT");
+                self.conns[c.index()].set_cache_label(Some("HIT"));
                 self.respond_status(c, status, keep_alive, head_only)
             }
         }
@@ -308,14 +314,18 @@ impl<R: RingOps> Shard<R> {
         let version = meta.version;
         // A response before this one on the connection lets its version go first.
         self.fill_reads_end(c);
-        let edge = self.edge.as_mut().expect("a pulled request has a cache");
+        let edge = self
+            .cache
+            .edge
+            .as_mut()
+            .expect("a pulled request has a cache");
         let (key, path) = edge.data_file(version);
         let idx = match self.files.acquire_immutable(
             &mut self.ring,
             &key,
             &path,
             meta.size,
-            self.now_ms,
+            self.clock.now_ms,
         ) {
             Ok(idx) => idx,
             Err(e) => {
@@ -332,27 +342,28 @@ impl<R: RingOps> Shard<R> {
             }
         };
         let limits = self.plan_limits(c);
-        let ctx = super::respond::plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let ctx =
+            super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
         let f = self.files.get(idx);
         // Where the origin gave no validators, the data file's.
         let facts = pulled_facts(&meta, f.etag(), (&f.last_modified, f.mtime_secs), f.mode);
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
-        let bufs = self.body_pool.pop().unwrap_or_default();
+        let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         // The head leaves on its own: the body's reads must hold whole blocks to be checked,
         // which a head-and-body chunk (bytes read at the head's end) cannot.
         started.inline_head = false;
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
-            if let (true, Some(edge)) = (pinned, self.edge.as_mut()) {
+            if let (true, Some(edge)) = (pinned, self.cache.edge.as_mut()) {
                 edge.fill.unpin(version);
             }
-            let label = if self.conns[c.index()].cache.is_some() {
+            let label = if self.conns[c.index()].cache_label().is_some() {
                 "MISS"
             } else {
                 "HIT"
             };
-            self.conns[c.index()].cache = Some(label);
+            self.conns[c.index()].set_cache_label(Some(label));
             return self.install(c, started, None, rate);
         }
         self.install(c, started, Some(idx), rate);
@@ -364,7 +375,7 @@ impl<R: RingOps> Shard<R> {
         // Pinned while it is read (since `EdgeCache::want`) when found under the lock:
         // eviction never takes it. A lockless hit reads on from its open descriptor if its
         // version is dropped meanwhile.
-        self.pulls.reads.insert(
+        self.cache.pulls.reads.insert(
             self.conn_ref(c),
             PulledRead {
                 version,
@@ -375,14 +386,15 @@ impl<R: RingOps> Shard<R> {
                 refetches: 0,
             },
         );
-        let waited = self.conns[c.index()].cache.is_some();
+        let waited = self.conns[c.index()].cache_label().is_some();
         let mut filling = false;
         // A streaming response reads no further than the committed blocks and moves on as
         // the fill commits more; anything else had every block it needs before it began.
         if let (Some(stream), Some(end)) = (stream, readable_end) {
             filling = end < stream.last.map_or(meta.size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
-            self.pulls
+            self.cache
+                .pulls
                 .streams
                 .insert(self.conn_ref(c), (stream, version));
         }
@@ -392,24 +404,24 @@ impl<R: RingOps> Shard<R> {
             (false, false) => ("HIT", &self.metrics.cache_hit),
         };
         super::ShardMetrics::add(counter, 1);
-        self.conns[c.index()].cache = Some(label);
+        self.conns[c.index()].set_cache_label(Some(label));
     }
 
     /// A streaming response reached the end of the committed bytes (`Action::AwaitBlock`):
     /// it waits on the next block, or reads on at once if that came meanwhile.
     pub(super) fn fill_await_block(&mut self, c: ConnSlot, file_offset: u64) {
-        if self.pulls.relays.contains(self.conn_ref(c)) {
+        if self.cache.pulls.relays.contains(self.conn_ref(c)) {
             // Streamed from the cache up to here; the rest is passed through.
             return self.relay_reaches_end_of_disk(c);
         }
         let waiter = self.waiter(c);
         let key = self.conn_ref(c);
         let (Some(edge), Some((stream, version))) =
-            (self.edge.as_mut(), self.pulls.streams.get(key))
+            (self.cache.edge.as_mut(), self.cache.pulls.streams.get(key))
         else {
             // A body stopped at its readable end with no stream to move it: a bug, but the
             // client must not hang; the response is cut.
-            self.pulls.aborts.push(waiter);
+            self.cache.pulls.aborts.push(waiter);
             return;
         };
         match edge.want_more(stream, *version, file_offset, waiter) {
@@ -422,7 +434,7 @@ impl<R: RingOps> Shard<R> {
             Outcome::Waiting => {}
             // Another version (the response began on this one) or too many waiting.
             Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_) => {
-                self.pulls.aborts.push(waiter)
+                self.cache.pulls.aborts.push(waiter)
             }
         }
     }
@@ -432,11 +444,12 @@ impl<R: RingOps> Shard<R> {
     fn stream_block_arrived(&mut self, waiter: Waiter, version: u64) {
         let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
-        if conn.generation != generation || !conn.responding() {
+        if conn.generation() != generation || !conn.responding() {
             return;
         }
         let key = self.conn_ref(c);
-        let (Some(edge), Some((stream, v))) = (self.edge.as_mut(), self.pulls.streams.get(key))
+        let (Some(edge), Some((stream, v))) =
+            (self.cache.edge.as_mut(), self.cache.pulls.streams.get(key))
         else {
             return;
         };
@@ -466,41 +479,41 @@ impl<R: RingOps> Shard<R> {
             // Wait on the next block (its notice comes here again).
             if edge.want_more(stream, version, end, waiter) == Outcome::Busy {
                 // The key has another version now: this response cannot be finished.
-                self.pulls.aborts.push(waiter);
+                self.cache.pulls.aborts.push(waiter);
             }
         }
         if self.conns[c.index()].set_readable_end(end) {
             self.ready.push_bulk(c);
         }
         if done {
-            self.pulls.streams.remove(self.conn_ref(c));
+            self.cache.pulls.streams.remove(self.conn_ref(c));
         }
     }
 
     /// Each tick: deadlines, queued fetches (slots at bulk priority), slots given back, and
     /// the waiting requests whose fill moved.
     pub(super) fn run_fill(&mut self) {
-        let Some(edge) = self.edge.as_mut() else {
+        let Some(edge) = self.cache.edge.as_mut() else {
             return;
         };
-        edge.fill.expire(self.now_ms);
-        edge.fill.resume_paced(&mut self.ring, self.now_ms);
+        edge.fill.expire(self.clock.now_ms);
+        edge.fill.resume_paced(&mut self.ring, self.clock.now_ms);
         // Batches the I/O thread made durable: their blocks become visible now.
         edge.fill.settle_io();
         let arena = &mut self.arena;
         edge.fill.pump(
             &mut self.ring,
             &mut || arena.take(Demand::Bulk),
-            self.now_ms,
+            self.clock.now_ms,
         );
-        let mut notices = std::mem::take(&mut self.pulls.notices);
-        let mut slots = std::mem::take(&mut self.pulls.slots);
+        let mut notices = std::mem::take(&mut self.cache.pulls.notices);
+        let mut slots = std::mem::take(&mut self.cache.pulls.slots);
         edge.take_notices(&mut notices, &mut slots);
         for slot in slots.drain(..) {
             self.release_slot(slot);
         }
         // Dropped versions' data files are closed here too, so their room comes back.
-        if let Some(edge) = self.edge.as_mut() {
+        if let Some(edge) = self.cache.edge.as_mut() {
             let (files, ring) = (&mut self.files, &mut self.ring);
             edge.dropped_files(|key| files.forget(ring, key));
         }
@@ -539,13 +552,13 @@ impl<R: RingOps> Shard<R> {
                         self.resume_fill(waiter, answer);
                     } else if !(error.is_disk_full() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
-                        self.pulls.aborts.push(waiter);
+                        self.cache.pulls.aborts.push(waiter);
                     }
                 }
             }
         }
         // Responses whose stream cannot go on are cut (the client sees a short body).
-        let mut aborts = std::mem::take(&mut self.pulls.aborts);
+        let mut aborts = std::mem::take(&mut self.cache.pulls.aborts);
         for Waiter {
             conn: c,
             generation,
@@ -553,11 +566,11 @@ impl<R: RingOps> Shard<R> {
         } in aborts.drain(..)
         {
             let conn = &self.conns[c.index()];
-            if conn.generation == generation && conn.is_live() && conn.responding() {
+            if conn.generation() == generation && conn.is_live() && conn.responding() {
                 // Off the waiter lists now (its close then finds no stream to cancel).
-                if self.pulls.streams.remove(self.conn_ref(c)).is_some() {
+                if self.cache.pulls.streams.remove(self.conn_ref(c)).is_some() {
                     let waiter = self.waiter(c);
-                    if let Some(edge) = self.edge.as_mut() {
+                    if let Some(edge) = self.cache.edge.as_mut() {
                         edge.fill.cancel(&waiter);
                     }
                 }
@@ -566,11 +579,11 @@ impl<R: RingOps> Shard<R> {
                 });
             }
         }
-        self.pulls.aborts = aborts;
-        self.pulls.notices = notices;
-        self.pulls.slots = slots;
+        self.cache.pulls.aborts = aborts;
+        self.cache.pulls.notices = notices;
+        self.cache.pulls.slots = slots;
         self.run_relays();
-        if let Some(edge) = self.edge.as_mut() {
+        if let Some(edge) = self.cache.edge.as_mut() {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
             super::ShardMetrics::set(&self.metrics.origin_connections, f.connections() as u64);
@@ -604,23 +617,23 @@ impl<R: RingOps> Shard<R> {
 
     /// The earliest fill deadline or retry (ms), for the loop's sleep.
     pub(super) fn fill_due_ms(&self) -> Option<u64> {
-        self.edge.as_ref().and_then(|e| e.fill.next_due_ms())
+        self.cache.edge.as_ref().and_then(|e| e.fill.next_due_ms())
     }
 
     /// A waiting request's fill moved (or failed: `answer`): it is answered again.
     fn resume_fill(&mut self, waiter: Waiter, answer: Option<FillAnswer>) {
         let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
-        if conn.generation != generation || !conn.is_open() || !conn.awaiting_fill() {
+        if conn.generation() != generation || !conn.is_open() || !conn.awaiting_fill() {
             return;
         }
         if let Some(a) = answer {
-            self.pulls.answers.insert(self.conn_ref(c), a);
+            self.cache.pulls.answers.insert(self.conn_ref(c), a);
         }
         self.conns[c.index()].fill_resumed();
-        self.pulls.resuming = true;
+        self.cache.pulls.resuming = true;
         self.start_request(c);
-        self.pulls.resuming = false;
+        self.cache.pulls.resuming = false;
         // Outside a visit nothing pumps a response begun here: queue the connection (a fresh
         // response is urgent work, as a new request is).
         if self.conns[c.index()].responding() {
@@ -632,7 +645,7 @@ impl<R: RingOps> Shard<R> {
     /// pass-through (the disk had no room for the rest of its object).
     fn live_stream(&mut self, waiter: Waiter) -> bool {
         let conn = &self.conns[waiter.conn.index()];
-        conn.generation == waiter.generation
+        conn.generation() == waiter.generation
             && conn.is_live()
             && conn.responding()
             && self.stream_to_pass_through(waiter.conn)
@@ -641,7 +654,7 @@ impl<R: RingOps> Shard<R> {
     /// A waiting request ran out of time: 504.
     pub(super) fn fill_timed_out(&mut self, c: ConnSlot) {
         let waiter = self.waiter(c);
-        if let Some(edge) = self.edge.as_mut() {
+        if let Some(edge) = self.cache.edge.as_mut() {
             edge.fill.cancel(&waiter);
         }
         self.resume_fill(waiter, Some(FillAnswer::Status(504)));
@@ -649,9 +662,10 @@ impl<R: RingOps> Shard<R> {
 
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
-        self.pulls.answers.remove(self.conn_ref(c));
+        self.cache.pulls.answers.remove(self.conn_ref(c));
         self.relay_end(c);
         let refetching = self
+            .cache
             .pulls
             .reads
             .get(self.conn_ref(c))
@@ -659,10 +673,10 @@ impl<R: RingOps> Shard<R> {
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a
         // waiter list: every other connection's close costs nothing here.
-        let streaming = self.pulls.streams.remove(self.conn_ref(c)).is_some();
+        let streaming = self.cache.pulls.streams.remove(self.conn_ref(c)).is_some();
         if streaming || refetching || self.conns[c.index()].awaiting_fill() {
             let waiter = self.waiter(c);
-            if let Some(edge) = self.edge.as_mut() {
+            if let Some(edge) = self.cache.edge.as_mut() {
                 edge.fill.cancel(&waiter);
             }
         }
@@ -682,7 +696,7 @@ impl<R: RingOps> Shard<R> {
         res: i32,
     ) -> ReadCheck {
         use ReadCheck::Use;
-        let Some(read) = self.pulls.reads.get(self.conn_ref(c)) else {
+        let Some(read) = self.cache.pulls.reads.get(self.conn_ref(c)) else {
             return Use(res);
         };
         let (version, refetches, mut crcs) = (read.version, read.refetches, read.crcs);
@@ -699,7 +713,7 @@ impl<R: RingOps> Shard<R> {
         }
         let waiter = self.waiter(c);
         let key = self.conn_ref(c);
-        let Some(edge) = self.edge.as_mut() else {
+        let Some(edge) = self.cache.edge.as_mut() else {
             return Use(res);
         };
         let got_bytes = u64::from(got) + res as u64;
@@ -712,7 +726,7 @@ impl<R: RingOps> Shard<R> {
             &mut crcs,
             hot.as_deref(),
         );
-        if let Some(r) = self.pulls.reads.get_mut(key) {
+        if let Some(r) = self.cache.pulls.reads.get_mut(key) {
             r.crcs = crcs;
         }
         let block = match checked {
@@ -733,6 +747,7 @@ impl<R: RingOps> Shard<R> {
         }
         let outcome = edge.fill.refetch(version, block, waiter);
         let entry = self
+            .cache
             .pulls
             .reads
             .get_mut(self.conn_ref(c))
@@ -760,10 +775,10 @@ impl<R: RingOps> Shard<R> {
     /// False when `waiter` holds no chunk for `block` (its notice is for a stream).
     pub(super) fn refetch_arrived(&mut self, waiter: Waiter, block: Option<u32>) -> bool {
         let c = waiter.conn;
-        if self.conns[c.index()].generation != waiter.generation {
+        if self.conns[c.index()].generation() != waiter.generation {
             return false;
         }
-        let Some(read) = self.pulls.reads.get_mut(self.conn_ref(c)) else {
+        let Some(read) = self.cache.pulls.reads.get_mut(self.conn_ref(c)) else {
             return false;
         };
         let Some((slot, waited)) = read.refetch else {
@@ -784,10 +799,10 @@ impl<R: RingOps> Shard<R> {
     /// when `waiter` holds no such chunk.
     fn refetch_failed(&mut self, waiter: Waiter, error: &crate::origin::fetch::FetchError) -> bool {
         let c = waiter.conn;
-        if self.conns[c.index()].generation != waiter.generation {
+        if self.conns[c.index()].generation() != waiter.generation {
             return false;
         }
-        let Some(read) = self.pulls.reads.get_mut(self.conn_ref(c)) else {
+        let Some(read) = self.cache.pulls.reads.get_mut(self.conn_ref(c)) else {
             return false;
         };
         let Some((_, block)) = read.refetch.take() else {
@@ -795,6 +810,7 @@ impl<R: RingOps> Shard<R> {
         };
         let version = read.version;
         let object = self
+            .cache
             .edge
             .as_ref()
             .and_then(|e| e.meta(version))
@@ -808,15 +824,15 @@ impl<R: RingOps> Shard<R> {
             ?error,
             "a corrupt cached block could not be fetched again: the response is cut"
         );
-        self.pulls.aborts.push(waiter);
+        self.cache.pulls.aborts.push(waiter);
         true
     }
 
     /// Connection `c` no longer reads the version it read (its pin goes).
     pub(super) fn fill_reads_end(&mut self, c: ConnSlot) {
         if let (Some(read), Some(edge)) = (
-            self.pulls.reads.remove(self.conn_ref(c)),
-            self.edge.as_mut(),
+            self.cache.pulls.reads.remove(self.conn_ref(c)),
+            self.cache.edge.as_mut(),
         ) {
             if read.pinned {
                 edge.fill.unpin(read.version);
@@ -829,14 +845,14 @@ impl<R: RingOps> Shard<R> {
         Waiter {
             shard: self.index as u16,
             conn: c,
-            generation: self.conns[c.index()].generation,
+            generation: self.conns[c.index()].generation(),
         }
     }
 
     /// Arms the poll on this shard's fill eventfd (other shards' fetches write it when they
     /// have news for this shard's waiters).
     pub(super) fn arm_fill_wake(&mut self) {
-        if let Some(edge) = self.edge.as_ref() {
+        if let Some(edge) = self.cache.edge.as_ref() {
             let t = super::token::Token::shard(super::token::Op::FillWake).encode();
             self.ring.poll_fd(edge.wake_fd(), libc::POLLIN as u32, t);
         }
@@ -845,7 +861,7 @@ impl<R: RingOps> Shard<R> {
     /// The fill eventfd's poll completed: empty it and poll again (the notices are taken in
     /// `run_fill` this tick).
     pub(super) fn on_fill_wake(&mut self) {
-        if let Some(edge) = self.edge.as_ref() {
+        if let Some(edge) = self.cache.edge.as_ref() {
             edge.drain_wake();
         }
         self.arm_fill_wake();
@@ -854,7 +870,7 @@ impl<R: RingOps> Shard<R> {
     /// An `Op::Origin` completion.
     pub(super) fn on_origin(&mut self, t: super::token::Token, res: i32) {
         let now_ms = self.ring.now().as_millis() as u64;
-        match self.edge.as_mut() {
+        match self.cache.edge.as_mut() {
             Some(edge) => edge.fill.on_completion(&mut self.ring, t, res, now_ms),
             None => super::ShardMetrics::add(&self.metrics.stray_completions, 1),
         }

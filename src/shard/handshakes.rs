@@ -30,7 +30,7 @@ const NEW: usize = 1;
 impl<R: RingOps> Shard<R> {
     /// A session for a connection accepted on the TLS listener (None: no TLS context).
     pub(super) fn new_tls_session(&mut self) -> Option<Box<TlsSession>> {
-        let ctx = self.tls.as_ref()?;
+        let ctx = self.handshaking.tls.as_ref()?;
         ShardMetrics::add(&self.metrics.tls_accepted, 1);
         match TlsSession::new(ctx.server.clone()) {
             Ok(s) => Some(Box::new(s)),
@@ -44,18 +44,15 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` received handshake bytes: it waits for a turn. A new handshake that
     /// finds the queue full is closed.
     pub(super) fn queue_handshake(&mut self, c: ConnSlot) {
-        if self.handshakes.list_of(c.raw()).is_some() {
+        if self.handshaking.handshakes.list_of(c.raw()).is_some() {
             return;
         }
-        let started = self.conns[c.index()]
-            .tls
-            .as_ref()
-            .is_some_and(|t| t.turns() > 0);
+        let started = self.conns[c.index()].tls().is_some_and(|t| t.turns() > 0);
         if started {
-            self.handshakes.push_back(CONTINUING, c.raw());
+            self.handshaking.handshakes.push_back(CONTINUING, c.raw());
             return;
         }
-        if self.handshakes.len(NEW) + self.handshakes.len(CONTINUING)
+        if self.handshaking.handshakes.len(NEW) + self.handshaking.handshakes.len(CONTINUING)
             >= self.cfg.tls_max_pending_handshakes
         {
             self.count_handshake(HandshakeOutcome::QueueFull);
@@ -64,12 +61,12 @@ impl<R: RingOps> Shard<R> {
             });
             return;
         }
-        self.handshakes.push_back(NEW, c.raw());
+        self.handshaking.handshakes.push_back(NEW, c.raw());
     }
 
     /// Handshakes waiting now.
     pub(super) fn pending_handshakes(&self) -> usize {
-        self.handshakes.len(CONTINUING) + self.handshakes.len(NEW)
+        self.handshaking.handshakes.len(CONTINUING) + self.handshaking.handshakes.len(NEW)
     }
 
     /// Earns handshake time: while transfers or requests are in progress, handshakes get
@@ -78,11 +75,13 @@ impl<R: RingOps> Shard<R> {
     /// whole burst at once.
     pub(super) fn earn_handshake_time(&mut self) {
         let now = self.ring.now();
-        let elapsed_us = now.saturating_sub(self.hs_earned_at).as_micros() as i64;
-        self.hs_earned_at = now;
+        let elapsed_us = now
+            .saturating_sub(self.handshaking.hs_earned_at)
+            .as_micros() as i64;
+        self.handshaking.hs_earned_at = now;
         let busy = self.arena.free_count() < self.cfg.arena_slots() || !self.ready.is_empty();
-        self.hs_credit_us = if busy {
-            (self.hs_credit_us + elapsed_us * TLS_HANDSHAKE_SHARE_PERCENT as i64 / 100)
+        self.handshaking.hs_credit_us = if busy {
+            (self.handshaking.hs_credit_us + elapsed_us * TLS_HANDSHAKE_SHARE_PERCENT as i64 / 100)
                 .min(TLS_HANDSHAKE_BURST_US as i64)
         } else {
             TLS_HANDSHAKE_BURST_US as i64
@@ -97,10 +96,10 @@ impl<R: RingOps> Shard<R> {
             return None;
         }
         self.earn_handshake_time();
-        if self.hs_credit_us > 0 {
+        if self.handshaking.hs_credit_us > 0 {
             return Some(Duration::ZERO);
         }
-        let owed_us = (1 - self.hs_credit_us) as u64;
+        let owed_us = (1 - self.handshaking.hs_credit_us) as u64;
         Some(Duration::from_micros(
             owed_us * 100 / TLS_HANDSHAKE_SHARE_PERCENT,
         ))
@@ -113,11 +112,12 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         self.earn_handshake_time();
-        while self.hs_credit_us > 0 {
+        while self.handshaking.hs_credit_us > 0 {
             let Some(c) = self
+                .handshaking
                 .handshakes
                 .pop_front(CONTINUING)
-                .or_else(|| self.handshakes.pop_front(NEW))
+                .or_else(|| self.handshaking.handshakes.pop_front(NEW))
                 .map(ConnSlot::new)
             else {
                 break;
@@ -125,7 +125,7 @@ impl<R: RingOps> Shard<R> {
             let started = self.ring.now();
             self.drive(c, |m, cx, out| m.handshake_turn(cx, out));
             let spent = self.ring.now().saturating_sub(started).as_micros() as i64;
-            self.hs_credit_us -= spent;
+            self.handshaking.hs_credit_us -= spent;
         }
     }
 

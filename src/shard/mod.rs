@@ -27,6 +27,7 @@ pub mod sched;
 mod scrub;
 #[cfg(test)]
 mod sim;
+mod state;
 pub mod timer_wheel;
 // The ring's interface lives below the shard (`crate::ring_api`), where the fill uses it too.
 pub use crate::ring_api::{ops as ring_ops, slots, token};
@@ -173,93 +174,36 @@ struct Shard<R: RingOps> {
     ready: ReadyQueue,
     arena: ArenaSlots,
     files: FileCache,
-    listener: Option<TcpListener>,
-    /// The TLS listener (None without `tls_listen`).
-    tls_listener: Option<TcpListener>,
-    /// The ring itself produces connections (the simulator has no listener).
-    ring_accepts: bool,
-    accept_armed: bool,
-    tls_accept_armed: bool,
-    /// Certificates and ticket keys for new handshakes (replaced by a reload).
-    tls: Option<Arc<crate::tls::TlsContext>>,
-    /// Connections whose handshake waits for its turn, oldest first: those under way, then
-    /// new ones (`handshakes.rs`).
-    handshakes: ListSet<2>,
-    /// Handshake time left to spend (µs; negative: a turn overran) and when it was last
-    /// earned (`handshakes.rs`).
-    hs_credit_us: i64,
-    hs_earned_at: Duration,
-    accept_retry_ms: u64,
-    accept_warned_ms: u64,
-    /// The kernel refused a peer-address request once (logged once).
-    peer_warned: bool,
-    /// Peers that may name the client (`trusted_proxies`, parsed; replaced on reload).
-    trusted: crate::client::TrustedProxies,
-    /// Signed-URL rules and keys (replaced on reload).
-    signing: Arc<crate::signing::Signing>,
-    /// Where the path rules (signed URLs, prefix rates) resolve the request path (no
-    /// allocation per request).
-    path_scratch: crate::fs::resolve::ResolveScratch,
-    /// Connections per client over all shards.
-    client_counts: Arc<crate::client::cap::ClientCounts>,
-    /// The edge's egress cap, shared by all shards (`egress_limit_bytes_per_s`).
-    egress: Arc<crate::limits::EgressBucket>,
-    /// The egress bucket's clock minus this ring's, µs (both run from their creation).
-    egress_clock_offset_us: u64,
-    /// When the current egress-rate window began (ms), and the bytes sent by then.
-    egress_window: (u64, u64),
-    date: DateCache,
-    metrics: Arc<ShardMetrics>,
-    shutdown: Arc<AtomicBool>,
-    batch: Vec<Completion>,
+    /// The listeners and their accepts (`accept.rs`).
+    accept: state::Accepting,
+    /// TLS handshakes waiting for their turn, their time and their memory (`handshakes.rs`).
+    handshaking: state::Handshaking,
+    /// Who may ask for what: trusted proxies, signed URLs, clients' connection counts.
+    policy: state::Policy,
+    /// The edge's egress cap as this shard sees it.
+    egress: state::Egress,
+    /// The tick's clock and the HTTP date.
+    clock: state::Clock,
+    /// Buffers allocated at start and reused: completions, actions, body queues.
+    pools: state::Pools,
+    /// Deadlines and the rate limit's wake-ups.
+    timers: state::Timers,
+    /// Parked connections and SEND_ZC's share of the arena.
+    sends: state::Sends,
     recv_retry: Vec<ConnSlot>,
-    /// Connections that parked a chunk, oldest first (each slot at most once).
-    parked: ListSet<1>,
-    /// Connections holding a SEND_ZC chunk (the timer sweep checks that it drains).
-    zc_conns: ListSet<1>,
-    /// Action buffers for the machines' events (one per nesting level; allocated at start).
-    action_pool: Vec<Actions>,
-    /// Body queues between responses (allocated at start; grows only past the most
-    /// responses ever in progress at once).
-    body_pool: Vec<conn::BodyBuffers>,
-    /// Each connection's deadline (header, idle, send, linger), mirrored from its machine
-    /// after every event: the sweep visits only what expired, never every slot.
-    timers: TimerWheel,
-    /// Rate-limited responses waiting for their allowance: when to wake each (no slot held).
-    limit_waits: TimerWheel,
-    now_ms: u64,
-    /// The same moment in µs: read once per tick with `now_ms` (`read_clock`), as nginx
-    /// caches its time per loop turn; every event of the tick is judged by it.
-    now_us: u64,
-    /// When the HTTP date was last refreshed (shard clock, ms): at most once per ms.
-    date_read_ms: u64,
+    /// Shutdown, drain, reloads and log reopening.
+    life: state::Life,
+    metrics: Arc<ShardMetrics>,
+    access_log: Option<access_log::AccessLog>,
     /// The configuration's limits as the machine sees them, built at start and at a reload
     /// (`build_limits`), not per event; the zero-copy warm-up is `ZC_WARMUP_BYTES` (the
     /// simulator, whose files are smaller, lowers it).
     limits: Limits,
-    drain_deadline_ms: Option<u64>,
     open_conns: usize,
-    /// A connection was accepted since the last urgent round (its receive is to go out).
-    accepted_in_round: bool,
-    zerocopy: bool,
-    /// Arena slots lent to SEND_ZC and not yet released by a notification.
-    zc_held: usize,
-    /// Handshake bytes the handshaking connections hold now (bounded by
-    /// `tls_handshake_budget_bytes`), and what it counts for each connection slot.
-    handshake_bytes: usize,
-    handshake_counted: Vec<usize>,
-    last_sweep_ms: u64,
     /// Bytes of bulk work (reads planned, chunk sends) the shard may still add this tick.
     shard_budget: TickBudget,
-    access_log: Option<access_log::AccessLog>,
-    log_epoch: Arc<AtomicU64>,
-    lifecycle: reload::LifecycleView,
-    /// The pull-through cache, when `[[origin]]` is configured (`fill::edge`).
-    edge: Option<crate::fill::edge::EdgeCache>,
-    /// The pulled responses' state, by connection (`cache_glue::Pulls`).
-    pulls: cache_glue::Pulls,
-    /// The background scrub's pass and its read in flight (shard 0 only).
-    scrub: scrub::Scrub,
+    /// The pull-through cache's side on this shard (`cache_glue.rs`, `scrub.rs`).
+    cache: state::CacheSide,
 }
 
 /// The most operations the shard can have in flight at once, from what its config fixes at
@@ -321,7 +265,7 @@ impl Shard<Ring> {
             p.log_epoch,
             p.lifecycle,
         )?;
-        shard.edge = edge;
+        shard.cache.edge = edge;
         shard.arm_fill_wake();
         Ok(shard)
     }
@@ -385,64 +329,84 @@ impl<R: RingOps> Shard<R> {
             ready: ReadyQueue::new(max_conns),
             arena: ArenaSlots::new(arena_slots as u16, max_conns),
             files,
-            ring_accepts: listener.is_none(),
-            listener,
-            tls_listener,
-            accept_armed: false,
-            tls_accept_armed: false,
-            tls: lifecycle.tls(),
-            handshakes: ListSet::new(max_conns),
-            hs_credit_us: 0,
-            hs_earned_at: Duration::ZERO,
-            accept_retry_ms: 0,
-            accept_warned_ms: 0,
-            peer_warned: false,
-            trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
-                .expect("validated at load"),
-            signing: lifecycle.signing(),
-            path_scratch: crate::fs::resolve::ResolveScratch::with_capacity(
-                crate::http::request::MAX_REQUEST_LINE_BYTES,
-            ),
-            client_counts: lifecycle.client_counts(),
-            egress_clock_offset_us,
-            egress,
-            egress_window: (0, 0),
-            date: DateCache::new(now),
-            metrics,
-            shutdown,
-            batch: Vec::with_capacity(COMPLETION_BATCH_MAX),
+            accept: state::Accepting {
+                ring_accepts: listener.is_none(),
+                listener,
+                tls_listener,
+                accept_armed: false,
+                tls_accept_armed: false,
+                accept_retry_ms: 0,
+                accept_warned_ms: 0,
+                peer_warned: false,
+                accepted_in_round: false,
+            },
+            handshaking: state::Handshaking {
+                tls: lifecycle.tls(),
+                handshakes: ListSet::new(max_conns),
+                hs_credit_us: 0,
+                hs_earned_at: Duration::ZERO,
+                handshake_bytes: 0,
+                handshake_counted: vec![0; max_conns],
+            },
+            policy: state::Policy {
+                trusted: crate::client::TrustedProxies::parse(&cfg.trusted_proxies)
+                    .expect("validated at load"),
+                signing: lifecycle.signing(),
+                path_scratch: crate::fs::resolve::ResolveScratch::with_capacity(
+                    crate::http::request::MAX_REQUEST_LINE_BYTES,
+                ),
+                client_counts: lifecycle.client_counts(),
+            },
+            egress: state::Egress {
+                clock_offset_us: egress_clock_offset_us,
+                bucket: egress,
+                window: (0, 0),
+            },
+            clock: state::Clock {
+                now_ms: 0,
+                now_us: 0,
+                date: DateCache::new(now),
+                date_read_ms: u64::MAX,
+            },
+            pools: state::Pools {
+                batch: Vec::with_capacity(COMPLETION_BATCH_MAX),
+                body_pool: (0..max_conns.min(BODY_POOL_BUFFERS))
+                    .map(|_| {
+                        conn::BodyBuffers::with_capacity(2 * cfg.max_ranges + 1, cfg.pipeline_depth)
+                    })
+                    .collect(),
+                action_pool: (0..ACTION_POOL_BUFFERS)
+                    .map(|_| Vec::with_capacity(machine::ACTIONS_PER_EVENT_MAX))
+                    .collect(),
+            },
+            timers: state::Timers {
+                deadlines: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
+                limit_waits: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
+                last_sweep_ms: 0,
+            },
+            sends: state::Sends {
+                parked: ListSet::new(max_conns),
+                zc_conns: ListSet::new(max_conns),
+                zc_held: 0,
+                zerocopy,
+            },
             recv_retry: Vec::with_capacity(max_conns),
-            parked: ListSet::new(max_conns),
-            zc_conns: ListSet::new(max_conns),
-            timers: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
-            limit_waits: TimerWheel::new(max_conns, TIMER_GRANULARITY_MS, TIMER_WHEEL_BUCKETS),
-            body_pool: (0..max_conns.min(BODY_POOL_BUFFERS))
-                .map(|_| {
-                    conn::BodyBuffers::with_capacity(2 * cfg.max_ranges + 1, cfg.pipeline_depth)
-                })
-                .collect(),
-            action_pool: (0..ACTION_POOL_BUFFERS)
-                .map(|_| Vec::with_capacity(machine::ACTIONS_PER_EVENT_MAX))
-                .collect(),
-            now_ms: 0,
-            now_us: 0,
-            date_read_ms: u64::MAX,
-            limits: build_limits(&cfg, zerocopy, ZC_WARMUP_BYTES),
-            drain_deadline_ms: None,
-            open_conns: 0,
-            accepted_in_round: false,
-            zerocopy,
-            zc_held: 0,
-            handshake_bytes: 0,
-            handshake_counted: vec![0; max_conns],
-            last_sweep_ms: 0,
-            shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
+            life: state::Life {
+                shutdown,
+                drain_deadline_ms: None,
+                lifecycle: reload::LifecycleView::new(lifecycle),
+                log_epoch,
+            },
+            metrics,
             access_log,
-            log_epoch,
-            lifecycle: reload::LifecycleView::new(lifecycle),
-            edge: None,
-            pulls: cache_glue::Pulls::default(),
-            scrub: scrub::Scrub::default(),
+            limits: build_limits(&cfg, zerocopy, ZC_WARMUP_BYTES),
+            open_conns: 0,
+            shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
+            cache: state::CacheSide {
+                edge: None,
+                pulls: cache_glue::Pulls::default(),
+                scrub: scrub::Scrub::default(),
+            },
             cfg,
         })
     }
@@ -451,7 +415,7 @@ impl<R: RingOps> Shard<R> {
         tracing::debug!(
             shard = self.index,
             deferred_taskrun = self.ring.deferred_taskrun(),
-            zerocopy = self.zerocopy,
+            zerocopy = self.sends.zerocopy,
             "shard loop starting"
         );
         while self.tick()? {}
@@ -465,16 +429,16 @@ impl<R: RingOps> Shard<R> {
         {
             self.read_clock();
             self.apply_reload();
-            if self.shutdown.load(Ordering::Relaxed) && self.drain_deadline_ms.is_none() {
+            if self.life.shutdown.load(Ordering::Relaxed) && self.life.drain_deadline_ms.is_none() {
                 self.begin_drain();
             }
-            if let Some(deadline) = self.drain_deadline_ms {
+            if let Some(deadline) = self.life.drain_deadline_ms {
                 let log_busy = self.access_log.as_ref().is_some_and(|l| l.busy());
-                let accepting = self.accept_armed || self.tls_accept_armed;
-                if self.open_conns == 0 && !accepting && !log_busy && !self.scrub.busy() {
+                let accepting = self.accept.accept_armed || self.accept.tls_accept_armed;
+                if self.open_conns == 0 && !accepting && !log_busy && !self.cache.scrub.busy() {
                     return Ok(false);
                 }
-                if self.now_ms >= deadline {
+                if self.clock.now_ms >= deadline {
                     self.close_all(CloseReason::Drain);
                 }
             }
@@ -509,26 +473,26 @@ impl<R: RingOps> Shard<R> {
 
             let handshake_wait = self.handshake_wait();
             let busy = !self.ready.is_empty()
-                || self.scrub.checking()
+                || self.cache.scrub.checking()
                 || !self.recv_retry.is_empty()
-                || !self.pulls.relay_ready.is_empty()
-                || !self.pulls.relay_cancels.is_empty()
+                || !self.cache.pulls.relay_ready.is_empty()
+                || !self.cache.pulls.relay_cancels.is_empty()
                 || handshake_wait == Some(Duration::ZERO);
             if busy {
                 self.ring.submit_and_wait(0, None)?;
             } else {
                 let sweep = Duration::from_millis(TIMER_SWEEP_MS);
                 let mut timeout = handshake_wait.map_or(sweep, |w| w.min(sweep));
-                let scrub_due = self.scrub.due_ms(self.cfg.cache_scrub_bytes_per_s);
+                let scrub_due = self.cache.scrub.due_ms(self.cfg.cache_scrub_bytes_per_s);
                 for at_ms in [
-                    self.limit_waits.next_deadline_ms(),
+                    self.timers.limit_waits.next_deadline_ms(),
                     self.fill_due_ms(),
                     scrub_due,
                 ]
                 .into_iter()
                 .flatten()
                 {
-                    let wait_ms = at_ms.saturating_sub(self.now_ms).max(1);
+                    let wait_ms = at_ms.saturating_sub(self.clock.now_ms).max(1);
                     timeout = timeout.min(Duration::from_millis(wait_ms));
                 }
                 let batch = (self.cfg.wait_batch_usec > 0).then(|| {
@@ -540,20 +504,20 @@ impl<R: RingOps> Shard<R> {
                 self.ring.submit_and_wait_batched(timeout, batch)?;
             }
             // Only this reap's accepts (and later rounds') count for the urgent rounds.
-            self.accepted_in_round = false;
+            self.accept.accepted_in_round = false;
             self.reap();
             self.answer_new_requests(tick_budget)?;
             self.read_clock();
             self.wake_limited();
-            if self.now_ms >= self.last_sweep_ms + TIMER_SWEEP_MS {
-                self.last_sweep_ms = self.now_ms;
+            if self.clock.now_ms >= self.timers.last_sweep_ms + TIMER_SWEEP_MS {
+                self.timers.last_sweep_ms = self.clock.now_ms;
                 self.sweep_timers();
             }
             if let Some(log) = self.access_log.as_mut() {
-                log.reopen_if(self.log_epoch.load(Ordering::Relaxed));
+                log.reopen_if(self.life.log_epoch.load(Ordering::Relaxed));
                 let t = Token::shard(Op::LogWrite).encode();
-                let force = self.drain_deadline_ms.is_some();
-                log.maybe_flush(&mut self.ring, t, self.now_ms, force);
+                let force = self.life.drain_deadline_ms.is_some();
+                log.maybe_flush(&mut self.ring, t, self.clock.now_ms, force);
             }
             ShardMetrics::set(&self.metrics.ring_sqes, self.ring.sqes_pushed());
             ShardMetrics::set(
@@ -579,7 +543,7 @@ impl<R: RingOps> Shard<R> {
             );
             ShardMetrics::set(
                 &self.metrics.tls_handshake_bytes,
-                self.handshake_bytes as u64,
+                self.handshaking.handshake_bytes as u64,
             );
         }
         Ok(true)
@@ -588,8 +552,8 @@ impl<R: RingOps> Shard<R> {
     /// Takes every completion the ring holds, in bounded batches, and dispatches each.
     fn reap(&mut self) {
         loop {
-            self.batch.clear();
-            let mut batch = std::mem::take(&mut self.batch);
+            self.pools.batch.clear();
+            let mut batch = std::mem::take(&mut self.pools.batch);
             self.ring
                 .drain_completions(&mut batch, COMPLETION_BATCH_MAX);
             let n = batch.len();
@@ -597,7 +561,7 @@ impl<R: RingOps> Shard<R> {
                 self.dispatch(*cqe);
             }
             ShardMetrics::add(&self.metrics.ring_cqes, n as u64);
-            self.batch = batch;
+            self.pools.batch = batch;
             if n < COMPLETION_BATCH_MAX {
                 break;
             }
@@ -611,7 +575,7 @@ impl<R: RingOps> Shard<R> {
     /// extra enters a tick. Bulk connections are not visited here.
     fn answer_new_requests(&mut self, tick_budget: usize) -> std::io::Result<()> {
         for _ in 0..URGENT_ROUNDS_MAX {
-            let accepted = std::mem::take(&mut self.accepted_in_round);
+            let accepted = std::mem::take(&mut self.accept.accepted_in_round);
             let handshakes = self.handshake_wait() == Some(Duration::ZERO);
             if !accepted && !self.ready.has_urgent() && !handshakes {
                 break;
@@ -631,32 +595,32 @@ impl<R: RingOps> Shard<R> {
 
     /// The egress bucket's clock, µs, read through this ring's.
     fn egress_now_us(&self) -> u64 {
-        self.now_us + self.egress_clock_offset_us
+        self.clock.now_us + self.egress.clock_offset_us
     }
 
     /// Reads the shard clock (`now_ms`, `now_us`) and, when a new ms began, the wall clock
     /// for the Date header.
     fn read_clock(&mut self) {
         let now = self.ring.now();
-        self.now_us = now.as_micros() as u64;
-        self.now_ms = now.as_millis() as u64;
-        if self.now_ms != self.date_read_ms {
-            self.date_read_ms = self.now_ms;
-            self.date.refresh(unix_now_secs());
+        self.clock.now_us = now.as_micros() as u64;
+        self.clock.now_ms = now.as_millis() as u64;
+        if self.clock.now_ms != self.clock.date_read_ms {
+            self.clock.date_read_ms = self.clock.now_ms;
+            self.clock.date.refresh(unix_now_secs());
         }
     }
 
     /// The moment and shard-wide facts a machine event is judged by.
     fn cx(&self) -> Ctx {
         Ctx {
-            now_ms: self.now_ms,
-            now_us: self.now_us,
-            draining: self.drain_deadline_ms.is_some(),
-            zc_room: self.zc_held < self.cfg.arena_slots() / ZC_ARENA_SHARE_DIVISOR,
+            now_ms: self.clock.now_ms,
+            now_us: self.clock.now_us,
+            draining: self.life.drain_deadline_ms.is_some(),
+            zc_room: self.sends.zc_held < self.cfg.arena_slots() / ZC_ARENA_SHARE_DIVISOR,
             handshake_room_bytes: self
                 .cfg
                 .tls_handshake_budget_bytes
-                .saturating_sub(self.handshake_bytes),
+                .saturating_sub(self.handshaking.handshake_bytes),
             limits: self.limits,
             egress_now_us: self.egress_now_us(),
         }
@@ -668,15 +632,15 @@ impl<R: RingOps> Shard<R> {
 
     /// `c` with its current generation, as the fill glue's tables key it.
     fn conn_ref(&self, c: ConnSlot) -> cache_glue::ConnRef {
-        cache_glue::ConnRef::new(c, self.conns[c.index()].generation)
+        cache_glue::ConnRef::new(c, self.conns[c.index()].generation())
     }
 
     fn token(&self, op: Op, c: ConnSlot) -> u64 {
-        Token::conn(op, c, self.conns[c.index()].generation).encode()
+        Token::conn(op, c, self.conns[c.index()].generation()).encode()
     }
 
     fn chunk_token(&self, op: Op, c: ConnSlot, slot: ArenaSlot) -> u64 {
-        Token::chunk(op, c, self.conns[c.index()].generation, slot).encode()
+        Token::chunk(op, c, self.conns[c.index()].generation(), slot).encode()
     }
 
     // ---- the driver: machine events in, actions out ----------------------------------------
@@ -684,7 +648,8 @@ impl<R: RingOps> Shard<R> {
     /// An action buffer from the pool (allocated at start-up; the pool only grows if actions
     /// nest deeper than it was sized for).
     fn take_actions(&mut self) -> Actions {
-        self.action_pool
+        self.pools
+            .action_pool
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(machine::ACTIONS_PER_EVENT_MAX))
     }
@@ -702,10 +667,10 @@ impl<R: RingOps> Shard<R> {
             "a connection has more operations in flight than unqueued_bound counts"
         );
         out.clear();
-        self.action_pool.push(out);
+        self.pools.action_pool.push(out);
         self.sync_handshake_bytes(c);
-        if let Some(spare) = self.conns[c.index()].spare.take() {
-            self.body_pool.push(spare);
+        if let Some(spare) = self.conns[c.index()].take_spare() {
+            self.pools.body_pool.push(spare);
         }
         self.sync_timer(c);
     }
@@ -714,21 +679,20 @@ impl<R: RingOps> Shard<R> {
     /// a connection's TLS buffers comes from a machine call, and every one ends here).
     fn sync_handshake_bytes(&mut self, c: ConnSlot) {
         let now = self.conns[c.index()]
-            .tls
-            .as_ref()
+            .tls()
             .map_or(0, |t| t.handshake_bytes());
-        let before = std::mem::replace(&mut self.handshake_counted[c.index()], now);
-        self.handshake_bytes = self.handshake_bytes - before + now;
+        let before = std::mem::replace(&mut self.handshaking.handshake_counted[c.index()], now);
+        self.handshaking.handshake_bytes = self.handshaking.handshake_bytes - before + now;
     }
 
     /// Mirrors connection `c`'s deadline into the timer wheel (O(1); a no-op when unchanged).
     fn sync_timer(&mut self, c: ConnSlot) {
         let m = &self.conns[c.index()];
-        let want = m.wants_timer().then_some(m.deadline_ms);
-        if self.timers.deadline(c.raw()) != want {
+        let want = m.wants_timer().then_some(m.deadline_ms());
+        if self.timers.deadlines.deadline(c.raw()) != want {
             match want {
-                Some(at_ms) => self.timers.arm(c.raw(), at_ms),
-                None => self.timers.cancel(c.raw()),
+                Some(at_ms) => self.timers.deadlines.arm(c.raw(), at_ms),
+                None => self.timers.deadlines.cancel(c.raw()),
             }
         }
     }
@@ -748,7 +712,7 @@ impl<R: RingOps> Shard<R> {
 
     /// One action of connection `c`'s machine.
     fn execute(&mut self, c: ConnSlot, action: Action) {
-        let socket = self.conns[c.index()].socket;
+        let socket = self.conns[c.index()].socket();
         match action {
             Action::Recv => {
                 let t = self.token(Op::Recv, c);
@@ -775,6 +739,7 @@ impl<R: RingOps> Shard<R> {
                 rw_flags,
             } => {
                 if let Some(relay) = self
+                    .cache
                     .pulls
                     .relays
                     .get_mut(self.conn_ref(c))
@@ -782,7 +747,7 @@ impl<R: RingOps> Shard<R> {
                 {
                     // A pass-through: the bytes come from its origin fetch, not a disk.
                     relay.read(slot, buf_off, len, file_off);
-                    self.pulls.relay_ready.push(c);
+                    self.cache.pulls.relay_ready.push(c);
                 } else {
                     let t = self.chunk_token(Op::Read, c, slot);
                     self.ring
@@ -819,17 +784,17 @@ impl<R: RingOps> Shard<R> {
             }
             Action::ZeroFill { slot, len } => self.ring.arena_mut(slot)[..len].fill(0),
             Action::ClientKnown => self.count_client(c),
-            Action::LimitWait { at_ms } => self.limit_waits.arm(c.raw(), at_ms),
+            Action::LimitWait { at_ms } => self.timers.limit_waits.arm(c.raw(), at_ms),
             Action::EgressRefund(bytes) => {
                 let rate = self.cfg.egress_limit_bytes_per_s;
                 if rate > 0 {
                     let now_us = self.egress_now_us();
-                    self.egress.refund(bytes, rate, now_us);
+                    self.egress.bucket.refund(bytes, rate, now_us);
                 }
             }
             Action::GetPeer => {
                 let t = self.token(Op::PeerName, c);
-                let tls = self.conns[c.index()].tls.is_some();
+                let tls = self.conns[c.index()].tls().is_some();
                 let len = self.peer_sockaddr_bytes(tls);
                 self.ring.get_peer(c, socket, len, t);
             }
@@ -842,8 +807,8 @@ impl<R: RingOps> Shard<R> {
                 self.ring.shutdown_write(socket, t);
             }
             Action::CancelAll => {
-                if self.pulls.relays.contains(self.conn_ref(c)) {
-                    self.pulls.relay_cancels.push(c);
+                if self.cache.pulls.relays.contains(self.conn_ref(c)) {
+                    self.cache.pulls.relay_cancels.push(c);
                 }
                 let t = self.token(Op::Cancel, c);
                 self.ring.cancel_socket(socket, t);
@@ -862,38 +827,38 @@ impl<R: RingOps> Shard<R> {
             Action::QueueBulk => self.ready.push_bulk(c),
             Action::Unqueue => self.ready.remove(c),
             Action::ListParked => {
-                if self.parked.list_of(c.raw()).is_none() {
-                    self.parked.push_back(0, c.raw());
+                if self.sends.parked.list_of(c.raw()).is_none() {
+                    self.sends.parked.push_back(0, c.raw());
                 }
             }
             Action::Unlist => {
-                self.parked.remove(c.raw());
+                self.sends.parked.remove(c.raw());
             }
             Action::Reclaim => self.reclaim_parked(),
             Action::WaitArena(demand) => self.arena.wait(c, demand),
             Action::LeaveArenaQueue => self.arena.forget(c),
             Action::ZcTaken => {
-                self.zc_held += 1;
-                if self.zc_conns.list_of(c.raw()).is_none() {
-                    self.zc_conns.push_back(0, c.raw());
+                self.sends.zc_held += 1;
+                if self.sends.zc_conns.list_of(c.raw()).is_none() {
+                    self.sends.zc_conns.push_back(0, c.raw());
                 }
             }
             Action::ZcReleased => {
-                self.zc_held = self
+                self.sends.zc_held = self
+                    .sends
                     .zc_held
                     .checked_sub(1)
                     .expect("SEND_ZC share count underflow");
-                self.zc_conns.remove(c.raw());
+                self.sends.zc_conns.remove(c.raw());
             }
             Action::QueueHandshake => self.queue_handshake(c),
             Action::LeaveHandshakeQueue => {
-                self.handshakes.remove(c.raw());
+                self.handshaking.handshakes.remove(c.raw());
             }
             Action::SendTls { from, swap } => {
                 if swap {
                     let tls = self.conns[c.index()]
-                        .tls
-                        .as_mut()
+                        .tls_mut()
                         .expect("TLS bytes without a session");
                     let tx = self.ring.tx_mut(c);
                     std::mem::swap(tx, &mut tls.outgoing);
@@ -909,8 +874,7 @@ impl<R: RingOps> Shard<R> {
                 first_seq,
             } => {
                 let tls = self.conns[c.index()]
-                    .tls
-                    .as_ref()
+                    .tls()
                     .expect("sealing without a session");
                 // Out of place into the spare buffer, which becomes the slot's: one pass
                 // over the bytes instead of a move to make room for framing, then the AEAD.
@@ -980,32 +944,35 @@ impl<R: RingOps> Shard<R> {
         // A pulled version stays pinned only while a response reads it.
         self.fill_reads_end(c);
         self.relay_end(c);
-        let now_us = self.now_us;
+        let now_us = self.clock.now_us;
         let conn = &self.conns[c.index()];
-        self.metrics.count_request(conn.method, status);
-        match conn.cache {
+        self.metrics.count_request(conn.method(), status);
+        match conn.cache_label() {
             Some("PASS") => ShardMetrics::add(&self.metrics.cache_pass_bytes, bytes),
             Some(_) => ShardMetrics::add(&self.metrics.cache_sent_bytes, bytes),
             None => {}
         }
-        if let (Some(source), Some(origin)) = (conn.cache, conn.cache_origin) {
+        if let (Some(source), Some(origin)) = (conn.cache_label(), conn.cache_origin()) {
             self.metrics
                 .origins
                 .count_sent(usize::from(origin), source, bytes);
         }
         if let Some(log) = self.access_log.as_mut() {
+            let (request, range) = conn.log_fields();
             log.record(&access_log::Entry {
-                request: &conn.log_request,
+                request,
                 status,
                 bytes,
-                duration_us: now_us.saturating_sub(conn.request_start_us),
-                range: &conn.log_range,
+                duration_us: now_us.saturating_sub(conn.request_start_us()),
+                range,
                 shard: self.index,
-                date: self.date.header_value(),
-                tls: conn.tls.as_ref().and_then(|t| t.facts.as_ref()),
-                client: conn.request_client.or(conn.client.addr().map(|a| a.ip())),
-                limiter: conn.limiter,
-                cache: conn.cache,
+                date: self.clock.date.header_value(),
+                tls: conn.tls().and_then(|t| t.facts.as_ref()),
+                client: conn
+                    .request_client()
+                    .or(conn.client().addr().map(|a| a.ip())),
+                limiter: conn.limiter(),
+                cache: conn.cache_label(),
             });
         }
     }
@@ -1068,7 +1035,7 @@ impl<R: RingOps> Shard<R> {
             &mut budget,
             &mut self.shard_budget,
             &mut |demand| arena.take(demand),
-            Some(&self.egress),
+            Some(&self.egress.bucket),
             &cx,
             &mut out,
         );
@@ -1090,7 +1057,7 @@ impl<R: RingOps> Shard<R> {
     /// the arena; stops when nobody waits.
     fn reclaim_parked(&mut self) {
         while self.arena.waiting() > 0 {
-            let Some(c) = self.parked.pop_front(0).map(ConnSlot::new) else {
+            let Some(c) = self.sends.parked.pop_front(0).map(ConnSlot::new) else {
                 return;
             };
             if self.conns[c.index()].is_parked() {
@@ -1105,14 +1072,14 @@ impl<R: RingOps> Shard<R> {
     /// The whole list is walked (in order): a connection that parked again while still listed
     /// keeps its old place with a newer `parked_ms`, so the list is not sorted by park time.
     fn expire_parked(&mut self) {
-        for _ in 0..self.parked.len(0) {
-            let Some(c) = self.parked.pop_front(0).map(ConnSlot::new) else {
+        for _ in 0..self.sends.parked.len(0) {
+            let Some(c) = self.sends.parked.pop_front(0).map(ConnSlot::new) else {
                 return;
             };
             let conn = &self.conns[c.index()];
-            let recent = self.now_ms < conn.parked_ms + PARK_HOLD_MS;
+            let recent = self.clock.now_ms < conn.parked_ms() + PARK_HOLD_MS;
             if conn.is_parked() && recent {
-                self.parked.push_back(0, c.raw());
+                self.sends.parked.push_back(0, c.raw());
             } else if conn.is_parked() {
                 self.drive(c, |m, _, out| m.reclaim(out));
             }
@@ -1125,15 +1092,20 @@ impl<R: RingOps> Shard<R> {
     /// within the wheel's granularity, not at the next sweep (an egress turn left unused is
     /// bandwidth the cap never gives back).
     fn wake_limited(&mut self) {
-        while let Some(c) = self.limit_waits.pop_expired(self.now_ms).map(ConnSlot::new) {
+        while let Some(c) = self
+            .timers
+            .limit_waits
+            .pop_expired(self.clock.now_ms)
+            .map(ConnSlot::new)
+        {
             self.drive(c, |m, _, out| m.on_limit_wake(out));
         }
     }
 
     /// Publishes the bytes per second this shard sent over the last window (`egress_bytes_per_s`).
     fn measure_egress_rate(&mut self) {
-        let (since_ms, sent_then) = self.egress_window;
-        let elapsed_ms = self.now_ms.saturating_sub(since_ms);
+        let (since_ms, sent_then) = self.egress.window;
+        let elapsed_ms = self.clock.now_ms.saturating_sub(since_ms);
         if elapsed_ms < EGRESS_RATE_WINDOW_MS {
             return;
         }
@@ -1149,23 +1121,28 @@ impl<R: RingOps> Shard<R> {
         .sum::<u64>();
         let rate = sent.saturating_sub(sent_then) * 1000 / elapsed_ms;
         ShardMetrics::set(&m.egress_rate, rate);
-        self.egress_window = (self.now_ms, sent);
+        self.egress.window = (self.clock.now_ms, sent);
     }
 
     fn sweep_timers(&mut self) {
         debug_assert_eq!(
-            self.handshake_bytes,
+            self.handshaking.handshake_bytes,
             self.conns
                 .iter()
-                .map(|m| m.tls.as_ref().map_or(0, |t| t.handshake_bytes()))
+                .map(|m| m.tls().map_or(0, |t| t.handshake_bytes()))
                 .sum::<usize>(),
             "the handshake byte count drifted from what the connections hold"
         );
         self.expire_parked();
         self.measure_egress_rate();
-        while let Some(c) = self.timers.pop_expired(self.now_ms).map(ConnSlot::new) {
+        while let Some(c) = self
+            .timers
+            .deadlines
+            .pop_expired(self.clock.now_ms)
+            .map(ConnSlot::new)
+        {
             if self.conns[c.index()].awaiting_fill()
-                && self.now_ms >= self.conns[c.index()].deadline_ms
+                && self.clock.now_ms >= self.conns[c.index()].deadline_ms()
             {
                 self.fill_timed_out(c);
                 continue;
@@ -1175,34 +1152,34 @@ impl<R: RingOps> Shard<R> {
             self.drive(c, |m, cx, out| m.on_timer(cx, out));
         }
         // Connections holding a SEND_ZC chunk (at most half the arena's worth).
-        for _ in 0..self.zc_conns.len(0) {
-            let Some(c) = self.zc_conns.pop_front(0).map(ConnSlot::new) else {
+        for _ in 0..self.sends.zc_conns.len(0) {
+            let Some(c) = self.sends.zc_conns.pop_front(0).map(ConnSlot::new) else {
                 break;
             };
-            self.zc_conns.push_back(0, c.raw());
+            self.sends.zc_conns.push_back(0, c.raw());
             self.drive(c, |m, cx, out| m.check_zerocopy_stuck(cx, out));
         }
     }
 
     fn begin_drain(&mut self) {
-        self.drain_deadline_ms = Some(self.now_ms + self.cfg.drain_timeout_ms);
+        self.life.drain_deadline_ms = Some(self.clock.now_ms + self.cfg.drain_timeout_ms);
         tracing::info!(shard = self.index, "draining: no new connections");
-        if self.accept_armed {
+        if self.accept.accept_armed {
             let target = Token::shard(Op::Accept).encode();
             let t = Token::shard(Op::CancelAccept).encode();
             self.ring.cancel_token(target, t);
         }
-        if self.tls_accept_armed {
+        if self.accept.tls_accept_armed {
             let target = Token::shard(Op::AcceptTls).encode();
             let t = Token::shard(Op::CancelAccept).encode();
             self.ring.cancel_token(target, t);
         }
-        self.tls_listener = None;
+        self.accept.tls_listener = None;
         // Close the listening socket: connections still in its backlog are reset and new ones
         // refused, instead of waiting unanswered until the process exits. An accept still in
         // flight holds its own reference to the socket until the cancel above completes.
-        self.listener = None;
-        self.ring_accepts = false;
+        self.accept.listener = None;
+        self.accept.ring_accepts = false;
         for c in (0..self.conns.len() as u32).map(ConnSlot::new) {
             if self.conns[c.index()].is_live() {
                 self.drive(c, |m, cx, out| m.on_drain(cx, out));
@@ -1220,14 +1197,14 @@ impl<R: RingOps> Shard<R> {
 
     /// A connection's socket is closed: its slot goes back on the free list.
     fn on_close(&mut self, c: ConnSlot) {
-        self.limit_waits.cancel(c.raw());
+        self.timers.limit_waits.cancel(c.raw());
         self.fill_forget(c);
-        if let Some(key) = self.conns[c.index()].cap_key.take() {
-            self.client_counts.release(key);
+        if let Some(key) = self.conns[c.index()].take_cap_key() {
+            self.policy.client_counts.release(key);
         }
         self.conns[c.index()].on_closed();
         self.sync_handshake_bytes(c);
-        self.timers.cancel(c.raw());
+        self.timers.deadlines.cancel(c.raw());
         self.free_conns.push(c);
         self.open_conns -= 1;
         self.socket_slot_freed();
@@ -1236,7 +1213,7 @@ impl<R: RingOps> Shard<R> {
     /// A fixed socket slot was released: an accept backing off for lack of slots may retry now
     /// instead of sleeping out its timer (the back-off only guards against a busy loop).
     fn socket_slot_freed(&mut self) {
-        self.accept_retry_ms = 0;
+        self.accept.accept_retry_ms = 0;
     }
 
     // ---- dispatch --------------------------------------------------------------------------
@@ -1266,7 +1243,7 @@ impl<R: RingOps> Shard<R> {
         let live = self
             .conns
             .get(c.index())
-            .is_some_and(|conn| conn.generation == t.generation && conn.life != ConnLife::Free);
+            .is_some_and(|conn| conn.generation() == t.generation && conn.life() != ConnLife::Free);
         // Slots are freed only when no operation is in flight, so a mismatch is a bug.
         assert!(live, "completion {t:?} for a free or reused slot");
         let res = cqe.result;
@@ -1316,9 +1293,9 @@ impl<R: RingOps> Shard<R> {
                 let len = usize::try_from(res).unwrap_or(0);
                 let peer = crate::client::sockaddr::parse(self.ring.peer_done(c, len));
                 let refused = res < 0 && res != -libc::ENOTCONN && res != -libc::ECANCELED;
-                if refused && !self.peer_warned {
+                if refused && !self.accept.peer_warned {
                     // EOPNOTSUPP: a kernel before 6.7 (no socket getsockopt command).
-                    self.peer_warned = true;
+                    self.accept.peer_warned = true;
                     tracing::warn!(
                         shard = self.index,
                         errno = -res,
@@ -1326,7 +1303,7 @@ impl<R: RingOps> Shard<R> {
                          logged as \"-\" and count as untrusted (logged once)"
                     );
                 }
-                let trusted = peer.is_some_and(|p| self.trusted.trusts(p.ip()));
+                let trusted = peer.is_some_and(|p| self.policy.trusted.trusts(p.ip()));
                 self.drive(c, |m, _, out| m.on_peer(peer, trusted, out));
             }
             Op::PollOut => self.drive(c, |m, cx, out| m.on_writable(res, cx, out)),

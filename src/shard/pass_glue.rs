@@ -31,10 +31,12 @@ impl<R: RingOps> Shard<R> {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         let meta = self
+            .cache
             .edge
             .as_ref()
             .and_then(|edge| edge.fill.index().current(key).cloned());
-        let Some(meta) = meta.filter(|_| self.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD)
+        let Some(meta) =
+            meta.filter(|_| self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD)
         else {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
@@ -51,32 +53,33 @@ impl<R: RingOps> Shard<R> {
             FileRead::Direct { align: 1 },
         );
         let limits = self.plan_limits(c);
-        let ctx = super::respond::plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let ctx =
+            super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
         let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
-        let bufs = self.body_pool.pop().unwrap_or_default();
+        let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         if started.reads_file && started.single_file_range().is_none() {
             // Several ranges would need the origin's bytes out of order: the whole object.
-            started.give_back(&mut self.body_pool);
+            started.give_back(&mut self.pools.body_pool);
             let whole = Request {
                 range: None,
                 ..*req
             };
             let limits = self.plan_limits(c);
             plan = plan::plan_response(&whole, &facts, &limits, &ctx);
-            let bufs = self.body_pool.pop().unwrap_or_default();
+            let bufs = self.pools.body_pool.pop().unwrap_or_default();
             started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         }
         started.inline_head = false;
-        self.conns[c.index()].cache = Some("PASS");
+        self.conns[c.index()].set_cache_label(Some("PASS"));
         ShardMetrics::add(&self.metrics.cache_pass, 1);
         let Some((from, end)) = started.single_file_range().filter(|_| started.reads_file) else {
             // A HEAD, a 304, a 416: no bytes to fetch.
             return self.install(c, started, None, rate);
         };
         let refuse = |shard: &mut Self, started: super::respond::Started| {
-            started.give_back(&mut shard.body_pool);
-            shard.conns[c.index()].cache = None;
+            started.give_back(&mut shard.pools.body_pool);
+            shard.conns[c.index()].set_cache_label(None);
             ShardMetrics::add(&shard.metrics.cache_error, 1);
             shard.respond_status(c, 503, keep_alive, head_only);
         };
@@ -97,12 +100,13 @@ impl<R: RingOps> Shard<R> {
     /// it, from the end of what is on disk, is passed through from the origin. False when it
     /// cannot be (the caller cuts it, as before).
     pub(super) fn stream_to_pass_through(&mut self, c: ConnSlot) -> bool {
-        if self.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
+        if self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
             return false;
         }
-        let (Some(edge), Some((stream, version))) =
-            (self.edge.as_ref(), self.pulls.streams.get(self.conn_ref(c)))
-        else {
+        let (Some(edge), Some((stream, version))) = (
+            self.cache.edge.as_ref(),
+            self.cache.pulls.streams.get(self.conn_ref(c)),
+        ) else {
             return false;
         };
         let Some(meta) = edge.fill.index().meta(*version).cloned() else {
@@ -127,13 +131,13 @@ impl<R: RingOps> Shard<R> {
             "cache disk full: passing the rest of a streaming response through, unstored"
         );
         // Off the fill's waiter lists: its bytes past `from` come from the pass-through now.
-        self.pulls.streams.remove(self.conn_ref(c));
+        self.cache.pulls.streams.remove(self.conn_ref(c));
         let waiter = crate::fill::edge::Waiter {
             shard: self.index as u16,
             conn: c,
-            generation: self.conns[c.index()].generation,
+            generation: self.conns[c.index()].generation(),
         };
-        if let Some(edge) = self.edge.as_mut() {
+        if let Some(edge) = self.cache.edge.as_mut() {
             edge.fill.cancel(&waiter);
         }
         ShardMetrics::add(&self.metrics.cache_pass, 1);
@@ -170,8 +174,8 @@ impl<R: RingOps> Shard<R> {
             from,
             end,
         };
-        let now_ms = self.now_ms;
-        let Some(edge) = self.edge.as_mut() else {
+        let now_ms = self.clock.now_ms;
+        let Some(edge) = self.cache.edge.as_mut() else {
             self.release_slot(slot);
             return false;
         };
@@ -180,9 +184,10 @@ impl<R: RingOps> Shard<R> {
             .begin_pass_through(&mut self.ring, &pass, slot, now_ms)
         {
             Ok(job) => {
-                let generation = self.conns[c.index()].generation;
-                self.pulls.relay_jobs.insert(job, (c, generation));
-                self.pulls
+                let generation = self.conns[c.index()].generation();
+                self.cache.pulls.relay_jobs.insert(job, (c, generation));
+                self.cache
+                    .pulls
                     .relays
                     .insert(self.conn_ref(c), Relay::new(job, meta.size, from));
                 true
@@ -208,17 +213,17 @@ impl<R: RingOps> Shard<R> {
         let mut events = Vec::new();
         let mut steps = Vec::new();
         loop {
-            let now_ms = self.now_ms;
-            if let Some(edge) = self.edge.as_mut() {
+            let now_ms = self.clock.now_ms;
+            if let Some(edge) = self.cache.edge.as_mut() {
                 edge.fill.take_pass_through_events(&mut events);
             }
-            let mut cancels = std::mem::take(&mut self.pulls.relay_cancels);
+            let mut cancels = std::mem::take(&mut self.cache.pulls.relay_cancels);
             for c in cancels.drain(..) {
-                if let Some(relay) = self.pulls.relays.get_mut(self.conn_ref(c)) {
+                if let Some(relay) = self.cache.pulls.relays.get_mut(self.conn_ref(c)) {
                     let slot = relay.take_read();
                     let job = relay.job;
                     if relay.ended.is_none() {
-                        if let Some(edge) = self.edge.as_mut() {
+                        if let Some(edge) = self.cache.edge.as_mut() {
                             edge.fill.abort_pass_through(&mut self.ring, job, now_ms);
                         }
                     }
@@ -228,11 +233,11 @@ impl<R: RingOps> Shard<R> {
                 }
             }
             // Cancels that came while these were done wait for the next turn.
-            cancels.append(&mut self.pulls.relay_cancels);
-            self.pulls.relay_cancels = cancels;
-            let mut ready = std::mem::take(&mut self.pulls.relay_ready);
+            cancels.append(&mut self.cache.pulls.relay_cancels);
+            self.cache.pulls.relay_cancels = cancels;
+            let mut ready = std::mem::take(&mut self.cache.pulls.relay_ready);
             if events.is_empty() && ready.is_empty() {
-                self.pulls.relay_ready = ready;
+                self.cache.pulls.relay_ready = ready;
                 return;
             }
             for e in events.drain(..) {
@@ -249,14 +254,15 @@ impl<R: RingOps> Shard<R> {
                     }
                     FillEvent::Head { .. } | FillEvent::Committed { .. } => continue,
                 };
-                let Some(&(c, generation)) = self.pulls.relay_jobs.get(&job) else {
+                let Some(&(c, generation)) = self.cache.pulls.relay_jobs.get(&job) else {
                     continue;
                 };
                 if ended.is_some() {
-                    self.pulls.relay_jobs.remove(&job);
+                    self.cache.pulls.relay_jobs.remove(&job);
                 }
-                let live = self.conns[c.index()].generation == generation;
+                let live = self.conns[c.index()].generation() == generation;
                 let Some(relay) = self
+                    .cache
                     .pulls
                     .relays
                     .get_mut(self.conn_ref(c))
@@ -264,7 +270,7 @@ impl<R: RingOps> Shard<R> {
                 else {
                     // Its response ended first: the piece is not wanted.
                     if piece.is_some() {
-                        if let Some(edge) = self.edge.as_mut() {
+                        if let Some(edge) = self.cache.edge.as_mut() {
                             edge.fill.abort_pass_through(&mut self.ring, job, now_ms);
                         }
                     }
@@ -285,14 +291,14 @@ impl<R: RingOps> Shard<R> {
                 self.step_relay(c, &mut steps);
             }
             // Reads asked while these were done are answered on the next turn of the loop.
-            ready.append(&mut self.pulls.relay_ready);
-            self.pulls.relay_ready = ready;
+            ready.append(&mut self.cache.pulls.relay_ready);
+            self.cache.pulls.relay_ready = ready;
         }
     }
 
     /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.
     fn step_relay(&mut self, c: ConnSlot, steps: &mut Vec<Step>) {
-        let Some(relay) = self.pulls.relays.get_mut(self.conn_ref(c)) else {
+        let Some(relay) = self.cache.pulls.relays.get_mut(self.conn_ref(c)) else {
             return;
         };
         let job = relay.job;
@@ -308,8 +314,8 @@ impl<R: RingOps> Shard<R> {
                     len,
                 } => self.ring.arena_copy(from, from_off, to, to_off, len),
                 Step::PieceDone => {
-                    let now_ms = self.now_ms;
-                    if let Some(edge) = self.edge.as_mut() {
+                    let now_ms = self.clock.now_ms;
+                    if let Some(edge) = self.cache.edge.as_mut() {
                         edge.fill.delivered(&mut self.ring, job, now_ms);
                     }
                 }
@@ -318,7 +324,7 @@ impl<R: RingOps> Shard<R> {
         }
         // A read the fetch can no longer answer (it ended, or the reads went backwards):
         // the response is cut, never padded.
-        let Some(relay) = self.pulls.relays.get_mut(self.conn_ref(c)) else {
+        let Some(relay) = self.cache.pulls.relays.get_mut(self.conn_ref(c)) else {
             return;
         };
         if failed || (relay.ended.is_some() && relay.reading()) {
@@ -343,18 +349,18 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c`'s response ended (or it closed): its pass-through is forgotten, and a
     /// fetch still running for it is ended (its `Ended` gives the fetch's slot back).
     pub(super) fn relay_end(&mut self, c: ConnSlot) {
-        let Some(relay) = self.pulls.relays.remove(self.conn_ref(c)) else {
+        let Some(relay) = self.cache.pulls.relays.remove(self.conn_ref(c)) else {
             return;
         };
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
         if relay.ended.is_none() {
-            let now_ms = self.now_ms;
-            if let Some(edge) = self.edge.as_mut() {
+            let now_ms = self.clock.now_ms;
+            if let Some(edge) = self.cache.edge.as_mut() {
                 edge.fill
                     .abort_pass_through(&mut self.ring, relay.job, now_ms);
             }
             // Its events (the end) are taken on the next turn of `run_relays`.
-            self.pulls.relay_ready.push(c);
+            self.cache.pulls.relay_ready.push(c);
         }
     }
 }

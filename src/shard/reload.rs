@@ -35,37 +35,37 @@ impl<R: RingOps> Shard<R> {
     /// True once this edge is leaving rotation (SIGTERM) or draining: health answers 503 and
     /// responses close their connections.
     pub(super) fn leaving(&self) -> bool {
-        self.drain_deadline_ms.is_some() || self.lifecycle.shared.is_leaving()
+        self.life.drain_deadline_ms.is_some() || self.life.lifecycle.shared.is_leaving()
     }
 
     /// Switches to a reloaded configuration. Only keys `Config::reload` lets through differ,
     /// and each is read where it is used (deadlines set from now on, the next tick's budgets,
     /// the next request's ranges), so nothing in flight changes under a connection.
     pub(super) fn apply_reload(&mut self) {
-        let epoch = self.lifecycle.shared.epoch();
-        if epoch != self.lifecycle.seen_epoch {
-            self.lifecycle.seen_epoch = epoch;
-            let new = self.lifecycle.shared.config();
+        let epoch = self.life.lifecycle.shared.epoch();
+        if epoch != self.life.lifecycle.seen_epoch {
+            self.life.lifecycle.seen_epoch = epoch;
+            let new = self.life.lifecycle.shared.config();
             if !same_access_log(&self.cfg, &new) {
-                self.lifecycle.log_change_pending = true;
+                self.life.lifecycle.log_change_pending = true;
             }
             self.files.set_valid_ms(new.open_file_valid_ms);
             // The next connection's peer is judged by the new list; open ones keep theirs.
             if let Ok(t) = crate::client::TrustedProxies::parse(&new.trusted_proxies) {
-                self.trusted = t;
+                self.policy.trusted = t;
             }
             // New handshakes use the reloaded certificates and ticket keys; sessions under
             // way keep the configuration they started with.
-            self.tls = self.lifecycle.shared.tls();
-            self.signing = self.lifecycle.shared.signing();
+            self.handshaking.tls = self.life.lifecycle.shared.tls();
+            self.policy.signing = self.life.lifecycle.shared.signing();
             tracing::debug!(shard = self.index, epoch, "configuration reloaded");
             self.limits =
-                super::build_limits(&new, self.zerocopy, self.limits.zerocopy_warmup_bytes);
+                super::build_limits(&new, self.sends.zerocopy, self.limits.zerocopy_warmup_bytes);
             self.cfg = new;
             // Published last: a reader who sees this epoch sees the shard on the new settings.
             crate::metrics::ShardMetrics::set(&self.metrics.config_epoch, epoch);
         }
-        if self.lifecycle.log_change_pending {
+        if self.life.lifecycle.log_change_pending {
             self.switch_access_log();
         }
     }
@@ -78,12 +78,12 @@ impl<R: RingOps> Shard<R> {
                 return;
             }
             let t = super::token::Token::shard(super::token::Op::LogWrite).encode();
-            log.maybe_flush(&mut self.ring, t, self.now_ms, true);
+            log.maybe_flush(&mut self.ring, t, self.clock.now_ms, true);
             if log.busy() {
                 return;
             }
         }
-        self.lifecycle.log_change_pending = false;
+        self.life.lifecycle.log_change_pending = false;
         let path = self
             .cfg
             .access_log
@@ -93,7 +93,10 @@ impl<R: RingOps> Shard<R> {
             None => None,
             Some(path) => {
                 let json = self.cfg.access_log_format == AccessLogFormat::Json;
-                let epoch = self.log_epoch.load(std::sync::atomic::Ordering::Relaxed);
+                let epoch = self
+                    .life
+                    .log_epoch
+                    .load(std::sync::atomic::Ordering::Relaxed);
                 match access_log::AccessLog::open(path.clone(), json, epoch) {
                     Ok(log) => Some(log),
                     Err(e) => {

@@ -7,7 +7,6 @@ use super::files::{ReadMode, TargetError};
 use super::slots::{ConnSlot, FileSlot};
 use super::{access_log, ring, RingOps, Shard};
 use crate::http::date::DateCache;
-use crate::http::head_scan::Verdict;
 use crate::http::plan::{self, BodyPart, FileFacts, PlanContext, PlanLimits, ResponsePlan};
 use crate::http::request::{parse_request, Method, Parsed, Request};
 use crate::tls::sniff::FirstBytes;
@@ -24,20 +23,19 @@ impl<R: RingOps> Shard<R> {
     /// receive when the head is not complete yet.
     pub(super) fn start_request(&mut self, c: ConnSlot) {
         let conn = &mut self.conns[c.index()];
-        // Each received byte is scanned once; the parse runs only when it can say more than
-        // Partial, so a trickled head costs linear time (http::head_scan).
-        if conn.head_scan.advance(&conn.rx) == Verdict::Wait {
+        // The parse runs only when it can say more than Partial.
+        if !conn.head_may_be_complete() {
             self.drive(c, |m, cx, out| m.need_more_request(cx, out));
             return;
         }
-        let rx = std::mem::take(&mut conn.rx);
+        let rx = conn.take_rx();
         let parsed = parse_request(&rx);
         // A request resumed after its fill was noted when it first arrived (its clock runs
         // from then).
-        if !matches!(parsed, Parsed::Partial) && !self.pulls.resuming {
+        if !matches!(parsed, Parsed::Partial) && !self.cache.pulls.resuming {
             self.note_request(c, &rx, &parsed);
         }
-        let over_cap = self.conns[c.index()].over_cap;
+        let over_cap = self.conns[c.index()].over_cap();
         let consumed = match parsed {
             Parsed::Partial => 0,
             _ if over_cap => {
@@ -62,18 +60,16 @@ impl<R: RingOps> Shard<R> {
                 }
             }
         };
-        let conn = &mut self.conns[c.index()];
-        conn.rx = rx;
-        if consumed > 0 {
-            conn.rx.drain(..consumed);
-            conn.head_scan.reset();
-        }
+        self.conns[c.index()].return_rx(rx, consumed);
         self.drive(c, |m, cx, out| m.need_more_request(cx, out));
     }
 
     /// Seed for a multipart boundary: differs per shard, connection and moment.
     pub(super) fn boundary_seed(&self, c: ConnSlot) -> u64 {
-        (self.index as u64) << 48 ^ u64::from(c.raw()) << 24 ^ self.now_ms ^ self.metrics_requests()
+        (self.index as u64) << 48
+            ^ u64::from(c.raw()) << 24
+            ^ self.clock.now_ms
+            ^ self.metrics_requests()
     }
 
     /// Starts the clock of a request and keeps what the access log needs.
@@ -88,33 +84,33 @@ impl<R: RingOps> Shard<R> {
         conn.request_parsed(method, &cx);
         // The request's client: the connection's (PROXY-given or peer), or the right-most
         // untrusted hop of X-Forwarded-For / Forwarded when that one is a trusted proxy.
-        conn.request_client = conn.client.addr().map(|a| match parsed {
+        let request_client = conn.client().addr().map(|a| match parsed {
             Parsed::Complete { request, .. } => crate::client::forwarded::client_ip(
                 a.ip(),
                 request.x_forwarded_for.lines(),
                 request.forwarded.lines(),
-                &self.trusted,
+                &self.policy.trusted,
             ),
             _ => a.ip(),
         });
+        conn.set_request_client(request_client);
         if !logging {
             return;
         }
-        conn.log_request.clear();
-        conn.log_range.clear();
+        let (log_request, log_range) = conn.log_fields_cleared();
         // The request line as received (up to CR/LF), sanitised and capped.
         let line_end = rx
             .iter()
             .position(|&b| b == b'\r' || b == b'\n')
             .unwrap_or(rx.len());
         access_log::sanitize_into(
-            &mut conn.log_request,
+            log_request,
             &rx[..line_end],
             access_log::LOG_TARGET_MAX_BYTES,
         );
         if let Parsed::Complete { request, .. } = parsed {
             if let Some(r) = request.range {
-                access_log::sanitize_into(&mut conn.log_range, r, access_log::LOG_TARGET_MAX_BYTES);
+                access_log::sanitize_into(log_range, r, access_log::LOG_TARGET_MAX_BYTES);
             }
         }
     }
@@ -122,7 +118,7 @@ impl<R: RingOps> Shard<R> {
     /// The configured limits the response plan obeys on connection `c` (a TLS chunk
     /// carries less plaintext: its records' framing must fit the slot).
     pub(super) fn plan_limits(&self, c: ConnSlot) -> PlanLimits<'_> {
-        let chunk_bytes = if self.conns[c.index()].tls.is_some() {
+        let chunk_bytes = if self.conns[c.index()].tls().is_some() {
             crate::tls::record::chunk_plaintext_capacity(
                 self.cfg.chunk_bytes,
                 self.cfg.tls_record_bytes,
@@ -147,9 +143,9 @@ impl<R: RingOps> Shard<R> {
         keep_alive: bool,
         head: bool,
     ) {
-        let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let ctx = plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
         let plan = plan::plan_status(status, keep_alive, head, &ctx);
-        let bufs = self.body_pool.pop().unwrap_or_default();
+        let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
         self.install(c, started, None, self.default_rate());
     }
@@ -164,7 +160,7 @@ impl<R: RingOps> Shard<R> {
     pub(super) fn respond_retry_later(&mut self, c: ConnSlot, retry_after_s: u64, head: bool) {
         const BODY: &str = "The origin asked this edge to wait: retry later\n";
         let mut date = [0u8; crate::http::date::HTTP_DATE_BYTES];
-        date.copy_from_slice(self.date.header_value());
+        date.copy_from_slice(self.clock.date.header_value());
         self.respond_bytes_then_close(c, 503, |tx| {
             use std::io::Write;
             tx.extend_from_slice(b"HTTP/1.1 503 Service Unavailable\r\nDate: ");
@@ -191,7 +187,7 @@ impl<R: RingOps> Shard<R> {
         let tx = self.ring.tx_mut(c);
         tx.clear();
         write(tx);
-        let bufs = self.body_pool.pop().unwrap_or_default();
+        let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let started = Started {
             status,
             keep_alive: false,
@@ -205,18 +201,18 @@ impl<R: RingOps> Shard<R> {
     fn respond(&mut self, c: ConnSlot, req: &Request<'_>) {
         // A new response: whatever the last one streamed is over (a request parsed again
         // after its fill keeps what its first parse noted).
-        self.pulls.streams.remove(self.conn_ref(c));
+        self.cache.pulls.streams.remove(self.conn_ref(c));
         self.fill_reads_end(c);
-        if !self.pulls.resuming {
-            self.conns[c.index()].cache = None;
-            self.conns[c.index()].cache_origin = None;
+        if !self.cache.pulls.resuming {
+            self.conns[c.index()].set_cache_label(None);
+            self.conns[c.index()].set_cache_origin(None);
         }
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
         let limits = self.plan_limits(c);
-        let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let ctx = plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
         if let Some(plan) = plan::plan_without_file(req, &limits, &ctx) {
-            let bufs = self.body_pool.pop().unwrap_or_default();
+            let bufs = self.pools.body_pool.pop().unwrap_or_default();
             let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
             return self.install(c, started, None, self.default_rate());
         }
@@ -230,7 +226,7 @@ impl<R: RingOps> Shard<R> {
         }
         let idx = match self
             .files
-            .acquire_target(&mut self.ring, req.path, self.now_ms)
+            .acquire_target(&mut self.ring, req.path, self.clock.now_ms)
         {
             Ok(idx) => idx,
             Err(TargetError::Path(e)) => {
@@ -246,7 +242,7 @@ impl<R: RingOps> Shard<R> {
             }
         };
         let limits = self.plan_limits(c);
-        let ctx = plan_context(&self.date, self.leaving(), self.boundary_seed(c));
+        let ctx = plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
         let f = self.files.get(idx);
         let facts = FileFacts {
             size: f.size,
@@ -257,7 +253,7 @@ impl<R: RingOps> Shard<R> {
             content_type: f.content_type,
         };
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
-        let bufs = self.body_pool.pop().unwrap_or_default();
+        let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let started = start_plan(self.ring.tx_mut(c), &plan, bufs);
         if !started.reads_file {
             self.files.release(&mut self.ring, idx);
@@ -283,26 +279,26 @@ impl<R: RingOps> Shard<R> {
         req: &Request<'_>,
     ) -> (Result<(), crate::signing::Refusal>, crate::limits::RateSpec) {
         let default = self.default_rate();
-        if self.signing.is_empty() && self.cfg.rate_limit.is_empty() {
+        if self.policy.signing.is_empty() && self.cfg.rate_limit.is_empty() {
             return (Ok(()), default);
         }
-        let mut scratch = std::mem::take(&mut self.path_scratch);
+        let mut scratch = std::mem::take(&mut self.policy.path_scratch);
         let rules = match crate::fs::resolve::resolve_into(req.path, &mut scratch) {
             Ok(path) => {
-                let signature = if self.signing.is_empty() {
+                let signature = if self.policy.signing.is_empty() {
                     Ok(())
                 } else {
                     let now_s = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs());
-                    self.signing.check(&path, req.query, now_s)
+                    self.policy.signing.check(&path, req.query, now_s)
                 };
                 let rate = crate::limits::rate::rate_for(&self.cfg.rate_limit, &path, default);
                 (signature, rate)
             }
             Err(_) => (Ok(()), default),
         };
-        self.path_scratch = scratch;
+        self.policy.path_scratch = scratch;
         rules
     }
 
@@ -325,7 +321,7 @@ impl<R: RingOps> Shard<R> {
         };
         let bufs = started.buffers;
         let body = if bufs.segments.is_empty() {
-            self.body_pool.push(bufs);
+            self.pools.body_pool.push(bufs);
             None
         } else {
             Some(Body {
@@ -351,7 +347,7 @@ impl<R: RingOps> Shard<R> {
         if !started.inline_head {
             // Over TLS the head leaves as records of its own (a small response's head is
             // sealed with its body, in the chunk).
-            if let Some(tls) = self.conns[c.index()].tls.as_mut() {
+            if let Some(tls) = self.conns[c.index()].tls_mut() {
                 tls.seal_tail(self.ring.tx_mut(c), 0, self.cfg.tls_record_bytes as u32);
             }
         }

@@ -79,26 +79,26 @@ impl Scrub {
 impl<R: RingOps> Shard<R> {
     /// Starts the scrub's next read when it is due and the shard can spare it.
     pub(super) fn run_scrub(&mut self) {
-        if self.scrub.checking.is_some() {
+        if self.cache.scrub.checking.is_some() {
             return self.scrub_check_step();
         }
         let rate = self.cfg.cache_scrub_bytes_per_s;
-        if rate == 0 || self.index != 0 || self.drain_deadline_ms.is_some() {
+        if rate == 0 || self.index != 0 || self.life.drain_deadline_ms.is_some() {
             return;
         }
-        if self.scrub.in_flight.is_some() || self.now_ms < self.scrub.next_at_ms {
+        if self.cache.scrub.in_flight.is_some() || self.clock.now_ms < self.cache.scrub.next_at_ms {
             return;
         }
-        let Some(edge) = self.edge.as_ref() else {
+        let Some(edge) = self.cache.edge.as_ref() else {
             return;
         };
         if !self.ready.is_empty() || self.arena.free_count() * 2 < self.cfg.arena_slots() {
-            self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
+            self.cache.scrub.next_at_ms = self.clock.now_ms + SCRUB_YIELD_MS;
             return;
         }
         // The next block on disk, starting a new pass when the last one is done.
         let found = loop {
-            let s = &mut self.scrub;
+            let s = &mut self.cache.scrub;
             let Some(&version) = s.versions.get(s.next_version) else {
                 if s.pass_blocks > 0 {
                     ShardMetrics::add(&self.metrics.cache_scrub_passes, 1);
@@ -114,7 +114,7 @@ impl<R: RingOps> Shard<R> {
                 ShardMetrics::set(&self.metrics.cache_scrub_progress, 0);
                 if blocks == 0 {
                     // Nothing cached yet: look again in a second.
-                    s.next_at_ms = self.now_ms + 1000;
+                    s.next_at_ms = self.clock.now_ms + 1000;
                     return;
                 }
                 continue;
@@ -133,26 +133,28 @@ impl<R: RingOps> Shard<R> {
         };
         let (version, block) = found;
         let (key, path) = edge.data_file(version);
-        let file =
-            match self
-                .files
-                .acquire_immutable(&mut self.ring, &key, &path, block.size, self.now_ms)
-            {
-                Ok(f) => f,
-                Err(_) => {
-                    // Dropped meanwhile (its file removed), or no descriptor free: on to the
-                    // next version (a removed one has nothing more to read).
-                    self.scrub.next_version += 1;
-                    self.scrub.next_block = 0;
-                    self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
-                    return;
-                }
-            };
+        let file = match self.files.acquire_immutable(
+            &mut self.ring,
+            &key,
+            &path,
+            block.size,
+            self.clock.now_ms,
+        ) {
+            Ok(f) => f,
+            Err(_) => {
+                // Dropped meanwhile (its file removed), or no descriptor free: on to the
+                // next version (a removed one has nothing more to read).
+                self.cache.scrub.next_version += 1;
+                self.cache.scrub.next_block = 0;
+                self.cache.scrub.next_at_ms = self.clock.now_ms + SCRUB_YIELD_MS;
+                return;
+            }
+        };
         let Some(slot) = self.arena.take(Demand::Bulk) else {
             // Clients took the arena meanwhile: this block again, later.
             self.files.release(&mut self.ring, file);
-            self.scrub.next_block = block.block;
-            self.scrub.next_at_ms = self.now_ms + SCRUB_YIELD_MS;
+            self.cache.scrub.next_block = block.block;
+            self.cache.scrub.next_at_ms = self.clock.now_ms + SCRUB_YIELD_MS;
             return;
         };
         let len = block
@@ -162,7 +164,7 @@ impl<R: RingOps> Shard<R> {
         let fixed = self.ring.file_fixed_index(file);
         let t = Token::shard(Op::Scrub).encode();
         self.ring.read_fixed_idle(slot, len, fixed, block.offset, t);
-        self.scrub.in_flight = Some(InFlight {
+        self.cache.scrub.in_flight = Some(InFlight {
             slot,
             file,
             version,
@@ -173,25 +175,31 @@ impl<R: RingOps> Shard<R> {
     /// The scrub's read completed with `res`: the block is checked from the next tick on.
     pub(super) fn on_scrub_read(&mut self, res: i32) {
         let f = self
+            .cache
             .scrub
             .in_flight
             .take()
             .expect("a scrub completion without a scrub read");
         self.ring.arena_done(f.slot);
-        self.scrub.checking = Some((f, res, 0, 0));
+        self.cache.scrub.checking = Some((f, res, 0, 0));
     }
 
     /// Checksums the next `SCRUB_CHECK_STEP_BYTES` of the read being checked; at its end, a
     /// bad block is dropped, and the slot and file go back.
     fn scrub_check_step(&mut self) {
-        let (f, res, at, crc) = self.scrub.checking.take().expect("checked by the caller");
+        let (f, res, at, crc) = self
+            .cache
+            .scrub
+            .checking
+            .take()
+            .expect("checked by the caller");
         let len = f.block.len;
         let read_whole = usize::try_from(res).is_ok_and(|n| n >= len);
         if read_whole && at < len {
             let end = (at + SCRUB_CHECK_STEP_BYTES).min(len);
             let crc = crate::cache::checksum_append(crc, &self.ring.arena(f.slot)[at..end]);
             if end < len {
-                self.scrub.checking = Some((f, res, end, crc));
+                self.cache.scrub.checking = Some((f, res, end, crc));
                 return;
             }
             return self.scrub_checked(f, res, crc);
@@ -204,7 +212,7 @@ impl<R: RingOps> Shard<R> {
         let len = f.block.len;
         let good = usize::try_from(res).is_ok_and(|n| n >= len) && crc == f.block.crc;
         if !good {
-            let bad = self.edge.as_ref().and_then(|e| {
+            let bad = self.cache.edge.as_ref().and_then(|e| {
                 e.fill
                     .with_core(|c| c.scrub_found_bad(f.version, f.block.block))
             });
@@ -222,14 +230,14 @@ impl<R: RingOps> Shard<R> {
         }
         self.files.release(&mut self.ring, f.file);
         self.release_slot(f.slot);
-        let s = &mut self.scrub;
+        let s = &mut self.cache.scrub;
         s.pass_done += 1;
         ShardMetrics::add(&self.metrics.cache_scrub_bytes, len as u64);
         if let Some(permille) = (s.pass_done * 1000).checked_div(s.pass_blocks) {
             ShardMetrics::set(&self.metrics.cache_scrub_progress, permille.min(1000));
         }
         let paid =
-            s.paid_until_us.max(self.now_us) + pace_us(len, self.cfg.cache_scrub_bytes_per_s);
+            s.paid_until_us.max(self.clock.now_us) + pace_us(len, self.cfg.cache_scrub_bytes_per_s);
         s.paid_until_us = paid;
         s.next_at_ms = paid.div_ceil(1000);
     }

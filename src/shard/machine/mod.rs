@@ -200,80 +200,80 @@ pub enum HandshakeOutcome {
 #[derive(Debug)]
 pub struct ConnMachine {
     /// Bumped each time the slot is freed; tokens carry it.
-    pub generation: u16,
+    generation: u16,
     /// Fixed-file index of the socket.
-    pub socket: SocketSlot,
+    socket: SocketSlot,
     /// Where the connection is in its life.
-    pub life: ConnLife,
+    life: ConnLife,
     /// The receive side.
-    pub read: ReadState,
+    read: ReadState,
     /// The send side.
-    pub write: WriteState,
+    write: WriteState,
     /// Operations in flight that no other state records.
-    pub ops: OpSlots,
+    ops: OpSlots,
     /// Who is asking: the peer, and the address a trusted proxy gave.
-    pub client: crate::client::Client,
+    client: crate::client::Client,
     /// Counted against `max_connections_per_client` under this key (released at close).
-    pub cap_key: Option<crate::client::cap::ClientKey>,
+    cap_key: Option<crate::client::cap::ClientKey>,
     /// Over `max_connections_per_client`: its first request gets a 429.
-    pub over_cap: bool,
+    over_cap: bool,
     /// The limiter the last response waited for, if any (the access log's `limiter`).
-    pub limiter: Option<&'static str>,
+    limiter: Option<&'static str>,
     /// Where the current pulled response's bytes come from (the access log's `cache`).
-    pub cache: Option<&'static str>,
+    cache: Option<&'static str>,
     /// The `[[origin]]` entry of the current pulled response (the per-origin counters).
-    pub cache_origin: Option<u8>,
+    cache_origin: Option<u8>,
     /// The current response's rate limit (`limit_rate_bytes_per_s`), if one applies.
-    pub rate_limit: Option<crate::limits::RateLimit>,
+    rate_limit: Option<crate::limits::RateLimit>,
     /// The current response's place with the edge's egress cap, if one applies.
-    pub egress: Option<crate::limits::egress::EgressHold>,
+    egress: Option<crate::limits::egress::EgressHold>,
     /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
-    pub request_client: Option<std::net::IpAddr>,
+    request_client: Option<std::net::IpAddr>,
     /// Waiting for the PROXY protocol header (None: not expected, or done).
-    pub proxy: Option<crate::client::proxy_protocol::Stage>,
+    proxy: Option<crate::client::proxy_protocol::Stage>,
     /// Place in the arena's wait queue.
-    pub arena: ArenaWait,
+    arena: ArenaWait,
     /// Request bytes received and not yet consumed (pipelined requests wait here).
-    pub rx: Vec<u8>,
+    rx: Vec<u8>,
     /// How far `rx` has been scanned for the end of the head (reset whenever `rx` loses bytes).
-    pub head_scan: crate::http::head_scan::HeadScan,
+    head_scan: crate::http::head_scan::HeadScan,
     /// Active timer.
-    pub deadline: Deadline,
+    deadline: Deadline,
     /// When it fires (shard clock, ms).
-    pub deadline_ms: u64,
+    deadline_ms: u64,
     /// When the connection last parked a chunk (shard clock, ms).
-    pub parked_ms: u64,
+    parked_ms: u64,
     /// Bytes the socket took since it last became writable.
-    pub round_bytes: u64,
+    round_bytes: u64,
     /// What the socket took in its last full writable round (bytes), at least a minimum read.
-    pub round_estimate_bytes: usize,
+    round_estimate_bytes: usize,
     /// The last chunk send went out whole: the client drains fast enough for SEND_ZC, whose
     /// buffer stays the kernel's until the peer acknowledges it.
-    pub fast_drain: bool,
+    fast_drain: bool,
     /// Method of the current request; None when its head was refused before that was known.
-    pub method: Option<Method>,
+    method: Option<Method>,
     /// When the current request was parsed (shard clock, µs).
-    pub request_start_us: u64,
+    request_start_us: u64,
     /// Bytes sent for the current response.
-    pub resp_bytes: u64,
+    resp_bytes: u64,
     /// `METHOD target VERSION` of the current request, for the access log (empty when off).
-    pub log_request: Vec<u8>,
+    log_request: Vec<u8>,
     /// Range header of the current request, for the access log.
-    pub log_range: Vec<u8>,
+    log_range: Vec<u8>,
     /// The queues of the last body, emptied; the driver returns them to the shard's pool.
-    pub spare: Option<BodyBuffers>,
+    spare: Option<BodyBuffers>,
     /// The connection's TLS, on the TLS listener (handshake, then record keys).
-    pub tls: Option<Box<TlsSession>>,
+    tls: Option<Box<TlsSession>>,
     /// A send of the session's own bytes in flight.
-    pub tls_send: TlsSend,
+    tls_send: TlsSend,
     /// Lingering over TLS: the write side is shut once close_notify has left.
-    pub linger_shutdown_due: bool,
+    linger_shutdown_due: bool,
     /// A clean close asked for while a TLS send (close_notify) was in flight: it happens
     /// when the send completes, so the client gets the whole record (the connection's
     /// deadline still bounds the wait).
-    pub close_after_tls_send: Option<CloseReason>,
+    close_after_tls_send: Option<CloseReason>,
     /// When the connection was accepted (shard clock, µs).
-    pub accepted_us: u64,
+    accepted_us: u64,
 }
 
 impl Default for ConnMachine {
@@ -323,6 +323,180 @@ impl ConnMachine {
             close_after_tls_send: None,
             accepted_us: 0,
         }
+    }
+
+    // ---- what the driver reads and records (the fields stay private) ----------------
+
+    /// The slot's generation (tokens carry it; bumped when the slot is freed).
+    pub fn generation(&self) -> u16 {
+        self.generation
+    }
+
+    /// Where the connection is in its life.
+    pub fn life(&self) -> ConnLife {
+        self.life
+    }
+
+    /// The receive side's state.
+    pub fn read_state(&self) -> ReadState {
+        self.read
+    }
+
+    /// Fixed-file index of the socket.
+    pub fn socket(&self) -> SocketSlot {
+        self.socket
+    }
+
+    /// When the active timer fires (shard clock, ms).
+    pub fn deadline_ms(&self) -> u64 {
+        self.deadline_ms
+    }
+
+    /// When the connection last parked a chunk (shard clock, ms).
+    pub fn parked_ms(&self) -> u64 {
+        self.parked_ms
+    }
+
+    /// When the current request was parsed (shard clock, µs).
+    pub fn request_start_us(&self) -> u64 {
+        self.request_start_us
+    }
+
+    /// Method of the current request (None: refused before it was known).
+    pub fn method(&self) -> Option<Method> {
+        self.method
+    }
+
+    /// Who is asking: the peer, and the address a trusted proxy gave.
+    pub fn client(&self) -> &crate::client::Client {
+        &self.client
+    }
+
+    /// The current request's client (X-Forwarded-For applied when a trusted proxy sent it).
+    pub fn request_client(&self) -> Option<std::net::IpAddr> {
+        self.request_client
+    }
+
+    /// Records the current request's client.
+    pub fn set_request_client(&mut self, ip: Option<std::net::IpAddr>) {
+        self.request_client = ip;
+    }
+
+    /// Counts the connection against its client's cap under `key` (released at close).
+    pub fn set_cap_key(&mut self, key: crate::client::cap::ClientKey) {
+        self.cap_key = Some(key);
+    }
+
+    /// The cap's key, taken at close.
+    pub fn take_cap_key(&mut self) -> Option<crate::client::cap::ClientKey> {
+        self.cap_key.take()
+    }
+
+    /// Marks the connection over its client's cap: its first request gets a 429.
+    pub fn set_over_cap(&mut self) {
+        self.over_cap = true;
+    }
+
+    /// Whether the connection is over its client's cap.
+    pub fn over_cap(&self) -> bool {
+        self.over_cap
+    }
+
+    /// The limiter the last response waited for (the access log's `limiter`).
+    pub fn limiter(&self) -> Option<&'static str> {
+        self.limiter
+    }
+
+    /// Where the current pulled response's bytes come from (the access log's `cache`).
+    pub fn cache_label(&self) -> Option<&'static str> {
+        self.cache
+    }
+
+    /// Sets where the current response's bytes come from (`HIT`, `MISS`, `PASS`, ...).
+    pub fn set_cache_label(&mut self, label: Option<&'static str>) {
+        self.cache = label;
+    }
+
+    /// The `[[origin]]` entry of the current pulled response.
+    pub fn cache_origin(&self) -> Option<u8> {
+        self.cache_origin
+    }
+
+    /// Sets the `[[origin]]` entry of the current pulled response.
+    pub fn set_cache_origin(&mut self, origin: Option<u8>) {
+        self.cache_origin = origin;
+    }
+
+    /// The current response's rate limit, if one applies.
+    pub fn rate_limit(&self) -> Option<crate::limits::RateLimit> {
+        self.rate_limit
+    }
+
+    /// The current response's place with the edge's egress cap, if one applies.
+    pub fn egress_hold(&self) -> Option<crate::limits::egress::EgressHold> {
+        self.egress
+    }
+
+    /// Place in the arena's wait queue.
+    pub fn arena_wait(&self) -> ArenaWait {
+        self.arena
+    }
+
+    /// The connection's TLS, on the TLS listener.
+    pub fn tls(&self) -> Option<&TlsSession> {
+        self.tls.as_deref()
+    }
+
+    /// The connection's TLS, to change.
+    pub fn tls_mut(&mut self) -> Option<&mut TlsSession> {
+        self.tls.as_deref_mut()
+    }
+
+    /// A send of the session's own bytes, if one is in flight.
+    pub fn tls_send(&self) -> TlsSend {
+        self.tls_send
+    }
+
+    /// The queues of the last body, for the shard's pool.
+    pub fn take_spare(&mut self) -> Option<BodyBuffers> {
+        self.spare.take()
+    }
+
+    /// Request bytes received and not yet consumed.
+    pub fn rx(&self) -> &[u8] {
+        &self.rx
+    }
+
+    /// Whether `rx` may hold a whole head: each byte is scanned once, so a trickled head
+    /// costs linear time (`http::head_scan`).
+    pub fn head_may_be_complete(&mut self) -> bool {
+        self.head_scan.advance(&self.rx) != crate::http::head_scan::Verdict::Wait
+    }
+
+    /// `rx`, taken to be parsed (given back with `return_rx`).
+    pub fn take_rx(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.rx)
+    }
+
+    /// Gives `rx` back with its first `consumed` bytes (a request's head) gone.
+    pub fn return_rx(&mut self, rx: Vec<u8>, consumed: usize) {
+        self.rx = rx;
+        if consumed > 0 {
+            self.rx.drain(..consumed);
+            self.head_scan.reset();
+        }
+    }
+
+    /// The access log's request line and Range header of the current request.
+    pub fn log_fields(&self) -> (&[u8], &[u8]) {
+        (&self.log_request, &self.log_range)
+    }
+
+    /// The access log's buffers, emptied, to be written for a new request.
+    pub fn log_fields_cleared(&mut self) -> (&mut Vec<u8>, &mut Vec<u8>) {
+        self.log_request.clear();
+        self.log_range.clear();
+        (&mut self.log_request, &mut self.log_range)
     }
 
     // ---- what the state says -----------------------------------------------------------

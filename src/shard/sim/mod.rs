@@ -551,13 +551,17 @@ fn observe(shard: &SimShard) -> Previous {
                 p.chunks.insert((c, ch.slot, ch.read_file_off, ch.read_len));
             }
             if body.small && body.inline_head && free > 0 && conn.is_open() {
-                p.waiting_small.insert((c, conn.generation));
+                p.waiting_small.insert((c, conn.generation()));
             }
         }
         let idle = conn.is_open() && !conn.responding() && conn.can_start_request();
-        if idle && has_complete_head(&conn.rx) {
-            p.pending_heads
-                .insert((c, conn.generation, conn.request_start_us, conn.rx.len()));
+        if idle && has_complete_head(conn.rx()) {
+            p.pending_heads.insert((
+                c,
+                conn.generation(),
+                conn.request_start_us(),
+                conn.rx().len(),
+            ));
         }
     }
     p
@@ -575,16 +579,16 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     let total = shard.cfg.arena_slots();
     let mut held: HashMap<ArenaSlot, u32> = HashMap::new();
     let mut planned: HashMap<u32, u64> = HashMap::new();
-    let now_ms = shard.now_ms;
+    let now_ms = shard.clock.now_ms;
     for (c, conn) in shard.conns.iter().enumerate() {
         let c = c as u32;
-        if conn.life == ConnLife::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
+        if conn.life() == ConnLife::Free && (conn.in_flight() != 0 || conn.body().is_some()) {
             return Err(format!("free connection {c} has operations or a body"));
         }
         // A rate-limited response never plans past its allowance (a multipart part header
         // planned with its data may add its own bytes), so one that waits has nothing read
         // ahead of its limit.
-        if let Some(l) = conn.rate_limit.filter(|_| conn.body().is_some()) {
+        if let Some(l) = conn.rate_limit().filter(|_| conn.body().is_some()) {
             let allowed = l.allowed_total(shard.ring.now().as_micros() as u64);
             // A read is whole blocks of its alignment (a pulled object's is its cache block):
             // the last may pass the allowance by less than one.
@@ -599,18 +603,18 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         }
         // A response waiting for its turn under the egress cap holds no slot for what it has
         // not planned: none handed to it, no place in the arena's queue.
-        if let Some(hold) = conn.egress.filter(|_| conn.body().is_some()) {
+        if let Some(hold) = conn.egress_hold().filter(|_| conn.body().is_some()) {
             let waiting = shard.ring.now().as_micros() as u64 + 1000 < hold.ready_at_us;
-            if waiting && conn.arena != super::machine::ArenaWait::None {
+            if waiting && conn.arena_wait() != super::machine::ArenaWait::None {
                 return Err(format!(
                     "connection {c} waits for the egress cap but holds {:?}",
-                    conn.arena
+                    conn.arena_wait()
                 ));
             }
         }
         // The TLS memory bound: received bytes wait for at most a record (or a handshake's
         // bound), queued output for at most a flight.
-        if let Some(tls) = conn.tls.as_ref() {
+        if let Some(tls) = conn.tls() {
             let limit = if tls.handshaking() {
                 crate::tls::session::HANDSHAKE_INCOMING_MAX_BYTES
             } else {
@@ -625,18 +629,18 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             }
         }
         // The timer wheel mirrors the machine's deadline, so the sweep finds every timeout.
-        let want = conn.wants_timer().then_some(conn.deadline_ms);
-        if shard.timers.deadline(c) != want {
+        let want = conn.wants_timer().then_some(conn.deadline_ms());
+        if shard.timers.deadlines.deadline(c) != want {
             return Err(format!(
                 "connection {c}: timer wheel has {:?}, machine wants {want:?}",
-                shard.timers.deadline(c)
+                shard.timers.deadlines.deadline(c)
             ));
         }
         let body_slots = conn
             .body()
             .into_iter()
             .flat_map(|b| b.chunks.iter().map(|ch| ch.slot));
-        let handed = match conn.arena {
+        let handed = match conn.arena_wait() {
             ArenaWait::Handed { slot } => Some(slot),
             _ => None,
         };
@@ -648,7 +652,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         let Some(body) = conn.body() else { continue };
         // Documented bound (docs/ARCHITECTURE.md): only a connection that holds no chunk
         // waits for the arena, so a handed-over slot never deepens a full pipeline.
-        let waiting = matches!(conn.arena, ArenaWait::Waiting { .. });
+        let waiting = matches!(conn.arena_wait(), ArenaWait::Waiting { .. });
         if waiting && !body.chunks.is_empty() {
             return Err(format!(
                 "connection {c} waits for the arena while holding {} chunks",
@@ -671,7 +675,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
         }
         // A stalled client: nothing reclaimable stays with it past the hold time.
         let parked_long =
-            conn.is_parked() && now_ms > conn.parked_ms + PARK_HOLD_MS + 2 * TIMER_SWEEP_MS;
+            conn.is_parked() && now_ms > conn.parked_ms() + PARK_HOLD_MS + 2 * TIMER_SWEEP_MS;
         // A pass-through's bytes cannot be read again: it holds them until they are sent.
         if parked_long && !body.relay {
             // Chunks go back newest first, so one the kernel holds (or one waiting for a
@@ -690,7 +694,7 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             if reclaimable > 0 {
                 return Err(format!(
                     "connection {c} parked since {} ms still holds {reclaimable} chunks at {now_ms} ms (listed {}, {} parked, chunks {:?})",
-                    conn.parked_ms, shard.parked.list_of(c).is_some(), shard.parked.len(0),
+                    conn.parked_ms(), shard.sends.parked.list_of(c).is_some(), shard.sends.parked.len(0),
                     body.chunks.iter().map(|ch| (ch.state, ch.sent, ch.send_len)).collect::<Vec<_>>()
                 ));
             }
@@ -698,10 +702,11 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     }
     // The fill's slots: its fetches' and the ones they gave back this tick.
     let fill_slots = shard
+        .cache
         .edge
         .iter()
         .flat_map(|e| e.fill.held_slots())
-        .chain(shard.pulls.slots.iter().copied());
+        .chain(shard.cache.pulls.slots.iter().copied());
     for slot in fill_slots {
         if let Some(other) = held.insert(slot, u32::MAX) {
             return Err(format!("arena slot {slot} held by the fill and by {other}"));
@@ -738,17 +743,17 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     }
     for &(c, generation, start_us, rx_len) in &prev.pending_heads {
         let conn = &shard.conns[c as usize];
-        let same = conn.generation == generation
+        let same = conn.generation() == generation
             && conn.is_open()
-            && conn.request_start_us == start_us
-            && conn.rx.len() >= rx_len;
-        if same && !conn.responding() && has_complete_head(&conn.rx) {
+            && conn.request_start_us() == start_us
+            && conn.rx().len() >= rx_len;
+        if same && !conn.responding() && has_complete_head(conn.rx()) {
             return Err(format!(
                 "connection {c}: a complete request waited a whole tick (rx {:?}, last status {}, \
                  read {:?}, in flight {}, {} queued)",
-                String::from_utf8_lossy(&conn.rx),
+                String::from_utf8_lossy(conn.rx()),
                 conn.response().map_or(0, |r| r.status),
-                conn.read,
+                conn.read_state(),
                 conn.in_flight(),
                 shard.ready.len()
             ));
@@ -756,11 +761,11 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
     }
     for &(c, generation) in &prev.waiting_small {
         let conn = &shard.conns[c as usize];
-        let still = conn.generation == generation
+        let still = conn.generation() == generation
             && conn.is_open()
             && conn.body().is_some_and(|b| b.small && b.inline_head);
         // Past the egress cap's bypass share a small response queues like the rest.
-        let egress_queued = conn.egress.is_some_and(|h| h.delayed);
+        let egress_queued = conn.egress_hold().is_some_and(|h| h.delayed);
         if still && !egress_queued {
             return Err(format!(
                 "connection {c}: a small response waited a tick with a slot free"
@@ -778,6 +783,7 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
     }
     if shard.arena.free_count() != shard.cfg.arena_slots() {
         let fill: Vec<ArenaSlot> = shard
+            .cache
             .edge
             .iter()
             .flat_map(|e| e.fill.held_slots())
@@ -884,7 +890,7 @@ fn start_shard(
             let io = crate::fill::edge::CacheIo::Inline;
             let shared = crate::fill::edge::SharedEdge::open_with(dir, 1, cfg, io, watch)
                 .map_err(|e| format!("cache: {e}"))?;
-            shard.edge = Some(
+            shard.cache.edge = Some(
                 crate::fill::edge::EdgeCache::open(
                     &shared,
                     0,
@@ -925,6 +931,7 @@ fn drive(
         let clients_done = ring.net.clients.iter().all(|c| c.done);
         // Slots an ended fetch gave back return to the arena at the next tick.
         let fill_idle = shard
+            .cache
             .edge
             .as_ref()
             .is_none_or(|e| e.fill.held_slots().next().is_none());
@@ -936,7 +943,7 @@ fn drive(
         {
             return Ok(true);
         }
-        if ticks > MAX_TICKS || shard.now_ms > MAX_VIRTUAL_MS {
+        if ticks > MAX_TICKS || shard.clock.now_ms > MAX_VIRTUAL_MS {
             let stuck: Vec<usize> = (0..ring.net.clients.len())
                 .filter(|&i| !ring.net.clients[i].done)
                 .collect();
@@ -945,12 +952,12 @@ fn drive(
                  connections not free (life, send of TLS bytes): {:?}",
                 shard.open_conns,
                 ring.ops_in_flight(),
-                shard.now_ms,
+                shard.clock.now_ms,
                 shard
                     .conns
                     .iter()
-                    .filter(|m| m.life != super::machine::ConnLife::Free)
-                    .map(|m| (m.life, m.tls_send))
+                    .filter(|m| m.life() != super::machine::ConnLife::Free)
+                    .map(|m| (m.life(), m.tls_send()))
                     .collect::<Vec<_>>()
             ));
         }
