@@ -4,6 +4,7 @@
 //! the typed slots that name registered memory and descriptors (`slots`), and the tokens that
 //! route a completion to its owner (`token`). No `unsafe` here: buffers are named by index.
 
+pub mod custody;
 pub mod ops;
 pub mod slots;
 pub mod token;

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use crate::ring_api::custody::Custody;
 use crate::ring_api::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 
 /// Buffer group id of the provided-buffer ring used for receives.
@@ -116,8 +117,6 @@ struct RecvBuffers {
     buffer_bytes: usize,
     /// Our copy of the tail; published to the kernel with a release store.
     tail: u16,
-    /// Buffer ids currently handed to the application (not in the kernel's ring).
-    lent: Vec<bool>,
 }
 
 impl RecvBuffers {
@@ -135,7 +134,6 @@ impl RecvBuffers {
             entries,
             buffer_bytes,
             tail: 0,
-            lent: vec![true; usize::from(entries)],
         })
     }
 
@@ -153,8 +151,6 @@ impl RecvBuffers {
     /// Gives buffer `bid` back to the kernel.
     fn provide(&mut self, bid: u16) {
         let slot = usize::from(bid);
-        assert!(self.lent[slot], "recv buffer {bid} provided twice");
-        self.lent[slot] = false;
         let addr = self.bufs.base() as u64 + (slot * self.buffer_bytes) as u64;
         let entry = self.entry_ptr(self.tail);
         // SAFETY: the entry lies inside our ring mapping; the kernel reads entries only up to
@@ -173,19 +169,12 @@ impl RecvBuffers {
         }
     }
 
-    /// The kernel handed buffer `bid` to us with a completion.
-    fn claim(&mut self, bid: u16) {
-        let slot = usize::from(bid);
-        assert!(!self.lent[slot], "recv buffer {bid} claimed twice");
-        self.lent[slot] = true;
-    }
-
     fn data(&self, bid: u16, len: usize) -> &[u8] {
         let slot = usize::from(bid);
         assert!(slot < usize::from(self.entries) && len <= self.buffer_bytes);
-        assert!(self.lent[slot], "reading recv buffer {bid} the kernel owns");
-        // SAFETY: the kernel wrote `len` bytes into this buffer and handed it to us (it is
-        // marked lent); it will not write again until `provide` returns it.
+        // SAFETY: the kernel wrote `len` bytes into this buffer and handed it to us (the
+        // caller checked the custody: `Ring::recv_data`); it will not write again until
+        // `provide` returns it.
         unsafe { std::slice::from_raw_parts(self.bufs.base().add(slot * self.buffer_bytes), len) }
     }
 }
@@ -195,8 +184,6 @@ struct Arena {
     mem: Mapping,
     slot_stride: usize,
     chunk_bytes: usize,
-    /// True while the kernel may read or write the slot (a read, send or SEND_ZC in flight).
-    kernel_owned: Vec<bool>,
     /// The registered buffer each slot names now (`arena_rewrite` swaps one with `spare`).
     buffer_of: Vec<u16>,
     /// The one registered buffer no slot names: where a slot's bytes are rewritten out of
@@ -222,13 +209,14 @@ pub struct Ring {
     tx: super::header_buffers::HeaderBuffers,
     /// Per connection slot: where the kernel writes the peer's `sockaddr` (`get_peer`).
     peers: PeerBuffers,
+    /// Which of the buffers above the kernel holds now (shared with the simulated ring).
+    custody: Custody,
     log_in_flight: Option<Vec<u8>>,
     /// Entries that did not fit in the SQ, in submission order (TigerBeetle's `unqueued`).
     unqueued: VecDeque<squeue::Entry>,
     /// `RingConfig::unqueued_max_entries`.
     unqueued_max_entries: usize,
     socket_slots: u32,
-    file_slots: u32,
     /// Whether SINGLE_ISSUER|DEFER_TASKRUN were accepted by the kernel.
     pub deferred_taskrun: bool,
     /// SQEs pushed since start (for metrics).
@@ -284,7 +272,6 @@ impl Ring {
             mem,
             slot_stride,
             chunk_bytes: cfg.chunk_bytes,
-            kernel_owned: vec![false; usize::from(cfg.arena_slots)],
             buffer_of: (0..cfg.arena_slots).collect(),
             spare: cfg.arena_slots,
         };
@@ -300,7 +287,15 @@ impl Ring {
                 0,
             )?;
         }
+        let mut custody = Custody::new(
+            usize::from(cfg.arena_slots),
+            usize::from(cfg.recv_buffers),
+            cfg.conn_slots,
+            cfg.socket_slots,
+            cfg.file_slots,
+        );
         for bid in 0..cfg.recv_buffers {
+            custody.provide_recv(bid);
             recv.provide(bid);
         }
 
@@ -310,11 +305,11 @@ impl Ring {
             recv,
             tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
             peers: PeerBuffers::new(cfg.conn_slots),
+            custody,
             log_in_flight: None,
             unqueued: VecDeque::with_capacity(usize::try_from(cfg.sq_entries).unwrap_or(0)),
             unqueued_max_entries: cfg.unqueued_max_entries,
             socket_slots: cfg.socket_slots,
-            file_slots: cfg.file_slots,
             deferred_taskrun,
             sqes_pushed: 0,
             enters: 0,
@@ -397,14 +392,10 @@ impl Ring {
 
     fn arena_ptr(&mut self, slot: ArenaSlot, offset: usize, len: usize) -> *mut u8 {
         let i = slot.index();
-        assert!(
-            !self.arena.kernel_owned[i],
-            "arena slot {slot} already in flight"
-        );
         assert!(offset
             .checked_add(len)
             .is_some_and(|end| end <= self.arena.chunk_bytes));
-        self.arena.kernel_owned[i] = true;
+        self.custody.lend_arena(slot);
         // SAFETY: bounds asserted above.
         unsafe { self.arena.buffer_base(self.arena.buffer_of[i]).add(offset) }
     }
@@ -534,14 +525,16 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// Takes ownership of provided buffer `bid` named by a receive completion; it stays ours
     /// until `recycle_recv`.
     fn claim_recv(&mut self, bid: u16) {
-        self.recv.claim(bid);
+        self.custody.claim_recv(bid);
     }
     /// The bytes a receive placed in provided buffer `bid`.
     fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
+        self.custody.check_recv_held(bid);
         self.recv.data(bid, len)
     }
     /// Returns provided buffer `bid` to the kernel once its bytes were copied out.
     fn recycle_recv(&mut self, bid: u16) {
+        self.custody.provide_recv(bid);
         self.recv.provide(bid);
     }
     /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
@@ -564,7 +557,8 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// descriptor) into connection `conn`'s peer buffer; `len` is the listener family's
     /// `sockaddr` size (the kernel refuses a buffer longer than the address).
     fn get_peer(&mut self, conn: ConnSlot, socket: SocketSlot, len: usize, token: u64) {
-        let buf = self.peers.lend(conn.index());
+        self.custody.lend_peer(conn.index());
+        let buf = &mut self.peers.bufs[conn.index()];
         assert!(len <= buf.len(), "peer address longer than its buffer");
         let e = opcode::GetSockOpt::new(
             types::Fixed(socket.raw()),
@@ -580,7 +574,8 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// The peer address `get_peer` wrote (`len` bytes: the completion's result); the buffer
     /// is ours again.
     fn peer_done(&mut self, conn: ConnSlot, len: usize) -> &[u8] {
-        self.peers.done(conn.index(), len)
+        self.custody.peer_done(conn.index());
+        &self.peers.bufs[conn.index()][..len.min(crate::client::sockaddr::SOCKADDR_IN6_BYTES)]
     }
     /// The kernel is done with `tx[conn]` (its send completed).
     fn tx_done(&mut self, conn: ConnSlot) {
@@ -597,10 +592,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// Arena slot `slot` for writing by the shard (the kernel must not own it).
     fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8] {
         let i = slot.index();
-        assert!(
-            !self.arena.kernel_owned[i],
-            "arena slot {slot} mutated while in flight"
-        );
+        self.custody.check_arena_free(slot, "mutated");
         let base = self.arena.buffer_base(self.arena.buffer_of[i]);
         // SAFETY: the slot's buffer, in the arena mapping, which no kernel operation uses
         // (asserted); the &mut self borrow keeps any other view of it out.
@@ -609,10 +601,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// Arena slot `slot` for reading by the shard (the kernel must not own it).
     fn arena(&self, slot: ArenaSlot) -> &[u8] {
         let i = slot.index();
-        assert!(
-            !self.arena.kernel_owned[i],
-            "arena slot {slot} read while in flight"
-        );
+        self.custody.check_arena_free(slot, "read");
         let base = self.arena.buffer_base(self.arena.buffer_of[i]);
         // SAFETY: as in arena_mut; shared access to bytes no kernel op is writing.
         unsafe { std::slice::from_raw_parts(base, self.arena.chunk_bytes) }
@@ -627,10 +616,8 @@ impl crate::ring_api::ops::RingOps for Ring {
     ) {
         let (i, j) = (from.index(), to.index());
         assert_ne!(i, j, "an arena copy within one slot");
-        assert!(
-            !self.arena.kernel_owned[i] && !self.arena.kernel_owned[j],
-            "arena slot copied while in flight"
-        );
+        self.custody.check_arena_free(from, "copied");
+        self.custody.check_arena_free(to, "copied");
         let chunk = self.arena.chunk_bytes;
         assert!(from_off.checked_add(len).is_some_and(|e| e <= chunk));
         assert!(to_off.checked_add(len).is_some_and(|e| e <= chunk));
@@ -645,10 +632,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// buffer, which then becomes the slot's (its old buffer is the new spare).
     fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8])) {
         let i = slot.index();
-        assert!(
-            !self.arena.kernel_owned[i],
-            "arena slot {slot} rewritten while in flight"
-        );
+        self.custody.check_arena_free(slot, "rewritten");
         let (from, to) = (self.arena.buffer_of[i], self.arena.spare);
         assert_ne!(from, to);
         let len = self.arena.chunk_bytes;
@@ -679,7 +663,7 @@ impl crate::ring_api::ops::RingOps for Ring {
         rw_flags: i32,
         token: u64,
     ) {
-        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        self.custody.check_file_index(file);
         let ptr = self.arena_ptr(slot, buf_offset, len);
         let buffer = self.arena.buffer_of[slot.index()];
         let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, buffer)
@@ -697,7 +681,7 @@ impl crate::ring_api::ops::RingOps for Ring {
         file_offset: u64,
         token: u64,
     ) {
-        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        self.custody.check_file_index(file);
         let ptr = self.arena_ptr(slot, 0, len);
         let buffer = self.arena.buffer_of[slot.index()];
         let e = opcode::ReadFixed::new(types::Fixed(file), ptr, len as u32, buffer)
@@ -740,12 +724,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     }
     /// The kernel is done with arena slot `slot` (its read, send or ZC notification arrived).
     fn arena_done(&mut self, slot: ArenaSlot) {
-        let i = slot.index();
-        assert!(
-            self.arena.kernel_owned[i],
-            "arena_done on slot {slot} not in flight"
-        );
-        self.arena.kernel_owned[i] = false;
+        self.custody.arena_done(slot);
     }
     /// Sends static bytes (canned responses), optionally linked to a close of the socket.
     fn send_static_then_close(
@@ -770,7 +749,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// Appends `buf` to the log file `fd` (opened O_APPEND); the ring keeps the buffer until
     /// `log_write_done` hands it back. One log write at a time.
     fn write_log(&mut self, fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
-        assert!(self.log_in_flight.is_none(), "second log write in flight");
+        self.custody.lend_log();
         let (ptr, len) = (buf.as_ptr(), buf.len() as u32);
         // The Vec's heap block does not move when the Vec is moved into the Option.
         self.log_in_flight = Some(buf);
@@ -782,9 +761,10 @@ impl crate::ring_api::ops::RingOps for Ring {
     }
     /// The log write completed: its buffer, for reuse.
     fn log_write_done(&mut self) -> Vec<u8> {
+        self.custody.log_done();
         self.log_in_flight
             .take()
-            .expect("log write completion without a write")
+            .expect("the custody had a log write")
     }
     /// Closes fixed socket `socket`.
     fn close_fixed(&mut self, socket: SocketSlot, token: u64) {
@@ -806,7 +786,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     }
     /// Places an open file in fixed-file slot `index` (relative to the file range).
     fn register_file(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()> {
-        assert!(index.raw() < self.file_slots);
+        self.custody.check_file_slot(index);
         self.uring
             .submitter()
             .register_files_update(self.socket_slots + index.raw(), &[fd.as_raw_fd()])?;
@@ -814,7 +794,7 @@ impl crate::ring_api::ops::RingOps for Ring {
     }
     /// Empties fixed-file slot `index` (relative to the file range).
     fn unregister_file(&mut self, index: FileSlot) -> io::Result<()> {
-        assert!(index.raw() < self.file_slots);
+        self.custody.check_file_slot(index);
         self.uring
             .submitter()
             .register_files_update(self.socket_slots + index.raw(), &[-1])?;
@@ -1062,34 +1042,17 @@ pub mod opcodes {
 }
 
 /// One `sockaddr_in6`-sized buffer per connection slot for `SO_PEERNAME`, allocated at start-up.
-/// The kernel writes a buffer only while it is lent (one request per slot at a time); the
+/// The kernel writes a buffer only while the custody lends it (one request per slot at a time); the
 /// boxed slice never moves or shrinks while the Ring lives.
 struct PeerBuffers {
     bufs: Box<[[u8; crate::client::sockaddr::SOCKADDR_IN6_BYTES]]>,
-    lent: Vec<bool>,
 }
 
 impl PeerBuffers {
     fn new(slots: usize) -> PeerBuffers {
         PeerBuffers {
             bufs: vec![[0; crate::client::sockaddr::SOCKADDR_IN6_BYTES]; slots].into_boxed_slice(),
-            lent: vec![false; slots],
         }
-    }
-
-    fn lend(&mut self, i: usize) -> &mut [u8] {
-        assert!(!self.lent[i], "second peer request for slot {i} in flight");
-        self.lent[i] = true;
-        &mut self.bufs[i]
-    }
-
-    fn done(&mut self, i: usize, len: usize) -> &[u8] {
-        assert!(
-            self.lent[i],
-            "peer completion for slot {i} without a request"
-        );
-        self.lent[i] = false;
-        &self.bufs[i][..len.min(crate::client::sockaddr::SOCKADDR_IN6_BYTES)]
     }
 }
 

@@ -265,18 +265,17 @@ pub struct SimRing {
     /// The disk model the block writes and fsyncs are told to (power-loss runs).
     pub disk: Option<Arc<super::disk::PowerDisk>>,
     socket_slots: u32,
-    file_slots: u32,
     arena: Vec<Vec<u8>>,
     /// The buffer an out-of-place rewrite fills (`arena_rewrite`), then swaps in.
     arena_spare: Vec<u8>,
-    arena_owned: Vec<bool>,
+    /// Which buffers the kernel holds: the real ring's bookkeeping and assertions.
+    custody: crate::ring_api::custody::Custody,
     recv_bufs: Vec<Vec<u8>>,
     recv_state: Vec<RecvBuf>,
     recv_free: VecDeque<u16>,
     tx: crate::shard::header_buffers::HeaderBuffers,
     /// Per connection slot: the peer address a `get_peer` wrote, and whether one is pending.
     peers: Vec<[u8; crate::client::sockaddr::SOCKADDR_IN6_BYTES]>,
-    peer_lent: Vec<bool>,
     log_in_flight: Option<Vec<u8>>,
     files: Vec<Option<std::fs::File>>,
     /// Per file slot: it holds a cache data file (opened O_DIRECT by the fill).
@@ -312,12 +311,24 @@ impl SimRing {
             cache_dir: None,
             disk: None,
             socket_slots: cfg.socket_slots,
-            file_slots: cfg.file_slots,
             arena: (0..cfg.arena_slots)
                 .map(|_| vec![0; cfg.chunk_bytes])
                 .collect(),
             arena_spare: vec![0; cfg.chunk_bytes],
-            arena_owned: vec![false; usize::from(cfg.arena_slots)],
+            custody: {
+                let mut c = crate::ring_api::custody::Custody::new(
+                    usize::from(cfg.arena_slots),
+                    usize::from(cfg.recv_buffers),
+                    cfg.conn_slots,
+                    cfg.socket_slots,
+                    cfg.file_slots,
+                );
+                // Every receive buffer starts with the kernel, as the real ring provides them.
+                for bid in 0..cfg.recv_buffers {
+                    c.provide_recv(bid);
+                }
+                c
+            },
             recv_bufs: (0..cfg.recv_buffers)
                 .map(|_| vec![0; cfg.recv_buffer_bytes])
                 .collect(),
@@ -325,7 +336,6 @@ impl SimRing {
             recv_free: (0..cfg.recv_buffers).collect(),
             tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
             peers: vec![[0; crate::client::sockaddr::SOCKADDR_IN6_BYTES]; cfg.conn_slots],
-            peer_lent: vec![false; cfg.conn_slots],
             log_in_flight: None,
             files: (0..cfg.file_slots).map(|_| None).collect(),
             cache_files: vec![false; cfg.file_slots as usize],
@@ -345,7 +355,7 @@ impl SimRing {
 
     /// Arena slots the kernel holds now.
     pub fn arena_owned(&self, slot: ArenaSlot) -> bool {
-        self.arena_owned[slot.index()]
+        self.custody.arena_in_flight(slot)
     }
 
     /// Receive buffers not in the provided ring (held by the shard or in a posted completion).
@@ -416,12 +426,11 @@ impl SimRing {
 
     fn take_arena(&mut self, slot: ArenaSlot, offset: usize, len: usize) {
         let i = slot.index();
-        assert!(!self.arena_owned[i], "arena slot {slot} already in flight");
         assert!(
             offset + len <= self.arena[i].len(),
             "arena access out of bounds"
         );
-        self.arena_owned[i] = true;
+        self.custody.lend_arena(slot);
     }
 
     /// One round of the modelled kernel: clients act, submissions are taken (unless the SQ is
@@ -1056,22 +1065,22 @@ impl RingOps for SimRing {
         self.push(token, SimOp::Recv { socket, multishot });
     }
     fn claim_recv(&mut self, bid: u16) {
+        self.custody.claim_recv(bid);
         let s = &mut self.recv_state[usize::from(bid)];
-        assert_eq!(*s, RecvBuf::Posted, "recv buffer {bid} claimed twice");
+        assert_eq!(
+            *s,
+            RecvBuf::Posted,
+            "recv buffer {bid} claimed before a completion"
+        );
         *s = RecvBuf::Lent;
     }
     fn recv_data(&self, bid: u16, len: usize) -> &[u8] {
-        assert_eq!(
-            self.recv_state[usize::from(bid)],
-            RecvBuf::Lent,
-            "reading recv buffer {bid} the kernel owns"
-        );
+        self.custody.check_recv_held(bid);
         &self.recv_bufs[usize::from(bid)][..len]
     }
     fn recycle_recv(&mut self, bid: u16) {
-        let s = &mut self.recv_state[usize::from(bid)];
-        assert_eq!(*s, RecvBuf::Lent, "recv buffer {bid} provided twice");
-        *s = RecvBuf::Provided;
+        self.custody.provide_recv(bid);
+        self.recv_state[usize::from(bid)] = RecvBuf::Provided;
         self.recv_free.push_back(bid);
     }
     fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8> {
@@ -1089,19 +1098,11 @@ impl RingOps for SimRing {
         self.push(token, SimOp::SendTx { conn, socket, from });
     }
     fn get_peer(&mut self, conn: ConnSlot, socket: SocketSlot, len: usize, token: u64) {
-        assert!(
-            !self.peer_lent[conn.index()],
-            "second peer request in flight"
-        );
-        self.peer_lent[conn.index()] = true;
+        self.custody.lend_peer(conn.index());
         self.push(token, SimOp::GetPeer { conn, socket, len });
     }
     fn peer_done(&mut self, conn: ConnSlot, len: usize) -> &[u8] {
-        assert!(
-            self.peer_lent[conn.index()],
-            "peer completion without a request"
-        );
-        self.peer_lent[conn.index()] = false;
+        self.custody.peer_done(conn.index());
         &self.peers[conn.index()][..len.min(crate::client::sockaddr::SOCKADDR_IN6_BYTES)]
     }
     fn tx_done(&mut self, conn: ConnSlot) {
@@ -1114,17 +1115,11 @@ impl RingOps for SimRing {
         self.tx.release(conn.index());
     }
     fn arena_mut(&mut self, slot: ArenaSlot) -> &mut [u8] {
-        assert!(
-            !self.arena_owned[slot.index()],
-            "arena slot {slot} mutated while in flight"
-        );
+        self.custody.check_arena_free(slot, "mutated");
         &mut self.arena[slot.index()]
     }
     fn arena(&self, slot: ArenaSlot) -> &[u8] {
-        assert!(
-            !self.arena_owned[slot.index()],
-            "arena slot {slot} read while in flight"
-        );
+        self.custody.check_arena_free(slot, "read");
         &self.arena[slot.index()]
     }
     fn arena_copy(
@@ -1137,10 +1132,8 @@ impl RingOps for SimRing {
     ) {
         let (i, j) = (from.index(), to.index());
         assert_ne!(i, j, "an arena copy within one slot");
-        assert!(
-            !self.arena_owned[i] && !self.arena_owned[j],
-            "arena slot copied while in flight"
-        );
+        self.custody.check_arena_free(from, "copied");
+        self.custody.check_arena_free(to, "copied");
         let (a, b) = if i < j {
             let (lo, hi) = self.arena.split_at_mut(j);
             (&lo[i], &mut hi[0])
@@ -1151,10 +1144,7 @@ impl RingOps for SimRing {
         b[to_off..to_off + len].copy_from_slice(&a[from_off..from_off + len]);
     }
     fn arena_rewrite(&mut self, slot: ArenaSlot, f: &mut dyn FnMut(&[u8], &mut [u8])) {
-        assert!(
-            !self.arena_owned[slot.index()],
-            "arena slot {slot} rewritten while in flight"
-        );
+        self.custody.check_arena_free(slot, "rewritten");
         // Stale bytes in the spare, as on the real ring: only what `f` writes may be used.
         self.arena_spare.fill(0xa5);
         f(&self.arena[slot.index()], &mut self.arena_spare);
@@ -1170,7 +1160,7 @@ impl RingOps for SimRing {
         _rw_flags: i32,
         token: u64,
     ) {
-        assert!(file >= self.socket_slots && file < self.socket_slots + self.file_slots);
+        self.custody.check_file_index(file);
         self.take_arena(slot, buf_offset, len);
         self.push(
             token,
@@ -1207,12 +1197,7 @@ impl RingOps for SimRing {
         );
     }
     fn arena_done(&mut self, slot: ArenaSlot) {
-        let i = slot.index();
-        assert!(
-            self.arena_owned[i],
-            "arena_done on slot {slot} not in flight"
-        );
-        self.arena_owned[i] = false;
+        self.custody.arena_done(slot);
     }
     fn send_static_then_close(
         &mut self,
@@ -1225,15 +1210,16 @@ impl RingOps for SimRing {
         self.close_fixed(socket, close_token);
     }
     fn write_log(&mut self, _fd: BorrowedFd<'_>, buf: Vec<u8>, token: u64) {
-        assert!(self.log_in_flight.is_none(), "second log write in flight");
+        self.custody.lend_log();
         let len = buf.len();
         self.log_in_flight = Some(buf);
         self.push(token, SimOp::LogWrite { len });
     }
     fn log_write_done(&mut self) -> Vec<u8> {
+        self.custody.log_done();
         self.log_in_flight
             .take()
-            .expect("log write completion without a write")
+            .expect("the custody had a log write")
     }
     fn close_fixed(&mut self, socket: SocketSlot, token: u64) {
         self.push(token, SimOp::Close { slot: socket });
@@ -1245,7 +1231,7 @@ impl RingOps for SimRing {
         self.push(token, SimOp::CancelToken { target });
     }
     fn register_file(&mut self, index: FileSlot, fd: BorrowedFd<'_>) -> io::Result<()> {
-        assert!(index.raw() < self.file_slots);
+        self.custody.check_file_slot(index);
         let (file, _) = without_direct_io(fd)?;
         let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
         self.files[index.index()] = Some(file);
@@ -1254,7 +1240,7 @@ impl RingOps for SimRing {
         Ok(())
     }
     fn unregister_file(&mut self, index: FileSlot) -> io::Result<()> {
-        assert!(index.raw() < self.file_slots);
+        self.custody.check_file_slot(index);
         let busy = self.ops.iter().any(
             |o| matches!(o.op, SimOp::Read { file, .. } if file == self.socket_slots + index.raw()),
         );
