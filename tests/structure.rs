@@ -483,7 +483,33 @@ fn the_reader_finds_a_planted_cycle_and_ignores_comments_and_strings() {
     assert_eq!(cycles(&g), vec![vec![m("a"), m("b"), m("c")]]);
 }
 
-/// Names in `docs/ARCHITECTURE.md` that are not this repository's: the kernel's and nginx's.
+/// `docs/ARCHITECTURE.md` and the documents it sends a newcomer to, in that order.
+fn design_docs() -> Vec<String> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    ["ARCHITECTURE.md", "HTTPS.md", "CLIENTS.md", "CACHE.md"]
+        .iter()
+        .map(|d| {
+            std::fs::read_to_string(repo.join("docs").join(d))
+                .unwrap_or_else(|e| panic!("docs/{d}: {e}"))
+        })
+        .collect()
+}
+
+/// The walk stays short enough to read in one sitting: its topics have documents of their
+/// own (`docs/HTTPS.md`, `docs/CLIENTS.md`, `docs/CACHE.md`).
+const MAX_ARCHITECTURE_LINES: usize = 700;
+
+#[test]
+fn the_architecture_stays_a_walk_a_newcomer_can_read() {
+    let lines = design_docs()[0].lines().count();
+    assert!(
+        lines <= MAX_ARCHITECTURE_LINES,
+        "docs/ARCHITECTURE.md has {lines} lines (at most {MAX_ARCHITECTURE_LINES}): move a \
+         topic into a document of its own"
+    );
+}
+
+/// Names in `docs/*.md` that are not this repository's: the kernel's and nginx's.
 const NAMES_FROM_ELSEWHERE: &[&str] = &[
     "IORING_OP_URING_CMD",
     "MORE",
@@ -535,7 +561,7 @@ fn repo_rust_files() -> Vec<String> {
 #[test]
 fn the_architecture_names_only_files_and_functions_that_exist() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let doc = std::fs::read_to_string(repo.join("docs/ARCHITECTURE.md")).expect("read doc");
+    let doc = design_docs().join("\n");
     let files = repo_rust_files();
     let code: String = files
         .iter()
@@ -592,11 +618,11 @@ fn the_architecture_names_only_files_and_functions_that_exist() {
     }
     assert!(
         checked > 200,
-        "only {checked} names read: is the doc still there?"
+        "only {checked} names read: are the docs still there?"
     );
     assert!(
         missing_files.is_empty() && missing_names.is_empty(),
-        "docs/ARCHITECTURE.md names files that do not exist: {missing_files:?}\n\
+        "docs/*.md name files that do not exist: {missing_files:?}\n\
          and names no code has: {missing_names:?}"
     );
 }
@@ -605,8 +631,7 @@ fn the_architecture_names_only_files_and_functions_that_exist() {
 /// lancache, or a measured rate, lives in `perf/*.md`.
 #[test]
 fn the_architecture_copies_no_benchmark_figure() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let doc = std::fs::read_to_string(repo.join("docs/ARCHITECTURE.md")).expect("read doc");
+    let doc = design_docs().join("\n");
     let mut found = Vec::new();
     for (n, line) in doc.lines().enumerate() {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -628,7 +653,7 @@ fn the_architecture_copies_no_benchmark_figure() {
     }
     assert!(
         found.is_empty(),
-        "figures copied into docs/ARCHITECTURE.md (point at perf/*.md instead):\n{}",
+        "figures copied into docs/*.md (point at perf/*.md instead):\n{}",
         found.join("\n")
     );
 }

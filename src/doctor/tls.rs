@@ -58,7 +58,7 @@ pub fn ktls(tree: &Tree) -> Check {
         current,
         "informational: records are sealed in user space (one pass, into arena slots)",
         "kTLS would move sealing into the kernel (and a capable NIC); shardline does not use \
-         it yet (docs/ARCHITECTURE.md, TLS)",
+         it yet (docs/HTTPS.md)",
     )
 }
 

@@ -7,7 +7,7 @@
 //! record layer is this file. Owning it is what makes TLS fit the engine's memory rule: a
 //! record's ciphertext is a pure function of (key, sequence number, content type, plaintext),
 //! so ciphertext that has not left can be dropped and made again from the file, exactly like
-//! cleartext (`RecordCut` locates a rewind; `docs/ARCHITECTURE.md`, "TLS"). Re-sealing the
+//! cleartext (`RecordCut` locates a rewind; `docs/HTTPS.md`). Re-sealing the
 //! same record reveals nothing new: every keystream position and the one tag of a sequence
 //! number go out at most once, whatever bytes are resent.
 //!
