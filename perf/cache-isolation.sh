@@ -7,7 +7,9 @@
 #     cold 2 GiB object through shard 0. The same for a 1 MiB file of the local root, as the
 #     control;
 #   - scrub: a 1 KiB cached hit's p99 on shard 0 alone and while the background scrub
-#     (cache_scrub_bytes_per_s, SCRUB_RATES: 25 and 100 MiB/s) reads the cache there;
+#     (cache_scrub_bytes_per_s, SCRUB_RATES: 25 and 100 MiB/s) reads the cache there; as the
+#     control, the same while another process on CPU 0 reads the cache's disk with O_DIRECT at
+#     OUTSIDE_RATE (100 MiB/s), checking nothing;
 #   - nothing blocks: strace of the process during a cold 1 GiB fill, counting fdatasync,
 #     fsync, openat, openat2, unlinkat and futex per thread (shard-N against the rest);
 #   - CPU: shardline's own CPU seconds per GiB for a cold download and for the warm one after,
@@ -156,8 +158,60 @@ for rate in $SCRUB_RATES; do
     log "round $round: alone ${SA[-1]} ms, with the scrub ${SB[-1]} ms (scrub ${SR[-1]} MB/s)"
   done
   a=$(median "${SA[@]}") b=$(median "${SB[@]}")
-  SCRUB_ROWS+="| $(calc "$rate / 1000000") | $a | $b | $(calc "$b / $a") | $(median "${SR[@]}") | ${SA[*]} / ${SB[*]} |"$'\n'
+  SCRUB_ROWS+="| the scrub, shard 0 | $(calc "$rate / 1000000") | $a | $b | $(calc "$b / $a") | $(median "${SR[@]}") | ${SA[*]} / ${SB[*]} |"$'\n'
 done
+
+# The control for the scrub rows: the same disk reads made by another process. A reader on
+# CPU 0 (the scrubbing shard's) reads the cache's largest data file with O_DIRECT, one 256 KiB
+# read (the scrub's block) every 256 KiB / OUTSIDE_RATE seconds, and checks nothing; shardline
+# only serves the hits. If the hits' p99 rises as much, the cost is the read's own (the block
+# layer, the disk's interrupt on that CPU), not the scrub's work on the shard.
+OUTSIDE_RATE=${OUTSIDE_RATE:-104857600}
+BIGGEST=$(find "$MNT/sl-cache" -type f -size +100M -printf '%s %p\n' | sort -n | tail -1 | cut -d' ' -f2)
+outside_reader() {
+  exec taskset -c 0 python3 - "$BIGGEST" "$OUTSIDE_RATE" "$WORK/outside-bytes" <<'PY'
+import mmap, os, signal, sys, time
+path, rate, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+block = 262144
+fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+size = os.fstat(fd).st_size // block * block
+buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT needs
+done, off, start = 0, 0, time.monotonic()
+
+
+def stop(*_):
+    with open(out, "w") as f:
+        f.write(str(done))
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+while True:
+    os.preadv(fd, [buf], off)
+    done += block
+    off = (off + block) % size
+    time.sleep(max(0.0, start + done / rate - time.monotonic()))
+PY
+}
+OUTSIDE_ROW=""
+if [[ -n $BIGGEST ]]; then
+  log "control: 1 KiB hits on shard 0 while another process reads $BIGGEST at $OUTSIDE_RATE B/s (O_DIRECT, CPU 0), 5 rounds"
+  OA=() OB=() OR=()
+  for round in 0 1 2 3 4; do
+    OA+=("$(p99_ms /pull/small.bin 0)")
+    echo 0 >"$WORK/outside-bytes"
+    outside_reader &
+    reader=$!
+    t0=$(date +%s.%N)
+    OB+=("$(p99_ms /pull/small.bin 0)")
+    kill "$reader"
+    wait "$reader" 2>/dev/null || true
+    OR+=("$(calc "$(cat "$WORK/outside-bytes") / ($(date +%s.%N) - $t0) / 1000000")")
+    log "round $round: alone ${OA[-1]} ms, beside the reader ${OB[-1]} ms (${OR[-1]} MB/s)"
+  done
+  a=$(median "${OA[@]}") b=$(median "${OB[@]}")
+  OUTSIDE_ROW="| another process, CPU 0, no checksum (control) | $(calc "$OUTSIDE_RATE / 1000000") | $a | $b | $(calc "$b / $a") | $(median "${OR[@]}") | ${OA[*]} / ${OB[*]} |"
+fi
 
 log "strace during a cold 1 GiB fill"
 strace -f -qq -e trace=fdatasync,fsync,openat,openat2,unlinkat,futex -o "$WORK/strace" \
@@ -283,10 +337,13 @@ rm -rf "$MNT/restart"
   echo "## Scrub: p99 of 1 KiB cached hits on shard 0 (wrk, one connection on CPU 0, 6 s), median of 5 rounds"
   echo
   echo "The scrub runs on shard 0 (cache_scrub_bytes_per_s set, then back to 0, by SIGHUP each round)."
+  echo "The control row makes the same reads from another process on CPU 0 (O_DIRECT, one 256 KiB"
+  echo "read every 2.5 ms at 100 MiB/s, nothing checked) while shardline only serves the hits."
   echo
-  echo "| scrub rate set (MB/s) | alone (ms) | while the scrub reads (ms) | ratio (target <= 1.1) | scrub MB/s held | rounds alone / with |"
-  echo "|---|---|---|---|---|---|"
+  echo "| who reads the disk | rate set (MB/s) | alone (ms) | while it reads (ms) | ratio (target <= 1.1) | MB/s held | rounds alone / with |"
+  echo "|---|---|---|---|---|---|---|"
   printf '%s' "$SCRUB_ROWS"
+  [[ -n $OUTSIDE_ROW ]] && echo "$OUTSIDE_ROW"
   echo
   echo "## Syscalls during a cold 1 GiB fill (strace -f -p, by thread)"
   echo
