@@ -29,6 +29,7 @@ mod scrub;
 mod sim;
 mod state;
 pub mod timer_wheel;
+mod tls_glue;
 // The ring's interface lives below the shard (`crate::ring_api`), where the fill uses it too.
 pub use crate::ring_api::{ops as ring_ops, slots, token};
 
@@ -851,45 +852,10 @@ impl<R: RingOps> Shard<R> {
                     .expect("SEND_ZC share count underflow");
                 self.sends.zc_conns.remove(c.raw());
             }
-            Action::QueueHandshake => self.queue_handshake(c),
-            Action::LeaveHandshakeQueue => {
-                self.handshaking.handshakes.remove(c.raw());
-            }
-            Action::SendTls { from, swap } => {
-                if swap {
-                    let tls = self.conns[c.index()]
-                        .tls_mut()
-                        .expect("TLS bytes without a session");
-                    let tx = self.ring.tx_mut(c);
-                    std::mem::swap(tx, &mut tls.outgoing);
-                    tls.outgoing.clear();
-                }
-                let t = self.token(Op::SendTls, c);
-                self.ring.send_tx(c, socket, from as usize, 0, t);
-            }
-            Action::Seal {
-                slot,
-                at,
-                cut,
-                first_seq,
-            } => {
-                let tls = self.conns[c.index()]
-                    .tls()
-                    .expect("sealing without a session");
-                // Out of place into the spare buffer, which becomes the slot's: one pass
-                // over the bytes instead of a move to make room for framing, then the AEAD.
-                self.ring.arena_rewrite(slot, &mut |src, dst| {
-                    crate::tls::record::seal_run_into(
-                        tls.tx_key(),
-                        src,
-                        dst,
-                        at as usize,
-                        &cut,
-                        crate::tls::record::CONTENT_APPLICATION_DATA,
-                        first_seq,
-                    )
-                });
-            }
+            Action::QueueHandshake
+            | Action::LeaveHandshakeQueue
+            | Action::SendTls { .. }
+            | Action::Seal { .. } => self.execute_tls(c, socket, action),
             Action::HandshakeTime(us) => self.metrics.tls_handshake_time.observe(us),
             Action::Count(counter, n) => self.count(counter, n),
             Action::Ttfb(us) => self.metrics.ttfb.observe(us),
