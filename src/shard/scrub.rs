@@ -3,7 +3,9 @@
 //! checksum, so a block that went bad on the disk is dropped (and fetched again by the next
 //! request) before a client meets it. Paced by the configured rate, and never ahead of
 //! clients: it reads only when the shard has no connection waiting for a turn and at least
-//! half the arena is free, and checksums what it read `SCRUB_CHECK_STEP_BYTES` per tick.
+//! half the arena is free, and checksums what it read `SCRUB_CHECK_STEP_BYTES` per tick. One
+//! read takes as many consecutive blocks as a slot holds (`SCRUB_BLOCKS_PER_READ_MAX`): each
+//! read costs the shard's CPU a submission and a completion whatever its size.
 
 use super::{RingOps, Shard};
 use crate::fill::cache_fill::{ScrubBlock, ScrubStep};
@@ -28,12 +30,33 @@ fn pace_us(len: usize, rate: u64) -> u64 {
     (len as u64 * 1_000_000).checked_div(rate).unwrap_or(0)
 }
 
-/// The read in flight (or being checked).
+/// Most consecutive blocks one scrub read takes (an arena slot bounds it too).
+pub const SCRUB_BLOCKS_PER_READ_MAX: usize = 8;
+
+/// The read in flight (or being checked): `count` consecutive blocks from `first`, each
+/// `block_bytes` long but the object's last.
 struct InFlight {
     slot: ArenaSlot,
     file: FileSlot,
     version: u64,
-    block: ScrubBlock,
+    first: ScrubBlock,
+    block_bytes: usize,
+    count: usize,
+    /// The journaled checksum of each block of the run.
+    crcs: [u32; SCRUB_BLOCKS_PER_READ_MAX],
+}
+
+impl InFlight {
+    /// Bytes of the run's `i`th block.
+    fn block_len(&self, i: usize) -> usize {
+        let offset = self.first.offset + (i * self.block_bytes) as u64;
+        ((self.first.size - offset) as usize).min(self.block_bytes)
+    }
+
+    /// Bytes of the whole run.
+    fn len(&self) -> usize {
+        (self.count - 1) * self.block_bytes + self.block_len(self.count - 1)
+    }
 }
 
 /// Where the scrub is in its pass over the cache.
@@ -48,7 +71,7 @@ pub(super) struct Scrub {
     pass_blocks: u64,
     in_flight: Option<InFlight>,
     /// A read that completed, being checksummed a step per tick: the read, its result, the
-    /// bytes checked so far and their CRC.
+    /// bytes of the run checked so far, and the CRC of the block being checked.
     checking: Option<(InFlight, i32, usize, u32)>,
     /// No read starts before this (the rate's pacing, or stepping aside), ms of the shard
     /// clock.
@@ -132,6 +155,29 @@ impl<R: RingOps> Shard<R> {
             }
         };
         let (version, block) = found;
+        // The blocks right after it, while they are on disk, as many as a slot holds.
+        let block_bytes = block.len.max(1);
+        let per_read = (self.cfg.chunk_bytes / block_bytes).clamp(1, SCRUB_BLOCKS_PER_READ_MAX);
+        let mut crcs = [0u32; SCRUB_BLOCKS_PER_READ_MAX];
+        crcs[0] = block.crc;
+        let mut count = 1;
+        // The object's last block (short or not) has nothing after it; any other block is
+        // `block_bytes` long, the size every block of the version has.
+        let more = block.offset + (block.len as u64) < block.size;
+        while more && count < per_read {
+            let next = block.block + count as u32;
+            match edge.fill.with_core(|c| c.scrub_next(version, next)) {
+                ScrubStep::Block(b) if b.block == next => {
+                    crcs[count] = b.crc;
+                    count += 1;
+                    if b.len < block_bytes {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.cache.scrub.next_block = block.block + count as u32;
         let (key, path) = edge.data_file(version);
         let file = match self.files.acquire_immutable(
             &mut self.ring,
@@ -157,19 +203,25 @@ impl<R: RingOps> Shard<R> {
             self.cache.scrub.next_at_ms = self.clock.now_ms + SCRUB_YIELD_MS;
             return;
         };
-        let len = block
-            .len
-            .next_multiple_of(SCRUB_READ_ALIGN)
-            .min(self.ring.arena(slot).len());
-        let fixed = self.ring.file_fixed_index(file);
-        let t = Token::shard(Op::Scrub).encode();
-        self.ring.read_fixed_idle(slot, len, fixed, block.offset, t);
-        self.cache.scrub.in_flight = Some(InFlight {
+        let mut run = InFlight {
             slot,
             file,
             version,
-            block,
-        });
+            first: block,
+            block_bytes,
+            count,
+            crcs,
+        };
+        let slot_len = self.ring.arena(slot).len();
+        while run.count > 1 && run.len() > slot_len {
+            run.count -= 1;
+        }
+        self.cache.scrub.next_block = block.block + run.count as u32;
+        let len = run.len().next_multiple_of(SCRUB_READ_ALIGN).min(slot_len);
+        let fixed = self.ring.file_fixed_index(file);
+        let t = Token::shard(Op::Scrub).encode();
+        self.ring.read_fixed_idle(slot, len, fixed, block.offset, t);
+        self.cache.scrub.in_flight = Some(run);
     }
 
     /// The scrub's read completed with `res`: the block is checked from the next tick on.
@@ -184,8 +236,9 @@ impl<R: RingOps> Shard<R> {
         self.cache.scrub.checking = Some((f, res, 0, 0));
     }
 
-    /// Checksums the next `SCRUB_CHECK_STEP_BYTES` of the read being checked; at its end, a
-    /// bad block is dropped, and the slot and file go back.
+    /// Checksums the next `SCRUB_CHECK_STEP_BYTES` of the read being checked, within one
+    /// block; at each block's end a bad block is dropped, and at the run's end the slot and
+    /// the file go back.
     fn scrub_check_step(&mut self) {
         let (f, res, at, crc) = self
             .cache
@@ -193,45 +246,66 @@ impl<R: RingOps> Shard<R> {
             .checking
             .take()
             .expect("checked by the caller");
-        let len = f.block.len;
-        let read_whole = usize::try_from(res).is_ok_and(|n| n >= len);
-        if read_whole && at < len {
-            let end = (at + SCRUB_CHECK_STEP_BYTES).min(len);
-            let crc = crate::cache::checksum_append(crc, &self.ring.arena(f.slot)[at..end]);
-            if end < len {
-                self.cache.scrub.checking = Some((f, res, end, crc));
-                return;
-            }
-            return self.scrub_checked(f, res, crc);
+        let i = at / f.block_bytes;
+        let block_start = i * f.block_bytes;
+        let block_end = block_start + f.block_len(i);
+        let read = usize::try_from(res).unwrap_or(0);
+        // A read that came short of this block: nothing of it to check.
+        let end = if read < block_end {
+            block_end
+        } else {
+            (at + SCRUB_CHECK_STEP_BYTES).min(block_end)
+        };
+        let crc = if read < block_end {
+            crc
+        } else {
+            crate::cache::checksum_append(crc, &self.ring.arena(f.slot)[at..end])
+        };
+        if end < block_end {
+            self.cache.scrub.checking = Some((f, res, end, crc));
+            return;
         }
-        self.scrub_checked(f, res, crc);
+        // Block `i` is checked: whole and matching, or dropped.
+        if read < block_end || crc != f.crcs[i] {
+            self.scrub_drop_bad(&f, i, res);
+        }
+        if i + 1 < f.count {
+            self.cache.scrub.checking = Some((f, res, block_end, 0));
+            return;
+        }
+        self.scrub_run_done(f);
     }
 
-    /// The read's block is checked (`crc` over all of it, unless the read came short).
-    fn scrub_checked(&mut self, f: InFlight, res: i32, crc: u32) {
-        let len = f.block.len;
-        let good = usize::try_from(res).is_ok_and(|n| n >= len) && crc == f.block.crc;
-        if !good {
-            let bad = self.cache.edge.as_ref().and_then(|e| {
-                e.fill
-                    .with_core(|c| c.scrub_found_bad(f.version, f.block.block))
-            });
-            if let Some(key) = bad {
-                ShardMetrics::add(&self.metrics.cache_scrub_bad_blocks, 1);
-                ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
-                tracing::warn!(
-                    object = %String::from_utf8_lossy(key.get(2..).unwrap_or_default()),
-                    version = f.version,
-                    block = f.block.block,
-                    read = res,
-                    "scrub: a cached block failed its checksum; dropped (fetched again when asked)"
-                );
-            }
+    /// Block `i` of run `f` failed its checksum (or the read came short of it): dropped from
+    /// the index, counted and logged.
+    fn scrub_drop_bad(&mut self, f: &InFlight, i: usize, res: i32) {
+        let block = f.first.block + i as u32;
+        let bad = self
+            .cache
+            .edge
+            .as_ref()
+            .and_then(|e| e.fill.with_core(|c| c.scrub_found_bad(f.version, block)));
+        if let Some(key) = bad {
+            ShardMetrics::add(&self.metrics.cache_scrub_bad_blocks, 1);
+            ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
+            tracing::warn!(
+                object = %String::from_utf8_lossy(key.get(2..).unwrap_or_default()),
+                version = f.version,
+                block,
+                read = res,
+                "scrub: a cached block failed its checksum; dropped (fetched again when asked)"
+            );
         }
+    }
+
+    /// Every block of run `f` is checked: the slot and the file go back, the pass moves on,
+    /// and the next read waits until the rate has paid for this one.
+    fn scrub_run_done(&mut self, f: InFlight) {
+        let len = f.len();
         self.files.release(&mut self.ring, f.file);
         self.release_slot(f.slot);
         let s = &mut self.cache.scrub;
-        s.pass_done += 1;
+        s.pass_done += f.count as u64;
         ShardMetrics::add(&self.metrics.cache_scrub_bytes, len as u64);
         if let Some(permille) = (s.pass_done * 1000).checked_div(s.pass_blocks) {
             ShardMetrics::set(&self.metrics.cache_scrub_progress, permille.min(1000));
@@ -246,6 +320,32 @@ impl<R: RingOps> Shard<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_of_blocks_ends_with_the_objects_short_last_block() {
+        let b = 262_144usize;
+        let run = |first: u32, count: usize, size: u64| InFlight {
+            slot: ArenaSlot::new(0),
+            file: FileSlot::new(0),
+            version: 1,
+            first: ScrubBlock {
+                block: first,
+                crc: 0,
+                offset: u64::from(first) * b as u64,
+                len: b,
+                size,
+            },
+            block_bytes: b,
+            count,
+            crcs: [0; SCRUB_BLOCKS_PER_READ_MAX],
+        };
+        // Blocks 4 and 5 of a 10-block object: two whole blocks.
+        let r = run(4, 2, 10 * b as u64);
+        assert_eq!((r.block_len(0), r.block_len(1), r.len()), (b, b, 2 * b));
+        // Blocks 8 and 9 of an object ending 100 bytes into block 9.
+        let r = run(8, 2, 9 * b as u64 + 100);
+        assert_eq!((r.block_len(0), r.block_len(1), r.len()), (b, 100, b + 100));
+    }
 
     #[test]
     fn the_pace_follows_the_rate_and_a_rate_turned_off_paces_nothing() {
