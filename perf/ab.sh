@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # perf/ab.sh: two shardline builds side by side, for a change that should not move a figure
 # (a refactor) on a host whose absolute speed drifts. Each round runs build A, then build B,
-# on the same files (a 1 KiB and a 1 MiB file on the host's disk), one wrk connection for 5 s
-# per file; it prints each round's requests/s and p99 and the mean requests/s of each build.
+# on the same files (a 1 KiB and a 1 MiB file on the host's disk), one shard on CPU 0 and one
+# wrk connection on CPU 1 for 5 s per file (as perf/bench.sh pins them); it prints each
+# round's requests/s and p99 and the mean requests/s of each build.
 #
 #   perf/ab.sh OLD_COMMIT [ROUNDS]     # builds OLD_COMMIT in a clone; B is this tree's build
 #   perf/ab.sh --bins A_BIN B_BIN [ROUNDS]
 #
-# Needs wrk and curl.
+# Needs wrk, curl and 2 CPUs.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -48,7 +49,7 @@ head -c $((1 << 20)) /dev/urandom >"$ROOT/mid.bin"
 PORT=18200
 # rate_p99 URL: "requests/s p99" of one connection for 5 s.
 rate_p99() {
-  wrk -t1 -c1 -d5s --latency "$1" 2>/dev/null |
+  taskset -c 1 wrk -t1 -c1 -d5s --latency "$1" 2>/dev/null |
     awk '$1 == "Requests/sec:" { r = $2 } $1 == "99%" { p = $2 } END { print r, p }'
 }
 declare -A SUM
@@ -56,7 +57,7 @@ for round in $(seq "$ROUNDS"); do
   for which in A B; do
     bin=$A
     [[ $which == B ]] && bin=$B
-    "$bin" serve --root "$ROOT" --listen "127.0.0.1:$PORT" --shards 2 >/dev/null 2>&1 &
+    "$bin" serve --root "$ROOT" --listen "127.0.0.1:$PORT" --shards 1 --cpus 0 >/dev/null 2>&1 &
     PID=$!
     wait_port "$PORT" "$PID" 20 || die "build $which did not start"
     read -r small_rate small_p99 < <(rate_p99 "http://127.0.0.1:$PORT/small.bin")
