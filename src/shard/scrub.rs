@@ -88,6 +88,15 @@ impl Scrub {
         self.in_flight.is_some() || self.checking.is_some()
     }
 
+    /// The arena slot the scrub holds (its read in flight, or being checked).
+    #[cfg(test)]
+    pub(super) fn slot(&self) -> Option<ArenaSlot> {
+        self.in_flight
+            .as_ref()
+            .or(self.checking.as_ref().map(|c| &c.0))
+            .map(|f| f.slot)
+    }
+
     /// Whether a block is being checked: the loop does not sleep until it is done.
     pub(super) fn checking(&self) -> bool {
         self.checking.is_some()
@@ -265,6 +274,13 @@ impl<R: RingOps> Shard<R> {
             self.cache.scrub.checking = Some((f, res, end, crc));
             return;
         }
+        // A short read (the kernel may return less than asked) that covered the blocks
+        // before this one says nothing about this one: the run ends here, and the next read
+        // starts with it (a read short of its first block is judged as before).
+        if read < block_end && res >= 0 && i > 0 {
+            self.cache.scrub.next_block = f.first.block + i as u32;
+            return self.scrub_run_done(f, i);
+        }
         // Block `i` is checked: whole and matching, or dropped.
         if read < block_end || crc != f.crcs[i] {
             self.scrub_drop_bad(&f, i, res);
@@ -273,7 +289,8 @@ impl<R: RingOps> Shard<R> {
             self.cache.scrub.checking = Some((f, res, block_end, 0));
             return;
         }
-        self.scrub_run_done(f);
+        let count = f.count;
+        self.scrub_run_done(f, count);
     }
 
     /// Block `i` of run `f` failed its checksum (or the read came short of it): dropped from
@@ -298,14 +315,18 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    /// Every block of run `f` is checked: the slot and the file go back, the pass moves on,
-    /// and the next read waits until the rate has paid for this one.
-    fn scrub_run_done(&mut self, f: InFlight) {
-        let len = f.len();
+    /// The first `checked` blocks of run `f` are checked: the slot and the file go back, the
+    /// pass moves on, and the next read waits until the rate has paid for this one.
+    fn scrub_run_done(&mut self, f: InFlight, checked: usize) {
+        let len = if checked == f.count {
+            f.len()
+        } else {
+            checked * f.block_bytes
+        };
         self.files.release(&mut self.ring, f.file);
         self.release_slot(f.slot);
         let s = &mut self.cache.scrub;
-        s.pass_done += f.count as u64;
+        s.pass_done += checked as u64;
         ShardMetrics::add(&self.metrics.cache_scrub_bytes, len as u64);
         if let Some(permille) = (s.pass_done * 1000).checked_div(s.pass_blocks) {
             ShardMetrics::set(&self.metrics.cache_scrub_progress, permille.min(1000));

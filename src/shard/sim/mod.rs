@@ -77,6 +77,8 @@ const MAX_VIRTUAL_MS: u64 = 120_000;
 /// Share of runs with an `[[origin]]`: some files are pulled through the cache from the
 /// simulated origin (`origin.rs`).
 const PULL_RUN_PERCENT: u64 = 40;
+/// Of the pull runs, the share where the background scrub runs too.
+const SCRUB_RUN_PERCENT: u64 = 40;
 /// Bytes per arena chunk in a pull run: a cache block is at most half a chunk, and at least
 /// `cache::journal::MIN_BLOCK_BYTES`.
 const SIM_PULL_CHUNK_BYTES: usize = 128 * 1024;
@@ -442,6 +444,14 @@ fn pull_scenario(
     } else {
         0
     };
+    // In some runs the background scrub reads the cache back beside the clients (its own
+    // stream: the rest of a seed's world stays what it was).
+    let mut scrub_rng = Rng::new(seed ^ 0x5c2b_0b10);
+    cfg.cache_scrub_bytes_per_s = if scrub_rng.chance(SCRUB_RUN_PERCENT) {
+        scrub_rng.range(1 << 20, 64 << 20)
+    } else {
+        0
+    };
     cfg.origin = vec![crate::fill::route::OriginConfig {
         prefix: "/pull/".into(),
         host: None,
@@ -712,6 +722,14 @@ fn check_tick(shard: &SimShard, prev: &Previous) -> Result<(), String> {
             return Err(format!("arena slot {slot} held by the fill and by {other}"));
         }
     }
+    // The scrub's slot, while its read is in flight or being checked.
+    if let Some(slot) = shard.cache.scrub.slot() {
+        if let Some(other) = held.insert(slot, u32::MAX - 1) {
+            return Err(format!(
+                "arena slot {slot} held by the scrub and by {other}"
+            ));
+        }
+    }
     if held.len() + shard.arena.free_count() != total {
         return Err(format!(
             "arena: {} held + {} free != {total} slots",
@@ -781,7 +799,9 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
     if shard.open_conns != 0 {
         return Err(format!("{} connections never ended", shard.open_conns));
     }
-    if shard.arena.free_count() != shard.cfg.arena_slots() {
+    // The background scrub may hold one slot whenever the clients are done.
+    let scrubbing = usize::from(shard.cache.scrub.slot().is_some());
+    if shard.arena.free_count() + scrubbing != shard.cfg.arena_slots() {
         let fill: Vec<ArenaSlot> = shard
             .cache
             .edge
