@@ -4,8 +4,8 @@
 //! request) before a client meets it. Paced by the configured rate, and never ahead of
 //! clients: it reads only when the shard has no connection waiting for a turn and at least
 //! half the arena is free, and checksums what it read `SCRUB_CHECK_STEP_BYTES` per tick. One
-//! read takes as many consecutive blocks as a slot holds (`SCRUB_BLOCKS_PER_READ_MAX`): each
-//! read costs the shard's CPU a submission and a completion whatever its size.
+//! read takes as many consecutive blocks as a slot holds (`SCRUB_RUN_BLOCKS_MAX`): each read
+//! costs the shard's CPU a submission and a completion whatever its size.
 
 use super::{RingOps, Shard};
 use crate::fill::cache_fill::{ScrubBlock, ScrubStep};
@@ -30,33 +30,12 @@ fn pace_us(len: usize, rate: u64) -> u64 {
     (len as u64 * 1_000_000).checked_div(rate).unwrap_or(0)
 }
 
-/// Most consecutive blocks one scrub read takes (an arena slot bounds it too).
-pub const SCRUB_BLOCKS_PER_READ_MAX: usize = 8;
-
-/// The read in flight (or being checked): `count` consecutive blocks from `first`, each
-/// `block_bytes` long but the object's last.
+/// The read in flight (or being checked): the run of blocks, and where it is read.
 struct InFlight {
     slot: ArenaSlot,
     file: FileSlot,
     version: u64,
-    first: ScrubBlock,
-    block_bytes: usize,
-    count: usize,
-    /// The journaled checksum of each block of the run.
-    crcs: [u32; SCRUB_BLOCKS_PER_READ_MAX],
-}
-
-impl InFlight {
-    /// Bytes of the run's `i`th block.
-    fn block_len(&self, i: usize) -> usize {
-        let offset = self.first.offset + (i * self.block_bytes) as u64;
-        ((self.first.size - offset) as usize).min(self.block_bytes)
-    }
-
-    /// Bytes of the whole run.
-    fn len(&self) -> usize {
-        (self.count - 1) * self.block_bytes + self.block_len(self.count - 1)
-    }
+    run: ScrubBlock,
 }
 
 /// Where the scrub is in its pass over the cache.
@@ -151,9 +130,14 @@ impl<R: RingOps> Shard<R> {
                 }
                 continue;
             };
-            match edge.fill.with_core(|c| c.scrub_next(version, s.next_block)) {
+            // As many consecutive blocks as an arena slot holds, in one read.
+            let slot_bytes = self.cfg.chunk_bytes;
+            match edge
+                .fill
+                .with_core(|c| c.scrub_next(version, s.next_block, slot_bytes))
+            {
                 ScrubStep::Block(b) => {
-                    s.next_block = b.block + 1;
+                    s.next_block = b.block + b.count as u32;
                     break (version, b);
                 }
                 ScrubStep::Skip(from) => s.next_block = from,
@@ -163,36 +147,13 @@ impl<R: RingOps> Shard<R> {
                 }
             }
         };
-        let (version, block) = found;
-        // The blocks right after it, while they are on disk, as many as a slot holds.
-        let block_bytes = block.len.max(1);
-        let per_read = (self.cfg.chunk_bytes / block_bytes).clamp(1, SCRUB_BLOCKS_PER_READ_MAX);
-        let mut crcs = [0u32; SCRUB_BLOCKS_PER_READ_MAX];
-        crcs[0] = block.crc;
-        let mut count = 1;
-        // The object's last block (short or not) has nothing after it; any other block is
-        // `block_bytes` long, the size every block of the version has.
-        let more = block.offset + (block.len as u64) < block.size;
-        while more && count < per_read {
-            let next = block.block + count as u32;
-            match edge.fill.with_core(|c| c.scrub_next(version, next)) {
-                ScrubStep::Block(b) if b.block == next => {
-                    crcs[count] = b.crc;
-                    count += 1;
-                    if b.len < block_bytes {
-                        break;
-                    }
-                }
-                _ => break,
-            }
-        }
-        self.cache.scrub.next_block = block.block + count as u32;
+        let (version, run) = found;
         let (key, path) = edge.data_file(version);
         let file = match self.files.acquire_immutable(
             &mut self.ring,
             &key,
             &path,
-            block.size,
+            run.size,
             self.clock.now_ms,
         ) {
             Ok(f) => f,
@@ -208,29 +169,28 @@ impl<R: RingOps> Shard<R> {
         let Some(slot) = self.arena.take(Demand::Bulk) else {
             // Clients took the arena meanwhile: this block again, later.
             self.files.release(&mut self.ring, file);
-            self.cache.scrub.next_block = block.block;
+            self.cache.scrub.next_block = run.block;
             self.cache.scrub.next_at_ms = self.clock.now_ms + SCRUB_YIELD_MS;
             return;
         };
-        let mut run = InFlight {
+        let slot_len = self.ring.arena(slot).len();
+        assert!(
+            run.run_bytes() <= slot_len,
+            "a scrub run larger than its slot"
+        );
+        let len = run
+            .run_bytes()
+            .next_multiple_of(SCRUB_READ_ALIGN)
+            .min(slot_len);
+        let fixed = self.ring.file_fixed_index(file);
+        let t = Token::shard(Op::Scrub).encode();
+        self.ring.read_fixed_idle(slot, len, fixed, run.offset, t);
+        self.cache.scrub.in_flight = Some(InFlight {
             slot,
             file,
             version,
-            first: block,
-            block_bytes,
-            count,
-            crcs,
-        };
-        let slot_len = self.ring.arena(slot).len();
-        while run.count > 1 && run.len() > slot_len {
-            run.count -= 1;
-        }
-        self.cache.scrub.next_block = block.block + run.count as u32;
-        let len = run.len().next_multiple_of(SCRUB_READ_ALIGN).min(slot_len);
-        let fixed = self.ring.file_fixed_index(file);
-        let t = Token::shard(Op::Scrub).encode();
-        self.ring.read_fixed_idle(slot, len, fixed, block.offset, t);
-        self.cache.scrub.in_flight = Some(run);
+            run,
+        });
     }
 
     /// The scrub's read completed with `res`: the block is checked from the next tick on.
@@ -255,9 +215,9 @@ impl<R: RingOps> Shard<R> {
             .checking
             .take()
             .expect("checked by the caller");
-        let i = at / f.block_bytes;
-        let block_start = i * f.block_bytes;
-        let block_end = block_start + f.block_len(i);
+        let i = at / f.run.block_bytes;
+        let block_start = i * f.run.block_bytes;
+        let block_end = block_start + f.run.block_len(i);
         let read = usize::try_from(res).unwrap_or(0);
         // A read that came short of this block: nothing of it to check.
         let end = if read < block_end {
@@ -278,25 +238,25 @@ impl<R: RingOps> Shard<R> {
         // before this one says nothing about this one: the run ends here, and the next read
         // starts with it (a read short of its first block is judged as before).
         if read < block_end && res >= 0 && i > 0 {
-            self.cache.scrub.next_block = f.first.block + i as u32;
+            self.cache.scrub.next_block = f.run.block + i as u32;
             return self.scrub_run_done(f, i);
         }
         // Block `i` is checked: whole and matching, or dropped.
-        if read < block_end || crc != f.crcs[i] {
+        if read < block_end || crc != f.run.crcs[i] {
             self.scrub_drop_bad(&f, i, res);
         }
-        if i + 1 < f.count {
+        if i + 1 < f.run.count {
             self.cache.scrub.checking = Some((f, res, block_end, 0));
             return;
         }
-        let count = f.count;
+        let count = f.run.count;
         self.scrub_run_done(f, count);
     }
 
     /// Block `i` of run `f` failed its checksum (or the read came short of it): dropped from
     /// the index, counted and logged.
     fn scrub_drop_bad(&mut self, f: &InFlight, i: usize, res: i32) {
-        let block = f.first.block + i as u32;
+        let block = f.run.block + i as u32;
         let bad = self
             .cache
             .edge
@@ -318,10 +278,10 @@ impl<R: RingOps> Shard<R> {
     /// The first `checked` blocks of run `f` are checked: the slot and the file go back, the
     /// pass moves on, and the next read waits until the rate has paid for this one.
     fn scrub_run_done(&mut self, f: InFlight, checked: usize) {
-        let len = if checked == f.count {
-            f.len()
+        let len = if checked == f.run.count {
+            f.run.run_bytes()
         } else {
-            checked * f.block_bytes
+            checked * f.run.block_bytes
         };
         self.files.release(&mut self.ring, f.file);
         self.release_slot(f.slot);
@@ -341,31 +301,31 @@ impl<R: RingOps> Shard<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fill::cache_fill::SCRUB_RUN_BLOCKS_MAX;
 
     #[test]
     fn a_run_of_blocks_ends_with_the_objects_short_last_block() {
         let b = 262_144usize;
-        let run = |first: u32, count: usize, size: u64| InFlight {
-            slot: ArenaSlot::new(0),
-            file: FileSlot::new(0),
-            version: 1,
-            first: ScrubBlock {
-                block: first,
-                crc: 0,
-                offset: u64::from(first) * b as u64,
-                len: b,
-                size,
-            },
-            block_bytes: b,
+        let run = |first: u32, count: usize, size: u64| ScrubBlock {
+            block: first,
             count,
-            crcs: [0; SCRUB_BLOCKS_PER_READ_MAX],
+            crcs: [0; SCRUB_RUN_BLOCKS_MAX],
+            offset: u64::from(first) * b as u64,
+            block_bytes: b,
+            size,
         };
         // Blocks 4 and 5 of a 10-block object: two whole blocks.
         let r = run(4, 2, 10 * b as u64);
-        assert_eq!((r.block_len(0), r.block_len(1), r.len()), (b, b, 2 * b));
+        assert_eq!(
+            (r.block_len(0), r.block_len(1), r.run_bytes()),
+            (b, b, 2 * b)
+        );
         // Blocks 8 and 9 of an object ending 100 bytes into block 9.
         let r = run(8, 2, 9 * b as u64 + 100);
-        assert_eq!((r.block_len(0), r.block_len(1), r.len()), (b, 100, b + 100));
+        assert_eq!(
+            (r.block_len(0), r.block_len(1), r.run_bytes()),
+            (b, 100, b + 100)
+        );
     }
 
     #[test]

@@ -977,26 +977,43 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         (versions, blocks)
     }
 
-    /// The scrub's next block of `version` from block `from` on: the first on disk among at
-    /// most `SCRUB_SCAN_BLOCKS` (a sparse version is walked over several calls).
-    pub fn scrub_next(&self, version: u64, from: u32) -> ScrubStep {
+    /// The scrub's next run of `version` from block `from` on: the first block on disk among
+    /// at most `SCRUB_SCAN_BLOCKS` (a sparse version is walked over several calls), and the
+    /// blocks on disk right after it, as many as fit in `max_bytes` (at least one, at most
+    /// `SCRUB_RUN_BLOCKS_MAX`), in one hold of the lock.
+    pub fn scrub_next(&self, version: u64, from: u32, max_bytes: usize) -> ScrubStep {
         let Some(m) = self.index.meta(version) else {
             return ScrubStep::Done;
         };
         let blocks = u32::try_from(m.blocks()).unwrap_or(u32::MAX);
         let b = u64::from(m.block_bytes);
+        let max_blocks = (max_bytes / m.block_bytes as usize).clamp(1, SCRUB_RUN_BLOCKS_MAX);
         let until = from.saturating_add(SCRUB_SCAN_BLOCKS).min(blocks);
         for block in from..until {
-            if let Some(crc) = self.index.block_crc(version, block) {
-                let offset = u64::from(block) * b;
-                return ScrubStep::Block(ScrubBlock {
-                    block,
-                    crc,
-                    offset,
-                    len: (m.size - offset).min(b) as usize,
-                    size: m.size,
-                });
+            let Some(crc) = self.index.block_crc(version, block) else {
+                continue;
+            };
+            let mut run = ScrubBlock {
+                block,
+                count: 1,
+                crcs: [0; SCRUB_RUN_BLOCKS_MAX],
+                offset: u64::from(block) * b,
+                block_bytes: m.block_bytes as usize,
+                size: m.size,
+            };
+            run.crcs[0] = crc;
+            while run.count < max_blocks {
+                let next = block + run.count as u32;
+                let Some(crc) = (next < blocks)
+                    .then(|| self.index.block_crc(version, next))
+                    .flatten()
+                else {
+                    break;
+                };
+                run.crcs[run.count] = crc;
+                run.count += 1;
             }
+            return ScrubStep::Block(run);
         }
         if until >= blocks {
             ScrubStep::Done

@@ -92,22 +92,40 @@ pub const SCRUB_SCAN_BLOCKS: u32 = 4096;
 /// One block for the scrub to read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScrubBlock {
-    /// Its number.
+    /// The run's first block.
     pub block: u32,
-    /// Its journaled checksum.
-    pub crc: u32,
-    /// Where it starts in the data file.
+    /// Blocks in the run: consecutive, all on disk.
+    pub count: usize,
+    /// Each block's journaled checksum (the first `count`).
+    pub crcs: [u32; SCRUB_RUN_BLOCKS_MAX],
+    /// Where the first block starts in the data file.
     pub offset: u64,
-    /// Its bytes (the object's last block may be short).
-    pub len: usize,
+    /// The version's block size (the object's last block may be shorter).
+    pub block_bytes: usize,
     /// The object's size.
     pub size: u64,
 }
 
+impl ScrubBlock {
+    /// Bytes of the run's `i`th block.
+    pub fn block_len(&self, i: usize) -> usize {
+        let offset = self.offset + (i * self.block_bytes) as u64;
+        ((self.size - offset) as usize).min(self.block_bytes)
+    }
+
+    /// Bytes of the whole run.
+    pub fn run_bytes(&self) -> usize {
+        (self.count - 1) * self.block_bytes + self.block_len(self.count - 1)
+    }
+}
+
+/// Most consecutive blocks one scrub read takes (an arena slot bounds it too).
+pub const SCRUB_RUN_BLOCKS_MAX: usize = 8;
+
 /// What `FillCore::scrub_next` found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScrubStep {
-    /// A block to read back.
+    /// A run of blocks to read back.
     Block(ScrubBlock),
     /// None on disk up to here (exclusive): ask again from it.
     Skip(u32),
