@@ -20,6 +20,9 @@ use shardline::ring_api::slots::ArenaSlot;
 use shardline::ring_api::token::Token;
 use shardline::shard::ring::{Ring, RingConfig};
 
+/// This tool drives the fill from one thread: the lock is always free when it asks.
+const ONE_THREAD: &str = "one thread: the fill's lock is free";
+
 const CHUNK: usize = 512 * 1024;
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -98,19 +101,30 @@ fn main() {
     let mut waiting = false;
     let key = path.as_bytes();
     loop {
-        let size = cf.index().current(key).map(|m| (m.size, m.block_bytes));
+        let size = cf
+            .try_index()
+            .expect(ONE_THREAD)
+            .current(key)
+            .map(|m| (m.size, m.block_bytes));
         if let Some((size, _)) = size {
             if pos >= size {
                 break;
             }
         }
         while !waiting {
-            let size = cf.index().current(key).map(|m| (m.size, m.block_bytes));
+            let size = cf
+                .try_index()
+                .expect(ONE_THREAD)
+                .current(key)
+                .map(|m| (m.size, m.block_bytes));
             let b = u64::from(size.map_or(block_mib << 20, |s| s.1));
             if size.is_some_and(|(s, _)| pos >= s) {
                 break;
             }
-            match cf.want(key, 0, &path, pos, Some(pos | (b - 1)), 0) {
+            match cf
+                .want(key, 0, &path, pos, Some(pos | (b - 1)), 0)
+                .expect(ONE_THREAD)
+            {
                 Outcome::Ready(_) => pos = (pos / b + 1) * b,
                 Outcome::Waiting => waiting = true,
                 Outcome::Busy | Outcome::Refused(_) => panic!("busy"),
@@ -137,10 +151,17 @@ fn main() {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let size = cf.index().current(key).map_or(0, |m| m.size);
+    let size = cf
+        .try_index()
+        .expect(ONE_THREAD)
+        .current(key)
+        .map_or(0, |m| m.size);
     println!("bytes={size}");
     println!("seconds={secs:.3}");
     println!("mb_per_s={:.1}", size as f64 / secs / 1e6);
-    println!("blocks_fetched={}", cf.blocks_fetched());
+    println!(
+        "blocks_fetched={}",
+        cf.try_with_core(|c| c.blocks_fetched).expect(ONE_THREAD)
+    );
     println!("connections={}", cf.filler().connections());
 }

@@ -245,6 +245,9 @@ counters! {
     /// Hits served without the fill's lock (their version published: every block on disk,
     /// fresh).
     cache_lockless_hits: Counter "cache_lockless_hits_total",
+    /// Times this shard found the fill's lock held by another thread and did that work at a
+    /// later tick instead of waiting.
+    cache_lock_busy: Counter "cache_lock_busy_total",
     /// Cached versions evicted under `cache_max_bytes` since start (over all shards; shard
     /// 0 reports it).
     cache_evictions: Gauge "cache_evictions",

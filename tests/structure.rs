@@ -511,6 +511,7 @@ fn the_architecture_stays_a_walk_a_newcomer_can_read() {
 
 /// Names in `docs/*.md` that are not this repository's: the kernel's and nginx's.
 const NAMES_FROM_ELSEWHERE: &[&str] = &[
+    "IORING_OP_MSG_RING",
     "IORING_OP_URING_CMD",
     "MORE",
     "SOCKET_URING_OP_GETSOCKOPT",

@@ -505,7 +505,8 @@ impl EdgeCache {
     /// version's revalidation (`FillCore::admit`). A single range (or
     /// the whole object) longer than a chunk streams: it starts once its first block is on
     /// disk and reads on as the fill commits more (the span is returned for that); anything
-    /// else starts once every byte it needs is there.
+    /// else starts once every byte it needs is there. None when the fill's lock is held by
+    /// another thread and no lock-free hit answers: the shard asks again at a later tick.
     #[allow(clippy::too_many_arguments)]
     pub fn want(
         &mut self,
@@ -516,16 +517,16 @@ impl EdgeCache {
         head_only: bool,
         admitted: bool,
         waiter: Waiter,
-    ) -> (Outcome, Option<Stream>, Option<Hit>) {
+    ) -> Option<(Outcome, Option<Stream>, Option<Hit>)> {
         let first = Self::first_byte(range).filter(|_| !head_only).unwrap_or(0);
         let slot_bytes = self.slot_bytes as u64;
         if let Some(hit) = self.hot_hit(key, range, head_only, admitted) {
-            return hit;
+            return Some(hit);
         }
         // One hold of the fill's lock for the whole decision, and for a hit everything its
         // response needs from the fill.
         let touched = &mut self.touched;
-        let (outcome, streaming, (start, last), hit) = self.fill.with_core(|core| {
+        let (outcome, streaming, (start, last), hit) = self.fill.try_with_core(|core| {
             Self::flush_touched(touched, core);
             let now_s = super::cache_fill::unix_now_s();
             if let Some(outcome) = core.admit(key, origin, path, first, !admitted, waiter, now_s) {
@@ -571,7 +572,7 @@ impl EdgeCache {
                 _ => None,
             };
             (outcome, streaming, (first, last), hit)
-        });
+        })?;
         if let Some(h) = hit.as_ref().and_then(|h| h.hot.clone()) {
             if self.hot.len() >= HOT_KEYS_PER_SHARD {
                 self.hot.clear();
@@ -585,7 +586,7 @@ impl EdgeCache {
             start,
             last,
         });
-        (outcome, stream, hit)
+        Some((outcome, stream, hit))
     }
 
     /// A hit served without the fill's lock: the key's version was published
@@ -626,7 +627,8 @@ impl EdgeCache {
         });
         if self.touched.len() >= MAX_TOUCHED {
             let touched = std::mem::take(&mut self.touched);
-            self.fill.with_core(|core| core.touch(&touched));
+            // With the lock held elsewhere these counts are let go: they only weigh eviction.
+            self.fill.try_with_core(|core| core.touch(&touched));
             self.touched = touched;
             self.touched.clear();
         }
@@ -648,14 +650,15 @@ impl EdgeCache {
 
     /// The streaming response `stream` (of `waiter`, on `version`) reached byte `from` of
     /// what is committed: it waits on the next block (and moves the read-ahead on). `Ready`
-    /// when it is there; `Busy` when the key has another version now.
+    /// when it is there; `Busy` when the key has another version now. None when the fill's
+    /// lock is held by another thread (asked again at a later tick).
     pub fn want_more(
         &mut self,
         stream: &Stream,
         version: u64,
         from: u64,
         waiter: Waiter,
-    ) -> Outcome {
+    ) -> Option<Outcome> {
         self.fill.want_more(
             version,
             &stream.key,
@@ -676,11 +679,6 @@ impl EdgeCache {
             forget(&self.data_file(v).0);
         }
         self.dropped_buf = dropped;
-    }
-
-    /// Version `version`'s metadata.
-    pub fn meta(&self, version: u64) -> Option<ObjectVersion> {
-        self.fill.index().meta(version).cloned()
     }
 
     /// Version `version`'s data file, and the key the shard's file cache keeps it under.

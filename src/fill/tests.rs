@@ -610,7 +610,10 @@ fn read_all_of(
                     break;
                 }
                 let last = (r.pos | (u64::from(BLOCK) - 1)).min(end - 1);
-                match cf.want(key, 0, path, r.pos, Some(last), i) {
+                match cf
+                    .want(key, 0, path, r.pos, Some(last), i)
+                    .expect("one thread: the lock is free")
+                {
                     Outcome::Ready(v) => {
                         ready_at_once += 1;
                         let meta = cf.index().meta(v).unwrap().clone();

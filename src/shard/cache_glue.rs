@@ -45,6 +45,36 @@ pub(super) struct Pulls {
     pub relay_ready: Vec<ConnSlot>,
     /// Pass-through connections that are closing: their pending read ends, their fetch too.
     pub relay_cancels: Vec<ConnSlot>,
+    /// Work a held fill lock put off, done at the next tick.
+    pub lock_waits: LockWaits,
+}
+
+/// What the shard does again at its next tick because the fill's lock was held by another
+/// thread when it asked (a shard never waits for it). Each entry is checked against its
+/// connection's generation when it is done; every list is bounded by the shard's connections
+/// (a connection has at most one of each at a time).
+#[derive(Default)]
+pub(super) struct LockWaits {
+    /// Requests to ask the fill again: parsed again if their answer (`Pulls::answers`) is
+    /// still there (a notice may have resumed them first).
+    pub asks: Vec<Waiter>,
+    /// Streaming responses at their readable end (`fill_await_block`), and that offset.
+    pub awaits: Vec<(Waiter, u64)>,
+    /// Notices to handle again.
+    pub notices: Vec<Notice<Waiter>>,
+    /// Chunks held in place (`ConnMachine::hold_for_refetch`) to be read again, by
+    /// response and slot (a response may hold several).
+    pub rereads: Vec<(Waiter, ArenaSlot)>,
+}
+
+impl LockWaits {
+    /// Whether anything waits for the next tick.
+    pub fn is_empty(&self) -> bool {
+        self.asks.is_empty()
+            && self.awaits.is_empty()
+            && self.notices.is_empty()
+            && self.rereads.is_empty()
+    }
 }
 
 /// A connection as the glue's tables key it: its slot and the generation the slot had when
@@ -157,6 +187,9 @@ pub const MAX_REFETCHES_PER_RESPONSE: u32 = 8;
 #[derive(Clone, Debug)]
 pub(super) struct PulledRead {
     version: u64,
+    /// The version's metadata as the response began (its size, block size and key: read
+    /// without the lock).
+    meta: ObjectVersion,
     /// It holds a pin on the version (a hit served without the lock does not).
     pinned: bool,
     /// The version as published for lock-free hits: its checksums, all at hand.
@@ -190,6 +223,23 @@ pub(super) enum FillAnswer {
     Status(u16),
     /// A pass-through from the origin: the cache's disk had no room for it.
     PassThrough,
+    /// Ask the fill again (its lock was held); `admitted`: as the request was first asked.
+    Again {
+        /// Whether it had been admitted (`EdgeCache::want`).
+        admitted: bool,
+    },
+}
+
+impl PulledRead {
+    /// The version's metadata, as the response began.
+    pub(super) fn meta(&self) -> &ObjectVersion {
+        &self.meta
+    }
+
+    /// The object's name for a log line (its key without the origin's index).
+    fn object(&self) -> String {
+        String::from_utf8_lossy(self.meta.key.get(2..).unwrap_or_default()).into_owned()
+    }
 }
 
 impl<R: RingOps> Shard<R> {
@@ -232,7 +282,8 @@ impl<R: RingOps> Shard<R> {
             self.respond_status(c, 414, keep_alive, head_only);
             return true;
         }
-        match self.cache.pulls.answers.remove(self.conn_ref(c)) {
+        let again = self.cache.pulls.answers.remove(self.conn_ref(c));
+        match again {
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 // Waited in vain on an origin that asked the edge to wait: told for how long.
@@ -257,15 +308,23 @@ impl<R: RingOps> Shard<R> {
                 self.respond_pass_through(c, req, origin, &key, &path, rate);
                 return true;
             }
-            None => {}
+            Some(FillAnswer::Again { .. }) | None => {}
         }
         let waiter = self.waiter(c);
         let edge = self.cache.edge.as_mut().expect("checked above");
         // A request resumed after a wait was admitted when it first came: it is not sent to
-        // revalidate again (with `cache_revalidate_s = 0` it would never get through).
-        let admitted = self.cache.pulls.resuming;
-        let (outcome, stream, hit) =
-            edge.want(&key, origin, &path, req.range, head_only, admitted, waiter);
+        // revalidate again (with `cache_revalidate_s = 0` it would never get through). One
+        // asked again because the lock was held is as it was.
+        let admitted = match again {
+            Some(FillAnswer::Again { admitted }) => admitted,
+            _ => self.cache.pulls.resuming,
+        };
+        let Some((outcome, stream, hit)) =
+            edge.want(&key, origin, &path, req.range, head_only, admitted, waiter)
+        else {
+            self.ask_again_later(c, FillAnswer::Again { admitted });
+            return true;
+        };
         match (outcome, hit) {
             (Outcome::Ready(_), Some(hit)) => self.respond_cached(c, req, hit, rate, stream),
             // Ready for a version the index no longer holds: cannot be (one hold decided both).
@@ -291,6 +350,64 @@ impl<R: RingOps> Shard<R> {
         true
     }
 
+    /// The fill's lock was held by another thread when request `c` asked: it waits as for a
+    /// fill (within `cache_wait_timeout_ms`) and is parsed again at the next tick with
+    /// `answer`.
+    pub(super) fn ask_again_later(&mut self, c: ConnSlot, answer: FillAnswer) {
+        let Some(edge) = self.cache.edge.as_ref() else {
+            return;
+        };
+        let timeout_ms = edge.wait_timeout_ms;
+        let cx = self.cx();
+        self.conns[c.index()].await_fill(timeout_ms, &cx);
+        self.sync_timer(c);
+        let waiter = self.waiter(c);
+        self.cache.pulls.answers.insert(self.conn_ref(c), answer);
+        self.cache.pulls.lock_waits.asks.push(waiter);
+    }
+
+    /// Does again what a held fill lock put off (`LockWaits`), once each: what is refused
+    /// again waits for the next tick.
+    fn retry_lock_waits(&mut self, notices: &mut Vec<Notice<Waiter>>) {
+        if self.cache.pulls.lock_waits.is_empty() {
+            return;
+        }
+        let mut waits = std::mem::take(&mut self.cache.pulls.lock_waits);
+        // Put-off notices go before this tick's, in the order they came.
+        waits.notices.append(notices);
+        std::mem::swap(notices, &mut waits.notices);
+        for waiter in waits.asks.drain(..) {
+            if self
+                .cache
+                .pulls
+                .answers
+                .contains(self.conn_ref(waiter.conn))
+            {
+                self.resume_fill(waiter, None);
+            }
+        }
+        for (waiter, offset) in waits.awaits.drain(..) {
+            let conn = &self.conns[waiter.conn.index()];
+            if conn.generation() == waiter.generation
+                && conn.responding()
+                && self
+                    .cache
+                    .pulls
+                    .streams
+                    .contains(self.conn_ref(waiter.conn))
+            {
+                self.fill_await_block(waiter.conn, offset);
+            }
+        }
+        for (waiter, slot) in waits.rereads.drain(..) {
+            if self.conns[waiter.conn.index()].generation() == waiter.generation {
+                let mut out = self.take_actions();
+                self.conns[waiter.conn.index()].reread(slot, &mut out);
+                self.run_actions(waiter.conn, out);
+            }
+        }
+    }
+
     /// Serves `req` from `hit`, a version of the cache pinned for it (every byte it needs
     /// is on disk); the pin goes when the response ends (`fill_reads_end`), or here when it
     /// reads nothing of the file.
@@ -311,7 +428,7 @@ impl<R: RingOps> Shard<R> {
             crcs,
             readable_end,
         } = hit;
-        let version = meta.version;
+        let (version, size) = (meta.version, meta.size);
         // A response before this one on the connection lets its version go first.
         self.fill_reads_end(c);
         let edge = self
@@ -379,6 +496,7 @@ impl<R: RingOps> Shard<R> {
             self.conn_ref(c),
             PulledRead {
                 version,
+                meta,
                 pinned,
                 hot,
                 crcs,
@@ -391,7 +509,7 @@ impl<R: RingOps> Shard<R> {
         // A streaming response reads no further than the committed blocks and moves on as
         // the fill commits more; anything else had every block it needs before it began.
         if let (Some(stream), Some(end)) = (stream, readable_end) {
-            filling = end < stream.last.map_or(meta.size, |l| l + 1);
+            filling = end < stream.last.map_or(size, |l| l + 1);
             self.conns[c.index()].set_readable_end(end);
             self.cache
                 .pulls
@@ -424,50 +542,65 @@ impl<R: RingOps> Shard<R> {
             self.cache.pulls.aborts.push(waiter);
             return;
         };
-        match edge.want_more(stream, *version, file_offset, waiter) {
-            Outcome::Ready(v) if v == *version => {
-                let end = edge.fill.readable_end(v, file_offset);
+        let version = *version;
+        let end = match edge.want_more(stream, version, file_offset, waiter) {
+            Some(Outcome::Ready(v)) if v == version => edge.fill.readable_end(v, file_offset),
+            Some(Outcome::Waiting) => return,
+            // Another version (the response began on this one) or too many waiting.
+            Some(Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_)) => {
+                return self.cache.pulls.aborts.push(waiter);
+            }
+            None => None,
+        };
+        match end {
+            Some(end) => {
                 if self.conns[c.index()].set_readable_end(end) {
                     self.ready.push_bulk(c);
                 }
             }
-            Outcome::Waiting => {}
-            // Another version (the response began on this one) or too many waiting.
-            Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_) => {
-                self.cache.pulls.aborts.push(waiter)
-            }
+            // The fill's lock was held: asked again at the next tick.
+            None => self
+                .cache
+                .pulls
+                .lock_waits
+                .awaits
+                .push((waiter, file_offset)),
         }
     }
 
     /// Block notices for a streaming response: it reads on to the new end of the committed
-    /// bytes and waits on the next block (which moves the read-ahead on).
-    fn stream_block_arrived(&mut self, waiter: Waiter, version: u64) {
+    /// bytes and waits on the next block (which moves the read-ahead on). False when the
+    /// fill's lock was held: the notice is handled again at the next tick.
+    fn stream_block_arrived(&mut self, waiter: Waiter, version: u64) -> bool {
         let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
         if conn.generation() != generation || !conn.responding() {
-            return;
+            return true;
         }
         let key = self.conn_ref(c);
         let (Some(edge), Some((stream, v))) =
             (self.cache.edge.as_mut(), self.cache.pulls.streams.get(key))
         else {
-            return;
+            return true;
         };
         if *v != version {
-            return;
+            return true;
         }
         let Some(old_end) = self.conns[c.index()].readable_end() else {
-            return;
+            return true;
         };
-        let end = edge.fill.readable_end(version, old_end);
+        let Some(end) = edge.fill.readable_end(version, old_end) else {
+            return false;
+        };
         if end <= old_end {
-            return;
+            return true;
         }
-        let (size, block_bytes) = edge
-            .fill
-            .index()
-            .meta(version)
-            .map_or((0, 1), |m| (m.size, u64::from(m.block_bytes)));
+        let (size, block_bytes) = self
+            .cache
+            .pulls
+            .reads
+            .get(key)
+            .map_or((0, 1), |r| (r.meta.size, u64::from(r.meta.block_bytes)));
         let done = stream.last.is_some_and(|l| end > l) || end >= size;
         // A response far behind the fill (a stalled or slow client) stops hearing of each
         // block: it reads what is committed and asks again at its end (`fill_await_block`),
@@ -477,9 +610,12 @@ impl<R: RingOps> Shard<R> {
         let near = end.saturating_sub(pos) <= edge.follow_blocks.saturating_mul(block_bytes);
         if !done && near {
             // Wait on the next block (its notice comes here again).
-            if edge.want_more(stream, version, end, waiter) == Outcome::Busy {
+            match edge.want_more(stream, version, end, waiter) {
                 // The key has another version now: this response cannot be finished.
-                self.cache.pulls.aborts.push(waiter);
+                Some(Outcome::Busy) => self.cache.pulls.aborts.push(waiter),
+                // The lock was held: asked at the next tick, as at the readable end.
+                None => self.cache.pulls.lock_waits.awaits.push((waiter, end)),
+                Some(_) => {}
             }
         }
         if self.conns[c.index()].set_readable_end(end) {
@@ -488,6 +624,7 @@ impl<R: RingOps> Shard<R> {
         if done {
             self.cache.pulls.streams.remove(self.conn_ref(c));
         }
+        true
     }
 
     /// Each tick: deadlines, queued fetches (slots at bulk priority), slots given back, and
@@ -498,6 +635,8 @@ impl<R: RingOps> Shard<R> {
         };
         edge.fill.expire(self.clock.now_ms);
         edge.fill.resume_paced(&mut self.ring, self.clock.now_ms);
+        // What a held lock put off at an earlier tick: pins, cancels, fetch events.
+        edge.fill.settle_pending(self.clock.now_ms);
         // Batches the I/O thread made durable: their blocks become visible now.
         edge.fill.settle_io();
         let arena = &mut self.arena;
@@ -512,6 +651,7 @@ impl<R: RingOps> Shard<R> {
         for slot in slots.drain(..) {
             self.release_slot(slot);
         }
+        self.retry_lock_waits(&mut notices);
         // Dropped versions' data files are closed here too, so their room comes back.
         if let Some(edge) = self.cache.edge.as_mut() {
             let (files, ring) = (&mut self.files, &mut self.ring);
@@ -528,8 +668,9 @@ impl<R: RingOps> Shard<R> {
                         // A chunk held on a bad block reads it again.
                     } else if self.conns[waiter.conn.index()].awaiting_fill() {
                         self.resume_fill(waiter, None);
-                    } else {
-                        self.stream_block_arrived(waiter, version);
+                    } else if !self.stream_block_arrived(waiter, version) {
+                        // The fill's lock was held: again at the next tick.
+                        self.cache.pulls.lock_waits.notices.push(n);
                     }
                 }
                 Notice::Known { waiter, .. } => self.resume_fill(waiter, None),
@@ -594,6 +735,7 @@ impl<R: RingOps> Shard<R> {
                     super::ShardMetrics::set(n, bytes);
                 }
             }
+            super::ShardMetrics::set(&self.metrics.cache_lock_busy, edge.fill.lock_busy());
             let first_byte = &self.metrics.origin_first_byte_time;
             edge.fill
                 .take_first_byte_ms(|ms| first_byte.observe(ms * 1000));
@@ -615,8 +757,12 @@ impl<R: RingOps> Shard<R> {
         }
     }
 
-    /// The earliest fill deadline or retry (ms), for the loop's sleep.
+    /// The earliest fill deadline or retry (ms), for the loop's sleep: now when a held lock
+    /// put work off (the loop comes back within a millisecond).
     pub(super) fn fill_due_ms(&self) -> Option<u64> {
+        if !self.cache.pulls.lock_waits.is_empty() {
+            return Some(0);
+        }
         self.cache.edge.as_ref().and_then(|e| e.fill.next_due_ms())
     }
 
@@ -736,16 +882,24 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
                 block
             }
+            Err(crate::fill::cache_fill::BadBlock::LockBusy) => return self.hold_for_lock(c, slot),
         };
-        let key = edge
-            .meta(version)
-            .map(|m| String::from_utf8_lossy(m.key.get(2..).unwrap_or_default()).into_owned())
+        let key = self
+            .cache
+            .pulls
+            .reads
+            .get(key)
+            .map(|r| r.object())
             .unwrap_or_default();
         if refetches >= MAX_REFETCHES_PER_RESPONSE {
             tracing::warn!(shard = self.index, object = %key, version, block, refetches, "a cached block failed its checksum again: the response is cut");
             return Use(-libc::EIO);
         }
-        let outcome = edge.fill.refetch(version, block, waiter);
+        let edge = self.cache.edge.as_mut().expect("checked above");
+        let Some(outcome) = edge.fill.refetch(version, block, waiter) else {
+            // Dropped already: the read again finds it missing and asks for it then.
+            return self.hold_for_lock(c, slot);
+        };
         let entry = self
             .cache
             .pulls
@@ -769,6 +923,14 @@ impl<R: RingOps> Shard<R> {
                 Use(-libc::EIO)
             }
         }
+    }
+
+    /// A read of connection `c` (in `slot`) could not be judged: the fill's lock was held.
+    /// The chunk waits in place and is read again at the next tick.
+    fn hold_for_lock(&mut self, c: ConnSlot, slot: ArenaSlot) -> ReadCheck {
+        let waiter = self.waiter(c);
+        self.cache.pulls.lock_waits.rereads.push((waiter, slot));
+        ReadCheck::Hold { now: false }
     }
 
     /// The block the held chunk of `waiter`'s response waited for is back: it is read again.
@@ -808,14 +970,7 @@ impl<R: RingOps> Shard<R> {
         let Some((_, block)) = read.refetch.take() else {
             return false;
         };
-        let version = read.version;
-        let object = self
-            .cache
-            .edge
-            .as_ref()
-            .and_then(|e| e.meta(version))
-            .map(|m| String::from_utf8_lossy(m.key.get(2..).unwrap_or_default()).into_owned())
-            .unwrap_or_default();
+        let (version, object) = (read.version, read.object());
         tracing::warn!(
             shard = self.index,
             %object,

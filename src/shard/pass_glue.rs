@@ -33,8 +33,16 @@ impl<R: RingOps> Shard<R> {
         let meta = self
             .cache
             .edge
-            .as_ref()
-            .and_then(|edge| edge.fill.index().current(key).cloned());
+            .as_mut()
+            .map(|e| e.fill.try_index().map(|index| index.current(key).cloned()));
+        let meta = match meta {
+            Some(Some(meta)) => meta,
+            // The fill's lock was held: asked again at the next tick.
+            Some(None) => {
+                return self.ask_again_later(c, super::cache_glue::FillAnswer::PassThrough);
+            }
+            None => None,
+        };
         let Some(meta) =
             meta.filter(|_| self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD)
         else {
@@ -103,15 +111,14 @@ impl<R: RingOps> Shard<R> {
         if self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
             return false;
         }
-        let (Some(edge), Some((stream, version))) = (
-            self.cache.edge.as_ref(),
-            self.cache.pulls.streams.get(self.conn_ref(c)),
+        let key = self.conn_ref(c);
+        let (Some(stream), Some(read)) = (
+            self.cache.pulls.streams.get(key).map(|(s, _)| s),
+            self.cache.pulls.reads.get(key),
         ) else {
             return false;
         };
-        let Some(meta) = edge.fill.index().meta(*version).cloned() else {
-            return false;
-        };
+        let meta = read.meta().clone();
         let conn = &self.conns[c.index()];
         let Some(from) = conn.readable_end() else {
             return false;

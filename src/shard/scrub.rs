@@ -100,7 +100,7 @@ impl<R: RingOps> Shard<R> {
         if self.cache.scrub.in_flight.is_some() || self.clock.now_ms < self.cache.scrub.next_at_ms {
             return;
         }
-        let Some(edge) = self.cache.edge.as_ref() else {
+        let Some(edge) = self.cache.edge.as_mut() else {
             return;
         };
         if !self.ready.is_empty() || self.arena.free_count() * 2 < self.cfg.arena_slots() {
@@ -114,7 +114,10 @@ impl<R: RingOps> Shard<R> {
                 if s.pass_blocks > 0 {
                     ShardMetrics::add(&self.metrics.cache_scrub_passes, 1);
                 }
-                let (versions, blocks) = edge.fill.with_core(|c| c.scrub_pass());
+                // The fill's lock held elsewhere: tried again at the next tick.
+                let Some((versions, blocks)) = edge.fill.try_with_core(|c| c.scrub_pass()) else {
+                    return;
+                };
                 *s = Scrub {
                     versions,
                     pass_blocks: blocks,
@@ -132,10 +135,13 @@ impl<R: RingOps> Shard<R> {
             };
             // As many consecutive blocks as an arena slot holds, in one read.
             let slot_bytes = self.cfg.chunk_bytes;
-            match edge
+            let next = edge
                 .fill
-                .with_core(|c| c.scrub_next(version, s.next_block, slot_bytes))
-            {
+                .try_with_core(|c| c.scrub_next(version, s.next_block, slot_bytes));
+            let Some(next) = next else {
+                return;
+            };
+            match next {
                 ScrubStep::Block(b) => {
                     s.next_block = b.block + b.count as u32;
                     break (version, b);
@@ -209,7 +215,7 @@ impl<R: RingOps> Shard<R> {
     /// block; at each block's end a bad block is dropped, and at the run's end the slot and
     /// the file go back.
     fn scrub_check_step(&mut self) {
-        let (f, res, at, crc) = self
+        let (f, res, at, crc_before) = self
             .cache
             .scrub
             .checking
@@ -226,9 +232,9 @@ impl<R: RingOps> Shard<R> {
             (at + SCRUB_CHECK_STEP_BYTES).min(block_end)
         };
         let crc = if read < block_end {
-            crc
+            crc_before
         } else {
-            crate::cache::checksum_append(crc, &self.ring.arena(f.slot)[at..end])
+            crate::cache::checksum_append(crc_before, &self.ring.arena(f.slot)[at..end])
         };
         if end < block_end {
             self.cache.scrub.checking = Some((f, res, end, crc));
@@ -242,8 +248,10 @@ impl<R: RingOps> Shard<R> {
             return self.scrub_run_done(f, i);
         }
         // Block `i` is checked: whole and matching, or dropped.
-        if read < block_end || crc != f.run.crcs[i] {
-            self.scrub_drop_bad(&f, i, res);
+        if (read < block_end || crc != f.run.crcs[i]) && !self.scrub_drop_bad(&f, i, res) {
+            // The fill's lock was held: this step is done again at the next tick.
+            self.cache.scrub.checking = Some((f, res, at, crc_before));
+            return;
         }
         if i + 1 < f.run.count {
             self.cache.scrub.checking = Some((f, res, block_end, 0));
@@ -254,14 +262,18 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Block `i` of run `f` failed its checksum (or the read came short of it): dropped from
-    /// the index, counted and logged.
-    fn scrub_drop_bad(&mut self, f: &InFlight, i: usize, res: i32) {
+    /// the index, counted and logged. False when the fill's lock was held (nothing done).
+    fn scrub_drop_bad(&mut self, f: &InFlight, i: usize, res: i32) -> bool {
         let block = f.run.block + i as u32;
-        let bad = self
-            .cache
-            .edge
-            .as_ref()
-            .and_then(|e| e.fill.with_core(|c| c.scrub_found_bad(f.version, block)));
+        let Some(edge) = self.cache.edge.as_mut() else {
+            return true;
+        };
+        let Some(bad) = edge
+            .fill
+            .try_with_core(|c| c.scrub_found_bad(f.version, block))
+        else {
+            return false;
+        };
         if let Some(key) = bad {
             ShardMetrics::add(&self.metrics.cache_scrub_bad_blocks, 1);
             ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
@@ -273,6 +285,7 @@ impl<R: RingOps> Shard<R> {
                 "scrub: a cached block failed its checksum; dropped (fetched again when asked)"
             );
         }
+        true
     }
 
     /// The first `checked` blocks of run `f` are checked: the slot and the file go back, the

@@ -1,6 +1,9 @@
 //! `CacheFill`: one shard's handle on the shared cache. It takes the lock for what the shard
 //! asks (wants, pins, checks of read blocks, hot versions), runs the shard's fetches on its
-//! ring, and settles the I/O thread's finished batches.
+//! ring, and settles the I/O thread's finished batches. It never waits for the lock: every
+//! call a shard makes tries it (`try_lock_as`) and, when another thread holds it, answers
+//! None (or keeps the work, such as a pin to give back, for the next hold), so the shard
+//! does it at a later tick.
 
 use super::*;
 
@@ -13,9 +16,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Shard `shard`'s handle on the shared `core`, fetching with `filler`.
     pub fn attach(core: Arc<Mutex<FillCore<W>>>, shard: usize, filler: Filler) -> CacheFill<W> {
-        let (store, signals) = {
+        let (store, signals, slot_bytes) = {
             let c = lock(&core);
-            (c.store.clone(), c.signals.clone())
+            (c.store.clone(), c.signals.clone(), c.cfg.slot_bytes)
         };
         CacheFill {
             signals,
@@ -28,16 +31,45 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             samples: Vec::new(),
             pass_events: Vec::new(),
             next_pass: 1,
+            pending: Pending::default(),
+            budget_freed: false,
+            slot_bytes,
         }
     }
 
+    /// The lock, waiting for it: tests only (a shard never waits, `try_core`).
+    #[cfg(test)]
     pub(super) fn core(&self) -> Locked<'_, W> {
         lock_as(&self.core, self.shard)
     }
 
-    /// Runs `f` on the shared fill under one hold of its lock (several decisions, one lock).
+    /// The lock if it is free now (what this shard owed the core handed over first); None
+    /// when another thread holds it.
+    fn try_core(&mut self) -> Option<Locked<'_, W>> {
+        try_lock_as(&self.core, self.shard, &mut self.pending)
+    }
+
+    /// Runs `f` on the shared fill under one hold of its lock, waiting for it: tests only.
+    #[cfg(test)]
     pub fn with_core<T>(&self, f: impl FnOnce(&mut FillCore<W>) -> T) -> T {
         f(&mut self.core())
+    }
+
+    /// Runs `f` on the shared fill under one hold of its lock (several decisions, one lock)
+    /// if the lock is free now; None when another thread holds it.
+    pub fn try_with_core<T>(&mut self, f: impl FnOnce(&mut FillCore<W>) -> T) -> Option<T> {
+        self.try_core().map(|mut core| f(&mut core))
+    }
+
+    /// Makes this shard's lock attempts fail `contention`'s share of the time, as another
+    /// thread holding the lock would (the simulator's: it runs every shard on one thread).
+    pub fn inject_contention(&mut self, contention: Contention) {
+        self.pending.contention = Some(contention);
+    }
+
+    /// Lock attempts this shard found held (and did later), since start.
+    pub fn lock_busy(&self) -> u64 {
+        self.pending.busy
     }
 
     /// Settles the I/O thread's finished batches (their blocks become visible, their waiters
@@ -49,7 +81,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         if !io.has_done.load(Ordering::Acquire) {
             return;
         }
-        let mut core = self.core();
+        let Some(mut core) = self.try_core() else {
+            return;
+        };
         let mut done = std::mem::take(&mut core.done_scratch);
         io.take_done(&mut done);
         for d in done.drain(..) {
@@ -58,9 +92,15 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         core.done_scratch = done;
     }
 
-    /// The index (what is on disk), under the shared lock: do not hold it across calls.
+    /// The index (what is on disk), under the shared lock, waiting for it: tests only.
+    #[cfg(test)]
     pub fn index(&self) -> IndexGuard<'_, W> {
         IndexGuard(self.core())
+    }
+
+    /// The index (what is on disk) if the lock is free now: do not hold it across calls.
+    pub fn try_index(&mut self) -> Option<IndexGuard<'_, W>> {
+        self.try_core().map(IndexGuard)
     }
 
     /// The data files.
@@ -83,32 +123,37 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     }
 
     /// Blocks fetched from the origin, over all shards.
+    #[cfg(test)]
     pub fn blocks_fetched(&self) -> u64 {
         self.core().blocks_fetched
     }
 
     /// Blocks found corrupt, over all shards.
+    #[cfg(test)]
     pub fn blocks_corrupt(&self) -> u64 {
         self.core().blocks_corrupt
     }
 
     /// See `FillCore::purge`.
+    #[cfg(test)]
     pub fn purge(&mut self, path: &str, prefix: bool) -> usize {
         self.core().purge(path, prefix)
     }
 
     /// Journal compactions finished, and the journal's bytes now.
+    #[cfg(test)]
     pub fn compactions(&self) -> (u64, u64) {
         let core = self.core();
         (core.compactions, core.journal_bytes)
     }
 
     /// Data files the fill holds open for writing (at most `FillConfig::open_files`).
+    #[cfg(test)]
     pub fn open_files(&self) -> usize {
         self.core().files.len()
     }
 
-    /// See `FillCore::want`.
+    /// See `FillCore::want`; None when the lock is held.
     pub fn want(
         &mut self,
         key: &[u8],
@@ -117,11 +162,13 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         first: u64,
         last: Option<u64>,
         waiter: W,
-    ) -> Outcome {
-        self.core().want(key, origin, path, first, last, waiter)
+    ) -> Option<Outcome> {
+        self.try_core()
+            .map(|mut c| c.want(key, origin, path, first, last, waiter))
     }
 
     /// See `FillCore::want_streaming`.
+    #[cfg(test)]
     pub fn want_streaming(
         &mut self,
         key: &[u8],
@@ -136,6 +183,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     }
 
     /// See `FillCore::admit`.
+    #[cfg(test)]
     pub fn admit(
         &mut self,
         key: &[u8],
@@ -149,7 +197,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             .admit(key, origin, path, first, revalidate, waiter, unix_now_s())
     }
 
-    /// See `FillCore::want_more`.
+    /// See `FillCore::want_more`; None when the lock is held.
     #[allow(clippy::too_many_arguments)]
     pub fn want_more(
         &mut self,
@@ -161,9 +209,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         first: u64,
         last: Option<u64>,
         waiter: W,
-    ) -> Outcome {
-        self.core()
-            .want_more(version, key, origin, path, start, first, last, waiter)
+    ) -> Option<Outcome> {
+        self.try_core()
+            .map(|mut c| c.want_more(version, key, origin, path, start, first, last, waiter))
     }
 
     /// Pauses origin `origin` asked for so far (read without the lock).
@@ -174,9 +222,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
-    /// See `FillCore::origin_paused_s`.
+    /// See `FillCore::origin_paused_s` (None too when the lock is held).
     pub fn origin_paused_s(&mut self, origin: usize, now_ms: u64) -> Option<u64> {
-        self.core().origin_paused_s(origin, now_ms)
+        self.try_core()?.origin_paused_s(origin, now_ms)
     }
 
     /// See `FillCore::stats` (as of the lock's last release: read without it).
@@ -195,28 +243,51 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// its descriptors of their removed data files).
     pub fn take_dropped(&mut self, out: &mut Vec<u64>) {
         if self.has_news() {
-            out.append(&mut self.core().dropped[self.shard]);
+            let shard = self.shard;
+            if let Some(mut core) = self.try_core() {
+                out.append(&mut core.dropped[shard]);
+            }
         }
     }
 
     /// See `FillCore::pin`.
+    #[cfg(test)]
     pub fn pin(&mut self, version: u64) {
         self.core().pin(version);
     }
 
-    /// See `FillCore::unpin`.
+    /// See `FillCore::unpin`: now, or at this shard's next hold of the lock.
     pub fn unpin(&mut self, version: u64) {
-        self.core().unpin(version);
+        self.pending.unpins.push(version);
+        drop(self.try_core());
     }
 
-    /// See `FillCore::readable_end`.
-    pub fn readable_end(&self, version: u64, from: u64) -> u64 {
-        self.core().readable_end(version, from)
+    /// See `FillCore::readable_end`; None when the lock is held.
+    pub fn readable_end(&mut self, version: u64, from: u64) -> Option<u64> {
+        self.try_core().map(|c| c.readable_end(version, from))
     }
 
-    /// `waiter` went away: it hears nothing more (the fetches go on for the cache).
+    /// `waiter` went away: it hears nothing more (the fetches go on for the cache). Now, or
+    /// at this shard's next hold of the lock, before anything else is asked under it.
     pub fn cancel(&mut self, waiter: &W) {
-        self.core().cancel(waiter);
+        self.pending.cancels.push(waiter.clone());
+        drop(self.try_core());
+    }
+
+    /// Hands the core what this shard still owes it (pins, cancels, fetch events) if the lock
+    /// is free now: each tick, so nothing waits on a later call to go.
+    pub fn settle_pending(&mut self, now_ms: u64) {
+        if !self.events.is_empty() || self.budget_freed {
+            self.settle_events(now_ms);
+        } else if !self.pending.unpins.is_empty() || !self.pending.cancels.is_empty() {
+            drop(self.try_core());
+        }
+    }
+
+    /// Whether this shard has work a held lock put off (its loop comes back for it within a
+    /// millisecond).
+    pub fn lock_refused(&self) -> bool {
+        self.pending.refused
     }
 
     /// Starts the queued fetches that may start now on this shard: each takes a slot from
@@ -230,7 +301,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         if !self.has_queued() {
             return;
         }
-        let mut core = lock_as(&self.core, self.shard);
+        let Some(mut core) = try_lock_as(&self.core, self.shard, &mut self.pending) else {
+            return;
+        };
         core.pump(
             self.shard,
             &mut self.filler,
@@ -283,12 +356,15 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         });
         // A fetch ended while another shard was refused its origin's shared budget: the
         // shards with queued fetches try again (they are woken as the lock is let go).
-        let budget_freed = self.filler.take_budget_freed();
-        if self.events.is_empty() && !budget_freed {
+        self.budget_freed |= self.filler.take_budget_freed();
+        if self.events.is_empty() && !self.budget_freed {
             return;
         }
-        let mut core = lock_as(&self.core, self.shard);
-        if budget_freed {
+        // Held elsewhere: the events wait here (in order) for the next tick's try.
+        let Some(mut core) = try_lock_as(&self.core, self.shard, &mut self.pending) else {
+            return;
+        };
+        if std::mem::take(&mut self.budget_freed) {
             core.wake_queued_shards();
         }
         core.settle(&mut self.events, &mut self.freed, now_ms);
@@ -297,14 +373,16 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// Every arena slot this shard's fill holds: its running fetches', and those its ended
     /// fetches gave back that the shard has not taken yet (the simulator's accounting).
     pub fn held_slots(&self) -> impl Iterator<Item = ArenaSlot> + '_ {
-        let pass_ended = self.pass_events.iter().filter_map(|e| match *e {
+        let ended = |e: &FillEvent| match *e {
             FillEvent::Ended { slot, .. } => Some(slot),
             _ => None,
-        });
+        };
+        // Ended fetches' events not settled yet (the lock was held) hold their slots too.
         self.filler
             .slots()
             .chain(self.freed.iter().copied())
-            .chain(pass_ended)
+            .chain(self.pass_events.iter().filter_map(ended))
+            .chain(self.events.iter().filter_map(ended))
     }
 
     /// Starts a pass-through fetch of `pass` into `slot` (the caller's; it comes back with
@@ -319,7 +397,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         now_ms: u64,
     ) -> Result<u64, ArenaSlot> {
         assert!(pass.from < pass.end && pass.end <= pass.size && pass.block_bytes > 0);
-        let slot_bytes = self.core().cfg.slot_bytes;
+        let slot_bytes = self.slot_bytes;
         let b = u64::from(pass.block_bytes);
         let plan = Plan {
             first_block: u32::try_from(pass.from / b).unwrap_or(u32::MAX),
@@ -372,8 +450,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         self.filler.expire(now_ms);
     }
 
-    /// The earliest time (ms) something is due: a fetch deadline or a retry.
+    /// The earliest time (ms) something is due: a fetch deadline or a retry, or now when a
+    /// held lock put work off.
     pub fn next_due_ms(&self) -> Option<u64> {
+        if self.pending.refused {
+            return Some(0);
+        }
         let retry = Some(self.signals.next_retry_ms[self.shard].load(Ordering::Acquire))
             .filter(|&r| r != u64::MAX);
         match (self.filler.next_deadline_ms(), retry) {
@@ -395,9 +477,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         if !self.signals.news[self.shard].load(Ordering::Acquire) {
             return;
         }
-        let mut core = self.core();
-        out.append(&mut core.notices[self.shard]);
-        core.to_wake[self.shard] = false;
+        let shard = self.shard;
+        let Some(mut core) = self.try_core() else {
+            return;
+        };
+        out.append(&mut core.notices[shard]);
+        core.to_wake[shard] = false;
         core.take_wakes(wake);
     }
 
@@ -419,7 +504,8 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// checksums come from the response's own `window`, refilled under the lock only when a
     /// block is past it. The first block that fails is forgotten and returned
     /// (`BadBlock::Corrupt`); one the index no longer holds (another read dropped it) is
-    /// `BadBlock::Dropped`.
+    /// `BadBlock::Dropped`. `BadBlock::LockBusy` when a checksum or a bad block's drop needed
+    /// the lock and another thread held it: the read is judged again later.
     pub fn check_blocks(
         &mut self,
         version: u64,
@@ -430,12 +516,21 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         hot: Option<&HotVersion>,
     ) -> Result<(), BadBlock> {
         // A published version's checksums are all at hand: no lock.
-        let refill = |core: &Self, at: u64, window: &mut CrcWindow| match hot {
-            Some(h) if h.meta.version == version => *window = h.window(at),
-            _ => core.core().fill_window(version, at, window),
+        let refill = |me: &mut Self, at: u64, window: &mut CrcWindow| match hot {
+            Some(h) if h.meta.version == version => {
+                *window = h.window(at);
+                Ok(())
+            }
+            _ => match me.try_core() {
+                Some(core) => {
+                    core.fill_window(version, at, window);
+                    Ok(())
+                }
+                None => Err(BadBlock::LockBusy),
+            },
         };
         if window.version != version || window.size == 0 {
-            refill(self, file_off, window);
+            refill(self, file_off, window)?;
         }
         let (size, b) = (window.size, u64::from(window.block_bytes));
         if size == 0 {
@@ -463,7 +558,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             let crc = match window.get(block) {
                 Some(crc) => crc,
                 None => {
-                    refill(self, at, window);
+                    refill(self, at, window)?;
                     // A read covers committed blocks only: one without its checksum now was
                     // found corrupt (and dropped) by another read while this one was planned
                     // or in flight, and its bytes on the disk are the bad ones.
@@ -471,7 +566,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
                 }
             };
             if crate::cache::checksum(&bytes[start..start + len]) != crc {
-                let mut core = self.core();
+                let mut core = self.try_core().ok_or(BadBlock::LockBusy)?;
                 core.blocks_corrupt += 1;
                 core.index.forget_block(version, block);
                 core.invalidate_hot(version);
@@ -487,12 +582,14 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// block is fetched again at the front of the queue (or the fetch under way is joined and
     /// moved there), and `waiter` hears `Notice::Block` when it is back (`Ready`: it is
     /// already). `Busy` when it cannot be: the version is no longer the key's (the response
-    /// cannot go on without mixing versions) or too many wait.
-    pub fn refetch(&mut self, version: u64, block: u32, waiter: W) -> Outcome {
-        self.core().refetch(version, block, waiter)
+    /// cannot go on without mixing versions) or too many wait. None when the lock is held.
+    pub fn refetch(&mut self, version: u64, block: u32, waiter: W) -> Option<Outcome> {
+        self.try_core()
+            .map(|mut c| c.refetch(version, block, waiter))
     }
 
     /// See `FillCore::verify_block`.
+    #[cfg(test)]
     pub fn verify_block(&mut self, version: u64, block: u32, buf: &mut Vec<u8>) -> bool {
         self.core().verify_block(version, block, buf)
     }

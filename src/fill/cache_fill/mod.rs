@@ -496,6 +496,9 @@ pub enum BadBlock {
     Corrupt(u32),
     /// Another read found it corrupt and dropped it while this one was under way.
     Dropped(u32),
+    /// The read could not be judged now: another thread held the lock it needed (for the
+    /// block's checksum, or to drop a bad block). Read again at a later tick.
+    LockBusy,
 }
 
 /// The shared counters a shard reports (one lock).
@@ -531,6 +534,66 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     next_pass: u64,
     /// What this shard reads without the lock.
     signals: Arc<Signals>,
+    /// What this shard owes the core at its next hold of the lock (it never waits for it).
+    pending: Pending<W>,
+    /// A fetch ended while another shard was refused its origin's budget: the shards with
+    /// queued fetches are woken at the next hold.
+    budget_freed: bool,
+    /// The arena slot's size (fixed at start-up: read without the lock).
+    slot_bytes: usize,
+}
+
+/// What a shard owes the shared core and hands it at its next hold of the lock: versions its
+/// responses stopped reading (pins to give back) and waiters that went away. A shard never
+/// waits for the lock (`try_lock_as`), so these wait for it instead. Bounded by the shard's
+/// connections: a pin or a wait is taken under the lock, so none is taken while these wait.
+pub(super) struct Pending<W> {
+    unpins: Vec<u64>,
+    cancels: Vec<W>,
+    /// The last attempt was refused: the shard's loop comes back within a millisecond.
+    refused: bool,
+    /// Attempts refused because another thread held the lock, since start.
+    busy: u64,
+    /// Refusals made up by the simulator (its one thread never meets a held lock).
+    contention: Option<Contention>,
+}
+
+impl<W> Default for Pending<W> {
+    fn default() -> Self {
+        Pending {
+            unpins: Vec::new(),
+            cancels: Vec::new(),
+            refused: false,
+            busy: 0,
+            contention: None,
+        }
+    }
+}
+
+/// Refuses `percent` % of lock attempts, as another thread holding the lock would (seeded:
+/// the simulator's runs stay reproducible).
+#[derive(Clone, Copy, Debug)]
+pub struct Contention {
+    state: u64,
+    percent: u8,
+}
+
+impl Contention {
+    /// Refuses about `percent` % of attempts, in an order fixed by `seed`.
+    pub fn new(seed: u64, percent: u8) -> Contention {
+        Contention {
+            state: seed | 1,
+            percent: percent.min(100),
+        }
+    }
+
+    /// Whether this attempt finds the lock held (xorshift64).
+    fn refuses(&mut self) -> bool {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.state % 100 < u64::from(self.percent)
+    }
 }
 
 /// What a pass-through fetch asks the origin for.
@@ -1225,7 +1288,9 @@ impl<W: Clone + PartialEq + Routed> cache_io::Compactable for Mutex<FillCore<W>>
     }
 }
 
-/// The shared lock, taken by shard `shard` (the records it queues are its to settle).
+/// The shared lock, taken by shard `shard` (the records it queues are its to settle), waiting
+/// for it: tests only (a shard tries it, `try_lock_as`).
+#[cfg(test)]
 fn lock_as<W: Clone + PartialEq + Routed>(
     core: &Mutex<FillCore<W>>,
     shard: usize,
@@ -1233,6 +1298,37 @@ fn lock_as<W: Clone + PartialEq + Routed>(
     let mut locked = lock(core);
     locked.holder = shard;
     locked
+}
+
+/// The shared lock for shard `shard` if it is free now, with what the shard owed the core
+/// (`Pending`) handed over first, in order; None when another thread holds it: the shard does
+/// that work at a later tick and never waits (a slow hold elsewhere, a compaction's snapshot or
+/// a purge of many objects, costs it nothing).
+fn try_lock_as<'a, W: Clone + PartialEq + Routed>(
+    core: &'a Mutex<FillCore<W>>,
+    shard: usize,
+    pending: &mut Pending<W>,
+) -> Option<Locked<'a, W>> {
+    let refused = pending.contention.as_mut().is_some_and(Contention::refuses);
+    let guard = match core.try_lock() {
+        Ok(g) if !refused => g,
+        Err(std::sync::TryLockError::Poisoned(p)) if !refused => p.into_inner(),
+        _ => {
+            pending.busy += 1;
+            pending.refused = true;
+            return None;
+        }
+    };
+    pending.refused = false;
+    let mut locked = Locked { guard: Some(guard) };
+    locked.holder = shard;
+    for v in pending.unpins.drain(..) {
+        locked.unpin(v);
+    }
+    for w in pending.cancels.drain(..) {
+        locked.cancel(&w);
+    }
+    Some(locked)
 }
 
 /// The shared lock; a shard that panicked while holding it leaves the bookkeeping as it was
@@ -1570,6 +1666,67 @@ mod core_tests {
             cf.check_blocks(1, 0, 2 * B as usize, &bytes, &mut window, None),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_shard_never_waits_for_the_lock_and_hands_over_what_it_owes_at_the_next_hold() {
+        let bytes: Vec<u8> = (0..4 * B).map(|i| (i % 251) as u8).collect();
+        let (mut core, _dir) = core_with(0..0);
+        for block in 0..4u32 {
+            let at = (u64::from(block) * B) as usize;
+            let crc = crate::cache::checksum(&bytes[at..at + B as usize]);
+            assert!(core.index.apply(Record::Block {
+                version: 1,
+                block,
+                crc
+            }));
+        }
+        core.pin(1);
+        core.pin(1);
+        let shared = core.into_shared();
+        let filler = crate::fill::Filler::new(Vec::new(), 1);
+        let mut cf: CacheFill<usize> = CacheFill::attach(shared.clone(), 0, filler);
+        // Another thread (a shard, the I/O thread's snapshot, an admin purge) holds the lock
+        // until told to let it go.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let guard = shared.lock().unwrap();
+            held_tx.send(()).unwrap();
+            // Bounded: a shard call that waited would be let through, and the asserts below
+            // on what it left pending would fail instead of the test hanging.
+            let _ = go_rx.recv_timeout(std::time::Duration::from_secs(60));
+            drop(guard);
+        });
+        held_rx.recv().unwrap();
+        cf.unpin(1);
+        cf.cancel(&7);
+        assert_eq!(cf.pending.unpins, vec![1], "the pin waits to be given back");
+        assert_eq!(cf.pending.cancels, vec![7]);
+        assert!(cf.want(b"\0\0k", 0, "/k", 0, Some(10), 3).is_none());
+        assert!(cf.readable_end(1, 0).is_none());
+        assert!(cf.try_index().is_none());
+        let mut window = CrcWindow::EMPTY;
+        assert_eq!(
+            cf.check_blocks(1, 0, 4 * B as usize, &bytes, &mut window, None),
+            Err(BadBlock::LockBusy),
+            "a read whose checksums are not at hand waits to be judged"
+        );
+        assert!(cf.lock_busy() >= 6, "{} refusals counted", cf.lock_busy());
+        assert!(cf.lock_refused());
+        assert_eq!(cf.next_due_ms(), Some(0), "the loop comes back soon");
+        go_tx.send(()).unwrap();
+        holder.join().unwrap();
+        // The next hold hands over the pin and the cancel first, then answers.
+        cf.settle_pending(0);
+        assert!(cf.pending.unpins.is_empty() && cf.pending.cancels.is_empty());
+        assert!(!cf.lock_refused());
+        assert_eq!(cf.with_core(|c| c.pins.get(&1).copied()), Some(1));
+        assert_eq!(
+            cf.check_blocks(1, 0, 4 * B as usize, &bytes, &mut window, None),
+            Ok(())
+        );
+        assert_eq!(cf.readable_end(1, 0), Some(4 * B));
     }
 
     #[test]

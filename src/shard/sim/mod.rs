@@ -79,6 +79,11 @@ const MAX_VIRTUAL_MS: u64 = 120_000;
 const PULL_RUN_PERCENT: u64 = 40;
 /// Of the pull runs, the share where the background scrub runs too.
 const SCRUB_RUN_PERCENT: u64 = 40;
+/// Of the pull runs, the share where the fill's lock is found held by another thread at some
+/// attempts (`Contention`): the simulator is one thread, so every put-off path runs only so.
+const LOCK_CONTENTION_RUN_PERCENT: u64 = 40;
+/// The most attempts, in percent, such a run finds the lock held.
+const LOCK_CONTENTION_MAX_PERCENT: u64 = 50;
 /// Bytes per arena chunk in a pull run: a cache block is at most half a chunk, and at least
 /// `cache::journal::MIN_BLOCK_BYTES`.
 const SIM_PULL_CHUNK_BYTES: usize = 128 * 1024;
@@ -105,6 +110,8 @@ struct RunStats {
     cut_short: usize,
     file_changes: usize,
     arena_waits: u64,
+    /// Attempts that found the fill's lock held (made up, `LOCK_CONTENTION_RUN_PERCENT`).
+    lock_busy: u64,
     paths: ring::Paths,
     /// Power-loss runs: writes not synced when the power went, and of them torn.
     unsynced_writes: u64,
@@ -128,6 +135,7 @@ impl RunStats {
         self.cut_short += o.cut_short;
         self.file_changes += o.file_changes;
         self.arena_waits += o.arena_waits;
+        self.lock_busy += o.lock_busy;
         self.paths.add(&o.paths);
         self.unsynced_writes += o.unsynced_writes;
         self.torn_writes += o.torn_writes;
@@ -998,7 +1006,25 @@ fn collect(shard: &SimShard, stats: &mut RunStats) {
     stats.corrupt_blocks += load(&shard.metrics.cache_corrupt_blocks);
     stats.file_changes += net.file_faults_done;
     stats.arena_waits += shard.arena.waits;
+    stats.lock_busy += shard.cache.edge.as_ref().map_or(0, |e| e.fill.lock_busy());
     stats.paths.add(&shard.ring.paths);
+}
+
+/// In `LOCK_CONTENTION_RUN_PERCENT` of the pull runs, the shard finds the fill's lock held at
+/// a share of its attempts, as it would beside other shards (its own rng stream: the rest of a
+/// seed's world stays what it was).
+fn contend(shard: &mut SimShard, seed: u64) {
+    let mut rng = Rng::new(seed ^ 0x10c4_b05e);
+    if let Some(edge) = shard.cache.edge.as_mut() {
+        if rng.chance(LOCK_CONTENTION_RUN_PERCENT) {
+            let percent = rng.range(1, LOCK_CONTENTION_MAX_PERCENT) as u8;
+            edge.fill
+                .inject_contention(crate::fill::cache_fill::Contention::new(
+                    rng.next_u64(),
+                    percent,
+                ));
+        }
+    }
 }
 
 /// Runs one seed to the end; `Err` describes the first broken invariant.
@@ -1045,6 +1071,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
         .map(|d| d as Arc<dyn crate::cache::watch::DiskWatch>);
     let cfg = Arc::new(cfg);
     let (mut shard, shared) = start_shard(&cfg, ring, watch)?;
+    contend(&mut shard, seed);
     let mut stats = RunStats::default();
     let finished = drive(&mut shard, &mut stats, disk.as_deref())?;
     if finished {
@@ -1086,6 +1113,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
     ring.disk = Some(disk.clone());
     let cfg = Arc::new(cfg);
     let (mut shard, _shared) = start_shard(&cfg, ring, Some(disk.clone()))?;
+    contend(&mut shard, seed ^ 1);
     drive(&mut shard, &mut stats, None).map_err(|e| format!("after the restart: {e}"))?;
     check_end(&shard, strict).map_err(|e| format!("after the restart: {e}"))?;
     // The model heard of every change the restarted cache made to its files.
@@ -1265,7 +1293,7 @@ fn simulated_shard_keeps_its_invariants() {
     eprintln!(
         "simulator: {} seeds, {} ticks, {} responses ({} pulled through the cache, {} origin \
          requests, {} origin faults, {} pass-throughs, {} corrupt blocks caught), {} connections \
-         cut short, {} file changes, {} arena waits, {:#?}",
+         cut short, {} file changes, {} arena waits, {} fill lock attempts found held, {:#?}",
         seeds.len(),
         total.ticks,
         total.responses,
@@ -1277,6 +1305,7 @@ fn simulated_shard_keeps_its_invariants() {
         total.cut_short,
         total.file_changes,
         total.arena_waits,
+        total.lock_busy,
         total.paths
     );
     assert!(
@@ -1304,7 +1333,7 @@ fn simulated_shard_keeps_its_invariants() {
 /// times it must fire over `DEFAULT_SEEDS` seeds: about a quarter of what the default seeds
 /// counted when the minimum was set (the seeds are fixed, so the counts only move when the
 /// code does).
-fn fault_classes(t: &RunStats) -> [(&'static str, u64, u64); 21] {
+fn fault_classes(t: &RunStats) -> [(&'static str, u64, u64); 22] {
     let p = &t.paths;
     [
         ("origin faults", t.origin_faults, 100),
@@ -1313,6 +1342,7 @@ fn fault_classes(t: &RunStats) -> [(&'static str, u64, u64); 21] {
         ("connections cut short", t.cut_short as u64, 150),
         ("files changed mid-response", t.file_changes as u64, 100),
         ("arena waits", t.arena_waits, 800),
+        ("fill lock attempts found held", t.lock_busy, 3000),
         ("pulled responses", t.pulled as u64, 300),
         ("sends refused with EAGAIN", p.eagain, 600),
         ("short sends", p.short_sends, 25_000),
