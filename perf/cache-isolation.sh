@@ -123,7 +123,10 @@ beside_cold() {
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# lock_busy: times the shards found the fill's lock held (and did that work at a later tick).
+lock_busy() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_lock_busy_total/ { s += $2 } END { printf "%.0f", s }'; }
 log "isolation: 1 MiB hits on shard 1, alone and beside a cold 2 GiB fill on shard 0, 5 rounds"
+BUSY0=$(lock_busy)
 HA=() HB=() LA=() LB=()
 for round in 0 1 2 3 4; do
   HA+=("$(p99_ms /pull/hot.bin)")
@@ -136,6 +139,7 @@ for round in 0 1 2 3 4; do
 done
 HIT_ALONE=$(median "${HA[@]}") HIT_BESIDE=$(median "${HB[@]}")
 LOCAL_ALONE=$(median "${LA[@]}") LOCAL_BESIDE=$(median "${LB[@]}")
+ISOLATION_BUSY=$(($(lock_busy) - BUSY0))
 
 SCRUB_RATES=${SCRUB_RATES:-26214400 104857600}
 scrub_bytes() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_scrub_bytes_total/ { s += $2 } END { printf "%.0f", s }'; }
@@ -218,10 +222,12 @@ strace -f -qq -e trace=fdatasync,fsync,openat,openat2,unlinkat,futex -o "$WORK/s
   -p "$SLPID" &
 STRACE=$!
 sleep 1
+BUSY0=$(lock_busy)
 curl -sf -o /dev/null "$URL/pull/cold0.bin"
 sleep 0.5
 kill -INT "$STRACE"
 wait "$STRACE" 2>/dev/null || true
+STRACE_BUSY=$(($(lock_busy) - BUSY0))
 declare -A COMM
 for t in /proc/"$SLPID"/task/*; do COMM[$(basename "$t")]=$(cat "$t/comm"); done
 # A call's first line ("TID name(args"); "<... name resumed>" lines continue one already counted.
@@ -334,6 +340,9 @@ rm -rf "$MNT/restart"
   echo "| cached, /pull/hot.bin | $HIT_ALONE | $HIT_BESIDE | $(calc "$HIT_BESIDE / $HIT_ALONE") | ${HA[*]} / ${HB[*]} |"
   echo "| local root, /hot.bin (control) | $LOCAL_ALONE | $LOCAL_BESIDE | $(calc "$LOCAL_BESIDE / $LOCAL_ALONE") | ${LA[*]} / ${LB[*]} |"
   echo
+  echo "The fill's lock was found held by a shard (which did that work at a later tick instead of"
+  echo "waiting) $ISOLATION_BUSY times over these rounds' ten cold fills (shardline_cache_lock_busy_total)."
+  echo
   echo "## Scrub: p99 of 1 KiB cached hits on shard 0 (wrk, one connection on CPU 0, 6 s), median of 5 rounds"
   echo
   echo "The scrub runs on shard 0 (cache_scrub_bytes_per_s set, then back to 0, by SIGHUP each round)."
@@ -352,6 +361,7 @@ rm -rf "$MNT/restart"
   printf '%s\n' "$STRACE_ROWS"
   echo
   echo "From shard threads: $SHARD_BLOCKING fdatasync/fsync/openat/unlinkat, $SHARD_FUTEX futex."
+  echo "Fill lock attempts the shards found held meanwhile: $STRACE_BUSY."
   echo
   echo "## CPU per GiB (each server's own process, utime + stime)"
   echo
