@@ -264,15 +264,25 @@ LC_COLD_CPU=$(calc "($t1 - $t0) / $TICK")
 LC_WARM_CPU=$(calc "($t2 - $t1) / $TICK")
 sync
 
-# profile_top OUT NAME: perf samples of shardline (every thread) while it serves NAME once.
+# profile_run OUT NAME [PID BASE_URL]: perf samples of a server (shardline by default, every
+# thread) while it serves NAME once.
 profile_run() {
-  perf record -q -F 999 -g -p "$SLPID" -o "$1" -- sleep 600 >/dev/null 2>&1 &
+  perf record -q -F 999 -g -p "${3:-$SLPID}" -o "$1" -- sleep 600 >/dev/null 2>&1 &
   local perf_pid=$!
   sleep 1
-  curl -sf -o /dev/null "$URL/pull/$2"
+  curl -sf -o /dev/null "${4:-$URL}/pull/$2"
   kill -INT "$perf_pid"
   wait "$perf_pid" 2>/dev/null || true
 }
+# top_rows COLD WARM: the 12 top symbols of COLD's samples, beside the same symbols in WARM.
+top_rows() {
+  awk -F'\t' 'NR == FNR { warm[$2] = $1; next }
+    { if (FNR <= 12) { top[FNR] = $2; cold[$2] = $1 } }
+    END {
+      for (i = 1; i <= 12 && (i in top); i++) printf "| `%s` | %d | %d |\n", top[i], cold[top[i]], warm[top[i]]
+    }' "$2" "$1"
+}
+total_samples() { awk -F'\t' '{ s += $1 } END { print s + 0 }' "$1"; }
 # symbol_samples DATA: "samples symbol" per symbol, every thread together.
 symbol_samples() {
   perf report -i "$1" --no-children --sort sym -g none -n --stdio 2>/dev/null |
@@ -286,12 +296,16 @@ if command -v perf >/dev/null; then
   profile_run "$WORK/warm.perf" "$PROF_NAME"
   symbol_samples "$WORK/cold.perf" >"$WORK/cold.samples"
   symbol_samples "$WORK/warm.perf" >"$WORK/warm.samples"
-  PROFILE_ROWS=$(awk -F'\t' 'NR == FNR { warm[$2] = $1; next }
-    { cold_total += $1; if (FNR <= 12) { top[FNR] = $2; cold[$2] = $1 } }
-    END {
-      for (i = 1; i <= 12 && (i in top); i++) printf "| `%s` | %d | %d |\n", top[i], cold[top[i]], warm[top[i]]
-    }' "$WORK/warm.samples" "$WORK/cold.samples")
-  PROFILE_TOTALS="$(awk -F'\t' '{ s += $1 } END { print s + 0 }' "$WORK/cold.samples") | $(awk -F'\t' '{ s += $1 } END { print s + 0 }' "$WORK/warm.samples")"
+  PROFILE_ROWS=$(top_rows "$WORK/cold.samples" "$WORK/warm.samples")
+  PROFILE_TOTALS="$(total_samples "$WORK/cold.samples") | $(total_samples "$WORK/warm.samples")"
+  log "profile: lancache-style nginx serving a cold 1 GiB download, then the same warm"
+  LC_PROF_NAME=cold$((RUNS + 4)).bin
+  profile_run "$WORK/lc-cold.perf" "$LC_PROF_NAME" "$LCPID" "http://127.0.0.1:$LANCACHE_PORT"
+  profile_run "$WORK/lc-warm.perf" "$LC_PROF_NAME" "$LCPID" "http://127.0.0.1:$LANCACHE_PORT"
+  symbol_samples "$WORK/lc-cold.perf" >"$WORK/lc-cold.samples"
+  symbol_samples "$WORK/lc-warm.perf" >"$WORK/lc-warm.samples"
+  LC_PROFILE_ROWS=$(top_rows "$WORK/lc-cold.samples" "$WORK/lc-warm.samples")
+  LC_PROFILE_TOTALS="$(total_samples "$WORK/lc-cold.samples") | $(total_samples "$WORK/lc-warm.samples")"
 else
   log "perf is not installed: no profile"
 fi
@@ -385,6 +399,13 @@ rm -rf "$MNT/restart"
     echo "|---|---|---|"
     printf '%s\n' "$PROFILE_ROWS"
     echo "| every symbol | $PROFILE_TOTALS |"
+    echo
+    echo "### Profile: nginx as lancache, the same (its one process)"
+    echo
+    echo "| symbol | cold samples | warm samples |"
+    echo "|---|---|---|"
+    printf '%s\n' "$LC_PROFILE_ROWS"
+    echo "| every symbol | $LC_PROFILE_TOTALS |"
   fi
   echo
   echo "## Cold 1 GiB download (MB/s), $RUNS runs"
