@@ -7,7 +7,8 @@
 #     cold 2 GiB object through shard 0. The same for a 1 MiB file of the local root, as the
 #     control;
 #   - scrub: a 1 KiB cached hit's p99 on shard 0 alone and while the background scrub
-#     (cache_scrub_bytes_per_s, SCRUB_RATES: 25 and 100 MiB/s) reads the cache there; as the
+#     (cache_scrub_bytes_per_s, SCRUB_RUNS: 25 and 100 MiB/s) reads the cache there, and at
+#     100 MiB/s on shard 1 (cache_scrub_shard: the work is that shard's CPU's); as the
 #     control, the same while another process on CPU 0 reads the cache's disk with O_DIRECT at
 #     OUTSIDE_RATE (100 MiB/s), checking nothing;
 #   - nothing blocks: strace of the process during a cold 1 GiB fill, counting fdatasync,
@@ -82,12 +83,14 @@ fill_setup
 taskset -pc 0 "$(cat "$WORK/nginx-origin/pid")" >/dev/null
 
 PORT=18090 ADMIN=18091
-# write_config SCRUB_BYTES_PER_S: shardline's configuration (the scrub is reloadable).
+# write_config SCRUB_BYTES_PER_S [SCRUB_SHARD]: shardline's configuration (the scrub's rate and
+# shard are reloadable).
 write_config() {
   cat >"$WORK/shardline.toml" <<EOF
 cache_dir = "$MNT/sl-cache"
 admin = "127.0.0.1:$ADMIN"
 cache_scrub_bytes_per_s = $1
+cache_scrub_shard = ${2:-0}
 [[origin]]
 prefix = "/pull/"
 url = "http://127.0.0.1:$ORIGIN_PORT"
@@ -141,15 +144,18 @@ HIT_ALONE=$(median "${HA[@]}") HIT_BESIDE=$(median "${HB[@]}")
 LOCAL_ALONE=$(median "${LA[@]}") LOCAL_BESIDE=$(median "${LB[@]}")
 ISOLATION_BUSY=$(($(lock_busy) - BUSY0))
 
-SCRUB_RATES=${SCRUB_RATES:-26214400 104857600}
+# Rows "RATE SHARD": the scrub beside the hits (shard 0) at two rates, then on the other shard
+# (its CPU's work is that shard's: the hits should not see it).
+SCRUB_RUNS=${SCRUB_RUNS:-"26214400:0 104857600:0 104857600:1"}
 scrub_bytes() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_scrub_bytes_total/ { s += $2 } END { printf "%.0f", s }'; }
 SCRUB_ROWS=""
-for rate in $SCRUB_RATES; do
-  log "scrub: 1 KiB hits on shard 0 (the scrubbing shard), alone and while the scrub reads the cache at $rate B/s, 5 rounds"
+for run in $SCRUB_RUNS; do
+  rate=${run%:*} scrub_shard=${run#*:}
+  log "scrub: 1 KiB hits on shard 0, alone and while the scrub reads the cache at $rate B/s on shard $scrub_shard, 5 rounds"
   SA=() SB=() SR=()
   for round in 0 1 2 3 4; do
     SA+=("$(p99_ms /pull/small.bin 0)")
-    write_config "$rate"
+    write_config "$rate" "$scrub_shard"
     kill -HUP "$SLPID"
     b0=$(scrub_bytes)
     for _ in $(seq 200); do (($(scrub_bytes) > b0)) && break; sleep 0.05; done
@@ -162,7 +168,7 @@ for rate in $SCRUB_RATES; do
     log "round $round: alone ${SA[-1]} ms, with the scrub ${SB[-1]} ms (scrub ${SR[-1]} MB/s)"
   done
   a=$(median "${SA[@]}") b=$(median "${SB[@]}")
-  SCRUB_ROWS+="| the scrub, shard 0 | $(calc "$rate / 1000000") | $a | $b | $(calc "$b / $a") | $(median "${SR[@]}") | ${SA[*]} / ${SB[*]} |"$'\n'
+  SCRUB_ROWS+="| the scrub, shard $scrub_shard | $(calc "$rate / 1000000") | $a | $b | $(calc "$b / $a") | $(median "${SR[@]}") | ${SA[*]} / ${SB[*]} |"$'\n'
 done
 
 # The control for the scrub rows: the same disk reads made by another process. A reader on
@@ -359,7 +365,8 @@ rm -rf "$MNT/restart"
   echo
   echo "## Scrub: p99 of 1 KiB cached hits on shard 0 (wrk, one connection on CPU 0, 6 s), median of 5 rounds"
   echo
-  echo "The scrub runs on shard 0 (cache_scrub_bytes_per_s set, then back to 0, by SIGHUP each round)."
+  echo "The scrub runs on the shard named in the row (cache_scrub_bytes_per_s and cache_scrub_shard set,"
+  echo "then the rate back to 0, by SIGHUP each round); the hits are shard 0's."
   echo "The control row makes the same reads from another process on CPU 0 (O_DIRECT, one 256 KiB"
   echo "read every 2.5 ms at 100 MiB/s, nothing checked) while shardline only serves the hits."
   echo

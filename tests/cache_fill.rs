@@ -1099,6 +1099,32 @@ fn the_scrub_finds_a_damaged_block_before_a_client_does() {
     assert!(m("shardline_cache_scrub_pass_progress_permille") <= 1000);
 }
 
+/// `cache_scrub_shard` picks the shard that scrubs: with two shards and 1, shard 1 reads the
+/// whole cache back and shard 0 reads nothing.
+#[test]
+fn the_scrub_runs_on_the_shard_the_operator_names() {
+    let e = edge(
+        "2",
+        "cache_scrub_bytes_per_s = 67108864\ncache_scrub_shard = 1",
+    );
+    let want = origin_file();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    let m = |family: &str, label: &str| common::admin_metric(e.admin, family, label);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while m("shardline_cache_scrub_passes_total", "shard=\"1\"") < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "shard 1 finished no pass\n{}",
+            e.server.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(m("shardline_cache_scrub_bytes_total", "shard=\"1\"") >= OBJECT_BYTES);
+    assert_eq!(m("shardline_cache_scrub_bytes_total", "shard=\"0\""), 0);
+    assert_eq!(m("shardline_cache_scrub_passes_total", "shard=\"0\""), 0);
+}
+
 /// A cached block damaged on disk under a running server: the read that meets it fails its
 /// checksum, the block is fetched again alone at the front of the fill's queue, and the same
 /// response goes on with the right bytes: one GET returns the whole object byte for byte, and

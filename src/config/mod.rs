@@ -372,6 +372,10 @@ pub struct Config {
     /// Bytes per second the background scrub reads back to check cached blocks against their
     /// checksums (a bad one is dropped before a client meets it); 0: no scrub.
     pub cache_scrub_bytes_per_s: u64,
+    /// The shard that runs the scrub (taken modulo the shard count): its reads' completions
+    /// and the checks cost that shard's CPU, so an operator puts it where clients feel it
+    /// least (the CPU taking the cache disk's interrupts, or the least loaded).
+    pub cache_scrub_shard: usize,
     /// Seconds between two lookups of every origin's name (off the shard threads; new
     /// connections go to the latest addresses, in turn).
     pub origin_resolve_ttl_s: u64,
@@ -446,6 +450,7 @@ impl Default for Config {
             cache_404_s: 10,
             cache_open_files: DEFAULT_CACHE_OPEN_FILES,
             cache_scrub_bytes_per_s: 0,
+            cache_scrub_shard: 0,
             origin_resolve_ttl_s: 60,
         }
     }
@@ -740,6 +745,12 @@ impl Config {
                 format!("0 (off) or {MIN_SCRUB_BYTES_PER_S}..={MAX_SCRUB_BYTES_PER_S}"),
             ));
         }
+        if self.cache_scrub_shard >= MAX_SHARDS {
+            return Err(err(
+                "cache_scrub_shard",
+                format!("must be below {MAX_SHARDS} (a shard's index)"),
+            ));
+        }
         if !(1..=86_400).contains(&self.origin_resolve_ttl_s) {
             return Err(err("origin_resolve_ttl_s", "must be 1..=86400"));
         }
@@ -867,6 +878,7 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "egress_limit_bytes_per_s",
     "egress_bypass_bytes",
     "cache_scrub_bytes_per_s",
+    "cache_scrub_shard",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -969,6 +981,7 @@ impl Config {
             egress_limit_bytes_per_s,
             egress_bypass_bytes,
             cache_scrub_bytes_per_s,
+            cache_scrub_shard,
         );
         config.validate()?;
         Ok(Reload { config, refused })

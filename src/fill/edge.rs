@@ -636,6 +636,11 @@ impl EdgeCache {
         Some((Outcome::Ready(version), stream, Some(hit)))
     }
 
+    /// How many shards share the cache.
+    pub fn shards(&self) -> usize {
+        self.wakers.len()
+    }
+
     /// Forgets that `key` was published for lock-free hits (its next request takes the
     /// locked path).
     pub fn forget_hot(&mut self, key: &[u8]) {

@@ -1,7 +1,7 @@
-//! The background scrub (`cache_scrub_bytes_per_s`): shard 0 reads every cached block back,
-//! one at a time through its ring into an arena slot, and checks it against its journaled
-//! checksum, so a block that went bad on the disk is dropped (and fetched again by the next
-//! request) before a client meets it. Paced by the configured rate, and never ahead of
+//! The background scrub (`cache_scrub_bytes_per_s`): one shard (`cache_scrub_shard`) reads
+//! every cached block back, one read at a time through its ring into an arena slot, and checks
+//! each against its journaled checksum, so a block that went bad on the disk is dropped (and
+//! fetched again by the next request) before a client meets it. Paced by the configured rate, and never ahead of
 //! clients: it reads only when the shard has no connection waiting for a turn and at least
 //! half the arena is free, and checksums what it read `SCRUB_CHECK_STEP_BYTES` per tick. One
 //! read takes as many consecutive blocks as a slot holds (`SCRUB_RUN_BLOCKS_MAX`): each read
@@ -94,7 +94,12 @@ impl<R: RingOps> Shard<R> {
             return self.scrub_check_step();
         }
         let rate = self.cfg.cache_scrub_bytes_per_s;
-        if rate == 0 || self.index != 0 || self.life.drain_deadline_ms.is_some() {
+        let scrubber = self
+            .cache
+            .edge
+            .as_ref()
+            .map_or(0, |e| self.cfg.cache_scrub_shard % e.shards());
+        if rate == 0 || self.index != scrubber || self.life.drain_deadline_ms.is_some() {
             return;
         }
         if self.cache.scrub.in_flight.is_some() || self.clock.now_ms < self.cache.scrub.next_at_ms {
