@@ -124,7 +124,8 @@ pub struct EdgeCache {
     /// Keys whose current version was published for lock-free hits, with the origin and the
     /// path their streams ask for (at most `HOT_KEYS_PER_SHARD`).
     hot: std::collections::HashMap<Vec<u8>, (usize, String, Arc<super::cache_fill::HotVersion>)>,
-    /// Versions hit without the lock since eviction last heard (at most `MAX_TOUCHED`).
+    /// Versions hit without the lock since eviction last heard (`MAX_TOUCHED` a batch; at
+    /// most twice that while the lock is held elsewhere).
     touched: Vec<u64>,
 }
 
@@ -627,12 +628,17 @@ impl EdgeCache {
         });
         if self.touched.len() >= MAX_TOUCHED {
             let touched = std::mem::take(&mut self.touched);
-            // With the lock held elsewhere these counts are let go: they only weigh eviction.
-            self.fill.try_with_core(|core| core.touch(&touched));
+            let flushed = self.fill.try_with_core(|core| core.touch(&touched));
             self.touched = touched;
-            self.touched.clear();
+            if flushed.is_some() {
+                self.touched.clear();
+            }
         }
-        self.touched.push(version);
+        // With the lock held elsewhere the counts wait for the next hold; past twice the
+        // batch, further ones are let go (they only weigh eviction).
+        if self.touched.len() < 2 * MAX_TOUCHED {
+            self.touched.push(version);
+        }
         Some((Outcome::Ready(version), stream, Some(hit)))
     }
 
