@@ -1189,6 +1189,37 @@ fn a_block_damaged_on_disk_is_fetched_again_and_the_same_response_completes() {
     );
 }
 
+/// Bad blocks in several chunks a response reads at once (blocks 1, 3, 5 and 7 of 256 KiB:
+/// one in each of the first four 512 KiB chunks): every chunk waits for its own block, and
+/// one GET still returns the whole object right.
+#[test]
+fn several_chunks_held_for_bad_blocks_at_once_all_go_on() {
+    use std::os::unix::fs::FileExt;
+    let e = edge("1", "");
+    let want = origin_file();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert!(r.status == 200 && r.body == want);
+    assert_eq!(e.origin.wait_body_bytes(OBJECT_BYTES), OBJECT_BYTES);
+    let data = e.cache.join("data/0000000000000001");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    for block in [1u64, 3, 5, 7] {
+        let at = (block * 262_144 + 100) as usize;
+        f.write_all_at(&[want[at] ^ 0x81], at as u64).unwrap();
+    }
+    f.sync_all().unwrap();
+    let r = get(&e.server, "/pull/obj.bin", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), want.len(), "the response was cut");
+    assert!(r.body == want, "a wrong byte reached the client");
+    let corrupt = "shardline_cache_corrupt_blocks_total";
+    assert_eq!(common::admin_metric(e.admin, corrupt, ""), 4);
+    assert_eq!(
+        e.origin.wait_body_bytes(OBJECT_BYTES + 4 * 262_144),
+        OBJECT_BYTES + 4 * 262_144,
+        "only the damaged blocks came again"
+    );
+}
+
 /// A version with every block on disk is published for hits that take no lock: the warm
 /// GETs after the first are served that way (counted), byte for byte, ranges too; a purge
 /// unpublishes it, so the next GET goes to the origin again.

@@ -197,8 +197,9 @@ pub(super) struct PulledRead {
     /// The checksums its reads are checked against (refilled under the lock when a read
     /// passes it).
     crcs: crate::fill::cache_fill::CrcWindow,
-    /// The held chunk's slot and the block it waits for.
-    refetch: Option<(ArenaSlot, u32)>,
+    /// The chunks held for a bad block fetched again: each one's slot and the block it waits
+    /// for (several chunks of a response may be held at once; at most its chunks in flight).
+    refetch: Vec<(ArenaSlot, u32)>,
     /// Bad blocks met so far (`MAX_REFETCHES_PER_RESPONSE`).
     refetches: u32,
 }
@@ -214,6 +215,15 @@ pub(super) enum ReadCheck {
         /// The block is on disk again already: read again at once.
         now: bool,
     },
+}
+
+/// Which held chunks of a response may be read again (`refetch_arrived`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Held {
+    /// Those that waited for this block (its notice came).
+    Block(u32),
+    /// The one in this slot (its block was back before it was held).
+    Slot(ArenaSlot),
 }
 
 /// What a waiting request whose fill failed gets when it is parsed again.
@@ -500,7 +510,7 @@ impl<R: RingOps> Shard<R> {
                 pinned,
                 hot,
                 crcs,
-                refetch: None,
+                refetch: Vec::new(),
                 refetches: 0,
             },
         );
@@ -664,7 +674,7 @@ impl<R: RingOps> Shard<R> {
                     version,
                     block,
                 } => {
-                    if self.refetch_arrived(waiter, Some(block)) {
+                    if self.refetch_arrived(waiter, Held::Block(block)) {
                         // A chunk held on a bad block reads it again.
                     } else if self.conns[waiter.conn.index()].awaiting_fill() {
                         self.resume_fill(waiter, None);
@@ -815,7 +825,7 @@ impl<R: RingOps> Shard<R> {
             .pulls
             .reads
             .get(self.conn_ref(c))
-            .is_some_and(|r| r.refetch.is_some());
+            .is_some_and(|r| !r.refetch.is_empty());
         self.fill_reads_end(c);
         // Only a request waiting for the fill, or a response streaming from it, is on a
         // waiter list: every other connection's close costs nothing here.
@@ -910,12 +920,12 @@ impl<R: RingOps> Shard<R> {
         match outcome {
             Outcome::Waiting => {
                 tracing::warn!(shard = self.index, object = %key, version, block, "a cached block failed its checksum: fetched again, the response waits for it");
-                entry.refetch = Some((slot, block));
+                entry.refetch.push((slot, block));
                 ReadCheck::Hold { now: false }
             }
             // Fetched again meanwhile: read again at once.
             Outcome::Ready(_) => {
-                entry.refetch = Some((slot, block));
+                entry.refetch.push((slot, block));
                 ReadCheck::Hold { now: true }
             }
             Outcome::Busy | Outcome::Refused(_) => {
@@ -933,9 +943,10 @@ impl<R: RingOps> Shard<R> {
         ReadCheck::Hold { now: false }
     }
 
-    /// The block the held chunk of `waiter`'s response waited for is back: it is read again.
-    /// False when `waiter` holds no chunk for `block` (its notice is for a stream).
-    pub(super) fn refetch_arrived(&mut self, waiter: Waiter, block: Option<u32>) -> bool {
+    /// What a held chunk (`PulledRead::refetch`) waited for is there: each chunk of
+    /// `waiter`'s response held for it is read again. False when none is (a block notice is
+    /// then a stream's).
+    pub(super) fn refetch_arrived(&mut self, waiter: Waiter, back: Held) -> bool {
         let c = waiter.conn;
         if self.conns[c.index()].generation() != waiter.generation {
             return false;
@@ -943,17 +954,25 @@ impl<R: RingOps> Shard<R> {
         let Some(read) = self.cache.pulls.reads.get_mut(self.conn_ref(c)) else {
             return false;
         };
-        let Some((slot, waited)) = read.refetch else {
-            return false;
-        };
-        if block.is_some_and(|b| b != waited) {
-            return false;
+        // A bad block's path: rare, so a small list of its own.
+        let mut slots = Vec::new();
+        read.refetch.retain(|&(slot, block)| {
+            let arrived = match back {
+                Held::Block(b) => b == block,
+                Held::Slot(s) => s == slot,
+            };
+            if arrived {
+                slots.push(slot);
+            }
+            !arrived
+        });
+        let any = !slots.is_empty();
+        for slot in slots {
+            let mut out = self.take_actions();
+            self.conns[c.index()].reread(slot, &mut out);
+            self.run_actions(c, out);
         }
-        read.refetch = None;
-        let mut out = self.take_actions();
-        self.conns[c.index()].reread(slot, &mut out);
-        self.run_actions(c, out);
-        true
+        any
     }
 
     /// The block the held chunk of `waiter`'s response waited for could not be fetched
@@ -967,9 +986,12 @@ impl<R: RingOps> Shard<R> {
         let Some(read) = self.cache.pulls.reads.get_mut(self.conn_ref(c)) else {
             return false;
         };
-        let Some((_, block)) = read.refetch.take() else {
+        // The response cannot go on without the bytes it waits for (which of its held blocks
+        // failed, the notice does not say): it is cut.
+        let Some(&(_, block)) = read.refetch.first() else {
             return false;
         };
+        read.refetch.clear();
         let (version, object) = (read.version, read.object());
         tracing::warn!(
             shard = self.index,

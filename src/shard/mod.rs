@@ -1229,7 +1229,7 @@ impl<R: RingOps> Shard<R> {
                         self.conns[c.index()].hold_for_refetch(slot);
                         if now {
                             let waiter = self.waiter(c);
-                            self.refetch_arrived(waiter, None);
+                            self.refetch_arrived(waiter, cache_glue::Held::Slot(slot));
                         }
                         return;
                     }

@@ -279,7 +279,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     pub fn settle_pending(&mut self, now_ms: u64) {
         if !self.events.is_empty() || self.budget_freed {
             self.settle_events(now_ms);
-        } else if !self.pending.unpins.is_empty() || !self.pending.cancels.is_empty() {
+        } else if !self.pending.unpins.is_empty()
+            || !self.pending.cancels.is_empty()
+            // A refusal whose work needs no retry (a hint let go): one try ends the loop's
+            // quick wake-ups.
+            || self.pending.refused
+        {
             drop(self.try_core());
         }
     }
