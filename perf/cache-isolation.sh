@@ -23,6 +23,13 @@
 #     opens, the page cache dropped before the first), peak RSS.
 #
 #   perf/cache-isolation.sh [--runs N] [--out FILE]
+#   perf/cache-isolation.sh --scrub-only [--chunk-bytes N] [--scrub-hit PATH] [--out FILE]
+#
+# --scrub-only runs the scrub rows alone (over two cached 2 GiB objects) and writes only them:
+# to tell what the scrub's cost on its shard comes from, --chunk-bytes sets chunk_bytes (the
+# scrub's read size; the tick budgets follow), --scrub-hit the path the hits ask for
+# (/small.bin: a 1 KiB file of the local root, no disk read), and SHARDLINE_BIN a binary
+# built otherwise (e.g. with the checksum step taken out).
 #
 # Needs root (strace -p, drop_caches), nginx, curl, wrk, strace. Writes perf/CACHE-ISOLATION.md.
 set -euo pipefail
@@ -32,11 +39,14 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 # shellcheck source=fill-lib.sh
 source "$HERE/fill-lib.sh"
-RUNS=5 OUT=$HERE/CACHE-ISOLATION.md
+RUNS=5 OUT=$HERE/CACHE-ISOLATION.md SCRUB_ONLY="" CHUNK_BYTES="" SCRUB_HIT=/pull/small.bin
 while (($#)); do
   case $1 in
     --runs) RUNS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --scrub-only) SCRUB_ONLY=1; shift ;;
+    --chunk-bytes) CHUNK_BYTES=$2; shift 2 ;;
+    --scrub-hit) SCRUB_HIT=$2; shift 2 ;;
     -h | --help) print_usage "$0" ;;
     *) echo "cache-isolation.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -71,6 +81,7 @@ head -c $((2 << 30)) /dev/urandom >"$WORK/origin/pull/huge.bin"
 head -c $((1 << 20)) /dev/urandom >"$WORK/origin/pull/hot.bin"
 head -c 1024 /dev/urandom >"$WORK/origin/pull/small.bin"
 cp "$WORK/origin/pull/hot.bin" "$MNT/root/hot.bin"
+cp "$WORK/origin/pull/small.bin" "$MNT/root/small.bin"
 # Each cold download asks for a name never asked before (a symlink to the same bytes).
 for i in $(seq 0 $((RUNS + 10))); do
   ln -s big.bin "$WORK/origin/pull/cold$i.bin"
@@ -91,6 +102,10 @@ cache_dir = "$MNT/sl-cache"
 admin = "127.0.0.1:$ADMIN"
 cache_scrub_bytes_per_s = $1
 cache_scrub_shard = ${2:-0}
+$(if [[ -n $CHUNK_BYTES ]]; then
+  printf 'chunk_bytes = %s\ntick_budget_bytes = %s\nshard_tick_budget_bytes = %s\n' "$CHUNK_BYTES" \
+    "$((CHUNK_BYTES > 1048576 ? CHUNK_BYTES : 1048576))" "$((CHUNK_BYTES > 1048576 ? 2 * CHUNK_BYTES : 2097152))"
+fi)
 [[origin]]
 prefix = "/pull/"
 url = "http://127.0.0.1:$ORIGIN_PORT"
@@ -128,10 +143,17 @@ beside_cold() {
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # lock_busy: times the shards found the fill's lock held (and did that work at a later tick).
 lock_busy() { curl -sf "http://127.0.0.1:$ADMIN/metrics" | awk '$1 ~ /^shardline_cache_lock_busy_total/ { s += $2 } END { printf "%.0f", s }'; }
+HA=() HB=() LA=() LB=()
+if [[ -n $SCRUB_ONLY ]]; then
+  log "scrub only: two cold 2 GiB objects cached for the scrub to read"
+  curl -sf -o /dev/null "$URL/pull/fill0.bin" && curl -sf -o /dev/null "$URL/pull/fill1.bin" ||
+    die "the fills failed"
+  sync
+fi
 log "isolation: 1 MiB hits on shard 1, alone and beside a cold 2 GiB fill on shard 0, 5 rounds"
 BUSY0=$(lock_busy)
-HA=() HB=() LA=() LB=()
 for round in 0 1 2 3 4; do
+  [[ -n $SCRUB_ONLY ]] && break
   HA+=("$(p99_ms /pull/hot.bin)")
   HB+=("$(beside_cold /pull/hot.bin $((2 * round)))")
   sync
@@ -140,8 +162,8 @@ for round in 0 1 2 3 4; do
   sync
   log "round $round: cached ${HA[-1]} / ${HB[-1]} ms, local ${LA[-1]} / ${LB[-1]} ms"
 done
-HIT_ALONE=$(median "${HA[@]}") HIT_BESIDE=$(median "${HB[@]}")
-LOCAL_ALONE=$(median "${LA[@]}") LOCAL_BESIDE=$(median "${LB[@]}")
+HIT_ALONE=$(median "${HA[@]:-0}") HIT_BESIDE=$(median "${HB[@]:-0}")
+LOCAL_ALONE=$(median "${LA[@]:-0}") LOCAL_BESIDE=$(median "${LB[@]:-0}")
 ISOLATION_BUSY=$(($(lock_busy) - BUSY0))
 
 # Rows "RATE SHARD": the scrub beside the hits (shard 0) at two rates, then on the other shard
@@ -154,13 +176,13 @@ for run in $SCRUB_RUNS; do
   log "scrub: 1 KiB hits on shard 0, alone and while the scrub reads the cache at $rate B/s on shard $scrub_shard, 5 rounds"
   SA=() SB=() SR=()
   for round in 0 1 2 3 4; do
-    SA+=("$(p99_ms /pull/small.bin 0)")
+    SA+=("$(p99_ms "$SCRUB_HIT" 0)")
     write_config "$rate" "$scrub_shard"
     kill -HUP "$SLPID"
     b0=$(scrub_bytes)
     for _ in $(seq 200); do (($(scrub_bytes) > b0)) && break; sleep 0.05; done
     b0=$(scrub_bytes) t0=$(date +%s.%N)
-    SB+=("$(p99_ms /pull/small.bin 0)")
+    SB+=("$(p99_ms "$SCRUB_HIT" 0)")
     SR+=("$(calc "($(scrub_bytes) - $b0) / ($(date +%s.%N) - $t0) / 1000000")")
     write_config 0
     kill -HUP "$SLPID"
@@ -176,7 +198,7 @@ done
 # read (the scrub's block) every 256 KiB / OUTSIDE_RATE seconds, and checks nothing; shardline
 # only serves the hits. If the hits' p99 rises as much, the cost is the read's own (the block
 # layer, the disk's interrupt on that CPU), not the scrub's work on the shard.
-OUTSIDE_RATE=${OUTSIDE_RATE:-104857600}
+OUTSIDE_RATE=${OUTSIDE_RATE:-104857600} # 0: no control row
 BIGGEST=$(find "$MNT/sl-cache" -type f -size +100M -printf '%s %p\n' | sort -n | tail -1 | cut -d' ' -f2)
 outside_reader() {
   exec taskset -c 0 python3 - "$BIGGEST" "$OUTSIDE_RATE" "$WORK/outside-bytes" <<'PY'
@@ -204,16 +226,16 @@ while True:
 PY
 }
 OUTSIDE_ROW=""
-if [[ -n $BIGGEST ]]; then
+if [[ -n $BIGGEST && $OUTSIDE_RATE != 0 ]]; then
   log "control: 1 KiB hits on shard 0 while another process reads $BIGGEST at $OUTSIDE_RATE B/s (O_DIRECT, CPU 0), 5 rounds"
   OA=() OB=() OR=()
   for round in 0 1 2 3 4; do
-    OA+=("$(p99_ms /pull/small.bin 0)")
+    OA+=("$(p99_ms "$SCRUB_HIT" 0)")
     echo 0 >"$WORK/outside-bytes"
     outside_reader &
     reader=$!
     t0=$(date +%s.%N)
-    OB+=("$(p99_ms /pull/small.bin 0)")
+    OB+=("$(p99_ms "$SCRUB_HIT" 0)")
     kill "$reader"
     wait "$reader" 2>/dev/null || true
     OR+=("$(calc "$(cat "$WORK/outside-bytes") / ($(date +%s.%N) - $t0) / 1000000")")
@@ -223,6 +245,34 @@ if [[ -n $BIGGEST ]]; then
   OUTSIDE_ROW="| another process, CPU 0, no checksum (control) | $(calc "$OUTSIDE_RATE / 1000000") | $a | $b | $(calc "$b / $a") | $(median "${OR[@]}") | ${OA[*]} / ${OB[*]} |"
 fi
 
+# scrub_report: the scrub section of the report.
+scrub_report() {
+  echo "## Scrub: p99 of 1 KiB hits ($SCRUB_HIT) on shard 0 (wrk, one connection on CPU 0, 6 s), median of 5 rounds"
+  echo
+  echo "The scrub runs on the shard named in the row (cache_scrub_bytes_per_s and cache_scrub_shard set,"
+  echo "then the rate back to 0, by SIGHUP each round); the hits are shard 0's."
+  [[ -n $CHUNK_BYTES ]] && echo "chunk_bytes = $CHUNK_BYTES (the scrub's reads are at most that)."
+  echo "The control row makes the same reads from another process on CPU 0 (O_DIRECT, one 256 KiB"
+  echo "read every 2.5 ms at 100 MiB/s, nothing checked) while shardline only serves the hits."
+  echo
+  echo "| who reads the disk | rate set (MB/s) | alone (ms) | while it reads (ms) | ratio (target <= 1.1) | MB/s held | rounds alone / with |"
+  echo "|---|---|---|---|---|---|---|"
+  printf '%s' "$SCRUB_ROWS"
+  [[ -n $OUTSIDE_ROW ]] && echo "$OUTSIDE_ROW"
+  echo
+}
+if [[ -n $SCRUB_ONLY ]]; then
+  {
+    echo "# The scrub's cost on its shard (perf/cache-isolation.sh --scrub-only)"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M') UTC, $(nproc) vCPU, $(uname -r), at $(git -C "$REPO" rev-parse --short HEAD); binary $SL."
+    echo
+    scrub_report
+  } >"$OUT"
+  log "wrote $OUT"
+  cat "$OUT"
+  exit 0
+fi
 log "strace during a cold 1 GiB fill"
 strace -f -qq -e trace=fdatasync,fsync,openat,openat2,unlinkat,futex -o "$WORK/strace" \
   -p "$SLPID" &
@@ -363,18 +413,7 @@ rm -rf "$MNT/restart"
   echo "The fill's lock was found held by a shard (which did that work at a later tick instead of"
   echo "waiting) $ISOLATION_BUSY times over these rounds' ten cold fills (shardline_cache_lock_busy_total)."
   echo
-  echo "## Scrub: p99 of 1 KiB cached hits on shard 0 (wrk, one connection on CPU 0, 6 s), median of 5 rounds"
-  echo
-  echo "The scrub runs on the shard named in the row (cache_scrub_bytes_per_s and cache_scrub_shard set,"
-  echo "then the rate back to 0, by SIGHUP each round); the hits are shard 0's."
-  echo "The control row makes the same reads from another process on CPU 0 (O_DIRECT, one 256 KiB"
-  echo "read every 2.5 ms at 100 MiB/s, nothing checked) while shardline only serves the hits."
-  echo
-  echo "| who reads the disk | rate set (MB/s) | alone (ms) | while it reads (ms) | ratio (target <= 1.1) | MB/s held | rounds alone / with |"
-  echo "|---|---|---|---|---|---|---|"
-  printf '%s' "$SCRUB_ROWS"
-  [[ -n $OUTSIDE_ROW ]] && echo "$OUTSIDE_ROW"
-  echo
+  scrub_report
   echo "## Syscalls during a cold 1 GiB fill (strace -f -p, by thread)"
   echo
   echo "| thread | syscall | calls |"
