@@ -23,11 +23,13 @@
 #     opens, the page cache dropped before the first), peak RSS.
 #
 #   perf/cache-isolation.sh [--runs N] [--out FILE]
-#   perf/cache-isolation.sh --scrub-only [--chunk-bytes N] [--scrub-hit PATH] [--out FILE]
+#   perf/cache-isolation.sh --scrub-only [--chunk-bytes N] [--block-bytes N] [--scrub-hit PATH]
+#                           [--out FILE]
 #
 # --scrub-only runs the scrub rows alone (over two cached 2 GiB objects) and writes only them:
 # to tell what the scrub's cost on its shard comes from, --chunk-bytes sets chunk_bytes (the
-# scrub's read size; the tick budgets follow), --scrub-hit the path the hits ask for
+# scrub's read size; the tick budgets follow; --block-bytes sets cache_block_bytes, at most half
+# of it), --scrub-hit the path the hits ask for
 # (/small.bin: a 1 KiB file of the local root, no disk read), and SHARDLINE_BIN a binary
 # built otherwise (e.g. with the checksum step taken out).
 #
@@ -39,13 +41,14 @@ REPO=$(cd "$HERE/.." && pwd)
 source "$HERE/lib.sh"
 # shellcheck source=fill-lib.sh
 source "$HERE/fill-lib.sh"
-RUNS=5 OUT=$HERE/CACHE-ISOLATION.md SCRUB_ONLY="" CHUNK_BYTES="" SCRUB_HIT=/pull/small.bin
+RUNS=5 OUT=$HERE/CACHE-ISOLATION.md SCRUB_ONLY="" CHUNK_BYTES="" BLOCK_BYTES="" SCRUB_HIT=/pull/small.bin
 while (($#)); do
   case $1 in
     --runs) RUNS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --scrub-only) SCRUB_ONLY=1; shift ;;
     --chunk-bytes) CHUNK_BYTES=$2; shift 2 ;;
+    --block-bytes) BLOCK_BYTES=$2; shift 2 ;;
     --scrub-hit) SCRUB_HIT=$2; shift 2 ;;
     -h | --help) print_usage "$0" ;;
     *) echo "cache-isolation.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -102,6 +105,7 @@ cache_dir = "$MNT/sl-cache"
 admin = "127.0.0.1:$ADMIN"
 cache_scrub_bytes_per_s = $1
 cache_scrub_shard = ${2:-0}
+$([[ -z $BLOCK_BYTES ]] || echo "cache_block_bytes = $BLOCK_BYTES")
 $(if [[ -n $CHUNK_BYTES ]]; then
   printf 'chunk_bytes = %s\ntick_budget_bytes = %s\nshard_tick_budget_bytes = %s\n' "$CHUNK_BYTES" \
     "$((CHUNK_BYTES > 1048576 ? CHUNK_BYTES : 1048576))" "$((CHUNK_BYTES > 1048576 ? 2 * CHUNK_BYTES : 2097152))"
@@ -251,7 +255,8 @@ scrub_report() {
   echo
   echo "The scrub runs on the shard named in the row (cache_scrub_bytes_per_s and cache_scrub_shard set,"
   echo "then the rate back to 0, by SIGHUP each round); the hits are shard 0's."
-  [[ -n $CHUNK_BYTES ]] && echo "chunk_bytes = $CHUNK_BYTES (the scrub's reads are at most that)."
+  [[ -z $CHUNK_BYTES ]] || echo "chunk_bytes = $CHUNK_BYTES (the scrub's reads are at most that)."
+  [[ -z $BLOCK_BYTES ]] || echo "cache_block_bytes = $BLOCK_BYTES."
   echo "The control row makes the same reads from another process on CPU 0 (O_DIRECT, one 256 KiB"
   echo "read every 2.5 ms at 100 MiB/s, nothing checked) while shardline only serves the hits."
   echo
