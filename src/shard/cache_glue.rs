@@ -340,11 +340,8 @@ impl<R: RingOps> Shard<R> {
             // Ready for a version the index no longer holds: cannot be (one hold decided both).
             (Outcome::Ready(_), None) => self.respond_status(c, 503, keep_alive, head_only),
             (Outcome::Waiting, _) => {
-                let timeout_ms = edge.wait_timeout_ms;
-                let cx = self.cx();
                 self.conns[c.index()].set_cache_label(Some("MISS"));
-                self.conns[c.index()].await_fill(timeout_ms, &cx);
-                self.sync_timer(c);
+                self.park_for_fill(c);
             }
             (Outcome::Busy, _) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
@@ -364,16 +361,28 @@ impl<R: RingOps> Shard<R> {
     /// fill (within `cache_wait_timeout_ms`) and is parsed again at the next tick with
     /// `answer`.
     pub(super) fn ask_again_later(&mut self, c: ConnSlot, answer: FillAnswer) {
-        let Some(edge) = self.cache.edge.as_ref() else {
-            return;
-        };
-        let timeout_ms = edge.wait_timeout_ms;
-        let cx = self.cx();
-        self.conns[c.index()].await_fill(timeout_ms, &cx);
-        self.sync_timer(c);
+        self.park_for_fill(c);
         let waiter = self.waiter(c);
         self.cache.pulls.answers.insert(self.conn_ref(c), answer);
         self.cache.pulls.lock_waits.asks.push(waiter);
+    }
+
+    /// Request `c` waits for the fill (`ConnMachine::await_fill`: no slot, a deadline of
+    /// `cache_wait_timeout_ms`).
+    fn park_for_fill(&mut self, c: ConnSlot) {
+        let Some(timeout_ms) = self.cache.edge.as_ref().map(|e| e.wait_timeout_ms) else {
+            return;
+        };
+        let cx = self.cx();
+        self.conns[c.index()].await_fill(timeout_ms, &cx);
+        self.sync_timer(c);
+    }
+
+    /// Reads again the chunk connection `c` holds in `slot` (`ConnMachine::hold_for_refetch`).
+    fn reread_held(&mut self, c: ConnSlot, slot: ArenaSlot) {
+        let mut out = self.take_actions();
+        self.conns[c.index()].reread(slot, &mut out);
+        self.run_actions(c, out);
     }
 
     /// Does again what a held fill lock put off (`LockWaits`), once each: what is refused
@@ -411,9 +420,7 @@ impl<R: RingOps> Shard<R> {
         }
         for (waiter, slot) in waits.rereads.drain(..) {
             if self.conns[waiter.conn.index()].generation() == waiter.generation {
-                let mut out = self.take_actions();
-                self.conns[waiter.conn.index()].reread(slot, &mut out);
-                self.run_actions(waiter.conn, out);
+                self.reread_held(waiter.conn, slot);
             }
         }
     }
@@ -968,9 +975,7 @@ impl<R: RingOps> Shard<R> {
         });
         let any = !slots.is_empty();
         for slot in slots {
-            let mut out = self.take_actions();
-            self.conns[c.index()].reread(slot, &mut out);
-            self.run_actions(c, out);
+            self.reread_held(c, slot);
         }
         any
     }

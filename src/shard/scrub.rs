@@ -1,11 +1,12 @@
 //! The background scrub (`cache_scrub_bytes_per_s`): one shard (`cache_scrub_shard`) reads
 //! every cached block back, one read at a time through its ring into an arena slot, and checks
 //! each against its journaled checksum, so a block that went bad on the disk is dropped (and
-//! fetched again by the next request) before a client meets it. Paced by the configured rate, and never ahead of
-//! clients: it reads only when the shard has no connection waiting for a turn and at least
-//! half the arena is free, and checksums what it read `SCRUB_CHECK_STEP_BYTES` per tick. One
-//! read takes as many consecutive blocks as a slot holds (`SCRUB_RUN_BLOCKS_MAX`): each read
-//! costs the shard's CPU a submission and a completion whatever its size.
+//! fetched again by the next request) before a client meets it. Paced by the configured rate,
+//! and never ahead of clients: it reads only when the shard has no connection waiting for a
+//! turn and at least half the arena is free, and checksums what it read
+//! `SCRUB_CHECK_STEP_BYTES` per tick. One read takes as many consecutive blocks as a slot
+//! holds (`SCRUB_RUN_BLOCKS_MAX`): each read costs the shard's CPU a submission and a
+//! completion whatever its size.
 
 use super::{RingOps, Shard};
 use crate::fill::cache_fill::{ScrubBlock, ScrubStep};

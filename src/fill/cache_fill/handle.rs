@@ -291,6 +291,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Whether this shard has work a held lock put off (its loop comes back for it within a
     /// millisecond).
+    #[cfg(test)]
     pub fn lock_refused(&self) -> bool {
         self.pending.refused
     }
