@@ -239,9 +239,21 @@ fn reencode(rel: &str) -> String {
 /// The origin response head parser: no panic; a complete head lies inside the buffer and the
 /// limit and ends with an empty line; every prefix of a complete head is incomplete or the
 /// same error (what the fetch relies on to parse only when `head_may_end` says so), and the
-/// end scan never misses the receive that completes it.
+/// end scan never misses the receive that completes it. The framing decision does not depend
+/// on how the bytes were split (issue 45): every prefix is incomplete, or the same head, or a
+/// refusal where the whole is refused too.
 pub fn check_origin_response_input(data: &[u8]) {
     let whole = origin_response::parse(data);
+    for n in 0..=data.len() {
+        match origin_response::parse(&data[..n]) {
+            Ok(None) => {}
+            Ok(Some(head)) => assert_eq!(Ok(Some(head)), whole, "a split at {n} decides otherwise"),
+            Err(e) => assert!(
+                whole.is_err(),
+                "a split at {n} refuses ({e:?}), the whole does not"
+            ),
+        }
+    }
     if let Ok(Some(head)) = &whole {
         assert!(head.head_len <= data.len() && head.head_len <= MAX_RESPONSE_HEAD_BYTES);
         let h = &data[..head.head_len];

@@ -139,6 +139,13 @@ origin = {
     "truncated": "HTTP/1.1 200 OK\r\nContent-Len",
     "garbage": "\x00\xffHTTP/1.1 200\r\n\r\n",
     "many-fields": "HTTP/1.1 200 OK\r\n" + "X: y\r\n" * 70 + "\r\n",
+    # Issue 45's hostile replies.
+    "trailing-reply": "HTTP/1.1 206 Partial Content\r\nContent-Length: 3\r\nContent-Range: bytes 0-2/3\r\n\r\nabcHTTP/1.1 200 OK\r\nContent-Length: 16\r\nETag: \"evil\"\r\n\r\nPOISONPOISONPOIS",
+    "te-identity-length": "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc",
+    "two-te-length": "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\nContent-Length: 8\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    "two-ranges": "HTTP/1.1 206 Partial Content\r\nContent-Length: 2\r\nContent-Range: bytes 0-1/4\r\nContent-Range: bytes 2-3/4\r\n\r\nab",
+    "plus-length": "HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\nabc",
+    "interim": "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
 }
 for name, data in origin.items():
     write("origin_response", name, data)

@@ -251,6 +251,23 @@ counters! {
     /// Cached versions evicted under `cache_max_bytes` since start (over all shards; shard
     /// 0 reports it).
     cache_evictions: Gauge "cache_evictions",
+    /// Origin replies refused: not an HTTP/1.x head (or a 101).
+    origin_refused_malformed: Counter "origin_replies_refused_total" { reason = "malformed" },
+    /// Origin replies refused: a head over its byte or field bound.
+    origin_refused_too_large: Counter "origin_replies_refused_total" { reason = "too_large" },
+    /// Origin replies refused: a Content-Length not `1*DIGIT`, or two that differ.
+    origin_refused_bad_length: Counter "origin_replies_refused_total" { reason = "bad_content_length" },
+    /// Origin replies refused: a Transfer-Encoding whose last coding is not chunked.
+    origin_refused_bad_te: Counter "origin_replies_refused_total" { reason = "bad_transfer_encoding" },
+    /// Origin replies refused: both Transfer-Encoding and Content-Length.
+    origin_refused_length_and_te: Counter "origin_replies_refused_total" { reason = "length_and_transfer_encoding" },
+    /// Origin replies refused: a Content-Range that does not parse, or two.
+    origin_refused_bad_range: Counter "origin_replies_refused_total" { reason = "bad_content_range" },
+    /// Origin replies refused: more interim (1xx) replies than `MAX_INTERIM_RESPONSES`.
+    origin_refused_interim: Counter "origin_replies_refused_total" { reason = "too_many_interim" },
+    /// Origin connections closed because bytes arrived past a reply's end (never read as the
+    /// next reply).
+    origin_poisoned: Counter "origin_connections_poisoned_total",
     /// Origin fetches this shard runs now.
     origin_fetches: Gauge "origin_fetches",
     /// Connections to origins this shard holds (busy and idle).
@@ -281,6 +298,12 @@ fn family_help(family: &str) -> Option<&'static str> {
              framing counts with the bytes it carries."
         }
         "tls_bytes_total" => "TLS bytes, by direction (in, out), handshakes included.",
+        "origin_replies_refused_total" => {
+            "Origin replies refused before any byte was stored (the fetch is tried again or the \
+             client gets 502; a warn line names the origin), by reason: malformed, too_large, \
+             bad_content_length, bad_transfer_encoding, length_and_transfer_encoding, \
+             bad_content_range, too_many_interim."
+        }
         "proxy_headers_total" => {
             "PROXY protocol headers on listeners that expect them, by result: accepted, local, \
              untrusted, malformed, truncated (the last three closed the connection)."
@@ -922,6 +945,22 @@ mod tests {
             .iter()
             .find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v)))
             .map(|s| s.value)
+    }
+
+    /// Each reason an origin head is refused for has its counter, labelled as the filler
+    /// counts it (`HeadError::index` order is the shard's copy order).
+    #[test]
+    fn every_origin_refusal_reason_has_its_counter() {
+        let labels: Vec<&str> = FIELDS
+            .iter()
+            .filter(|f| f.family == "origin_replies_refused_total")
+            .filter_map(|f| f.label.map(|(_, v)| v))
+            .collect();
+        let reasons: Vec<&str> = crate::origin::response::HeadError::ALL
+            .iter()
+            .map(|e| e.label())
+            .collect();
+        assert_eq!(labels, reasons);
     }
 
     #[test]

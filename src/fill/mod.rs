@@ -29,7 +29,7 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use crate::origin::fetch::{BlockFetch, FetchError, HeadFacts, Io, Output, Plan, Timeouts};
 use crate::origin::pool::{Grant, Pool};
 use crate::origin::request::Fetch;
-use crate::origin::response::Unusable;
+use crate::origin::response::{HeadError, Unusable};
 use crate::ring_api::ops::RingOps;
 use crate::ring_api::slots::ArenaSlot;
 use crate::ring_api::token::Token;
@@ -180,6 +180,8 @@ enum TlsOp {
     },
     /// Receiving records into the TLS area.
     RecordRecv,
+    /// Probing an established connection (`Io::Probe`) into the TLS area.
+    ProbeRecv,
 }
 
 /// What the TLS layer did with the machine's operation.
@@ -220,6 +222,10 @@ pub struct Filler {
     /// Per origin: the resolver's publication last read, its addresses, and the next to use
     /// (new connections go round them).
     addrs: Vec<OriginAddrs>,
+    /// Origin heads refused, by `HeadError::index`.
+    refused_heads: [u64; HeadError::ALL.len()],
+    /// Origin connections closed for bytes past a reply's end.
+    poisoned: u64,
     /// Whether any origin has a bandwidth cap (receives may be held back).
     paced_any: bool,
 }
@@ -275,7 +281,20 @@ impl Filler {
                 })
                 .collect(),
             paced_any,
+            refused_heads: [0; HeadError::ALL.len()],
+            poisoned: 0,
         }
+    }
+
+    /// Origin heads refused since start, by `HeadError::index` (a counter).
+    pub fn refused_heads(&self) -> &[u64; HeadError::ALL.len()] {
+        &self.refused_heads
+    }
+
+    /// Origin connections closed since start because bytes arrived past a reply's end (a
+    /// counter).
+    pub fn poisoned(&self) -> u64 {
+        self.poisoned
     }
 
     /// The address a new connection to `origin` goes to: the resolver's latest addresses in
@@ -499,8 +518,24 @@ impl Filler {
                     block,
                     crc,
                 }),
+                Output::Poisoned { bytes } => {
+                    self.poisoned += 1;
+                    tracing::warn!(
+                        origin = %self.origins[run.origin].host,
+                        bytes,
+                        "origin sent bytes past a reply's end; the connection is closed"
+                    );
+                }
                 Output::Done { keep_alive } => self.end(index, keep_alive, None),
                 Output::Failed(e) => {
+                    if let FetchError::Head(reason) = e {
+                        self.refused_heads[reason.index()] += 1;
+                        tracing::warn!(
+                            origin = %self.origins[run.origin].host,
+                            reason = reason.label(),
+                            "origin reply refused"
+                        );
+                    }
                     // A 304 or a refusal is an answer too: its time counts.
                     let answered = matches!(
                         e,
@@ -555,12 +590,12 @@ impl Filler {
                 ring.write_arena_fd(run.slot, len, file.as_fd(), file_offset, token)
             }
             (Io::Sync, Some(file)) => ring.fsync_fd(file.as_fd(), token),
-            (Io::Send { .. } | Io::Recv { .. }, _) if tls => {
+            (Io::Send { .. } | Io::Recv { .. } | Io::Probe { .. }, _) if tls => {
                 if let Dispatch::Answer(res) = self.tls_io(ring, index, token) {
                     return Some(res);
                 }
             }
-            (Io::Connect | Io::Send { .. } | Io::Recv { .. }, _) => {
+            (Io::Connect | Io::Send { .. } | Io::Recv { .. } | Io::Probe { .. }, _) => {
                 let socket = self.conns[run.conn as usize]
                     .as_ref()
                     .expect("the fetch's connection");
@@ -571,6 +606,9 @@ impl Filler {
                     }
                     Io::Recv { offset, len } => {
                         ring.recv_arena_fd(run.slot, offset, len, socket.as_fd(), token)
+                    }
+                    Io::Probe { offset, len } => {
+                        ring.probe_arena_fd(run.slot, offset, len, socket.as_fd(), token)
                     }
                     _ => unreachable!("matched above"),
                 }
@@ -590,6 +628,7 @@ impl Filler {
                 let slot = ring.arena_mut(run.slot);
                 run.machine.on_received(res, slot, now_ms, &mut self.out);
             }
+            Some(Io::Probe { .. }) => run.machine.on_probed(res, now_ms, &mut self.out),
             Some(Io::Sync) if run.file.is_none() => {
                 let slot = ring.arena_mut(run.slot);
                 run.machine.on_synced(res, slot, now_ms, &mut self.out);
@@ -684,7 +723,46 @@ impl Filler {
                     }
                 }
             }
+            Io::Probe { .. } if !tls.idle() || run.ct_len > 0 => {
+                // Plaintext or records held past the reply: bytes no request asked for.
+                Dispatch::Answer(run.ct_len.max(1) as i32)
+            }
+            Io::Probe { .. } => {
+                run.tls_op = Some(TlsOp::ProbeRecv);
+                ring.probe_arena_fd(run.slot, area_at, TLS_AREA_BYTES, socket.as_fd(), token);
+                Dispatch::Submitted
+            }
             other => unreachable!("the TLS layer carries sends and receives, not {other:?}"),
+        }
+    }
+
+    /// What a probe of a TLS connection found in `res` raw bytes: application data is bytes
+    /// past the reply (poisoned); a close or anything else (a ticket, part of a record) is a
+    /// connection not to reuse, as an origin's close is.
+    fn tls_probed<R: RingOps>(&mut self, ring: &mut R, index: u32, res: i32) -> i32 {
+        let run = self.fetches[index as usize]
+            .run
+            .as_mut()
+            .expect("a running fetch");
+        if res <= 0 {
+            return res;
+        }
+        self.received_bytes += res as u64;
+        self.received_by_origin[run.origin] += res as u64;
+        run.ct_len = res as usize;
+        let Some(Io::Probe { offset, len }) = run.io else {
+            unreachable!("a probe's completion")
+        };
+        let tls = self.tls[run.conn as usize]
+            .as_mut()
+            .expect("a TLS connection");
+        let buf = ring.arena_mut(run.slot);
+        let area_at = buf.len() - TLS_AREA_BYTES;
+        let (plain, area) = buf.split_at_mut(area_at);
+        match tls.read(&mut area[..run.ct_len], &mut plain[offset..offset + len]) {
+            Ok(r) if r.delivered > 0 => r.delivered as i32,
+            Ok(_) => 0,
+            Err(_) => -libc::EPROTO,
         }
     }
 
@@ -730,6 +808,7 @@ impl Filler {
             }
             TlsOp::Sealed { plain, .. } => Dispatch::Answer(plain as i32),
             TlsOp::Handshake { .. } => self.tls_io(ring, index, token),
+            TlsOp::ProbeRecv => Dispatch::Answer(self.tls_probed(ring, index, res)),
             TlsOp::HandshakeRecv | TlsOp::RecordRecv if res < 0 => Dispatch::Answer(res),
             // The origin closed: mid-handshake an error, between records the machine's end.
             TlsOp::HandshakeRecv if res == 0 => Dispatch::Answer(-libc::ECONNRESET),
@@ -833,6 +912,7 @@ impl Filler {
                     .on_connected(err, run.head_len, now_ms, &mut self.out);
             }
             Io::Send { .. } => run.machine.on_sent(res, now_ms, &mut self.out),
+            Io::Probe { .. } => run.machine.on_probed(res, now_ms, &mut self.out),
             Io::Recv { .. } => {
                 let n = u64::from(res.max(0).unsigned_abs());
                 self.received_bytes += n;

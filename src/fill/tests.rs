@@ -633,7 +633,9 @@ fn read_all_of(
             let size = cf.index().current(key).map(|m| m.size);
             all_done &= r.pos >= r.end.or(size).unwrap_or(u64::MAX);
         }
-        if all_done {
+        // Every fetch has ended too (a fetch's last step, the probe of its connection, may
+        // come after the readers' last block).
+        if all_done && cf.filler().running() == 0 {
             return ready_at_once;
         }
         assert!(

@@ -15,6 +15,8 @@ use super::response::{self, Expect, HeadError, Unusable, Verdict};
 
 /// Longest validator or content type kept from an origin's head (longer ones are dropped).
 pub const MAX_HEAD_FIELD_BYTES: usize = 256;
+/// Most bytes a probe of an idle connection takes: one is enough to say it is not clean.
+pub const PROBE_BYTES: usize = 4096;
 
 /// What to fetch and how big the pieces are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +82,16 @@ pub enum Io {
         /// How many bytes.
         len: usize,
     },
+    /// Receive at most `len` bytes into the slot at `offset` without waiting (MSG_DONTWAIT):
+    /// `-EAGAIN` is the answer wanted. A kept-alive connection is probed before its next
+    /// request and after each reply, so a byte past a reply's end is never read as the next
+    /// reply (RFC 9112 §6.3).
+    Probe {
+        /// Where in the slot.
+        offset: usize,
+        /// At most this many bytes.
+        len: usize,
+    },
     /// Receive at most `len` bytes into the slot at `offset`.
     Recv {
         /// Where in the slot.
@@ -118,8 +130,9 @@ pub struct HeadFacts {
 pub enum FetchError {
     /// The connect failed (errno).
     Connect(i32),
-    /// A kept-alive connection was closed by the origin before any byte of the answer: try
-    /// again on a new connection (not an attempt of its own).
+    /// A kept-alive connection was closed by the origin before any byte of the answer, or
+    /// held bytes no request asked for (poisoned): try again on a new connection (not an
+    /// attempt of its own).
     Stale,
     /// A stage took longer than its timeout.
     Timeout(&'static str),
@@ -161,6 +174,12 @@ pub enum Output {
         /// CRC-32C of its bytes.
         crc: u32,
     },
+    /// `bytes` arrived past a reply's end (or before the request on a kept-alive connection):
+    /// the connection is poisoned and closed, never read from again (the caller counts it).
+    Poisoned {
+        /// Bytes seen beyond the reply (at least this many).
+        bytes: usize,
+    },
     /// Every block of the run is committed; the connection may carry another fetch.
     Done {
         /// Whether the origin allows reuse.
@@ -174,8 +193,17 @@ pub enum Output {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
     Connecting,
-    Sending { sent: usize, len: usize },
-    Head { filled: usize },
+    /// A kept-alive connection is probed before the request is sent (`Io::Probe`).
+    ProbingBeforeSend,
+    /// The reply is complete and whole; the connection is probed before it goes idle.
+    ProbingAfterReply,
+    Sending {
+        sent: usize,
+        len: usize,
+    },
+    Head {
+        filled: usize,
+    },
     Body,
     Writing,
     Syncing,
@@ -209,6 +237,8 @@ pub struct BlockFetch {
     /// A sync of this fetch has completed.
     synced_once: bool,
     keep_alive: bool,
+    /// Bytes of the request head at the slot's front.
+    request_len: usize,
 }
 
 impl BlockFetch {
@@ -244,9 +274,17 @@ impl BlockFetch {
             piece_blocks: Vec::new(),
             synced_once: false,
             keep_alive: false,
+            request_len: head_len,
         };
         if reused {
-            f.send(0, head_len, now_ms, out);
+            // Whatever the connection holds now came after the last reply's end.
+            f.stage = Stage::ProbingBeforeSend;
+            let len = PROBE_BYTES.min(f.plan.slot_bytes - head_len);
+            assert!(len > 0, "room past the request for a probe");
+            out.push(Output::Io(Io::Probe {
+                offset: head_len,
+                len,
+            }));
         } else {
             f.deadline_ms = Some(now_ms + timeouts.connect_ms);
             out.push(Output::Io(Io::Connect));
@@ -291,6 +329,43 @@ impl BlockFetch {
             return self.fail(FetchError::Connect(res), out);
         }
         self.send(0, head_len, now_ms, out);
+    }
+
+    /// A probe (`Io::Probe`) completed with `res`: -EAGAIN is a clean connection; bytes are
+    /// bytes no request asked for; 0 or another error is a connection the origin ended.
+    pub fn on_probed(&mut self, res: i32, now_ms: u64, out: &mut Vec<Output>) {
+        let clean = res == -libc::EAGAIN || res == -libc::EWOULDBLOCK;
+        if res > 0 {
+            out.push(Output::Poisoned {
+                bytes: res as usize,
+            });
+        }
+        match self.stage {
+            Stage::ProbingBeforeSend if clean => self.send(0, self.request_len, now_ms, out),
+            Stage::ProbingBeforeSend => self.fail(FetchError::Stale, out),
+            Stage::ProbingAfterReply => {
+                self.stage = Stage::Ended;
+                self.deadline_ms = None;
+                out.push(Output::Done { keep_alive: clean });
+            }
+            s => panic!("probe completion in {s:?}"),
+        }
+    }
+
+    /// Every block is committed: the fetch is done. A connection that may be kept is probed
+    /// first, so it goes idle only after a clean reply.
+    fn finish(&mut self, out: &mut Vec<Output>) {
+        self.deadline_ms = None;
+        if !self.keep_alive {
+            self.stage = Stage::Ended;
+            out.push(Output::Done { keep_alive: false });
+            return;
+        }
+        self.stage = Stage::ProbingAfterReply;
+        out.push(Output::Io(Io::Probe {
+            offset: 0,
+            len: PROBE_BYTES.min(self.plan.slot_bytes),
+        }));
     }
 
     /// A send completed with `res` (bytes, or -errno).
@@ -408,12 +483,18 @@ impl BlockFetch {
             content_type: keep(head.content_type),
             whole,
         };
-        let body_len = head.content_length.expect("judge checked the length");
+        let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;
         self.keep_alive = head.keep_alive;
-        let extra = filled - head_len;
+        let mut extra = filled - head_len;
         if extra as u64 > body_len {
-            return self.fail(FetchError::Overrun, out);
+            // Bytes past the reply's end came with it: the reply keeps its own, the
+            // connection is never read from again.
+            out.push(Output::Poisoned {
+                bytes: extra - body_len as usize,
+            });
+            self.keep_alive = false;
+            extra = body_len as usize;
         }
         if whole {
             // Every block follows, from the first.
@@ -432,18 +513,13 @@ impl BlockFetch {
         out.push(Output::Head(facts));
         // The body's first bytes came with the head: move them to the slot's front (at most
         // one receive's worth, once per fetch).
-        slot.copy_within(head_len..filled, 0);
+        slot.copy_within(head_len..head_len + extra, 0);
         self.piece_start = first;
         self.piece_filled = extra;
         self.body_left = body_len - extra as u64;
         self.block_crc = 0;
         if size == 0 || body_len == 0 {
-            self.stage = Stage::Ended;
-            self.deadline_ms = None;
-            out.push(Output::Done {
-                keep_alive: self.keep_alive,
-            });
-            return;
+            return self.finish(out);
         }
         self.stage = Stage::Body;
         self.next(slot, now_ms, out);
@@ -555,15 +631,10 @@ impl BlockFetch {
             last = block;
         }
         if self.piece_start >= self.size || last >= self.plan.last_block {
-            self.stage = Stage::Ended;
-            self.deadline_ms = None;
             if self.body_left != 0 {
                 return self.fail(FetchError::Overrun, out);
             }
-            out.push(Output::Done {
-                keep_alive: self.keep_alive,
-            });
-            return;
+            return self.finish(out);
         }
         self.next(slot, now_ms, out);
     }
@@ -574,7 +645,11 @@ impl BlockFetch {
             Stage::Connecting => "connect",
             Stage::Head { .. } => "first byte",
             Stage::Sending { .. } | Stage::Body => "idle",
-            Stage::Writing | Stage::Syncing | Stage::Ended => return,
+            Stage::ProbingBeforeSend
+            | Stage::ProbingAfterReply
+            | Stage::Writing
+            | Stage::Syncing
+            | Stage::Ended => return,
         };
         self.fail(FetchError::Timeout(stage), out);
     }
@@ -614,24 +689,52 @@ mod tests {
     /// Plays the origin and the disk: answers with `answer` (head + body) in receives of at
     /// most `step` bytes, keeps every write in `disk`; returns the outputs other than Io.
     fn run(
+        f: BlockFetch,
+        pending: Vec<Output>,
+        answer: &[u8],
+        step: usize,
+        disk: &mut Vec<u8>,
+    ) -> Vec<Output> {
+        run_cut(f, pending, answer, &mut |_| step, disk)
+    }
+
+    /// `run` with the `i`th receive (from 0) given at most `step(i)` bytes; a probe finds the
+    /// answer's bytes not yet received (none before the request is sent).
+    fn run_cut(
         mut f: BlockFetch,
         mut pending: Vec<Output>,
         answer: &[u8],
-        step: usize,
+        step: &mut dyn FnMut(usize) -> usize,
         disk: &mut Vec<u8>,
     ) -> Vec<Output> {
         let mut slot = vec![0xeeu8; f.plan.slot_bytes];
         let mut seen = Vec::new();
         let mut sent_at = 0;
+        let mut receives = 0;
+        let mut requested = false;
         let mut now = 0;
         while let Some(o) = (!pending.is_empty()).then(|| pending.remove(0)) {
             now += 1;
             let mut out = Vec::new();
             match o {
                 Output::Io(Io::Connect) => f.on_connected(0, 10, now, &mut out),
-                Output::Io(Io::Send { len, .. }) => f.on_sent(len as i32, now, &mut out),
+                Output::Io(Io::Send { len, .. }) => {
+                    requested = true;
+                    f.on_sent(len as i32, now, &mut out)
+                }
+                Output::Io(Io::Probe { offset, len }) => {
+                    let n = len.min(answer.len() - sent_at);
+                    if n == 0 || !requested {
+                        f.on_probed(-libc::EAGAIN, now, &mut out);
+                    } else {
+                        slot[offset..offset + n].copy_from_slice(&answer[sent_at..sent_at + n]);
+                        sent_at += n;
+                        f.on_probed(n as i32, now, &mut out);
+                    }
+                }
                 Output::Io(Io::Recv { offset, len }) => {
-                    let n = len.min(step).min(answer.len() - sent_at);
+                    let n = len.min(step(receives)).min(answer.len() - sent_at);
+                    receives += 1;
                     slot[offset..offset + n].copy_from_slice(&answer[sent_at..sent_at + n]);
                     sent_at += n;
                     f.on_received(n as i32, &mut slot, now, &mut out);
@@ -748,7 +851,14 @@ mod tests {
             0,
             &mut out,
         );
-        assert_eq!(out, vec![Output::Io(Io::Send { offset: 0, len: 10 })]);
+        assert_eq!(
+            out,
+            vec![Output::Io(Io::Probe {
+                offset: 10,
+                len: 4086
+            })],
+            "a kept-alive connection is probed first"
+        );
         let mut disk = Vec::new();
         let seen = run(
             f,
@@ -842,21 +952,179 @@ mod tests {
         }
     }
 
+    /// Bytes past a whole reply, however the receives split them (with the head, with the
+    /// body's last bytes, or after): the reply keeps its bytes, the connection is poisoned
+    /// and never kept (issue 45's first case).
     #[test]
-    fn more_bytes_than_announced_is_an_overrun() {
-        let obj = object(4096);
-        let mut a = ranged(&obj, 0, 4096);
-        a.extend_from_slice(b"extra");
+    fn bytes_past_the_reply_poison_the_connection_but_never_the_reply() {
+        let obj = object(10_000);
+        let mut a = ranged(&obj, 0, 10_000);
+        let reply_len = a.len();
+        a.extend_from_slice(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\nETag: \"evil\"\r\n\r\nPOISONPOISONPOIS",
+        );
+        for cut in 1..=a.len() {
+            let mut out = Vec::new();
+            let f = BlockFetch::start(plan(0, 2, 4096, 16384, None), T, false, 10, 0, &mut out);
+            let mut disk = Vec::new();
+            let seen = run_cut(
+                f,
+                out,
+                &a,
+                &mut |i| if i == 0 { cut } else { usize::MAX },
+                &mut disk,
+            );
+            assert_eq!(&disk[..10_000], &obj[..], "cut {cut}");
+            let commits = seen
+                .iter()
+                .filter(|o| matches!(o, Output::Committed { .. }))
+                .count();
+            assert_eq!(commits, 3, "cut {cut}");
+            let poisoned: usize = seen
+                .iter()
+                .filter_map(|o| match o {
+                    Output::Poisoned { bytes } => Some(*bytes),
+                    _ => None,
+                })
+                .sum();
+            assert!(poisoned > 0 && poisoned <= a.len() - reply_len, "cut {cut}");
+            assert_eq!(
+                seen.last(),
+                Some(&Output::Done { keep_alive: false }),
+                "cut {cut}"
+            );
+        }
+    }
+
+    /// A kept-alive connection is probed before the request: bytes there are not an answer
+    /// to it (the fetch goes again on a new connection, as after an origin's close).
+    #[test]
+    fn a_reused_connection_is_probed_before_its_request() {
+        let start = |out: &mut Vec<Output>| {
+            let f = BlockFetch::start(plan(0, 0, 4096, 4096, None), T, true, 10, 0, out);
+            assert_eq!(
+                out.as_slice(),
+                &[Output::Io(Io::Probe {
+                    offset: 10,
+                    len: 4086
+                })]
+            );
+            out.clear();
+            f
+        };
         let mut out = Vec::new();
-        let f = BlockFetch::start(plan(0, 0, 4096, 8192, None), T, false, 10, 0, &mut out);
-        let seen = run(f, out, &a, 100_000, &mut Vec::new());
-        assert_eq!(seen.last(), Some(&Output::Failed(FetchError::Overrun)));
+        let mut f = start(&mut out);
+        f.on_probed(-libc::EAGAIN, 1, &mut out);
+        assert_eq!(out, vec![Output::Io(Io::Send { offset: 0, len: 10 })]);
+        out.clear();
+        for (res, want) in [
+            (
+                16,
+                vec![
+                    Output::Poisoned { bytes: 16 },
+                    Output::Failed(FetchError::Stale),
+                ],
+            ),
+            (0, vec![Output::Failed(FetchError::Stale)]),
+            (-libc::ECONNRESET, vec![Output::Failed(FetchError::Stale)]),
+        ] {
+            let mut f = start(&mut out);
+            f.on_probed(res, 1, &mut out);
+            assert_eq!(out, want, "probe answered {res}");
+            assert!(f.ended());
+            out.clear();
+        }
+        // A clean reply is probed before the connection goes idle.
+        let obj = object(4096);
+        let mut out = Vec::new();
+        let f = BlockFetch::start(plan(0, 0, 4096, 8192, None), T, true, 10, 0, &mut out);
+        let seen = run(f, out, &ranged(&obj, 0, 4096), 100_000, &mut Vec::new());
+        assert_eq!(seen.last(), Some(&Output::Done { keep_alive: true }));
+    }
+
+    /// Each hostile reply of issue 45, fed in every split of its first receive: the same
+    /// decision whatever the segmentation, nothing written for a refused head, and the
+    /// interim replies skipped.
+    #[test]
+    fn hostile_replies_get_one_decision_at_every_split() {
+        let obj = object(1000);
+        let ok_head = |fields: &str| {
+            format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-999/1000\r\n{fields}\r\n"
+            )
+        };
+        let with_body = |head: String| {
+            let mut a = head.into_bytes();
+            a.extend_from_slice(&obj);
+            a
+        };
+        let refused = |e: HeadError| Some(FetchError::Head(e));
+        let cases: Vec<(Vec<u8>, Option<FetchError>)> = vec![
+            (
+                with_body(ok_head(
+                    "Transfer-Encoding: identity\r\nContent-Length: 1000\r\n",
+                )),
+                refused(HeadError::LengthAndTransferEncoding),
+            ),
+            (
+                with_body(ok_head(
+                    "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\
+                     Content-Length: 1000\r\n",
+                )),
+                refused(HeadError::LengthAndTransferEncoding),
+            ),
+            (
+                with_body(ok_head(
+                    "Content-Range: bytes 1000-1999/2000\r\nContent-Length: 1000\r\n",
+                )),
+                refused(HeadError::BadContentRange),
+            ),
+            (
+                with_body(ok_head("Content-Length: +1000\r\n")),
+                refused(HeadError::BadLength),
+            ),
+            (
+                with_body(format!(
+                    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\
+                     Link: </x>\r\n\r\n{}",
+                    ok_head("Content-Length: 1000\r\n")
+                )),
+                None,
+            ),
+        ];
+        for (answer, want) in cases {
+            for cut in 1..=answer.len() {
+                let mut out = Vec::new();
+                let f = BlockFetch::start(plan(0, 0, 1024, 4096, None), T, false, 10, 0, &mut out);
+                let mut disk = Vec::new();
+                let seen = run_cut(
+                    f,
+                    out,
+                    &answer,
+                    &mut |i| if i == 0 { cut } else { usize::MAX },
+                    &mut disk,
+                );
+                let text = String::from_utf8_lossy(&answer[..80]);
+                match &want {
+                    Some(e) => {
+                        assert_eq!(seen, vec![Output::Failed(e.clone())], "{text:?} cut {cut}");
+                        assert!(disk.is_empty());
+                    }
+                    None => {
+                        assert_eq!(&disk[..1000], &obj[..], "{text:?} cut {cut}");
+                        assert_eq!(seen.last(), Some(&Output::Done { keep_alive: true }));
+                    }
+                }
+            }
+        }
     }
 
     #[test]
     fn a_reused_connection_closed_before_the_answer_is_stale() {
         let mut out = Vec::new();
         let mut f = BlockFetch::start(plan(0, 0, 4096, 4096, None), T, true, 10, 0, &mut out);
+        out.clear();
+        f.on_probed(-libc::EAGAIN, 1, &mut out);
         out.clear();
         f.on_sent(10, 1, &mut out);
         out.clear();

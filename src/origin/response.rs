@@ -57,15 +57,32 @@ pub struct ContentRange {
     pub total: Option<u64>,
 }
 
+/// Most interim (1xx) responses skipped before the final one (RFC 9110 §15.2); they count
+/// against `MAX_RESPONSE_HEAD_BYTES` too.
+pub const MAX_INTERIM_RESPONSES: usize = 8;
+
+/// How the reply's body is framed (RFC 9112 §6.3), decided once from the whole head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// No body whatever the fields say: 204 and 304.
+    NoBody,
+    /// Exactly this many bytes (Content-Length).
+    Length(u64),
+    /// Chunked (the last transfer coding): the length is not in the head.
+    Chunked,
+    /// Neither field: the body runs until the origin closes.
+    UntilClose,
+}
+
 /// The fields of an origin's response head a fill uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OriginHead<'a> {
-    /// Status code.
+    /// Status code of the final response (interim 1xx ones skipped).
     pub status: u16,
-    /// Bytes of the head (the body starts here).
+    /// Bytes of the head, interim responses included (the body starts here).
     pub head_len: usize,
-    /// Content-Length.
-    pub content_length: Option<u64>,
+    /// How the body is framed.
+    pub framing: Framing,
     /// Content-Range (206).
     pub content_range: Option<ContentRange>,
     /// ETag.
@@ -76,21 +93,74 @@ pub struct OriginHead<'a> {
     pub content_type: Option<&'a str>,
     /// The connection may carry the next fetch.
     pub keep_alive: bool,
-    /// Transfer-Encoding other than identity was sent (the body's length is not in the head).
-    pub transfer_coded: bool,
     /// `Retry-After`, when it parses.
     pub retry_after: Option<RetryAfter>,
 }
 
-/// Why a head could not be read.
+impl OriginHead<'_> {
+    /// The body's length when the head gives it (Content-Length, or 0 for 204/304).
+    pub fn content_length(&self) -> Option<u64> {
+        match self.framing {
+            Framing::NoBody => Some(0),
+            Framing::Length(n) => Some(n),
+            Framing::Chunked | Framing::UntilClose => None,
+        }
+    }
+}
+
+/// Why a head was refused: one reason per refusal, each counted
+/// (`shardline_origin_replies_refused_total{reason}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeadError {
-    /// Not an HTTP/1.x response head.
+    /// Not an HTTP/1.x response head (or a 101, which a fetch never asks for).
     Malformed,
     /// Longer than `MAX_RESPONSE_HEAD_BYTES`, or more fields than `MAX_RESPONSE_HEADERS`.
     TooLarge,
-    /// A length or range field that is not a number, or two that disagree.
+    /// A Content-Length that is not `1*DIGIT`, or two that disagree.
     BadLength,
+    /// A Transfer-Encoding whose last coding is not `chunked` (the body's end would be the
+    /// close, which a fetch never relies on), or an empty one.
+    BadTransferEncoding,
+    /// Both Transfer-Encoding and Content-Length (RFC 9112 §6.3: a smuggling signature).
+    LengthAndTransferEncoding,
+    /// A Content-Range that does not parse, or more than one.
+    BadContentRange,
+    /// More than `MAX_INTERIM_RESPONSES` interim (1xx) responses.
+    TooManyInterim,
+}
+
+impl HeadError {
+    /// Every reason, in the order of `label` (the metrics' array index).
+    pub const ALL: [HeadError; 7] = [
+        HeadError::Malformed,
+        HeadError::TooLarge,
+        HeadError::BadLength,
+        HeadError::BadTransferEncoding,
+        HeadError::LengthAndTransferEncoding,
+        HeadError::BadContentRange,
+        HeadError::TooManyInterim,
+    ];
+
+    /// The metric label of this reason.
+    pub fn label(self) -> &'static str {
+        match self {
+            HeadError::Malformed => "malformed",
+            HeadError::TooLarge => "too_large",
+            HeadError::BadLength => "bad_content_length",
+            HeadError::BadTransferEncoding => "bad_transfer_encoding",
+            HeadError::LengthAndTransferEncoding => "length_and_transfer_encoding",
+            HeadError::BadContentRange => "bad_content_range",
+            HeadError::TooManyInterim => "too_many_interim",
+        }
+    }
+
+    /// This reason's index in `ALL`.
+    pub fn index(self) -> usize {
+        HeadError::ALL
+            .iter()
+            .position(|&e| e == self)
+            .expect("every reason is in ALL")
+    }
 }
 
 /// Whether the bytes `buf[scanned..]`, just received after `scanned` bytes that held no end of
@@ -108,36 +178,57 @@ pub fn head_may_end(buf: &[u8], scanned: usize) -> bool {
         .any(|(i, w)| w == b"\n\n" || (w == b"\n\r" && window.get(i + 2) == Some(&b'\n')))
 }
 
-/// Parses the head at the front of `buf`: None while it is incomplete.
+/// Parses the head at the front of `buf`: None while it is incomplete. Interim (1xx)
+/// responses before the final one are skipped; the body's framing is decided once, from every
+/// field of the final head, and anything ambiguous is refused with its reason.
 pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let head_len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_RESPONSE_HEAD_BYTES => {
-            return Err(HeadError::TooLarge)
+    let mut at = 0;
+    let mut interim = 0;
+    let (resp, head_len) = loop {
+        let mut resp = httparse::Response::new(&mut fields);
+        let n = match resp.parse(&buf[at..]) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_RESPONSE_HEAD_BYTES => {
+                return Err(HeadError::TooLarge)
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+            Err(_) => return Err(HeadError::Malformed),
+        };
+        if at + n > MAX_RESPONSE_HEAD_BYTES {
+            return Err(HeadError::TooLarge);
         }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(_) => return Err(HeadError::Malformed),
+        match resp.code.ok_or(HeadError::Malformed)? {
+            // A fetch never asks to switch protocols.
+            101 => return Err(HeadError::Malformed),
+            100..=199 => {
+                interim += 1;
+                if interim > MAX_INTERIM_RESPONSES {
+                    return Err(HeadError::TooManyInterim);
+                }
+                at += n;
+            }
+            _ => break (resp, at + n),
+        }
     };
-    if head_len > MAX_RESPONSE_HEAD_BYTES {
-        return Err(HeadError::TooLarge);
-    }
     let status = resp.code.ok_or(HeadError::Malformed)?;
     let version = resp.version.ok_or(HeadError::Malformed)?;
     let mut head = OriginHead {
         status,
         head_len,
-        content_length: None,
+        framing: Framing::UntilClose,
         content_range: None,
         etag: None,
         last_modified: None,
         content_type: None,
         keep_alive: version == 1,
-        transfer_coded: false,
         retry_after: None,
     };
+    let mut content_length: Option<u64> = None;
+    // Transfer-Encoding fields combine into one list (RFC 9110 §5.3): its last coding, and
+    // how often `chunked` appears in it.
+    let mut codings: Option<(&str, usize)> = None;
     for h in resp.headers.iter() {
         let value = std::str::from_utf8(h.value).map(str::trim);
         let name = h.name;
@@ -145,18 +236,31 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
         if is("content-length") {
             let n = value
                 .ok()
-                .and_then(|v| v.parse::<u64>().ok())
+                .and_then(parse_digits)
                 .ok_or(HeadError::BadLength)?;
-            if head.content_length.is_some_and(|m| m != n) {
+            if content_length.is_some_and(|m| m != n) {
                 return Err(HeadError::BadLength);
             }
-            head.content_length = Some(n);
+            content_length = Some(n);
+        } else if is("transfer-encoding") {
+            let v = value.map_err(|_| HeadError::BadTransferEncoding)?;
+            for coding in v.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+                let (_, chunked) = codings.unwrap_or(("", 0));
+                let chunked = chunked + usize::from(coding.eq_ignore_ascii_case("chunked"));
+                codings = Some((coding, chunked));
+            }
+            if codings.is_none() {
+                return Err(HeadError::BadTransferEncoding);
+            }
         } else if is("content-range") {
+            if head.content_range.is_some() {
+                return Err(HeadError::BadContentRange);
+            }
             head.content_range = Some(
                 value
                     .ok()
                     .and_then(parse_content_range)
-                    .ok_or(HeadError::BadLength)?,
+                    .ok_or(HeadError::BadContentRange)?,
             );
         } else if is("etag") {
             head.etag = value.ok();
@@ -166,8 +270,6 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
             head.content_type = value.ok();
         } else if is("retry-after") {
             head.retry_after = value.ok().and_then(RetryAfter::parse);
-        } else if is("transfer-encoding") {
-            head.transfer_coded = value.map_or(true, |v| !v.eq_ignore_ascii_case("identity"));
         } else if is("connection") {
             let v = value.unwrap_or("");
             if v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")) {
@@ -180,7 +282,28 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
             }
         }
     }
+    head.framing = match (codings, content_length) {
+        (Some(_), Some(_)) => return Err(HeadError::LengthAndTransferEncoding),
+        // Chunked exactly once, and last: anything else would end at the close, or is
+        // nonsense (RFC 9112 §6.1, §6.3).
+        (Some((last, 1)), None) if last.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+        (Some(_), None) => return Err(HeadError::BadTransferEncoding),
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::UntilClose,
+    };
+    if matches!(status, 204 | 304) {
+        head.framing = Framing::NoBody;
+    }
     Ok(Some(head))
+}
+
+/// `1*DIGIT` (Content-Length, RFC 9110 §8.6; the positions of a Content-Range, §14.4): no
+/// sign, no list, no spaces inside, and it fits a u64.
+fn parse_digits(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
 }
 
 /// `bytes first-last/total` (or `/*`).
@@ -188,10 +311,10 @@ fn parse_content_range(v: &str) -> Option<ContentRange> {
     let rest = v.strip_prefix("bytes ")?;
     let (span, total) = rest.split_once('/')?;
     let (first, last) = span.split_once('-')?;
-    let (first, last) = (first.trim().parse().ok()?, last.trim().parse().ok()?);
-    let total = match total.trim() {
+    let (first, last) = (parse_digits(first)?, parse_digits(last)?);
+    let total = match total {
         "*" => None,
-        t => Some(t.parse().ok()?),
+        t => Some(parse_digits(t)?),
     };
     (first <= last && total.is_none_or(|t| last < t)).then_some(ContentRange { first, last, total })
 }
@@ -283,10 +406,7 @@ pub fn judge(head: &OriginHead<'_>, expect: &Expect<'_>) -> Verdict {
             return Verdict::VersionChanged;
         }
     }
-    if head.transfer_coded {
-        return Verdict::Unusable(Unusable::NoLength);
-    }
-    let Some(len) = head.content_length else {
+    let Framing::Length(len) = head.framing else {
         return Verdict::Unusable(Unusable::NoLength);
     };
     let size = if head.status == 200 {
@@ -336,11 +456,13 @@ mod tests {
         #[test]
         fn a_head_is_never_missed_by_the_end_scan(
             status in prop_oneof![Just("HTTP/1.1 206 Partial Content"), Just("HTTP/1.0 200 OK"),
+                                  Just("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"),
                                   Just("HTTP/1.1 304 Not Modified"), Just("HTTP/9 x"), Just("")],
             fields in proptest::collection::vec(prop_oneof![
                 Just("Content-Length: 10"), Just("Content-Range: bytes 0-9/10"),
                 Just("ETag: \"v\""), Just("Connection: close"), Just("X: y"), Just(""),
-                Just("Bad Field"), Just("Content-Length: x")], 0..6),
+                Just("Bad Field"), Just("Content-Length: x"), Just("Transfer-Encoding: chunked"),
+                Just("Content-Length: +10"), Just("Transfer-Encoding: identity")], 0..6),
             eol in prop_oneof![Just("\r\n"), Just("\n")],
             junk in proptest::collection::vec(any::<u8>(), 0..20),
             cuts in proptest::collection::vec(0usize..200, 0..10),
@@ -551,6 +673,119 @@ mod tests {
         assert_eq!(at.seconds_from(0), MAX_ORIGIN_PAUSE_S, "capped");
     }
 
+    /// The framing decision (RFC 9112 §6.3, RFC 9110 §5.3, §15.2): one per head, with a reason
+    /// per refusal.
+    #[test]
+    fn framing_is_strict_and_each_refusal_has_its_reason() {
+        let ok = |text: &str| parse(text.as_bytes()).map(|h| h.map(|h| h.framing));
+        let h = |fields: &str| format!("HTTP/1.1 200 OK\r\n{fields}\r\n");
+        let cases: &[(&str, Result<Option<Framing>, HeadError>)] = &[
+            ("Content-Length: 3000\r\n", Ok(Some(Framing::Length(3000)))),
+            ("Content-Length: +3000\r\n", Err(HeadError::BadLength)),
+            ("Content-Length: -1\r\n", Err(HeadError::BadLength)),
+            ("Content-Length: 3 000\r\n", Err(HeadError::BadLength)),
+            ("Content-Length: 30, 30\r\n", Err(HeadError::BadLength)),
+            ("Content-Length: 0x10\r\n", Err(HeadError::BadLength)),
+            ("Content-Length: \r\n", Err(HeadError::BadLength)),
+            (
+                "Content-Length: 99999999999999999999999\r\n",
+                Err(HeadError::BadLength),
+            ),
+            (
+                "Content-Length: 30\r\nContent-Length: 30\r\n",
+                Ok(Some(Framing::Length(30))),
+            ),
+            (
+                "Content-Length: 30\r\nContent-Length: 31\r\n",
+                Err(HeadError::BadLength),
+            ),
+            ("Transfer-Encoding: chunked\r\n", Ok(Some(Framing::Chunked))),
+            ("Transfer-Encoding: gzip, CHUNKED\r\n", Ok(Some(Framing::Chunked))),
+            (
+                "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+                Ok(Some(Framing::Chunked)),
+            ),
+            // The last coding is not chunked: the body would end at the close.
+            ("Transfer-Encoding: identity\r\n", Err(HeadError::BadTransferEncoding)),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n",
+                Err(HeadError::BadTransferEncoding),
+            ),
+            (
+                "Transfer-Encoding: chunked, chunked\r\n",
+                Err(HeadError::BadTransferEncoding),
+            ),
+            ("Transfer-Encoding: ,\r\n", Err(HeadError::BadTransferEncoding)),
+            (
+                "Transfer-Encoding: identity\r\nContent-Length: 16\r\n",
+                Err(HeadError::LengthAndTransferEncoding),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\nContent-Length: 1000\r\n",
+                Err(HeadError::LengthAndTransferEncoding),
+            ),
+            (
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                Err(HeadError::LengthAndTransferEncoding),
+            ),
+            (
+                "Content-Range: bytes 0-9/20\r\nContent-Range: bytes 10-19/20\r\n",
+                Err(HeadError::BadContentRange),
+            ),
+            ("Content-Range: bytes +0-9/20\r\n", Err(HeadError::BadContentRange)),
+            ("Content-Range: bytes 0 - 9/20\r\n", Err(HeadError::BadContentRange)),
+            ("", Ok(Some(Framing::UntilClose))),
+        ];
+        for (fields, want) in cases {
+            assert_eq!(ok(&h(fields)), *want, "{fields:?}");
+        }
+        // 204 and 304 have no body, whatever their fields say.
+        let not_modified = "HTTP/1.1 304 Not Modified\r\nContent-Length: 100\r\n\r\n";
+        assert_eq!(ok(not_modified), Ok(Some(Framing::NoBody)));
+        assert_eq!(head(not_modified).content_length(), Some(0));
+        let no_content = "HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(ok(no_content), Ok(Some(Framing::NoBody)));
+        // Every reason has its own label.
+        let labels: std::collections::HashSet<_> =
+            HeadError::ALL.iter().map(|e| e.label()).collect();
+        assert_eq!(labels.len(), HeadError::ALL.len());
+        for (i, e) in HeadError::ALL.iter().enumerate() {
+            assert_eq!(e.index(), i);
+        }
+    }
+
+    #[test]
+    fn interim_replies_are_skipped_and_bounded() {
+        let last = "HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\
+                    Content-Range: bytes 0-9/100\r\n\r\n";
+        for interim in [
+            "HTTP/1.1 100 Continue\r\n\r\n",
+            "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n",
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n",
+        ] {
+            let text = format!("{interim}{last}body");
+            let h = head(&text);
+            assert_eq!((h.status, h.framing), (206, Framing::Length(10)));
+            assert_eq!(h.head_len, interim.len() + last.len());
+            // Only the interim reply arrived so far: not complete yet.
+            assert_eq!(parse(interim.as_bytes()), Ok(None));
+        }
+        let many = "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM_RESPONSES);
+        assert!(matches!(
+            parse(format!("{many}{last}").as_bytes()),
+            Ok(Some(_))
+        ));
+        let too_many = "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM_RESPONSES + 1);
+        assert_eq!(
+            parse(format!("{too_many}{last}").as_bytes()),
+            Err(HeadError::TooManyInterim)
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n"),
+            Err(HeadError::Malformed)
+        );
+    }
+
     #[test]
     fn heads_are_bounded_and_checked() {
         assert_eq!(parse(b"HTTP/1.1 200 OK\r\nContent-Le"), Ok(None));
@@ -558,7 +793,7 @@ mod tests {
         let two = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
         assert_eq!(parse(two.as_bytes()), Err(HeadError::BadLength));
         let bad_range = "HTTP/1.1 206 P\r\nContent-Range: bytes 9-3/10\r\n\r\n";
-        assert_eq!(parse(bad_range.as_bytes()), Err(HeadError::BadLength));
+        assert_eq!(parse(bad_range.as_bytes()), Err(HeadError::BadContentRange));
         let mut long = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
         long.resize(MAX_RESPONSE_HEAD_BYTES + 10, b'a');
         assert_eq!(parse(&long), Err(HeadError::TooLarge));

@@ -182,6 +182,17 @@ pub trait RingOps {
         fd: BorrowedFd<'_>,
         token: u64,
     );
+    /// As `recv_arena_fd`, but never waits (MSG_DONTWAIT): `-EAGAIN` when nothing is there.
+    /// An origin connection is probed so before it is reused and after each reply: any byte
+    /// there is past a reply's end.
+    fn probe_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        token: u64,
+    );
     /// Writes the first `len` bytes of arena slot `slot` to file `fd` at `file_offset`, from
     /// the registered buffer (an O_DIRECT block write).
     fn write_arena_fd(

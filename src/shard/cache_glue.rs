@@ -753,6 +753,20 @@ impl<R: RingOps> Shard<R> {
                 }
             }
             super::ShardMetrics::set(&self.metrics.cache_lock_busy, edge.fill.lock_busy());
+            let m = &self.metrics;
+            let refused = [
+                &m.origin_refused_malformed,
+                &m.origin_refused_too_large,
+                &m.origin_refused_bad_length,
+                &m.origin_refused_bad_te,
+                &m.origin_refused_length_and_te,
+                &m.origin_refused_bad_range,
+                &m.origin_refused_interim,
+            ];
+            for (counter, &n) in refused.into_iter().zip(f.refused_heads()) {
+                super::ShardMetrics::set(counter, n);
+            }
+            super::ShardMetrics::set(&m.origin_poisoned, f.poisoned());
             let first_byte = &self.metrics.origin_first_byte_time;
             edge.fill
                 .take_first_byte_ms(|ms| first_byte.observe(ms * 1000));

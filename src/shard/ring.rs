@@ -860,6 +860,23 @@ impl crate::ring_api::ops::RingOps for Ring {
             .user_data(token);
         self.push(e);
     }
+    /// A receive that never waits (MSG_DONTWAIT: io_uring completes it with -EAGAIN instead
+    /// of arming a poll); the slot is the kernel's until `arena_done`.
+    fn probe_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        token: u64,
+    ) {
+        let ptr = self.arena_ptr(slot, offset, len);
+        let e = opcode::Recv::new(types::Fd(fd.as_raw_fd()), ptr, len as u32)
+            .flags(libc::MSG_DONTWAIT)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
     /// Writes the front of an arena slot to a file from the registered buffer; the slot is
     /// the kernel's until `arena_done`.
     fn write_arena_fd(

@@ -19,6 +19,12 @@ use super::rng::Rng;
 /// Longest the origin holds a slow response's first byte (µs): past the filler's first-byte
 /// timeout in the simulation, so some fetches time out and are tried again.
 const SLOW_FIRST_BYTE_MAX_US: u64 = 3_000_000;
+/// Longest after a reply that its trailing bytes may arrive (µs), when they come late.
+const TRAILING_LATE_MAX_US: u64 = 50_000;
+/// What a poisoning origin sends past a reply: a reply of its own, which must never be taken
+/// as the answer to the next request on that connection.
+const POISON: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\nETag: \"evil\"\r\n\r\nPOISONPOISONPOIS";
 
 /// Fault rates of the origin and of the cache's disk, in percent per opportunity.
 #[derive(Clone, Debug, Default)]
@@ -39,6 +45,13 @@ pub struct OriginFaults {
     pub disk_full_pct: u64,
     /// A read of a cached block returns one flipped byte (its checksum must catch it).
     pub corrupt_pct: u64,
+    /// A whole reply is followed by `POISON`, in the same write or later while the connection
+    /// is idle (issue 45).
+    pub trailing_pct: u64,
+    /// A reply's head carries repeated or odd fields: some the filler must accept (a repeated
+    /// equal Content-Length, interim 1xx replies before it), some it must refuse (a second
+    /// Content-Range, Transfer-Encoding beside Content-Length, a signed Content-Length).
+    pub odd_fields_pct: u64,
 }
 
 impl OriginFaults {
@@ -52,6 +65,7 @@ impl OriginFaults {
             + self.whole_pct
             + self.disk_full_pct
             + self.corrupt_pct
+            + self.odd_fields_pct
             > 0
     }
 }
@@ -71,6 +85,9 @@ struct OriginConn {
     eof_after: bool,
     /// The connection was reset.
     reset: bool,
+    /// Bytes past the last reply that arrive at this moment (µs), unless a request comes
+    /// first.
+    late: Option<(u64, &'static [u8])>,
 }
 
 /// What a receive on an origin socket finds.
@@ -105,6 +122,9 @@ pub struct Origin {
     /// Responses that carried a fault.
     pub faults_done: u64,
     rng: Rng,
+    /// The framing faults' own stream (trailing bytes, odd fields), so adding them left every
+    /// other draw of a seed as it was.
+    framing_rng: Rng,
 }
 
 impl Origin {
@@ -128,6 +148,7 @@ impl Origin {
             body_bytes: 0,
             faults_done: 0,
             rng: Rng::new(seed ^ 0x0419_1e55),
+            framing_rng: Rng::new(seed ^ 0x0045_f7a3),
         })
     }
 
@@ -156,6 +177,12 @@ impl Origin {
         if conn.reset {
             return None;
         }
+        if conn.late.is_some_and(|(at, _)| at > now_us) {
+            // Bytes past a reply that would arrive after the next request was sent cannot be
+            // told from its answer by anyone: the model sends them only while the connection
+            // is idle.
+            conn.late = None;
+        }
         conn.request.extend_from_slice(&bytes[..n]);
         while let Some(end) = find(&self.conns[&fd].request, b"\r\n\r\n") {
             let conn = self.conns.get_mut(&fd).expect("present");
@@ -173,6 +200,9 @@ impl Origin {
         };
         if conn.reset {
             return OriginRecv::Reset;
+        }
+        if let Some((_, bytes)) = conn.late.take_if(|(at, _)| *at <= now_us) {
+            conn.response.extend(bytes);
         }
         if conn.response.is_empty() {
             return if conn.eof_after {
@@ -204,6 +234,12 @@ impl Origin {
             .values()
             .filter(|c| !c.response.is_empty() && c.ready_at_us > now_us)
             .map(|c| c.ready_at_us);
+        let late = self
+            .conns
+            .values()
+            .filter_map(|c| c.late.map(|(at, _)| at))
+            .filter(|&at| at > now_us);
+        let ready = ready.chain(late);
         ready.chain(self.changes.front().map(|c| c.0)).min()
     }
 
@@ -270,9 +306,22 @@ impl Origin {
         if whole && range.is_some() {
             self.faults_done += 1;
         }
+        let head = self.odd_fields(head, !whole);
         let mut bytes = head.into_bytes();
         let head_len = bytes.len();
         bytes.extend_from_slice(body);
+        let mut late = None;
+        if self.framing_rng.chance(faults.trailing_pct) {
+            self.faults_done += 1;
+            if self.framing_rng.chance(50) {
+                bytes.extend_from_slice(POISON);
+            } else {
+                late = Some((
+                    now_us + self.framing_rng.range(1, TRAILING_LATE_MAX_US),
+                    POISON,
+                ));
+            }
+        }
         let short = !body.is_empty() && self.rng.chance(faults.short_pct);
         if short {
             // A wrong length: the body ends early and the origin closes.
@@ -293,6 +342,39 @@ impl Origin {
         conn.ready_at_us = now_us + held_us;
         conn.reset_after = reset_after;
         conn.eof_after |= close || short;
+        conn.late = late.map(|(at, b)| (at + held_us, b));
+    }
+
+    /// `head` (a whole head, its empty line last) with an odd field, as `odd_fields_pct`
+    /// asks: harmless ones the filler must accept, or ones it must refuse (counted as faults).
+    fn odd_fields(&mut self, head: String, ranged: bool) -> String {
+        if !self.framing_rng.chance(self.faults.odd_fields_pct) {
+            return head;
+        }
+        let body_start = head.len() - 2;
+        let with = |field: &str| format!("{}{field}\r\n\r\n", &head[..body_start]);
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap_or("0")
+            .to_owned();
+        match self.framing_rng.below(6) {
+            0 => format!("HTTP/1.1 100 Continue\r\n\r\n{head}"),
+            1 => format!("HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n{head}"),
+            2 => with(&format!("Content-Length: {length}")),
+            3 if ranged => {
+                self.faults_done += 1;
+                with("Content-Range: bytes 0-0/1")
+            }
+            3 | 4 => {
+                self.faults_done += 1;
+                with("Transfer-Encoding: identity")
+            }
+            _ => {
+                self.faults_done += 1;
+                head.replace("Content-Length: ", "Content-Length: +")
+            }
+        }
     }
 
     fn queue(&mut self, fd: i32, bytes: Vec<u8>) {

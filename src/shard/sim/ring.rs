@@ -178,6 +178,8 @@ enum SimOp {
         len: usize,
         fd: i32,
         sock: Arc<TcpStream>,
+        /// MSG_DONTWAIT: -EAGAIN instead of waiting.
+        nowait: bool,
     },
     /// A block write to a cache data file (a duplicate without O_DIRECT: the simulated
     /// arena is not aligned).
@@ -652,6 +654,7 @@ impl SimRing {
                 len,
                 fd,
                 sock,
+                nowait,
             } => {
                 if shut_down(&sock) {
                     self.post(token, 0, 0);
@@ -664,6 +667,10 @@ impl SimRing {
                     .as_mut()
                     .expect("an origin socket without an origin");
                 match origin.recv(fd, len, now_us) {
+                    OriginRecv::Pending if nowait => {
+                        self.post(token, -libc::EAGAIN, 0);
+                        true
+                    }
                     OriginRecv::Pending => false,
                     OriginRecv::Data(bytes) => {
                         self.arena[slot.index()][off..off + bytes.len()].copy_from_slice(&bytes);
@@ -1332,6 +1339,34 @@ impl RingOps for SimRing {
                 len,
                 fd,
                 sock,
+                nowait: false,
+            },
+        );
+    }
+    fn probe_arena_fd(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        token: u64,
+    ) {
+        self.take_arena(slot, offset, len);
+        let Ok(sock) = origin_socket(fd) else {
+            return self
+                .violations
+                .push(format!("receive on a closed descriptor {fd:?}"));
+        };
+        let fd = fd.as_raw_fd();
+        self.push(
+            token,
+            SimOp::OriginRecv {
+                slot,
+                off: offset,
+                len,
+                fd,
+                sock,
+                nowait: true,
             },
         );
     }
