@@ -6,10 +6,11 @@
 
 mod common;
 
+use common::haproxy::{free_port, Haproxy};
 use common::tls::{run_bounded, tool, Key, Pki};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The access log's JSON lines once `n` have been written (waits up to 10 s).
@@ -88,59 +89,16 @@ fn the_access_log_names_each_clients_own_address() {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// HAProxy in TCP mode on 127.0.0.1:`port` in front of `backend`, with `send-proxy-v2`.
-struct Haproxy {
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Haproxy {
-    fn start(port: u16, backend: SocketAddr) -> Haproxy {
-        let haproxy = tool("haproxy", "haproxy");
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("haproxy.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 30s\n  \
-                 timeout server 30s\nfrontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
-                 backend b\n  server s {backend} send-proxy-v2\n"
-            ),
-        )
-        .unwrap();
-        let child = Command::new(haproxy)
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn haproxy");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "haproxy did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Haproxy { child, _dir: dir }
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn tcp_haproxy(port: u16, backend: SocketAddr) -> Haproxy {
+    Haproxy::start(
+        &format!(
+            "defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 30s\n  \
+             timeout server 30s\nfrontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
+             backend b\n  server s {backend} send-proxy-v2\n"
+        ),
+        port,
+    )
 }
 
 /// A server whose listeners both expect PROXY headers from `trusted`, with a JSON access log.
@@ -183,8 +141,8 @@ fn proxied_server(
 fn behind_haproxy_send_proxy_v2_the_log_names_the_client_not_the_balancer() {
     let (server, admin, pki, _dir, log) = proxied_server("127.0.0.1");
     let (p_http, p_https) = (free_port(), free_port());
-    let _h1 = Haproxy::start(p_http, server.addr);
-    let _h2 = Haproxy::start(p_https, server.tls_addr.expect("HTTPS address"));
+    let _h1 = tcp_haproxy(p_http, server.addr);
+    let _h2 = tcp_haproxy(p_https, server.tls_addr.expect("HTTPS address"));
     // Our readiness probes of HAProxy made connections (and headers) of their own.
     let accepted = |admin| {
         common::admin_metric(

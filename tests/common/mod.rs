@@ -2,6 +2,7 @@
 //! loopback port over a temporary root, talk raw HTTP/1.1 to it, stop it with SIGTERM.
 #![allow(dead_code)]
 
+pub mod haproxy;
 pub mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};
