@@ -39,6 +39,8 @@ fn main() {
             etag: format!("\"{:016x}\"", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             last_modified: "Tue, 01 Dec 2026 00:00:00 GMT".into(),
             content_type: "application/octet-stream".into(),
+            freshness: Default::default(),
+            headers: String::new(),
         })
         .encode(&mut buf);
         for b in 0..blocks {

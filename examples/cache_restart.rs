@@ -79,6 +79,8 @@ fn main() {
                 etag: format!("\"{version:x}\""),
                 last_modified: String::new(),
                 content_type: "application/octet-stream".into(),
+                freshness: Default::default(),
+                headers: String::new(),
             };
             batch.push(Record::Object(meta));
             for block in 0..blocks {

@@ -346,6 +346,7 @@ fn plan_hit(
         mtime_secs: f.mtime_secs,
         read: f.mode,
         content_type: f.content_type,
+        extra: b"",
     };
     let limits = PlanLimits {
         max_ranges: 16,

@@ -186,6 +186,8 @@ mod tests {
                 etag: "e".repeat(etag_len),
                 last_modified: String::new(),
                 content_type: String::new(),
+                freshness: Default::default(),
+                headers: String::new(),
             };
             let r = Record::Object(o);
             let mut buf = Vec::new();
@@ -214,6 +216,8 @@ mod tests {
             etag: "\"abc\"".into(),
             last_modified: "Tue, 01 Dec 2026 00:00:00 GMT".into(),
             content_type: "application/octet-stream".into(),
+            freshness: Default::default(),
+            headers: String::new(),
         }
     }
 

@@ -226,6 +226,8 @@ mod tests {
             etag: format!("\"{i}\""),
             last_modified: String::new(),
             content_type: String::new(),
+            freshness: Default::default(),
+            headers: String::new(),
         })
     }
 

@@ -12,6 +12,7 @@ pub const MAX_KEY_BYTES: usize = 4096;
 /// Longest validator (ETag or Last-Modified) or content type kept.
 pub const MAX_FIELD_BYTES: usize = 512;
 pub use crate::config::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+pub use crate::origin::contract::MAX_STORED_HEADER_BYTES;
 /// Most blocks one object may have (a 16 TiB object at 1 MiB blocks).
 pub const MAX_BLOCKS_PER_OBJECT: u64 = 1 << 24;
 
@@ -26,7 +27,8 @@ pub(crate) const KIND_FRESH: u8 = 4;
 pub enum Invalid {
     /// A key of this many bytes (0, or over `MAX_KEY_BYTES`).
     KeyLength(usize),
-    /// A validator or content type of this many bytes (over `MAX_FIELD_BYTES`).
+    /// A validator or content type of this many bytes (over `MAX_FIELD_BYTES`), or stored
+    /// header lines over `MAX_STORED_HEADER_BYTES` or not lines of header fields.
     FieldLength(usize),
     /// A block size that is not a power of two in `MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES`.
     BlockBytes(u32),
@@ -110,7 +112,10 @@ impl Record {
             + 6
             + o.etag.len()
             + o.last_modified.len()
-            + o.content_type.len()) as u64
+            + o.content_type.len()
+            + Freshness::BYTES
+            + 2
+            + o.headers.len()) as u64
     }
 
     /// What a record may hold: the one rule the writer keeps before it journals a record and
@@ -147,6 +152,9 @@ impl Record {
                 put_bytes(out, o.etag.as_bytes());
                 put_bytes(out, o.last_modified.as_bytes());
                 put_bytes(out, o.content_type.as_bytes());
+                // Since issue 42; a record without them (older) replays with the defaults.
+                o.freshness.encode(out);
+                put_bytes(out, o.headers.as_bytes());
             }
             Record::Block {
                 version,
@@ -254,6 +262,12 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             let block_bytes = r.u32()?;
             let fetched_unix_s = r.u64()?;
             let (etag, last_modified, content_type) = (r.text()?, r.text()?, r.text()?);
+            // Records journaled before the origin's contract was kept end here.
+            let (freshness, headers) = if r.0.is_empty() {
+                (Freshness::default(), String::new())
+            } else {
+                (Freshness::decode(&mut r)?, r.text()?)
+            };
             Record::Object(ObjectVersion {
                 key,
                 version,
@@ -263,6 +277,8 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 etag,
                 last_modified,
                 content_type,
+                freshness,
+                headers,
             })
         }
         KIND_BLOCK => Record::Block {
@@ -279,6 +295,24 @@ fn parse_body(body: &[u8]) -> Option<Record> {
     };
     // Nothing may follow a record's fields.
     r.0.is_empty().then_some(record)
+}
+
+/// Whether `text` is header lines a response may carry as they are: each `Name: value\r\n`,
+/// a token name, a value of visible characters, spaces and tabs (no CR or LF inside).
+fn are_header_lines(text: &str) -> bool {
+    text.is_empty()
+        || text.ends_with("\r\n")
+            && text[..text.len() - 2].split("\r\n").all(|line| {
+                line.split_once(": ").is_some_and(|(name, value)| {
+                    !name.is_empty()
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b))
+                        && value
+                            .bytes()
+                            .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+                })
+            })
 }
 
 /// One version of a cached object: what the origin said about it, and how it is stored.
@@ -301,9 +335,86 @@ pub struct ObjectVersion {
     pub last_modified: String,
     /// The origin's Content-Type ("" if none).
     pub content_type: String,
+    /// How long it is fresh and how it must be validated (the origin's contract, RFC 9111).
+    pub freshness: Freshness,
+    /// The origin's end-to-end header lines (`Name: value\r\n`, `origin::contract`'s
+    /// `STORED_FIELDS`), sent on every response from the cache; at most
+    /// `MAX_STORED_HEADER_BYTES`.
+    pub headers: String,
+}
+
+/// A version's freshness as its origin set it (RFC 9111 §4.2), kept in its record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Freshness {
+    /// Seconds it is fresh for from `fetched_unix_s` (the origin's explicit lifetime, or the
+    /// heuristic); None: the origin entry's `cache_revalidate_s` (records from before issue 42).
+    pub lifetime_s: Option<u32>,
+    /// How old it was when it arrived (`corrected_initial_age`).
+    pub initial_age_s: u32,
+    /// `no-cache`: every use is validated first, and never served if that fails.
+    pub no_cache: bool,
+    /// `must-revalidate` / `proxy-revalidate`: never served stale.
+    pub must_revalidate: bool,
+}
+
+impl Freshness {
+    /// Bytes it takes in a record.
+    pub const BYTES: usize = 4 + 4 + 1;
+    const NO_LIFETIME: u32 = u32::MAX;
+    const FLAG_NO_CACHE: u8 = 1;
+    const FLAG_MUST_REVALIDATE: u8 = 2;
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        let lifetime = self
+            .lifetime_s
+            .map_or(Self::NO_LIFETIME, |s| s.min(Self::NO_LIFETIME - 1));
+        out.extend_from_slice(&lifetime.to_le_bytes());
+        out.extend_from_slice(&self.initial_age_s.to_le_bytes());
+        out.push(
+            (u8::from(self.no_cache) * Self::FLAG_NO_CACHE)
+                | (u8::from(self.must_revalidate) * Self::FLAG_MUST_REVALIDATE),
+        );
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Option<Freshness> {
+        let lifetime = r.u32()?;
+        let initial_age_s = r.u32()?;
+        let flags = r.u8()?;
+        if flags & !(Self::FLAG_NO_CACHE | Self::FLAG_MUST_REVALIDATE) != 0 {
+            return None;
+        }
+        Some(Freshness {
+            lifetime_s: (lifetime != Self::NO_LIFETIME).then_some(lifetime),
+            initial_age_s,
+            no_cache: flags & Self::FLAG_NO_CACHE != 0,
+            must_revalidate: flags & Self::FLAG_MUST_REVALIDATE != 0,
+        })
+    }
 }
 
 impl ObjectVersion {
+    /// Until when (Unix seconds) it is fresh: `fetched_unix_s` plus its lifetime
+    /// (`default_lifetime_s` where its origin set none) less the age it arrived with; a
+    /// `no-cache` version is never fresh (RFC 9111 §4.2, §5.2.2.4).
+    pub fn fresh_until_s(&self, default_lifetime_s: u64) -> u64 {
+        if self.freshness.no_cache {
+            return 0;
+        }
+        let lifetime = self
+            .freshness
+            .lifetime_s
+            .map_or(default_lifetime_s, u64::from);
+        self.fetched_unix_s
+            .saturating_add(lifetime)
+            .saturating_sub(u64::from(self.freshness.initial_age_s))
+    }
+
+    /// Its age at `now_unix_s` (RFC 9111 §4.2.3 `current_age`), for the `Age` field.
+    pub fn age_s(&self, now_unix_s: u64) -> u64 {
+        u64::from(self.freshness.initial_age_s)
+            .saturating_add(now_unix_s.saturating_sub(self.fetched_unix_s))
+    }
+
     /// Blocks the object spans.
     pub fn blocks(&self) -> u64 {
         self.size.div_ceil(u64::from(self.block_bytes))
@@ -324,6 +435,9 @@ impl ObjectVersion {
             .unwrap_or(0);
         if longest > MAX_FIELD_BYTES {
             return Err(Invalid::FieldLength(longest));
+        }
+        if self.headers.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(&self.headers) {
+            return Err(Invalid::FieldLength(self.headers.len()));
         }
         if !self.block_bytes.is_power_of_two()
             || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)

@@ -171,6 +171,8 @@ mod tests {
             etag: String::new(),
             last_modified: String::new(),
             content_type: String::new(),
+            freshness: Default::default(),
+            headers: String::new(),
         }
     }
 

@@ -166,6 +166,8 @@ mod tests {
             etag: String::new(),
             last_modified: String::new(),
             content_type: String::new(),
+            freshness: Default::default(),
+            headers: String::new(),
         };
         let mut records = vec![Record::Object(meta.clone())];
         for b in [0u32, 1, 3] {

@@ -273,6 +273,8 @@ fn version(key: &str, v: u64, facts: &HeadFacts) -> ObjectVersion {
         etag: facts.etag.clone().unwrap_or_default(),
         last_modified: facts.last_modified.clone().unwrap_or_default(),
         content_type: facts.content_type.clone().unwrap_or_default(),
+        freshness: Default::default(),
+        headers: String::new(),
     }
 }
 

@@ -66,6 +66,9 @@ pub struct FileFacts<'a> {
     pub read: FileRead,
     /// Content-Type of the representation.
     pub content_type: &'a str,
+    /// Further header lines (`Head::extra`): a response from the cache's `Age`,
+    /// `Cache-Status` and its origin's stored fields; empty for a local file.
+    pub extra: &'a [u8],
 }
 
 /// Configured limits and switches the plan obeys.
@@ -376,6 +379,7 @@ pub fn plan_status<'a>(
             content_range: None,
             accept_ranges: false,
             allow: true,
+            extra: b"",
         };
         return ResponsePlan::new(head, Planned::Empty);
     }
@@ -413,6 +417,7 @@ pub fn plan_without_file<'a>(
             content_range: None,
             accept_ranges: false,
             allow: false,
+            extra: b"",
         };
         let body = if head_only || n == 0 {
             Planned::Empty
@@ -460,6 +465,7 @@ pub fn plan_response<'a>(
         content_range: None,
         accept_ranges: true,
         allow: false,
+        extra: file.extra,
     };
     let mut plan = match conditional::evaluate(&conditions, &validators) {
         // Both carry the validators (so a client can tell which version is current) and
@@ -605,6 +611,7 @@ mod tests {
             mtime_secs: 784_111_777,
             read: FileRead::Direct { align: 4096 },
             content_type: "application/octet-stream",
+            extra: b"",
         }
     }
 

@@ -40,6 +40,9 @@ pub struct Head<'a> {
     pub accept_ranges: bool,
     /// `Allow: GET, HEAD` (required on 405).
     pub allow: bool,
+    /// Further header lines, each `Name: value\r\n`, written as they are (a response from
+    /// the cache: `Age`, `Cache-Status` and the origin's stored fields); checked when made.
+    pub extra: &'a [u8],
 }
 
 /// A `Content-Range` value; positions are inclusive as on the wire.
@@ -274,6 +277,7 @@ pub fn write_head(head: &Head<'_>, out: &mut (impl Sink + ?Sized)) {
     if head.allow {
         out.put(b"Allow: GET, HEAD\r\n");
     }
+    out.put(head.extra);
     out.put(if head.keep_alive {
         b"Connection: keep-alive\r\n"
     } else {
@@ -301,6 +305,7 @@ pub fn error_head(status: u16, keep_alive: bool, date: &[u8]) -> Head<'_> {
         content_range: None,
         accept_ranges: false,
         allow: status == 405,
+        extra: b"",
     }
 }
 
@@ -492,6 +497,7 @@ mod tests {
             content_range: None,
             accept_ranges: false,
             allow: false,
+            extra: b"",
         }
     }
 

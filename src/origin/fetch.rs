@@ -123,6 +123,8 @@ pub struct HeadFacts {
     pub content_type: Option<String>,
     /// The origin sent the whole object (a 200 to the range): every block follows.
     pub whole: bool,
+    /// The fields of its contract (caching, freshness) and the lines kept with it.
+    pub fields: Box<super::contract::HeadFields>,
 }
 
 /// Why a fetch ended without its blocks.
@@ -482,6 +484,7 @@ impl BlockFetch {
             last_modified: keep(head.last_modified),
             content_type: keep(head.content_type),
             whole,
+            fields: Box::new(super::contract::HeadFields::collect(&slot[..head.head_len])),
         };
         let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;

@@ -4,6 +4,7 @@
 //! and the resolver thread that looks origin names up off the shards (`resolve`). The origin
 //! client on the shard's ring drives these; nothing here opens a socket.
 
+pub mod contract;
 pub mod fetch;
 pub mod pool;
 pub mod request;

@@ -47,6 +47,8 @@ pub(super) struct Pulls {
     pub relay_cancels: Vec<ConnSlot>,
     /// Work a held fill lock put off, done at the next tick.
     pub lock_waits: LockWaits,
+    /// The extra head lines of the pulled response being planned (kept for its allocation).
+    pub head_extra: Vec<u8>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -155,6 +157,7 @@ pub(super) fn pulled_facts<'a>(
     etag: &'a [u8],
     last_modified: (&'a [u8], i64),
     read: FileRead,
+    extra: &'a [u8],
 ) -> FileFacts<'a> {
     let origin_lm = crate::http::date::parse_http_date(meta.last_modified.as_bytes())
         .map(|s| (meta.last_modified.as_bytes(), s));
@@ -174,7 +177,46 @@ pub(super) fn pulled_facts<'a>(
         } else {
             &meta.content_type
         },
+        extra,
     }
+}
+
+/// How a pulled response was answered, for its `Cache-Status` (RFC 9211).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Served {
+    /// From the cache, every byte there when it began.
+    Hit,
+    /// After the origin was asked (a miss, a fill, a revalidation), from what it stored.
+    Fetched,
+    /// Streamed from the origin unstored, for this reason (`detail`).
+    Passed(&'static str),
+}
+
+/// Writes into `out` the header lines a pulled response carries besides its own: `Age`
+/// (RFC 9111 §5.1, from the version's age), `Cache-Status` (RFC 9211: hit or forwarded, the
+/// seconds of freshness left, whether it was stored) and the origin's stored end-to-end
+/// fields (`ObjectVersion::headers`, checked when journaled).
+pub(super) fn cached_head_lines(
+    out: &mut Vec<u8>,
+    meta: &ObjectVersion,
+    served: Served,
+    now_unix_s: u64,
+    default_lifetime_s: u64,
+) {
+    use std::io::Write;
+    out.clear();
+    let ttl = meta.fresh_until_s(default_lifetime_s) as i64 - now_unix_s as i64;
+    let _ = write!(
+        out,
+        "Age: {}\r\nCache-Status: shardline; ",
+        meta.age_s(now_unix_s)
+    );
+    let _ = match served {
+        Served::Hit => write!(out, "hit; ttl={ttl}\r\n"),
+        Served::Fetched => write!(out, "fwd=miss; stored; ttl={ttl}\r\n"),
+        Served::Passed(detail) => write!(out, "fwd=miss; detail={detail}\r\n"),
+    };
+    out.extend_from_slice(meta.headers.as_bytes());
 }
 
 /// Most times one response may meet a bad block and wait for it to be fetched again; past
@@ -454,6 +496,7 @@ impl<R: RingOps> Shard<R> {
             .as_mut()
             .expect("a pulled request has a cache");
         let (key, path) = edge.data_file(version);
+        let default_lifetime_s = edge.fill.default_lifetime_s();
         let idx = match self.files.acquire_immutable(
             &mut self.ring,
             &key,
@@ -475,15 +518,35 @@ impl<R: RingOps> Shard<R> {
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
+        let served = if self.conns[c.index()].cache_label().is_some() {
+            Served::Fetched
+        } else {
+            Served::Hit
+        };
+        let mut extra = std::mem::take(&mut self.cache.pulls.head_extra);
+        cached_head_lines(
+            &mut extra,
+            &meta,
+            served,
+            u64::try_from(self.clock.date.secs()).unwrap_or(0),
+            default_lifetime_s,
+        );
         let limits = self.plan_limits(c);
         let ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
         let f = self.files.get(idx);
         // Where the origin gave no validators, the data file's.
-        let facts = pulled_facts(&meta, f.etag(), (&f.last_modified, f.mtime_secs), f.mode);
+        let facts = pulled_facts(
+            &meta,
+            f.etag(),
+            (&f.last_modified, f.mtime_secs),
+            f.mode,
+            &extra,
+        );
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        self.cache.pulls.head_extra = extra;
         // The head leaves on its own: the body's reads must hold whole blocks to be checked,
         // which a head-and-body chunk (bytes read at the head's end) cannot.
         started.inline_head = false;

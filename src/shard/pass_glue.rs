@@ -54,11 +54,25 @@ impl<R: RingOps> Shard<R> {
         // the size.
         let etag = format!("\"p-{:x}\"", meta.size);
         let fetched = crate::http::date::format_http_date(meta.fetched_unix_s as i64);
+        let mut extra = std::mem::take(&mut self.cache.pulls.head_extra);
+        let default_lifetime_s = self
+            .cache
+            .edge
+            .as_ref()
+            .map_or(0, |e| e.fill.default_lifetime_s());
+        super::cache_glue::cached_head_lines(
+            &mut extra,
+            &meta,
+            super::cache_glue::Served::Passed("disk-full"),
+            u64::try_from(self.clock.date.secs()).unwrap_or(0),
+            default_lifetime_s,
+        );
         let facts = super::cache_glue::pulled_facts(
             &meta,
             etag.as_bytes(),
             (&fetched, meta.fetched_unix_s as i64),
             FileRead::Direct { align: 1 },
+            &extra,
         );
         let limits = self.plan_limits(c);
         let ctx =
@@ -79,6 +93,7 @@ impl<R: RingOps> Shard<R> {
             started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         }
         started.inline_head = false;
+        self.cache.pulls.head_extra = extra;
         self.conns[c.index()].set_cache_label(Some("PASS"));
         ShardMetrics::add(&self.metrics.cache_pass, 1);
         let Some((from, end)) = started.single_file_range().filter(|_| started.reads_file) else {

@@ -251,6 +251,7 @@ impl<R: RingOps> Shard<R> {
             mtime_secs: f.mtime_secs,
             read: f.mode,
             content_type: f.content_type,
+            extra: b"",
         };
         let plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
@@ -484,6 +485,7 @@ mod tests {
             mtime_secs: 0,
             read,
             content_type: "text/plain",
+            extra: b"",
         };
         let limits = PlanLimits {
             max_ranges: 16,

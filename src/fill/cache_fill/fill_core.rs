@@ -37,7 +37,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// What a request for `key` (from byte `first`) must wait for before its bytes are
     /// judged: `Refused(404)` when the origin's 404 is remembered, and, when `revalidate` (a
     /// request not yet through a revalidation), `Waiting` if the key's version is stale (past
-    /// `revalidate_s`): its revalidation is started or joined. None: go on to `want`. An
+    /// its origin's lifetime, `revalidate_s` where it set none; always, for `no-cache`): its
+    /// revalidation is started or joined. None: go on to `want`. An
     /// empty object is never revalidated (it has no block to ask for).
     #[allow(clippy::too_many_arguments)]
     pub fn admit(
@@ -62,7 +63,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         let meta = self.index.current(key)?;
         let v = meta.version;
-        let fresh_until = meta.fetched_unix_s.saturating_add(self.cfg.revalidate_s);
+        let fresh_until = meta.fresh_until_s(self.cfg.revalidate_s);
         if meta.size == 0
             || now_s < fresh_until
             || self.revalidate_after.get(&v).is_some_and(|&t| now_s < t)
@@ -485,7 +486,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let crcs: Box<[u32]> = (0..blocks as u32)
             .map(|b| self.index.block_crc(version, b))
             .collect::<Option<_>>()?;
-        let fresh_until_s = meta.fetched_unix_s.saturating_add(self.cfg.revalidate_s);
+        let fresh_until_s = meta.fresh_until_s(self.cfg.revalidate_s);
         let meta = meta.clone();
         if self.hot.len() >= HOT_MAX_VERSIONS {
             for (_, h) in self.hot.drain() {
@@ -863,15 +864,32 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if !job.probe {
             return;
         }
+        let now_s = unix_now_s();
+        let contract = Contract::of(&facts.fields, i64::try_from(now_s).unwrap_or(i64::MAX));
+        let date = contract::parse_date(&facts.fields.date).unwrap_or(now_s as i64);
+        let last_modified = facts
+            .last_modified
+            .as_deref()
+            .and_then(contract::parse_date);
+        let d = contract.directives;
         let meta = ObjectVersion {
             key: job.key.clone(),
             version: job.version,
             size: facts.size,
             block_bytes: self.cfg.block_bytes,
-            fetched_unix_s: unix_now_s(),
+            fetched_unix_s: now_s,
             etag: facts.etag.unwrap_or_default(),
             last_modified: facts.last_modified.unwrap_or_default(),
             content_type: facts.content_type.unwrap_or_default(),
+            freshness: Freshness {
+                lifetime_s: contract
+                    .lifetime_s(last_modified, date, self.cfg.revalidate_s)
+                    .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
+                initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
+                no_cache: d.no_cache,
+                must_revalidate: d.must_revalidate,
+            },
+            headers: facts.fields.stored,
         };
         if let Err(why) = meta.validate() {
             // Replay would refuse its record: it is never journaled, and its waiters get a
@@ -1229,6 +1247,28 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             Some(FetchError::Unusable(Unusable::Status(404))) => {
                 self.retire(v);
                 self.remember_not_found(&job.key, now_s);
+            }
+            Some(error)
+                if self
+                    .index
+                    .meta(v)
+                    .is_some_and(|m| m.freshness.no_cache || m.freshness.must_revalidate) =>
+            {
+                // `no-cache` and `must-revalidate` are never served unvalidated (RFC 9111
+                // §4.2.4, §5.2.2.2): the waiters get the error; the next request asks again.
+                tracing::warn!(
+                    origin = self.origin_name(job.origin),
+                    path = %job.path,
+                    ?error,
+                    "revalidation failed; the cached version must not be served stale"
+                );
+                for waiter in self.probes.remove(&job.key).unwrap_or_default() {
+                    self.notify(Notice::Failed {
+                        waiter,
+                        error: error.clone(),
+                    });
+                }
+                return;
             }
             Some(error) => {
                 tracing::warn!(

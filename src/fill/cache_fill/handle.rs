@@ -16,9 +16,14 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Shard `shard`'s handle on the shared `core`, fetching with `filler`.
     pub fn attach(core: Arc<Mutex<FillCore<W>>>, shard: usize, filler: Filler) -> CacheFill<W> {
-        let (store, signals, slot_bytes) = {
+        let (store, signals, slot_bytes, revalidate_s) = {
             let c = lock(&core);
-            (c.store.clone(), c.signals.clone(), c.cfg.slot_bytes)
+            (
+                c.store.clone(),
+                c.signals.clone(),
+                c.cfg.slot_bytes,
+                c.cfg.revalidate_s,
+            )
         };
         CacheFill {
             signals,
@@ -34,7 +39,13 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             pending: Pending::default(),
             budget_freed: false,
             slot_bytes,
+            revalidate_s,
         }
+    }
+
+    /// The freshness lifetime of a version whose origin set none (`cache_revalidate_s`).
+    pub fn default_lifetime_s(&self) -> u64 {
+        self.revalidate_s
     }
 
     /// The lock, waiting for it: tests only (a shard never waits, `try_core`).

@@ -34,7 +34,9 @@ use crate::cache::evict::S3Fifo;
 use crate::cache::index::{Index, ObjectVersion};
 use crate::cache::journal::Record;
 use crate::cache::journal_file::JournalFile;
+use crate::cache::record::Freshness;
 use crate::cache::store::{BlockStore, ReadError};
+use crate::origin::contract::{self, Contract};
 use crate::origin::fetch::{FetchError, HeadFacts, Plan};
 use crate::origin::pool::retry_after_ms;
 use crate::origin::response::Unusable;
@@ -541,6 +543,8 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     budget_freed: bool,
     /// The arena slot's size (fixed at start-up: read without the lock).
     slot_bytes: usize,
+    /// `FillConfig::revalidate_s` (fixed at start-up: read without the lock).
+    revalidate_s: u64,
 }
 
 /// What a shard owes the shared core and hands it at its next hold of the lock: versions its
@@ -1367,6 +1371,8 @@ mod window_tests {
             etag: String::new(),
             last_modified: String::new(),
             content_type: String::new(),
+            freshness: Default::default(),
+            headers: String::new(),
         };
         assert!(index.apply(Record::Object(meta)));
         for block in (0..201).filter(|b| b % 3 != 0) {
@@ -1434,6 +1440,8 @@ mod core_tests {
             etag: String::new(),
             last_modified: String::new(),
             content_type: String::new(),
+            freshness: Default::default(),
+            headers: String::new(),
         })));
         for block in present {
             assert!(index.apply(Record::Block {

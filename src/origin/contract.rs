@@ -1,0 +1,554 @@
+//! What an origin's reply says about caching it (RFC 9111, RFC 9213): whether a shared cache
+//! may store it, how long it is fresh, how old it already is, what must be validated, and
+//! which of its header fields go with the stored bytes to every client.
+//!
+//! `HeadFields::collect` takes the fields from a reply's head (once per fetch; bounded);
+//! `Contract::of` reads them at the moment the reply arrived. The fill keeps the result with
+//! the version (`cache::record::Freshness`, the stored header lines) and the shard serves hits
+//! by it.
+
+/// Longest header block kept with a version and replayed on every response from the cache
+/// (the lines, CRLFs included); a field that would go past it is left out.
+pub const MAX_STORED_HEADER_BYTES: usize = 2048;
+/// Longest value of a field the contract reads (Cache-Control, Expires, ...); a longer one is
+/// read as absent (a Cache-Control that long is not an origin's contract).
+pub const MAX_POLICY_FIELD_BYTES: usize = 1024;
+/// The heuristic freshness (RFC 9111 §4.2.2) of a reply with a Last-Modified and no explicit
+/// expiry: this fraction (in percent) of the time since it was last modified.
+pub const HEURISTIC_PERCENT: u64 = 10;
+
+/// End-to-end fields kept with a version and sent on every response from the cache (RFC 9110
+/// §7.6.1: no hop-by-hop field; no Set-Cookie, which belongs to one client; the validators,
+/// type and length are written by the response itself).
+pub const STORED_FIELDS: &[&str] = &[
+    "cache-control",
+    "expires",
+    "content-encoding",
+    "content-disposition",
+    "content-language",
+    "link",
+    "x-content-type-options",
+];
+
+/// The fields of a reply's head the contract reads, and the lines kept to replay on hits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeadFields {
+    /// Every Cache-Control field, combined into one list.
+    pub cache_control: String,
+    /// CDN-Cache-Control (RFC 9213), combined.
+    pub cdn_cache_control: String,
+    /// Expires.
+    pub expires: String,
+    /// Date.
+    pub date: String,
+    /// Age.
+    pub age: String,
+    /// Vary, combined.
+    pub vary: String,
+    /// Content-Encoding, combined.
+    pub content_encoding: String,
+    /// The `STORED_FIELDS` lines (`Name: value\r\n`), at most `MAX_STORED_HEADER_BYTES`.
+    pub stored: String,
+}
+
+impl HeadFields {
+    /// The fields of `head` (a whole response head: the status line, fields, the empty line).
+    /// Interim (1xx) heads before the final one are skipped as `response::parse` does.
+    pub fn collect(head: &[u8]) -> HeadFields {
+        let mut out = HeadFields::default();
+        let mut fields = [httparse::EMPTY_HEADER; super::response::MAX_RESPONSE_HEADERS];
+        let mut at = 0;
+        loop {
+            let mut resp = httparse::Response::new(&mut fields);
+            let Ok(httparse::Status::Complete(n)) = resp.parse(&head[at..]) else {
+                return out;
+            };
+            if resp.code.is_some_and(|c| (100..200).contains(&c)) {
+                at += n;
+                continue;
+            }
+            for h in resp.headers.iter() {
+                let Ok(value) = std::str::from_utf8(h.value).map(str::trim) else {
+                    continue;
+                };
+                let name = h.name.to_ascii_lowercase();
+                let list = match name.as_str() {
+                    "cache-control" => Some(&mut out.cache_control),
+                    "cdn-cache-control" => Some(&mut out.cdn_cache_control),
+                    "vary" => Some(&mut out.vary),
+                    "content-encoding" => Some(&mut out.content_encoding),
+                    "expires" => Some(&mut out.expires),
+                    "date" => Some(&mut out.date),
+                    "age" => Some(&mut out.age),
+                    _ => None,
+                };
+                if let Some(list) = list {
+                    let single = matches!(name.as_str(), "expires" | "date" | "age");
+                    push_value(list, value, single);
+                }
+                if STORED_FIELDS.contains(&name.as_str()) && !value.is_empty() {
+                    let line = h.name.len() + value.len() + 4;
+                    if out.stored.len() + line <= MAX_STORED_HEADER_BYTES {
+                        out.stored.push_str(h.name);
+                        out.stored.push_str(": ");
+                        out.stored.push_str(value);
+                        out.stored.push_str("\r\n");
+                    }
+                }
+            }
+            return out;
+        }
+    }
+}
+
+/// Marks a field read as unusable: too long, or a single-valued one given twice.
+const UNUSABLE: &str = "\u{0}";
+
+/// Adds `value` to the field `list` (a list field combines, RFC 9110 §5.3); a single-valued
+/// field given twice, or a field past `MAX_POLICY_FIELD_BYTES`, becomes `UNUSABLE`.
+fn push_value(list: &mut String, value: &str, single: bool) {
+    if list == UNUSABLE {
+        return;
+    }
+    if list.len() + value.len() + 2 > MAX_POLICY_FIELD_BYTES || (single && !list.is_empty()) {
+        list.clear();
+        list.push_str(UNUSABLE);
+        return;
+    }
+    if !list.is_empty() {
+        list.push_str(", ");
+    }
+    list.push_str(value);
+}
+
+/// Cache-Control directives a shared cache acts on (RFC 9111 §5.2.2; RFC 5861).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Directives {
+    /// `no-store`.
+    pub no_store: bool,
+    /// `no-cache` (unqualified, or with field names: either way every use is validated).
+    pub no_cache: bool,
+    /// `private` (a shared cache never stores it).
+    pub private: bool,
+    /// `public`.
+    pub public: bool,
+    /// `must-revalidate` or `proxy-revalidate`: never served stale.
+    pub must_revalidate: bool,
+    /// `max-age`.
+    pub max_age: Option<u64>,
+    /// `s-maxage`.
+    pub s_maxage: Option<u64>,
+    /// `stale-while-revalidate`.
+    pub stale_while_revalidate: Option<u64>,
+    /// `stale-if-error`.
+    pub stale_if_error: Option<u64>,
+}
+
+impl Directives {
+    /// Reads a Cache-Control list: unknown directives are ignored; a directive whose argument
+    /// does not parse is read as its strictest meaning (a bad max-age is 0: stale at once).
+    pub fn parse(list: &str) -> Directives {
+        let mut d = Directives::default();
+        for item in split_list(list) {
+            let (name, arg) = match item.split_once('=') {
+                Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
+                None => (item, None),
+            };
+            let secs = || Some(arg.and_then(delta_seconds).unwrap_or(0));
+            match name.to_ascii_lowercase().as_str() {
+                "no-store" => d.no_store = true,
+                "no-cache" => d.no_cache = true,
+                "private" => d.private = true,
+                "public" => d.public = true,
+                "must-revalidate" | "proxy-revalidate" => d.must_revalidate = true,
+                // The first occurrence counts (RFC 9111 §4.2.1: duplicates are invalid; the
+                // stricter reading would be stale, which the lower of two gives too).
+                "max-age" => d.max_age = min_opt(d.max_age, secs()),
+                "s-maxage" => d.s_maxage = min_opt(d.s_maxage, secs()),
+                "stale-while-revalidate" => {
+                    d.stale_while_revalidate = arg.and_then(delta_seconds);
+                }
+                "stale-if-error" => d.stale_if_error = arg.and_then(delta_seconds),
+                _ => {}
+            }
+        }
+        d
+    }
+}
+
+fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `delta-seconds` (RFC 9111 §1.2.2): digits; too many is "a very long time" (2^31).
+fn delta_seconds(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(v.parse::<u64>().unwrap_or(1 << 31).min(1 << 31))
+}
+
+/// The members of a comma-separated list, trimmed, empty ones skipped (a comma inside a
+/// quoted string does not split).
+fn split_list(list: &str) -> impl Iterator<Item = &str> {
+    let mut items = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in list.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&list[start..]);
+    items.into_iter().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Whether a CDN-Cache-Control value is a Structured Fields dictionary of directives (RFC
+/// 9213 §2: one that is not is ignored, as if absent).
+fn is_sf_dictionary(v: &str) -> bool {
+    split_list(v).all(|member| {
+        let member = member.split(';').next().unwrap_or("").trim();
+        let (key, value) = match member.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (member, None),
+        };
+        let key_ok = key
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'*')
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.*".contains(&b));
+        let value_ok = value.is_none_or(|v| {
+            (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                || (v.len() >= 2 && v.starts_with('"') && v.ends_with('"'))
+                || v.bytes()
+                    .next()
+                    .is_some_and(|b| b.is_ascii_alphabetic() || b == b'*')
+                || v == "?1"
+                || v == "?0"
+        });
+        key_ok && value_ok
+    })
+}
+
+/// Why a reply is not stored (the `Cache-Status` detail and the counter's label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotStored {
+    /// `no-store`.
+    NoStore,
+    /// `private`.
+    Private,
+    /// The request carried `Authorization` and the reply does not allow sharing it.
+    Authorization,
+    /// `Vary: *`, or a Vary on request fields other than Accept-Encoding (the edge asks for
+    /// `identity` always, so that one is the same for every client).
+    Vary,
+}
+
+impl NotStored {
+    /// Every reason, in the metric's order.
+    pub const ALL: [NotStored; 4] = [
+        NotStored::NoStore,
+        NotStored::Private,
+        NotStored::Authorization,
+        NotStored::Vary,
+    ];
+
+    /// The label: the `detail` of `Cache-Status` and the counter's `reason`.
+    pub fn label(self) -> &'static str {
+        match self {
+            NotStored::NoStore => "no-store",
+            NotStored::Private => "private",
+            NotStored::Authorization => "authorization",
+            NotStored::Vary => "vary",
+        }
+    }
+}
+
+/// What the reply's fields allow, read at the moment it arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contract {
+    /// The directives in force (CDN-Cache-Control's when it is there, RFC 9213).
+    pub directives: Directives,
+    /// Seconds it is fresh for from its origin (RFC 9111 §4.2.1), when the origin said; None:
+    /// no explicit expiry.
+    pub explicit_lifetime_s: Option<u64>,
+    /// How old it already was when it arrived (§4.2.3 `corrected_initial_age`, taking the
+    /// response delay as nil).
+    pub initial_age_s: u64,
+}
+
+impl Contract {
+    /// The contract of a reply with `fields`, arrived at `now_unix_s`.
+    pub fn of(fields: &HeadFields, now_unix_s: i64) -> Contract {
+        let cdn = (!fields.cdn_cache_control.is_empty()
+            && fields.cdn_cache_control != UNUSABLE
+            && is_sf_dictionary(&fields.cdn_cache_control))
+        .then(|| Directives::parse(&fields.cdn_cache_control));
+        let mut cc = Directives::parse(&fields.cache_control);
+        // A Cache-Control that cannot be read whole may say private: the safe reading.
+        cc.no_store |= fields.cache_control == UNUSABLE;
+        let date = parse_date(&fields.date).unwrap_or(now_unix_s);
+        let explicit_lifetime_s = match cdn {
+            // The targeted field alone decides: Cache-Control and Expires are ignored.
+            Some(d) => d.s_maxage.or(d.max_age),
+            None => cc.s_maxage.or(cc.max_age).or_else(|| {
+                (!fields.expires.is_empty()).then(|| {
+                    // An Expires that does not parse is in the past (§5.3).
+                    parse_date(&fields.expires)
+                        .map_or(0, |e| u64::try_from(e.saturating_sub(date)).unwrap_or(0))
+                })
+            }),
+        };
+        let apparent = u64::try_from(now_unix_s.saturating_sub(date)).unwrap_or(0);
+        let age = delta_seconds(&fields.age).unwrap_or(0);
+        Contract {
+            directives: cdn.unwrap_or(cc),
+            explicit_lifetime_s,
+            initial_age_s: apparent.max(age),
+        }
+    }
+
+    /// Whether a shared cache may store the reply to a request with (`authorization`) or
+    /// without an `Authorization` field (RFC 9111 §3, §3.5).
+    pub fn storable(&self, fields: &HeadFields, authorization: bool) -> Result<(), NotStored> {
+        let d = &self.directives;
+        if d.no_store {
+            return Err(NotStored::NoStore);
+        }
+        if d.private {
+            return Err(NotStored::Private);
+        }
+        if authorization && !(d.public || d.s_maxage.is_some() || d.must_revalidate) {
+            return Err(NotStored::Authorization);
+        }
+        let other_vary =
+            split_list(&fields.vary).any(|f| !f.eq_ignore_ascii_case("accept-encoding"));
+        if other_vary || fields.vary == UNUSABLE {
+            return Err(NotStored::Vary);
+        }
+        Ok(())
+    }
+
+    /// Seconds the reply is fresh for (§4.2.1, §4.2.2): its explicit lifetime; else a
+    /// heuristic `HEURISTIC_PERCENT` of its age since `last_modified` at `date_unix_s` (at
+    /// most `default_s`); else None: the origin entry's default (`cache_revalidate_s`), read
+    /// when it is used.
+    pub fn lifetime_s(
+        &self,
+        last_modified: Option<i64>,
+        date_unix_s: i64,
+        default_s: u64,
+    ) -> Option<u64> {
+        if let Some(s) = self.explicit_lifetime_s {
+            return Some(s);
+        }
+        let lm = last_modified.filter(|&lm| lm < date_unix_s)?;
+        let since = u64::try_from(date_unix_s - lm).unwrap_or(0);
+        Some((since / 100 * HEURISTIC_PERCENT).min(default_s))
+    }
+}
+
+/// An HTTP-date as Unix seconds.
+pub fn parse_date(v: &str) -> Option<i64> {
+    crate::http::date::parse_http_date(v.trim().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(text: &str) -> HeadFields {
+        HeadFields::collect(format!("HTTP/1.1 200 OK\r\n{text}\r\n").as_bytes())
+    }
+
+    const NOW: i64 = 1_800_000_000;
+
+    fn date(s: i64) -> String {
+        String::from_utf8(crate::http::date::format_http_date(s).to_vec()).unwrap()
+    }
+
+    #[test]
+    fn storability_follows_rfc_9111() {
+        let cases = [
+            (
+                "Cache-Control: no-store\r\n",
+                false,
+                Err(NotStored::NoStore),
+            ),
+            (
+                "Cache-Control: max-age=60, private\r\n",
+                false,
+                Err(NotStored::Private),
+            ),
+            (
+                "Cache-Control: PRIVATE=\"x\"\r\n",
+                false,
+                Err(NotStored::Private),
+            ),
+            ("", true, Err(NotStored::Authorization)),
+            (
+                "Cache-Control: max-age=60\r\n",
+                true,
+                Err(NotStored::Authorization),
+            ),
+            ("Cache-Control: public\r\n", true, Ok(())),
+            ("Cache-Control: s-maxage=5\r\n", true, Ok(())),
+            ("Cache-Control: must-revalidate\r\n", true, Ok(())),
+            ("Vary: *\r\n", false, Err(NotStored::Vary)),
+            (
+                "Vary: Accept-Encoding, User-Agent\r\n",
+                false,
+                Err(NotStored::Vary),
+            ),
+            ("Vary: accept-encoding\r\n", false, Ok(())),
+            ("", false, Ok(())),
+            // The targeted field decides alone: Cache-Control's no-store is not read.
+            (
+                "Cache-Control: no-store\r\nCDN-Cache-Control: max-age=60\r\n",
+                false,
+                Ok(()),
+            ),
+            (
+                "Cache-Control: max-age=60\r\nCDN-Cache-Control: no-store\r\n",
+                false,
+                Err(NotStored::NoStore),
+            ),
+            // Not a dictionary: ignored, Cache-Control decides.
+            (
+                "Cache-Control: no-store\r\nCDN-Cache-Control: Max-Age=60\r\n",
+                false,
+                Err(NotStored::NoStore),
+            ),
+        ];
+        for (text, auth, want) in cases {
+            let f = fields(text);
+            assert_eq!(
+                Contract::of(&f, NOW).storable(&f, auth),
+                want,
+                "{text:?} auth {auth}"
+            );
+        }
+    }
+
+    #[test]
+    fn freshness_has_its_precedence_and_a_heuristic() {
+        let lifetime = |text: &str| {
+            let f = fields(text);
+            Contract::of(&f, NOW).lifetime_s(None, NOW, 2_592_000)
+        };
+        let lifetime = |text: &str| lifetime(text).expect("explicit");
+        assert_eq!(lifetime("Cache-Control: max-age=60\r\n"), 60);
+        assert_eq!(lifetime("Cache-Control: max-age=60, s-maxage=5\r\n"), 5);
+        assert_eq!(
+            lifetime("Cache-Control: max-age=60\r\nCDN-Cache-Control: max-age=1\r\n"),
+            1
+        );
+        assert_eq!(lifetime("Cache-Control: max-age=60, max-age=10\r\n"), 10);
+        assert_eq!(
+            lifetime("Cache-Control: max-age=x\r\n"),
+            0,
+            "a bad max-age is stale"
+        );
+        let expires = format!(
+            "Date: {}\r\nExpires: {}\r\n",
+            date(NOW - 10),
+            date(NOW + 50)
+        );
+        assert_eq!(lifetime(&expires), 60, "Expires minus Date");
+        assert_eq!(lifetime("Expires: 0\r\n"), 0, "an invalid Expires is past");
+        let both = format!(
+            "Cache-Control: max-age=7\r\nExpires: {}\r\n",
+            date(NOW + 500)
+        );
+        assert_eq!(lifetime(&both), 7, "max-age over Expires");
+        // The heuristic: a tenth of the time since Last-Modified, capped by the default;
+        // without a Last-Modified, the entry's default (None: read when used).
+        let f = fields("");
+        let c = Contract::of(&f, NOW);
+        assert_eq!(c.lifetime_s(None, NOW, 2_592_000), None);
+        assert_eq!(c.lifetime_s(Some(NOW - 1000), NOW, 2_592_000), Some(100));
+        assert_eq!(
+            c.lifetime_s(Some(NOW - 1_000_000_000), NOW, 3600),
+            Some(3600)
+        );
+        assert_eq!(
+            c.lifetime_s(Some(NOW + 5), NOW, 3600),
+            None,
+            "a Last-Modified ahead"
+        );
+    }
+
+    #[test]
+    fn age_is_the_larger_of_age_and_the_apparent_age() {
+        let f = fields(&format!("Date: {}\r\nAge: 30\r\n", date(NOW - 100)));
+        assert_eq!(Contract::of(&f, NOW).initial_age_s, 100);
+        let f = fields(&format!("Date: {}\r\nAge: 300\r\n", date(NOW - 100)));
+        assert_eq!(Contract::of(&f, NOW).initial_age_s, 300);
+        let f = fields(&format!("Date: {}\r\n", date(NOW + 100)));
+        assert_eq!(
+            Contract::of(&f, NOW).initial_age_s,
+            0,
+            "a date ahead is age 0"
+        );
+    }
+
+    #[test]
+    fn stored_lines_are_end_to_end_and_bounded() {
+        let f = fields(
+            "Cache-Control: max-age=60\r\nSet-Cookie: a=b\r\nContent-Encoding: gzip\r\n\
+             Connection: keep-alive\r\nContent-Disposition: attachment; filename=\"a.bin\"\r\n\
+             Surrogate-Key: k\r\n",
+        );
+        assert_eq!(
+            f.stored,
+            "Cache-Control: max-age=60\r\nContent-Encoding: gzip\r\n\
+             Content-Disposition: attachment; filename=\"a.bin\"\r\n"
+        );
+        let long = format!("Link: <{}>\r\n", "x".repeat(MAX_STORED_HEADER_BYTES));
+        assert!(
+            fields(&long).stored.is_empty(),
+            "a line past the bound is left out"
+        );
+        // Interim replies are not the reply.
+        let f = HeadFields::collect(
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nCache-Control: no-store\r\n\r\n",
+        );
+        assert_eq!(f.stored, "Cache-Control: no-store\r\n");
+        // Too long a contract is never read half: it is not stored.
+        let f = fields(&format!(
+            "Cache-Control: max-age=9, {}\r\n",
+            "a".repeat(2000)
+        ));
+        assert_eq!(
+            Contract::of(&f, NOW).storable(&f, false),
+            Err(NotStored::NoStore)
+        );
+        let twice = fields("Expires: 0\r\nExpires: 1\r\n");
+        assert_eq!(twice.expires, UNUSABLE);
+    }
+
+    #[test]
+    fn directives_parse_quoted_and_unknown_members() {
+        let d = Directives::parse(
+            "no-cache=\"Set-Cookie, X\", ext=\"a,b\", stale-while-revalidate=30, stale-if-error=60",
+        );
+        assert!(d.no_cache && !d.no_store && !d.private);
+        assert_eq!(
+            (d.stale_while_revalidate, d.stale_if_error),
+            (Some(30), Some(60))
+        );
+        assert_eq!(
+            Directives::parse("max-age=99999999999999").max_age,
+            Some(1 << 31)
+        );
+    }
+}
