@@ -377,6 +377,12 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
             return fail(&format!("{} bad lines; nothing fetched", errors.len()));
         }
     };
+    // A refused token (or control off) fails once here, not once per line below.
+    match admin.request("GET", "/cache/prefill") {
+        Ok((401 | 403, body)) => return fail(body.trim()),
+        Ok(_) => {}
+        Err(e) => return fail(&format!("admin listener {}: {e}", admin.addr)),
+    }
     // Every line against the server's routing first; then only what is not cached.
     let mut todo = Vec::new();
     let mut errors = Vec::new();

@@ -705,6 +705,24 @@ fn the_cli_purges_with_its_token_file_and_not_without() {
     .unwrap();
     let out = purge(&["--config", cfg.to_str().unwrap()]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // The prefill without the token fails once, before looking at its lines.
+    let list = c.dir.path().join("cli-list.txt");
+    std::fs::write(&list, "/pull/a.bin\n/pull/b.bin\n").unwrap();
+    let edge = c.server.addr.to_string();
+    let prefill = |token: &[&str]| {
+        let mut args = vec!["cache", "prefill", "--admin", &admin, "--edge", &edge];
+        args.extend_from_slice(token);
+        args.extend(["--json", list.to_str().unwrap()]);
+        common::run_shardline(&args, Duration::from_secs(30))
+    };
+    let out = prefill(&[]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("admin token"), "{}", out.stderr);
+    assert!(!out.stderr.contains("line 1"), "{}", out.stderr);
+    // With it, the lines reach the server's routing (the origin is never reached: they fail).
+    let out = prefill(&["--token-file", c.token.path()]);
+    assert_eq!(out.code, Some(1), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("\"line\":2"), "{}", out.stdout);
     // A token file others may read is refused on this side too.
     let loose = c.dir.path().join("loose.token");
     std::fs::write(&loose, format!("{}\n", c.token.token)).unwrap();
