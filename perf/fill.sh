@@ -77,7 +77,10 @@ sync
 fill_setup
 
 SL_PORT=18084 ADMIN_PORT=18085
+# The admin listener's control token (purge needs it): mode 0600, as shardline requires.
+(umask 077 && head -c 32 /dev/urandom | base64 >"$WORK/admin.token")
 cat >"$WORK/shardline.toml" <<EOF
+admin_token_file = "$WORK/admin.token"
 cache_dir = "$MNT/cache"
 cache_read_ahead_blocks = $READ_AHEAD
 [[origin]]
@@ -287,7 +290,7 @@ stalled_stop() {
   wait "$STALL_PID" 2>/dev/null || true
   STALL_PID=0
 }
-purge() { "$SL" cache purge --admin "127.0.0.1:$ADMIN_PORT" "$1" >/dev/null || die "purge $1 failed"; }
+purge() { "$SL" cache purge --admin "127.0.0.1:$ADMIN_PORT" --token-file "$WORK/admin.token" "$1" >/dev/null || die "purge $1 failed"; }
 # One pair on a loaded host varies by a third from run to run, so the two settings alternate
 # for STALL_ROUNDS rounds and the medians are compared. Each round's cold object is purged
 # first, and in both settings stalled clients start its fill (one client "alone", 1000

@@ -80,7 +80,13 @@ LANCACHE_MASTER=on LANCACHE_WORKERS=auto LANCACHE_MAX_SIZE="${CACHE_MIB}m" fill_
 # same list again: it must fetch nothing.
 PREFILL_OBJECTS=1000 PREFILL_RATE=200000000 PF_PORT=18086 PF_ADMIN_PORT=18087
 mkdir -p "$MNT/prefill-cache"
+# The admin listener's control token (the prefill's lookups and pins need it), mode 0600. The
+# prefill asks two control requests per object: the control rate is raised so it measures the
+# fill, not admin_control_per_s.
+(umask 077 && head -c 32 /dev/urandom | base64 >"$WORK/admin.token")
 cat >"$WORK/prefill.toml" <<EOF
+admin_token_file = "$WORK/admin.token"
+admin_control_per_s = 100000
 cache_dir = "$MNT/prefill-cache"
 cache_max_bytes = $CACHE_BYTES
 [[origin]]
@@ -107,7 +113,7 @@ prefill_run() { # NAME: one prefill of the list, its wall time and origin bytes 
   o0=$(fill_origin_body_bytes)
   t0=$(date +%s.%N)
   "$SL" cache prefill --admin "127.0.0.1:$PF_ADMIN_PORT" --edge "127.0.0.1:$PF_PORT" \
-    --rate "$PREFILL_RATE" --pin-until +1h --json "$WORK/prefill.txt" >"$WORK/$1.json" 2>"$WORK/$1.err" ||
+    --token-file "$WORK/admin.token" --rate "$PREFILL_RATE" --pin-until +1h --json "$WORK/prefill.txt" >"$WORK/$1.json" 2>"$WORK/$1.err" ||
     die "$1: prefill failed: $(tail -3 "$WORK/$1.err")"
   t1=$(date +%s.%N)
   sleep 1

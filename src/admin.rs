@@ -10,6 +10,14 @@
 //!
 //! It never touches a shard: it only loads the shards' atomics and reads `/proc`, so a busy or
 //! slow scraper costs the data path nothing.
+//!
+//! `/metrics` and `/healthz` are read-only and open. Everything under `/cache/` is control
+//! and passes `auth::Gate` first: a bearer token from `admin_token_file` (403 when there is
+//! none: control off), then `admin_control_per_s`. A server-side prefill reads its list only
+//! from beneath `prefill_dir` (`fs::confine`), and its error report echoes no more than a
+//! sanitised prefix of a line (`cache::prefill::echo_prefix`).
+
+pub mod auth;
 
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
@@ -89,6 +97,31 @@ struct State {
     edge_listen: Option<SocketAddr>,
     /// The last prefill started here, and how far it got (`GET /cache/prefill`).
     prefill_run: Arc<std::sync::Mutex<Option<PrefillRun>>>,
+    /// Who may use the control endpoints, and how often.
+    gate: auth::Gate,
+    /// The only directory `POST /cache/prefill?list=` reads from (None: refused).
+    prefill_dir: Option<PathBuf>,
+}
+
+/// What the control endpoints (`/cache/...`) need.
+pub struct Control {
+    /// The token they require (None in it: control is off); SIGHUP may replace it.
+    pub token: Arc<auth::TokenSlot>,
+    /// Control requests taken a second (`admin_control_per_s`).
+    pub per_s: u32,
+    /// Where a server-side prefill's lists are (`prefill_dir`).
+    pub prefill_dir: Option<PathBuf>,
+}
+
+impl Control {
+    /// Control off: no token, no prefill directory.
+    pub fn off() -> Control {
+        Control {
+            token: Arc::default(),
+            per_s: crate::config::DEFAULT_ADMIN_CONTROL_PER_S,
+            prefill_dir: None,
+        }
+    }
 }
 
 /// A prefill the admin listener runs (`POST /cache/prefill`), as `GET /cache/prefill` shows it.
@@ -107,7 +140,8 @@ struct PrefillRun {
     errors: Vec<String>,
 }
 
-/// Failures a server-side prefill keeps for `GET /cache/prefill`.
+/// Failures a server-side prefill keeps for `GET /cache/prefill`, and bad lines its refusal
+/// names at most (a reply stays small whatever the list).
 pub const PREFILL_ERRORS_KEPT: usize = 100;
 
 /// Seconds a prefill's lease lasts without a renewal (a prefill that died frees it after).
@@ -158,7 +192,8 @@ impl Drop for AdminHandle {
     }
 }
 
-/// Binds `addr` and serves `/metrics` and `/healthz` on a thread named `admin`.
+/// Binds `addr` and serves `/metrics`, `/healthz` and the control endpoints (behind
+/// `control`) on a thread named `admin`.
 ///
 /// `None` means the admin listener is off. `proc_root` is where `vmstat` and `meminfo` are read
 /// (`/proc` in production, a fixture tree in tests). `/healthz` answers 503 once `shutdown` is
@@ -170,6 +205,7 @@ pub fn start(
     proc_root: PathBuf,
     edge: Option<crate::fill::edge::SharedEdge>,
     edge_listen: Option<SocketAddr>,
+    control: Control,
 ) -> std::io::Result<Option<AdminHandle>> {
     let Some(addr) = addr else {
         return Ok(None);
@@ -187,6 +223,8 @@ pub fn start(
         prefill: Default::default(),
         edge_listen,
         prefill_run: Default::default(),
+        gate: auth::Gate::new(control.token, control.per_s),
+        prefill_dir: control.prefill_dir,
     };
     let thread_stop = stop.clone();
     let thread = std::thread::Builder::new()
@@ -509,30 +547,77 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
             Some((reply, true))
         }
         Parsed::Complete { request, head_len } => {
-            let mut reply = match (post, request.path) {
-                (true, b"/cache/purge") => purge(request.query, state),
-                (true, b"/cache/pin") => pin(request.query, state),
-                (true, b"/cache/prefill") => prefill_start(request.query, state),
-                (true, p) if p.starts_with(b"/cache/prefill/") => {
-                    prefill_lease(&p[b"/cache/prefill/".len()..], request.query, state)
-                }
-                (true, _) => Reply {
-                    extra_headers: "Allow: GET, HEAD\r\n",
-                    ..Reply::text(
-                        405,
-                        "POST is for /cache/purge, /cache/pin and /cache/prefill only\n",
-                    )
-                },
-                (false, b"/cache/purge") => Reply {
-                    extra_headers: "Allow: POST\r\n",
-                    ..Reply::text(405, "purge with POST\n")
-                },
-                (false, path) => route(path, request.query, state),
+            // Control is judged on the very path the routes below match, before any of them.
+            let gate = if auth::is_control(request.path) {
+                state.gate.check(&head[..head_len], Instant::now())
+            } else {
+                Ok(())
+            };
+            let mut reply = match gate {
+                Err(why) => refusal(why),
+                Ok(()) => dispatch(post, request.path, request.query, state),
             };
             reply.head_only = request.method == Method::Head;
             let linger = head_len + usize::from(post) < buf.len() || reply.status >= 400;
             Some((reply, linger))
         }
+    }
+}
+
+/// The reply to a complete request that may go on (its method POST or GET/HEAD).
+fn dispatch(post: bool, path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
+    match (post, path) {
+        (true, b"/cache/purge") => purge(query, state),
+        (true, b"/cache/pin") => pin(query, state),
+        (true, b"/cache/prefill") => prefill_start(query, state),
+        (true, p) if p.starts_with(b"/cache/prefill/") => {
+            prefill_lease(&p[b"/cache/prefill/".len()..], query, state)
+        }
+        (true, _) => Reply {
+            extra_headers: "Allow: GET, HEAD\r\n",
+            ..Reply::text(
+                405,
+                "POST is for /cache/purge, /cache/pin and /cache/prefill only\n",
+            )
+        },
+        (false, b"/cache/purge") => Reply {
+            extra_headers: "Allow: POST\r\n",
+            ..Reply::text(405, "purge with POST\n")
+        },
+        (false, path) => route(path, query, state),
+    }
+}
+
+/// The reply to a refused control request: 403 while control is off (no token would do),
+/// 401 with a `WWW-Authenticate` challenge for a missing or wrong token, 429 past the rate.
+fn refusal(why: auth::Refusal) -> Reply {
+    use auth::Refusal;
+    match why {
+        Refusal::ControlOff => Reply::text(
+            403,
+            "control is off on this server: set admin_token_file (a mode 0600 file holding a \
+             token) to use /cache/ endpoints; /metrics and /healthz need none\n",
+        ),
+        Refusal::NoCredential => Reply {
+            extra_headers: "WWW-Authenticate: Bearer realm=\"shardline-admin\"\r\n",
+            ..Reply::text(
+                401,
+                "control needs the admin token: Authorization: Bearer TOKEN (the token in \
+                 admin_token_file; shardline cache ... --token-file FILE)\n",
+            )
+        },
+        Refusal::BadCredential => Reply {
+            extra_headers:
+                "WWW-Authenticate: Bearer realm=\"shardline-admin\", error=\"invalid_token\"\r\n",
+            ..Reply::text(401, "not the admin token\n")
+        },
+        Refusal::RateLimited => Reply {
+            extra_headers: "Retry-After: 1\r\n",
+            ..Reply::text(
+                429,
+                "over admin_control_per_s control requests a second; retry in a second\n",
+            )
+        },
     }
 }
 
@@ -633,17 +718,26 @@ fn pin(query: Option<&[u8]>, state: &State) -> Reply {
     }
 }
 
-/// `POST /cache/prefill?list=PATH[&rate=BYTES_PER_S][&parallel=N][&pin_until=TIME]`: the
+/// `POST /cache/prefill?list=NAME[&rate=BYTES_PER_S][&parallel=N][&pin_until=TIME]`: the
 /// server itself prefills from a list file on its own disk (the admin listener takes no
-/// request body, so a list of 100 000 URLs is named, not sent). The list is checked whole
-/// first, as `shardline cache prefill` checks it: 400 naming every bad line, nothing fetched.
-/// Then the prefill takes the lease (409 while another runs), answers 202, and fetches on a
-/// thread of its own through the server's listener; `GET /cache/prefill` shows how far.
+/// request body, so a list of 100 000 URLs is named, not sent). NAME is read only from
+/// beneath `prefill_dir` (403 without one; 400 for a name outside it, before anything is
+/// read). The list is checked whole first, as `shardline cache prefill` checks it: 400 naming
+/// the bad lines (at most `PREFILL_ERRORS_KEPT`, each echoing a sanitised prefix), nothing
+/// fetched. Then the prefill takes the lease (409 while another runs, checked before the list
+/// is read), answers 202, and fetches on a thread of its own through the server's listener;
+/// `GET /cache/prefill` shows how far.
 fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
-    use crate::cache::prefill;
-    use std::io::Read as _;
+    use crate::cache::prefill::{self, echo_prefix};
     let (Some(edge), Some(listen)) = (state.edge.as_ref(), state.edge_listen) else {
         return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let Some(dir) = state.prefill_dir.as_deref() else {
+        return Reply::text(
+            403,
+            "a server-side prefill is off: set prefill_dir (the only directory its lists are \
+             read from), or run shardline cache prefill, which sends the list itself\n",
+        );
     };
     let query = query.unwrap_or_default();
     let param = |name: &str| {
@@ -651,12 +745,27 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
             .and_then(crate::fs::resolve::percent_decode)
             .and_then(|v| String::from_utf8(v).ok())
     };
-    let Some(list) = param("list") else {
+    let Some(name) = param("list") else {
         return Reply::text(
             400,
-            "give list=PATH (a file on the server, one URL or path a line)\n",
+            "give list=NAME (a file beneath prefill_dir, one URL or path a line)\n",
         );
     };
+    // Reading and checking a list is the costly part: not while another prefill runs.
+    let lease_live = state
+        .prefill
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .held
+        .is_some_and(|(_, until)| until > Instant::now());
+    if lease_live {
+        return Reply::text(
+            409,
+            "another prefill runs on this server; try when it ends\n",
+        );
+    }
+    // The name as replies and the status show it.
+    let list = echo_prefix(&name);
     let number = |name: &str, default: u64| match param(name) {
         None => Ok(default),
         Some(v) => v
@@ -682,23 +791,13 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
         Some(Ok(t)) => Some(t),
         None => None,
     };
-    let mut text = String::new();
-    let read = std::fs::File::open(&list).and_then(|f| {
-        f.take(prefill::MAX_LIST_BYTES + 1)
-            .read_to_string(&mut text)
-    });
-    if let Err(e) = read {
-        return Reply::text(400, &format!("{list}: {e}\n"));
-    }
-    if text.len() as u64 > prefill::MAX_LIST_BYTES {
-        return Reply::text(
-            400,
-            &format!("{list}: longer than {} bytes\n", prefill::MAX_LIST_BYTES),
-        );
-    }
+    let text = match crate::fs::confine::read_beneath(dir, &name, prefill::MAX_LIST_BYTES) {
+        Ok(t) => t,
+        Err(why) => return Reply::text(400, &format!("list {list}: {why}\n")),
+    };
     let targets = match prefill::parse_list(&text) {
         Ok(t) => t,
-        Err(errors) => return Reply::text(400, &format!("{list}:\n{}\n", errors.join("\n"))),
+        Err(errors) => return Reply::text(400, &format!("{list}:\n{}\n", report(&errors))),
     };
     let mut errors = Vec::new();
     let mut todo = Vec::new();
@@ -708,7 +807,11 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
         match edge.object_state(path, q, host) {
             Ok(s) if s.cached => cached.push(t),
             Ok(_) => todo.push(t),
-            Err(why) => errors.push(format!("line {}: {}: {why}", t.line, t.target)),
+            Err(why) => errors.push(format!(
+                "line {}: {}: {why}",
+                t.line,
+                echo_prefix(&t.target)
+            )),
         }
     }
     if !errors.is_empty() {
@@ -716,7 +819,7 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
             400,
             &format!(
                 "{list}: lines the server cannot fill; nothing fetched:\n{}\n",
-                errors.join("\n")
+                report(&errors)
             ),
         );
     }
@@ -789,7 +892,7 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
                     Err(e) => {
                         r.failed += 1;
                         if r.errors.len() < PREFILL_ERRORS_KEPT {
-                            r.errors.push(format!("line {}: {}: {e}", t.line, t.target));
+                            r.errors.push(format!("line {}: {}: {e}", t.line, echo_prefix(&t.target)));
                         }
                     }
                 });
@@ -813,6 +916,20 @@ fn prefill_start(query: Option<&[u8]>, state: &State) -> Reply {
         return Reply::text(500, &format!("cannot start the prefill thread: {e}\n"));
     }
     Reply::text(202, &reply)
+}
+
+/// A list's error lines for a reply: the first `PREFILL_ERRORS_KEPT`, then how many more.
+fn report(errors: &[String]) -> String {
+    let mut out = errors
+        .iter()
+        .take(PREFILL_ERRORS_KEPT)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("\n");
+    if errors.len() > PREFILL_ERRORS_KEPT {
+        let _ = write!(out, "\n... and {} more", errors.len() - PREFILL_ERRORS_KEPT);
+    }
+    out
 }
 
 /// `GET /cache/prefill`: the last prefill started with `POST /cache/prefill`, as JSON (404
@@ -908,10 +1025,14 @@ fn route(path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
     match path {
         b"/cache/object" => object_state(query, state),
         b"/cache/prefill" => prefill_status(state),
-        b"/metrics" => Reply {
-            content_type: "text/plain; version=0.0.4; charset=utf-8",
-            ..Reply::text(200, &render_metrics(&state.metrics, &state.proc_root))
-        },
+        b"/metrics" => {
+            let mut text = render_metrics(&state.metrics, &state.proc_root);
+            state.gate.render(&mut text);
+            Reply {
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                ..Reply::text(200, &text)
+            }
+        }
         b"/healthz" if state.shutdown.load(Ordering::Relaxed) => Reply::text(503, "draining\n"),
         b"/healthz" => Reply::text(200, "ok\n"),
         _ => Reply::text(404, "not found (try /metrics or /healthz)\n"),
@@ -1011,7 +1132,11 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admin/proc")
     }
 
+    /// The token the test states' gate wants.
+    const TOKEN: &str = "test-token-0123456789abcdef";
+
     fn state(shutdown: bool, proc_root: PathBuf) -> State {
+        let token = auth::TokenSlot::new(Some(auth::AdminToken::new(TOKEN.into())));
         State {
             metrics: vec![Arc::new(ShardMetrics::default())],
             shutdown: Arc::new(AtomicBool::new(shutdown)),
@@ -1020,7 +1145,15 @@ mod tests {
             prefill: Default::default(),
             edge_listen: None,
             prefill_run: Default::default(),
+            gate: auth::Gate::new(Arc::new(token), 1000),
+            prefill_dir: None,
         }
+    }
+
+    /// A request head with the test token.
+    fn with_token(method: &str, target: &str) -> Vec<u8> {
+        format!("{method} {target} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {TOKEN}\r\n\r\n")
+            .into_bytes()
     }
 
     fn find<'a>(s: &'a [Sample], name: &str, label: Option<(&str, &str)>) -> Option<&'a Sample> {
@@ -1039,10 +1172,7 @@ mod tests {
     fn one_prefill_holds_the_lease_at_a_time() {
         let st = state(false, fixture());
         let post = |target: &str| {
-            let r = respond(
-                format!("POST {target} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes(),
-                &st,
-            );
+            let r = respond(&with_token("POST", target), &st);
             (r.status, r.body.trim().to_string())
         };
         let (status, id) = post("/cache/prefill/begin");
@@ -1176,10 +1306,10 @@ mod tests {
             .contains("\r\nAllow: GET, HEAD\r\n"));
         // POST is for the purge alone; the purge is POST alone; without a cache it is a 404.
         assert_eq!(
-            status(b"POST /cache/purge?path=/a HTTP/1.1\r\nHost: a\r\n\r\n"),
+            respond(&with_token("POST", "/cache/purge?path=/a"), &st).status,
             404
         );
-        let r = respond(b"GET /cache/purge?path=/a HTTP/1.1\r\nHost: a\r\n\r\n", &st);
+        let r = respond(&with_token("GET", "/cache/purge?path=/a"), &st);
         assert_eq!(r.status, 405);
         assert_eq!(r.extra_headers, "Allow: POST\r\n");
         assert_eq!(
@@ -1261,6 +1391,7 @@ mod tests {
             fixture(),
             None,
             None,
+            Control::off(),
         )
         .unwrap()
         .unwrap()
@@ -1275,6 +1406,7 @@ mod tests {
             fixture(),
             None,
             None,
+            Control::off(),
         )
         .unwrap();
         assert!(h.is_none());
@@ -1388,7 +1520,96 @@ mod tests {
             fixture(),
             None,
             None,
+            Control::off(),
         );
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn control_needs_the_token_and_the_read_only_routes_do_not() {
+        let mut st = state(false, fixture());
+        let plain = |m: &str, t: &str| format!("{m} {t} HTTP/1.1\r\nHost: a\r\n\r\n");
+        for (m, t) in [
+            ("POST", "/cache/purge?prefix=/"),
+            ("POST", "/cache/pin?target=/a&until=1"),
+            ("POST", "/cache/prefill?list=/etc/passwd"),
+            ("POST", "/cache/prefill/begin"),
+            ("GET", "/cache/prefill"),
+            ("GET", "/cache/object?target=/a"),
+            ("HEAD", "/cache/object?target=/a"),
+            ("GET", "/cache/purge"),
+            ("GET", "/cache"),
+            ("GET", "/cache/anything-new"),
+        ] {
+            let r = respond(plain(m, t).as_bytes(), &st);
+            assert_eq!(r.status, 401, "{m} {t}");
+            assert!(
+                r.extra_headers.starts_with("WWW-Authenticate: Bearer"),
+                "{m} {t}"
+            );
+            let wrong = format!(
+                "{m} {t} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}x\r\n\r\n",
+                &TOKEN[1..]
+            );
+            let r = respond(wrong.as_bytes(), &st);
+            assert_eq!(r.status, 401, "{m} {t}");
+            assert!(r.extra_headers.contains("invalid_token"), "{m} {t}");
+            assert_ne!(respond(&with_token(m, t), &st).status, 401, "{m} {t}");
+        }
+        assert!(st.gate.refused(auth::Refusal::NoCredential) >= 10);
+        assert_eq!(
+            respond(plain("GET", "/metrics").as_bytes(), &st).status,
+            200
+        );
+        assert_eq!(
+            respond(plain("GET", "/healthz").as_bytes(), &st).status,
+            200
+        );
+        // The refusals are on /metrics.
+        let r = respond(plain("GET", "/metrics").as_bytes(), &st);
+        let s = parse_exposition(&r.body).unwrap();
+        let refused = |reason| {
+            find(
+                &s,
+                "shardline_admin_refused_total",
+                Some(("reason", reason)),
+            )
+            .unwrap()
+            .value
+        };
+        assert_eq!(refused("no_credential"), 10.0);
+        assert_eq!(refused("bad_credential"), 10.0);
+        assert_eq!(refused("control_off"), 0.0);
+        // Without a token file control is off: 403, whatever the request carries.
+        st.gate = auth::Gate::new(Arc::new(auth::TokenSlot::new(None)), 1000);
+        let r = respond(&with_token("POST", "/cache/purge?path=/a"), &st);
+        assert_eq!(r.status, 403);
+        assert!(r.body.contains("admin_token_file"), "{}", r.body);
+        assert_eq!(st.gate.refused(auth::Refusal::ControlOff), 1);
+        assert_eq!(
+            respond(plain("GET", "/healthz").as_bytes(), &st).status,
+            200
+        );
+    }
+
+    #[test]
+    fn over_the_rate_control_gets_429_and_the_read_only_routes_do_not() {
+        let mut st = state(false, fixture());
+        let token = auth::TokenSlot::new(Some(auth::AdminToken::new(TOKEN.into())));
+        // One a second: a slow test machine cannot earn a second turn within the loop.
+        st.gate = auth::Gate::new(Arc::new(token), 1);
+        let statuses: Vec<u16> = (0..10)
+            .map(|_| respond(&with_token("GET", "/cache/prefill"), &st).status)
+            .collect();
+        assert_eq!(
+            statuses.iter().filter(|&&s| s == 429).count(),
+            9,
+            "{statuses:?}"
+        );
+        let r = respond(&with_token("GET", "/cache/prefill"), &st);
+        assert_eq!((r.status, r.extra_headers), (429, "Retry-After: 1\r\n"));
+        let plain = b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert!((0..100).all(|_| respond(plain, &st).status == 200));
+        assert_eq!(st.gate.refused(auth::Refusal::RateLimited), 10);
     }
 }

@@ -60,9 +60,13 @@ enum CacheCommand {
 struct CachePrefillArgs {
     /// The list: a file, or - for standard input.
     list: String,
-    /// The server's config file (its `admin` and `listen` addresses).
+    /// The server's config file (its `admin` and `listen` addresses, and its
+    /// `admin_token_file`).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["admin", "edge"])]
     config: Option<PathBuf>,
+    /// The admin token's file (mode 0600), in place of the config's `admin_token_file`.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// The server's admin listener (ADDRESS:PORT), with --edge.
     #[arg(long, value_name = "ADDR", requires = "edge")]
     admin: Option<std::net::SocketAddr>,
@@ -95,9 +99,12 @@ struct CachePurgeArgs {
     /// The server's admin listener (ADDRESS:PORT).
     #[arg(long, value_name = "ADDR", conflicts_with = "config")]
     admin: Option<std::net::SocketAddr>,
-    /// The server's config file (its `admin` address).
+    /// The server's config file (its `admin` address and `admin_token_file`).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// The admin token's file (mode 0600), in place of the config's `admin_token_file`.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
 }
 
 /// Where the cache is: `--dir`, or the `cache_dir` of `--config`.
@@ -256,20 +263,37 @@ fn cache_command(c: CacheCommand) -> ExitCode {
     }
 }
 
+/// The admin client of `--token-file`, else of `config`'s `admin_token_file`; Err is the
+/// message (a token file others may read is refused, as the server refuses it).
+fn admin_client(
+    addr: std::net::SocketAddr,
+    token_file: Option<&std::path::Path>,
+    config: Option<&Config>,
+) -> Result<shardline::cache::tool::AdminClient, String> {
+    let file = token_file.or_else(|| config.and_then(|c| c.admin_token_file.as_deref()));
+    shardline::cache::tool::AdminClient::with_token_file(addr, file)
+        .map_err(|e| format!("admin token: {e}"))
+}
+
 fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
-    let admin = match (p.admin, &p.config) {
+    let cfg = match p.config.as_deref().map(Config::from_file).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shardline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let admin = match (p.admin, &cfg) {
         (Some(a), _) => a,
-        (None, Some(cfg)) => match shardline::config::Config::from_file(cfg)
-            .map_err(|e| e.to_string())
-            .and_then(|c| c.admin_addr().map_err(|e| e.to_string()))
-        {
+        (None, Some(c)) => match c.admin_addr() {
             Ok(Some(a)) => a,
             Ok(None) => {
-                eprintln!("shardline: {} turns the admin listener off", cfg.display());
+                let file = p.config.as_deref().unwrap_or(std::path::Path::new(""));
+                eprintln!("shardline: {} turns the admin listener off", file.display());
                 return ExitCode::from(2);
             }
             Err(e) => {
-                eprintln!("shardline: config error: {e}");
+                eprintln!("shardline: {e}");
                 return ExitCode::from(2);
             }
         },
@@ -278,7 +302,14 @@ fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match shardline::cache::tool::purge(admin, &p.path, p.prefix) {
+    let admin = match admin_client(admin, p.token_file.as_deref(), cfg.as_ref()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("shardline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match shardline::cache::tool::purge(&admin, &p.path, p.prefix) {
         Ok((200, body)) => {
             println!("{body}");
             ExitCode::SUCCESS
@@ -288,7 +319,7 @@ fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("shardline: admin listener {admin}: {e}");
+            eprintln!("shardline: admin listener {}: {e}", admin.addr);
             ExitCode::from(2)
         }
     }
@@ -302,19 +333,25 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
         eprintln!("shardline: prefill: {msg}");
         ExitCode::from(2)
     };
-    let (admin, edge) = match (p.admin, p.edge, &p.config) {
+    let cfg = match p.config.as_deref().map(Config::from_file).transpose() {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let (admin, edge) = match (p.admin, p.edge, &cfg) {
         (Some(a), Some(e), _) => (a, e),
-        (_, _, Some(cfg)) => match Config::from_file(cfg) {
-            Ok(c) => match c.admin_addr() {
-                Ok(Some(a)) => (a, shardline::server::loopback_if_unspecified(c.listen)),
-                Ok(None) => {
-                    return fail(&format!("{} turns the admin listener off", cfg.display()))
-                }
-                Err(e) => return fail(&e.to_string()),
-            },
-            Err(e) => return fail(&format!("config error: {e}")),
+        (_, _, Some(c)) => match c.admin_addr() {
+            Ok(Some(a)) => (a, shardline::server::loopback_if_unspecified(c.listen)),
+            Ok(None) => {
+                let file = p.config.as_deref().unwrap_or(std::path::Path::new(""));
+                return fail(&format!("{} turns the admin listener off", file.display()));
+            }
+            Err(e) => return fail(&e.to_string()),
         },
         _ => return fail("give --config FILE, or --admin ADDR and --edge ADDR"),
+    };
+    let admin = match admin_client(admin, p.token_file.as_deref(), cfg.as_ref()) {
+        Ok(a) => a,
+        Err(e) => return fail(&e),
     };
     let mut text = String::new();
     let read = if p.list == "-" {
@@ -340,12 +377,18 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
             return fail(&format!("{} bad lines; nothing fetched", errors.len()));
         }
     };
+    // A refused token (or control off) fails once here, not once per line below.
+    match admin.request("GET", "/cache/prefill") {
+        Ok((401 | 403, body)) => return fail(body.trim()),
+        Ok(_) => {}
+        Err(e) => return fail(&format!("admin listener {}: {e}", admin.addr)),
+    }
     // Every line against the server's routing first; then only what is not cached.
     let mut todo = Vec::new();
     let mut errors = Vec::new();
     let mut cached = 0usize;
     for t in &targets {
-        match prefill::lookup(admin, t) {
+        match prefill::lookup(&admin, t) {
             Ok(h) if h.cached => cached += 1,
             Ok(_) => todo.push(t),
             Err(why) => errors.push(format!("line {}: {}: {why}", t.line, t.target)),
@@ -373,12 +416,12 @@ fn cache_prefill(p: &CachePrefillArgs) -> ExitCode {
         return fail(&format!("--parallel must be 1..={}", prefill::MAX_PARALLEL));
     }
     // One prefill at a time per server.
-    let lease = match prefill::Lease::begin(admin) {
+    let lease = match prefill::Lease::begin(&admin) {
         Ok(l) => std::sync::Mutex::new(l),
         Err(why) => return fail(why.trim()),
     };
     let pin = |t: &prefill::Target| match pin_until {
-        Some(until) => prefill::pin(admin, t, until).map(|_| ()),
+        Some(until) => prefill::pin(&admin, t, until).map(|_| ()),
         None => Ok(()),
     };
     let mut pin_failed = 0usize;

@@ -518,6 +518,15 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
             message: format!("signed_url key file: {}", e.message),
         })
     })?;
+    // Refused here, before anything serves: a token file others may read, or a bad token.
+    let admin_token = crate::admin::auth::AdminToken::load(cfg.admin_token_file.as_deref())
+        .map_err(|message| {
+            ServeError::Config(ConfigError {
+                key: "admin_token_file".into(),
+                message,
+            })
+        })?;
+    let admin_token = Arc::new(crate::admin::auth::TokenSlot::new(admin_token));
     let tls_listeners = match cfg.tls_listen {
         Some(addr) => bind_group_on(&cfg, "tls_listen", addr, &incoming)?,
         None => Vec::new(),
@@ -647,6 +656,11 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         PathBuf::from("/proc"),
         edge.clone(),
         Some(loopback_if_unspecified(local)),
+        crate::admin::Control {
+            token: admin_token.clone(),
+            per_s: cfg.admin_control_per_s,
+            prefill_dir: cfg.prefill_dir.clone(),
+        },
     ) {
         Ok(a) => a,
         Err(e) => {
@@ -680,6 +694,13 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     }
     if let Some(a) = &admin {
         tracing::info!(admin = %a.local_addr(), "admin listener serving /metrics and /healthz");
+        if admin_token.get().is_none() {
+            tracing::warn!(
+                admin = %a.local_addr(),
+                "admin listener: control is off (no admin_token_file): every /cache/ request \
+                 gets 403; /metrics and /healthz are served"
+            );
+        }
         // After the serving line: tools that take the first "http://" line get the data port.
         println!("shardline: admin at http://{}/", a.local_addr());
     }
@@ -692,7 +713,13 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 libc::SIGUSR1 => {
                     log_epoch.fetch_add(1, Ordering::Relaxed);
                 }
-                libc::SIGHUP => reload(&started_cfg, &lifecycle, &reloader, &tls_builder),
+                libc::SIGHUP => reload(
+                    &started_cfg,
+                    &lifecycle,
+                    &reloader,
+                    &tls_builder,
+                    &admin_token,
+                ),
                 _ => stop_signal = Some(sig),
             }
         }
@@ -804,6 +831,7 @@ fn reload(
     lifecycle: &crate::lifecycle::Lifecycle,
     reloader: &Reloader,
     tls: &crate::tls::TlsBuilder,
+    admin_token: &crate::admin::auth::TokenSlot,
 ) {
     let new = match (reloader.load)() {
         Ok(c) => c,
@@ -846,6 +874,24 @@ fn reload(
                 "reload: signed_url keys not reloaded, the running rules and keys stay: {e}"
             );
             outcome.config.signed_url = running.signed_url.clone();
+        }
+    }
+    // The admin token is read again too (rotated in place); a file that fails keeps the token
+    // that runs.
+    match crate::admin::auth::AdminToken::load(outcome.config.admin_token_file.as_deref()) {
+        Ok(token) => {
+            if token.is_none() && admin_token.get().is_some() {
+                tracing::warn!("reload: no admin_token_file: admin control is off from now on");
+            }
+            admin_token.set(token);
+        }
+        Err(e) => {
+            tracing::error!(
+                key = "admin_token_file",
+                error = %e,
+                "reload: admin token not reloaded, the running one stays: {e}"
+            );
+            outcome.config.admin_token_file = running.admin_token_file.clone();
         }
     }
     for key in &outcome.refused {

@@ -1,6 +1,10 @@
 //! The admin listener against the real binary: `/metrics` parses back and moves with traffic,
 //! `/healthz` turns 503 while a SIGTERM drain is in progress, other paths and methods are
-//! refused, and a bad or busy admin address is a configuration error (exit code 2).
+//! refused, and a bad or busy admin address is a configuration error (exit code 2). Control
+//! (everything under `/cache/`) needs the bearer token of `admin_token_file` (issue 47): 401
+//! without it or with a wrong one, 403 when no token file is set, 429 past the rate; a token
+//! file others may read refuses the start; a server-side prefill reads no file outside
+//! `prefill_dir`; the CLI sends the token of `--token-file`.
 
 mod common;
 
@@ -106,11 +110,11 @@ fn metrics_parse_back_and_counters_move() {
     };
 
     // Every sample of a shard family names its shard by number; nothing is pre-summed, so a
-    // PromQL sum() counts each event once. The old per-status family is gone.
-    for s in after
-        .iter()
-        .filter(|s| !s.name.starts_with("shardline_host_"))
-    {
+    // PromQL sum() counts each event once. The old per-status family is gone. The host's
+    // families and the admin listener's own (its refusals) are one per process.
+    for s in after.iter().filter(|s| {
+        !s.name.starts_with("shardline_host_") && !s.name.starts_with("shardline_admin_")
+    }) {
         let shard = s
             .label("shard")
             .unwrap_or_else(|| panic!("no shard label: {s:?}"));
@@ -395,4 +399,407 @@ fn bad_or_busy_admin_address_is_a_config_error() {
     let (code, err) = serve_fails(dir.path(), &addr);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("admin") && err.contains(&addr), "{err}");
+}
+
+// ---- control needs the token (issue 47) ---------------------------------------------------------
+
+/// One request to the admin listener carrying `auth` as its Authorization header, if any.
+fn control(addr: SocketAddr, method: &str, target: &str, auth: Option<&str>) -> Response {
+    let mut s = TcpStream::connect(addr).expect("connect to admin");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+    let req = format!("{method} {target} HTTP/1.1\r\nHost: admin\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    read_response(&mut BufReader::new(s), method == "HEAD").expect("admin response")
+}
+
+fn body(r: &Response) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+/// A server with a pull-through cache (its origin never reached), a control token and
+/// `extra` config lines; the token, its admin address and the work directory.
+struct Controlled {
+    server: common::Server,
+    admin: SocketAddr,
+    token: common::AdminToken,
+    dir: tempfile::TempDir,
+}
+
+impl Controlled {
+    /// `extra` may name `{dir}`: the work directory.
+    fn start(extra: &str) -> Controlled {
+        let dir = disk_tempdir();
+        let root = dir.path().join("root");
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::create_dir(dir.path().join("prefill")).unwrap();
+        let extra = extra.replace("{dir}", dir.path().to_str().unwrap());
+        let token = common::AdminToken::write_in(dir.path());
+        let cfg = dir.path().join("shardline.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "cache_dir = \"{}\"\n{}{extra}\n[[origin]]\nprefix = \"/pull/\"\n\
+                 url = \"http://127.0.0.1:9\"\n",
+                cache.display(),
+                token.config_line()
+            ),
+        )
+        .unwrap();
+        let (server, admin) = start_with_admin(&root, &["--config", cfg.to_str().unwrap()]);
+        Controlled {
+            server,
+            admin,
+            token,
+            dir,
+        }
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.token.token)
+    }
+}
+
+#[test]
+fn control_needs_the_token_and_metrics_and_healthz_do_not() {
+    let c = Controlled::start("");
+    let purge = "/cache/purge?prefix=/pull/";
+    let r = control(c.admin, "POST", purge, None);
+    assert_eq!(r.status, 401, "{}", body(&r));
+    assert!(
+        r.header("www-authenticate")
+            .is_some_and(|v| v.starts_with("Bearer")),
+        "{r:?}"
+    );
+    let wrong = format!("Bearer {}x", c.token.token);
+    assert_eq!(control(c.admin, "POST", purge, Some(&wrong)).status, 401);
+    assert_eq!(
+        control(c.admin, "POST", purge, Some("Basic YWRtaW46YWRtaW4=")).status,
+        401
+    );
+    let r = control(c.admin, "POST", purge, Some(&c.bearer()));
+    assert_eq!((r.status, body(&r).trim()), (200, "purged 0"));
+    // Every control endpoint, read or write, is behind the token.
+    for (method, target) in [
+        ("GET", "/cache/object?target=/pull/a.bin"),
+        ("GET", "/cache/prefill"),
+        ("POST", "/cache/pin?target=/pull/a.bin&until=1"),
+        ("POST", "/cache/prefill/begin"),
+    ] {
+        assert_eq!(
+            control(c.admin, method, target, None).status,
+            401,
+            "{target}"
+        );
+    }
+    let r = control(
+        c.admin,
+        "GET",
+        "/cache/object?target=/pull/a.bin",
+        Some(&c.bearer()),
+    );
+    assert_eq!(r.status, 200, "{}", body(&r));
+    // The read-only routes need nothing, and count the refusals.
+    assert_eq!(healthz(c.admin), (200, "ok".into()));
+    let s = scrape(c.admin);
+    assert_eq!(
+        total(
+            &s,
+            "shardline_admin_refused_total",
+            &[("reason", "no_credential")]
+        ),
+        5.0
+    );
+    assert_eq!(
+        total(
+            &s,
+            "shardline_admin_refused_total",
+            &[("reason", "bad_credential")]
+        ),
+        2.0
+    );
+    assert!(
+        !c.server.log().contains(&c.token.token),
+        "the token was logged"
+    );
+}
+
+#[test]
+fn without_a_token_file_control_is_off() {
+    let dir = disk_tempdir();
+    let (server, admin) = start_with_admin(dir.path(), &[]);
+    let r = control(admin, "POST", "/cache/purge?path=/a", None);
+    assert_eq!(r.status, 403);
+    assert!(body(&r).contains("admin_token_file"), "{}", body(&r));
+    let r = control(
+        admin,
+        "POST",
+        "/cache/prefill?list=/etc/passwd",
+        Some("Bearer anything-at-all-0123456789"),
+    );
+    assert_eq!(r.status, 403);
+    assert!(!body(&r).contains("root:"), "{}", body(&r));
+    assert_eq!(healthz(admin).0, 200);
+    let s = scrape(admin);
+    assert_eq!(
+        total(
+            &s,
+            "shardline_admin_refused_total",
+            &[("reason", "control_off")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        server.log().matches("control is off").count(),
+        1,
+        "said once at start-up: {}",
+        server.log()
+    );
+}
+
+#[test]
+fn a_prefill_reads_no_file_outside_prefill_dir() {
+    // No prefill_dir: a server-side prefill is off, whatever the list.
+    let c = Controlled::start("");
+    let r = control(
+        c.admin,
+        "POST",
+        "/cache/prefill?list=/etc/passwd",
+        Some(&c.bearer()),
+    );
+    assert_eq!(r.status, 403, "{}", body(&r));
+    assert!(body(&r).contains("prefill_dir") && !body(&r).contains("root:"));
+    drop(c);
+
+    let c = Controlled::start("prefill_dir = \"{dir}/prefill\"");
+    let prefill = c.dir.path().join("prefill");
+    // A secret beside the prefill directory, and a symlink to it and to /etc/passwd inside.
+    let secret = c.dir.path().join("secret.txt");
+    std::fs::write(&secret, "root:SECRET-LINE-1\nroot:SECRET-LINE-2\n").unwrap();
+    std::os::unix::fs::symlink(&secret, prefill.join("out.txt")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", prefill.join("passwd")).unwrap();
+    std::fs::create_dir(prefill.join("sub")).unwrap();
+    let post = |list: &str, auth: Option<&str>| {
+        let r = control(
+            c.admin,
+            "POST",
+            &format!("/cache/prefill?list={list}"),
+            auth,
+        );
+        (r.status, body(&r))
+    };
+    let bearer = c.bearer();
+    for list in [
+        "/etc/passwd",
+        "%2Fetc%2Fpasswd",
+        "../secret.txt",
+        "..%2Fsecret.txt",
+        "sub/../../secret.txt",
+        "out.txt",
+        "passwd",
+        "sub",
+        secret.to_str().unwrap(),
+    ] {
+        let (status, text) = post(list, Some(&bearer));
+        assert_eq!(status, 400, "{list}: {text}");
+        assert!(
+            !text.contains("root:") && !text.contains("SECRET-LINE"),
+            "{list}: {text}"
+        );
+        // Without the token the same request is refused before anything is looked at.
+        let (status, text) = post(list, None);
+        assert_eq!(status, 401, "{list}: {text}");
+        assert!(!text.contains("root:"), "{list}: {text}");
+    }
+    assert!(post("../x", Some(&bearer)).1.contains(".."));
+    assert!(post("/etc/passwd", Some(&bearer)).1.contains("not under"));
+    assert!(post("out.txt", Some(&bearer)).1.contains("outside"));
+    assert!(post("sub", Some(&bearer)).1.contains("not a regular file"));
+    // A list inside: its bad lines are named, each with a short, escaped prefix.
+    let long = format!("not-a-url-{}", "z".repeat(500));
+    std::fs::write(
+        prefill.join("release.txt"),
+        format!("/pull/a.bin\n{long}\nftp://x/\x1b[31m\n"),
+    )
+    .unwrap();
+    let (status, text) = post("release.txt", Some(&bearer));
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("line 2: ") && text.contains("line 3: "),
+        "{text}"
+    );
+    assert!(!text.contains(&long) && text.contains("zzz..."), "{text}");
+    assert!(!text.contains('\x1b') && text.contains("\\x1b"), "{text}");
+    // By its absolute path under the directory too.
+    let abs = prefill.join("release.txt");
+    assert_eq!(post(abs.to_str().unwrap(), Some(&bearer)).0, 400);
+}
+
+#[test]
+fn a_token_file_others_may_read_is_refused_at_start_up() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = disk_tempdir();
+    let token = common::AdminToken::write_in(dir.path());
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(&cfg, token.config_line()).unwrap();
+    let serve = || {
+        common::run_shardline(
+            &[
+                "serve",
+                "--root",
+                dir.path().to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:0",
+                "--shards",
+                "1",
+                "--admin",
+                "127.0.0.1:0",
+                "--config",
+                cfg.to_str().unwrap(),
+            ],
+            Duration::from_secs(30),
+        )
+    };
+    for (mode, text) in [
+        (0o644, "0123456789abcdef0123\n"),
+        (0o640, "0123456789abcdef0123\n"),
+        (0o600, ""),
+        (0o600, "short\n"),
+    ] {
+        std::fs::write(&token.file, text).unwrap();
+        std::fs::set_permissions(&token.file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = serve();
+        assert!(!out.timed_out, "it served with mode {mode:o}, {text:?}");
+        assert_eq!(out.code, Some(2), "{}", out.stderr);
+        let line = out.stderr.lines().last().unwrap_or_default();
+        assert!(line.contains("admin_token_file"), "{}", out.stderr);
+        assert!(!out.stderr.contains("0123456789abcdef"), "{}", out.stderr);
+    }
+}
+
+#[test]
+fn the_cli_purges_with_its_token_file_and_not_without() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Controlled::start("");
+    let admin = c.admin.to_string();
+    let purge = |extra: &[&str]| {
+        let mut args = vec!["cache", "purge", "--prefix"];
+        args.extend_from_slice(extra);
+        args.push("/pull/");
+        common::run_shardline(&args, Duration::from_secs(30))
+    };
+    let out = purge(&["--admin", &admin, "--token-file", c.token.path()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), "purged 0");
+    let out = purge(&["--admin", &admin]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("401"), "{}", out.stderr);
+    // The token from the config's admin_token_file.
+    let cfg = c.dir.path().join("cli.toml");
+    std::fs::write(
+        &cfg,
+        format!("admin = \"{admin}\"\n{}", c.token.config_line()),
+    )
+    .unwrap();
+    let out = purge(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // The prefill without the token fails once, before looking at its lines.
+    let list = c.dir.path().join("cli-list.txt");
+    std::fs::write(&list, "/pull/a.bin\n/pull/b.bin\n").unwrap();
+    let edge = c.server.addr.to_string();
+    let prefill = |token: &[&str]| {
+        let mut args = vec!["cache", "prefill", "--admin", &admin, "--edge", &edge];
+        args.extend_from_slice(token);
+        args.extend(["--json", list.to_str().unwrap()]);
+        common::run_shardline(&args, Duration::from_secs(30))
+    };
+    let out = prefill(&[]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("admin token"), "{}", out.stderr);
+    assert!(!out.stderr.contains("line 1"), "{}", out.stderr);
+    // With it, the lines reach the server's routing (the origin is never reached: they fail).
+    let out = prefill(&["--token-file", c.token.path()]);
+    assert_eq!(out.code, Some(1), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("\"line\":2"), "{}", out.stdout);
+    // A token file others may read is refused on this side too.
+    let loose = c.dir.path().join("loose.token");
+    std::fs::write(&loose, format!("{}\n", c.token.token)).unwrap();
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = purge(&["--admin", &admin, "--token-file", loose.to_str().unwrap()]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("chmod 600"), "{}", out.stderr);
+}
+
+#[test]
+fn a_flood_of_control_requests_is_limited_and_healthz_still_answers() {
+    let c = Controlled::start("admin_control_per_s = 5");
+    let bearer = c.bearer();
+    let mut limited = 0;
+    for i in 0..60 {
+        let r = control(c.admin, "GET", "/cache/prefill", Some(&bearer));
+        if r.status == 429 {
+            limited += 1;
+            assert_eq!(r.header("retry-after"), Some("1"));
+        }
+        if i % 10 == 0 {
+            assert_eq!(healthz(c.admin).0, 200);
+        }
+    }
+    assert!(limited >= 30, "{limited} of 60 were limited");
+    let s = scrape(c.admin);
+    assert_eq!(
+        total(
+            &s,
+            "shardline_admin_refused_total",
+            &[("reason", "rate_limited")]
+        ),
+        limited as f64
+    );
+    // The CLI waits a 429 out instead of failing.
+    let out = common::run_shardline(
+        &[
+            "cache",
+            "purge",
+            "--admin",
+            &c.admin.to_string(),
+            "--token-file",
+            c.token.path(),
+            "/pull/a.bin",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
+#[test]
+fn sighup_reads_the_token_file_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Controlled::start("");
+    let old = c.bearer();
+    let target = "/cache/object?target=/pull/a.bin";
+    assert_eq!(control(c.admin, "GET", target, Some(&old)).status, 200);
+    let new = "rotated-token-0123456789abcdef";
+    std::fs::write(&c.token.file, format!("{new}\n")).unwrap();
+    common::send_signal(&c.server, "HUP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new_bearer = format!("Bearer {new}");
+    while control(c.admin, "GET", target, Some(&new_bearer)).status != 200 {
+        assert!(Instant::now() < deadline, "the new token never applied");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(control(c.admin, "GET", target, Some(&old)).status, 401);
+    // A rotation to a file others may read is refused: the running token stays.
+    std::fs::set_permissions(&c.token.file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    common::send_signal(&c.server, "HUP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.server.log().contains("admin token not reloaded") {
+        assert!(Instant::now() < deadline, "{}", c.server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        control(c.admin, "GET", target, Some(&new_bearer)).status,
+        200
+    );
 }

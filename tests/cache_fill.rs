@@ -19,6 +19,10 @@ struct Edge {
     origin_root: std::path::PathBuf,
     cache: std::path::PathBuf,
     log: std::path::PathBuf,
+    /// The admin listener's control token.
+    token: common::AdminToken,
+    /// The server's `prefill_dir`.
+    prefill_dir: std::path::PathBuf,
     _dirs: Vec<tempfile::TempDir>,
 }
 
@@ -53,12 +57,17 @@ fn edge_with_origin_keys(
     std::fs::create_dir(&root).unwrap();
     std::fs::create_dir(&cache).unwrap();
     common::write_pattern_file(&root.join("local.bin"), 100_000);
+    let token = common::AdminToken::write_in(dir.path());
+    let prefill_dir = dir.path().join("prefill");
+    std::fs::create_dir(&prefill_dir).unwrap();
     let cfg = dir.path().join("shardline.toml");
     std::fs::write(
         &cfg,
         format!(
-            "cache_dir = \"{}\"\n{extra_config}\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n{origin_keys}\n",
+            "cache_dir = \"{}\"\n{}prefill_dir = \"{}\"\n{extra_config}\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n{origin_keys}\n",
             cache.display(),
+            token.config_line(),
+            prefill_dir.display(),
             origin.addr
         ),
     )
@@ -82,6 +91,8 @@ fn edge_with_origin_keys(
         origin_root: origin_root.path().to_path_buf(),
         cache,
         log,
+        token,
+        prefill_dir,
         _dirs: vec![origin_root, work, dir],
     }
 }
@@ -722,6 +733,8 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
                 &admin,
                 "--edge",
                 &edge_addr,
+                "--token-file",
+                e.token.path(),
                 "--json",
                 path.to_str().unwrap(),
             ],
@@ -773,8 +786,8 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
         "a cached object was fetched again"
     );
     // A second prefill while one runs (its lease held) is refused, and runs once it ended.
-    let (status, id) =
-        shardline::cache::tool::admin_request(e.admin, "POST", "/cache/prefill/begin").unwrap();
+    let control = e.token.client(e.admin);
+    let (status, id) = control.request("POST", "/cache/prefill/begin").unwrap();
     assert_eq!(status, 200);
     let out = prefill(list);
     assert_eq!(out.code, Some(2));
@@ -784,7 +797,7 @@ fn prefill_fills_what_is_not_cached_skips_what_is_and_names_bad_lines() {
         out.stderr
     );
     let end = format!("/cache/prefill/end?id={id}");
-    shardline::cache::tool::admin_request(e.admin, "POST", &end).unwrap();
+    control.request("POST", &end).unwrap();
     assert_eq!(prefill(list).code, Some(0));
     // Bad lines are named and nothing is fetched: not a URL, then a path no origin covers.
     let out = prefill("/pull/obj.bin\nftp://x/y\n");
@@ -830,11 +843,10 @@ fn a_server_side_prefill_fills_and_pins_and_the_pins_outlast_evictions() {
     for name in ["p1", "p2", "c1", "o1", "o2", "o3", "o4", "o5"] {
         common::write_pattern_file(&e.origin_root.join(format!("pull/{name}.bin")), MIB);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let list = dir.path().join("release.txt");
-    let admin = |method: &str, target: &str| {
-        shardline::cache::tool::admin_request(e.admin, method, target).unwrap()
-    };
+    // The server reads lists from its prefill_dir only.
+    let list = e.prefill_dir.join("release.txt");
+    let control = e.token.client(e.admin);
+    let admin = |method: &str, target: &str| control.request(method, target).unwrap();
     // A bad line: 400 naming it, nothing fetched.
     std::fs::write(
         &list,
@@ -881,7 +893,7 @@ ftp://x/y
     );
     assert_eq!(s["bytes"].as_u64(), Some(2 * MIB));
     // The CLI pins one more (it fetches it first).
-    let list2 = dir.path().join("more.txt");
+    let list2 = e.prefill_dir.join("more.txt");
     std::fs::write(
         &list2,
         "/pull/c1.bin
@@ -898,6 +910,8 @@ ftp://x/y
             &e.server.addr.to_string(),
             "--pin-until",
             "+1h",
+            "--token-file",
+            e.token.path(),
             "--json",
             list2.to_str().unwrap(),
         ],
@@ -1254,6 +1268,8 @@ fn warm_hits_take_no_lock_and_a_purge_ends_that() {
             "purge",
             "--admin",
             &e.admin.to_string(),
+            "--token-file",
+            e.token.path(),
             "/pull/obj.bin",
         ],
         std::time::Duration::from_secs(30),
@@ -1648,7 +1664,14 @@ fn a_purged_object_is_fetched_from_the_origin_again() {
     assert_eq!(data_files(&e.cache, 2), 2);
     let admin = e.admin.to_string();
     let purge = |args: &[&str]| {
-        let mut all = vec!["cache", "purge", "--admin", &admin];
+        let mut all = vec![
+            "cache",
+            "purge",
+            "--admin",
+            &admin,
+            "--token-file",
+            e.token.path(),
+        ];
         all.extend_from_slice(args);
         common::run_shardline(&all, std::time::Duration::from_secs(20))
     };

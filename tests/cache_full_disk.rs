@@ -91,12 +91,14 @@ fn a_full_cache_disk_keeps_serving_hits_and_passes_fills_through() {
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
     common::write_pattern_file(&root.join("local.bin"), 100_000);
+    let token = common::AdminToken::write_in(dir.path());
     let cfg = dir.path().join("shardline.toml");
     std::fs::write(
         &cfg,
         format!(
-            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            "cache_dir = \"{}\"\n{}[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
             disk.path.display(),
+            token.config_line(),
             origin.addr
         ),
     )
@@ -195,7 +197,15 @@ fn a_full_cache_disk_keeps_serving_hits_and_passes_fills_through() {
     let admin = admin.to_string();
     for path in ["/pull/a.bin", "/pull/c.bin", "/pull/d.bin", "/pull/e.bin"] {
         let out = common::run_shardline(
-            &["cache", "purge", "--admin", &admin, path],
+            &[
+                "cache",
+                "purge",
+                "--admin",
+                &admin,
+                "--token-file",
+                token.path(),
+                path,
+            ],
             Duration::from_secs(20),
         );
         assert_eq!(out.code, Some(0), "{} {}", out.stdout, out.stderr);

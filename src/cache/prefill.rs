@@ -12,6 +12,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::tool::AdminClient;
+
 /// Largest list read (16 MiB: about 100 000 URLs of Steam's length).
 pub const MAX_LIST_BYTES: u64 = 16 << 20;
 /// Most objects one prefill takes.
@@ -20,6 +22,9 @@ pub const MAX_LIST_OBJECTS: usize = 1_000_000;
 pub const MAX_LINE_BYTES: usize = 8192;
 /// Connect, read and write timeout of each request (a stalled fetch fails its object).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most bytes of a list line an error report echoes: enough to recognise the line, never the
+/// whole of a long one (a report may reach someone who may not read the file).
+pub const ECHO_PREFIX_BYTES: usize = 64;
 /// Most bytes of an admin reply or a response head read.
 const HEAD_MAX_BYTES: usize = 64 * 1024;
 /// Bytes read from a body at once.
@@ -59,7 +64,7 @@ pub fn parse_list(text: &str) -> Result<Vec<Target>, Vec<String>> {
         }
         match parse_line(l) {
             Ok((host, target)) => targets.push(Target { line, host, target }),
-            Err(why) => errors.push(format!("line {line}: {why}: {}", shorten(l))),
+            Err(why) => errors.push(format!("line {line}: {why}: {}", echo_prefix(l))),
         }
         if targets.len() > MAX_LIST_OBJECTS {
             errors.push(format!("line {line}: more than {MAX_LIST_OBJECTS} objects"));
@@ -73,8 +78,25 @@ pub fn parse_list(text: &str) -> Result<Vec<Target>, Vec<String>> {
     }
 }
 
-fn shorten(l: &str) -> &str {
-    l.get(..l.floor_char_boundary(120)).unwrap_or(l)
+/// The first `ECHO_PREFIX_BYTES` bytes of `s` for an error report, every byte but visible
+/// ASCII escaped (`\xNN`, and `\\` for a backslash) so no control byte reaches a terminal or
+/// a log, and `...` when cut.
+pub fn echo_prefix(s: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(ECHO_PREFIX_BYTES + 8);
+    for &b in s.as_bytes().iter().take(ECHO_PREFIX_BYTES) {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b' '..=b'~' => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    if s.len() > ECHO_PREFIX_BYTES {
+        out.push_str("...");
+    }
+    out
 }
 
 /// `http[s]://host[:port]/path?q` or `/path?q` -> (Host, target).
@@ -116,14 +138,15 @@ pub struct Held {
 
 /// Asks the admin listener what the cache holds of `t`; Err(message) when no `[[origin]]`
 /// covers it (or the server cannot say).
-pub fn lookup(admin: SocketAddr, t: &Target) -> Result<Held, String> {
+pub fn lookup(admin: &AdminClient, t: &Target) -> Result<Held, String> {
     use super::tool::query_encode;
     let mut q = format!("target={}", query_encode(&t.target));
     if let Some(h) = &t.host {
         q.push_str(&format!("&host={}", query_encode(h)));
     }
-    let (status, body) = super::tool::admin_request(admin, "GET", &format!("/cache/object?{q}"))
-        .map_err(|e| format!("admin listener {admin}: {e}"))?;
+    let (status, body) = admin
+        .request("GET", &format!("/cache/object?{q}"))
+        .map_err(|e| format!("admin listener {}: {e}", admin.addr))?;
     if status != 200 {
         return Err(body);
     }
@@ -140,16 +163,17 @@ pub const LEASE_RENEW_S: u64 = 10;
 
 /// This prefill's lease on the server (`POST /cache/prefill/begin`): one prefill at a time.
 pub struct Lease {
-    admin: SocketAddr,
+    admin: AdminClient,
     id: u64,
     renewed: Instant,
 }
 
 impl Lease {
     /// Takes the server's prefill lease; Err names why (another prefill runs).
-    pub fn begin(admin: SocketAddr) -> Result<Lease, String> {
-        let (status, body) = super::tool::admin_request(admin, "POST", "/cache/prefill/begin")
-            .map_err(|e| format!("admin listener {admin}: {e}"))?;
+    pub fn begin(admin: &AdminClient) -> Result<Lease, String> {
+        let (status, body) = admin
+            .request("POST", "/cache/prefill/begin")
+            .map_err(|e| format!("admin listener {}: {e}", admin.addr))?;
         let id = body
             .trim()
             .parse()
@@ -157,7 +181,7 @@ impl Lease {
             .filter(|_| status == 200)
             .ok_or(body)?;
         Ok(Lease {
-            admin,
+            admin: admin.clone(),
             id,
             renewed: Instant::now(),
         })
@@ -169,23 +193,21 @@ impl Lease {
             return Ok(());
         }
         let target = format!("/cache/prefill/renew?id={}", self.id);
-        match super::tool::admin_request(self.admin, "POST", &target) {
+        match self.admin.request("POST", &target) {
             Ok((200, _)) => {
                 self.renewed = Instant::now();
                 Ok(())
             }
             Ok((_, body)) => Err(body),
-            Err(e) => Err(format!("admin listener {}: {e}", self.admin)),
+            Err(e) => Err(format!("admin listener {}: {e}", self.admin.addr)),
         }
     }
 
     /// Gives the lease back (the next prefill may begin at once).
     pub fn end(self) {
-        let _ = super::tool::admin_request(
-            self.admin,
-            "POST",
-            &format!("/cache/prefill/end?id={}", self.id),
-        );
+        let _ = self
+            .admin
+            .request("POST", &format!("/cache/prefill/end?id={}", self.id));
     }
 }
 
@@ -215,16 +237,16 @@ pub fn parse_pin_until(v: &str, now_unix_s: u64) -> Result<u64, String> {
 
 /// Pins `t` against eviction until `until_unix_s` through the admin listener (`POST
 /// /cache/pin`); Ok(false) when the server does not hold it.
-pub fn pin(admin: SocketAddr, t: &Target, until_unix_s: u64) -> Result<bool, String> {
+pub fn pin(admin: &AdminClient, t: &Target, until_unix_s: u64) -> Result<bool, String> {
     use super::tool::query_encode;
     let mut q = format!("target={}&until={until_unix_s}", query_encode(&t.target));
     if let Some(h) = &t.host {
         q.push_str(&format!("&host={}", query_encode(h)));
     }
-    match super::tool::admin_request(admin, "POST", &format!("/cache/pin?{q}")) {
+    match admin.request("POST", &format!("/cache/pin?{q}")) {
         Ok((200, body)) => Ok(body.trim() == "pinned"),
         Ok((_, body)) => Err(body.trim().to_string()),
-        Err(e) => Err(format!("admin listener {admin}: {e}")),
+        Err(e) => Err(format!("admin listener {}: {e}", admin.addr)),
     }
 }
 
@@ -400,6 +422,30 @@ mod tests {
         }
         assert!(parse_list(&format!("/{}\n", "a".repeat(MAX_LINE_BYTES))).is_err());
         assert_eq!(parse_list("\n# nothing\n").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn an_error_echoes_a_bounded_sanitised_prefix_of_its_line() {
+        assert_eq!(echo_prefix("/pull/a.bin"), "/pull/a.bin");
+        assert_eq!(echo_prefix("a\tb\x1b[31m\\"), "a\\x09b\\x1b[31m\\\\");
+        assert_eq!(echo_prefix("é"), "\\xc3\\xa9");
+        let long = "x".repeat(ECHO_PREFIX_BYTES * 3);
+        let e = echo_prefix(&long);
+        assert_eq!(e, format!("{}...", "x".repeat(ECHO_PREFIX_BYTES)));
+        // A line of a secret file: its error names the line, with a 64-byte prefix at most.
+        let secret = format!("root:{}:0:0:root:/root:/bin/bash", "$6$".repeat(40));
+        let errors = parse_list(&format!("{secret}\n")).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].starts_with("line 1: "), "{}", errors[0]);
+        assert!(!errors[0].contains(&secret), "{}", errors[0]);
+        assert!(
+            errors[0].len() < 64 + ECHO_PREFIX_BYTES + 8,
+            "{}",
+            errors[0]
+        );
+        // Control bytes in a line are escaped, not echoed.
+        let errors = parse_list("/a\x07b\n").unwrap_err();
+        assert!(errors[0].ends_with("/a\\x07b"), "{}", errors[0]);
     }
 
     #[test]

@@ -80,47 +80,113 @@ pub fn verify(dir: &Path) -> std::io::Result<(u64, Vec<(u64, u32)>)> {
 const PURGE_REPLY_MAX_BYTES: u64 = 4096;
 /// How long a purge may take over the admin listener.
 const PURGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Times a request the admin listener answered 429 (over `admin_control_per_s`) is sent again.
+const RATE_LIMITED_RETRIES_MAX: u32 = 60;
+/// Longest wait before sending a 429'd request again (whatever its Retry-After says).
+const RETRY_AFTER_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A running server's admin listener, and the bearer token its control endpoints want
+/// (`admin_token_file`; None sends none, and control requests are refused).
+#[derive(Clone)]
+pub struct AdminClient {
+    /// The admin listener's address.
+    pub addr: std::net::SocketAddr,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("AdminClient")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| ".."))
+            .finish()
+    }
+}
+
+impl AdminClient {
+    /// The admin listener at `addr`, sending `token` with every request.
+    pub fn new(addr: std::net::SocketAddr, token: Option<String>) -> AdminClient {
+        AdminClient { addr, token }
+    }
+
+    /// The admin listener at `addr`, with the token of `token_file` (read as the server reads
+    /// it: a file others may read is refused); no file, no token.
+    pub fn with_token_file(
+        addr: std::net::SocketAddr,
+        token_file: Option<&Path>,
+    ) -> Result<AdminClient, String> {
+        let token = token_file
+            .map(crate::fs::secret::read_token_file)
+            .transpose()?;
+        Ok(AdminClient::new(addr, token))
+    }
+
+    /// One request: its status and body. A 429 is waited out (its Retry-After, at most
+    /// `RETRY_AFTER_MAX`) and sent again, up to `RATE_LIMITED_RETRIES_MAX` times.
+    pub fn request(&self, method: &str, target: &str) -> std::io::Result<(u16, String)> {
+        let mut tries = 0;
+        loop {
+            let (status, retry_after, body) = self.request_once(method, target)?;
+            if status != 429 || tries == RATE_LIMITED_RETRIES_MAX {
+                return Ok((status, body));
+            }
+            tries += 1;
+            std::thread::sleep(retry_after.min(RETRY_AFTER_MAX));
+        }
+    }
+
+    fn request_once(
+        &self,
+        method: &str,
+        target: &str,
+    ) -> std::io::Result<(u16, std::time::Duration, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&self.addr, PURGE_TIMEOUT)?;
+        s.set_read_timeout(Some(PURGE_TIMEOUT))?;
+        s.set_write_timeout(Some(PURGE_TIMEOUT))?;
+        let auth = match &self.token {
+            Some(t) => format!("Authorization: Bearer {t}\r\n"),
+            None => String::new(),
+        };
+        let request = format!(
+            "{method} {target} HTTP/1.1\r\nHost: shardline\r\n{auth}Connection: close\r\n\r\n"
+        );
+        s.write_all(request.as_bytes())?;
+        let mut reply = Vec::new();
+        s.take(PURGE_REPLY_MAX_BYTES).read_to_end(&mut reply)?;
+        let text = String::from_utf8_lossy(&reply);
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP reply");
+        let status = text
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|r| r.get(..3))
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(bad)?;
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let retry_after = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("retry-after")
+                    .then(|| v.trim().parse::<u64>().ok())?
+            })
+            .map_or(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs,
+            );
+        Ok((status, retry_after, body.trim_end().to_string()))
+    }
+}
 
 /// Asks the running server whose admin listener is `admin` to purge `path` (one object) or,
 /// when `prefix`, everything beneath it: `POST /cache/purge`. Returns the reply's status and
 /// body (`purged N`).
-pub fn purge(
-    admin: std::net::SocketAddr,
-    path: &str,
-    prefix: bool,
-) -> std::io::Result<(u16, String)> {
+pub fn purge(admin: &AdminClient, path: &str, prefix: bool) -> std::io::Result<(u16, String)> {
     let name = if prefix { "prefix" } else { "path" };
-    admin_request(
-        admin,
+    admin.request(
         "POST",
         &format!("/cache/purge?{name}={}", query_encode(path)),
     )
-}
-
-/// One request to a running server's admin listener: its status and body.
-pub fn admin_request(
-    admin: std::net::SocketAddr,
-    method: &str,
-    target: &str,
-) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&admin, PURGE_TIMEOUT)?;
-    s.set_read_timeout(Some(PURGE_TIMEOUT))?;
-    s.set_write_timeout(Some(PURGE_TIMEOUT))?;
-    let request =
-        format!("{method} {target} HTTP/1.1\r\nHost: shardline\r\nConnection: close\r\n\r\n");
-    s.write_all(request.as_bytes())?;
-    let mut reply = Vec::new();
-    s.take(PURGE_REPLY_MAX_BYTES).read_to_end(&mut reply)?;
-    let text = String::from_utf8_lossy(&reply);
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP reply");
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|r| r.get(..3))
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(bad)?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Ok((status, body.trim_end().to_string()))
 }
 
 /// `path` with every byte but unreserved ones and '/' percent-encoded (a query value).

@@ -80,6 +80,11 @@ pub const MIN_TLS_HANDSHAKE_BUDGET_BYTES: usize = 72 * 1024;
 
 /// Default admin listener: loopback only, so metrics are not exposed to clients by accident.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9900";
+/// Default `admin_control_per_s`: control requests (with the token) the admin listener takes
+/// a second; `shardline cache prefill` asks one per object of its list, and waits when told.
+pub const DEFAULT_ADMIN_CONTROL_PER_S: u32 = 200;
+/// Most `admin_control_per_s` may be.
+pub const MAX_ADMIN_CONTROL_PER_S: u32 = 100_000;
 
 /// How many shards to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,6 +293,15 @@ pub struct Config {
     pub recv_buffers: usize,
     /// Admin listener address (`/metrics`, `/healthz`); empty means off.
     pub admin: String,
+    /// File holding the bearer token the admin listener's control endpoints (`/cache/...`)
+    /// require (mode 0600); absent: control is off (403), `/metrics` and `/healthz` still serve.
+    pub admin_token_file: Option<PathBuf>,
+    /// Control requests with the token the admin listener takes a second (one second's worth
+    /// may come at once); past it they get 429.
+    pub admin_control_per_s: u32,
+    /// The only directory `POST /cache/prefill?list=` reads lists from; absent: a server-side
+    /// prefill is refused.
+    pub prefill_dir: Option<PathBuf>,
     /// Path on the serving listener that answers 200, or 503 once draining, without touching
     /// a file: what a load balancer on another host checks. Empty means off.
     pub health_path: String,
@@ -419,6 +433,9 @@ impl Default for Config {
             log_level: "info".into(),
             recv_buffers: 1024,
             admin: DEFAULT_ADMIN.into(),
+            admin_token_file: None,
+            admin_control_per_s: DEFAULT_ADMIN_CONTROL_PER_S,
+            prefill_dir: None,
             health_path: DEFAULT_HEALTH_PATH.into(),
             tls_listen: None,
             tls_certificate: Vec::new(),
@@ -688,6 +705,24 @@ impl Config {
                 "needs trusted_proxies: the PROXY header is accepted only from them",
             ));
         }
+        if !(1..=MAX_ADMIN_CONTROL_PER_S).contains(&self.admin_control_per_s) {
+            return Err(err(
+                "admin_control_per_s",
+                format!("must be 1..={MAX_ADMIN_CONTROL_PER_S}"),
+            ));
+        }
+        if let Some(dir) = &self.prefill_dir {
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(err(
+                        "prefill_dir",
+                        format!("{} is not a directory", dir.display()),
+                    ))
+                }
+                Err(e) => return Err(err("prefill_dir", format!("{}: {e}", dir.display()))),
+            }
+        }
         if let Some(admin) = self.admin_addr()? {
             if admin.ip() == self.listen.ip()
                 && admin.port() == self.listen.port()
@@ -879,6 +914,7 @@ pub const RELOADABLE_KEYS: &[&str] = &[
     "egress_bypass_bytes",
     "cache_scrub_bytes_per_s",
     "cache_scrub_shard",
+    "admin_token_file",
 ];
 
 /// The outcome of a SIGHUP reload.
@@ -926,6 +962,8 @@ impl Config {
             log_format,
             recv_buffers,
             admin,
+            admin_control_per_s,
+            prefill_dir,
             tls_listen,
             tls_record_bytes,
             proxy_protocol,
@@ -982,6 +1020,7 @@ impl Config {
             egress_bypass_bytes,
             cache_scrub_bytes_per_s,
             cache_scrub_shard,
+            admin_token_file,
         );
         config.validate()?;
         Ok(Reload { config, refused })
@@ -1089,6 +1128,9 @@ mod tests {
         assert_eq!(c.direct_io_min_bytes, d.direct_io_min_bytes);
         assert_eq!(c.max_connections_per_shard, d.max_connections_per_shard);
         assert_eq!(c.admin, d.admin);
+        assert_eq!(c.admin_token_file, d.admin_token_file);
+        assert_eq!(c.admin_control_per_s, d.admin_control_per_s);
+        assert_eq!(c.prefill_dir, d.prefill_dir);
         assert_eq!(c.tls_listen, d.tls_listen);
         assert_eq!(c.tls_record_bytes, d.tls_record_bytes);
         assert_eq!(c.tls_ticket_lifetime_s, d.tls_ticket_lifetime_s);
@@ -1266,6 +1308,22 @@ mod tests {
         let c = parse("admin = \"127.0.0.1:8080\"").unwrap();
         assert_eq!(c.validate().unwrap_err().key, "admin");
         assert_eq!(parse("admin = 9900").unwrap_err().key, "admin");
+        // The control side: a rate within bounds, a prefill directory that is one.
+        assert_eq!(
+            parse("admin_control_per_s = 0")
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .key,
+            "admin_control_per_s"
+        );
+        let c = parse("admin_control_per_s = 100001").unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "admin_control_per_s");
+        let c = parse("prefill_dir = \"/definitely/not/here\"").unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "prefill_dir");
+        let c = parse("prefill_dir = \"Cargo.toml\"\nadmin_token_file = \"/x\"").unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "prefill_dir");
+        assert_eq!(c.admin_token_file, Some(PathBuf::from("/x")));
     }
 
     #[test]

@@ -731,3 +731,46 @@ pub fn assert_direct_bytes_sent(admin: SocketAddr, before: u64, what: &str) {
     );
     prerequisite(sent > 0, SKIP_O_DIRECT, &missing);
 }
+
+// ---- the admin listener's control token ---------------------------------------------------------
+
+/// A control token for the admin listener (its `/cache/...` endpoints need one): written to
+/// `admin.token` in a directory (mode 0600, as the server requires).
+pub struct AdminToken {
+    /// The token file.
+    pub file: PathBuf,
+    /// The token.
+    pub token: String,
+}
+
+impl AdminToken {
+    /// A fresh token in `dir/admin.token`.
+    pub fn write_in(dir: &Path) -> AdminToken {
+        use std::os::unix::fs::PermissionsExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let token = format!("test-{}-{nanos:x}", std::process::id());
+        let file = dir.join("admin.token");
+        std::fs::write(&file, format!("{token}\n")).expect("write the token file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod 600 the token file");
+        AdminToken { file, token }
+    }
+
+    /// The config line that names the file.
+    pub fn config_line(&self) -> String {
+        format!("admin_token_file = \"{}\"\n", self.file.display())
+    }
+
+    /// The file's path, for `--token-file`.
+    pub fn path(&self) -> &str {
+        self.file.to_str().expect("a UTF-8 temp path")
+    }
+
+    /// A client of the admin listener at `admin` sending this token.
+    pub fn client(&self, admin: SocketAddr) -> shardline::cache::tool::AdminClient {
+        shardline::cache::tool::AdminClient::new(admin, Some(self.token.clone()))
+    }
+}
