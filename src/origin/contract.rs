@@ -16,6 +16,9 @@ pub const MAX_POLICY_FIELD_BYTES: usize = 1024;
 /// The heuristic freshness (RFC 9111 §4.2.2) of a reply with a Last-Modified and no explicit
 /// expiry: this fraction (in percent) of the time since it was last modified.
 pub const HEURISTIC_PERCENT: u64 = 10;
+/// The shortest heuristic freshness: a patch published a minute ago is not revalidated on
+/// every request of its launch (the heuristic is the cache's to choose, RFC 9111 §4.2.2).
+pub const HEURISTIC_MIN_S: u64 = 300;
 
 /// End-to-end fields kept with a version and sent on every response from the cache (RFC 9110
 /// §7.6.1: no hop-by-hop field; no Set-Cookie, which belongs to one client; the validators,
@@ -340,7 +343,7 @@ impl Contract {
 
     /// Seconds the reply is fresh for (§4.2.1, §4.2.2): its explicit lifetime; else a
     /// heuristic `HEURISTIC_PERCENT` of its age since `last_modified` at `date_unix_s` (at
-    /// most `default_s`); else None: the origin entry's default (`cache_revalidate_s`), read
+    /// least `HEURISTIC_MIN_S`, at most `default_s`); else None: the origin entry's default (`cache_revalidate_s`), read
     /// when it is used.
     pub fn lifetime_s(
         &self,
@@ -353,7 +356,11 @@ impl Contract {
         }
         let lm = last_modified.filter(|&lm| lm < date_unix_s)?;
         let since = u64::try_from(date_unix_s - lm).unwrap_or(0);
-        Some((since / 100 * HEURISTIC_PERCENT).min(default_s))
+        Some(
+            (since / 100 * HEURISTIC_PERCENT)
+                .max(HEURISTIC_MIN_S)
+                .min(default_s),
+        )
     }
 }
 
@@ -475,7 +482,13 @@ mod tests {
         let f = fields("");
         let c = Contract::of(&f, NOW);
         assert_eq!(c.lifetime_s(None, NOW, 2_592_000), None);
-        assert_eq!(c.lifetime_s(Some(NOW - 1000), NOW, 2_592_000), Some(100));
+        assert_eq!(c.lifetime_s(Some(NOW - 10_000), NOW, 2_592_000), Some(1000));
+        assert_eq!(
+            c.lifetime_s(Some(NOW - 1000), NOW, 2_592_000),
+            Some(HEURISTIC_MIN_S),
+            "never less than the floor"
+        );
+        assert_eq!(c.lifetime_s(Some(NOW - 1000), NOW, 0), Some(0), "nor the default");
         assert_eq!(
             c.lifetime_s(Some(NOW - 1_000_000_000), NOW, 3600),
             Some(3600)
