@@ -114,7 +114,9 @@ pub fn replay_into(bytes: &[u8], index: &mut Index, stats: &mut ReplayStats) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::record::{KIND_BLOCK, KIND_DROP, KIND_FRESH, KIND_OBJECT};
+    use crate::cache::record::{
+        KIND_BLOCK, KIND_DROP, KIND_FRESH, KIND_OBJECT, MAX_STORED_HEADER_BYTES,
+    };
     use proptest::prelude::*;
 
     /// A frame with a right length and checksum around `body`: what replay trusts.
@@ -176,7 +178,21 @@ mod tests {
             etag_len in 0usize..300,
             size in any::<u64>(),
             block_shift in 10u32..26,
+            lifetime in proptest::option::of(any::<u32>()),
+            initial_age_s in any::<u32>(),
+            no_cache in any::<bool>(),
+            must_revalidate in any::<bool>(),
+            header_len in 0usize..(MAX_STORED_HEADER_BYTES + 40),
+            bad_header in any::<bool>(),
         ) {
+            // Header lines of about `header_len` bytes, or one with a bare LF inside.
+            let mut headers = String::new();
+            while headers.len() + 12 <= header_len {
+                headers.push_str("X-A: bcdef\r\n");
+            }
+            if bad_header {
+                headers.push_str("X-B: c\nd\r\n");
+            }
             let o = ObjectVersion {
                 key: vec![b'k'; key_len],
                 version: 7,
@@ -186,8 +202,13 @@ mod tests {
                 etag: "e".repeat(etag_len),
                 last_modified: String::new(),
                 content_type: String::new(),
-                freshness: Default::default(),
-                headers: String::new(),
+                freshness: crate::cache::record::Freshness {
+                    lifetime_s: lifetime.map(|l| l.min(u32::MAX - 1)),
+                    initial_age_s,
+                    no_cache,
+                    must_revalidate,
+                },
+                headers,
             };
             let r = Record::Object(o);
             let mut buf = Vec::new();
@@ -204,6 +225,38 @@ mod tests {
                 (v, d) => prop_assert!(false, "validate {:?} but decode {:?}", v, d),
             }
         }
+    }
+
+    /// A version journaled before issue 42 (no freshness, no stored lines: its record ends
+    /// after the content type) replays with the defaults; with them it replays whole.
+    #[test]
+    fn object_records_from_before_the_contract_replay_with_the_defaults() {
+        let old = object("/pull/a", 3, 100);
+        let mut buf = Vec::new();
+        Record::Object(old.clone()).encode(&mut buf);
+        // Cut the new fields off the body and frame it again, as an old writer did.
+        let body_len = buf.len() - FRAME_BYTES - crate::cache::record::Freshness::BYTES - 2;
+        let framed = framed(&buf[FRAME_BYTES..FRAME_BYTES + body_len]);
+        assert_eq!(
+            Record::decode(&framed),
+            Decoded::Record(Record::Object(old.clone()), framed.len())
+        );
+        let kept = ObjectVersion {
+            freshness: crate::cache::record::Freshness {
+                lifetime_s: Some(60),
+                initial_age_s: 5,
+                no_cache: false,
+                must_revalidate: true,
+            },
+            headers: "Content-Encoding: gzip\r\n".into(),
+            ..old
+        };
+        let mut buf = Vec::new();
+        Record::Object(kept.clone()).encode(&mut buf);
+        assert_eq!(
+            Record::decode(&buf),
+            Decoded::Record(Record::Object(kept), buf.len())
+        );
     }
 
     fn object(key: &str, version: u64, size: u64) -> ObjectVersion {

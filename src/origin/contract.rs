@@ -488,7 +488,11 @@ mod tests {
             Some(HEURISTIC_MIN_S),
             "never less than the floor"
         );
-        assert_eq!(c.lifetime_s(Some(NOW - 1000), NOW, 0), Some(0), "nor the default");
+        assert_eq!(
+            c.lifetime_s(Some(NOW - 1000), NOW, 0),
+            Some(0),
+            "nor the default"
+        );
         assert_eq!(
             c.lifetime_s(Some(NOW - 1_000_000_000), NOW, 3600),
             Some(3600)

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod haproxy;
+pub mod scripted_origin;
 pub mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,233 @@
+//! The cache keeps the origin's contract (issue 42, RFC 9111): its freshness decides when the
+//! edge asks again, its end-to-end fields reach every client, and what must be validated is
+//! never served unvalidated. A scripted origin (tests/common/scripted_origin.rs) answers with
+//! the fields each test names, and 304 to a conditional request for its ETag.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::scripted_origin::{ranged, Asked, ScriptedOrigin};
+use common::{get, Server};
+
+/// An origin that answers every object with `fields` (by path), and 304 to If-None-Match.
+fn contract_origin(objects: Vec<(&'static str, Vec<u8>, &'static str)>) -> ScriptedOrigin {
+    let origin = ScriptedOrigin::start(objects.iter().map(|(p, c, _)| (*p, c.clone())).collect());
+    let fields: Vec<(String, &'static str)> = objects
+        .iter()
+        .map(|(p, _, f)| (p.to_string(), *f))
+        .collect();
+    origin.set(Arc::new(move |a: &Asked, c: &[u8]| {
+        let bare = a.path.split('?').next().unwrap_or("");
+        let f = fields
+            .iter()
+            .find(|(p, _)| p == bare)
+            .map_or("", |(_, f)| *f);
+        if a.if_none_match.as_deref() == Some("\"good\"") {
+            let head = format!("HTTP/1.1 304 Not Modified\r\nETag: \"good\"\r\n{f}\r\n");
+            return (head.into_bytes(), false, None);
+        }
+        (ranged(c, a.range, f), false, None)
+    }));
+    origin
+}
+
+/// shardline (one shard) pulling `/pull/` from `origin`.
+fn edge(origin: &ScriptedOrigin) -> (Server, SocketAddr, tempfile::TempDir) {
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            cache.display(),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let (server, admin) =
+        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    (server, admin, dir)
+}
+
+fn object(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(salt))
+        .collect()
+}
+
+/// A request's (count, conditional count) at the origin for `path`.
+fn asked(origin: &ScriptedOrigin, path: &str) -> (usize, usize) {
+    let seen = origin.seen();
+    let of = seen.iter().filter(|s| s.path == path);
+    (
+        of.clone().count(),
+        of.filter(|s| s.if_none_match.is_some()).count(),
+    )
+}
+
+/// Freshness precedence (RFC 9111 §4.2.1, RFC 9213): a fresh object is served without asking,
+/// and one whose lifetime is over (by max-age, s-maxage, CDN-Cache-Control or Expires) or that
+/// is `no-cache` is asked again, conditionally, on its next use.
+#[test]
+fn the_origins_freshness_decides_when_to_ask_again() {
+    let cases: Vec<(&'static str, &'static str, usize)> = vec![
+        ("/pull/fresh.bin", "Cache-Control: max-age=3600\r\n", 0),
+        ("/pull/silent.bin", "", 0),
+        ("/pull/zero.bin", "Cache-Control: max-age=0\r\n", 1),
+        (
+            "/pull/cdn.bin",
+            "Cache-Control: max-age=3600\r\nCDN-Cache-Control: max-age=0\r\n",
+            1,
+        ),
+        (
+            "/pull/cdn-longer.bin",
+            "Cache-Control: max-age=0\r\nCDN-Cache-Control: max-age=3600\r\n",
+            0,
+        ),
+        (
+            "/pull/smax.bin",
+            "Cache-Control: max-age=3600, s-maxage=0\r\n",
+            1,
+        ),
+        (
+            "/pull/expired.bin",
+            "Date: Sun, 06 Dec 2026 00:00:00 GMT\r\nExpires: Sat, 05 Dec 2026 00:00:00 GMT\r\n",
+            1,
+        ),
+        (
+            "/pull/nocache.bin",
+            "Cache-Control: max-age=3600, no-cache\r\n",
+            1,
+        ),
+        (
+            "/pull/aged.bin",
+            "Cache-Control: max-age=100\r\nAge: 100\r\n",
+            1,
+        ),
+    ];
+    let objects: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (p, f, _))| (*p, object(70_000, i as u8), *f))
+        .collect();
+    let origin = contract_origin(objects.clone());
+    let (server, _admin, _dir) = edge(&origin);
+    for ((path, fields, revalidations), (_, content, _)) in cases.iter().zip(&objects) {
+        for _ in 0..2 {
+            let r = get(&server, path, &[]);
+            assert_eq!(r.status, 200, "{path}");
+            assert!(&r.body == content, "{path}: its bytes");
+        }
+        assert_eq!(
+            asked(&origin, path),
+            (1 + revalidations, *revalidations),
+            "{path} ({fields:?}): origin requests and conditional ones"
+        );
+    }
+}
+
+/// The origin's end-to-end fields reach every client of the object, miss and hit, whole and
+/// ranged (RFC 9111 §3.1, RFC 9110 §7.6.1): Content-Encoding labels the bytes, Set-Cookie is
+/// never replayed; Age and Cache-Status (RFC 9211) say where the bytes came from.
+#[test]
+fn the_origins_head_reaches_every_client() {
+    let content = object(300_000, 3);
+    let fields = "Cache-Control: public, max-age=3600\r\nContent-Encoding: gzip\r\n\
+                  Content-Disposition: attachment; filename=\"patch.pak\"\r\n\
+                  Link: </manifest>; rel=preload\r\nSet-Cookie: session=alice\r\n\
+                  Connection: x-hop\r\nX-Hop: 1\r\n";
+    let origin = contract_origin(vec![("/pull/patch.pak", content.clone(), fields)]);
+    let (server, _admin, _dir) = edge(&origin);
+    let check = |r: &common::Response, what: &str| {
+        assert_eq!(r.header("content-encoding"), Some("gzip"), "{what}");
+        assert_eq!(
+            r.header("content-disposition"),
+            Some("attachment; filename=\"patch.pak\""),
+            "{what}"
+        );
+        assert_eq!(
+            r.header("cache-control"),
+            Some("public, max-age=3600"),
+            "{what}"
+        );
+        assert_eq!(r.header("link"), Some("</manifest>; rel=preload"), "{what}");
+        assert_eq!(r.header("set-cookie"), None, "{what}: never replayed");
+        assert_eq!(r.header("x-hop"), None, "{what}");
+        let age: u64 = r.header("age").expect("Age").parse().expect("a number");
+        assert!(age < 3600, "{what}: age {age}");
+    };
+    let miss = get(&server, "/pull/patch.pak", &[]);
+    assert_eq!(miss.status, 200);
+    assert!(miss.body == content);
+    check(&miss, "miss");
+    let status = miss.header("cache-status").expect("Cache-Status");
+    assert!(
+        status.starts_with("shardline; fwd=miss; stored"),
+        "{status}"
+    );
+    let hit = get(&server, "/pull/patch.pak", &[]);
+    assert!(hit.body == content);
+    check(&hit, "hit");
+    let status = hit.header("cache-status").expect("Cache-Status");
+    assert!(status.starts_with("shardline; hit; ttl="), "{status}");
+    let part = get(&server, "/pull/patch.pak", &[("Range", "bytes=100-199")]);
+    assert_eq!(part.status, 206);
+    assert_eq!(part.body, content[100..200]);
+    check(&part, "range");
+    assert_eq!(asked(&origin, "/pull/patch.pak").0, 1, "one origin request");
+}
+
+/// `no-cache` and `must-revalidate` (RFC 9111 §5.2.2.2, §5.2.2.4): once the origin cannot
+/// confirm the copy, clients get an error, never the stale bytes; a copy with neither is
+/// served stale meanwhile (today's rule, kept for the rest).
+#[test]
+fn a_copy_that_must_be_validated_is_never_served_stale() {
+    let cases: Vec<(&'static str, &'static str, bool)> = vec![
+        ("/pull/nocache.bin", "Cache-Control: no-cache\r\n", false),
+        (
+            "/pull/must.bin",
+            "Cache-Control: max-age=0, must-revalidate\r\n",
+            false,
+        ),
+        (
+            "/pull/proxy.bin",
+            "Cache-Control: max-age=0, proxy-revalidate\r\n",
+            false,
+        ),
+        ("/pull/stale-ok.bin", "Cache-Control: max-age=0\r\n", true),
+    ];
+    let objects: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (p, f, _))| (*p, object(50_000, 40 + i as u8), *f))
+        .collect();
+    let origin = contract_origin(objects.clone());
+    let (server, _admin, _dir) = edge(&origin);
+    for (path, content, _) in &objects {
+        assert!(&get(&server, path, &[]).body == content, "{path} cached");
+    }
+    // The origin fails from now on.
+    origin.set(Arc::new(|_: &Asked, _: &[u8]| {
+        (
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n".to_vec(),
+            false,
+            None,
+        )
+    }));
+    for ((path, fields, stale_ok), (_, content, _)) in cases.iter().zip(&objects) {
+        let r = get(&server, path, &[]);
+        if *stale_ok {
+            assert_eq!(r.status, 200, "{path} ({fields:?}) served stale");
+            assert!(&r.body == content);
+        } else {
+            assert!(r.status >= 500, "{path} ({fields:?}): got {}", r.status);
+            assert!(&r.body != content, "{path}: never the stale bytes");
+        }
+    }
+}
