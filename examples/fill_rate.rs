@@ -127,7 +127,7 @@ fn main() {
             {
                 Outcome::Ready(_) => pos = (pos / b + 1) * b,
                 Outcome::Waiting => waiting = true,
-                Outcome::Busy | Outcome::Refused(_) => panic!("busy"),
+                Outcome::Busy | Outcome::Refused(_) | Outcome::Pass => panic!("busy"),
             }
         }
         let now_ms = start.elapsed().as_millis() as u64;

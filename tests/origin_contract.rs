@@ -231,3 +231,153 @@ fn a_copy_that_must_be_validated_is_never_served_stale() {
         }
     }
 }
+
+/// What a shared cache may not store (RFC 9111 §3, §3.5) is each client's own: `private`,
+/// `no-store`, a Vary on a request field, and any request with Authorization get their own
+/// origin fetch, whole and ranged, and never another client's bytes; nothing of it is kept.
+/// Two clients whose requests meet in one fill each get their own reply.
+#[test]
+fn what_may_not_be_stored_is_each_clients_own() {
+    // The origin answers each request with bytes of its own: the query names the client.
+    let size = 200_000usize;
+    let cases: Vec<(&'static str, &'static str)> = vec![
+        (
+            "/pull/private.bin",
+            "Cache-Control: private, max-age=600\r\n",
+        ),
+        ("/pull/nostore.bin", "Cache-Control: no-store\r\n"),
+        (
+            "/pull/vary.bin",
+            "Vary: Cookie\r\nCache-Control: max-age=600\r\n",
+        ),
+        ("/pull/auth.bin", "Cache-Control: max-age=600\r\n"),
+    ];
+    let origin = ScriptedOrigin::start(cases.iter().map(|(p, _)| (*p, vec![0u8; size])).collect());
+    let fields: Vec<(String, &'static str)> =
+        cases.iter().map(|(p, f)| (p.to_string(), *f)).collect();
+    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        let (bare, query) = a.path.split_once('?').unwrap_or((&a.path, ""));
+        let f = fields
+            .iter()
+            .find(|(p, _)| p == bare)
+            .map_or("", |(_, f)| *f);
+        let salt = query
+            .bytes()
+            .fold(7u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
+        (ranged(&object(size, salt), a.range, f), false, None)
+    }));
+    let (server, admin, _dir) = edge(&origin);
+    let mine = |query: &str| {
+        let salt = query
+            .bytes()
+            .fold(7u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
+        object(size, salt)
+    };
+    for (path, fields) in &cases {
+        let auth: &[(&str, &str)] = if path.contains("auth") {
+            &[("Authorization", "Bearer x")]
+        } else {
+            &[]
+        };
+        for user in ["user=alice", "user=bob", "user=carol"] {
+            let url = format!("{path}?{user}");
+            let r = get(&server, &url, auth);
+            assert_eq!(r.status, 200, "{url} ({fields:?})");
+            assert!(r.body == mine(user), "{url}: its own bytes");
+            let status = r.header("cache-status").unwrap_or_default();
+            assert!(status.contains("fwd=miss; detail="), "{url}: {status}");
+            let part = get(
+                &server,
+                &url,
+                &[&[("Range", "bytes=1000-1999")], auth].concat(),
+            );
+            assert_eq!(part.status, 206, "{url} ranged");
+            assert_eq!(
+                part.body,
+                mine(user)[1000..2000],
+                "{url} ranged: its own bytes"
+            );
+        }
+        let (requests, authorized) = asked_prefix(&origin, path);
+        if auth.is_empty() {
+            assert_eq!(
+                requests,
+                1 + 6,
+                "{path}: every client asked the origin (the first fill too)"
+            );
+        } else {
+            assert_eq!(
+                (requests, authorized),
+                (6, 6),
+                "{path}: each asked with its credential"
+            );
+        }
+    }
+    // Nothing was stored: the cache holds no version of them.
+    assert_eq!(
+        common::admin_metric(admin, "shardline_cache_lookups_total", "result=\"hit\""),
+        0
+    );
+    // Two clients meet in one fill of a key not yet known to be private: the origin holds
+    // the fill's reply until the second request has joined it (the coalescing counter
+    // says so); then each client gets its own bytes from its own fetch.
+    let together = "/pull/together.bin";
+    let origin2 = ScriptedOrigin::start(vec![(together, vec![0u8; size])]);
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (r2, f2) = (release.clone(), first.clone());
+    origin2.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        let query = a.path.split_once('?').map_or("", |(_, q)| q);
+        let salt = query
+            .bytes()
+            .fold(7u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
+        if f2.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !r2.load(std::sync::atomic::Ordering::SeqCst)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        (
+            ranged(&object(size, salt), a.range, "Cache-Control: private\r\n"),
+            false,
+            None,
+        )
+    }));
+    let (server2, admin2, _dir2) = edge(&origin2);
+    let server2 = Arc::new(server2);
+    let clients: Vec<_> = ["user=dave", "user=erin"]
+        .into_iter()
+        .map(|user| {
+            let server2 = server2.clone();
+            std::thread::spawn(move || (user, get(&server2, &format!("{together}?{user}"), &[])))
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while common::admin_metric(admin2, "shardline_cache_waits", "how=\"joined\"") < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second request never joined the fill"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    release.store(true, std::sync::atomic::Ordering::SeqCst);
+    for client in clients {
+        let (user, r) = client.join().unwrap();
+        assert_eq!(r.status, 200, "{user}");
+        assert!(
+            r.body == mine(user),
+            "{user} got its own bytes, not the fill's"
+        );
+    }
+}
+
+/// Requests at the origin for `path`, whatever their query.
+fn asked_prefix(origin: &ScriptedOrigin, path: &str) -> (usize, usize) {
+    let seen = origin.seen();
+    let of = seen
+        .iter()
+        .filter(|s| s.path.split('?').next() == Some(path));
+    (of.clone().count(), of.filter(|s| s.authorization).count())
+}

@@ -364,6 +364,24 @@ impl Filler {
         file: Option<Arc<File>>,
         now_ms: u64,
     ) -> Result<(), Begin> {
+        self.begin_as(ring, job, origin, path, None, plan, slot, file, now_ms)
+    }
+
+    /// `begin`, sending the client's `authorization` (a request the cache does not serve:
+    /// its reply is that client's alone).
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin_as<R: RingOps>(
+        &mut self,
+        ring: &mut R,
+        job: u64,
+        origin: usize,
+        path: &str,
+        authorization: Option<&str>,
+        plan: Plan,
+        slot: ArenaSlot,
+        file: Option<Arc<File>>,
+        now_ms: u64,
+    ) -> Result<(), Begin> {
         let target = &self.origins[origin];
         let mut plan = plan;
         if target.tls.is_some() {
@@ -380,6 +398,7 @@ impl Filler {
             range: Some(plan.range()),
             if_none_match: plan.etag.as_deref().filter(|_| plan.revalidate),
             if_modified_since: plan.last_modified.as_deref().filter(|_| plan.revalidate),
+            authorization,
         };
         if let Err(e) = fetch.write(&mut self.request) {
             return Err(Begin::Refused(slot, format!("origin request: {e:?}")));

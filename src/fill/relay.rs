@@ -123,6 +123,12 @@ impl Relay {
     /// The connection wants `len` bytes of the object at `file_offset` in `slot` at
     /// `buf_off`. A read aligned past the object's end (a response that began on the cache's
     /// block-aligned reads) is answered with the bytes there are, as a file's read is.
+    /// The object's size, learnt from its reply's head (a relay begun before it knew).
+    pub fn set_size(&mut self, size: u64) {
+        assert!(self.piece.is_none(), "a piece before the head");
+        self.size = size;
+    }
+
     pub fn read(&mut self, slot: ArenaSlot, buf_off: usize, len: usize, file_offset: u64) {
         assert!(self.read.is_none(), "two reads of one pass-through at once");
         let len = (len as u64).min(self.size.saturating_sub(file_offset)) as usize;

@@ -128,6 +128,7 @@ fn plan(first: u32, last: u32, size: Option<u64>) -> Plan {
         slot_bytes: CHUNK,
         align_bytes: ALIGN,
         sync_every_blocks: 1,
+        storing: true,
     }
 }
 
@@ -629,7 +630,7 @@ fn read_all_of(
                         r.pos = at + buf.len() as u64;
                     }
                     Outcome::Waiting => r.waiting = true,
-                    Outcome::Busy | Outcome::Refused(_) => panic!("busy"),
+                    Outcome::Busy | Outcome::Refused(_) | Outcome::Pass => panic!("busy"),
                 }
             }
             let size = cf.index().current(key).map(|m| m.size);

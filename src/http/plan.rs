@@ -583,6 +583,7 @@ mod tests {
             if_none_match: None,
             if_modified_since: None,
             if_range: None,
+            authorization: None,
             x_forwarded_for: Default::default(),
             forwarded: Default::default(),
             host: None,

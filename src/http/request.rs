@@ -80,6 +80,9 @@ pub struct Request<'a> {
     pub if_modified_since: Option<&'a [u8]>,
     /// `If-Range` value, if present.
     pub if_range: Option<&'a [u8]>,
+    /// `Authorization`: a shared cache neither stores the answer nor answers it from
+    /// another's (RFC 9111 §3.5); forwarded to the origin with the request's own fetch.
+    pub authorization: Option<&'a [u8]>,
     /// The `X-Forwarded-For` lines, in order (the hops nearest to us are at the right end
     /// of the last one).
     pub x_forwarded_for: ListLines<'a>,
@@ -426,6 +429,7 @@ struct Fields<'a> {
     if_none_match: Option<&'a [u8]>,
     if_modified_since: Option<&'a [u8]>,
     if_range: Option<&'a [u8]>,
+    authorization: Option<&'a [u8]>,
     x_forwarded_for: ListLines<'a>,
     forwarded: ListLines<'a>,
 }
@@ -476,6 +480,8 @@ fn read_fields<'a>(headers: &[httparse::Header<'a>]) -> Result<Fields<'a>, Rejec
             set_once(&mut f.if_modified_since, h.value)?;
         } else if is("if-range") {
             set_once(&mut f.if_range, h.value)?;
+        } else if is("authorization") {
+            set_once(&mut f.authorization, h.value)?;
         } else if is("x-forwarded-for") {
             // Read only from a trusted peer (`client::forwarded`); every line counts, as
             // one list.
@@ -667,6 +673,7 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
             if_none_match: f.if_none_match,
             if_modified_since: f.if_modified_since,
             if_range: f.if_range,
+            authorization: f.authorization,
             x_forwarded_for: f.x_forwarded_for,
             forwarded: f.forwarded,
             host: f.host.map(<[u8]>::trim_ascii).filter(|h| !h.is_empty()),

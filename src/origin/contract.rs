@@ -320,6 +320,13 @@ impl Contract {
         }
     }
 
+    /// Whether a shared cache may store a reply with `fields` to a request without
+    /// `Authorization` (which the edge never stores, `Request::authorization`): no clock
+    /// needed, so the fetch decides at the head, before a byte is written.
+    pub fn storable_fields(fields: &HeadFields) -> Result<(), NotStored> {
+        Contract::of(fields, 0).storable(fields, false)
+    }
+
     /// Whether a shared cache may store the reply to a request with (`authorization`) or
     /// without an `Authorization` field (RFC 9111 §3, §3.5).
     pub fn storable(&self, fields: &HeadFields, authorization: bool) -> Result<(), NotStored> {

@@ -44,6 +44,10 @@ pub struct Plan {
     /// Blocks written between two syncs (at least 1). The fetch's first block is synced on
     /// its own, so a waiting client hears of it at once; later ones share a sync.
     pub sync_every_blocks: u32,
+    /// The bytes are for the cache (a fill), not one client (a pass-through): a reply its
+    /// origin forbids a shared cache to store is refused at its head, before a byte is
+    /// written (`FetchError::NotStored`).
+    pub storing: bool,
 }
 
 impl Plan {
@@ -152,6 +156,9 @@ pub enum FetchError {
     Overrun,
     /// A write or sync of the data file failed (errno), or wrote short.
     Disk(i32),
+    /// The reply may not be stored by a shared cache (RFC 9111 §3): each client is passed
+    /// through on its own instead.
+    NotStored(super::contract::NotStored),
 }
 
 impl FetchError {
@@ -471,6 +478,12 @@ impl BlockFetch {
             Verdict::VersionChanged => return self.fail(FetchError::VersionChanged, out),
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
         };
+        let fields = Box::new(super::contract::HeadFields::collect(&slot[..head.head_len]));
+        if self.plan.storing {
+            if let Err(why) = super::contract::Contract::storable_fields(&fields) {
+                return self.fail(FetchError::NotStored(why), out);
+            }
+        }
         if size.div_ceil(u64::from(self.plan.block_bytes))
             > crate::cache::journal::MAX_BLOCKS_PER_OBJECT
         {
@@ -484,7 +497,7 @@ impl BlockFetch {
             last_modified: keep(head.last_modified),
             content_type: keep(head.content_type),
             whole,
-            fields: Box::new(super::contract::HeadFields::collect(&slot[..head.head_len])),
+            fields,
         };
         let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;
@@ -676,6 +689,7 @@ mod tests {
             slot_bytes: slot,
             align_bytes: ALIGN,
             sync_every_blocks: 1,
+            storing: true,
         }
     }
 

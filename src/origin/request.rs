@@ -19,6 +19,9 @@ pub struct Fetch<'a> {
     pub if_none_match: Option<&'a str>,
     /// Revalidate: `If-Modified-Since` with this date (when the origin gave no ETag).
     pub if_modified_since: Option<&'a str>,
+    /// The client's `Authorization`, forwarded on a request the cache does not serve (its
+    /// reply is that client's alone).
+    pub authorization: Option<&'a str>,
 }
 
 /// Why a request could not be written.
@@ -44,6 +47,7 @@ impl Fetch<'_> {
             Some(self.host),
             self.if_none_match,
             self.if_modified_since,
+            self.authorization,
         ];
         if !self.path.starts_with('/') || !fields.iter().flatten().all(|f| clean(f)) {
             return Err(RequestError::BadField);
@@ -63,6 +67,9 @@ impl Fetch<'_> {
             let _ = write!(out, "If-None-Match: {etag}\r\n");
         } else if let Some(date) = self.if_modified_since {
             let _ = write!(out, "If-Modified-Since: {date}\r\n");
+        }
+        if let Some(credentials) = self.authorization {
+            let _ = write!(out, "Authorization: {credentials}\r\n");
         }
         out.push_str("\r\n");
         if out.len() > MAX_REQUEST_HEAD_BYTES {
@@ -86,6 +93,7 @@ mod tests {
             range: Some((1 << 20, (3 << 20) - 1)),
             if_none_match: Some("\"v2\""),
             if_modified_since: Some("Tue, 01 Dec 2026 00:00:00 GMT"),
+            authorization: None,
         }
         .write(&mut out)
         .unwrap();
@@ -111,6 +119,7 @@ mod tests {
             range: None,
             if_none_match: None,
             if_modified_since: None,
+            authorization: None,
         };
         for bad in [
             Fetch {
@@ -122,6 +131,10 @@ mod tests {
                 if_none_match: Some("\"x\"\n"),
                 ..ok
             },
+            Fetch {
+                authorization: Some("Bearer a\r\nX-Evil: 1"),
+                ..ok
+            },
         ] {
             assert_eq!(bad.write(&mut out), Err(RequestError::BadField));
         }
@@ -131,5 +144,10 @@ mod tests {
             Err(RequestError::TooLong)
         );
         assert!(ok.write(&mut out).is_ok() && !out.contains("Range"));
+        let with = Fetch {
+            authorization: Some("Bearer abc"),
+            ..ok
+        };
+        assert!(with.write(&mut out).is_ok() && out.contains("\r\nAuthorization: Bearer abc\r\n"));
     }
 }

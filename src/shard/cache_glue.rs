@@ -49,6 +49,9 @@ pub(super) struct Pulls {
     pub lock_waits: LockWaits,
     /// The extra head lines of the pulled response being planned (kept for its allocation).
     pub head_extra: Vec<u8>,
+    /// Requests answered by their own origin fetch, unstored (`respond_bypass`): why, and the
+    /// reply's head once it came.
+    pub bypasses: ByConn<super::pass_glue::Bypass>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -219,6 +222,10 @@ pub(super) fn cached_head_lines(
     out.extend_from_slice(meta.headers.as_bytes());
 }
 
+/// `Cache-Status` detail of a request passed because its key's replies were found not
+/// storable lately (hit-for-pass).
+const NOT_STORED_LATELY: &str = "not-stored";
+
 /// Most times one response may meet a bad block and wait for it to be fetched again; past
 /// it the response is cut (a disk that corrupts every block it is given cannot be served
 /// from).
@@ -275,6 +282,10 @@ pub(super) enum FillAnswer {
     Status(u16),
     /// A pass-through from the origin: the cache's disk had no room for it.
     PassThrough,
+    /// Its own origin fetch, unstored: the fill's reply may not be stored (the detail).
+    Bypass(&'static str),
+    /// Its own origin fetch's head came (`Pulls::bypasses`): answer from it.
+    Bypassed,
     /// Ask the fill again (its lock was held); `admitted`: as the request was first asked.
     Again {
         /// Whether it had been admitted (`EdgeCache::want`).
@@ -335,7 +346,22 @@ impl<R: RingOps> Shard<R> {
             return true;
         }
         let again = self.cache.pulls.answers.remove(self.conn_ref(c));
+        if req.authorization.is_some() && again.is_none() {
+            // Never answered from another's copy, never stored (RFC 9111 §3.5).
+            self.respond_bypass(c, req, origin, &path, "authorization");
+            return true;
+        }
         match again {
+            Some(FillAnswer::Bypass(detail)) => {
+                // The fill found its reply not storable: its own fetch, as every other
+                // waiter of that fill makes (none gets another client's reply).
+                self.respond_bypass(c, req, origin, &path, detail);
+                return true;
+            }
+            Some(FillAnswer::Bypassed) => {
+                self.respond_bypassed(c, req, rate);
+                return true;
+            }
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 // Waited in vain on an origin that asked the edge to wait: told for how long.
@@ -395,6 +421,8 @@ impl<R: RingOps> Shard<R> {
                 self.conns[c.index()].set_cache_label(Some("HIT"));
                 self.respond_status(c, status, keep_alive, head_only)
             }
+            // Its replies may not be stored: its own fetch, unstored.
+            (Outcome::Pass, _) => self.respond_bypass(c, req, origin, &path, NOT_STORED_LATELY),
         }
         true
     }
@@ -411,7 +439,7 @@ impl<R: RingOps> Shard<R> {
 
     /// Request `c` waits for the fill (`ConnMachine::await_fill`: no slot, a deadline of
     /// `cache_wait_timeout_ms`).
-    fn park_for_fill(&mut self, c: ConnSlot) {
+    pub(super) fn park_for_fill(&mut self, c: ConnSlot) {
         let Some(timeout_ms) = self.cache.edge.as_ref().map(|e| e.wait_timeout_ms) else {
             return;
         };
@@ -627,7 +655,7 @@ impl<R: RingOps> Shard<R> {
             Some(Outcome::Ready(v)) if v == version => edge.fill.readable_end(v, file_offset),
             Some(Outcome::Waiting) => return,
             // Another version (the response began on this one) or too many waiting.
-            Some(Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_)) => {
+            Some(Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_) | Outcome::Pass) => {
                 return self.cache.pulls.aborts.push(waiter);
             }
             None => None,
@@ -767,6 +795,9 @@ impl<R: RingOps> Shard<R> {
                         } else if error.is_disk_full() {
                             // No room to store it: the request is passed through instead.
                             Some(FillAnswer::PassThrough)
+                        } else if let crate::origin::fetch::FetchError::NotStored(why) = error {
+                            // Not storable: its own fetch (it never gets another's reply).
+                            Some(FillAnswer::Bypass(why.label()))
                         } else {
                             Some(FillAnswer::Status(EdgeCache::status_for(&error)))
                         };
@@ -861,7 +892,7 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// A waiting request's fill moved (or failed: `answer`): it is answered again.
-    fn resume_fill(&mut self, waiter: Waiter, answer: Option<FillAnswer>) {
+    pub(super) fn resume_fill(&mut self, waiter: Waiter, answer: Option<FillAnswer>) {
         let (c, generation) = (waiter.conn, waiter.generation);
         let conn = &self.conns[c.index()];
         if conn.generation() != generation || !conn.is_open() || !conn.awaiting_fill() {
@@ -903,6 +934,7 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.cache.pulls.answers.remove(self.conn_ref(c));
+        self.cache.pulls.bypasses.remove(self.conn_ref(c));
         self.relay_end(c);
         let refetching = self
             .cache
@@ -1012,7 +1044,7 @@ impl<R: RingOps> Shard<R> {
                 entry.refetch.push((slot, block));
                 ReadCheck::Hold { now: true }
             }
-            Outcome::Busy | Outcome::Refused(_) => {
+            Outcome::Busy | Outcome::Refused(_) | Outcome::Pass => {
                 tracing::warn!(shard = self.index, object = %key, version, block, "a cached block failed its checksum and cannot be fetched again for this response: it is cut");
                 Use(-libc::EIO)
             }

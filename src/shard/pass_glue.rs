@@ -15,7 +15,130 @@ use crate::fill::FillEvent;
 use crate::http::plan::{self, FileRead};
 use crate::http::request::{Method, Request};
 
+/// A request answered by its own origin fetch, unstored (`Shard::respond_bypass`): why
+/// (`Cache-Status`'s detail), and the reply's head, as a version that is never indexed, once
+/// it came.
+#[derive(Clone, Debug)]
+pub(super) struct Bypass {
+    detail: &'static str,
+    head: Option<ObjectVersion>,
+}
+
 impl<R: RingOps> Shard<R> {
+    /// Answers `req` with its own fetch from origin `origin` (`path` there), nothing of it
+    /// stored or shared (its key's replies may not be stored, or it carries Authorization):
+    /// the request waits for the reply's head (as for a fill, within
+    /// `cache_wait_timeout_ms`), is then answered from it (`respond_bypassed`), and its body
+    /// is the fetch's pieces. It asks for the request's single range (from its first byte),
+    /// else the whole object. 503 when the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already or
+    /// no fetch can start now.
+    pub(super) fn respond_bypass(
+        &mut self,
+        c: ConnSlot,
+        req: &Request<'_>,
+        origin: usize,
+        path: &str,
+        detail: &'static str,
+    ) {
+        let keep_alive = req.keep_alive && !self.leaving();
+        let head_only = req.method == Method::Head;
+        let whole = req.if_range.is_some();
+        let from = if whole {
+            0
+        } else {
+            crate::fill::edge::EdgeCache::first_byte(req.range).unwrap_or(0)
+        };
+        let end = crate::fill::edge::EdgeCache::last_byte(req.range)
+            .filter(|_| !whole)
+            .map_or(u64::MAX, |last| last.saturating_add(1));
+        let authorization = req.authorization.and_then(|a| std::str::from_utf8(a).ok());
+        let started = self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD
+            && self.start_relay_of(c, origin, path, None, authorization, from, end);
+        if !started {
+            ShardMetrics::add(&self.metrics.cache_error, 1);
+            return self.respond_status(c, 503, keep_alive, head_only);
+        }
+        self.conns[c.index()].set_cache_label(Some("PASS"));
+        ShardMetrics::add(&self.metrics.cache_pass, 1);
+        self.cache
+            .pulls
+            .bypasses
+            .insert(self.conn_ref(c), Bypass { detail, head: None });
+        self.park_for_fill(c);
+    }
+
+    /// A bypass's head came (`Pulls::bypasses`): the response is planned from it, and its
+    /// body read from the fetch already running. A response that reads nothing (a HEAD, a
+    /// 304, a 416) ends the fetch.
+    pub(super) fn respond_bypassed(
+        &mut self,
+        c: ConnSlot,
+        req: &Request<'_>,
+        rate: crate::limits::RateSpec,
+    ) {
+        let keep_alive = req.keep_alive && !self.leaving();
+        let head_only = req.method == Method::Head;
+        let Some(Bypass {
+            detail,
+            head: Some(meta),
+        }) = self.cache.pulls.bypasses.remove(self.conn_ref(c))
+        else {
+            return self.respond_status(c, 502, keep_alive, head_only);
+        };
+        let default_lifetime_s = self
+            .cache
+            .edge
+            .as_ref()
+            .map_or(0, |e| e.fill.default_lifetime_s());
+        let mut extra = std::mem::take(&mut self.cache.pulls.head_extra);
+        super::cache_glue::cached_head_lines(
+            &mut extra,
+            &meta,
+            super::cache_glue::Served::Passed(detail),
+            u64::try_from(self.clock.date.secs()).unwrap_or(0),
+            default_lifetime_s,
+        );
+        let etag = format!("\"p-{:x}\"", meta.size);
+        let fetched = crate::http::date::format_http_date(meta.fetched_unix_s as i64);
+        let facts = super::cache_glue::pulled_facts(
+            &meta,
+            etag.as_bytes(),
+            (&fetched, meta.fetched_unix_s as i64),
+            FileRead::Direct { align: 1 },
+            &extra,
+        );
+        let limits = self.plan_limits(c);
+        let ctx =
+            super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        let plan = plan::plan_response(req, &facts, &limits, &ctx);
+        let bufs = self.pools.body_pool.pop().unwrap_or_default();
+        let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        started.inline_head = false;
+        self.cache.pulls.head_extra = extra;
+        let from = self
+            .cache
+            .pulls
+            .relays
+            .get(self.conn_ref(c))
+            .map(|r| r.from);
+        let reads_from = started.single_file_range().map(|(f, _)| f);
+        if !started.reads_file || from.is_none() {
+            // Nothing to read: the fetch is not needed.
+            self.relay_end(c);
+            return self.install(c, started, None, rate);
+        }
+        if reads_from.is_none() || reads_from < from {
+            // Several ranges, or bytes before what the fetch asked for: it cannot answer.
+            started.give_back(&mut self.pools.body_pool);
+            self.relay_end(c);
+            ShardMetrics::add(&self.metrics.cache_error, 1);
+            return self.respond_status(c, 502, keep_alive, head_only);
+        }
+        self.install(c, started, None, rate);
+        self.conns[c.index()].set_relay();
+        self.relay_reaches_end_of_disk(c);
+    }
+
     /// Answers `req` (under origin `origin`, cache key `key`, origin path `path`) with a
     /// pass-through: 503 when the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already, the
     /// version is unknown, or no fetch can start now.
@@ -183,16 +306,36 @@ impl<R: RingOps> Shard<R> {
         from: u64,
         end: u64,
     ) -> bool {
+        self.start_relay_of(c, origin, path, Some(meta), None, from, end)
+    }
+
+    /// `start_relay` of `meta`'s version, or (None) of whatever the origin answers: its
+    /// size comes with its head. `authorization` is the client's, forwarded.
+    #[allow(clippy::too_many_arguments)]
+    fn start_relay_of(
+        &mut self,
+        c: ConnSlot,
+        origin: usize,
+        path: &str,
+        meta: Option<&ObjectVersion>,
+        authorization: Option<&str>,
+        from: u64,
+        end: u64,
+    ) -> bool {
+        let Some(block_bytes) = self.cache.edge.as_ref().map(|e| e.fill.block_bytes()) else {
+            return false;
+        };
         let Some(slot) = self.arena.take(Demand::Bulk) else {
             return false;
         };
         let pass = PassThrough {
             origin,
             path,
-            block_bytes: meta.block_bytes,
-            size: meta.size,
-            etag: &meta.etag,
-            last_modified: &meta.last_modified,
+            block_bytes: meta.map_or(block_bytes, |m| m.block_bytes),
+            size: meta.map(|m| m.size),
+            etag: meta.map_or("", |m| &m.etag),
+            last_modified: meta.map_or("", |m| &m.last_modified),
+            authorization,
             from,
             end,
         };
@@ -208,10 +351,10 @@ impl<R: RingOps> Shard<R> {
             Ok(job) => {
                 let generation = self.conns[c.index()].generation();
                 self.cache.pulls.relay_jobs.insert(job, (c, generation));
-                self.cache
-                    .pulls
-                    .relays
-                    .insert(self.conn_ref(c), Relay::new(job, meta.size, from));
+                self.cache.pulls.relays.insert(
+                    self.conn_ref(c),
+                    Relay::new(job, meta.map_or(u64::MAX, |m| m.size), from),
+                );
                 true
             }
             Err(slot) => {
@@ -263,6 +406,10 @@ impl<R: RingOps> Shard<R> {
                 return;
             }
             for e in events.drain(..) {
+                if let FillEvent::Head { job, facts } = e {
+                    self.bypass_head(job, facts);
+                    continue;
+                }
                 let (job, piece, ended) = match e {
                     FillEvent::Piece {
                         job,
@@ -306,6 +453,23 @@ impl<R: RingOps> Shard<R> {
                         tracing::warn!(shard = self.index, error = ?e, "pass-through fetch failed");
                     }
                     relay.ended = Some(error.is_none());
+                    let waiting = self
+                        .cache
+                        .pulls
+                        .bypasses
+                        .get(self.conn_ref(c))
+                        .is_some_and(|b| b.head.is_none());
+                    if let (true, Some(e)) = (waiting, error) {
+                        // A bypass whose fetch ended before its head: the origin's error.
+                        self.cache.pulls.bypasses.remove(self.conn_ref(c));
+                        let status = crate::fill::edge::EdgeCache::status_for(&e);
+                        let waiter = self.waiter(c);
+                        self.resume_fill(
+                            waiter,
+                            Some(super::cache_glue::FillAnswer::Status(status)),
+                        );
+                        continue;
+                    }
                 }
                 ready.push(c);
             }
@@ -316,6 +480,53 @@ impl<R: RingOps> Shard<R> {
             ready.append(&mut self.cache.pulls.relay_ready);
             self.cache.pulls.relay_ready = ready;
         }
+    }
+
+    /// A pass-through fetch's head came: for a bypass waiting on it, the reply as a version
+    /// never indexed (its size, validators, freshness and stored lines), and the request is
+    /// answered from it.
+    fn bypass_head(&mut self, job: u64, facts: crate::origin::fetch::HeadFacts) {
+        let Some(&(c, generation)) = self.cache.pulls.relay_jobs.get(&job) else {
+            return;
+        };
+        let conn_ref = self.conn_ref(c);
+        let waiting = self
+            .cache
+            .pulls
+            .bypasses
+            .get(conn_ref)
+            .is_some_and(|b| b.head.is_none());
+        if self.conns[c.index()].generation() != generation || !waiting {
+            return;
+        }
+        let now_s = u64::try_from(self.clock.date.secs()).unwrap_or(0);
+        let contract = crate::origin::contract::Contract::of(&facts.fields, now_s as i64);
+        let meta = ObjectVersion {
+            key: Vec::new(),
+            version: 0,
+            size: facts.size,
+            block_bytes: self.cache.edge.as_ref().map_or(1, |e| e.fill.block_bytes()),
+            fetched_unix_s: now_s,
+            etag: facts.etag.unwrap_or_default(),
+            last_modified: facts.last_modified.unwrap_or_default(),
+            content_type: facts.content_type.unwrap_or_default(),
+            freshness: crate::cache::record::Freshness {
+                // Never stored: fresh for nothing (the lines say what the origin said).
+                lifetime_s: Some(0),
+                initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
+                no_cache: false,
+                must_revalidate: false,
+            },
+            headers: facts.fields.stored,
+        };
+        if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
+            relay.set_size(meta.size);
+        }
+        if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
+            b.head = Some(meta);
+        }
+        let waiter = self.waiter(c);
+        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Bypassed));
     }
 
     /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.

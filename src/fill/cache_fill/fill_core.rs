@@ -52,11 +52,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         now_s: u64,
     ) -> Option<Outcome> {
         let shard = waiter.shard().min(self.notices.len() - 1);
-        if let Some(&until) = self.not_found.get(key) {
-            if now_s < until {
-                return Some(Outcome::Refused(404));
-            }
-            self.not_found.remove(key);
+        if self.not_found.holds(key, now_s) {
+            return Some(Outcome::Refused(404));
+        }
+        if self.pass_keys.holds(key, now_s) {
+            return Some(Outcome::Pass);
         }
         if !revalidate {
             return None;
@@ -657,6 +657,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 slot_bytes: self.cfg.slot_bytes,
                 align_bytes: self.cfg.align_bytes,
                 sync_every_blocks: self.cfg.sync_every_blocks,
+                storing: true,
             };
             let id = self.next_job;
             match filler.begin(
@@ -1124,6 +1125,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             self.queue.push_front(again);
             return;
         }
+        if let FetchError::NotStored(why) = error {
+            // Not for a shared cache: every waiter makes its own fetch, and so does every
+            // request for the key for a while (hit-for-pass); a version it had is retired.
+            self.give_up(&job, error);
+            return self.remember_pass(&job.key, why);
+        }
         if job.probe && self.index.meta(job.version).is_none() {
             // The head never came: the probe's waiters get the error (retried like a block).
             return self.give_up(&job, error);
@@ -1244,6 +1251,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 self.flush();
             }
             Some(FetchError::VersionChanged) => self.retire(v),
+            // The origin no longer lets it be shared: retired, and its requests pass.
+            Some(FetchError::NotStored(why)) => self.remember_pass(&job.key, why),
             Some(FetchError::Unusable(Unusable::Status(404))) => {
                 self.retire(v);
                 self.remember_not_found(&job.key, now_s);

@@ -16,13 +16,14 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Shard `shard`'s handle on the shared `core`, fetching with `filler`.
     pub fn attach(core: Arc<Mutex<FillCore<W>>>, shard: usize, filler: Filler) -> CacheFill<W> {
-        let (store, signals, slot_bytes, revalidate_s) = {
+        let (store, signals, slot_bytes, revalidate_s, block_bytes) = {
             let c = lock(&core);
             (
                 c.store.clone(),
                 c.signals.clone(),
                 c.cfg.slot_bytes,
                 c.cfg.revalidate_s,
+                c.cfg.block_bytes,
             )
         };
         CacheFill {
@@ -40,7 +41,13 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             budget_freed: false,
             slot_bytes,
             revalidate_s,
+            block_bytes,
         }
+    }
+
+    /// The block size new versions are stored in (`cache_block_bytes`).
+    pub fn block_bytes(&self) -> u32 {
+        self.block_bytes
     }
 
     /// The freshness lifetime of a version whose origin set none (`cache_revalidate_s`).
@@ -413,14 +420,16 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         slot: ArenaSlot,
         now_ms: u64,
     ) -> Result<u64, ArenaSlot> {
-        assert!(pass.from < pass.end && pass.end <= pass.size && pass.block_bytes > 0);
+        assert!(
+            pass.from < pass.end && pass.size.is_none_or(|s| pass.end <= s) && pass.block_bytes > 0
+        );
         let slot_bytes = self.slot_bytes;
         let b = u64::from(pass.block_bytes);
         let plan = Plan {
             first_block: u32::try_from(pass.from / b).unwrap_or(u32::MAX),
             last_block: u32::try_from((pass.end - 1) / b).unwrap_or(u32::MAX),
             block_bytes: pass.block_bytes,
-            size: Some(pass.size),
+            size: pass.size,
             etag: Some(pass.etag.to_owned()).filter(|e| !e.is_empty()),
             last_modified: Some(pass.last_modified.to_owned()).filter(|l| !l.is_empty()),
             revalidate: false,
@@ -429,12 +438,20 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             // once, so one per 64 blocks keeps the machine's list of blocks short.
             align_bytes: 1,
             sync_every_blocks: 64,
+            storing: false,
         };
         let job = PASS_THROUGH_JOB_BIT | self.next_pass;
-        match self
-            .filler
-            .begin(ring, job, pass.origin, pass.path, plan, slot, None, now_ms)
-        {
+        match self.filler.begin_as(
+            ring,
+            job,
+            pass.origin,
+            pass.path,
+            pass.authorization,
+            plan,
+            slot,
+            None,
+            now_ms,
+        ) {
             Ok(()) => {
                 self.next_pass += 1;
                 self.settle_events(now_ms);

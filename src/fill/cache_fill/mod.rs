@@ -45,6 +45,7 @@ use crate::ring_api::slots::ArenaSlot;
 
 mod fill_core;
 mod handle;
+mod remembered;
 
 /// Most wants that may wait for an unknown object's head (past it: `Outcome::Busy`).
 pub const MAX_PROBE_WAITERS: usize = 4096;
@@ -149,6 +150,12 @@ struct ReadAhead {
 }
 /// Most keys whose 404 is remembered at once (past it the oldest is forgotten early).
 pub const MAX_NOT_FOUND_KEYS: usize = 65_536;
+/// How long a key whose reply may not be stored (`no-store`, `private`, `Vary`) is passed
+/// through without asking the fill first (Varnish's hit-for-pass): its replies are each
+/// client's own until then.
+pub const HIT_FOR_PASS_S: u64 = 120;
+/// Most keys remembered as not storable at once (the oldest go first).
+pub const MAX_PASS_KEYS: usize = 65_536;
 /// Longest an origin's 404 may be remembered (a limit the config checks, so it lives there).
 pub use crate::config::MAX_NOT_FOUND_S;
 /// Smallest journal a compaction rewrites (below it, dead records cost nothing worth a
@@ -211,6 +218,9 @@ pub enum Outcome {
     /// The origin answered this status for the key lately (a remembered 404): it is the
     /// answer, without asking the origin again.
     Refused(u16),
+    /// The key's replies may not be stored lately (`HIT_FOR_PASS_S`): the request makes its
+    /// own origin fetch.
+    Pass,
 }
 
 /// What a waiter hears.
@@ -353,10 +363,11 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     retired: HashSet<u64>,
     /// Versions whose revalidation the origin could not answer: served until then (Unix s).
     revalidate_after: HashMap<u64, u64>,
-    /// Keys whose 404 is remembered: until when (Unix s); `not_found_order` holds them oldest
-    /// first (every entry has the same lifetime), so the oldest goes first.
-    not_found: HashMap<Vec<u8>, u64>,
-    not_found_order: VecDeque<(Vec<u8>, u64)>,
+    /// Keys whose 404 is remembered (`cache_404_s`).
+    not_found: remembered::Remembered,
+    /// Keys whose replies a shared cache may not store, for `HIT_FOR_PASS_S`: their requests
+    /// go to their own origin fetch at once.
+    pass_keys: remembered::Remembered,
     /// Waits that joined a fetch (or probe) already under way, and waits that started one:
     /// the coalescing ratio is joined / (joined + started).
     pub waits_joined: u64,
@@ -545,6 +556,8 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     slot_bytes: usize,
     /// `FillConfig::revalidate_s` (fixed at start-up: read without the lock).
     revalidate_s: u64,
+    /// `FillConfig::block_bytes` (fixed at start-up: read without the lock).
+    block_bytes: u32,
 }
 
 /// What a shard owes the shared core and hands it at its next hold of the lock: versions its
@@ -610,12 +623,15 @@ pub struct PassThrough<'a> {
     /// The version's block size, size and validators (an answer for another version ends
     /// the fetch).
     pub block_bytes: u32,
-    /// The object's size.
-    pub size: u64,
+    /// The object's size (None: not known yet, its own reply's head says: a request the
+    /// cache does not serve, `Outcome::Pass`).
+    pub size: Option<u64>,
     /// Its ETag ("" when the origin gave none).
     pub etag: &'a str,
     /// Its Last-Modified ("" when none).
     pub last_modified: &'a str,
+    /// The client's `Authorization`, forwarded (a request the cache does not serve).
+    pub authorization: Option<&'a str>,
     /// The object's bytes wanted: `from..end`.
     pub from: u64,
     /// One past the last byte wanted.
@@ -792,8 +808,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             pins: HashMap::new(),
             retired: HashSet::new(),
             revalidate_after: HashMap::new(),
-            not_found: HashMap::new(),
-            not_found_order: VecDeque::new(),
+            not_found: remembered::Remembered::new(MAX_NOT_FOUND_KEYS),
+            pass_keys: remembered::Remembered::new(MAX_PASS_KEYS),
             waits_joined: 0,
             waits_started: 0,
             disk_full: 0,
@@ -1123,7 +1139,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         for &v in &current {
             self.retire(v);
         }
-        self.not_found.retain(|k, _| !matches(k));
+        self.not_found.forget(matches);
+        self.pass_keys.forget(matches);
         current.len()
     }
 
@@ -1143,19 +1160,19 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if self.cfg.not_found_s == 0 {
             return;
         }
-        // Oldest first: the expired ones, and the oldest of all when the table is full.
-        while let Some((k, until)) = self.not_found_order.front() {
-            if *until > now_s && self.not_found_order.len() < MAX_NOT_FOUND_KEYS {
-                break;
-            }
-            if self.not_found.get(k) == Some(until) {
-                self.not_found.remove(k);
-            }
-            self.not_found_order.pop_front();
-        }
         let until = now_s + self.cfg.not_found_s.min(MAX_NOT_FOUND_S);
-        self.not_found.insert(key.to_vec(), until);
-        self.not_found_order.push_back((key.to_vec(), until));
+        self.not_found.remember(key, until, now_s);
+    }
+
+    /// Remembers that `key`'s replies may not be stored (`why`), for `HIT_FOR_PASS_S`; its
+    /// version, if one is cached, is no longer served.
+    pub(super) fn remember_pass(&mut self, key: &[u8], why: crate::origin::contract::NotStored) {
+        let now_s = unix_now_s();
+        tracing::debug!(key = %String::from_utf8_lossy(key), why = why.label(), "not stored: passed through");
+        self.pass_keys.remember(key, now_s + HIT_FOR_PASS_S, now_s);
+        if let Some(v) = self.index.current(key).map(|m| m.version) {
+            self.retire(v);
+        }
     }
 
     /// The name of origin `origin` for a log line.
@@ -1173,6 +1190,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if error.is_disk_full() {
             tracing::warn!(origin, path = %job.path, ?error, "cache disk full: fill given up (hits are still served)");
         } else if matches!(error, FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s))
+            || matches!(error, FetchError::NotStored(_))
         {
             tracing::debug!(origin, path = %job.path, ?error, "origin refused");
         } else {
