@@ -381,3 +381,56 @@ fn asked_prefix(origin: &ScriptedOrigin, path: &str) -> (usize, usize) {
         .filter(|s| s.path.split('?').next() == Some(path));
     (of.clone().count(), of.filter(|s| s.authorization).count())
 }
+
+/// Answers other than 200/206 reach the client as the origin gave them (issue 42, item 7): a
+/// redirect with its Location and body, a refusal or an error with its status; none is a
+/// 502, and none is stored.
+#[test]
+fn the_origins_other_answers_reach_the_client() {
+    let cases: Vec<(&'static str, u16, &'static str)> = vec![
+        (
+            "/pull/moved.bin",
+            302,
+            "Location: https://cdn.example/v2/moved.bin\r\n",
+        ),
+        (
+            "/pull/perm.bin",
+            301,
+            "Location: /pull/v2/perm.bin\r\nCache-Control: max-age=60\r\n",
+        ),
+        ("/pull/see.bin", 307, "Location: /pull/elsewhere.bin\r\n"),
+        ("/pull/denied.bin", 403, ""),
+        ("/pull/gone.bin", 410, ""),
+        ("/pull/broken.bin", 500, ""),
+    ];
+    let origin = ScriptedOrigin::start(cases.iter().map(|(p, _, _)| (*p, vec![1u8; 10])).collect());
+    let table: Vec<(String, u16, &'static str)> = cases
+        .iter()
+        .map(|(p, s, f)| (p.to_string(), *s, *f))
+        .collect();
+    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        let (_, status, fields) = table.iter().find(|(p, _, _)| *p == a.path).expect("a case");
+        let body = format!("the origin's {status} page\n");
+        let reply = format!(
+            "HTTP/1.1 {status} Whatever\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n{fields}\r\n{body}",
+            body.len()
+        );
+        (reply.into_bytes(), false, None)
+    }));
+    let (server, _admin, _dir) = edge(&origin);
+    for (path, status, fields) in &cases {
+        for round in 0..2 {
+            let r = get(&server, path, &[]);
+            assert_eq!(r.status, *status, "{path} round {round}");
+            if let Some(location) = fields.strip_prefix("Location: ") {
+                let location = location.split("\r\n").next().unwrap();
+                assert_eq!(r.header("location"), Some(location), "{path}");
+                assert_eq!(
+                    String::from_utf8_lossy(&r.body),
+                    format!("the origin's {status} page\n"),
+                    "{path}: the origin's body"
+                );
+            }
+        }
+    }
+}

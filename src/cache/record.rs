@@ -12,7 +12,9 @@ pub const MAX_KEY_BYTES: usize = 4096;
 /// Longest validator (ETag or Last-Modified) or content type kept.
 pub const MAX_FIELD_BYTES: usize = 512;
 pub use crate::config::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
-pub use crate::origin::contract::MAX_STORED_HEADER_BYTES;
+/// Longest header block kept with a version and replayed on every response from the cache
+/// (the lines, CRLFs included); a field that would go past it is left out.
+pub const MAX_STORED_HEADER_BYTES: usize = 2048;
 /// Most blocks one object may have (a 16 TiB object at 1 MiB blocks).
 pub const MAX_BLOCKS_PER_OBJECT: u64 = 1 << 24;
 

@@ -704,7 +704,9 @@ impl EdgeCache {
     /// timeout, 503 when the cache's disk is full, 500 for another disk error, 502 otherwise.
     pub fn status_for(error: &FetchError) -> u16 {
         match error {
-            FetchError::Unusable(Unusable::Status(s)) if (400..500).contains(s) => *s,
+            // The origin's refusal or error is its answer (a redirect is passed on by the
+            // request's own fetch, with its Location).
+            FetchError::Unusable(Unusable::Status(s)) if (400..600).contains(s) => *s,
             FetchError::Unusable(Unusable::Throttled { .. }) => 503,
             FetchError::Timeout(_) => 504,
             e if e.is_disk_full() => 503,

@@ -182,6 +182,14 @@ impl<'a> ResponsePlan<'a> {
         }
     }
 
+    /// Makes a whole 200 the origin's `status`: a reply passed on as it is (a redirect, a
+    /// refusal), its body the origin's, no range of it served.
+    pub fn pass_status(&mut self, status: u16) {
+        assert_eq!(self.head.status, 200, "only a whole reply is passed on");
+        self.head.status = status;
+        self.head.accept_ranges = false;
+    }
+
     /// Status code.
     pub fn status(&self) -> u16 {
         self.head.status

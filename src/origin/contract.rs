@@ -7,9 +7,7 @@
 //! the version (`cache::record::Freshness`, the stored header lines) and the shard serves hits
 //! by it.
 
-/// Longest header block kept with a version and replayed on every response from the cache
-/// (the lines, CRLFs included); a field that would go past it is left out.
-pub const MAX_STORED_HEADER_BYTES: usize = 2048;
+pub use crate::cache::record::MAX_STORED_HEADER_BYTES;
 /// Longest value of a field the contract reads (Cache-Control, Expires, ...); a longer one is
 /// read as absent (a Cache-Control that long is not an origin's contract).
 pub const MAX_POLICY_FIELD_BYTES: usize = 1024;
@@ -30,7 +28,12 @@ pub const STORED_FIELDS: &[&str] = &[
     "content-disposition",
     "content-language",
     "link",
+    "vary",
     "x-content-type-options",
+    // A reply passed on as it is (a redirect, a refusal) needs these to mean anything.
+    "location",
+    "www-authenticate",
+    "retry-after",
 ];
 
 /// The fields of a reply's head the contract reads, and the lines kept to replay on hits.

@@ -127,6 +127,9 @@ pub struct HeadFacts {
     pub content_type: Option<String>,
     /// The origin sent the whole object (a 200 to the range): every block follows.
     pub whole: bool,
+    /// The origin's status: 200 or 206, or another one passed on as it is
+    /// (`Verdict::Answer`, a fetch of unknown size that does not store).
+    pub status: u16,
     /// The fields of its contract (caching, freshness) and the lines kept with it.
     pub fields: Box<super::contract::HeadFields>,
 }
@@ -466,6 +469,7 @@ impl BlockFetch {
             size: self.plan.size,
             etag: self.plan.etag.as_deref(),
             last_modified: self.plan.last_modified.as_deref(),
+            any_status: !self.plan.storing && self.plan.size.is_none(),
         };
         let keep = |v: Option<&str>| {
             v.filter(|s| s.len() <= MAX_HEAD_FIELD_BYTES)
@@ -473,7 +477,7 @@ impl BlockFetch {
         };
         let (size, first, whole) = match response::judge(&head, &expect) {
             Verdict::Range { first, total, .. } => (total, first, false),
-            Verdict::Whole { size } => (size, 0, true),
+            Verdict::Whole { size } | Verdict::Answer { size, .. } => (size, 0, true),
             Verdict::NotModified => return self.fail(FetchError::NotModified, out),
             Verdict::VersionChanged => return self.fail(FetchError::VersionChanged, out),
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
@@ -497,6 +501,7 @@ impl BlockFetch {
             last_modified: keep(head.last_modified),
             content_type: keep(head.content_type),
             whole,
+            status: head.status,
             fields,
         };
         let body_len = head.content_length().expect("judge checked the length");

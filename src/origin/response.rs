@@ -331,6 +331,9 @@ pub struct Expect<'a> {
     /// The Last-Modified of the version being filled, once known (compared only when there
     /// is no ETag to compare).
     pub last_modified: Option<&'a str>,
+    /// Any final status with a length is an answer to pass on (`Verdict::Answer`): a request
+    /// the cache does not serve gets its origin's reply as it is.
+    pub any_status: bool,
 }
 
 /// What a fill does with a response.
@@ -353,6 +356,14 @@ pub enum Verdict {
     },
     /// 304: the version is still good.
     NotModified,
+    /// Another final status, for a fetch that passes any on (`Expect::any_status`): its body
+    /// is `size` bytes.
+    Answer {
+        /// The origin's status.
+        status: u16,
+        /// The body's length.
+        size: u64,
+    },
     /// The object is not the version being filled (another size or ETag): the fill stops and
     /// a new version begins; no byte of this response joins the old one.
     VersionChanged,
@@ -389,6 +400,12 @@ pub fn judge(head: &OriginHead<'_>, expect: &Expect<'_>) -> Verdict {
         return Verdict::NotModified;
     }
     if head.status != 200 && head.status != 206 {
+        if let (true, Some(size)) = (expect.any_status, head.content_length()) {
+            return Verdict::Answer {
+                status: head.status,
+                size,
+            };
+        }
         if let (429 | 503, Some(retry_after)) = (head.status, head.retry_after) {
             return Verdict::Unusable(Unusable::Throttled {
                 status: head.status,
@@ -527,6 +544,7 @@ mod tests {
         size: Some(10 << 20),
         etag: Some("\"v1\""),
         last_modified: None,
+        any_status: false,
     };
 
     #[test]

@@ -51,7 +51,7 @@ pub(super) struct Pulls {
     pub head_extra: Vec<u8>,
     /// Requests answered by their own origin fetch, unstored (`respond_bypass`): why, and the
     /// reply's head once it came.
-    pub bypasses: ByConn<super::pass_glue::Bypass>,
+    pub bypasses: ByConn<Bypass>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -220,6 +220,19 @@ pub(super) fn cached_head_lines(
         Served::Passed(detail) => write!(out, "fwd=miss; detail={detail}\r\n"),
     };
     out.extend_from_slice(meta.headers.as_bytes());
+}
+
+/// A request answered by its own origin fetch, unstored (`Shard::respond_bypass`): why
+/// (`Cache-Status`'s detail), and the reply's head, as a version that is never indexed, once
+/// it came.
+#[derive(Clone, Debug)]
+pub(super) struct Bypass {
+    /// `Cache-Status`'s detail.
+    pub detail: &'static str,
+    /// The reply's head, once it came.
+    pub head: Option<ObjectVersion>,
+    /// The reply's status (200, 206, or another passed on as it is).
+    pub status: u16,
 }
 
 /// `Cache-Status` detail of a request passed because its key's replies were found not
@@ -798,6 +811,12 @@ impl<R: RingOps> Shard<R> {
                         } else if let crate::origin::fetch::FetchError::NotStored(why) = error {
                             // Not storable: its own fetch (it never gets another's reply).
                             Some(FillAnswer::Bypass(why.label()))
+                        } else if let crate::origin::fetch::FetchError::Unusable(
+                            crate::origin::response::Unusable::Status(300..=399),
+                        ) = error
+                        {
+                            // A redirect is passed on as the origin gave it, by its own fetch.
+                            Some(FillAnswer::Bypass("redirect"))
                         } else {
                             Some(FillAnswer::Status(EdgeCache::status_for(&error)))
                         };

@@ -6,6 +6,7 @@
 //! chunk, then let go. Hits, and the other requests, never wait for it.
 
 use super::buffers::Demand;
+use super::cache_glue::Bypass;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard, ShardMetrics};
 use crate::cache::index::ObjectVersion;
@@ -14,15 +15,6 @@ use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
 use crate::fill::FillEvent;
 use crate::http::plan::{self, FileRead};
 use crate::http::request::{Method, Request};
-
-/// A request answered by its own origin fetch, unstored (`Shard::respond_bypass`): why
-/// (`Cache-Status`'s detail), and the reply's head, as a version that is never indexed, once
-/// it came.
-#[derive(Clone, Debug)]
-pub(super) struct Bypass {
-    detail: &'static str,
-    head: Option<ObjectVersion>,
-}
 
 impl<R: RingOps> Shard<R> {
     /// Answers `req` with its own fetch from origin `origin` (`path` there), nothing of it
@@ -60,10 +52,14 @@ impl<R: RingOps> Shard<R> {
         }
         self.conns[c.index()].set_cache_label(Some("PASS"));
         ShardMetrics::add(&self.metrics.cache_pass, 1);
-        self.cache
-            .pulls
-            .bypasses
-            .insert(self.conn_ref(c), Bypass { detail, head: None });
+        self.cache.pulls.bypasses.insert(
+            self.conn_ref(c),
+            Bypass {
+                detail,
+                head: None,
+                status: 0,
+            },
+        );
         self.park_for_fill(c);
     }
 
@@ -81,10 +77,24 @@ impl<R: RingOps> Shard<R> {
         let Some(Bypass {
             detail,
             head: Some(meta),
+            status,
         }) = self.cache.pulls.bypasses.remove(self.conn_ref(c))
         else {
             return self.respond_status(c, 502, keep_alive, head_only);
         };
+        // Another status than 200/206 is passed on whole, whatever range or condition the
+        // request named.
+        let passed = !matches!(status, 200 | 206);
+        let whole = Request {
+            range: None,
+            if_match: None,
+            if_none_match: None,
+            if_modified_since: None,
+            if_unmodified_since: None,
+            if_range: None,
+            ..*req
+        };
+        let req = if passed { &whole } else { req };
         let default_lifetime_s = self
             .cache
             .edge
@@ -110,7 +120,10 @@ impl<R: RingOps> Shard<R> {
         let limits = self.plan_limits(c);
         let ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
-        let plan = plan::plan_response(req, &facts, &limits, &ctx);
+        let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
+        if passed {
+            plan.pass_status(status);
+        }
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         started.inline_head = false;
@@ -524,6 +537,7 @@ impl<R: RingOps> Shard<R> {
         }
         if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
             b.head = Some(meta);
+            b.status = facts.status;
         }
         let waiter = self.waiter(c);
         self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Bypassed));
