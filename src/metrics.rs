@@ -212,6 +212,18 @@ counters! {
     cache_error: Counter "cache_lookups_total" { result = "error" },
     /// Pulled requests answered by a pass-through.
     cache_pass: Counter "cache_lookups_total" { result = "pass" },
+    /// Pulled requests answered by their own origin fetch, unstored: the reply was `private`.
+    not_stored_private: Counter "cache_not_stored_total" { reason = "private" },
+    /// ... the reply was `no-store`.
+    not_stored_no_store: Counter "cache_not_stored_total" { reason = "no-store" },
+    /// ... the reply varies on a request field.
+    not_stored_vary: Counter "cache_not_stored_total" { reason = "vary" },
+    /// ... the request carried Authorization.
+    not_stored_authorization: Counter "cache_not_stored_total" { reason = "authorization" },
+    /// ... the key's replies were found not storable lately (hit-for-pass).
+    not_stored_lately: Counter "cache_not_stored_total" { reason = "not-stored" },
+    /// ... the origin redirected.
+    not_stored_redirect: Counter "cache_not_stored_total" { reason = "redirect" },
     /// Bytes of pulled responses sent to clients; they are read from the disk cache.
     cache_sent_bytes: Counter "cache_bytes_total" { source = "disk" },
     /// Bytes received from origins into the cache (heads included).
@@ -298,6 +310,11 @@ fn family_help(family: &str) -> Option<&'static str> {
              framing counts with the bytes it carries."
         }
         "tls_bytes_total" => "TLS bytes, by direction (in, out), handshakes included.",
+        "cache_not_stored_total" => {
+            "Pulled requests answered by their own origin fetch, nothing stored or shared, by \
+             reason: private, no-store, vary (a Vary on a request field), authorization (the \
+             request's), not-stored (the key's replies lately), redirect."
+        }
         "origin_replies_refused_total" => {
             "Origin replies refused before any byte was stored (the fetch is tried again or the \
              client gets 502; a warn line names the origin), by reason: malformed, too_large, \

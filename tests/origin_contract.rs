@@ -313,6 +313,18 @@ fn what_may_not_be_stored_is_each_clients_own() {
             );
         }
     }
+    // The first request of each key learns why; the next ones pass at once (hit-for-pass).
+    for (reason, at_least) in [
+        ("private", 1),
+        ("no-store", 1),
+        ("vary", 1),
+        ("authorization", 6),
+        ("not-stored", 15),
+    ] {
+        let label = format!("reason=\"{reason}\"");
+        let n = common::admin_metric(admin, "shardline_cache_not_stored_total", &label);
+        assert!(n >= at_least, "{reason}: {n} counted");
+    }
     // Nothing was stored: the cache holds no version of them.
     assert_eq!(
         common::admin_metric(admin, "shardline_cache_lookups_total", "result=\"hit\""),

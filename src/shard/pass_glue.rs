@@ -52,6 +52,16 @@ impl<R: RingOps> Shard<R> {
         }
         self.conns[c.index()].set_cache_label(Some("PASS"));
         ShardMetrics::add(&self.metrics.cache_pass, 1);
+        let m = &self.metrics;
+        let reason = match detail {
+            "private" => &m.not_stored_private,
+            "no-store" => &m.not_stored_no_store,
+            "vary" => &m.not_stored_vary,
+            "authorization" => &m.not_stored_authorization,
+            "redirect" => &m.not_stored_redirect,
+            _ => &m.not_stored_lately,
+        };
+        ShardMetrics::add(reason, 1);
         self.cache.pulls.bypasses.insert(
             self.conn_ref(c),
             Bypass {
