@@ -90,6 +90,7 @@ fn main() {
         revalidate_s: shardline::config::DEFAULT_CACHE_REVALIDATE_S,
         not_found_s: 0,
         origin_names: vec![origin.to_string()],
+        origin_policies: Vec::new(),
         open_files: shardline::config::DEFAULT_CACHE_OPEN_FILES,
         compact_min_bytes: shardline::fill::cache_fill::COMPACT_MIN_BYTES,
     };

@@ -446,3 +446,85 @@ fn the_origins_other_answers_reach_the_client() {
         }
     }
 }
+
+/// Per-origin policy (issue 42, item 8): `cache_policy = "override"` stores what its origin
+/// forbids (no-store, max-age=0) for `ttl_s`, but never a `private` reply; `never_cache`
+/// paths are each client's own fetch whatever the origin says.
+#[test]
+fn the_operator_may_override_the_origin_but_never_share_private() {
+    let cases: Vec<(&'static str, &'static str)> = vec![
+        (
+            "/pull/forbidden.bin",
+            "Cache-Control: no-store, max-age=0\r\n",
+        ),
+        ("/pull/private.bin", "Cache-Control: private\r\n"),
+        ("/pull/v1/latest.json", "Cache-Control: max-age=3600\r\n"),
+    ];
+    let objects: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (p, f))| (*p, object(30_000, 90 + i as u8), *f))
+        .collect();
+    let origin = contract_origin(objects.clone());
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n\
+             cache_policy = \"override\"\nttl_s = 3600\nnever_cache = [\"/pull/*/latest.json\"]\n",
+            cache.display(),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let (server, _admin) =
+        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    for (path, content, _) in &objects {
+        for _ in 0..3 {
+            let r = get(&server, path, &[]);
+            assert_eq!(r.status, 200, "{path}");
+            assert!(&r.body == content, "{path}");
+        }
+    }
+    assert_eq!(
+        asked(&origin, "/pull/forbidden.bin").0,
+        1,
+        "stored for ttl_s"
+    );
+    assert_eq!(
+        asked(&origin, "/pull/private.bin").0,
+        1 + 3,
+        "private: never shared"
+    );
+    assert_eq!(
+        asked(&origin, "/pull/v1/latest.json").0,
+        3,
+        "never_cache: each its own"
+    );
+    // A ttl_s without override, or a pattern not starting with '/', is refused at start.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\nttl_s = 5\n",
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let out = common::run_shardline(
+        &[
+            "serve",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--root",
+            root.to_str().unwrap(),
+        ],
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("ttl_s"), "{}", out.stderr);
+}

@@ -56,6 +56,61 @@ pub struct OriginConfig {
     /// (`SYSTEM_CA_FILES`).
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
+    /// Whose word decides what is stored and for how long: the origin's (RFC 9111, the
+    /// default) or the operator's (`override`: every reply stored for `ttl_s`, as lancache
+    /// does for origins that forbid caching; never a `private` one, nor one to Authorization).
+    #[serde(default)]
+    pub cache_policy: CachePolicy,
+    /// The lifetime under `cache_policy = "override"` (default: `cache_revalidate_s`).
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+    /// Request paths never stored (each client's own fetch): patterns on the path, `*`
+    /// standing for any run of characters (`/pull/*/latest.json`).
+    #[serde(default)]
+    pub never_cache: Vec<String>,
+}
+
+/// `[[origin]] cache_policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CachePolicy {
+    /// The origin's Cache-Control, CDN-Cache-Control and Expires decide (RFC 9111).
+    #[default]
+    Origin,
+    /// Every reply but a `private` one is stored for `ttl_s`, whatever the origin says.
+    Override,
+}
+
+/// Most `never_cache` patterns one `[[origin]]` entry may list.
+pub const MAX_NEVER_CACHE_PATTERNS: usize = 64;
+/// Longest `never_cache` pattern.
+pub const MAX_PATTERN_BYTES: usize = 256;
+/// Longest `ttl_s` (ten years).
+pub const MAX_TTL_S: u64 = 10 * 365 * 86_400;
+
+/// Whether `path` matches `pattern`, where `*` stands for any run of bytes (none included).
+/// Greedy with one backtrack point (the last star): at most pattern x path steps, whatever
+/// the path a client sends.
+pub fn path_matches(pattern: &[u8], path: &[u8]) -> bool {
+    let (mut p, mut s) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while s < path.len() {
+        if pattern.get(p) == Some(&b'*') {
+            star = Some((p, s));
+            p += 1;
+        } else if pattern.get(p) == Some(&path[s]) {
+            p += 1;
+            s += 1;
+        } else if let Some((sp, ss)) = star {
+            // The last star takes one more byte.
+            p = sp + 1;
+            s = ss + 1;
+            star = Some((sp, ss + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
 }
 
 /// Where the system's CA bundle is looked for (Debian's first).
@@ -173,6 +228,24 @@ impl OriginConfig {
                 return Err(format!("key_query '{k}' is not a query parameter name"));
             }
         }
+        if self.ttl_s.is_some() && self.cache_policy != CachePolicy::Override {
+            return Err("ttl_s is for cache_policy = \"override\"".into());
+        }
+        if self.ttl_s.is_some_and(|t| t > MAX_TTL_S) {
+            return Err(format!("ttl_s must be at most {MAX_TTL_S}"));
+        }
+        if self.never_cache.len() > MAX_NEVER_CACHE_PATTERNS {
+            return Err(format!(
+                "never_cache may list at most {MAX_NEVER_CACHE_PATTERNS} patterns"
+            ));
+        }
+        for p in &self.never_cache {
+            if !p.starts_with('/') || p.len() > MAX_PATTERN_BYTES {
+                return Err(format!(
+                    "never_cache '{p}' must start with '/' and be at most {MAX_PATTERN_BYTES} bytes"
+                ));
+            }
+        }
         let header = self
             .host_header
             .clone()
@@ -217,5 +290,26 @@ pub fn split_authority_bytes(a: &[u8]) -> (&[u8], Option<u16>) {
             (&a[..i], port)
         }
         _ => (a, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_cache_patterns_match_with_stars() {
+        let m = |p: &str, s: &str| path_matches(p.as_bytes(), s.as_bytes());
+        assert!(m("/pull/latest.json", "/pull/latest.json"));
+        assert!(!m("/pull/latest.json", "/pull/latest.json2"));
+        assert!(m("/pull/*/latest.json", "/pull/game/v2/latest.json"));
+        assert!(m("/pull/*", "/pull/"));
+        assert!(m("*.manifest", "/a/b.manifest"));
+        assert!(!m("*.manifest", "/a/b.manifest.bak"));
+        assert!(m("/a*b*c", "/aXbYbZc"));
+        assert!(!m("/a*b*c", "/aXbYbZ"));
+        // A hostile path against many stars stays linear-ish (this returns at once).
+        let long = "/".to_string() + &"a".repeat(4000);
+        assert!(!m("/*a*a*a*a*a*a*b", &long));
     }
 }

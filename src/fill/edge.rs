@@ -65,6 +65,8 @@ pub enum Route {
         key: Vec<u8>,
         /// The request target sent to the origin.
         path: String,
+        /// The path matches the entry's `never_cache`: never stored, each client's own fetch.
+        never_cache: bool,
     },
 }
 
@@ -206,6 +208,11 @@ impl SharedEdge {
             open_files: config.cache_open_files,
             compact_min_bytes: super::cache_fill::COMPACT_MIN_BYTES,
             origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
+            origin_policies: config
+                .origin
+                .iter()
+                .map(|o| (o.cache_policy, o.ttl_s))
+                .collect(),
         };
         let core = FillCore::open_watched(cache_dir, cfg, shards, watch)?;
         let wakers = (0..shards)
@@ -416,7 +423,13 @@ impl EdgeCache {
             return Route::Local;
         };
         let rel = resolved.rel_path;
+        let never_cache = self.origins[origin]
+            .never_cache
+            .iter()
+            // Patterns start with '/' (checked at load); the resolved path has none.
+            .any(|p| crate::config::origin::path_matches(&p.as_bytes()[1..], rel.as_bytes()));
         Route::Origin {
+            never_cache,
             origin,
             key: super::route::cache_key(origin, rel, query, &self.origins[origin].key_query),
             path: super::route::origin_path(rel, query),

@@ -182,6 +182,9 @@ mod tests {
             idle_timeout_ms: 1000,
             max_bytes_per_s: 0,
             ca_file: None,
+            cache_policy: Default::default(),
+            ttl_s: None,
+            never_cache: Vec::new(),
         }
     }
 

@@ -128,7 +128,7 @@ fn plan(first: u32, last: u32, size: Option<u64>) -> Plan {
         slot_bytes: CHUNK,
         align_bytes: ALIGN,
         sync_every_blocks: 1,
-        storing: true,
+        storing: crate::origin::fetch::Storing::Contract,
     }
 }
 
@@ -565,6 +565,7 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         revalidate_s: crate::config::DEFAULT_CACHE_REVALIDATE_S,
         not_found_s: 10,
         origin_names: vec!["nginx".into()],
+        origin_policies: Vec::new(),
         open_files: 2,
         compact_min_bytes: crate::fill::cache_fill::COMPACT_MIN_BYTES,
     }

@@ -330,6 +330,17 @@ impl Contract {
         Contract::of(fields, 0).storable(fields, false)
     }
 
+    /// Whether a reply with `fields` may be stored under the operator's override
+    /// (`cache_policy = "override"`): anything but a `private` one (its contents are one
+    /// user's, whatever the operator says).
+    pub fn shareable_fields(fields: &HeadFields) -> Result<(), NotStored> {
+        let d = Contract::of(fields, 0).directives;
+        if d.private {
+            return Err(NotStored::Private);
+        }
+        Ok(())
+    }
+
     /// Whether a shared cache may store the reply to a request with (`authorization`) or
     /// without an `Authorization` field (RFC 9111 §3, §3.5).
     pub fn storable(&self, fields: &HeadFields, authorization: bool) -> Result<(), NotStored> {

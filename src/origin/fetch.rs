@@ -44,10 +44,23 @@ pub struct Plan {
     /// Blocks written between two syncs (at least 1). The fetch's first block is synced on
     /// its own, so a waiting client hears of it at once; later ones share a sync.
     pub sync_every_blocks: u32,
-    /// The bytes are for the cache (a fill), not one client (a pass-through): a reply its
-    /// origin forbids a shared cache to store is refused at its head, before a byte is
+    /// Whether the bytes are for the cache (a fill) or one client (a pass-through), and by
+    /// whose word: a reply that may not be stored is refused at its head, before a byte is
     /// written (`FetchError::NotStored`).
-    pub storing: bool,
+    pub storing: Storing,
+}
+
+/// Who a fetch's bytes are for (`Plan::storing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storing {
+    /// One client (a pass-through): nothing is stored.
+    Not,
+    /// The cache, by the origin's contract (RFC 9111): `no-store`, `private` and a `Vary` on
+    /// a request field are refused.
+    Contract,
+    /// The cache, by the operator's word (`cache_policy = "override"`): only `private` is
+    /// refused.
+    Override,
 }
 
 impl Plan {
@@ -469,7 +482,7 @@ impl BlockFetch {
             size: self.plan.size,
             etag: self.plan.etag.as_deref(),
             last_modified: self.plan.last_modified.as_deref(),
-            any_status: !self.plan.storing && self.plan.size.is_none(),
+            any_status: self.plan.storing == Storing::Not && self.plan.size.is_none(),
         };
         let keep = |v: Option<&str>| {
             v.filter(|s| s.len() <= MAX_HEAD_FIELD_BYTES)
@@ -483,10 +496,13 @@ impl BlockFetch {
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
         };
         let fields = Box::new(super::contract::HeadFields::collect(&slot[..head.head_len]));
-        if self.plan.storing {
-            if let Err(why) = super::contract::Contract::storable_fields(&fields) {
-                return self.fail(FetchError::NotStored(why), out);
-            }
+        let refused = match self.plan.storing {
+            Storing::Not => Ok(()),
+            Storing::Contract => super::contract::Contract::storable_fields(&fields),
+            Storing::Override => super::contract::Contract::shareable_fields(&fields),
+        };
+        if let Err(why) = refused {
+            return self.fail(FetchError::NotStored(why), out);
         }
         if size.div_ceil(u64::from(self.plan.block_bytes))
             > crate::cache::journal::MAX_BLOCKS_PER_OBJECT
@@ -694,7 +710,7 @@ mod tests {
             slot_bytes: slot,
             align_bytes: ALIGN,
             sync_every_blocks: 1,
-            storing: true,
+            storing: Storing::Contract,
         }
     }
 

@@ -335,7 +335,13 @@ impl<R: RingOps> Shard<R> {
         let mut scratch = std::mem::take(&mut self.policy.path_scratch);
         let route = edge.route(req.path, req.query, req.host, &mut scratch);
         self.policy.path_scratch = scratch;
-        let Route::Origin { origin, key, path } = route else {
+        let Route::Origin {
+            origin,
+            key,
+            path,
+            never_cache,
+        } = route
+        else {
             return false;
         };
         if !self.cache.pulls.resuming {
@@ -362,6 +368,11 @@ impl<R: RingOps> Shard<R> {
         if req.authorization.is_some() && again.is_none() {
             // Never answered from another's copy, never stored (RFC 9111 §3.5).
             self.respond_bypass(c, req, origin, &path, "authorization");
+            return true;
+        }
+        if never_cache && again.is_none() {
+            // The operator's word (`never_cache`): each client's own fetch.
+            self.respond_bypass(c, req, origin, &path, "never-cache");
             return true;
         }
         match again {

@@ -59,6 +59,7 @@ impl<R: RingOps> Shard<R> {
             "vary" => &m.not_stored_vary,
             "authorization" => &m.not_stored_authorization,
             "redirect" => &m.not_stored_redirect,
+            "never-cache" => &m.not_stored_never_cache,
             _ => &m.not_stored_lately,
         };
         ShardMetrics::add(reason, 1);

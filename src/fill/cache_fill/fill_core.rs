@@ -657,7 +657,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 slot_bytes: self.cfg.slot_bytes,
                 align_bytes: self.cfg.align_bytes,
                 sync_every_blocks: self.cfg.sync_every_blocks,
-                storing: true,
+                storing: match self.cfg.origin_policies.get(job.origin) {
+                    Some((CachePolicy::Override, _)) => Storing::Override,
+                    _ => Storing::Contract,
+                },
             };
             let id = self.next_job;
             match filler.begin(
@@ -873,6 +876,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             .as_deref()
             .and_then(contract::parse_date);
         let d = contract.directives;
+        let override_ttl_s = match self.cfg.origin_policies.get(job.origin) {
+            Some((CachePolicy::Override, ttl_s)) => Some(ttl_s.unwrap_or(self.cfg.revalidate_s)),
+            _ => None,
+        };
         let meta = ObjectVersion {
             key: job.key.clone(),
             version: job.version,
@@ -882,13 +889,20 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             etag: facts.etag.unwrap_or_default(),
             last_modified: facts.last_modified.unwrap_or_default(),
             content_type: facts.content_type.unwrap_or_default(),
-            freshness: Freshness {
-                lifetime_s: contract
-                    .lifetime_s(last_modified, date, self.cfg.revalidate_s)
-                    .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
-                initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
-                no_cache: d.no_cache,
-                must_revalidate: d.must_revalidate,
+            freshness: match override_ttl_s {
+                // The operator's word: its lifetime, no validation asked for.
+                Some(ttl_s) => Freshness {
+                    lifetime_s: Some(u32::try_from(ttl_s).unwrap_or(u32::MAX - 1)),
+                    ..Freshness::default()
+                },
+                None => Freshness {
+                    lifetime_s: contract
+                        .lifetime_s(last_modified, date, self.cfg.revalidate_s)
+                        .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
+                    initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
+                    no_cache: d.no_cache,
+                    must_revalidate: d.must_revalidate,
+                },
             },
             headers: facts.fields.stored,
         };

@@ -438,7 +438,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             // once, so one per 64 blocks keeps the machine's list of blocks short.
             align_bytes: 1,
             sync_every_blocks: 64,
-            storing: false,
+            storing: crate::origin::fetch::Storing::Not,
         };
         let job = PASS_THROUGH_JOB_BIT | self.next_pass;
         match self.filler.begin_as(

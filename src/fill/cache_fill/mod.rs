@@ -36,7 +36,9 @@ use crate::cache::journal::Record;
 use crate::cache::journal_file::JournalFile;
 use crate::cache::record::Freshness;
 use crate::cache::store::{BlockStore, ReadError};
+use crate::config::origin::CachePolicy;
 use crate::origin::contract::{self, Contract};
+use crate::origin::fetch::Storing;
 use crate::origin::fetch::{FetchError, HeadFacts, Plan};
 use crate::origin::pool::retry_after_ms;
 use crate::origin::response::Unusable;
@@ -200,6 +202,9 @@ pub struct FillConfig {
     pub not_found_s: u64,
     /// Each origin's name for log lines (index = its `[[origin]]` entry).
     pub origin_names: Vec<String>,
+    /// Each origin's `cache_policy` and `ttl_s` (index = its `[[origin]]` entry; absent:
+    /// the origin's contract).
+    pub origin_policies: Vec<(CachePolicy, Option<u64>)>,
     /// Most data files kept open for writing (`cache_open_files`).
     pub open_files: usize,
     /// Smallest journal a compaction rewrites (`COMPACT_MIN_BYTES`; tests lower it).
@@ -1413,6 +1418,7 @@ mod window_tests {
             revalidate_s: 1,
             not_found_s: 0,
             origin_names: Vec::new(),
+            origin_policies: Vec::new(),
             open_files: 1,
             compact_min_bytes: COMPACT_MIN_BYTES,
         };
@@ -1481,6 +1487,7 @@ mod core_tests {
             revalidate_s: 3600,
             not_found_s: 0,
             origin_names: vec!["o".into()],
+            origin_policies: Vec::new(),
             open_files: 1,
             compact_min_bytes: COMPACT_MIN_BYTES,
         };

@@ -487,6 +487,9 @@ fn pull_scenario(
         idle_timeout_ms: 1500,
         max_bytes_per_s: 0,
         ca_file: None,
+        cache_policy: Default::default(),
+        ttl_s: None,
+        never_cache: Vec::new(),
     }];
     Ok(origin)
 }
