@@ -35,6 +35,14 @@ fn contract_origin(objects: Vec<(&'static str, Vec<u8>, &'static str)>) -> Scrip
 
 /// shardline (one shard) pulling `/pull/` from `origin`.
 fn edge(origin: &ScriptedOrigin) -> (Server, SocketAddr, tempfile::TempDir) {
+    edge_with(origin, "")
+}
+
+/// `edge` with `origin_keys` in the `[[origin]]` entry.
+fn edge_with(
+    origin: &ScriptedOrigin,
+    origin_keys: &str,
+) -> (Server, SocketAddr, tempfile::TempDir) {
     let dir = common::disk_tempdir();
     let root = dir.path().join("root");
     let cache = dir.path().join("cache");
@@ -44,7 +52,7 @@ fn edge(origin: &ScriptedOrigin) -> (Server, SocketAddr, tempfile::TempDir) {
     std::fs::write(
         &cfg,
         format!(
-            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n{origin_keys}\n",
             cache.display(),
             origin.addr
         ),
@@ -527,4 +535,64 @@ fn the_operator_may_override_the_origin_but_never_share_private() {
     );
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("ttl_s"), "{}", out.stderr);
+}
+
+/// `stale-while-revalidate` and `stale-if-error` (RFC 5861, issue 42 item 5): a copy within
+/// its stale-while-revalidate window is served at once while one revalidation runs behind it;
+/// when revalidation fails, a copy is served stale only within its stale-if-error window (the
+/// origin entry's `stale_if_error_s` where the origin gave none).
+#[test]
+fn stale_copies_are_served_within_their_windows() {
+    let cases: Vec<(&'static str, &'static str)> = vec![
+        (
+            "/pull/swr.bin",
+            "Cache-Control: max-age=0, stale-while-revalidate=600\r\n",
+        ),
+        (
+            "/pull/sie.bin",
+            "Cache-Control: max-age=0, stale-if-error=600\r\n",
+        ),
+        ("/pull/plain.bin", "Cache-Control: max-age=0\r\n"),
+    ];
+    let objects: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (p, f))| (*p, object(40_000, 120 + i as u8), *f))
+        .collect();
+    let origin = contract_origin(objects.clone());
+    // No stale copy on error unless the origin allows it.
+    let (server, _admin, _dir) = edge_with(&origin, "stale_if_error_s = 0");
+    for (path, content, _) in &objects {
+        assert!(&get(&server, path, &[]).body == content, "{path} cached");
+    }
+    // Within stale-while-revalidate: served at once, as a hit, and revalidated behind it.
+    let r = get(&server, "/pull/swr.bin", &[]);
+    assert!(r.body == objects[0].1);
+    let status = r.header("cache-status").unwrap_or_default().to_owned();
+    assert!(status.starts_with("shardline; hit"), "{status}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while asked(&origin, "/pull/swr.bin").1 < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no revalidation behind the stale hit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The origin fails from now on.
+    origin.set(Arc::new(|_: &Asked, _: &[u8]| {
+        (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(),
+            false,
+            None,
+        )
+    }));
+    let sie = get(&server, "/pull/sie.bin", &[]);
+    assert_eq!(sie.status, 200, "within stale-if-error: served stale");
+    assert!(sie.body == objects[1].1);
+    let plain = get(&server, "/pull/plain.bin", &[]);
+    assert!(
+        plain.status >= 500,
+        "stale_if_error_s = 0: not served stale ({})",
+        plain.status
+    );
 }

@@ -207,6 +207,8 @@ mod tests {
                     initial_age_s,
                     no_cache,
                     must_revalidate,
+                    stale_while_revalidate_s: lifetime.map(|l| l / 2),
+                    stale_if_error_s: None,
                 },
                 headers,
             };
@@ -247,6 +249,8 @@ mod tests {
                 initial_age_s: 5,
                 no_cache: false,
                 must_revalidate: true,
+                stale_while_revalidate_s: Some(30),
+                stale_if_error_s: Some(600),
             },
             headers: "Content-Encoding: gzip\r\n".into(),
             ..old

@@ -357,11 +357,17 @@ pub struct Freshness {
     pub no_cache: bool,
     /// `must-revalidate` / `proxy-revalidate`: never served stale.
     pub must_revalidate: bool,
+    /// `stale-while-revalidate` (RFC 5861): seconds past its lifetime it is served while one
+    /// revalidation runs in the background.
+    pub stale_while_revalidate_s: Option<u32>,
+    /// `stale-if-error` (RFC 5861): seconds past its lifetime it is served when revalidation
+    /// fails (None: the origin entry's `stale_if_error_s`).
+    pub stale_if_error_s: Option<u32>,
 }
 
 impl Freshness {
     /// Bytes it takes in a record.
-    pub const BYTES: usize = 4 + 4 + 1;
+    pub const BYTES: usize = 4 + 4 + 1 + 4 + 4;
     const NO_LIFETIME: u32 = u32::MAX;
     const FLAG_NO_CACHE: u8 = 1;
     const FLAG_MUST_REVALIDATE: u8 = 2;
@@ -372,6 +378,10 @@ impl Freshness {
             .map_or(Self::NO_LIFETIME, |s| s.min(Self::NO_LIFETIME - 1));
         out.extend_from_slice(&lifetime.to_le_bytes());
         out.extend_from_slice(&self.initial_age_s.to_le_bytes());
+        for window in [self.stale_while_revalidate_s, self.stale_if_error_s] {
+            let w = window.map_or(Self::NO_LIFETIME, |s| s.min(Self::NO_LIFETIME - 1));
+            out.extend_from_slice(&w.to_le_bytes());
+        }
         out.push(
             (u8::from(self.no_cache) * Self::FLAG_NO_CACHE)
                 | (u8::from(self.must_revalidate) * Self::FLAG_MUST_REVALIDATE),
@@ -381,6 +391,9 @@ impl Freshness {
     fn decode(r: &mut Reader<'_>) -> Option<Freshness> {
         let lifetime = r.u32()?;
         let initial_age_s = r.u32()?;
+        let window = |w: u32| (w != Self::NO_LIFETIME).then_some(w);
+        let stale_while_revalidate_s = window(r.u32()?);
+        let stale_if_error_s = window(r.u32()?);
         let flags = r.u8()?;
         if flags & !(Self::FLAG_NO_CACHE | Self::FLAG_MUST_REVALIDATE) != 0 {
             return None;
@@ -390,6 +403,8 @@ impl Freshness {
             initial_age_s,
             no_cache: flags & Self::FLAG_NO_CACHE != 0,
             must_revalidate: flags & Self::FLAG_MUST_REVALIDATE != 0,
+            stale_while_revalidate_s,
+            stale_if_error_s,
         })
     }
 }

@@ -68,6 +68,18 @@ pub struct OriginConfig {
     /// standing for any run of characters (`/pull/*/latest.json`).
     #[serde(default)]
     pub never_cache: Vec<String>,
+    /// Seconds past its lifetime a cached version is still served when its origin cannot be
+    /// reached or answers 5xx, where the origin gave no `stale-if-error` (RFC 5861);
+    /// `must-revalidate` and `no-cache` versions never are.
+    #[serde(default = "default_stale_if_error_s")]
+    pub stale_if_error_s: u64,
+}
+
+/// Default `stale_if_error_s`: 30 days (a cached copy outlives an origin's outage).
+pub const DEFAULT_STALE_IF_ERROR_S: u64 = 30 * 86_400;
+
+fn default_stale_if_error_s() -> u64 {
+    DEFAULT_STALE_IF_ERROR_S
 }
 
 /// `[[origin]] cache_policy`.
@@ -233,6 +245,9 @@ impl OriginConfig {
         }
         if self.ttl_s.is_some_and(|t| t > MAX_TTL_S) {
             return Err(format!("ttl_s must be at most {MAX_TTL_S}"));
+        }
+        if self.stale_if_error_s > MAX_TTL_S {
+            return Err(format!("stale_if_error_s must be at most {MAX_TTL_S}"));
         }
         if self.never_cache.len() > MAX_NEVER_CACHE_PATTERNS {
             return Err(format!(

@@ -211,7 +211,11 @@ impl SharedEdge {
             origin_policies: config
                 .origin
                 .iter()
-                .map(|o| (o.cache_policy, o.ttl_s))
+                .map(|o| super::cache_fill::OriginPolicy {
+                    cache_policy: o.cache_policy,
+                    ttl_s: o.ttl_s,
+                    stale_if_error_s: o.stale_if_error_s,
+                })
                 .collect(),
         };
         let core = FillCore::open_watched(cache_dir, cfg, shards, watch)?;

@@ -185,6 +185,7 @@ mod tests {
             cache_policy: Default::default(),
             ttl_s: None,
             never_cache: Vec::new(),
+            stale_if_error_s: crate::config::origin::DEFAULT_STALE_IF_ERROR_S,
         }
     }
 

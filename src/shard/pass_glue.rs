@@ -538,8 +538,7 @@ impl<R: RingOps> Shard<R> {
                 // Never stored: fresh for nothing (the lines say what the origin said).
                 lifetime_s: Some(0),
                 initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
-                no_cache: false,
-                must_revalidate: false,
+                ..Default::default()
             },
             headers: facts.fields.stored,
         };

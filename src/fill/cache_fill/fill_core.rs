@@ -73,6 +73,29 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         // The block the request starts in is the one asked for: a 206 with the same
         // validators refreshes it, and a partial object gets it.
         let block = (first.min(meta.size - 1) / u64::from(meta.block_bytes)) as u32;
+        let swr = meta.freshness.stale_while_revalidate_s.map_or(0, u64::from);
+        if !meta.freshness.no_cache && now_s < fresh_until.saturating_add(swr) {
+            // `stale-while-revalidate` (RFC 5861): served stale now, while one revalidation
+            // runs in the background (with no waiter: nobody waits for it).
+            if !self.probes.contains_key(key) && self.queue.len() < MAX_QUEUED_FETCHES {
+                self.probes.insert(key.to_vec(), Vec::new());
+                self.queue.push_back(Job {
+                    key: key.to_vec(),
+                    origin,
+                    path: path.to_owned(),
+                    version: v,
+                    first: block,
+                    last: block,
+                    probe: false,
+                    revalidate: true,
+                    not_before_ms: 0,
+                    committed: Vec::new(),
+                    pinned: false,
+                    shard,
+                });
+            }
+            return None;
+        }
         if let Some(waiters) = self.probes.get_mut(key) {
             if waiters.len() >= MAX_PROBE_WAITERS {
                 return Some(Outcome::Busy);
@@ -658,7 +681,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 align_bytes: self.cfg.align_bytes,
                 sync_every_blocks: self.cfg.sync_every_blocks,
                 storing: match self.cfg.origin_policies.get(job.origin) {
-                    Some((CachePolicy::Override, _)) => Storing::Override,
+                    Some(p) if p.cache_policy == CachePolicy::Override => Storing::Override,
                     _ => Storing::Contract,
                 },
             };
@@ -877,7 +900,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             .and_then(contract::parse_date);
         let d = contract.directives;
         let override_ttl_s = match self.cfg.origin_policies.get(job.origin) {
-            Some((CachePolicy::Override, ttl_s)) => Some(ttl_s.unwrap_or(self.cfg.revalidate_s)),
+            Some(p) if p.cache_policy == CachePolicy::Override => {
+                Some(p.ttl_s.unwrap_or(self.cfg.revalidate_s))
+            }
             _ => None,
         };
         let meta = ObjectVersion {
@@ -902,6 +927,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
                     no_cache: d.no_cache,
                     must_revalidate: d.must_revalidate,
+                    stale_while_revalidate_s: d
+                        .stale_while_revalidate
+                        .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
+                    stale_if_error_s: d
+                        .stale_if_error
+                        .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
                 },
             },
             headers: facts.fields.stored,
@@ -1271,14 +1302,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 self.retire(v);
                 self.remember_not_found(&job.key, now_s);
             }
-            Some(error)
-                if self
-                    .index
-                    .meta(v)
-                    .is_some_and(|m| m.freshness.no_cache || m.freshness.must_revalidate) =>
-            {
+            Some(error) if !self.may_serve_stale(v, job.origin, now_s) => {
                 // `no-cache` and `must-revalidate` are never served unvalidated (RFC 9111
-                // §4.2.4, §5.2.2.2): the waiters get the error; the next request asks again.
+                // §4.2.4, §5.2.2.2), nor any copy past its `stale-if-error` window (RFC
+                // 5861; the origin entry's `stale_if_error_s` where it gave none): the
+                // waiters get the error; the next request asks again.
                 tracing::warn!(
                     origin = self.origin_name(job.origin),
                     path = %job.path,

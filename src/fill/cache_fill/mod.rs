@@ -202,9 +202,9 @@ pub struct FillConfig {
     pub not_found_s: u64,
     /// Each origin's name for log lines (index = its `[[origin]]` entry).
     pub origin_names: Vec<String>,
-    /// Each origin's `cache_policy` and `ttl_s` (index = its `[[origin]]` entry; absent:
-    /// the origin's contract).
-    pub origin_policies: Vec<(CachePolicy, Option<u64>)>,
+    /// Each origin's policy (index = its `[[origin]]` entry; absent: the origin's contract
+    /// and `DEFAULT_STALE_IF_ERROR_S`).
+    pub origin_policies: Vec<OriginPolicy>,
     /// Most data files kept open for writing (`cache_open_files`).
     pub open_files: usize,
     /// Smallest journal a compaction rewrites (`COMPACT_MIN_BYTES`; tests lower it).
@@ -641,6 +641,19 @@ pub struct PassThrough<'a> {
     pub from: u64,
     /// One past the last byte wanted.
     pub end: u64,
+}
+
+/// An origin entry's word on storing (`[[origin]]` `cache_policy`, `ttl_s`,
+/// `stale_if_error_s`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginPolicy {
+    /// Whose word decides what is stored.
+    pub cache_policy: CachePolicy,
+    /// The lifetime under `CachePolicy::Override` (None: `revalidate_s`).
+    pub ttl_s: Option<u64>,
+    /// Seconds past its lifetime a version is still served when revalidation fails, where
+    /// the origin gave no `stale-if-error`.
+    pub stale_if_error_s: u64,
 }
 
 /// What a shard learns from the fill without taking its lock: whether anything waits for it.
@@ -1167,6 +1180,31 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         let until = now_s + self.cfg.not_found_s.min(MAX_NOT_FOUND_S);
         self.not_found.remember(key, until, now_s);
+    }
+
+    /// Whether version `v` (of origin `origin`) may be served although its revalidation
+    /// failed at `now_s`: not `no-cache` nor `must-revalidate`, and within its
+    /// `stale-if-error` window past its lifetime.
+    pub(super) fn may_serve_stale(&self, v: u64, origin: usize, now_s: u64) -> bool {
+        let Some(m) = self.index.meta(v) else {
+            return false;
+        };
+        let window = m.freshness.stale_if_error_s.map_or_else(
+            || {
+                self.cfg
+                    .origin_policies
+                    .get(origin)
+                    .map_or(crate::config::origin::DEFAULT_STALE_IF_ERROR_S, |p| {
+                        p.stale_if_error_s
+                    })
+            },
+            u64::from,
+        );
+        !m.freshness.no_cache
+            && !m.freshness.must_revalidate
+            && now_s
+                < m.fresh_until_s(self.cfg.revalidate_s)
+                    .saturating_add(window)
     }
 
     /// Remembers that `key`'s replies may not be stored (`why`), for `HIT_FOR_PASS_S`; its

@@ -490,6 +490,7 @@ fn pull_scenario(
         cache_policy: Default::default(),
         ttl_s: None,
         never_cache: Vec::new(),
+        stale_if_error_s: crate::config::origin::DEFAULT_STALE_IF_ERROR_S,
     }];
     Ok(origin)
 }
