@@ -27,10 +27,11 @@ use super::sniff::{self, FirstBytes};
 /// is refused with a handshake_failure alert.
 pub const HANDSHAKE_INCOMING_MAX_BYTES: usize = 72 * 1024;
 /// Longest handshake message rustls takes (its `MAX_HANDSHAKE_SIZE`, 64 KiB); a ClientHello
-/// that says it is longer gets illegal_parameter (OpenSSL's alert for an excessive message)
-/// from our precheck, where rustls would close without one. OpenSSL takes ClientHellos up to
-/// 128 KiB: the bound is rustls's deframer's, which the transcript hash keeps us from working
-/// around (the message must reach it whole).
+/// that says it is longer gets decode_error from our precheck, where rustls would close without
+/// an alert: what OpenSSL answers a ClientHello whose body is longer than its content
+/// (tlsfuzzer's test-truncating-of-client-hello pads one past 64 KiB and expects it). OpenSSL
+/// takes ClientHellos up to 128 KiB: the bound is rustls's deframer's, which the transcript
+/// hash keeps us from working around (the message must reach it whole).
 pub const HANDSHAKE_MESSAGE_MAX_BYTES: u32 = 0xffff;
 /// Largest plaintext record fragment (2^14, RFC 8446 5.1); a longer plaintext handshake
 /// record gets record_overflow.
@@ -203,6 +204,13 @@ pub struct TlsSession {
     /// The server has sent handshake records: from then on (TLS 1.3) an alert must be
     /// encrypted, which only rustls can do, so our own plaintext alerts stop.
     spoke: bool,
+    /// Bytes at the front of `incoming` rustls has been given (whole records). Once the
+    /// server has spoken it gets one record at a time, when it asks for more: rustls reads
+    /// every record it is given, so records behind the client's Finished would be opened
+    /// (and refused) by rustls rather than by our record layer.
+    fed: usize,
+    /// The precheck's state (until the server's first flight).
+    precheck: Precheck,
 }
 
 impl std::fmt::Debug for TlsSession {
@@ -221,38 +229,103 @@ impl std::fmt::Debug for TlsSession {
     }
 }
 
-/// Checks the client's records that rustls has not consumed yet, before the server's first
-/// flight, for what rustls lets through but the RFCs refuse; returns the alert to send. Each
-/// record's header is judged as soon as it is in; bodies only for the ClientHello's version.
-fn precheck_records(incoming: &[u8]) -> Option<u8> {
-    let mut at = 0;
-    while let Some(header) = incoming.get(at..at + RECORD_HEADER_BYTES) {
-        let typ = header[0];
-        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        if typ == CONTENT_HANDSHAKE && len > PLAINTEXT_RECORD_MAX_BYTES {
-            return Some(alert::RECORD_OVERFLOW);
-        }
-        // No application data before the handshake is done, and never an empty fragment.
-        if typ == CONTENT_APPLICATION_DATA && len == 0 {
-            return Some(alert::UNEXPECTED_MESSAGE);
-        }
-        // The first record starts the ClientHello: type, length (3), legacy_version (2). One
-        // longer than rustls takes would be refused there without an alert.
-        if at == 0 && typ == CONTENT_HANDSHAKE {
-            if let Some(&[1, a, b, c]) = incoming.get(5..9) {
-                if u32::from_be_bytes([0, a, b, c]) > HANDSHAKE_MESSAGE_MAX_BYTES {
-                    return Some(alert::ILLEGAL_PARAMETER);
+/// Handshake message type of a ClientHello (RFC 8446 4).
+const HANDSHAKE_CLIENT_HELLO: u8 = 1;
+/// Bytes at the front of the ClientHello the precheck judges: type, length (3),
+/// legacy_version (2).
+const CLIENT_HELLO_HEAD_BYTES: usize = 6;
+
+/// What the precheck has seen of the client's records before the server's first flight.
+/// It judges each record once, as it is handed to rustls: rustls joins a handshake message's
+/// fragments in place in `incoming`, so records it was given cannot be parsed again.
+#[derive(Clone, Copy, Debug, Default)]
+struct Precheck {
+    /// The ClientHello's first bytes, gathered over records (it may come a byte per record).
+    head: [u8; CLIENT_HELLO_HEAD_BYTES],
+    /// Handshake bytes seen so far (the ClientHello's, then whatever follows it).
+    hs_seen: usize,
+    /// Whole records judged so far.
+    records: usize,
+}
+
+impl Precheck {
+    /// Judges the records of `buf` from `from` on (`from` is where the last call stopped:
+    /// the whole records before it were judged); returns the alert for what rustls lets
+    /// through but the RFCs refuse. A record's header is judged as soon as it is in, its
+    /// body when the record is whole.
+    fn judge(&mut self, buf: &[u8], mut from: usize) -> Option<u8> {
+        while let Some(header) = buf.get(from..from + RECORD_HEADER_BYTES) {
+            let typ = header[0];
+            let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+            if typ == CONTENT_HANDSHAKE && len > PLAINTEXT_RECORD_MAX_BYTES {
+                return Some(alert::RECORD_OVERFLOW);
+            }
+            // No application data before the handshake is done, and never an empty fragment.
+            if typ == CONTENT_APPLICATION_DATA && len == 0 {
+                return Some(alert::UNEXPECTED_MESSAGE);
+            }
+            let hello_end = (self.hs_seen >= 4).then(|| {
+                let [_, a, b, c, ..] = self.head;
+                4 + u32::from_be_bytes([0, a, b, c]) as usize
+            });
+            let inside_hello = self.hs_seen > 0 && hello_end.is_none_or(|end| self.hs_seen < end);
+            // Another record type inside a handshake message (RFC 8446 5.1); rustls would
+            // wait for the rest of the message, or close without an alert.
+            if typ != CONTENT_HANDSHAKE && inside_hello {
+                return Some(alert::UNEXPECTED_MESSAGE);
+            }
+            let body = buf.get(from + RECORD_HEADER_BYTES..from + RECORD_HEADER_BYTES + len)?;
+            if typ == CONTENT_HANDSHAKE && (self.records == 0 || inside_hello) {
+                for (slot, &b) in self.head.iter_mut().skip(self.hs_seen).zip(body) {
+                    *slot = b;
+                }
+                self.hs_seen += body.len();
+                let seen = self.hs_seen.min(CLIENT_HELLO_HEAD_BYTES);
+                if let Some(verdict) = judge_client_hello_head(&self.head[..seen]) {
+                    return Some(verdict);
                 }
             }
-            if let Some(&[1, _, _, _, major, minor]) = incoming.get(5..11) {
-                if u16::from_be_bytes([major, minor]) <= LEGACY_VERSION_REFUSED_MAX {
-                    return Some(alert::PROTOCOL_VERSION);
-                }
-            }
+            self.records += 1;
+            from += RECORD_HEADER_BYTES + len;
         }
-        at += RECORD_HEADER_BYTES + len;
+        None
+    }
+}
+
+/// The alert for a ClientHello from its first bytes (as many as are in), if they refuse it.
+fn judge_client_hello_head(head: &[u8]) -> Option<u8> {
+    // The first handshake message must be a ClientHello (RFC 8446 4.1.2); rustls answers
+    // another type with decode_error, OpenSSL and tlsfuzzer expect unexpected_message.
+    if head.first().is_some_and(|&t| t != HANDSHAKE_CLIENT_HELLO) {
+        return Some(alert::UNEXPECTED_MESSAGE);
+    }
+    // Longer than rustls takes: it would be refused there without an alert.
+    if let &[_, a, b, c, ..] = head {
+        if u32::from_be_bytes([0, a, b, c]) > HANDSHAKE_MESSAGE_MAX_BYTES {
+            return Some(alert::DECODE_ERROR);
+        }
+    }
+    if let &[_, _, _, _, major, minor] = head {
+        if u16::from_be_bytes([major, minor]) <= LEGACY_VERSION_REFUSED_MAX {
+            return Some(alert::PROTOCOL_VERSION);
+        }
     }
     None
+}
+
+/// The end of the whole record that starts at `from` in `buf`, if it is all in.
+fn next_record_end(buf: &[u8], from: usize) -> Option<usize> {
+    let header = buf.get(from..from + RECORD_HEADER_BYTES)?;
+    let end = from + RECORD_HEADER_BYTES + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    (end <= buf.len()).then_some(end)
+}
+
+/// The end of the last whole record of those from `from` on in `buf` (`from` when none is).
+fn whole_records_end(buf: &[u8], mut from: usize) -> usize {
+    while let Some(end) = next_record_end(buf, from) {
+        from = end;
+    }
+    from
 }
 
 fn records_max(suite: SupportedCipherSuite) -> u64 {
@@ -275,6 +348,8 @@ impl TlsSession {
             sni: None,
             turns: 0,
             spoke: false,
+            fed: 0,
+            precheck: Precheck::default(),
         })
     }
 
@@ -384,7 +459,7 @@ impl TlsSession {
         }
         self.turns += 1;
         if !self.spoke {
-            if let Some(desc) = precheck_records(&self.incoming) {
+            if let Some(desc) = self.precheck.judge(&self.incoming, self.fed) {
                 self.refuse_plain(desc);
                 return HandshakeStep::Failed(HandshakeFailure::Protocol);
             }
@@ -392,9 +467,17 @@ impl TlsSession {
         let State::Handshaking(conn) = &mut self.state else {
             return HandshakeStep::Failed(HandshakeFailure::Protocol);
         };
+        if !self.spoke {
+            // Before our first flight every whole record goes in (the precheck judged them).
+            self.fed = whole_records_end(&self.incoming, self.fed);
+        }
         let mut failed = None;
-        for _ in 0..HANDSHAKE_ROUNDS_MAX {
-            let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut self.incoming);
+        let mut rounds = 0;
+        while rounds < HANDSHAKE_ROUNDS_MAX {
+            rounds += 1;
+            let fed = self.fed.min(self.incoming.len());
+            let UnbufferedStatus { discard, state } =
+                conn.process_tls_records(&mut self.incoming[..fed]);
             let round = match state {
                 Err(e) => {
                     if failed.is_none() {
@@ -432,6 +515,7 @@ impl TlsSession {
                 Ok(_) => Round::Error(HandshakeFailure::Protocol),
             };
             self.incoming.drain(..discard);
+            self.fed = fed - discard;
             if let Some(f) = failed {
                 // After an error, rustls hands over what it queued (its alert last) before it
                 // parses anything; once that is out, another round would parse the bad input
@@ -449,8 +533,19 @@ impl TlsSession {
                     return HandshakeStep::Failed(f);
                 }
                 Round::Error(f) => failed = Some(f),
+                Round::NeedInput | Round::WriteTraffic if conn.is_handshaking() => {
+                    // rustls waits for the client: the next whole record, if one is in. Not
+                    // a round: records are bounded by `HANDSHAKE_INCOMING_MAX_BYTES`.
+                    match next_record_end(&self.incoming, self.fed) {
+                        Some(end) => {
+                            self.fed = end;
+                            rounds -= 1;
+                        }
+                        None => return HandshakeStep::NeedInput,
+                    }
+                }
                 Round::NeedInput => return HandshakeStep::NeedInput,
-                Round::WriteTraffic if conn.is_handshaking() => return HandshakeStep::NeedInput,
+                // Records behind the client's Finished stay in `incoming` for `open_records`.
                 Round::WriteTraffic => return self.establish(),
             }
         }
@@ -1423,7 +1518,7 @@ mod tests {
         assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
         assert_eq!(
             alerts,
-            [(2, alert::ILLEGAL_PARAMETER)],
+            [(2, alert::DECODE_ERROR)],
             "an alert, then the close"
         );
     }
