@@ -186,6 +186,12 @@ struct Records {
     /// span records): its first bytes, up to `POST_HANDSHAKE_MESSAGE_MAX_BYTES`.
     partial: [u8; POST_HANDSHAKE_MESSAGE_MAX_BYTES],
     partial_len: usize,
+    /// TLS 1.2: bytes of a refused renegotiation ClientHello still to skip (it may span
+    /// records).
+    hello_skip: usize,
+    /// TLS 1.2: a no_renegotiation warning is due (sent when the connection is idle, or
+    /// before the next response head).
+    no_renegotiation_due: bool,
 }
 
 /// One connection's TLS state.
@@ -512,7 +518,10 @@ impl TlsSession {
                 Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
                     Round::Error(HandshakeFailure::Peer)
                 }
-                Ok(_) => Round::Error(HandshakeFailure::Protocol),
+                Ok(other) => {
+                    tracing::debug!(state = ?other, "TLS handshake: unexpected state");
+                    Round::Error(HandshakeFailure::Protocol)
+                }
             };
             self.incoming.drain(..discard);
             self.fed = fed - discard;
@@ -549,6 +558,7 @@ impl TlsSession {
                 Round::WriteTraffic => return self.establish(),
             }
         }
+        tracing::debug!(rounds, "TLS handshake: out of rounds in one turn");
         self.state = State::Done;
         HandshakeStep::Failed(failed.unwrap_or(HandshakeFailure::Protocol))
     }
@@ -605,6 +615,8 @@ impl TlsSession {
             empties: 0,
             partial: [0; POST_HANDSHAKE_MESSAGE_MAX_BYTES],
             partial_len: 0,
+            hello_skip: 0,
+            no_renegotiation_due: false,
         }));
         HandshakeStep::Complete
     }
@@ -709,6 +721,9 @@ impl TlsSession {
             "a head sealed while a record is half sent"
         );
         let plain = buf.split_off(from);
+        if r.no_renegotiation_due {
+            r.append_no_renegotiation(buf);
+        }
         if r.key_update_due {
             r.append_key_update(buf);
         }
@@ -733,6 +748,22 @@ impl TlsSession {
         } = self;
         if let State::Open(r) = state {
             r.append_key_update(outgoing);
+        }
+    }
+
+    /// A refused renegotiation's warning waits to be sent (`queue_no_renegotiation` when the
+    /// connection is idle; otherwise it goes before the next response head).
+    pub fn no_renegotiation_due(&self) -> bool {
+        self.records().is_some_and(|r| r.no_renegotiation_due)
+    }
+
+    /// Appends the due no_renegotiation warning to `outgoing`.
+    pub fn queue_no_renegotiation(&mut self) {
+        let TlsSession {
+            state, outgoing, ..
+        } = self;
+        if let State::Open(r) = state {
+            r.append_no_renegotiation(outgoing);
         }
     }
 
@@ -793,7 +824,7 @@ impl TlsSession {
             let payload = &rec[range];
             // A handshake message split over records must not be interleaved with other
             // record types (RFC 8446 5.1).
-            if r.partial_len > 0 && typ != CONTENT_HANDSHAKE {
+            if (r.partial_len > 0 || r.hello_skip > 0) && typ != CONTENT_HANDSHAKE {
                 break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
             }
             match typ {
@@ -834,8 +865,19 @@ impl TlsSession {
                         break r.fail(outgoing, desc);
                     }
                 }
-                // TLS 1.2: a ClientHello here asks for renegotiation, which we never do.
-                CONTENT_HANDSHAKE => break r.fail(outgoing, alert::NO_RENEGOTIATION),
+                // TLS 1.2: a ClientHello here asks for renegotiation, which we never do. It is
+                // refused with a warning and the connection goes on (RFC 5746 4.2, what
+                // OpenSSL does and tlsfuzzer's test-renegotiation-disabled expects); each
+                // refusal counts as a record that carried nothing.
+                CONTENT_HANDSHAKE => {
+                    if let Err(desc) = r.on_tls12_handshake(payload) {
+                        break r.fail(outgoing, desc);
+                    }
+                    r.empties += 1;
+                    if r.empties > EMPTY_RECORDS_MAX {
+                        break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
+                    }
+                }
                 _ => break r.fail(outgoing, alert::UNEXPECTED_MESSAGE),
             }
         };
@@ -864,6 +906,44 @@ impl Records {
             .seal_append(outgoing, &[2, desc], CONTENT_ALERT, self.tx_seq);
         self.tx_seq += 1;
         Received::Fatal
+    }
+
+    /// The payload of a handshake record after a TLS 1.2 handshake: only a ClientHello
+    /// (renegotiation, refused with a warning) may come, and it is skipped whole. Its header
+    /// must be in one record (no client splits a message's header); otherwise the connection
+    /// ends with no_renegotiation and close_notify.
+    fn on_tls12_handshake(&mut self, payload: &[u8]) -> Result<(), u8> {
+        let mut rest = payload;
+        while !rest.is_empty() {
+            if self.hello_skip > 0 {
+                let n = self.hello_skip.min(rest.len());
+                self.hello_skip -= n;
+                rest = &rest[n..];
+                continue;
+            }
+            let &[typ, a, b, c, ref body @ ..] = rest else {
+                return Err(alert::NO_RENEGOTIATION);
+            };
+            if typ != HANDSHAKE_CLIENT_HELLO {
+                return Err(alert::UNEXPECTED_MESSAGE);
+            }
+            self.hello_skip = u32::from_be_bytes([0, a, b, c]) as usize;
+            self.no_renegotiation_due = true;
+            rest = body;
+        }
+        Ok(())
+    }
+
+    /// Seals the no_renegotiation warning into `out`.
+    fn append_no_renegotiation(&mut self, out: &mut Vec<u8>) {
+        self.tx.seal_append(
+            out,
+            &[1, alert::NO_RENEGOTIATION],
+            CONTENT_ALERT,
+            self.tx_seq,
+        );
+        self.tx_seq += 1;
+        self.no_renegotiation_due = false;
     }
 
     /// The payload of a handshake record after a TLS 1.3 handshake: only KeyUpdate is legal
@@ -1360,20 +1440,127 @@ mod tests {
         }
     }
 
+    /// tlsfuzzer's test-renegotiation-disabled: a TLS 1.2 renegotiation gets the
+    /// no_renegotiation warning and the connection goes on (also with the ClientHello split
+    /// over records, and with a request before and after it); a header cut short still
+    /// closes, and another handshake message is unexpected.
     #[test]
-    fn a_refused_renegotiation_is_followed_by_close_notify() {
+    fn a_refused_renegotiation_gets_a_warning_and_the_connection_goes_on() {
         let w = world();
+        let hello = testing::client_hello(Some("edge.test"));
+        let msg = &hello[5..];
         let (mut p, mut s) = Peer::after_handshake(&w, true);
         assert_eq!(p.version, ProtocolVersion::TLSv1_2);
-        let hello = testing::client_hello(Some("edge.test"));
+        let mut app = Vec::new();
+        let mut send = |p: &mut Peer, s: &mut TlsSession, typ: u8, payload: &[u8]| {
+            let mut rec = Vec::new();
+            p.tx.seal_append(&mut rec, payload, typ, p.tx_seq);
+            p.tx_seq += 1;
+            assert!(s.receive(&rec));
+            s.open_records(&mut app)
+        };
         assert_eq!(
-            p.send(&mut s, CONTENT_HANDSHAKE, &hello[5..]),
+            send(
+                &mut p,
+                &mut s,
+                CONTENT_APPLICATION_DATA,
+                b"GET / HTTP/1.0\r\n"
+            ),
+            Received::Data
+        );
+        assert_eq!(
+            send(&mut p, &mut s, CONTENT_HANDSHAKE, &msg[..3]),
+            Received::Fatal,
+            "a header cut"
+        );
+        let (mut p, mut s) = Peer::after_handshake(&w, true);
+        for piece in [&msg[..40], &msg[40..]] {
+            assert_eq!(
+                send(&mut p, &mut s, CONTENT_HANDSHAKE, piece),
+                Received::Data
+            );
+        }
+        assert!(s.no_renegotiation_due());
+        s.queue_no_renegotiation();
+        assert!(!s.no_renegotiation_due());
+        assert_eq!(p.alerts(&mut s), [(1, alert::NO_RENEGOTIATION)]);
+        assert_eq!(
+            send(&mut p, &mut s, CONTENT_APPLICATION_DATA, b"\r\n"),
+            Received::Data
+        );
+        // A warning not yet sent goes before the next head.
+        assert_eq!(send(&mut p, &mut s, CONTENT_HANDSHAKE, msg), Received::Data);
+        let mut head = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        s.seal_tail(&mut head, 0, 16384);
+        s.outgoing = head;
+        assert_eq!(p.alerts(&mut s), [(1, alert::NO_RENEGOTIATION)]);
+        // Anything but a ClientHello.
+        assert_eq!(
+            send(&mut p, &mut s, CONTENT_HANDSHAKE, &[20, 0, 0, 0]),
             Received::Fatal
         );
-        assert_eq!(
-            p.alerts(&mut s),
-            [(1, alert::NO_RENEGOTIATION), (1, alert::CLOSE_NOTIFY)]
-        );
+        assert_eq!(p.alerts(&mut s), [(2, alert::UNEXPECTED_MESSAGE)]);
+    }
+
+    /// tlsfuzzer's test-tls13-empty-alert and test-tls13-zero-length-data with application
+    /// keys: records that come in the same flight as the client's Finished are opened by our
+    /// record layer (rustls gets one record at a time once it has spoken), so an empty alert
+    /// there gets unexpected_message (RFC 8446 5.1), not rustls's decode_error.
+    #[test]
+    fn records_behind_the_clients_finished_are_ours() {
+        let w = world();
+        // (what follows the Finished in its flight, what the server makes of it, its alerts)
+        type Behind = (&'static [u8], u8);
+        let cases: [(Behind, Received, &[(u8, u8)]); 2] = [
+            (
+                (b"GET / HTTP/1.1\r\n\r\n", CONTENT_APPLICATION_DATA),
+                Received::Data,
+                &[],
+            ),
+            (
+                (b"", CONTENT_ALERT),
+                Received::Fatal,
+                &[(2, alert::UNEXPECTED_MESSAGE)],
+            ),
+        ];
+        for ((payload, typ), want, want_alerts) in cases {
+            let (_, cc) = client(&w, None, &[&rustls::version::TLS13]);
+            let mut cc = (*cc).clone();
+            cc.enable_secret_extraction = true;
+            let name = ServerName::try_from("edge.test").unwrap();
+            let mut c = ClientConnection::new(Arc::new(cc), name).unwrap();
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            to_server(&mut c, &mut s);
+            assert_eq!(s.handshake(&mut Vec::new()), HandshakeStep::NeedInput);
+            to_client(&mut s, &mut c);
+            assert!(!c.is_handshaking());
+            let mut flight = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut flight).unwrap();
+            }
+            let secrets = c.dangerous_extract_secrets().unwrap();
+            let version = ProtocolVersion::TLSv1_3;
+            let mut p = Peer {
+                version,
+                tx: RecordKey::new(version, &secrets.tx.1).unwrap(),
+                tx_seq: secrets.tx.0,
+                rx: RecordKey::new(version, &secrets.rx.1).unwrap(),
+                rx_seq: secrets.rx.0,
+            };
+            p.tx.seal_append(&mut flight, payload, typ, p.tx_seq);
+            assert!(s.receive(&flight));
+            let mut app = Vec::new();
+            assert_eq!(s.handshake(&mut app), HandshakeStep::Complete);
+            assert!(app.is_empty(), "rustls opened nothing behind the Finished");
+            assert!(
+                !s.incoming.is_empty(),
+                "the record behind it waits for the record layer"
+            );
+            assert_eq!(s.open_records(&mut app), want);
+            assert_eq!(app, if want == Received::Data { payload } else { b"" });
+            // Our tickets (handshake records), then the alert if any.
+            assert_eq!(p.alerts(&mut s), want_alerts);
+        }
     }
 
     /// What the server answers to `records` sent before or during the handshake: the step and

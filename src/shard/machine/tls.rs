@@ -43,7 +43,20 @@ impl ConnMachine {
     fn open_tls_records(&mut self, cx: &Ctx, out: &mut Actions) -> bool {
         let tls = self.tls.as_mut().expect("TLS records without a session");
         match tls.open_records(&mut self.rx) {
-            Received::Data => true,
+            Received::Data => {
+                // A refused renegotiation is answered now when nothing else is being sent
+                // (else its warning goes before the next response head: `seal_tail`).
+                let idle = self.tls_send == TlsSend::Idle && !self.responding();
+                if let Some(tls) = self
+                    .tls
+                    .as_mut()
+                    .filter(|t| idle && t.no_renegotiation_due())
+                {
+                    tls.queue_no_renegotiation();
+                    self.send_tls_output(out);
+                }
+                true
+            }
             Received::PeerClosed => {
                 // close_notify says what a FIN says: nothing more will come.
                 self.read = ReadState::Eof;
