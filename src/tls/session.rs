@@ -1684,6 +1684,188 @@ mod tests {
         );
     }
 
+    /// The precheck reads the ClientHello's head out of the records' bodies, never across a
+    /// record header (tlsfuzzer's test-record-layer-fragmentation, test-tls13-zero-length-data,
+    /// test-invalid-client-hello-w-record-overflow).
+    #[test]
+    fn the_precheck_reads_a_fragmented_client_hello_by_record() {
+        let w = world();
+        let hello = testing::client_hello(Some("edge.test"));
+        let msg = &hello[5..];
+        let records = |pieces: &[&[u8]]| {
+            let mut out = Vec::new();
+            for p in pieces {
+                out.extend_from_slice(&[CONTENT_HANDSHAKE, 3, 1]);
+                out.extend_from_slice(&(p.len() as u16).to_be_bytes());
+                out.extend_from_slice(p);
+            }
+            out
+        };
+        // One byte per record: accepted, the server answers.
+        let bytes: Vec<&[u8]> = msg.chunks(1).collect();
+        let (step, alerts) = handshake_answer(&w, &records(&bytes));
+        assert_eq!(
+            (step, alerts),
+            (HandshakeStep::NeedInput, vec![]),
+            "1-byte records"
+        );
+        // The same, arriving a record at a time (rustls joins what it was given in place).
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        for (i, b) in bytes.iter().enumerate() {
+            assert!(s.receive(&records(&[b])));
+            assert_eq!(
+                s.handshake(&mut Vec::new()),
+                HandshakeStep::NeedInput,
+                "record {i}"
+            );
+        }
+        assert_eq!(s.outgoing[0], CONTENT_HANDSHAKE, "the server's flight");
+        // An empty application-data record inside the ClientHello (split after 2 bytes).
+        let mut input = records(&[&msg[..2]]);
+        input.extend_from_slice(&[CONTENT_APPLICATION_DATA, 3, 3, 0, 0]);
+        input.extend_from_slice(&records(&[&msg[2..]]));
+        let (step, alerts) = handshake_answer(&w, &input);
+        assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
+        assert_eq!(
+            alerts,
+            [(2, alert::UNEXPECTED_MESSAGE)],
+            "empty data inside the hello"
+        );
+        // Another record type inside it.
+        let mut input = records(&[&msg[..7]]);
+        input.extend_from_slice(&[CONTENT_ALERT, 3, 3, 0, 2, 1, 0]);
+        let (_, alerts) = handshake_answer(&w, &input);
+        assert_eq!(
+            alerts,
+            [(2, alert::UNEXPECTED_MESSAGE)],
+            "an alert inside the hello"
+        );
+        // A first message that is not a ClientHello.
+        for typ in [0u8, 2, 4, 11, 20, 255] {
+            let mut m = msg.to_vec();
+            m[0] = typ;
+            let (_, alerts) = handshake_answer(&w, &records(&[&m]));
+            assert_eq!(alerts, [(2, alert::UNEXPECTED_MESSAGE)], "type {typ}");
+        }
+        // legacy_version SSL 3.0 with the header split over three records.
+        let mut m = msg.to_vec();
+        m[4..6].copy_from_slice(&[3, 0]);
+        let (_, alerts) = handshake_answer(&w, &records(&[&m[..1], &m[1..5], &m[5..]]));
+        assert_eq!(
+            alerts,
+            [(2, alert::PROTOCOL_VERSION)],
+            "split SSL 3.0 hello"
+        );
+    }
+
+    /// A TLS 1.3 ClientHello with `shares` (group, key length) in key_share and `groups` in
+    /// supported_groups; x25519 shares get a valid point (the base point).
+    fn hello_with_shares(shares: &[(u16, usize)], groups: &[u16]) -> Vec<u8> {
+        fn ext(out: &mut Vec<u8>, typ: u16, body: &[u8]) {
+            out.extend_from_slice(&typ.to_be_bytes());
+            out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+            out.extend_from_slice(body);
+        }
+        let mut exts = Vec::new();
+        ext(&mut exts, 0x2b, &[2, 3, 4]); // supported_versions: TLS 1.3
+        let mut sig = vec![0, 4];
+        sig.extend_from_slice(&[0x04, 0x03, 0x08, 0x04]); // ecdsa_secp256r1_sha256, rsa_pss_rsae_sha256
+        ext(&mut exts, 0x0d, &sig);
+        let mut g = ((groups.len() * 2) as u16).to_be_bytes().to_vec();
+        groups
+            .iter()
+            .for_each(|x| g.extend_from_slice(&x.to_be_bytes()));
+        ext(&mut exts, 0x0a, &g);
+        if !shares.is_empty() {
+            let mut ks = Vec::new();
+            for &(group, len) in shares {
+                ks.extend_from_slice(&group.to_be_bytes());
+                ks.extend_from_slice(&(len as u16).to_be_bytes());
+                let mut key = vec![0x5a; len];
+                if group == 0x1d {
+                    key = vec![0; 32];
+                    key[0] = 9;
+                }
+                ks.extend_from_slice(&key);
+            }
+            let mut body = (ks.len() as u16).to_be_bytes().to_vec();
+            body.extend_from_slice(&ks);
+            ext(&mut exts, 0x33, &body);
+        }
+        let mut m = vec![3, 3];
+        m.extend_from_slice(&[7; 32]); // random
+        m.push(0); // session id
+        m.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]); // TLS_AES_128_GCM_SHA256; null compression
+        m.extend_from_slice(&(exts.len() as u16).to_be_bytes());
+        m.extend_from_slice(&exts);
+        let mut msg = vec![1];
+        msg.extend_from_slice(&(m.len() as u32).to_be_bytes()[1..]);
+        msg.extend_from_slice(&m);
+        let mut rec = vec![CONTENT_HANDSHAKE, 3, 1];
+        rec.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+        rec.extend_from_slice(&msg);
+        rec
+    }
+
+    /// tlsfuzzer's test-tls13-unrecognised-groups and test-tls13-keyshare-omitted, and what real
+    /// clients send: key shares for groups the server does not know (GREASE, a new
+    /// post-quantum group of ML-KEM-1024's 1568 bytes) are skipped, a known group in
+    /// supported_groups without a share gets a HelloRetryRequest, and both complete. What
+    /// rustls refuses, pinned: a client whose only known group is ffdhe2048 (aws-lc-rs's
+    /// provider has no FFDHE for TLS 1.3; OpenSSL has) gets handshake_failure, and a
+    /// ClientHello without key_share gets handshake_failure where RFC 8446 9.2 names
+    /// missing_extension (rustls's `PeerIncompatible::KeyShareExtensionRequired`).
+    #[test]
+    fn unknown_key_share_groups_are_skipped_and_what_rustls_refuses_is_pinned() {
+        let w = world();
+        const X25519: u16 = 0x1d;
+        const GREASE: u16 = 0x0a0a;
+        const UNKNOWN_PQ: u16 = 0x11fe;
+        const FFDHE2048: u16 = 0x100;
+        // The random of a HelloRetryRequest (RFC 8446 4.1.3).
+        const HRR_RANDOM: [u8; 4] = [0xcf, 0x21, 0xad, 0x74];
+        let answer = |input: Vec<u8>| {
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            assert!(s.receive(&input));
+            let step = s.handshake(&mut Vec::new());
+            (step, s.outgoing)
+        };
+        let server_hello = |out: &[u8]| out[0] == CONTENT_HANDSHAKE && out[5] == 2;
+        let (step, out) = answer(hello_with_shares(
+            &[(GREASE, 1), (UNKNOWN_PQ, 1568), (X25519, 32)],
+            &[GREASE, UNKNOWN_PQ, X25519],
+        ));
+        assert_eq!(step, HandshakeStep::NeedInput);
+        assert!(
+            server_hello(&out) && out[11..15] != HRR_RANDOM,
+            "a ServerHello"
+        );
+        let (step, out) = answer(hello_with_shares(
+            &[(GREASE, 1), (UNKNOWN_PQ, 1568)],
+            &[GREASE, UNKNOWN_PQ, X25519],
+        ));
+        assert_eq!(step, HandshakeStep::NeedInput);
+        assert!(
+            server_hello(&out) && out[11..15] == HRR_RANDOM,
+            "a HelloRetryRequest"
+        );
+        for (what, input) in [
+            (
+                "only ffdhe2048 known",
+                hello_with_shares(&[(UNKNOWN_PQ, 64)], &[UNKNOWN_PQ, FFDHE2048]),
+            ),
+            ("no key_share", hello_with_shares(&[], &[X25519])),
+        ] {
+            let (step, out) = answer(input);
+            assert!(matches!(step, HandshakeStep::Failed(_)), "{what}: {step:?}");
+            assert_eq!(
+                out,
+                [CONTENT_ALERT, 3, 3, 0, 2, 2, alert::HANDSHAKE_FAILURE],
+                "{what}"
+            );
+        }
+    }
+
     /// rustls refuses a handshake message over its `MAX_HANDSHAKE_SIZE` (64 KiB), where OpenSSL
     /// takes a ClientHello up to 128 KiB (`CLIENT_HELLO_MAX_LENGTH`); the bound is in rustls's
     /// deframer, which our record layer cannot widen (the ClientHello is hashed into the
