@@ -1510,8 +1510,8 @@ mod tests {
     fn records_behind_the_clients_finished_are_ours() {
         let w = world();
         // (what follows the Finished in its flight, what the server makes of it, its alerts)
-        type Behind = (&'static [u8], u8);
-        let cases: [(Behind, Received, &[(u8, u8)]); 2] = [
+        type Case = ((&'static [u8], u8), Received, &'static [(u8, u8)]);
+        let cases: [Case; 2] = [
             (
                 (b"GET / HTTP/1.1\r\n\r\n", CONTENT_APPLICATION_DATA),
                 Received::Data,
