@@ -474,8 +474,14 @@ impl TlsSession {
             return HandshakeStep::Failed(HandshakeFailure::Protocol);
         };
         if !self.spoke {
-            // Before our first flight every whole record goes in (the precheck judged them).
-            self.fed = whole_records_end(&self.incoming, self.fed);
+            // Before our first flight every whole record goes in (the precheck judged them);
+            // bytes that are no TLS record (an SSL 2.0 hello) all go in, for rustls's alert.
+            let tls_record = self.incoming.first().is_some_and(|t| (20..=24).contains(t));
+            self.fed = if tls_record {
+                whole_records_end(&self.incoming, self.fed)
+            } else {
+                self.incoming.len()
+            };
         }
         let mut failed = None;
         let mut rounds = 0;
