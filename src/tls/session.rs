@@ -27,10 +27,11 @@ use super::sniff::{self, FirstBytes};
 /// is refused with a handshake_failure alert.
 pub const HANDSHAKE_INCOMING_MAX_BYTES: usize = 72 * 1024;
 /// Longest handshake message rustls takes (its `MAX_HANDSHAKE_SIZE`, 64 KiB); a ClientHello
-/// that says it is longer gets illegal_parameter (OpenSSL's alert for an excessive message)
-/// from our precheck, where rustls would close without one. OpenSSL takes ClientHellos up to
-/// 128 KiB: the bound is rustls's deframer's, which the transcript hash keeps us from working
-/// around (the message must reach it whole).
+/// that says it is longer gets decode_error from our precheck, where rustls would close without
+/// an alert: what OpenSSL answers a ClientHello whose body is longer than its content
+/// (tlsfuzzer's test-truncating-of-client-hello pads one past 64 KiB and expects it). OpenSSL
+/// takes ClientHellos up to 128 KiB: the bound is rustls's deframer's, which the transcript
+/// hash keeps us from working around (the message must reach it whole).
 pub const HANDSHAKE_MESSAGE_MAX_BYTES: u32 = 0xffff;
 /// Largest plaintext record fragment (2^14, RFC 8446 5.1); a longer plaintext handshake
 /// record gets record_overflow.
@@ -185,6 +186,12 @@ struct Records {
     /// span records): its first bytes, up to `POST_HANDSHAKE_MESSAGE_MAX_BYTES`.
     partial: [u8; POST_HANDSHAKE_MESSAGE_MAX_BYTES],
     partial_len: usize,
+    /// TLS 1.2: bytes of a refused renegotiation ClientHello still to skip (it may span
+    /// records).
+    hello_skip: usize,
+    /// TLS 1.2: a no_renegotiation warning is due (sent when the connection is idle, or
+    /// before the next response head).
+    no_renegotiation_due: bool,
 }
 
 /// One connection's TLS state.
@@ -203,6 +210,13 @@ pub struct TlsSession {
     /// The server has sent handshake records: from then on (TLS 1.3) an alert must be
     /// encrypted, which only rustls can do, so our own plaintext alerts stop.
     spoke: bool,
+    /// Bytes at the front of `incoming` rustls has been given (whole records). Once the
+    /// server has spoken it gets one record at a time, when it asks for more: rustls reads
+    /// every record it is given, so records behind the client's Finished would be opened
+    /// (and refused) by rustls rather than by our record layer.
+    fed: usize,
+    /// The precheck's state (until the server's first flight).
+    precheck: Precheck,
 }
 
 impl std::fmt::Debug for TlsSession {
@@ -221,38 +235,103 @@ impl std::fmt::Debug for TlsSession {
     }
 }
 
-/// Checks the client's records that rustls has not consumed yet, before the server's first
-/// flight, for what rustls lets through but the RFCs refuse; returns the alert to send. Each
-/// record's header is judged as soon as it is in; bodies only for the ClientHello's version.
-fn precheck_records(incoming: &[u8]) -> Option<u8> {
-    let mut at = 0;
-    while let Some(header) = incoming.get(at..at + RECORD_HEADER_BYTES) {
-        let typ = header[0];
-        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        if typ == CONTENT_HANDSHAKE && len > PLAINTEXT_RECORD_MAX_BYTES {
-            return Some(alert::RECORD_OVERFLOW);
-        }
-        // No application data before the handshake is done, and never an empty fragment.
-        if typ == CONTENT_APPLICATION_DATA && len == 0 {
-            return Some(alert::UNEXPECTED_MESSAGE);
-        }
-        // The first record starts the ClientHello: type, length (3), legacy_version (2). One
-        // longer than rustls takes would be refused there without an alert.
-        if at == 0 && typ == CONTENT_HANDSHAKE {
-            if let Some(&[1, a, b, c]) = incoming.get(5..9) {
-                if u32::from_be_bytes([0, a, b, c]) > HANDSHAKE_MESSAGE_MAX_BYTES {
-                    return Some(alert::ILLEGAL_PARAMETER);
+/// Handshake message type of a ClientHello (RFC 8446 4).
+const HANDSHAKE_CLIENT_HELLO: u8 = 1;
+/// Bytes at the front of the ClientHello the precheck judges: type, length (3),
+/// legacy_version (2).
+const CLIENT_HELLO_HEAD_BYTES: usize = 6;
+
+/// What the precheck has seen of the client's records before the server's first flight.
+/// It judges each record once, as it is handed to rustls: rustls joins a handshake message's
+/// fragments in place in `incoming`, so records it was given cannot be parsed again.
+#[derive(Clone, Copy, Debug, Default)]
+struct Precheck {
+    /// The ClientHello's first bytes, gathered over records (it may come a byte per record).
+    head: [u8; CLIENT_HELLO_HEAD_BYTES],
+    /// Handshake bytes seen so far (the ClientHello's, then whatever follows it).
+    hs_seen: usize,
+    /// Whole records judged so far.
+    records: usize,
+}
+
+impl Precheck {
+    /// Judges the records of `buf` from `from` on (`from` is where the last call stopped:
+    /// the whole records before it were judged); returns the alert for what rustls lets
+    /// through but the RFCs refuse. A record's header is judged as soon as it is in, its
+    /// body when the record is whole.
+    fn judge(&mut self, buf: &[u8], mut from: usize) -> Option<u8> {
+        while let Some(header) = buf.get(from..from + RECORD_HEADER_BYTES) {
+            let typ = header[0];
+            let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+            if typ == CONTENT_HANDSHAKE && len > PLAINTEXT_RECORD_MAX_BYTES {
+                return Some(alert::RECORD_OVERFLOW);
+            }
+            // No application data before the handshake is done, and never an empty fragment.
+            if typ == CONTENT_APPLICATION_DATA && len == 0 {
+                return Some(alert::UNEXPECTED_MESSAGE);
+            }
+            let hello_end = (self.hs_seen >= 4).then(|| {
+                let [_, a, b, c, ..] = self.head;
+                4 + u32::from_be_bytes([0, a, b, c]) as usize
+            });
+            let inside_hello = self.hs_seen > 0 && hello_end.is_none_or(|end| self.hs_seen < end);
+            // Another record type inside a handshake message (RFC 8446 5.1); rustls would
+            // wait for the rest of the message, or close without an alert.
+            if typ != CONTENT_HANDSHAKE && inside_hello {
+                return Some(alert::UNEXPECTED_MESSAGE);
+            }
+            let body = buf.get(from + RECORD_HEADER_BYTES..from + RECORD_HEADER_BYTES + len)?;
+            if typ == CONTENT_HANDSHAKE && (self.records == 0 || inside_hello) {
+                for (slot, &b) in self.head.iter_mut().skip(self.hs_seen).zip(body) {
+                    *slot = b;
+                }
+                self.hs_seen += body.len();
+                let seen = self.hs_seen.min(CLIENT_HELLO_HEAD_BYTES);
+                if let Some(verdict) = judge_client_hello_head(&self.head[..seen]) {
+                    return Some(verdict);
                 }
             }
-            if let Some(&[1, _, _, _, major, minor]) = incoming.get(5..11) {
-                if u16::from_be_bytes([major, minor]) <= LEGACY_VERSION_REFUSED_MAX {
-                    return Some(alert::PROTOCOL_VERSION);
-                }
-            }
+            self.records += 1;
+            from += RECORD_HEADER_BYTES + len;
         }
-        at += RECORD_HEADER_BYTES + len;
+        None
+    }
+}
+
+/// The alert for a ClientHello from its first bytes (as many as are in), if they refuse it.
+fn judge_client_hello_head(head: &[u8]) -> Option<u8> {
+    // The first handshake message must be a ClientHello (RFC 8446 4.1.2); rustls answers
+    // another type with decode_error, OpenSSL and tlsfuzzer expect unexpected_message.
+    if head.first().is_some_and(|&t| t != HANDSHAKE_CLIENT_HELLO) {
+        return Some(alert::UNEXPECTED_MESSAGE);
+    }
+    // Longer than rustls takes: it would be refused there without an alert.
+    if let &[_, a, b, c, ..] = head {
+        if u32::from_be_bytes([0, a, b, c]) > HANDSHAKE_MESSAGE_MAX_BYTES {
+            return Some(alert::DECODE_ERROR);
+        }
+    }
+    if let &[_, _, _, _, major, minor] = head {
+        if u16::from_be_bytes([major, minor]) <= LEGACY_VERSION_REFUSED_MAX {
+            return Some(alert::PROTOCOL_VERSION);
+        }
     }
     None
+}
+
+/// The end of the whole record that starts at `from` in `buf`, if it is all in.
+fn next_record_end(buf: &[u8], from: usize) -> Option<usize> {
+    let header = buf.get(from..from + RECORD_HEADER_BYTES)?;
+    let end = from + RECORD_HEADER_BYTES + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    (end <= buf.len()).then_some(end)
+}
+
+/// The end of the last whole record of those from `from` on in `buf` (`from` when none is).
+fn whole_records_end(buf: &[u8], mut from: usize) -> usize {
+    while let Some(end) = next_record_end(buf, from) {
+        from = end;
+    }
+    from
 }
 
 fn records_max(suite: SupportedCipherSuite) -> u64 {
@@ -275,6 +354,8 @@ impl TlsSession {
             sni: None,
             turns: 0,
             spoke: false,
+            fed: 0,
+            precheck: Precheck::default(),
         })
     }
 
@@ -384,7 +465,7 @@ impl TlsSession {
         }
         self.turns += 1;
         if !self.spoke {
-            if let Some(desc) = precheck_records(&self.incoming) {
+            if let Some(desc) = self.precheck.judge(&self.incoming, self.fed) {
                 self.refuse_plain(desc);
                 return HandshakeStep::Failed(HandshakeFailure::Protocol);
             }
@@ -392,9 +473,23 @@ impl TlsSession {
         let State::Handshaking(conn) = &mut self.state else {
             return HandshakeStep::Failed(HandshakeFailure::Protocol);
         };
+        if !self.spoke {
+            // Before our first flight every whole record goes in (the precheck judged them);
+            // bytes that are no TLS record (an SSL 2.0 hello) all go in, for rustls's alert.
+            let tls_record = self.incoming.first().is_some_and(|t| (20..=24).contains(t));
+            self.fed = if tls_record {
+                whole_records_end(&self.incoming, self.fed)
+            } else {
+                self.incoming.len()
+            };
+        }
         let mut failed = None;
-        for _ in 0..HANDSHAKE_ROUNDS_MAX {
-            let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut self.incoming);
+        let mut rounds = 0;
+        while rounds < HANDSHAKE_ROUNDS_MAX {
+            rounds += 1;
+            let fed = self.fed.min(self.incoming.len());
+            let UnbufferedStatus { discard, state } =
+                conn.process_tls_records(&mut self.incoming[..fed]);
             let round = match state {
                 Err(e) => {
                     if failed.is_none() {
@@ -429,9 +524,13 @@ impl TlsSession {
                 Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
                     Round::Error(HandshakeFailure::Peer)
                 }
-                Ok(_) => Round::Error(HandshakeFailure::Protocol),
+                Ok(other) => {
+                    tracing::debug!(state = ?other, "TLS handshake: unexpected state");
+                    Round::Error(HandshakeFailure::Protocol)
+                }
             };
             self.incoming.drain(..discard);
+            self.fed = fed - discard;
             if let Some(f) = failed {
                 // After an error, rustls hands over what it queued (its alert last) before it
                 // parses anything; once that is out, another round would parse the bad input
@@ -449,11 +548,23 @@ impl TlsSession {
                     return HandshakeStep::Failed(f);
                 }
                 Round::Error(f) => failed = Some(f),
+                Round::NeedInput | Round::WriteTraffic if conn.is_handshaking() => {
+                    // rustls waits for the client: the next whole record, if one is in. Not
+                    // a round: records are bounded by `HANDSHAKE_INCOMING_MAX_BYTES`.
+                    match next_record_end(&self.incoming, self.fed) {
+                        Some(end) => {
+                            self.fed = end;
+                            rounds -= 1;
+                        }
+                        None => return HandshakeStep::NeedInput,
+                    }
+                }
                 Round::NeedInput => return HandshakeStep::NeedInput,
-                Round::WriteTraffic if conn.is_handshaking() => return HandshakeStep::NeedInput,
+                // Records behind the client's Finished stay in `incoming` for `open_records`.
                 Round::WriteTraffic => return self.establish(),
             }
         }
+        tracing::debug!(rounds, "TLS handshake: out of rounds in one turn");
         self.state = State::Done;
         HandshakeStep::Failed(failed.unwrap_or(HandshakeFailure::Protocol))
     }
@@ -510,6 +621,8 @@ impl TlsSession {
             empties: 0,
             partial: [0; POST_HANDSHAKE_MESSAGE_MAX_BYTES],
             partial_len: 0,
+            hello_skip: 0,
+            no_renegotiation_due: false,
         }));
         HandshakeStep::Complete
     }
@@ -614,6 +727,9 @@ impl TlsSession {
             "a head sealed while a record is half sent"
         );
         let plain = buf.split_off(from);
+        if r.no_renegotiation_due {
+            r.append_no_renegotiation(buf);
+        }
         if r.key_update_due {
             r.append_key_update(buf);
         }
@@ -638,6 +754,22 @@ impl TlsSession {
         } = self;
         if let State::Open(r) = state {
             r.append_key_update(outgoing);
+        }
+    }
+
+    /// A refused renegotiation's warning waits to be sent (`queue_no_renegotiation` when the
+    /// connection is idle; otherwise it goes before the next response head).
+    pub fn no_renegotiation_due(&self) -> bool {
+        self.records().is_some_and(|r| r.no_renegotiation_due)
+    }
+
+    /// Appends the due no_renegotiation warning to `outgoing`.
+    pub fn queue_no_renegotiation(&mut self) {
+        let TlsSession {
+            state, outgoing, ..
+        } = self;
+        if let State::Open(r) = state {
+            r.append_no_renegotiation(outgoing);
         }
     }
 
@@ -698,7 +830,7 @@ impl TlsSession {
             let payload = &rec[range];
             // A handshake message split over records must not be interleaved with other
             // record types (RFC 8446 5.1).
-            if r.partial_len > 0 && typ != CONTENT_HANDSHAKE {
+            if (r.partial_len > 0 || r.hello_skip > 0) && typ != CONTENT_HANDSHAKE {
                 break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
             }
             match typ {
@@ -739,8 +871,19 @@ impl TlsSession {
                         break r.fail(outgoing, desc);
                     }
                 }
-                // TLS 1.2: a ClientHello here asks for renegotiation, which we never do.
-                CONTENT_HANDSHAKE => break r.fail(outgoing, alert::NO_RENEGOTIATION),
+                // TLS 1.2: a ClientHello here asks for renegotiation, which we never do. It is
+                // refused with a warning and the connection goes on (RFC 5746 4.2, what
+                // OpenSSL does and tlsfuzzer's test-renegotiation-disabled expects); each
+                // refusal counts as a record that carried nothing.
+                CONTENT_HANDSHAKE => {
+                    if let Err(desc) = r.on_tls12_handshake(payload) {
+                        break r.fail(outgoing, desc);
+                    }
+                    r.empties += 1;
+                    if r.empties > EMPTY_RECORDS_MAX {
+                        break r.fail(outgoing, alert::UNEXPECTED_MESSAGE);
+                    }
+                }
                 _ => break r.fail(outgoing, alert::UNEXPECTED_MESSAGE),
             }
         };
@@ -769,6 +912,44 @@ impl Records {
             .seal_append(outgoing, &[2, desc], CONTENT_ALERT, self.tx_seq);
         self.tx_seq += 1;
         Received::Fatal
+    }
+
+    /// The payload of a handshake record after a TLS 1.2 handshake: only a ClientHello
+    /// (renegotiation, refused with a warning) may come, and it is skipped whole. Its header
+    /// must be in one record (no client splits a message's header); otherwise the connection
+    /// ends with no_renegotiation and close_notify.
+    fn on_tls12_handshake(&mut self, payload: &[u8]) -> Result<(), u8> {
+        let mut rest = payload;
+        while !rest.is_empty() {
+            if self.hello_skip > 0 {
+                let n = self.hello_skip.min(rest.len());
+                self.hello_skip -= n;
+                rest = &rest[n..];
+                continue;
+            }
+            let &[typ, a, b, c, ref body @ ..] = rest else {
+                return Err(alert::NO_RENEGOTIATION);
+            };
+            if typ != HANDSHAKE_CLIENT_HELLO {
+                return Err(alert::UNEXPECTED_MESSAGE);
+            }
+            self.hello_skip = u32::from_be_bytes([0, a, b, c]) as usize;
+            self.no_renegotiation_due = true;
+            rest = body;
+        }
+        Ok(())
+    }
+
+    /// Seals the no_renegotiation warning into `out`.
+    fn append_no_renegotiation(&mut self, out: &mut Vec<u8>) {
+        self.tx.seal_append(
+            out,
+            &[1, alert::NO_RENEGOTIATION],
+            CONTENT_ALERT,
+            self.tx_seq,
+        );
+        self.tx_seq += 1;
+        self.no_renegotiation_due = false;
     }
 
     /// The payload of a handshake record after a TLS 1.3 handshake: only KeyUpdate is legal
@@ -1265,20 +1446,127 @@ mod tests {
         }
     }
 
+    /// tlsfuzzer's test-renegotiation-disabled: a TLS 1.2 renegotiation gets the
+    /// no_renegotiation warning and the connection goes on (also with the ClientHello split
+    /// over records, and with a request before and after it); a header cut short still
+    /// closes, and another handshake message is unexpected.
     #[test]
-    fn a_refused_renegotiation_is_followed_by_close_notify() {
+    fn a_refused_renegotiation_gets_a_warning_and_the_connection_goes_on() {
         let w = world();
+        let hello = testing::client_hello(Some("edge.test"));
+        let msg = &hello[5..];
         let (mut p, mut s) = Peer::after_handshake(&w, true);
         assert_eq!(p.version, ProtocolVersion::TLSv1_2);
-        let hello = testing::client_hello(Some("edge.test"));
+        let mut app = Vec::new();
+        let mut send = |p: &mut Peer, s: &mut TlsSession, typ: u8, payload: &[u8]| {
+            let mut rec = Vec::new();
+            p.tx.seal_append(&mut rec, payload, typ, p.tx_seq);
+            p.tx_seq += 1;
+            assert!(s.receive(&rec));
+            s.open_records(&mut app)
+        };
         assert_eq!(
-            p.send(&mut s, CONTENT_HANDSHAKE, &hello[5..]),
+            send(
+                &mut p,
+                &mut s,
+                CONTENT_APPLICATION_DATA,
+                b"GET / HTTP/1.0\r\n"
+            ),
+            Received::Data
+        );
+        assert_eq!(
+            send(&mut p, &mut s, CONTENT_HANDSHAKE, &msg[..3]),
+            Received::Fatal,
+            "a header cut"
+        );
+        let (mut p, mut s) = Peer::after_handshake(&w, true);
+        for piece in [&msg[..40], &msg[40..]] {
+            assert_eq!(
+                send(&mut p, &mut s, CONTENT_HANDSHAKE, piece),
+                Received::Data
+            );
+        }
+        assert!(s.no_renegotiation_due());
+        s.queue_no_renegotiation();
+        assert!(!s.no_renegotiation_due());
+        assert_eq!(p.alerts(&mut s), [(1, alert::NO_RENEGOTIATION)]);
+        assert_eq!(
+            send(&mut p, &mut s, CONTENT_APPLICATION_DATA, b"\r\n"),
+            Received::Data
+        );
+        // A warning not yet sent goes before the next head.
+        assert_eq!(send(&mut p, &mut s, CONTENT_HANDSHAKE, msg), Received::Data);
+        let mut head = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        s.seal_tail(&mut head, 0, 16384);
+        s.outgoing = head;
+        assert_eq!(p.alerts(&mut s), [(1, alert::NO_RENEGOTIATION)]);
+        // Anything but a ClientHello.
+        assert_eq!(
+            send(&mut p, &mut s, CONTENT_HANDSHAKE, &[20, 0, 0, 0]),
             Received::Fatal
         );
-        assert_eq!(
-            p.alerts(&mut s),
-            [(1, alert::NO_RENEGOTIATION), (1, alert::CLOSE_NOTIFY)]
-        );
+        assert_eq!(p.alerts(&mut s), [(2, alert::UNEXPECTED_MESSAGE)]);
+    }
+
+    /// tlsfuzzer's test-tls13-empty-alert and test-tls13-zero-length-data with application
+    /// keys: records that come in the same flight as the client's Finished are opened by our
+    /// record layer (rustls gets one record at a time once it has spoken), so an empty alert
+    /// there gets unexpected_message (RFC 8446 5.1), not rustls's decode_error.
+    #[test]
+    fn records_behind_the_clients_finished_are_ours() {
+        let w = world();
+        // (what follows the Finished in its flight, what the server makes of it, its alerts)
+        type Case = ((&'static [u8], u8), Received, &'static [(u8, u8)]);
+        let cases: [Case; 2] = [
+            (
+                (b"GET / HTTP/1.1\r\n\r\n", CONTENT_APPLICATION_DATA),
+                Received::Data,
+                &[],
+            ),
+            (
+                (b"", CONTENT_ALERT),
+                Received::Fatal,
+                &[(2, alert::UNEXPECTED_MESSAGE)],
+            ),
+        ];
+        for ((payload, typ), want, want_alerts) in cases {
+            let (_, cc) = client(&w, None, &[&rustls::version::TLS13]);
+            let mut cc = (*cc).clone();
+            cc.enable_secret_extraction = true;
+            let name = ServerName::try_from("edge.test").unwrap();
+            let mut c = ClientConnection::new(Arc::new(cc), name).unwrap();
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            to_server(&mut c, &mut s);
+            assert_eq!(s.handshake(&mut Vec::new()), HandshakeStep::NeedInput);
+            to_client(&mut s, &mut c);
+            assert!(!c.is_handshaking());
+            let mut flight = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut flight).unwrap();
+            }
+            let secrets = c.dangerous_extract_secrets().unwrap();
+            let version = ProtocolVersion::TLSv1_3;
+            let mut p = Peer {
+                version,
+                tx: RecordKey::new(version, &secrets.tx.1).unwrap(),
+                tx_seq: secrets.tx.0,
+                rx: RecordKey::new(version, &secrets.rx.1).unwrap(),
+                rx_seq: secrets.rx.0,
+            };
+            p.tx.seal_append(&mut flight, payload, typ, p.tx_seq);
+            assert!(s.receive(&flight));
+            let mut app = Vec::new();
+            assert_eq!(s.handshake(&mut app), HandshakeStep::Complete);
+            assert!(app.is_empty(), "rustls opened nothing behind the Finished");
+            assert!(
+                !s.incoming.is_empty(),
+                "the record behind it waits for the record layer"
+            );
+            assert_eq!(s.open_records(&mut app), want);
+            assert_eq!(app, if want == Received::Data { payload } else { b"" });
+            // Our tickets (handshake records), then the alert if any.
+            assert_eq!(p.alerts(&mut s), want_alerts);
+        }
     }
 
     /// What the server answers to `records` sent before or during the handshake: the step and
@@ -1402,6 +1690,188 @@ mod tests {
         );
     }
 
+    /// The precheck reads the ClientHello's head out of the records' bodies, never across a
+    /// record header (tlsfuzzer's test-record-layer-fragmentation, test-tls13-zero-length-data,
+    /// test-invalid-client-hello-w-record-overflow).
+    #[test]
+    fn the_precheck_reads_a_fragmented_client_hello_by_record() {
+        let w = world();
+        let hello = testing::client_hello(Some("edge.test"));
+        let msg = &hello[5..];
+        let records = |pieces: &[&[u8]]| {
+            let mut out = Vec::new();
+            for p in pieces {
+                out.extend_from_slice(&[CONTENT_HANDSHAKE, 3, 1]);
+                out.extend_from_slice(&(p.len() as u16).to_be_bytes());
+                out.extend_from_slice(p);
+            }
+            out
+        };
+        // One byte per record: accepted, the server answers.
+        let bytes: Vec<&[u8]> = msg.chunks(1).collect();
+        let (step, alerts) = handshake_answer(&w, &records(&bytes));
+        assert_eq!(
+            (step, alerts),
+            (HandshakeStep::NeedInput, vec![]),
+            "1-byte records"
+        );
+        // The same, arriving a record at a time (rustls joins what it was given in place).
+        let mut s = TlsSession::new(w.server.clone()).unwrap();
+        for (i, b) in bytes.iter().enumerate() {
+            assert!(s.receive(&records(&[b])));
+            assert_eq!(
+                s.handshake(&mut Vec::new()),
+                HandshakeStep::NeedInput,
+                "record {i}"
+            );
+        }
+        assert_eq!(s.outgoing[0], CONTENT_HANDSHAKE, "the server's flight");
+        // An empty application-data record inside the ClientHello (split after 2 bytes).
+        let mut input = records(&[&msg[..2]]);
+        input.extend_from_slice(&[CONTENT_APPLICATION_DATA, 3, 3, 0, 0]);
+        input.extend_from_slice(&records(&[&msg[2..]]));
+        let (step, alerts) = handshake_answer(&w, &input);
+        assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
+        assert_eq!(
+            alerts,
+            [(2, alert::UNEXPECTED_MESSAGE)],
+            "empty data inside the hello"
+        );
+        // Another record type inside it.
+        let mut input = records(&[&msg[..7]]);
+        input.extend_from_slice(&[CONTENT_ALERT, 3, 3, 0, 2, 1, 0]);
+        let (_, alerts) = handshake_answer(&w, &input);
+        assert_eq!(
+            alerts,
+            [(2, alert::UNEXPECTED_MESSAGE)],
+            "an alert inside the hello"
+        );
+        // A first message that is not a ClientHello.
+        for typ in [0u8, 2, 4, 11, 20, 255] {
+            let mut m = msg.to_vec();
+            m[0] = typ;
+            let (_, alerts) = handshake_answer(&w, &records(&[&m]));
+            assert_eq!(alerts, [(2, alert::UNEXPECTED_MESSAGE)], "type {typ}");
+        }
+        // legacy_version SSL 3.0 with the header split over three records.
+        let mut m = msg.to_vec();
+        m[4..6].copy_from_slice(&[3, 0]);
+        let (_, alerts) = handshake_answer(&w, &records(&[&m[..1], &m[1..5], &m[5..]]));
+        assert_eq!(
+            alerts,
+            [(2, alert::PROTOCOL_VERSION)],
+            "split SSL 3.0 hello"
+        );
+    }
+
+    /// A TLS 1.3 ClientHello with `shares` (group, key length) in key_share and `groups` in
+    /// supported_groups; x25519 shares get a valid point (the base point).
+    fn hello_with_shares(shares: &[(u16, usize)], groups: &[u16]) -> Vec<u8> {
+        fn ext(out: &mut Vec<u8>, typ: u16, body: &[u8]) {
+            out.extend_from_slice(&typ.to_be_bytes());
+            out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+            out.extend_from_slice(body);
+        }
+        let mut exts = Vec::new();
+        ext(&mut exts, 0x2b, &[2, 3, 4]); // supported_versions: TLS 1.3
+        let mut sig = vec![0, 4];
+        sig.extend_from_slice(&[0x04, 0x03, 0x08, 0x04]); // ecdsa_secp256r1_sha256, rsa_pss_rsae_sha256
+        ext(&mut exts, 0x0d, &sig);
+        let mut g = ((groups.len() * 2) as u16).to_be_bytes().to_vec();
+        groups
+            .iter()
+            .for_each(|x| g.extend_from_slice(&x.to_be_bytes()));
+        ext(&mut exts, 0x0a, &g);
+        if !shares.is_empty() {
+            let mut ks = Vec::new();
+            for &(group, len) in shares {
+                ks.extend_from_slice(&group.to_be_bytes());
+                ks.extend_from_slice(&(len as u16).to_be_bytes());
+                let mut key = vec![0x5a; len];
+                if group == 0x1d {
+                    key = vec![0; 32];
+                    key[0] = 9;
+                }
+                ks.extend_from_slice(&key);
+            }
+            let mut body = (ks.len() as u16).to_be_bytes().to_vec();
+            body.extend_from_slice(&ks);
+            ext(&mut exts, 0x33, &body);
+        }
+        let mut m = vec![3, 3];
+        m.extend_from_slice(&[7; 32]); // random
+        m.push(0); // session id
+        m.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]); // TLS_AES_128_GCM_SHA256; null compression
+        m.extend_from_slice(&(exts.len() as u16).to_be_bytes());
+        m.extend_from_slice(&exts);
+        let mut msg = vec![1];
+        msg.extend_from_slice(&(m.len() as u32).to_be_bytes()[1..]);
+        msg.extend_from_slice(&m);
+        let mut rec = vec![CONTENT_HANDSHAKE, 3, 1];
+        rec.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+        rec.extend_from_slice(&msg);
+        rec
+    }
+
+    /// tlsfuzzer's test-tls13-unrecognised-groups and test-tls13-keyshare-omitted, and what real
+    /// clients send: key shares for groups the server does not know (GREASE, a new
+    /// post-quantum group of ML-KEM-1024's 1568 bytes) are skipped, a known group in
+    /// supported_groups without a share gets a HelloRetryRequest, and both complete. What
+    /// rustls refuses, pinned: a client whose only known group is ffdhe2048 (aws-lc-rs's
+    /// provider has no FFDHE for TLS 1.3; OpenSSL has) gets handshake_failure, and a
+    /// ClientHello without key_share gets handshake_failure where RFC 8446 9.2 names
+    /// missing_extension (rustls's `PeerIncompatible::KeyShareExtensionRequired`).
+    #[test]
+    fn unknown_key_share_groups_are_skipped_and_what_rustls_refuses_is_pinned() {
+        let w = world();
+        const X25519: u16 = 0x1d;
+        const GREASE: u16 = 0x0a0a;
+        const UNKNOWN_PQ: u16 = 0x11fe;
+        const FFDHE2048: u16 = 0x100;
+        // The random of a HelloRetryRequest (RFC 8446 4.1.3).
+        const HRR_RANDOM: [u8; 4] = [0xcf, 0x21, 0xad, 0x74];
+        let answer = |input: Vec<u8>| {
+            let mut s = TlsSession::new(w.server.clone()).unwrap();
+            assert!(s.receive(&input));
+            let step = s.handshake(&mut Vec::new());
+            (step, s.outgoing)
+        };
+        let server_hello = |out: &[u8]| out[0] == CONTENT_HANDSHAKE && out[5] == 2;
+        let (step, out) = answer(hello_with_shares(
+            &[(GREASE, 1), (UNKNOWN_PQ, 1568), (X25519, 32)],
+            &[GREASE, UNKNOWN_PQ, X25519],
+        ));
+        assert_eq!(step, HandshakeStep::NeedInput);
+        assert!(
+            server_hello(&out) && out[11..15] != HRR_RANDOM,
+            "a ServerHello"
+        );
+        let (step, out) = answer(hello_with_shares(
+            &[(GREASE, 1), (UNKNOWN_PQ, 1568)],
+            &[GREASE, UNKNOWN_PQ, X25519],
+        ));
+        assert_eq!(step, HandshakeStep::NeedInput);
+        assert!(
+            server_hello(&out) && out[11..15] == HRR_RANDOM,
+            "a HelloRetryRequest"
+        );
+        for (what, input) in [
+            (
+                "only ffdhe2048 known",
+                hello_with_shares(&[(UNKNOWN_PQ, 64)], &[UNKNOWN_PQ, FFDHE2048]),
+            ),
+            ("no key_share", hello_with_shares(&[], &[X25519])),
+        ] {
+            let (step, out) = answer(input);
+            assert!(matches!(step, HandshakeStep::Failed(_)), "{what}: {step:?}");
+            assert_eq!(
+                out,
+                [CONTENT_ALERT, 3, 3, 0, 2, 2, alert::HANDSHAKE_FAILURE],
+                "{what}"
+            );
+        }
+    }
+
     /// rustls refuses a handshake message over its `MAX_HANDSHAKE_SIZE` (64 KiB), where OpenSSL
     /// takes a ClientHello up to 128 KiB (`CLIENT_HELLO_MAX_LENGTH`); the bound is in rustls's
     /// deframer, which our record layer cannot widen (the ClientHello is hashed into the
@@ -1423,7 +1893,7 @@ mod tests {
         assert!(matches!(step, HandshakeStep::Failed(_)), "{step:?}");
         assert_eq!(
             alerts,
-            [(2, alert::ILLEGAL_PARAMETER)],
+            [(2, alert::DECODE_ERROR)],
             "an alert, then the close"
         );
     }

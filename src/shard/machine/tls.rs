@@ -35,8 +35,28 @@ impl ConnMachine {
             out.push(Action::QueueHandshake);
             return false;
         }
+        self.open_tls_records(cx, out)
+    }
+
+    /// Opens the whole records in the session's `incoming` into `rx`. False when the
+    /// connection stops here (closing).
+    fn open_tls_records(&mut self, cx: &Ctx, out: &mut Actions) -> bool {
+        let tls = self.tls.as_mut().expect("TLS records without a session");
         match tls.open_records(&mut self.rx) {
-            Received::Data => true,
+            Received::Data => {
+                // A refused renegotiation is answered now when nothing else is being sent
+                // (else its warning goes before the next response head: `seal_tail`).
+                let idle = self.tls_send == TlsSend::Idle && !self.responding();
+                if let Some(tls) = self
+                    .tls
+                    .as_mut()
+                    .filter(|t| idle && t.no_renegotiation_due())
+                {
+                    tls.queue_no_renegotiation();
+                    self.send_tls_output(out);
+                }
+                true
+            }
             Received::PeerClosed => {
                 // close_notify says what a FIN says: nothing more will come.
                 self.read = ReadState::Eof;
@@ -81,6 +101,12 @@ impl ConnMachine {
                 out.push(Action::HandshakeTime(
                     cx.now_us.saturating_sub(self.accepted_us),
                 ));
+                // Records that came behind the client's Finished were left to our record
+                // layer (`TlsSession::fed`): a request, or something refused with our alert.
+                let behind = self.tls.as_ref().is_some_and(|t| !t.incoming.is_empty());
+                if behind && !self.open_tls_records(cx, out) {
+                    return;
+                }
                 self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
                 self.send_tls_output(out);
                 self.arm_recv(out);
