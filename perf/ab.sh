@@ -8,6 +8,10 @@
 #   perf/ab.sh OLD_COMMIT [ROUNDS]     # builds OLD_COMMIT in a clone; B is this tree's build
 #   perf/ab.sh --bins A_BIN B_BIN [ROUNDS]
 #
+# AB_PULLED=1 measures warm cache hits instead: the same files pulled through an [[origin]]
+# (nginx serving them on loopback, started here), each filled and hit once before the
+# measured run, so every measured request is a hit of the pull-through cache.
+#
 # Needs wrk, curl and 2 CPUs.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -37,9 +41,10 @@ esac
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
 for tool in wrk curl; do command -v "$tool" >/dev/null || die "$tool is needed (Debian package $tool)"; done
 ROOT=$(mktemp -d /var/tmp/pl-ab-root-XXXXXX)
-PID=""
+PID="" ORIGIN_PID=""
 cleanup() {
   [[ -n $PID ]] && kill "$PID" 2>/dev/null
+  [[ -n $ORIGIN_PID ]] && kill "$ORIGIN_PID" 2>/dev/null
   wait 2>/dev/null || true
   rm -rf "$ROOT" "${CLONE:-/nonexistent}"
 }
@@ -47,6 +52,24 @@ trap cleanup EXIT
 head -c 1024 /dev/urandom >"$ROOT/small.bin"
 head -c $((1 << 20)) /dev/urandom >"$ROOT/mid.bin"
 PORT=18200
+ORIGIN_PORT=18201
+SERVE_ARGS=(--root "$ROOT")
+if [[ -n ${AB_PULLED:-} ]]; then
+  command -v nginx >/dev/null || die "AB_PULLED needs nginx (Debian package nginx)"
+  mkdir -p "$ROOT/origin" "$ROOT/local"
+  mv "$ROOT/small.bin" "$ROOT/mid.bin" "$ROOT/origin/"
+  cat >"$ROOT/nginx.conf" <<EOF
+daemon off; master_process off; worker_processes 1; pid $ROOT/nginx.pid; error_log $ROOT/nginx.err;
+events { worker_connections 256; }
+http { access_log off; sendfile on; client_body_temp_path $ROOT; proxy_temp_path $ROOT;
+  fastcgi_temp_path $ROOT; uwsgi_temp_path $ROOT; scgi_temp_path $ROOT;
+  server { listen 127.0.0.1:$ORIGIN_PORT; root $ROOT/origin; } }
+EOF
+  taskset -c 1 nginx -p "$ROOT" -c "$ROOT/nginx.conf" &
+  ORIGIN_PID=$!
+  wait_port "$ORIGIN_PORT" "$ORIGIN_PID" 10 || die "the nginx origin did not start"
+  SERVE_ARGS=(--root "$ROOT/local" --config "$ROOT/shardline.toml")
+fi
 # rate_p99 URL: "requests/s p99" of one connection for 5 s.
 rate_p99() {
   taskset -c 1 wrk -t1 -c1 -d5s --latency "$1" 2>/dev/null |
@@ -57,9 +80,20 @@ for round in $(seq "$ROUNDS"); do
   for which in A B; do
     bin=$A
     [[ $which == B ]] && bin=$B
-    "$bin" serve --root "$ROOT" --listen "127.0.0.1:$PORT" --shards 1 --cpus 0 >/dev/null 2>&1 &
+    if [[ -n ${AB_PULLED:-} ]]; then
+      # A fresh cache each run: the first request fills, the second is a hit.
+      rm -rf "$ROOT/cache" && mkdir -p "$ROOT/cache"
+      printf 'cache_dir = "%s"\n[[origin]]\nprefix = "/"\nurl = "http://127.0.0.1:%s"\n' \
+        "$ROOT/cache" "$ORIGIN_PORT" >"$ROOT/shardline.toml"
+    fi
+    "$bin" serve "${SERVE_ARGS[@]}" --listen "127.0.0.1:$PORT" --shards 1 --cpus 0 >/dev/null 2>&1 &
     PID=$!
     wait_port "$PORT" "$PID" 20 || die "build $which did not start"
+    if [[ -n ${AB_PULLED:-} ]]; then
+      for f in small.bin mid.bin small.bin mid.bin; do
+        curl -sf -o /dev/null "http://127.0.0.1:$PORT/$f" || die "build $which: /$f not served"
+      done
+    fi
     read -r small_rate small_p99 < <(rate_p99 "http://127.0.0.1:$PORT/small.bin")
     read -r mid_rate mid_p99 < <(rate_p99 "http://127.0.0.1:$PORT/mid.bin")
     kill "$PID"

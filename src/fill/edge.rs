@@ -805,8 +805,22 @@ mod tests {
             EdgeCache::status_for(&FetchError::Unusable(Unusable::Status(404))),
             404
         );
+        // The origin's own errors keep their status (issue 42: a well-formed answer is never
+        // a 502); a redirect is passed on by the request's own fetch, never mapped here.
+        for status in [500, 503, 403, 410] {
+            assert_eq!(
+                EdgeCache::status_for(&FetchError::Unusable(Unusable::Status(status))),
+                status
+            );
+        }
         assert_eq!(
-            EdgeCache::status_for(&FetchError::Unusable(Unusable::Status(503))),
+            EdgeCache::status_for(&FetchError::Unusable(Unusable::Status(302))),
+            502
+        );
+        assert_eq!(
+            EdgeCache::status_for(&FetchError::Head(
+                crate::origin::response::HeadError::BadLength
+            )),
             502
         );
         assert_eq!(EdgeCache::status_for(&FetchError::Timeout("connect")), 504);
