@@ -164,7 +164,8 @@ else
   SL_BIN=$REPO/target/release/shardline
 fi
 
-RUN=$WORK/run
+# A single test's run (--id) keeps the last full run's logs.
+RUN=$WORK/run${TEST_ID:+-id}
 rm -rf "$RUN"
 mkdir -p "$RUN/nginx/cache" "$RUN/shardline/cache" "$RUN/shardline/root" "$RESULTS"
 SERVER_PORT=$(free_port 28400)
@@ -331,6 +332,11 @@ n=$(grep -ciE 'panic|error' "$RUN/shardline/server.log" || true)
 ((${n:-0} == 0)) || NOTES+=("shardline's log has $n lines matching panic/error, e.g. \`$(grep -iE 'panic|error' "$RUN/shardline/server.log" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200)\`")
 n=$(grep -ci 'warn' "$RUN/shardline/server.log" || true)
 NOTES+=("shardline's log has ${n:-0} warn lines (the admin listener's \"control is off\" is one)")
+# What shardline answered, from its access log: status x cache outcome, with counts.
+for tag in shardline shardline-carried; do
+  NOTES+=("$tag's access log (status cache=outcome: requests): $(awk '{ for (i = NF; i > 0; i--) if ($i ~ /^cache=/) c = substr($i, 7); s[$9 " " c]++ }
+    END { for (k in s) printf "%s: %d\n", k, s[k] }' "$RUN/$tag/access.log" | sort -k3,3nr | paste -sd ',' | sed 's/,/, /g')")
+done
 n=$(grep -c '^ERROR' "$RUN/shardline.stderr" || true)
 ((${n:-0} == 0)) || NOTES+=("the suite's client logged $n errors against shardline, e.g. \`$(grep '^ERROR' "$RUN/shardline.stderr" | head -n 1 | cut -c1-200)\`")
 n=$(grep -c '^ERROR' "$RUN/nginx.stderr" || true)

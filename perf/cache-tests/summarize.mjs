@@ -189,6 +189,8 @@ const failTable = (rows) => {
 const reqFails = failingIn(false)
 out(`## ${first.name}'s failing required tests (${reqFails.length} of ${tot[0].reqN})`)
 out('')
+out('`perf/cache-tests/FAILURES.md` groups them by cause (a hand-written reading of one dated run: check its date against this one).')
+out('')
 out('Symbols as on cache-tests.fyi: ✅ pass, ⛔️ fail, ⚪️ a prerequisite did not pass, 🔹 setup failed, ⁉️ harness error, ↻ retried. ' +
   'For a dependency failure the message is what the test itself saw when it ran.')
 out('')
