@@ -222,8 +222,8 @@ counters! {
     not_stored_authorization: Counter "cache_not_stored_total" { reason = "authorization" },
     /// ... the key's replies were found not storable lately (hit-for-pass).
     not_stored_lately: Counter "cache_not_stored_total" { reason = "not-stored" },
-    /// ... the origin redirected.
-    not_stored_redirect: Counter "cache_not_stored_total" { reason = "redirect" },
+    /// ... the origin answered a redirect or a 2xx other than 200/206.
+    not_stored_status: Counter "cache_not_stored_total" { reason = "status" },
     /// ... the path is in its `[[origin]]`'s `never_cache`.
     not_stored_never_cache: Counter "cache_not_stored_total" { reason = "never-cache" },
     /// Bytes of pulled responses sent to clients; they are read from the disk cache.
@@ -315,7 +315,8 @@ fn family_help(family: &str) -> Option<&'static str> {
         "cache_not_stored_total" => {
             "Pulled requests answered by their own origin fetch, nothing stored or shared, by \
              reason: private, no-store, vary (a Vary on a request field), authorization (the \
-             request's), not-stored (the key's replies lately), redirect, never-cache."
+             request's), not-stored (the key's replies lately), status (a redirect or another 2xx), \
+             never-cache."
         }
         "origin_replies_refused_total" => {
             "Origin replies refused before any byte was stored (the fetch is tried again or the \

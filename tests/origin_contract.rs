@@ -596,3 +596,51 @@ fn stale_copies_are_served_within_their_windows() {
         plain.status
     );
 }
+
+/// A revalidation renews the stored contract (RFC 9111 §4.3.4): a 304's fields replace the
+/// stored ones of the same name and its freshness replaces the old one, so a copy confirmed
+/// with a longer max-age is not asked about again, and clients see the new fields.
+#[test]
+fn a_304_renews_the_stored_fields_and_freshness() {
+    let content = object(60_000, 77);
+    let origin = contract_origin(vec![(
+        "/pull/renewed.bin",
+        content.clone(),
+        "Cache-Control: max-age=0\r\nX-Build: 1\r\nX-Kept: yes\r\n",
+    )]);
+    let (server, _admin, _dir) = edge(&origin);
+    assert_eq!(
+        get(&server, "/pull/renewed.bin", &[]).header("x-build"),
+        Some("1")
+    );
+    // The origin now confirms with other fields: a long lifetime and a new build number.
+    origin.set(Arc::new(|a: &Asked, c: &[u8]| {
+        let f = "Cache-Control: max-age=3600\r\nX-Build: 2\r\n";
+        if a.if_none_match.as_deref() == Some("\"good\"") {
+            let head = format!("HTTP/1.1 304 Not Modified\r\nETag: \"good\"\r\n{f}\r\n");
+            return (head.into_bytes(), false, None);
+        }
+        (ranged(c, a.range, f), false, None)
+    }));
+    let r = get(&server, "/pull/renewed.bin", &[]);
+    assert!(r.body == content);
+    assert_eq!(
+        r.header("x-build"),
+        Some("2"),
+        "the 304's field replaced the stored one"
+    );
+    assert_eq!(
+        r.header("x-kept"),
+        Some("yes"),
+        "fields it did not name are kept"
+    );
+    assert_eq!(r.header("cache-control"), Some("max-age=3600"));
+    for _ in 0..3 {
+        assert!(get(&server, "/pull/renewed.bin", &[]).body == content);
+    }
+    assert_eq!(
+        asked(&origin, "/pull/renewed.bin"),
+        (2, 1),
+        "fresh for the 304's max-age: not asked again"
+    );
+}

@@ -277,11 +277,22 @@ impl Index {
             Record::Fresh {
                 version,
                 fetched_unix_s,
+                refresh,
             } => {
                 let Some(s) = self.versions.get_mut(&version) else {
                     return false;
                 };
-                s.meta.fetched_unix_s = s.meta.fetched_unix_s.max(fetched_unix_s);
+                if fetched_unix_s < s.meta.fetched_unix_s {
+                    // An older confirmation changes nothing.
+                    return true;
+                }
+                s.meta.fetched_unix_s = fetched_unix_s;
+                if let Some(r) = refresh {
+                    self.live_bytes -= Record::object_bytes(&s.meta);
+                    s.meta.freshness = r.freshness;
+                    s.meta.headers = r.headers;
+                    self.live_bytes += Record::object_bytes(&s.meta);
+                }
                 true
             }
         }
@@ -426,16 +437,19 @@ mod tests {
         assert!(ix.apply(Record::Object(object("k", 3, 1 << 20))));
         assert!(ix.apply(Record::Fresh {
             version: 3,
-            fetched_unix_s: 500
+            fetched_unix_s: 500,
+            refresh: None,
         }));
         assert!(ix.apply(Record::Fresh {
             version: 3,
-            fetched_unix_s: 100
+            fetched_unix_s: 100,
+            refresh: None,
         }));
         assert_eq!(ix.current(b"k").unwrap().fetched_unix_s, 500, "never older");
         assert!(!ix.apply(Record::Fresh {
             version: 4,
-            fetched_unix_s: 1
+            fetched_unix_s: 1,
+            refresh: None,
         }));
         assert!(ix.apply(Record::Block {
             version: 3,

@@ -298,6 +298,18 @@ mod tests {
             Record::Fresh {
                 version: 7,
                 fetched_unix_s: 1_800_000_000,
+                refresh: None,
+            },
+            Record::Fresh {
+                version: 7,
+                fetched_unix_s: 1_800_000_100,
+                refresh: Some(Box::new(crate::cache::record::Refresh {
+                    freshness: crate::cache::record::Freshness {
+                        lifetime_s: Some(60),
+                        ..Default::default()
+                    },
+                    headers: "Cache-Control: max-age=60\r\n".into(),
+                })),
             },
             Record::Drop { version: 7 },
         ];
@@ -434,6 +446,7 @@ mod tests {
             records.push(Record::Fresh {
                 version: v,
                 fetched_unix_s: 2_000_000_000 + v,
+                refresh: None,
             });
         }
         let (mut index, _) = replay(&journal(&records));

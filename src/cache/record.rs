@@ -80,7 +80,19 @@ pub enum Record {
         version: u64,
         /// When it was confirmed (Unix seconds).
         fetched_unix_s: u64,
+        /// What the confirming reply said (RFC 9111 §4.3.4: a 304 or a full reply updates
+        /// the stored freshness and lines); None: unchanged (records from before issue 42).
+        refresh: Option<Box<Refresh>>,
     },
+}
+
+/// A version's contract as a revalidation renewed it (`Record::Fresh`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refresh {
+    /// Its freshness now.
+    pub freshness: Freshness,
+    /// Its stored header lines now.
+    pub headers: String,
 }
 
 /// What decoding the front of a buffer found.
@@ -125,6 +137,11 @@ impl Record {
     pub fn validate(&self) -> Result<(), Invalid> {
         match self {
             Record::Object(o) => o.validate(),
+            Record::Fresh {
+                refresh: Some(r), ..
+            } if r.headers.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(&r.headers) => {
+                Err(Invalid::FieldLength(r.headers.len()))
+            }
             Record::Block { .. } | Record::Drop { .. } | Record::Fresh { .. } => Ok(()),
         }
     }
@@ -175,10 +192,15 @@ impl Record {
             Record::Fresh {
                 version,
                 fetched_unix_s,
+                refresh,
             } => {
                 out.push(KIND_FRESH);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&fetched_unix_s.to_le_bytes());
+                if let Some(r) = refresh {
+                    r.freshness.encode(out);
+                    put_bytes(out, r.headers.as_bytes());
+                }
             }
         }
         let body = &out[start + FRAME_BYTES..];
@@ -289,10 +311,23 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             crc: r.u32()?,
         },
         KIND_DROP => Record::Drop { version: r.u64()? },
-        KIND_FRESH => Record::Fresh {
-            version: r.u64()?,
-            fetched_unix_s: r.u64()?,
-        },
+        KIND_FRESH => {
+            let (version, fetched_unix_s) = (r.u64()?, r.u64()?);
+            // Records journaled before issue 42 end here.
+            let refresh = if r.0.is_empty() {
+                None
+            } else {
+                Some(Box::new(Refresh {
+                    freshness: Freshness::decode(&mut r)?,
+                    headers: r.text()?,
+                }))
+            };
+            Record::Fresh {
+                version,
+                fetched_unix_s,
+                refresh,
+            }
+        }
         _ => return None,
     };
     // Nothing may follow a record's fields.

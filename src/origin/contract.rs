@@ -18,22 +18,36 @@ pub const HEURISTIC_PERCENT: u64 = 10;
 /// every request of its launch (the heuristic is the cache's to choose, RFC 9111 §4.2.2).
 pub const HEURISTIC_MIN_S: u64 = 300;
 
-/// End-to-end fields kept with a version and sent on every response from the cache (RFC 9110
-/// §7.6.1: no hop-by-hop field; no Set-Cookie, which belongs to one client; the validators,
-/// type and length are written by the response itself).
-pub const STORED_FIELDS: &[&str] = &[
-    "cache-control",
-    "expires",
-    "content-encoding",
-    "content-disposition",
-    "content-language",
-    "link",
-    "vary",
-    "x-content-type-options",
-    // A reply passed on as it is (a redirect, a refusal) needs these to mean anything.
-    "location",
-    "www-authenticate",
-    "retry-after",
+/// Fields never kept with a version: hop-by-hop ones (RFC 9110 §7.6.1; and any the reply's
+/// `Connection` names), those every response writes itself (framing, validators, type, date,
+/// age), Set-Cookie (one client's: kept apart, `HeadFields::own`), and the ones meant for the
+/// edge alone. Every other field of the reply is its end-to-end head, sent with its bytes.
+pub const UNSTORED_FIELDS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "content-range",
+    "content-type",
+    "etag",
+    "last-modified",
+    "date",
+    "server",
+    "age",
+    "accept-ranges",
+    "cache-status",
+    "cdn-cache-control",
+    "surrogate-control",
+    "surrogate-key",
+    "cache-tag",
+    "set-cookie",
+    "set-cookie2",
 ];
 
 /// The fields of a reply's head the contract reads, and the lines kept to replay on hits.
@@ -53,8 +67,11 @@ pub struct HeadFields {
     pub vary: String,
     /// Content-Encoding, combined.
     pub content_encoding: String,
-    /// The `STORED_FIELDS` lines (`Name: value\r\n`), at most `MAX_STORED_HEADER_BYTES`.
+    /// The end-to-end lines (`Name: value\r\n`, all but `UNSTORED_FIELDS`), at most
+    /// `MAX_STORED_HEADER_BYTES`.
     pub stored: String,
+    /// Set-Cookie lines: sent to the one client whose own fetch this was, never stored.
+    pub own: String,
 }
 
 impl HeadFields {
@@ -73,6 +90,15 @@ impl HeadFields {
                 at += n;
                 continue;
             }
+            // Fields the reply's Connection names are hop-by-hop too.
+            let hop = |name: &str| {
+                resp.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("connection")
+                        && h.value
+                            .split(|&b| b == b',')
+                            .any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+                })
+            };
             for h in resp.headers.iter() {
                 let Ok(value) = std::str::from_utf8(h.value).map(str::trim) else {
                     continue;
@@ -92,14 +118,19 @@ impl HeadFields {
                     let single = matches!(name.as_str(), "expires" | "date" | "age");
                     push_value(list, value, single);
                 }
-                if STORED_FIELDS.contains(&name.as_str()) && !value.is_empty() {
-                    let line = h.name.len() + value.len() + 4;
-                    if out.stored.len() + line <= MAX_STORED_HEADER_BYTES {
-                        out.stored.push_str(h.name);
-                        out.stored.push_str(": ");
-                        out.stored.push_str(value);
-                        out.stored.push_str("\r\n");
-                    }
+                let own = name == "set-cookie";
+                if value.is_empty()
+                    || (!own && UNSTORED_FIELDS.contains(&name.as_str()))
+                    || hop(&name)
+                {
+                    continue;
+                }
+                let lines = if own { &mut out.own } else { &mut out.stored };
+                if lines.len() + h.name.len() + value.len() + 4 <= MAX_STORED_HEADER_BYTES {
+                    lines.push_str(h.name);
+                    lines.push_str(": ");
+                    lines.push_str(value);
+                    lines.push_str("\r\n");
                 }
             }
             return out;
@@ -178,6 +209,8 @@ impl Directives {
                 _ => {}
             }
         }
+        // For a shared cache s-maxage also means proxy-revalidate (RFC 9111 §5.2.2.10).
+        d.must_revalidate |= d.s_maxage.is_some();
         d
     }
 }
@@ -385,6 +418,24 @@ impl Contract {
     }
 }
 
+/// `old` header lines with `new`'s replacing every line of the same field name (RFC 9111
+/// §4.3.4), at most `MAX_STORED_HEADER_BYTES` (lines past it are left out).
+pub fn merge_lines(old: &str, new: &str) -> String {
+    let name = |line: &str| line.split(':').next().unwrap_or("").to_ascii_lowercase();
+    let replaced: Vec<String> = new.split_terminator("\r\n").map(name).collect();
+    let mut out = String::with_capacity(old.len() + new.len());
+    let kept = old
+        .split_terminator("\r\n")
+        .filter(|l| !replaced.contains(&name(l)));
+    for line in kept.chain(new.split_terminator("\r\n")) {
+        if out.len() + line.len() + 2 <= MAX_STORED_HEADER_BYTES {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out
+}
+
 /// An HTTP-date as Unix seconds.
 pub fn parse_date(v: &str) -> Option<i64> {
     crate::http::date::parse_http_date(v.trim().as_bytes())
@@ -551,6 +602,12 @@ mod tests {
             "Cache-Control: max-age=60\r\nContent-Encoding: gzip\r\n\
              Content-Disposition: attachment; filename=\"a.bin\"\r\n"
         );
+        assert_eq!(f.own, "Set-Cookie: a=b\r\n");
+        let f = fields("Connection: close, X-Hop\r\nX-Hop: 1\r\nX-End: 2\r\n");
+        assert_eq!(
+            f.stored, "X-End: 2\r\n",
+            "a field Connection names is hop-by-hop"
+        );
         let long = format!("Link: <{}>\r\n", "x".repeat(MAX_STORED_HEADER_BYTES));
         assert!(
             fields(&long).stored.is_empty(),
@@ -572,6 +629,23 @@ mod tests {
         );
         let twice = fields("Expires: 0\r\nExpires: 1\r\n");
         assert_eq!(twice.expires, UNUSABLE);
+    }
+
+    #[test]
+    fn a_renewal_replaces_lines_of_the_same_name_and_keeps_the_rest() {
+        let old = "Cache-Control: max-age=1\r\nX-A: 1\r\nLink: </a>\r\nLink: </b>\r\n";
+        let new = "cache-control: max-age=60\r\nLink: </c>\r\nX-New: 2\r\n";
+        assert_eq!(
+            merge_lines(old, new),
+            "X-A: 1\r\ncache-control: max-age=60\r\nLink: </c>\r\nX-New: 2\r\n"
+        );
+        assert_eq!(merge_lines("", ""), "");
+        let long = format!("X-L: {}\r\n", "x".repeat(MAX_STORED_HEADER_BYTES));
+        assert_eq!(
+            merge_lines("X-A: 1\r\n", &long),
+            "X-A: 1\r\n",
+            "past the bound: left out"
+        );
     }
 
     #[test]

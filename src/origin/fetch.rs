@@ -491,7 +491,19 @@ impl BlockFetch {
         let (size, first, whole) = match response::judge(&head, &expect) {
             Verdict::Range { first, total, .. } => (total, first, false),
             Verdict::Whole { size } | Verdict::Answer { size, .. } => (size, 0, true),
-            Verdict::NotModified => return self.fail(FetchError::NotModified, out),
+            Verdict::NotModified => {
+                // Its fields renew the stored ones (RFC 9111 §4.3.4): told before the end.
+                out.push(Output::Head(HeadFacts {
+                    size: self.plan.size.unwrap_or(0),
+                    etag: keep(head.etag),
+                    last_modified: keep(head.last_modified),
+                    content_type: keep(head.content_type),
+                    whole: false,
+                    status: 304,
+                    fields: Box::new(super::contract::HeadFields::collect(&slot[..head.head_len])),
+                }));
+                return self.fail(FetchError::NotModified, out);
+            }
             Verdict::VersionChanged => return self.fail(FetchError::VersionChanged, out),
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
         };

@@ -823,11 +823,12 @@ impl<R: RingOps> Shard<R> {
                             // Not storable: its own fetch (it never gets another's reply).
                             Some(FillAnswer::Bypass(why.label()))
                         } else if let crate::origin::fetch::FetchError::Unusable(
-                            crate::origin::response::Unusable::Status(300..=399),
+                            crate::origin::response::Unusable::Status(201..=399),
                         ) = error
                         {
-                            // A redirect is passed on as the origin gave it, by its own fetch.
-                            Some(FillAnswer::Bypass("redirect"))
+                            // Another 2xx or a redirect is passed on as the origin gave it,
+                            // by its own fetch.
+                            Some(FillAnswer::Bypass("status"))
                         } else {
                             Some(FillAnswer::Status(EdgeCache::status_for(&error)))
                         };

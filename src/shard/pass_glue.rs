@@ -58,7 +58,7 @@ impl<R: RingOps> Shard<R> {
             "no-store" => &m.not_stored_no_store,
             "vary" => &m.not_stored_vary,
             "authorization" => &m.not_stored_authorization,
-            "redirect" => &m.not_stored_redirect,
+            "status" => &m.not_stored_status,
             "never-cache" => &m.not_stored_never_cache,
             _ => &m.not_stored_lately,
         };
@@ -540,7 +540,8 @@ impl<R: RingOps> Shard<R> {
                 initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
                 ..Default::default()
             },
-            headers: facts.fields.stored,
+            // Its own reply: its Set-Cookie too.
+            headers: facts.fields.stored + &facts.fields.own,
         };
         if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
             relay.set_size(meta.size);

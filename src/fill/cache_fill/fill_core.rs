@@ -889,6 +889,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     pub(super) fn on_head(&mut self, id: u64, facts: HeadFacts) {
         let job = self.running.get_mut(&id).expect("a running job");
         if !job.probe {
+            if job.revalidate {
+                self.refreshed.insert(id, facts.fields);
+            }
             return;
         }
         let now_s = unix_now_s();
@@ -1010,7 +1013,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             self.unpin(job.version);
         }
         if job.revalidate {
-            return self.revalidated(job, error);
+            let fields = self.refreshed.remove(&id);
+            return self.revalidated(job, error, fields);
         }
         let Some(error) = error else {
             // A 200 to a range can commit more than the run; blocks of the run not committed
@@ -1270,7 +1274,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// the waiters' next want learns the new one), gone (a 404: retired and remembered), or
     /// the origin could not say (the cached version is served on, and asked about again after
     /// `REVALIDATE_RETRY_S`). The waiters then want again.
-    pub(super) fn revalidated(&mut self, job: Job, error: Option<FetchError>) {
+    pub(super) fn revalidated(
+        &mut self,
+        job: Job,
+        error: Option<FetchError>,
+        fields: Option<Box<contract::HeadFields>>,
+    ) {
         let (v, now_s) = (job.version, unix_now_s());
         match error {
             Some(FetchError::Stale) => {
@@ -1283,9 +1292,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 return;
             }
             None | Some(FetchError::NotModified) => {
+                let refresh = fields.and_then(|f| self.renewed_contract(v, job.origin, &f, now_s));
                 let record = Record::Fresh {
                     version: v,
                     fetched_unix_s: now_s,
+                    refresh,
                 };
                 // Visible now: a confirmation lost to a crash costs one early revalidation.
                 self.index.apply(record.clone());

@@ -368,6 +368,9 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     retired: HashSet<u64>,
     /// Versions whose revalidation the origin could not answer: served until then (Unix s).
     revalidate_after: HashMap<u64, u64>,
+    /// Revalidations under way whose reply's head came: its fields, to renew the version's
+    /// contract with when it ends (`revalidated`), by job id.
+    refreshed: HashMap<u64, Box<crate::origin::contract::HeadFields>>,
     /// Keys whose 404 is remembered (`cache_404_s`).
     not_found: remembered::Remembered,
     /// Keys whose replies a shared cache may not store, for `HIT_FOR_PASS_S`: their requests
@@ -826,6 +829,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             pins: HashMap::new(),
             retired: HashSet::new(),
             revalidate_after: HashMap::new(),
+            refreshed: HashMap::new(),
             not_found: remembered::Remembered::new(MAX_NOT_FOUND_KEYS),
             pass_keys: remembered::Remembered::new(MAX_PASS_KEYS),
             waits_joined: 0,
@@ -1180,6 +1184,44 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         let until = now_s + self.cfg.not_found_s.min(MAX_NOT_FOUND_S);
         self.not_found.remember(key, until, now_s);
+    }
+
+    /// Version `v`'s contract as the reply that confirmed it (`fields`, at `now_s`) renews it
+    /// (RFC 9111 §4.3.4): its freshness from that reply (the operator's under an override),
+    /// and its stored lines with the reply's replacing those of the same name. None when
+    /// the version is gone.
+    pub(super) fn renewed_contract(
+        &self,
+        v: u64,
+        origin: usize,
+        fields: &contract::HeadFields,
+        now_s: u64,
+    ) -> Option<Box<crate::cache::record::Refresh>> {
+        let m = self.index.meta(v)?;
+        let policy = self.cfg.origin_policies.get(origin);
+        let freshness = match policy {
+            Some(p) if p.cache_policy == CachePolicy::Override => m.freshness,
+            _ => {
+                let c = Contract::of(fields, i64::try_from(now_s).unwrap_or(i64::MAX));
+                let date = contract::parse_date(&fields.date).unwrap_or(now_s as i64);
+                let lm = contract::parse_date(&m.last_modified);
+                let d = c.directives;
+                let secs = |s: Option<u64>| s.map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1));
+                Freshness {
+                    lifetime_s: secs(c.lifetime_s(lm, date, self.cfg.revalidate_s)),
+                    initial_age_s: u32::try_from(c.initial_age_s).unwrap_or(u32::MAX),
+                    no_cache: d.no_cache,
+                    must_revalidate: d.must_revalidate,
+                    stale_while_revalidate_s: secs(d.stale_while_revalidate),
+                    stale_if_error_s: secs(d.stale_if_error),
+                }
+            }
+        };
+        let headers = contract::merge_lines(&m.headers, &fields.stored);
+        Some(Box::new(crate::cache::record::Refresh {
+            freshness,
+            headers,
+        }))
     }
 
     /// Whether version `v` (of origin `origin`) may be served although its revalidation
