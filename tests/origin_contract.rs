@@ -644,3 +644,55 @@ fn a_304_renews_the_stored_fields_and_freshness() {
         "fresh for the 304's max-age: not asked again"
     );
 }
+
+/// The client's end-to-end request fields reach the origin (as a reverse proxy forwards
+/// them): on a fill without its Cookie (the reply is shared), on its own fetch with it; never
+/// hop-by-hop ones or the client's range and conditionals.
+#[test]
+fn the_clients_fields_reach_the_origin() {
+    let origin = contract_origin(vec![
+        (
+            "/pull/shared.bin",
+            object(20_000, 1),
+            "Cache-Control: max-age=600\r\n",
+        ),
+        (
+            "/pull/own.bin",
+            object(20_000, 2),
+            "Cache-Control: private\r\n",
+        ),
+    ]);
+    let (server, _admin, _dir) = edge(&origin);
+    let fields = [
+        ("X-Client-Build", "7"),
+        ("Cookie", "session=alice"),
+        ("Range", "bytes=0-9"),
+        ("Connection", "close, X-Hop"),
+        ("X-Hop", "1"),
+    ];
+    for path in ["/pull/shared.bin", "/pull/own.bin"] {
+        assert_eq!(get(&server, path, &fields).status, 206, "{path}");
+    }
+    let seen = origin.seen();
+    let head_of = |path: &str| {
+        seen.iter()
+            .filter(|s| s.path == path)
+            .map(|s| s.head.to_ascii_lowercase())
+            .collect::<Vec<_>>()
+    };
+    for head in head_of("/pull/shared.bin") {
+        assert!(head.contains("x-client-build: 7"), "{head}");
+        assert!(
+            !head.contains("cookie"),
+            "a shared fill carries no cookie: {head}"
+        );
+        assert!(!head.contains("x-hop"), "{head}");
+    }
+    let own = head_of("/pull/own.bin");
+    let last = own.last().expect("its own fetch");
+    assert!(
+        last.contains("cookie: session=alice"),
+        "its own fetch: {last}"
+    );
+    assert!(last.contains("x-client-build: 7"), "{last}");
+}

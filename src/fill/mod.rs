@@ -228,7 +228,14 @@ pub struct Filler {
     poisoned: u64,
     /// Whether any origin has a bandwidth cap (receives may be held back).
     paced_any: bool,
+    /// The field lines a client's request forwards, by (origin, path): noted when a
+    /// request starts or joins a fill, sent with that path's fetches (`note_forward`).
+    forward: std::collections::HashMap<(usize, String), String>,
 }
+
+/// Most (origin, path) entries of forwarded field lines a filler keeps (all forgotten when
+/// full: a fetch then goes without them).
+pub const MAX_FORWARD_ENTRIES: usize = 256;
 
 /// What a filler last read of an origin's published addresses.
 struct OriginAddrs {
@@ -283,7 +290,17 @@ impl Filler {
             paced_any,
             refused_heads: [0; HeadError::ALL.len()],
             poisoned: 0,
+            forward: std::collections::HashMap::new(),
         }
+    }
+
+    /// Notes the field lines (`origin::request::forwardable`) the request for `path` at
+    /// `origin` forwards: its fill's fetches send them.
+    pub fn note_forward(&mut self, origin: usize, path: &str, lines: String) {
+        if self.forward.len() >= MAX_FORWARD_ENTRIES {
+            self.forward.clear();
+        }
+        self.forward.insert((origin, path.to_owned()), lines);
     }
 
     /// Origin heads refused since start, by `HeadError::index` (a counter).
@@ -364,11 +381,18 @@ impl Filler {
         file: Option<Arc<File>>,
         now_ms: u64,
     ) -> Result<(), Begin> {
-        self.begin_as(ring, job, origin, path, None, plan, slot, file, now_ms)
+        let forward = self
+            .forward
+            .get(&(origin, path.to_owned()))
+            .cloned()
+            .unwrap_or_default();
+        self.begin_as(
+            ring, job, origin, path, None, &forward, plan, slot, file, now_ms,
+        )
     }
 
     /// `begin`, sending the client's `authorization` (a request the cache does not serve:
-    /// its reply is that client's alone).
+    /// its reply is that client's alone) and its `forward` field lines.
     #[allow(clippy::too_many_arguments)]
     pub fn begin_as<R: RingOps>(
         &mut self,
@@ -377,6 +401,7 @@ impl Filler {
         origin: usize,
         path: &str,
         authorization: Option<&str>,
+        forward: &str,
         plan: Plan,
         slot: ArenaSlot,
         file: Option<Arc<File>>,
@@ -399,6 +424,7 @@ impl Filler {
             if_none_match: plan.etag.as_deref().filter(|_| plan.revalidate),
             if_modified_since: plan.last_modified.as_deref().filter(|_| plan.revalidate),
             authorization,
+            forward,
         };
         if let Err(e) = fetch.write(&mut self.request) {
             return Err(Begin::Refused(slot, format!("origin request: {e:?}")));

@@ -592,6 +592,7 @@ mod tests {
             if_modified_since: None,
             if_range: None,
             authorization: None,
+            fields: b"",
             x_forwarded_for: Default::default(),
             forwarded: Default::default(),
             host: None,

@@ -83,6 +83,9 @@ pub struct Request<'a> {
     /// `Authorization`: a shared cache neither stores the answer nor answers it from
     /// another's (RFC 9111 §3.5); forwarded to the origin with the request's own fetch.
     pub authorization: Option<&'a [u8]>,
+    /// The head's field lines as they came (each ending in CRLF), for the fields a pulled
+    /// request forwards to its origin (`origin::request::forwardable`).
+    pub fields: &'a [u8],
     /// The `X-Forwarded-For` lines, in order (the hops nearest to us are at the right end
     /// of the last one).
     pub x_forwarded_for: ListLines<'a>,
@@ -674,6 +677,7 @@ pub fn parse_request(buf: &[u8]) -> Parsed<'_> {
             if_modified_since: f.if_modified_since,
             if_range: f.if_range,
             authorization: f.authorization,
+            fields: fields.get(..fields_len).unwrap_or_default(),
             x_forwarded_for: f.x_forwarded_for,
             forwarded: f.forwarded,
             host: f.host.map(<[u8]>::trim_ascii).filter(|h| !h.is_empty()),

@@ -22,6 +22,83 @@ pub struct Fetch<'a> {
     /// The client's `Authorization`, forwarded on a request the cache does not serve (its
     /// reply is that client's alone).
     pub authorization: Option<&'a str>,
+    /// The client's end-to-end field lines to forward (`forwardable`), each ending in CRLF.
+    pub forward: &'a str,
+}
+
+/// Most bytes of a client's field lines forwarded to an origin (lines past it are left out).
+pub const MAX_FORWARDED_BYTES: usize = 2048;
+
+/// Request fields never forwarded: hop-by-hop ones (RFC 9110 §7.6.1), those the edge writes
+/// itself (Host, the range and conditionals of its own fetch, Accept-Encoding: identity),
+/// the credentials of one client on a shared fill (Authorization is sent only with its own
+/// fetch; Cookie too, `with_cookie`), and the client-address fields the edge judges itself.
+const NOT_FORWARDED: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+    "range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+    "accept-encoding",
+    "user-agent",
+    "authorization",
+    "x-forwarded-for",
+    "forwarded",
+];
+
+/// Appends to `out` the end-to-end lines of a client's head `fields` (each `Name: value`
+/// ending in CRLF, as `Request::fields` holds them) that its origin request carries: all but
+/// `NOT_FORWARDED` and the ones its `Connection` names; `Cookie` only `with_cookie` (the
+/// client's own fetch). At most `MAX_FORWARDED_BYTES`; a line that is not plain ASCII text
+/// is left out.
+pub fn forwardable(fields: &[u8], with_cookie: bool, out: &mut String) {
+    let lines = || {
+        fields
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .filter_map(|l| std::str::from_utf8(l).ok())
+            .filter_map(|l| l.split_once(':'))
+    };
+    let named_by_connection = |name: &str| {
+        lines().any(|(n, v)| {
+            n.trim().eq_ignore_ascii_case("connection")
+                && v.split(',').any(|t| t.trim().eq_ignore_ascii_case(name))
+        })
+    };
+    for (name, value) in lines() {
+        let (name, value) = (name.trim(), value.trim());
+        let lower = name.to_ascii_lowercase();
+        if name.is_empty()
+            || NOT_FORWARDED.contains(&lower.as_str())
+            || (lower == "cookie" && !with_cookie)
+            || !clean(name)
+            || !clean(value)
+            || !value
+                .bytes()
+                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+            || named_by_connection(name)
+        {
+            continue;
+        }
+        if out.len() + name.len() + value.len() + 4 <= MAX_FORWARDED_BYTES {
+            out.push_str(name);
+            out.push_str(": ");
+            out.push_str(value);
+            out.push_str("\r\n");
+        }
+    }
 }
 
 /// Why a request could not be written.
@@ -71,6 +148,11 @@ impl Fetch<'_> {
         if let Some(credentials) = self.authorization {
             let _ = write!(out, "Authorization: {credentials}\r\n");
         }
+        if !self.forward.split_terminator("\r\n").all(clean) {
+            out.clear();
+            return Err(RequestError::BadField);
+        }
+        out.push_str(self.forward);
         out.push_str("\r\n");
         if out.len() > MAX_REQUEST_HEAD_BYTES {
             out.clear();
@@ -85,6 +167,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_clients_end_to_end_fields_are_forwarded_and_no_others() {
+        let fields = b"Host: edge\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n\
+                       Range: bytes=0-9\r\nIf-None-Match: \"a\"\r\nCookie: s=1\r\n\
+                       Authorization: Bearer t\r\nReq-Num: 3\r\nCache-Control: no-cache\r\n\
+                       Accept-Encoding: gzip\r\nX-Client-Build: 7\r\n\r\n";
+        let mut shared = String::new();
+        forwardable(fields, false, &mut shared);
+        assert_eq!(
+            shared,
+            "Req-Num: 3\r\nCache-Control: no-cache\r\nX-Client-Build: 7\r\n"
+        );
+        let mut own = String::new();
+        forwardable(fields, true, &mut own);
+        assert!(own.starts_with("Cookie: s=1\r\n"), "{own}");
+        let mut long = String::new();
+        let many = format!("X-Big: {}\r\n", "v".repeat(MAX_FORWARDED_BYTES)).into_bytes();
+        forwardable(&many, false, &mut long);
+        assert!(long.is_empty(), "past the bound: left out");
+    }
+
+    #[test]
     fn a_block_run_is_one_ranged_get_with_its_validator() {
         let mut out = String::new();
         Fetch {
@@ -94,6 +197,7 @@ mod tests {
             if_none_match: Some("\"v2\""),
             if_modified_since: Some("Tue, 01 Dec 2026 00:00:00 GMT"),
             authorization: None,
+            forward: "",
         }
         .write(&mut out)
         .unwrap();
@@ -120,6 +224,7 @@ mod tests {
             if_none_match: None,
             if_modified_since: None,
             authorization: None,
+            forward: "",
         };
         for bad in [
             Fetch {

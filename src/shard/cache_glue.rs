@@ -433,6 +433,13 @@ impl<R: RingOps> Shard<R> {
             (Outcome::Ready(_), None) => self.respond_status(c, 503, keep_alive, head_only),
             (Outcome::Waiting, _) => {
                 self.conns[c.index()].set_cache_label(Some("MISS"));
+                // Its fill's fetches send the client's end-to-end fields (not its Cookie:
+                // the reply is shared).
+                let mut forward = String::new();
+                crate::origin::request::forwardable(req.fields, false, &mut forward);
+                if let Some(edge) = self.cache.edge.as_mut() {
+                    edge.fill.note_forward(origin, &path, forward);
+                }
                 self.park_for_fill(c);
             }
             (Outcome::Busy, _) => {

@@ -44,8 +44,11 @@ impl<R: RingOps> Shard<R> {
             .filter(|_| !whole)
             .map_or(u64::MAX, |last| last.saturating_add(1));
         let authorization = req.authorization.and_then(|a| std::str::from_utf8(a).ok());
+        // Its own fetch: the client's fields, its Cookie too.
+        let mut forward = String::new();
+        crate::origin::request::forwardable(req.fields, true, &mut forward);
         let started = self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD
-            && self.start_relay_of(c, origin, path, None, authorization, from, end);
+            && self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end);
         if !started {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
@@ -330,11 +333,12 @@ impl<R: RingOps> Shard<R> {
         from: u64,
         end: u64,
     ) -> bool {
-        self.start_relay_of(c, origin, path, Some(meta), None, from, end)
+        self.start_relay_of(c, origin, path, Some(meta), (None, ""), from, end)
     }
 
     /// `start_relay` of `meta`'s version, or (None) of whatever the origin answers: its
-    /// size comes with its head. `authorization` is the client's, forwarded.
+    /// size comes with its head. `client` is the client's Authorization and field lines,
+    /// forwarded.
     #[allow(clippy::too_many_arguments)]
     fn start_relay_of(
         &mut self,
@@ -342,10 +346,11 @@ impl<R: RingOps> Shard<R> {
         origin: usize,
         path: &str,
         meta: Option<&ObjectVersion>,
-        authorization: Option<&str>,
+        client: (Option<&str>, &str),
         from: u64,
         end: u64,
     ) -> bool {
+        let (authorization, forward) = client;
         let Some(block_bytes) = self.cache.edge.as_ref().map(|e| e.fill.block_bytes()) else {
             return false;
         };
@@ -360,6 +365,7 @@ impl<R: RingOps> Shard<R> {
             etag: meta.map_or("", |m| &m.etag),
             last_modified: meta.map_or("", |m| &m.last_modified),
             authorization,
+            forward,
             from,
             end,
         };

@@ -27,6 +27,8 @@ pub struct Seen {
     pub if_none_match: Option<String>,
     /// It carried Authorization.
     pub authorization: bool,
+    /// Its head's field lines, as received.
+    pub head: String,
 }
 
 /// What a request asked of the origin.
@@ -143,6 +145,7 @@ fn serve_conn(
     loop {
         let (mut path, mut range, mut if_none_match, mut authorization) =
             (String::new(), None, None, false);
+        let mut head = String::new();
         loop {
             let mut line = String::new();
             if reader.read_line(&mut line).unwrap_or(0) == 0 {
@@ -152,6 +155,8 @@ fn serve_conn(
             if line.is_empty() {
                 break;
             }
+            head.push_str(line);
+            head.push('\n');
             let lower = line.to_ascii_lowercase();
             if let Some(p) = line.strip_prefix("GET ") {
                 path = p.split(' ').next().unwrap_or("").to_owned();
@@ -190,6 +195,7 @@ fn serve_conn(
             bad: bad || late.is_some(),
             if_none_match,
             authorization,
+            head,
         });
         if writer.write_all(&reply).is_err() {
             return;

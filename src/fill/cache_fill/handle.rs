@@ -45,6 +45,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         }
     }
 
+    /// Notes the field lines the request for `path` at `origin` forwards to its fill's
+    /// fetches (`Filler::note_forward`).
+    pub fn note_forward(&mut self, origin: usize, path: &str, lines: String) {
+        self.filler.note_forward(origin, path, lines);
+    }
+
     /// The block size new versions are stored in (`cache_block_bytes`).
     pub fn block_bytes(&self) -> u32 {
         self.block_bytes
@@ -447,6 +453,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             pass.origin,
             pass.path,
             pass.authorization,
+            pass.forward,
             plan,
             slot,
             None,

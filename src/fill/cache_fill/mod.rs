@@ -640,6 +640,8 @@ pub struct PassThrough<'a> {
     pub last_modified: &'a str,
     /// The client's `Authorization`, forwarded (a request the cache does not serve).
     pub authorization: Option<&'a str>,
+    /// The client's field lines forwarded (`origin::request::forwardable`).
+    pub forward: &'a str,
     /// The object's bytes wanted: `from..end`.
     pub from: u64,
     /// One past the last byte wanted.
