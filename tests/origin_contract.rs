@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use common::scripted_origin::{ranged, Asked, ScriptedOrigin};
+use common::scripted_origin::{object, pulling_edge, ranged, Asked, ScriptedOrigin};
 use common::{get, Server};
 
 /// An origin that answers every object with `fields` (by path), and 304 to If-None-Match.
@@ -43,30 +43,7 @@ fn edge_with(
     origin: &ScriptedOrigin,
     origin_keys: &str,
 ) -> (Server, SocketAddr, tempfile::TempDir) {
-    let dir = common::disk_tempdir();
-    let root = dir.path().join("root");
-    let cache = dir.path().join("cache");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::create_dir(&cache).unwrap();
-    let cfg = dir.path().join("shardline.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n{origin_keys}\n",
-            cache.display(),
-            origin.addr
-        ),
-    )
-    .unwrap();
-    let (server, admin) =
-        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
-    (server, admin, dir)
-}
-
-fn object(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(salt))
-        .collect()
+    pulling_edge(origin.addr, origin_keys)
 }
 
 /// A request's (count, conditional count) at the origin for `path`.
@@ -474,24 +451,11 @@ fn the_operator_may_override_the_origin_but_never_share_private() {
         .map(|(i, (p, f))| (*p, object(30_000, 90 + i as u8), *f))
         .collect();
     let origin = contract_origin(objects.clone());
-    let dir = common::disk_tempdir();
-    let root = dir.path().join("root");
-    let cache = dir.path().join("cache");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::create_dir(&cache).unwrap();
-    let cfg = dir.path().join("shardline.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n\
-             cache_policy = \"override\"\nttl_s = 3600\nnever_cache = [\"/pull/*/latest.json\"]\n",
-            cache.display(),
-            origin.addr
-        ),
-    )
-    .unwrap();
-    let (server, _admin) =
-        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    let (server, _admin, dir) = edge_with(
+        &origin,
+        "cache_policy = \"override\"\nttl_s = 3600\nnever_cache = [\"/pull/*/latest.json\"]",
+    );
+    let (root, cfg) = (dir.path().join("root"), dir.path().join("shardline.toml"));
     for (path, content, _) in &objects {
         for _ in 0..3 {
             let r = get(&server, path, &[]);

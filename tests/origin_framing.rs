@@ -8,35 +8,14 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use common::scripted_origin::{ranged, Asked, Script, ScriptedOrigin, POISON};
+use common::scripted_origin::{
+    object, pulling_edge, ranged, Asked, Script, ScriptedOrigin, POISON,
+};
 use common::{get, Server};
 
 /// shardline (one shard, so one pool of origin connections) pulling `/pull/` from `origin`.
 fn edge(origin: &ScriptedOrigin) -> (Server, SocketAddr, tempfile::TempDir) {
-    let dir = common::disk_tempdir();
-    let root = dir.path().join("root");
-    let cache = dir.path().join("cache");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::create_dir(&cache).unwrap();
-    let cfg = dir.path().join("shardline.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
-            cache.display(),
-            origin.addr
-        ),
-    )
-    .unwrap();
-    let (server, admin) =
-        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
-    (server, admin, dir)
-}
-
-fn object(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
-        .collect()
+    pulling_edge(origin.addr, "")
 }
 
 /// Issue 45, case 1: a whole reply followed by a reply of the origin's own, in the same write

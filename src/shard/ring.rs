@@ -469,6 +469,27 @@ impl Ring {
 
 /// The real ring behind the shard's seam (the operations live here, not in a second copy);
 /// the clock is real time since the ring was built.
+impl Ring {
+    /// A receive with `flags` from a plain socket into an arena slot (`recv_arena_fd`,
+    /// `probe_arena_fd`); the slot is the kernel's until `arena_done`.
+    fn recv_arena_fd_flags(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        flags: i32,
+        token: u64,
+    ) {
+        let ptr = self.arena_ptr(slot, offset, len);
+        let e = opcode::Recv::new(types::Fd(fd.as_raw_fd()), ptr, len as u32)
+            .flags(flags)
+            .build()
+            .user_data(token);
+        self.push(e);
+    }
+}
+
 impl crate::ring_api::ops::RingOps for Ring {
     fn now(&self) -> Duration {
         self.started.elapsed()
@@ -854,11 +875,7 @@ impl crate::ring_api::ops::RingOps for Ring {
         fd: BorrowedFd<'_>,
         token: u64,
     ) {
-        let ptr = self.arena_ptr(slot, offset, len);
-        let e = opcode::Recv::new(types::Fd(fd.as_raw_fd()), ptr, len as u32)
-            .build()
-            .user_data(token);
-        self.push(e);
+        self.recv_arena_fd_flags(slot, offset, len, fd, 0, token);
     }
     /// A receive that never waits (MSG_DONTWAIT: io_uring completes it with -EAGAIN instead
     /// of arming a poll); the slot is the kernel's until `arena_done`.
@@ -870,12 +887,7 @@ impl crate::ring_api::ops::RingOps for Ring {
         fd: BorrowedFd<'_>,
         token: u64,
     ) {
-        let ptr = self.arena_ptr(slot, offset, len);
-        let e = opcode::Recv::new(types::Fd(fd.as_raw_fd()), ptr, len as u32)
-            .flags(libc::MSG_DONTWAIT)
-            .build()
-            .user_data(token);
-        self.push(e);
+        self.recv_arena_fd_flags(slot, offset, len, fd, libc::MSG_DONTWAIT, token);
     }
     /// Writes the front of an arena slot to a file from the registered buffer; the slot is
     /// the kernel's until `arena_done`.

@@ -251,3 +251,36 @@ pub fn ranged(content: &[u8], (first, last): (u64, u64), fields: &str) -> Vec<u8
     reply.extend_from_slice(body);
     reply
 }
+
+/// shardline (one shard, so one pool of origin connections) pulling `/pull/` from the origin
+/// at `origin`, with `origin_keys` in its `[[origin]]` entry; the temp dir holds its root
+/// (`root/`), cache and config (`shardline.toml`).
+pub fn pulling_edge(
+    origin: SocketAddr,
+    origin_keys: &str,
+) -> (super::Server, SocketAddr, tempfile::TempDir) {
+    let dir = super::disk_tempdir();
+    let root = dir.path().join("root");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{origin}\"\n{origin_keys}\n",
+            cache.display()
+        ),
+    )
+    .unwrap();
+    let (server, admin) =
+        super::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    (server, admin, dir)
+}
+
+/// `len` bytes of a pattern that differs by `salt`.
+pub fn object(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}

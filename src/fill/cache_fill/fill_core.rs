@@ -79,20 +79,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             // runs in the background (with no waiter: nobody waits for it).
             if !self.probes.contains_key(key) && self.queue.len() < MAX_QUEUED_FETCHES {
                 self.probes.insert(key.to_vec(), Vec::new());
-                self.queue.push_back(Job {
-                    key: key.to_vec(),
-                    origin,
-                    path: path.to_owned(),
-                    version: v,
-                    first: block,
-                    last: block,
-                    probe: false,
-                    revalidate: true,
-                    not_before_ms: 0,
-                    committed: Vec::new(),
-                    pinned: false,
-                    shard,
-                });
+                self.queue_revalidation(key, origin, path, v, block, shard);
             }
             return None;
         }
@@ -109,11 +96,26 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         self.probes.insert(key.to_vec(), vec![waiter]);
         self.waits_started += 1;
+        self.queue_revalidation(key, origin, path, v, block, shard);
+        Some(Outcome::Waiting)
+    }
+
+    /// Queues the conditional fetch of `block` that confirms `version` of `key` (or finds it
+    /// replaced), run by `shard`.
+    fn queue_revalidation(
+        &mut self,
+        key: &[u8],
+        origin: usize,
+        path: &str,
+        version: u64,
+        block: u32,
+        shard: usize,
+    ) {
         self.queue.push_back(Job {
             key: key.to_vec(),
             origin,
             path: path.to_owned(),
-            version: v,
+            version,
             first: block,
             last: block,
             probe: false,
@@ -123,7 +125,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             pinned: false,
             shard,
         });
-        Some(Outcome::Waiting)
     }
 
     /// As `want_streaming`, for a response that began on `version` at byte `start` and reads

@@ -1028,6 +1028,39 @@ fn without_direct_io(fd: BorrowedFd<'_>) -> io::Result<(std::fs::File, bool)> {
     Ok((std::fs::File::from(owned), direct))
 }
 
+impl SimRing {
+    /// A receive from the simulated origin on socket `fd` (`nowait`: MSG_DONTWAIT, answered
+    /// -EAGAIN when nothing is there).
+    fn origin_recv(
+        &mut self,
+        slot: ArenaSlot,
+        offset: usize,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        nowait: bool,
+        token: u64,
+    ) {
+        self.take_arena(slot, offset, len);
+        let Ok(sock) = origin_socket(fd) else {
+            return self
+                .violations
+                .push(format!("receive on a closed descriptor {fd:?}"));
+        };
+        let fd = fd.as_raw_fd();
+        self.push(
+            token,
+            SimOp::OriginRecv {
+                slot,
+                off: offset,
+                len,
+                fd,
+                sock,
+                nowait,
+            },
+        );
+    }
+}
+
 impl RingOps for SimRing {
     fn now(&self) -> Duration {
         self.now
@@ -1324,24 +1357,7 @@ impl RingOps for SimRing {
         fd: BorrowedFd<'_>,
         token: u64,
     ) {
-        self.take_arena(slot, offset, len);
-        let Ok(sock) = origin_socket(fd) else {
-            return self
-                .violations
-                .push(format!("receive on a closed descriptor {fd:?}"));
-        };
-        let fd = fd.as_raw_fd();
-        self.push(
-            token,
-            SimOp::OriginRecv {
-                slot,
-                off: offset,
-                len,
-                fd,
-                sock,
-                nowait: false,
-            },
-        );
+        self.origin_recv(slot, offset, len, fd, false, token);
     }
     fn probe_arena_fd(
         &mut self,
@@ -1351,24 +1367,7 @@ impl RingOps for SimRing {
         fd: BorrowedFd<'_>,
         token: u64,
     ) {
-        self.take_arena(slot, offset, len);
-        let Ok(sock) = origin_socket(fd) else {
-            return self
-                .violations
-                .push(format!("receive on a closed descriptor {fd:?}"));
-        };
-        let fd = fd.as_raw_fd();
-        self.push(
-            token,
-            SimOp::OriginRecv {
-                slot,
-                off: offset,
-                len,
-                fd,
-                sock,
-                nowait: true,
-            },
-        );
+        self.origin_recv(slot, offset, len, fd, true, token);
     }
     fn write_arena_fd(
         &mut self,
