@@ -285,11 +285,8 @@ fn what_may_not_be_stored_is_each_clients_own() {
         }
         let (requests, authorized) = asked_prefix(&origin, path);
         if auth.is_empty() {
-            assert_eq!(
-                requests,
-                1 + 6,
-                "{path}: every client asked the origin (the first fill too)"
-            );
+            // The fill's reply went to the client that started it: one request per client.
+            assert_eq!(requests, 6, "{path}: each client asked the origin once");
         } else {
             assert_eq!(
                 (requests, authorized),
@@ -398,7 +395,9 @@ fn the_origins_other_answers_reach_the_client() {
         ("/pull/see.bin", 307, "Location: /pull/elsewhere.bin\r\n"),
         ("/pull/denied.bin", 403, ""),
         ("/pull/gone.bin", 410, ""),
+        ("/pull/missing.bin", 404, "Cache-Control: no-store\r\n"),
         ("/pull/broken.bin", 500, ""),
+        ("/pull/later.bin", 503, ""),
     ];
     let origin = ScriptedOrigin::start(cases.iter().map(|(p, _, _)| (*p, vec![1u8; 10])).collect());
     let table: Vec<(String, u16, &'static str)> = cases
@@ -422,13 +421,15 @@ fn the_origins_other_answers_reach_the_client() {
             if let Some(location) = fields.strip_prefix("Location: ") {
                 let location = location.split("\r\n").next().unwrap();
                 assert_eq!(r.header("location"), Some(location), "{path}");
-                assert_eq!(
-                    String::from_utf8_lossy(&r.body),
-                    format!("the origin's {status} page\n"),
-                    "{path}: the origin's body"
-                );
             }
+            assert_eq!(
+                String::from_utf8_lossy(&r.body),
+                format!("the origin's {status} page\n"),
+                "{path} round {round}: the origin's body"
+            );
         }
+        // Each request asked once: the first one's fill reply was its own answer.
+        assert_eq!(asked(&origin, path).0, 2, "{path}: one request per client");
     }
 }
 
@@ -470,8 +471,8 @@ fn the_operator_may_override_the_origin_but_never_share_private() {
     );
     assert_eq!(
         asked(&origin, "/pull/private.bin").0,
-        1 + 3,
-        "private: never shared"
+        3,
+        "private: never shared, one request per client"
     );
     assert_eq!(
         asked(&origin, "/pull/v1/latest.json").0,

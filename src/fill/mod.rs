@@ -199,6 +199,18 @@ struct FetchSlot {
     run: Option<Running>,
 }
 
+impl FillEvent {
+    /// The fetch it is about.
+    pub fn job(&self) -> u64 {
+        match *self {
+            FillEvent::Head { job, .. }
+            | FillEvent::Piece { job, .. }
+            | FillEvent::Committed { job, .. }
+            | FillEvent::Ended { job, .. } => job,
+        }
+    }
+}
+
 /// A shard's origin fetches (see the module doc).
 pub struct Filler {
     origins: Vec<OriginTarget>,
@@ -552,6 +564,11 @@ impl Filler {
                 Output::Head(facts) => {
                     if let Some(t) = run.started_ms.take() {
                         self.first_byte_ms.push(now_ms.saturating_sub(t));
+                    }
+                    if facts.handed.is_some() {
+                        // Handed over to one client: its pieces are delivered from here on,
+                        // never written (`FillEvent::Piece`).
+                        run.file = None;
                     }
                     self.events.push(FillEvent::Head {
                         job: run.job,

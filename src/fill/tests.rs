@@ -129,6 +129,7 @@ fn plan(first: u32, last: u32, size: Option<u64>) -> Plan {
         align_bytes: ALIGN,
         sync_every_blocks: 1,
         storing: crate::origin::fetch::Storing::Contract,
+        hand_over: false,
     }
 }
 

@@ -290,15 +290,18 @@ pub enum NotStored {
     /// `Vary: *`, or a Vary on request fields other than Accept-Encoding (the edge asks for
     /// `identity` always, so that one is the same for every client).
     Vary,
+    /// A status the cache does not keep (other than 200 and 206).
+    Status,
 }
 
 impl NotStored {
     /// Every reason, in the metric's order.
-    pub const ALL: [NotStored; 4] = [
+    pub const ALL: [NotStored; 5] = [
         NotStored::NoStore,
         NotStored::Private,
         NotStored::Authorization,
         NotStored::Vary,
+        NotStored::Status,
     ];
 
     /// The label: the `detail` of `Cache-Status` and the counter's `reason`.
@@ -308,6 +311,7 @@ impl NotStored {
             NotStored::Private => "private",
             NotStored::Authorization => "authorization",
             NotStored::Vary => "vary",
+            NotStored::Status => "status",
         }
     }
 }

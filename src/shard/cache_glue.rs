@@ -52,6 +52,11 @@ pub(super) struct Pulls {
     /// Requests answered by their own origin fetch, unstored (`respond_bypass`): why, and the
     /// reply's head once it came.
     pub bypasses: ByConn<Bypass>,
+    /// Replies of fills handed over to the request that started them (`FillAnswer::Handed`),
+    /// by connection slot, and those taken out of the fill this tick (kept for its
+    /// allocation).
+    pub handed: ByConn<crate::fill::cache_fill::Handover<Waiter>>,
+    pub handovers: Vec<crate::fill::cache_fill::Handover<Waiter>>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -299,6 +304,9 @@ pub(super) enum FillAnswer {
     Bypass(&'static str),
     /// Its own origin fetch's head came (`Pulls::bypasses`): answer from it.
     Bypassed,
+    /// The fill it started got a reply the cache may not keep, handed to it
+    /// (`Pulls::handed`): answer from it.
+    Handed,
     /// Ask the fill again (its lock was held); `admitted`: as the request was first asked.
     Again {
         /// Whether it had been admitted (`EdgeCache::want`).
@@ -384,6 +392,10 @@ impl<R: RingOps> Shard<R> {
             }
             Some(FillAnswer::Bypassed) => {
                 self.respond_bypassed(c, req, rate);
+                return true;
+            }
+            Some(FillAnswer::Handed) => {
+                self.respond_handed(c, req, origin, &path, rate);
                 return true;
             }
             Some(FillAnswer::Status(status)) => {
@@ -790,6 +802,14 @@ impl<R: RingOps> Shard<R> {
         for slot in slots.drain(..) {
             self.release_slot(slot);
         }
+        let mut handovers = std::mem::take(&mut self.cache.pulls.handovers);
+        if let Some(edge) = self.cache.edge.as_mut() {
+            edge.fill.take_handovers(&mut handovers);
+        }
+        for h in handovers.drain(..) {
+            self.handover_arrived(h);
+        }
+        self.cache.pulls.handovers = handovers;
         self.retry_lock_waits(&mut notices);
         // Dropped versions' data files are closed here too, so their room comes back.
         if let Some(edge) = self.cache.edge.as_mut() {
@@ -972,6 +992,9 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.cache.pulls.answers.remove(self.conn_ref(c));
+        if let Some(h) = self.cache.pulls.handed.remove(self.conn_ref(c)) {
+            self.drop_handed(h.job);
+        }
         self.cache.pulls.bypasses.remove(self.conn_ref(c));
         self.relay_end(c);
         let refetching = self

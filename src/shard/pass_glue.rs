@@ -10,7 +10,9 @@ use super::cache_glue::Bypass;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard, ShardMetrics};
 use crate::cache::index::ObjectVersion;
+use crate::fill::cache_fill::Handover;
 use crate::fill::cache_fill::PassThrough;
+use crate::fill::edge::Waiter;
 use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
 use crate::fill::FillEvent;
 use crate::http::plan::{self, FileRead};
@@ -53,6 +55,13 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         }
+        self.note_bypass(c, detail);
+        self.park_for_fill(c);
+    }
+
+    /// Request `c` is answered by an origin reply of its own, unstored (`detail`: why): its
+    /// label, its counters, and its `Pulls::bypasses` entry, waiting for the reply's head.
+    fn note_bypass(&mut self, c: ConnSlot, detail: &'static str) {
         self.conns[c.index()].set_cache_label(Some("PASS"));
         ShardMetrics::add(&self.metrics.cache_pass, 1);
         let m = &self.metrics;
@@ -74,7 +83,80 @@ impl<R: RingOps> Shard<R> {
                 status: 0,
             },
         );
-        self.park_for_fill(c);
+    }
+
+    /// A fill's reply was handed over (`Handover`): to its waiter, answered from it
+    /// (`respond_handed`), when that request still waits; else the fetch ends, and a waiter
+    /// that cannot take it makes its own.
+    pub(super) fn handover_arrived(&mut self, h: Handover<Waiter>) {
+        let waiting = h.waiter.filter(|w| {
+            let conn = &self.conns[w.conn.index()];
+            conn.generation() == w.generation && conn.is_open() && conn.awaiting_fill()
+        });
+        let Some(waiter) = waiting else {
+            return self.drop_handed(h.job);
+        };
+        self.cache
+            .pulls
+            .handed
+            .insert(self.conn_ref(waiter.conn), h);
+        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Handed));
+    }
+
+    /// Ends handed-over fetch `job`, which nobody takes.
+    pub(super) fn drop_handed(&mut self, job: u64) {
+        let now_ms = self.clock.now_ms;
+        if let Some(edge) = self.cache.edge.as_mut() {
+            edge.fill.drop_handed(&mut self.ring, job, now_ms);
+        }
+    }
+
+    /// Answers `req` from the reply its fill got and may not store (`Pulls::handed`): the
+    /// fill's fetch goes on as this request's pass-through. A request that carries a Cookie
+    /// (the fill asked without it: its reply was to be shared), or wants bytes before the
+    /// reply's first, makes its own fetch instead.
+    pub(super) fn respond_handed(
+        &mut self,
+        c: ConnSlot,
+        req: &Request<'_>,
+        origin: usize,
+        path: &str,
+        rate: crate::limits::RateSpec,
+    ) {
+        let Some(h) = self.cache.pulls.handed.remove(self.conn_ref(c)) else {
+            return self.respond_status(c, 502, req.keep_alive && !self.leaving(), false);
+        };
+        let detail = h.why.label();
+        let wants_from = if req.if_range.is_some() {
+            0
+        } else {
+            crate::fill::edge::EdgeCache::first_byte(req.range).unwrap_or(0)
+        };
+        if crate::origin::request::carries_cookie(req.fields)
+            || wants_from < h.from
+            || self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD
+        {
+            self.drop_handed(h.job);
+            return self.respond_bypass(c, req, origin, path, detail);
+        }
+        let generation = self.conns[c.index()].generation();
+        self.cache.pulls.relay_jobs.insert(h.job, (c, generation));
+        self.cache
+            .pulls
+            .relays
+            .insert(self.conn_ref(c), Relay::new(h.job, h.facts.size, h.from));
+        self.note_bypass(c, detail);
+        let now_s = u64::try_from(self.clock.date.secs()).unwrap_or(0);
+        let status = h.facts.status;
+        let meta = self.unstored_version(h.facts, now_s);
+        if let Some(b) = self.cache.pulls.bypasses.get_mut(self.conn_ref(c)) {
+            b.head = Some(meta);
+            b.status = status;
+        }
+        if let Some(edge) = self.cache.edge.as_mut() {
+            edge.fill.claim_handed(h.job);
+        }
+        self.respond_bypassed(c, req, rate);
     }
 
     /// A bypass's head came (`Pulls::bypasses`): the response is planned from it, and its
@@ -530,8 +612,28 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         let now_s = u64::try_from(self.clock.date.secs()).unwrap_or(0);
+        let status = facts.status;
+        let meta = self.unstored_version(facts, now_s);
+        if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
+            relay.set_size(meta.size);
+        }
+        if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
+            b.head = Some(meta);
+            b.status = status;
+        }
+        let waiter = self.waiter(c);
+        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Bypassed));
+    }
+
+    /// An origin reply one client gets, as a version never indexed (its size, validators,
+    /// freshness and stored lines, its Set-Cookie too), arrived at `now_s`.
+    fn unstored_version(
+        &self,
+        facts: crate::origin::fetch::HeadFacts,
+        now_s: u64,
+    ) -> ObjectVersion {
         let contract = crate::origin::contract::Contract::of(&facts.fields, now_s as i64);
-        let meta = ObjectVersion {
+        ObjectVersion {
             key: Vec::new(),
             version: 0,
             size: facts.size,
@@ -548,16 +650,7 @@ impl<R: RingOps> Shard<R> {
             },
             // Its own reply: its Set-Cookie too.
             headers: facts.fields.stored + &facts.fields.own,
-        };
-        if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
-            relay.set_size(meta.size);
         }
-        if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
-            b.head = Some(meta);
-            b.status = facts.status;
-        }
-        let waiter = self.waiter(c);
-        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Bypassed));
     }
 
     /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.

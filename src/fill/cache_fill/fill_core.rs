@@ -685,6 +685,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     Some(p) if p.cache_policy == CachePolicy::Override => Storing::Override,
                     _ => Storing::Contract,
                 },
+                // A first fetch's reply the cache may not keep goes to the client that
+                // started it (`on_head`).
+                hand_over: job.probe,
             };
             let id = self.next_job;
             match filler.begin(
@@ -888,6 +891,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     pub(super) fn on_head(&mut self, id: u64, facts: HeadFacts) {
+        if let Some(why) = facts.handed {
+            return self.hand_over(id, facts, why);
+        }
         let job = self.running.get_mut(&id).expect("a running job");
         if !job.probe {
             if job.revalidate {
@@ -959,6 +965,55 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         // lost to a crash costs its blocks' records (replay skips them): a fetch again.
         self.queue_record(Record::Object(meta.clone()));
         self.head_known(id, meta, facts.whole);
+    }
+
+    /// A first fetch's reply may not be stored (`why`): the fetch goes on for the waiter
+    /// that started it, on the fetch's shard (`Handover`), when its reply reaches the
+    /// object's end (it then answers any request from its first byte on). Every other
+    /// waiter makes its own fetch, or gets a 5xx as its status (an origin in trouble is not
+    /// sent one fetch per client); the key's next requests pass (hit-for-pass) unless the
+    /// origin failed.
+    fn hand_over(&mut self, id: u64, facts: HeadFacts, why: contract::NotStored) {
+        let job = self.running.remove(&id).expect("a running job");
+        // Nothing of it was written, and nothing will be.
+        self.queue_unlink(job.version);
+        self.flush();
+        let status = facts.status;
+        let b = u64::from(self.cfg.block_bytes);
+        let from = if facts.whole {
+            0
+        } else {
+            u64::from(job.first) * b
+        };
+        let reaches_end = facts.whole || (u64::from(job.last) + 1) * b >= facts.size;
+        let others = if status >= 500 {
+            FetchError::Unusable(Unusable::Status(status))
+        } else {
+            FetchError::NotStored(why)
+        };
+        if status == 404 && Contract::storable_fields(&facts.fields).is_ok() {
+            self.remember_not_found(&job.key, unix_now_s());
+        } else if status < 500 {
+            self.remember_pass(&job.key, why);
+        }
+        let mut waiter = None;
+        for w in self.probes.remove(&job.key).unwrap_or_default() {
+            if waiter.is_none() && reaches_end && w.shard() == job.shard {
+                waiter = Some(w);
+            } else {
+                self.notify(Notice::Failed {
+                    waiter: w,
+                    error: others.clone(),
+                });
+            }
+        }
+        self.handovers.push(Handover {
+            job: id,
+            waiter,
+            facts,
+            why,
+            from,
+        });
     }
 
     /// A probe's head came: its version is known now (index, budget, the blocks its fetch

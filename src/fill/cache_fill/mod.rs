@@ -257,6 +257,25 @@ pub enum Notice<W> {
     },
 }
 
+/// A fill's first fetch whose reply the cache may not keep (`HeadFacts::handed`): it goes
+/// on, unstored, for the client that started it, the others of its waiters make their own
+/// fetch (or get its 5xx status), and none gets another client's reply (RFC 9111 §3).
+#[derive(Debug)]
+pub struct Handover<W> {
+    /// The fetch's job id: its pieces and end come out as a pass-through's
+    /// (`take_pass_through_events`) once `claim_handed`, or it is ended by `drop_handed`.
+    pub job: u64,
+    /// The waiter it is for (on the fetch's shard); None: nobody can take it (the fetch is
+    /// ended).
+    pub waiter: Option<W>,
+    /// The reply's head.
+    pub facts: HeadFacts,
+    /// Why it is not stored.
+    pub why: contract::NotStored,
+    /// The object's byte its first piece starts at (the reply reaches the object's end).
+    pub from: u64,
+}
+
 /// One origin request the fill wants made.
 #[derive(Clone, Debug)]
 struct Job {
@@ -376,6 +395,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     /// Keys whose replies a shared cache may not store, for `HIT_FOR_PASS_S`: their requests
     /// go to their own origin fetch at once.
     pass_keys: remembered::Remembered,
+    /// Replies handed over since the settling shard last took them (`Handover`).
+    handovers: Vec<Handover<W>>,
     /// Waits that joined a fetch (or probe) already under way, and waits that started one:
     /// the coalescing ratio is joined / (joined + started).
     pub waits_joined: u64,
@@ -566,6 +587,13 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     revalidate_s: u64,
     /// `FillConfig::block_bytes` (fixed at start-up: read without the lock).
     block_bytes: u32,
+    /// Replies handed over (`Handover`), for the shard (`take_handovers`).
+    handovers: Vec<Handover<W>>,
+    /// Fetches handed over, by job id: whether the shard took it (`claim_handed`,
+    /// `drop_handed`); till then its events wait in `held`.
+    handed: HashMap<u64, bool>,
+    /// Events of handed-over fetches not yet taken (at most a piece and the end each).
+    held: Vec<FillEvent>,
 }
 
 /// What a shard owes the shared core and hands it at its next hold of the lock: versions its
@@ -834,6 +862,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             refreshed: HashMap::new(),
             not_found: remembered::Remembered::new(MAX_NOT_FOUND_KEYS),
             pass_keys: remembered::Remembered::new(MAX_PASS_KEYS),
+            handovers: Vec::new(),
             waits_joined: 0,
             waits_started: 0,
             disk_full: 0,
