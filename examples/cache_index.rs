@@ -41,6 +41,7 @@ fn main() {
             content_type: "application/octet-stream".into(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
         })
         .encode(&mut buf);
         for b in 0..blocks {

@@ -36,8 +36,17 @@ pub enum Invalid {
     BlockBytes(u32),
     /// More blocks than `MAX_BLOCKS_PER_OBJECT`.
     Blocks(u64),
+    /// A stored status other than 200 that the cache never keeps (`is_storable_status`).
+    Status(u16),
     /// An unknown record kind, or fields that do not parse.
     Malformed,
+}
+
+/// Whether a version may hold the origin's `status`: 200 (a 206 is stored as the object's
+/// 200), or another final status the origin's contract let the cache keep (RFC 9111 §3),
+/// but never a 206 or 304 (they answer a request, not stand for the object).
+pub fn is_storable_status(status: u16) -> bool {
+    (200..=599).contains(&status) && status != 206 && status != 304
 }
 
 impl std::fmt::Display for Invalid {
@@ -49,6 +58,7 @@ impl std::fmt::Display for Invalid {
             }
             Invalid::BlockBytes(n) => write!(f, "a block size of {n} bytes"),
             Invalid::Blocks(n) => write!(f, "{n} blocks (at most {MAX_BLOCKS_PER_OBJECT})"),
+            Invalid::Status(s) => write!(f, "a stored status {s}"),
             Invalid::Malformed => f.write_str("a malformed record"),
         }
     }
@@ -129,7 +139,8 @@ impl Record {
             + o.content_type.len()
             + Freshness::BYTES
             + 2
-            + o.headers.len()) as u64
+            + o.headers.len()
+            + 2) as u64
     }
 
     /// What a record may hold: the one rule the writer keeps before it journals a record and
@@ -174,6 +185,8 @@ impl Record {
                 // Since issue 42; a record without them (older) replays with the defaults.
                 o.freshness.encode(out);
                 put_bytes(out, o.headers.as_bytes());
+                // Since non-2xx answers are stored; a record without it (older) is a 200.
+                out.extend_from_slice(&o.status.to_le_bytes());
             }
             Record::Block {
                 version,
@@ -258,6 +271,10 @@ impl<'a> Reader<'a> {
     fn u8(&mut self) -> Option<u8> {
         self.take(1).map(|b| b[0])
     }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2)
+            .map(|b| u16::from_le_bytes(b.try_into().expect("2 bytes")))
+    }
     fn u32(&mut self) -> Option<u32> {
         self.take(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
@@ -292,6 +309,8 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             } else {
                 (Freshness::decode(&mut r)?, r.text()?)
             };
+            // Records journaled before non-2xx answers were stored end here: a 200.
+            let status = if r.0.is_empty() { 200 } else { r.u16()? };
             Record::Object(ObjectVersion {
                 key,
                 version,
@@ -303,6 +322,7 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 content_type,
                 freshness,
                 headers,
+                status,
             })
         }
         KIND_BLOCK => Record::Block {
@@ -378,6 +398,9 @@ pub struct ObjectVersion {
     /// `STORED_FIELDS`), sent on every response from the cache; at most
     /// `MAX_STORED_HEADER_BYTES`.
     pub headers: String,
+    /// The origin's status: 200 for an object, or another it let the cache keep (a
+    /// redirect, a 404, an error with explicit freshness), served whole as it came.
+    pub status: u16,
 }
 
 /// A version's freshness as its origin set it (RFC 9111 §4.2), kept in its record.
@@ -498,6 +521,9 @@ impl ObjectVersion {
         }
         if self.blocks() > MAX_BLOCKS_PER_OBJECT {
             return Err(Invalid::Blocks(self.blocks()));
+        }
+        if !is_storable_status(self.status) {
+            return Err(Invalid::Status(self.status));
         }
         Ok(())
     }

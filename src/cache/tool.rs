@@ -234,6 +234,7 @@ mod tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
         };
         let mut records = vec![Record::Object(meta.clone())];
         for b in [0u32, 1, 3] {

@@ -278,6 +278,10 @@ fn is_sf_dictionary(v: &str) -> bool {
     })
 }
 
+/// Statuses a cache may store with a heuristic lifetime (RFC 9110 §15.1), 200 and 206
+/// aside.
+pub const HEURISTIC_STATUSES: [u16; 10] = [203, 204, 300, 301, 308, 404, 405, 410, 414, 501];
+
 /// Why a reply is not stored (the `Cache-Status` detail and the counter's label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NotStored {
@@ -376,6 +380,18 @@ impl Contract {
             return Err(NotStored::Private);
         }
         Ok(())
+    }
+
+    /// Whether a reply with `status` other than 200/206 may be stored at all (RFC 9111 §3,
+    /// §4.2.2): with explicit freshness, or, for a heuristically cacheable status
+    /// (`HEURISTIC_STATUSES`, or any with `public`), a `Last-Modified` to reckon a lifetime
+    /// from (the origin entry's default lifetime is for objects, never for a 404). Its other
+    /// rules (`storable_fields`) still apply.
+    pub fn storable_status(fields: &HeadFields, status: u16, last_modified: bool) -> bool {
+        let c = Contract::of(fields, 0);
+        let heuristic = HEURISTIC_STATUSES.contains(&status) || c.directives.public;
+        crate::cache::record::is_storable_status(status)
+            && (c.explicit_lifetime_s.is_some() || (heuristic && last_modified))
     }
 
     /// Whether a shared cache may store the reply to a request with (`authorization`) or

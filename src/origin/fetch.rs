@@ -527,9 +527,18 @@ impl BlockFetch {
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
         };
         let fields = Box::new(super::contract::HeadFields::collect(&slot[..head.head_len]));
+        // Another status is kept only as its contract allows, and only when it fits one
+        // block (its body is a page, not an object to fetch in pieces).
+        let other_kept = other_status
+            && size <= u64::from(self.plan.block_bytes)
+            && super::contract::Contract::storable_status(
+                &fields,
+                head.status,
+                head.last_modified.is_some(),
+            );
         let refused = match self.plan.storing {
             Storing::Not => Ok(()),
-            _ if other_status => Err(super::contract::NotStored::Status),
+            _ if other_status && !other_kept => Err(super::contract::NotStored::Status),
             Storing::Contract => super::contract::Contract::storable_fields(&fields),
             Storing::Override => super::contract::Contract::shareable_fields(&fields),
         };

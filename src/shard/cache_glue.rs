@@ -293,6 +293,20 @@ pub(super) enum Held {
     Slot(ArenaSlot),
 }
 
+/// `req` without its range and conditions: for a reply passed on whole, as the origin gave
+/// it (a redirect, a refusal, an error).
+pub(super) fn whole_request<'a>(req: &Request<'a>) -> Request<'a> {
+    Request {
+        range: None,
+        if_match: None,
+        if_none_match: None,
+        if_modified_since: None,
+        if_unmodified_since: None,
+        if_range: None,
+        ..*req
+    }
+}
+
 /// What a waiting request whose fill failed gets when it is parsed again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum FillAnswer {
@@ -614,7 +628,14 @@ impl<R: RingOps> Shard<R> {
             f.mode,
             &extra,
         );
-        let plan = plan::plan_response(req, &facts, &limits, &ctx);
+        // A stored redirect or error is served whole as it came, whatever range or condition
+        // the request named.
+        let passed = meta.status != 200;
+        let whole = if passed { whole_request(req) } else { *req };
+        let mut plan = plan::plan_response(&whole, &facts, &limits, &ctx);
+        if passed {
+            plan.pass_status(meta.status);
+        }
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         self.cache.pulls.head_extra = extra;

@@ -181,15 +181,7 @@ impl<R: RingOps> Shard<R> {
         // Another status than 200/206 is passed on whole, whatever range or condition the
         // request named.
         let passed = !matches!(status, 200 | 206);
-        let whole = Request {
-            range: None,
-            if_match: None,
-            if_none_match: None,
-            if_modified_since: None,
-            if_unmodified_since: None,
-            if_range: None,
-            ..*req
-        };
+        let whole = super::cache_glue::whole_request(req);
         let req = if passed { &whole } else { req };
         let default_lifetime_s = self
             .cache
@@ -613,9 +605,14 @@ impl<R: RingOps> Shard<R> {
         }
         let now_s = u64::try_from(self.clock.date.secs()).unwrap_or(0);
         let status = facts.status;
+        let whole = facts.whole;
         let meta = self.unstored_version(facts, now_s);
         if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
             relay.set_size(meta.size);
+            if whole {
+                // The origin sent it all (a 200, a redirect, an error): from its first byte.
+                relay.from = 0;
+            }
         }
         if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
             b.head = Some(meta);
@@ -650,6 +647,8 @@ impl<R: RingOps> Shard<R> {
             },
             // Its own reply: its Set-Cookie too.
             headers: facts.fields.stored + &facts.fields.own,
+            // Its status goes with the bypass (`Bypass::status`).
+            status: 200,
         }
     }
 

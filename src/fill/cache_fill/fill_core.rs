@@ -64,6 +64,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let meta = self.index.current(key)?;
         let v = meta.version;
         let fresh_until = meta.fresh_until_s(self.cfg.revalidate_s);
+        if meta.status != 200 && now_s >= fresh_until {
+            // A stored redirect or error is not revalidated but fetched anew (the object may
+            // be there now): the request goes on to `want` as a miss.
+            self.retire(v);
+            return None;
+        }
         if meta.size == 0
             || now_s < fresh_until
             || self.revalidate_after.get(&v).is_some_and(|&t| now_s < t)
@@ -909,8 +915,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             .as_deref()
             .and_then(contract::parse_date);
         let d = contract.directives;
+        // Another status than the object's is kept by its own contract, whatever the policy.
+        let object = matches!(facts.status, 200 | 206);
         let override_ttl_s = match self.cfg.origin_policies.get(job.origin) {
-            Some(p) if p.cache_policy == CachePolicy::Override => {
+            Some(p) if object && p.cache_policy == CachePolicy::Override => {
                 Some(p.ttl_s.unwrap_or(self.cfg.revalidate_s))
             }
             _ => None,
@@ -931,8 +939,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     ..Freshness::default()
                 },
                 None => Freshness {
+                    // The entry's default lifetime is an object's: another status without
+                    // one of its own is stale at once.
                     lifetime_s: contract
                         .lifetime_s(last_modified, date, self.cfg.revalidate_s)
+                        .or((!object).then_some(0))
                         .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
                     initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
                     no_cache: d.no_cache,
@@ -946,6 +957,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 },
             },
             headers: facts.fields.stored,
+            // A 206 stands for the object; another status was kept by its contract.
+            status: if facts.status == 206 {
+                200
+            } else {
+                facts.status
+            },
         };
         if let Err(why) = meta.validate() {
             // Replay would refuse its record: it is never journaled, and its waiters get a

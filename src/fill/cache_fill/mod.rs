@@ -1507,6 +1507,7 @@ mod window_tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
         };
         assert!(index.apply(Record::Object(meta)));
         for block in (0..201).filter(|b| b % 3 != 0) {
@@ -1577,6 +1578,7 @@ mod core_tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
         })));
         for block in present {
             assert!(index.apply(Record::Block {
