@@ -42,6 +42,7 @@ fn main() {
             freshness: Default::default(),
             headers: String::new(),
             status: 200,
+            selecting: String::new(),
         })
         .encode(&mut buf);
         for b in 0..blocks {

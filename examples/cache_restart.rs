@@ -82,6 +82,7 @@ fn main() {
                 freshness: Default::default(),
                 headers: String::new(),
                 status: 200,
+                selecting: String::new(),
             };
             batch.push(Record::Object(meta));
             for block in 0..blocks {

@@ -233,7 +233,7 @@ fn what_may_not_be_stored_is_each_clients_own() {
         ("/pull/nostore.bin", "Cache-Control: no-store\r\n"),
         (
             "/pull/vary.bin",
-            "Vary: Cookie\r\nCache-Control: max-age=600\r\n",
+            "Vary: *\r\nCache-Control: max-age=600\r\n",
         ),
         ("/pull/auth.bin", "Cache-Control: max-age=600\r\n"),
     ];
@@ -365,6 +365,80 @@ fn what_may_not_be_stored_is_each_clients_own() {
             "{user} got its own bytes, not the fill's"
         );
     }
+}
+
+/// A reply with `Vary` (RFC 9111 §4.1) is stored with the values of the request that got
+/// it: a request with the same values is answered from the cache, one with others (or
+/// without the field, or with a Cookie when the reply varies on it: fills never send one)
+/// makes its own fetch and gets its own bytes.
+#[test]
+fn a_vary_reply_is_served_only_to_requests_that_match_it() {
+    let size = 50_000usize;
+    let path = "/pull/localized.bin";
+    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+    let (server, admin, _dir) = edge(&origin);
+    let language = |head: &str| {
+        head.lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("accept-language:")
+                    .map(|v| v.trim().to_owned())
+            })
+            .unwrap_or_default()
+    };
+    let salt = |lang: &str| lang.bytes().fold(3u8, |h, b| h.wrapping_mul(31) ^ b);
+    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        // The reply is the language the request asked for.
+        let lang = language(&a.head);
+        (
+            ranged(
+                &object(size, salt(&lang)),
+                a.range,
+                "Vary: Accept-Language\r\nCache-Control: max-age=600\r\n",
+            ),
+            false,
+            None,
+        )
+    }));
+    let ask = |lang: Option<&str>, cookie: bool| {
+        let mut fields = Vec::new();
+        if let Some(l) = lang {
+            fields.push(("Accept-Language", l));
+        }
+        if cookie {
+            fields.push(("Cookie", "session=1"));
+        }
+        let r = get(&server, path, &fields);
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body == object(size, salt(lang.unwrap_or(""))),
+            "{lang:?}: the bytes for its own language"
+        );
+        assert_eq!(r.header("vary"), Some("Accept-Language"));
+        r.header("cache-status").unwrap_or_default().to_owned()
+    };
+    assert!(ask(Some("en"), false).contains("fwd=miss"));
+    assert!(
+        ask(Some("en"), false).contains("hit"),
+        "the same language: a hit"
+    );
+    assert!(
+        ask(Some("fr"), false).contains("detail=vary"),
+        "another: its own"
+    );
+    assert!(ask(None, false).contains("detail=vary"), "none: its own");
+    assert!(
+        ask(Some("en"), false).contains("hit"),
+        "the stored one stays"
+    );
+    assert_eq!(
+        asked(&origin, path).0,
+        3,
+        "one origin request per other language"
+    );
+    assert!(
+        common::admin_metric(admin, "shardline_cache_not_stored_total", "reason=\"vary\"") >= 2
+    );
 }
 
 /// Requests at the origin for `path`, whatever their query.

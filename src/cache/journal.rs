@@ -212,6 +212,7 @@ mod tests {
                 },
                 headers,
                 status: 200,
+                selecting: String::new(),
             };
             let r = Record::Object(o);
             let mut buf = Vec::new();
@@ -238,7 +239,7 @@ mod tests {
         let mut buf = Vec::new();
         Record::Object(old.clone()).encode(&mut buf);
         // Cut the new fields off the body and frame it again, as an old writer did.
-        let body_len = buf.len() - FRAME_BYTES - crate::cache::record::Freshness::BYTES - 2 - 2;
+        let body_len = buf.len() - FRAME_BYTES - crate::cache::record::Freshness::BYTES - 2 - 2 - 2;
         let framed = framed(&buf[FRAME_BYTES..FRAME_BYTES + body_len]);
         assert_eq!(
             Record::decode(&framed),
@@ -263,14 +264,22 @@ mod tests {
             Decoded::Record(Record::Object(kept.clone()), buf.len())
         );
         // Journaled before non-2xx answers were stored (no status): a 200.
-        let before_status = super::tests::framed(&buf[FRAME_BYTES..buf.len() - 2]);
+        let before_status = super::tests::framed(&buf[FRAME_BYTES..buf.len() - 4]);
         assert_eq!(
             Record::decode(&before_status),
             Decoded::Record(Record::Object(kept.clone()), before_status.len())
         );
-        // A stored redirect replays as one; a status the cache never keeps is refused.
+        // And before Vary replies were (no selecting lines).
+        let before_vary = super::tests::framed(&buf[FRAME_BYTES..buf.len() - 2]);
+        assert_eq!(
+            Record::decode(&before_vary),
+            Decoded::Record(Record::Object(kept.clone()), before_vary.len())
+        );
+        // A stored redirect, and a Vary reply, replay as they were; a status the cache
+        // never keeps is refused.
         let moved = ObjectVersion {
             status: 301,
+            selecting: "accept-language: en\r\nx-tier: \r\n".into(),
             ..kept.clone()
         };
         let mut buf = Vec::new();
@@ -304,6 +313,7 @@ mod tests {
             freshness: Default::default(),
             headers: String::new(),
             status: 200,
+            selecting: String::new(),
         }
     }
 

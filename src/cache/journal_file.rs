@@ -229,6 +229,7 @@ mod tests {
             freshness: Default::default(),
             headers: String::new(),
             status: 200,
+            selecting: String::new(),
         })
     }
 

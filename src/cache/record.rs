@@ -140,7 +140,9 @@ impl Record {
             + Freshness::BYTES
             + 2
             + o.headers.len()
-            + 2) as u64
+            + 2
+            + 2
+            + o.selecting.len()) as u64
     }
 
     /// What a record may hold: the one rule the writer keeps before it journals a record and
@@ -187,6 +189,8 @@ impl Record {
                 put_bytes(out, o.headers.as_bytes());
                 // Since non-2xx answers are stored; a record without it (older) is a 200.
                 out.extend_from_slice(&o.status.to_le_bytes());
+                // Since Vary replies are stored; older records select every request.
+                put_bytes(out, o.selecting.as_bytes());
             }
             Record::Block {
                 version,
@@ -311,6 +315,12 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             };
             // Records journaled before non-2xx answers were stored end here: a 200.
             let status = if r.0.is_empty() { 200 } else { r.u16()? };
+            // And before Vary replies were: none selects.
+            let selecting = if r.0.is_empty() {
+                String::new()
+            } else {
+                r.text()?
+            };
             Record::Object(ObjectVersion {
                 key,
                 version,
@@ -323,6 +333,7 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 freshness,
                 headers,
                 status,
+                selecting,
             })
         }
         KIND_BLOCK => Record::Block {
@@ -401,6 +412,10 @@ pub struct ObjectVersion {
     /// The origin's status: 200 for an object, or another it let the cache keep (a
     /// redirect, a 404, an error with explicit freshness), served whole as it came.
     pub status: u16,
+    /// For a reply with `Vary`: the request's lines it varies on
+    /// (`origin::contract::selecting_lines`), which a request must match to get it; "" for
+    /// every other.
+    pub selecting: String,
 }
 
 /// A version's freshness as its origin set it (RFC 9111 §4.2), kept in its record.
@@ -511,8 +526,10 @@ impl ObjectVersion {
         if longest > MAX_FIELD_BYTES {
             return Err(Invalid::FieldLength(longest));
         }
-        if self.headers.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(&self.headers) {
-            return Err(Invalid::FieldLength(self.headers.len()));
+        for lines in [&self.headers, &self.selecting] {
+            if lines.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(lines) {
+                return Err(Invalid::FieldLength(lines.len()));
+            }
         }
         if !self.block_bytes.is_power_of_two()
             || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)

@@ -235,6 +235,7 @@ mod tests {
             freshness: Default::default(),
             headers: String::new(),
             status: 200,
+            selecting: String::new(),
         };
         let mut records = vec![Record::Object(meta.clone())];
         for b in [0u32, 1, 3] {

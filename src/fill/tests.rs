@@ -278,6 +278,7 @@ fn version(key: &str, v: u64, facts: &HeadFacts) -> ObjectVersion {
         freshness: Default::default(),
         headers: String::new(),
         status: 200,
+        selecting: String::new(),
     }
 }
 

@@ -153,6 +153,9 @@ pub struct HeadFacts {
     /// Set when the reply may not be stored and the fetch goes on for one client
     /// (`Plan::hand_over`): why. Nothing of it is written to the data file.
     pub handed: Option<super::contract::NotStored>,
+    /// For a reply with `Vary`: the request's lines it varies on
+    /// (`contract::selecting_lines`), set by the caller that knows the request.
+    pub selecting: String,
 }
 
 /// Why a fetch ended without its blocks.
@@ -520,6 +523,7 @@ impl BlockFetch {
                     status: 304,
                     fields: Box::new(super::contract::HeadFields::collect(&slot[..head.head_len])),
                     handed: None,
+                    selecting: String::new(),
                 }));
                 return self.fail(FetchError::NotModified, out);
             }
@@ -568,6 +572,7 @@ impl BlockFetch {
             status: head.status,
             fields,
             handed,
+            selecting: String::new(),
         };
         let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;

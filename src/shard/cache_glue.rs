@@ -454,6 +454,18 @@ impl<R: RingOps> Shard<R> {
             return true;
         };
         match (outcome, hit) {
+            (Outcome::Ready(_), Some(hit))
+                if !crate::origin::contract::selects(&hit.meta.selecting, req.fields) =>
+            {
+                // Stored for a request with other values of the fields its Vary names: this
+                // one's own fetch (RFC 9111 §4.1).
+                if hit.pinned {
+                    if let Some(edge) = self.cache.edge.as_mut() {
+                        edge.fill.unpin(hit.meta.version);
+                    }
+                }
+                self.respond_bypass(c, req, origin, &path, "vary");
+            }
             (Outcome::Ready(_), Some(hit)) => self.respond_cached(c, req, hit, rate, stream),
             // Ready for a version the index no longer holds: cannot be (one hold decided both).
             (Outcome::Ready(_), None) => self.respond_status(c, 503, keep_alive, head_only),

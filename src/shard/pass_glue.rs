@@ -649,6 +649,7 @@ impl<R: RingOps> Shard<R> {
             headers: facts.fields.stored + &facts.fields.own,
             // Its status goes with the bypass (`Bypass::status`).
             status: 200,
+            selecting: String::new(),
         }
     }
 

@@ -963,6 +963,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             } else {
                 facts.status
             },
+            selecting: facts.selecting,
         };
         if let Err(why) = meta.validate() {
             // Replay would refuse its record: it is never journaled, and its waiters get a

@@ -1508,6 +1508,7 @@ mod window_tests {
             freshness: Default::default(),
             headers: String::new(),
             status: 200,
+            selecting: String::new(),
         };
         assert!(index.apply(Record::Object(meta)));
         for block in (0..201).filter(|b| b % 3 != 0) {
@@ -1579,6 +1580,7 @@ mod core_tests {
             freshness: Default::default(),
             headers: String::new(),
             status: 200,
+            selecting: String::new(),
         })));
         for block in present {
             assert!(index.apply(Record::Block {
