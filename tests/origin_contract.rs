@@ -126,7 +126,7 @@ fn the_origins_head_reaches_every_client() {
     let fields = "Cache-Control: public, max-age=3600\r\nContent-Encoding: gzip\r\n\
                   Content-Disposition: attachment; filename=\"patch.pak\"\r\n\
                   Link: </manifest>; rel=preload\r\nSet-Cookie: session=alice\r\n\
-                  Connection: x-hop\r\nX-Hop: 1\r\n";
+                  Connection: x-hop\r\nX-Hop: 1\r\nDate: Fri, 01 Jan 2100 00:00:00 GMT\r\n";
     let origin = contract_origin(vec![("/pull/patch.pak", content.clone(), fields)]);
     let (server, _admin, _dir) = edge(&origin);
     let check = |r: &common::Response, what: &str| {
@@ -144,6 +144,17 @@ fn the_origins_head_reaches_every_client() {
         assert_eq!(r.header("link"), Some("</manifest>; rel=preload"), "{what}");
         assert_eq!(r.header("set-cookie"), None, "{what}: never replayed");
         assert_eq!(r.header("x-hop"), None, "{what}");
+        // The origin's Date, never the edge's (RFC 9110 §6.6.1), and only one.
+        assert_eq!(
+            r.header("date"),
+            Some("Fri, 01 Jan 2100 00:00:00 GMT"),
+            "{what}"
+        );
+        let dates = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("date"));
+        assert_eq!(dates.count(), 1, "{what}");
         let age: u64 = r.header("age").expect("Age").parse().expect("a number");
         assert!(age < 3600, "{what}: age {age}");
     };

@@ -37,7 +37,6 @@ pub const UNSTORED_FIELDS: &[&str] = &[
     "content-type",
     "etag",
     "last-modified",
-    "date",
     "server",
     "age",
     "accept-ranges",

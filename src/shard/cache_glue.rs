@@ -224,7 +224,28 @@ pub(super) fn cached_head_lines(
         Served::Fetched => write!(out, "fwd=miss; stored; ttl={ttl}\r\n"),
         Served::Passed(detail) => write!(out, "fwd=miss; detail={detail}\r\n"),
     };
-    out.extend_from_slice(meta.headers.as_bytes());
+    // The origin's Date is the response's own (`stored_date`), never a second line.
+    for line in meta.headers.split_inclusive("\r\n") {
+        if !is_date_line(line) {
+            out.extend_from_slice(line.as_bytes());
+        }
+    }
+}
+
+/// The origin's `Date` among a version's stored lines, when it is an IMF-fixdate: a
+/// response from the cache carries it (RFC 9110 §6.6.1: a cache does not change Date; `Age`
+/// says how long it was kept). None: the edge's clock (versions stored before it was kept).
+pub(super) fn stored_date(meta: &ObjectVersion) -> Option<&str> {
+    meta.headers
+        .split_inclusive("\r\n")
+        .find(|l| is_date_line(l))
+        .map(|l| l[5..].trim())
+        .filter(|d| d.len() == crate::http::date::HTTP_DATE_BYTES && d.is_ascii())
+}
+
+fn is_date_line(line: &str) -> bool {
+    line.get(..5)
+        .is_some_and(|n| n.eq_ignore_ascii_case("date:"))
 }
 
 /// A request answered by its own origin fetch, unstored (`Shard::respond_bypass`): why
@@ -629,8 +650,11 @@ impl<R: RingOps> Shard<R> {
             default_lifetime_s,
         );
         let limits = self.plan_limits(c);
-        let ctx =
+        let mut ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        if let Some(date) = stored_date(&meta) {
+            ctx.date = date.as_bytes();
+        }
         let f = self.files.get(idx);
         // Where the origin gave no validators, the data file's.
         let facts = pulled_facts(

@@ -206,8 +206,11 @@ impl<R: RingOps> Shard<R> {
             &extra,
         );
         let limits = self.plan_limits(c);
-        let ctx =
+        let mut ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        if let Some(date) = super::cache_glue::stored_date(&meta) {
+            ctx.date = date.as_bytes();
+        }
         let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
         if passed {
             plan.pass_status(status);
@@ -299,8 +302,11 @@ impl<R: RingOps> Shard<R> {
             &extra,
         );
         let limits = self.plan_limits(c);
-        let ctx =
+        let mut ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        if let Some(date) = super::cache_glue::stored_date(&meta) {
+            ctx.date = date.as_bytes();
+        }
         let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
