@@ -57,6 +57,11 @@ pub(super) struct Pulls {
     /// allocation).
     pub handed: ByConn<crate::fill::cache_fill::Handover<Waiter>>,
     pub handovers: Vec<crate::fill::cache_fill::Handover<Waiter>>,
+    /// Requests waiting for a pass-through of their own while the shard runs
+    /// `MAX_PASS_THROUGHS_PER_SHARD` (bounded by its connections), and those whose turn came
+    /// (resumed at the tick's end, outside the relay being ended).
+    pub relay_waits: std::collections::VecDeque<Waiter>,
+    pub relay_ready_waits: Vec<Waiter>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -950,6 +955,9 @@ impl<R: RingOps> Shard<R> {
         self.cache.pulls.notices = notices;
         self.cache.pulls.slots = slots;
         self.run_relays();
+        for waiter in std::mem::take(&mut self.cache.pulls.relay_ready_waits) {
+            self.resume_fill(waiter, None);
+        }
         if let Some(edge) = self.cache.edge.as_mut() {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
@@ -1000,7 +1008,8 @@ impl<R: RingOps> Shard<R> {
     /// The earliest fill deadline or retry (ms), for the loop's sleep: now when a held lock
     /// put work off (the loop comes back within a millisecond).
     pub(super) fn fill_due_ms(&self) -> Option<u64> {
-        if !self.cache.pulls.lock_waits.is_empty() {
+        if !self.cache.pulls.lock_waits.is_empty() || !self.cache.pulls.relay_ready_waits.is_empty()
+        {
             return Some(0);
         }
         self.cache.edge.as_ref().and_then(|e| e.fill.next_due_ms())

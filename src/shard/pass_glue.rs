@@ -24,8 +24,8 @@ impl<R: RingOps> Shard<R> {
     /// the request waits for the reply's head (as for a fill, within
     /// `cache_wait_timeout_ms`), is then answered from it (`respond_bypassed`), and its body
     /// is the fetch's pieces. It asks for the request's single range (from its first byte),
-    /// else the whole object. 503 when the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already or
-    /// no fetch can start now.
+    /// else the whole object. While the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already, it
+    /// waits for one to end (within `cache_wait_timeout_ms`); 503 when no fetch can start.
     pub(super) fn respond_bypass(
         &mut self,
         c: ConnSlot,
@@ -49,9 +49,21 @@ impl<R: RingOps> Shard<R> {
         // Its own fetch: the client's fields, its Cookie too.
         let mut forward = String::new();
         crate::origin::request::forwardable(req.fields, true, &mut forward);
-        let started = self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD
-            && self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end);
-        if !started {
+        if self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
+            // The shard runs as many as it may: this one waits for one to end (`relay_end`),
+            // within the request's wait (`cache_wait_timeout_ms`, then 504), as a fill's
+            // waiter waits.
+            self.park_for_fill(c);
+            let waiter = self.waiter(c);
+            self.cache.pulls.answers.insert(
+                self.conn_ref(c),
+                super::cache_glue::FillAnswer::Bypass(detail),
+            );
+            self.cache.pulls.relay_waits.push_back(waiter);
+            ShardMetrics::add(&self.metrics.cache_pass_waits, 1);
+            return;
+        }
+        if !self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end) {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         }
@@ -715,6 +727,18 @@ impl<R: RingOps> Shard<R> {
         let Some(relay) = self.cache.pulls.relays.remove(self.conn_ref(c)) else {
             return;
         };
+        // A request waiting for a pass-through of its own goes now (the first still
+        // waiting: one that left or timed out has no answer left).
+        while let Some(w) = self.cache.pulls.relay_waits.pop_front() {
+            let conn = &self.conns[w.conn.index()];
+            if conn.generation() == w.generation
+                && conn.awaiting_fill()
+                && self.cache.pulls.answers.contains(self.conn_ref(w.conn))
+            {
+                self.cache.pulls.relay_ready_waits.push(w);
+                break;
+            }
+        }
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
         if relay.ended.is_none() {
             let now_ms = self.clock.now_ms;
