@@ -274,7 +274,15 @@ fn is_sf_dictionary(v: &str) -> bool {
                 || v == "?1"
                 || v == "?0"
         });
-        key_ok && value_ok
+        // A directive that counts seconds must be an Integer (RFC 9213 §2.1): a field that
+        // gives it another type is invalid whole, and ignored.
+        let seconds = matches!(
+            key,
+            "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error"
+        );
+        let type_ok = !seconds
+            || value.is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
+        key_ok && value_ok && type_ok
     })
 }
 
@@ -803,5 +811,23 @@ mod tests {
         assert_eq!(initial_age("Age: 7200\r\nAge: 0\r\n"), 7200);
         assert_eq!(initial_age("Age: 0\r\nAge: 7200\r\n"), 0);
         assert_eq!(initial_age("Age: abc\r\n"), 0);
+    }
+
+    #[test]
+    fn a_cdn_cache_control_of_the_wrong_type_is_ignored_whole() {
+        assert!(is_sf_dictionary("max-age=10000, stale-if-error=60"));
+        for bad in [
+            "max-age=\"10000\"",
+            "max-age",
+            "s-maxage=1.5",
+            "no-store, max-age=?1",
+            "Max-Age=60",
+        ] {
+            assert!(!is_sf_dictionary(bad), "{bad}");
+        }
+        // Ignored whole: Cache-Control decides (here: not stored).
+        let head = "HTTP/1.1 200 OK\r\nCDN-Cache-Control: max-age=\"10000\"\r\nCache-Control: no-store\r\n\r\n";
+        let fields = HeadFields::collect(head.as_bytes());
+        assert_eq!(Contract::storable_fields(&fields), Err(NotStored::NoStore));
     }
 }
