@@ -41,6 +41,7 @@ fn main() {
             content_type: "application/octet-stream".into(),
             freshness: Default::default(),
             headers: String::new(),
+            tags: Default::default(),
         })
         .encode(&mut buf);
         for b in 0..blocks {

@@ -81,6 +81,7 @@ fn main() {
                 content_type: "application/octet-stream".into(),
                 freshness: Default::default(),
                 headers: String::new(),
+                tags: Default::default(),
             };
             batch.push(Record::Object(meta));
             for block in 0..blocks {

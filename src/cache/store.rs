@@ -173,6 +173,7 @@ mod tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            tags: Default::default(),
         }
     }
 

@@ -276,6 +276,7 @@ fn version(key: &str, v: u64, facts: &HeadFacts) -> ObjectVersion {
         content_type: facts.content_type.clone().unwrap_or_default(),
         freshness: Default::default(),
         headers: String::new(),
+        tags: Default::default(),
     }
 }
 

@@ -548,6 +548,7 @@ impl<R: RingOps> Shard<R> {
             },
             // Its own reply: its Set-Cookie too.
             headers: facts.fields.stored + &facts.fields.own,
+            tags: Default::default(),
         };
         if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
             relay.set_size(meta.size);
