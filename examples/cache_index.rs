@@ -43,6 +43,7 @@ fn main() {
             headers: String::new(),
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         })
         .encode(&mut buf);
         for b in 0..blocks {

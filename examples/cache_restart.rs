@@ -83,6 +83,7 @@ fn main() {
                 headers: String::new(),
                 status: 200,
                 selecting: String::new(),
+                tags: Default::default(),
             };
             batch.push(Record::Object(meta));
             for block in 0..blocks {

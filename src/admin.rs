@@ -965,11 +965,15 @@ fn prefill_status(state: &State) -> Reply {
 
 /// `POST /cache/purge?path=/a/b.bin` (one object) or `?prefix=/a/` (everything beneath): the
 /// cache forgets them (`SharedEdge::purge`) and the next request fetches from the origin.
+/// `?tag=T` (percent-encoded) purges every object its origin tagged `T` (`SharedEdge::purge_tag`).
 fn purge(query: Option<&[u8]>, state: &State) -> Reply {
     let Some(edge) = state.edge.as_ref() else {
         return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
     };
     let query = query.unwrap_or_default();
+    if query.split(|&b| b == b'&').any(|p| p.starts_with(b"tag=")) {
+        return purge_tag(query, edge);
+    }
     let (value, prefix) = match (
         crate::http::request::query_param(query, "path"),
         crate::http::request::query_param(query, "prefix"),
@@ -988,6 +992,29 @@ fn purge(query: Option<&[u8]>, state: &State) -> Reply {
         }
         None => Reply::text(400, "the path does not resolve\n"),
     }
+}
+
+/// `POST /cache/purge?tag=T`: one tag, alone (400 for a bad or repeated one); "purged N".
+fn purge_tag(query: &[u8], edge: &crate::fill::edge::SharedEdge) -> Reply {
+    use crate::cache::tags::{is_tag, MAX_TAG_BYTES};
+    let http = crate::http::request::query_param;
+    if http(query, "path").is_some() || http(query, "prefix").is_some() {
+        return Reply::text(400, "give one of path=, prefix= or tag=\n");
+    }
+    let tag = http(query, "tag")
+        .and_then(crate::fs::resolve::percent_decode)
+        .and_then(|t| String::from_utf8(t).ok());
+    let Some(tag) = tag.filter(|t| is_tag(t)) else {
+        return Reply::text(
+            400,
+            &format!(
+                "give one tag=T: 1 to {MAX_TAG_BYTES} visible ASCII characters, percent-encoded\n"
+            ),
+        );
+    };
+    let n = edge.purge_tag(&tag);
+    tracing::info!(tag = %tag, objects = n, "cache purge by tag");
+    Reply::text(200, &format!("purged {n}\n"))
 }
 
 /// `GET /cache/object?target=/a/b.bin%3Fv%3D1&host=H` (target percent-encoded, host

@@ -44,8 +44,9 @@ enum CacheCommand {
     /// per block when any fails (a running server drops and refetches such a block when it
     /// reads it).
     Verify(CacheDirArgs),
-    /// Tells a running server (through its admin listener) to forget an object, or every
-    /// object under a prefix: the next request fetches it from the origin again.
+    /// Tells a running server (through its admin listener) to forget an object, every
+    /// object under a prefix, or (`--tag T`) every object its origin tagged T in its
+    /// `purge_tag_header`: the next request fetches it from the origin again.
     Purge(CachePurgeArgs),
     /// Fills a running server's cache with the objects a list names (a URL or a path per
     /// line; blank lines and `#` comments skipped) before clients ask: what is cached is
@@ -92,10 +93,15 @@ struct CachePrefillArgs {
 #[derive(Args)]
 struct CachePurgeArgs {
     /// The request path of the object (`/pull/a.bin`), or with `--prefix` the path prefix.
-    path: String,
+    #[arg(required_unless_present = "tag", conflicts_with = "tag")]
+    path: Option<String>,
     /// Purge everything whose path starts with PATH.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tag")]
     prefix: bool,
+    /// Purge every object its origin tagged TAG (`Surrogate-Key` or `Cache-Tag`, as the
+    /// `[[origin]]`'s `purge_tag_header` says), in place of PATH.
+    #[arg(long, value_name = "TAG")]
+    tag: Option<String>,
     /// The server's admin listener (ADDRESS:PORT).
     #[arg(long, value_name = "ADDR", conflicts_with = "config")]
     admin: Option<std::net::SocketAddr>,
@@ -309,7 +315,12 @@ fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match shardline::cache::tool::purge(&admin, &p.path, p.prefix) {
+    let reply = match (&p.tag, &p.path) {
+        (Some(tag), _) => shardline::cache::tool::purge_tag(&admin, tag),
+        (None, Some(path)) => shardline::cache::tool::purge(&admin, path, p.prefix),
+        (None, None) => unreachable!("clap requires PATH without --tag"),
+    };
+    match reply {
         Ok((200, body)) => {
             println!("{body}");
             ExitCode::SUCCESS

@@ -248,6 +248,12 @@ counters! {
     /// Pauses origins asked for (a 429 or 503 with `Retry-After`: no new fetch to that origin
     /// until it ends; a warn line names the origin), over all shards (shard 0 reports it).
     origin_pauses: Gauge "origin_pauses",
+    /// Cached versions purged by tag (`POST /cache/purge?tag=`), over all shards (shard 0
+    /// reports it).
+    cache_purged_by_tag: Counter "cache_purged_total" { by = "tag" },
+    /// Purge tags of origin replies dropped over their bounds (too many, too long, not
+    /// visible ASCII), over all shards (shard 0 reports it).
+    cache_tags_dropped: Counter "cache_tags_dropped_total",
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
     /// Bytes the background scrub read back and checked (`cache_scrub_bytes_per_s`).
@@ -320,6 +326,10 @@ fn family_help(family: &str) -> Option<&'static str> {
              reason: private, no-store, vary (a Vary on a request field), authorization (the \
              request's), not-stored (the key's replies lately), status (a redirect or another 2xx), \
              never-cache."
+        }
+        "cache_purged_total" => {
+            "Cached versions purged over the admin listener, over all shards (shard 0 reports \
+             them), by what named them: tag (POST /cache/purge?tag=)."
         }
         "origin_replies_refused_total" => {
             "Origin replies refused before any byte was stored (the fetch is tried again or the \

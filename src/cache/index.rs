@@ -406,6 +406,7 @@ mod tests {
             headers: String::new(),
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         }
     }
 

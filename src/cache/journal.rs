@@ -117,6 +117,7 @@ mod tests {
     use crate::cache::record::{
         KIND_BLOCK, KIND_DROP, KIND_FRESH, KIND_OBJECT, MAX_STORED_HEADER_BYTES,
     };
+    use crate::cache::tags::{TagHeader, Tags, MAX_TAGS_PER_VERSION, MAX_TAG_BYTES};
     use proptest::prelude::*;
 
     /// A frame with a right length and checksum around `body`: what replay trusts.
@@ -184,7 +185,16 @@ mod tests {
             must_revalidate in any::<bool>(),
             header_len in 0usize..(MAX_STORED_HEADER_BYTES + 40),
             bad_header in any::<bool>(),
+            tag_shape in (0usize..(MAX_TAGS_PER_VERSION + 4), 1usize..(MAX_TAG_BYTES + 4), any::<bool>()),
         ) {
+            // Tags around their bounds (count, length, total), or one repeated.
+            let (tag_count, tag_len, repeat) = tag_shape;
+            let mut tags: Vec<String> = (0..tag_count)
+                .map(|i| format!("{i:0>width$}", width = tag_len))
+                .collect();
+            if repeat && tag_count > 1 {
+                tags[1] = tags[0].clone();
+            }
             // Header lines of about `header_len` bytes, or one with a bare LF inside.
             let mut headers = String::new();
             while headers.len() + 12 <= header_len {
@@ -213,6 +223,7 @@ mod tests {
                 headers,
                 status: 200,
                 selecting: String::new(),
+                tags: crate::cache::tags::Tags::unchecked(tags.join(" ")),
             };
             let r = Record::Object(o);
             let mut buf = Vec::new();
@@ -300,6 +311,53 @@ mod tests {
         }
     }
 
+    /// A version journaled before purge by tag (or untagged: its record ends after the stored
+    /// lines) replays with no tags; a tagged one replays with its tags; an empty tag list
+    /// written out (which the writer never does) is refused.
+    #[test]
+    fn object_records_carry_their_tags_and_older_ones_have_none() {
+        let old = object("/pull/a", 3, 100);
+        let mut untagged = Vec::new();
+        Record::Object(old.clone()).encode(&mut untagged);
+        assert_eq!(
+            Record::decode(&untagged),
+            Decoded::Record(Record::Object(old.clone()), untagged.len())
+        );
+        let tagged = ObjectVersion {
+            tags: Tags::parse(TagHeader::SurrogateKey, "build-1234 other").0,
+            ..old.clone()
+        };
+        let mut buf = Vec::new();
+        Record::Object(tagged.clone()).encode(&mut buf);
+        assert_eq!(buf.len() as u64, Record::object_bytes(&tagged));
+        assert_eq!(
+            buf.len(),
+            untagged.len() + 2 + "build-1234 other".len(),
+            "the tags trail the record"
+        );
+        assert_eq!(
+            Record::decode(&buf),
+            Decoded::Record(Record::Object(tagged), buf.len())
+        );
+        let mut body = untagged[FRAME_BYTES..].to_vec();
+        body.extend_from_slice(&[0, 0]);
+        let empty = framed(&body);
+        assert!(matches!(
+            Record::decode(&empty),
+            Decoded::Refused(Invalid::Malformed, _)
+        ));
+        let bad = ObjectVersion {
+            tags: Tags::unchecked("a a".into()),
+            ..old
+        };
+        let mut buf = Vec::new();
+        Record::Object(bad).encode_unchecked(&mut buf);
+        assert!(matches!(
+            Record::decode(&buf),
+            Decoded::Refused(Invalid::FieldLength(3), _)
+        ));
+    }
+
     fn object(key: &str, version: u64, size: u64) -> ObjectVersion {
         ObjectVersion {
             key: key.as_bytes().to_vec(),
@@ -314,6 +372,7 @@ mod tests {
             headers: String::new(),
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         }
     }
 

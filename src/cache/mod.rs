@@ -17,6 +17,8 @@
 //!   together when it is on disk, retried or told of the failure together.
 //! - `watch`: what a model of the disk (the simulator's) is told of every write, sync,
 //!   create, rename and unlink, so it can crash the cache as a power loss would.
+//! - `tags`: the purge tags an origin gives a reply (`Surrogate-Key`, `Cache-Tag`), bounded,
+//!   kept with its version for `POST /cache/purge?tag=`.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
 //!   read are pinned and never go), and the LRU it is measured against.
 //!
@@ -38,6 +40,7 @@ pub mod journal_file;
 pub mod prefill;
 pub mod record;
 pub mod store;
+pub mod tags;
 pub mod tool;
 pub mod watch;
 

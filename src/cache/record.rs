@@ -11,6 +11,14 @@ pub const MAX_RECORD_BYTES: usize = 16 * 1024;
 pub const MAX_KEY_BYTES: usize = 4096;
 /// Longest validator (ETag or Last-Modified) or content type kept.
 pub const MAX_FIELD_BYTES: usize = 512;
+use super::tags::{Tags, MAX_TAGS_BYTES};
+
+// A version's record (key, validators, header lines, tags, and room for the fixed fields)
+// fits the record bound.
+const _: () = assert!(
+    MAX_KEY_BYTES + 3 * MAX_FIELD_BYTES + MAX_STORED_HEADER_BYTES + MAX_TAGS_BYTES + 256
+        <= MAX_RECORD_BYTES
+);
 pub use crate::config::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 /// Longest header block kept with a version and replayed on every response from the cache
 /// (the lines, CRLFs included); a field that would go past it is left out.
@@ -142,7 +150,12 @@ impl Record {
             + o.headers.len()
             + 2
             + 2
-            + o.selecting.len()) as u64
+            + o.selecting.len()
+            + if o.tags.is_empty() {
+                0
+            } else {
+                2 + o.tags.as_str().len()
+            }) as u64
     }
 
     /// What a record may hold: the one rule the writer keeps before it journals a record and
@@ -191,6 +204,11 @@ impl Record {
                 out.extend_from_slice(&o.status.to_le_bytes());
                 // Since Vary replies are stored; older records select every request.
                 put_bytes(out, o.selecting.as_bytes());
+                // Since purge by tag, and only when there are some: a record without them
+                // (older, or untagged) replays with none.
+                if !o.tags.is_empty() {
+                    put_bytes(out, o.tags.as_str().as_bytes());
+                }
             }
             Record::Block {
                 version,
@@ -321,6 +339,17 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             } else {
                 r.text()?
             };
+            // Records journaled before purge by tag, or of untagged versions, end here; the
+            // writer never writes an empty list (one encoding per record).
+            let tags = if r.0.is_empty() {
+                Tags::default()
+            } else {
+                let text = r.text()?;
+                if text.is_empty() {
+                    return None;
+                }
+                Tags::from_text(&text).unwrap_or_else(|| Tags::unchecked(text))
+            };
             Record::Object(ObjectVersion {
                 key,
                 version,
@@ -334,6 +363,7 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 headers,
                 status,
                 selecting,
+                tags,
             })
         }
         KIND_BLOCK => Record::Block {
@@ -416,6 +446,8 @@ pub struct ObjectVersion {
     /// (`origin::contract::selecting_lines`), which a request must match to get it; "" for
     /// every other.
     pub selecting: String,
+    /// The origin's purge tags (`cache::tags`; none from records before purge by tag).
+    pub tags: Tags,
 }
 
 /// A version's freshness as its origin set it (RFC 9111 §4.2), kept in its record.
@@ -530,6 +562,9 @@ impl ObjectVersion {
             if lines.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(lines) {
                 return Err(Invalid::FieldLength(lines.len()));
             }
+        }
+        if Tags::from_text(self.tags.as_str()).is_none() {
+            return Err(Invalid::FieldLength(self.tags.as_str().len()));
         }
         if !self.block_bytes.is_power_of_two()
             || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)

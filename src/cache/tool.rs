@@ -189,6 +189,12 @@ pub fn purge(admin: &AdminClient, path: &str, prefix: bool) -> std::io::Result<(
     )
 }
 
+/// Asks the running server whose admin listener is `admin` to purge every object its origin
+/// tagged `tag` (`POST /cache/purge?tag=`). Returns the reply's status and body (`purged N`).
+pub fn purge_tag(admin: &AdminClient, tag: &str) -> std::io::Result<(u16, String)> {
+    admin.request("POST", &format!("/cache/purge?tag={}", query_encode(tag)))
+}
+
 /// `path` with every byte but unreserved ones and '/' percent-encoded (a query value).
 pub fn query_encode(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
@@ -236,6 +242,7 @@ mod tests {
             headers: String::new(),
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         };
         let mut records = vec![Record::Object(meta.clone())];
         for b in [0u32, 1, 3] {

@@ -73,6 +73,14 @@ pub struct OriginConfig {
     /// `must-revalidate` and `no-cache` versions never are.
     #[serde(default = "default_stale_if_error_s")]
     pub stale_if_error_s: u64,
+    /// The reply field whose tags `POST /cache/purge?tag=` purges by: `Surrogate-Key`
+    /// (space-separated; the default) or `Cache-Tag` (comma-separated). Never sent to clients.
+    #[serde(default = "default_purge_tag_header")]
+    pub purge_tag_header: String,
+}
+
+fn default_purge_tag_header() -> String {
+    TagHeader::default().name().into()
 }
 
 /// Default `stale_if_error_s`: 30 days (a cached copy outlives an origin's outage).
@@ -91,6 +99,38 @@ pub enum CachePolicy {
     Origin,
     /// Every reply but a `private` one is stored for `ttl_s`, whatever the origin says.
     Override,
+}
+
+/// Which field of a reply names its tags (`[[origin]] purge_tag_header`). Only these two:
+/// both are in the contract's unstored fields, so the field never reaches a client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TagHeader {
+    /// `Surrogate-Key`: tags separated by spaces.
+    #[default]
+    SurrogateKey,
+    /// `Cache-Tag`: tags separated by commas.
+    CacheTag,
+}
+
+impl TagHeader {
+    /// The header named `name` (case-insensitive); None for any other field.
+    pub fn from_name(name: &str) -> Option<TagHeader> {
+        if name.eq_ignore_ascii_case("surrogate-key") {
+            Some(TagHeader::SurrogateKey)
+        } else if name.eq_ignore_ascii_case("cache-tag") {
+            Some(TagHeader::CacheTag)
+        } else {
+            None
+        }
+    }
+
+    /// The field's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TagHeader::SurrogateKey => "Surrogate-Key",
+            TagHeader::CacheTag => "Cache-Tag",
+        }
+    }
 }
 
 /// Most `never_cache` patterns one `[[origin]]` entry may list.
@@ -261,6 +301,12 @@ impl OriginConfig {
                 ));
             }
         }
+        if TagHeader::from_name(&self.purge_tag_header).is_none() {
+            return Err(format!(
+                "purge_tag_header must be Surrogate-Key or Cache-Tag, not '{}'",
+                self.purge_tag_header
+            ));
+        }
         let header = self
             .host_header
             .clone()
@@ -269,6 +315,12 @@ impl OriginConfig {
             return Err(format!("host_header '{header}' is not a host"));
         }
         Ok(())
+    }
+
+    /// `purge_tag_header` as the fill reads it (the default when it is not one: `validate`
+    /// refuses that config first).
+    pub fn tag_header(&self) -> TagHeader {
+        TagHeader::from_name(&self.purge_tag_header).unwrap_or_default()
     }
 
     /// The url's host (without brackets) and port (80 when none), as the resolver looks it up.

@@ -215,6 +215,7 @@ impl SharedEdge {
                     cache_policy: o.cache_policy,
                     ttl_s: o.ttl_s,
                     stale_if_error_s: o.stale_if_error_s,
+                    purge_tag_header: o.tag_header(),
                 })
                 .collect(),
         };
@@ -327,6 +328,20 @@ impl SharedEdge {
         let (_, key) = self.key_of(path, query, host)?;
         let mut core = super::cache_fill::lock(&self.core);
         Ok(core.pin_until(&key, until_unix_s))
+    }
+
+    /// Purges every cached object whose origin tagged it `tag` (`FillCore::purge_tag`), on
+    /// every shard: returns how many.
+    pub fn purge_tag(&self, tag: &str) -> usize {
+        let mut core = super::cache_fill::lock(&self.core);
+        let purged = core.purge_tag(tag);
+        let mut wake = Vec::new();
+        core.take_wakes(&mut wake);
+        drop(core);
+        for shard in wake {
+            let _ = rustix::io::write(&self.wakers[shard], &1u64.to_ne_bytes());
+        }
+        purged
     }
 
     /// Purges cached objects by request path (`/pull/a.bin`) or path prefix (`/pull/`):

@@ -186,6 +186,7 @@ mod tests {
             ttl_s: None,
             never_cache: Vec::new(),
             stale_if_error_s: crate::config::origin::DEFAULT_STALE_IF_ERROR_S,
+            purge_tag_header: "Surrogate-Key".into(),
         }
     }
 

@@ -279,6 +279,7 @@ fn version(key: &str, v: u64, facts: &HeadFacts) -> ObjectVersion {
         headers: String::new(),
         status: 200,
         selecting: String::new(),
+        tags: Default::default(),
     }
 }
 

@@ -70,6 +70,11 @@ pub struct HeadFields {
     pub stored: String,
     /// Set-Cookie lines: sent to the one client whose own fetch this was, never stored.
     pub own: String,
+    /// Surrogate-Key values, combined with spaces (the purge tags, `cache::tags`; never sent
+    /// to a client). Bounded by the head's own bound.
+    pub surrogate_key: String,
+    /// Cache-Tag values, combined with commas (as `surrogate_key`).
+    pub cache_tag: String,
 }
 
 impl HeadFields {
@@ -112,6 +117,19 @@ impl HeadFields {
                     "age" => Some(&mut out.age),
                     _ => None,
                 };
+                // Purge tags: bounded by the head (`MAX_RESPONSE_HEAD_BYTES`); `cache::tags`
+                // bounds what is kept.
+                let tags = match name.as_str() {
+                    "surrogate-key" => Some((&mut out.surrogate_key, ' ')),
+                    "cache-tag" => Some((&mut out.cache_tag, ',')),
+                    _ => None,
+                };
+                if let Some((tags, separator)) = tags {
+                    if !tags.is_empty() {
+                        tags.push(separator);
+                    }
+                    tags.push_str(value);
+                }
                 if let Some(list) = list {
                     // Age lines combine as a list whose first member counts (the
                     // cache-tests' age-parse-*-twoline): only the first is read.

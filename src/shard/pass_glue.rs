@@ -668,6 +668,7 @@ impl<R: RingOps> Shard<R> {
             // Its status goes with the bypass (`Bypass::status`).
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         }
     }
 

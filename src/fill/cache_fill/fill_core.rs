@@ -907,6 +907,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             }
             return;
         }
+        let origin = job.origin;
+        let tags = self.tags_of(origin, &facts.fields);
+        let job = &self.running[&id];
         let now_s = unix_now_s();
         let contract = Contract::of(&facts.fields, i64::try_from(now_s).unwrap_or(i64::MAX));
         let date = contract::parse_date(&facts.fields.date).unwrap_or(now_s as i64);
@@ -964,6 +967,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 facts.status
             },
             selecting: facts.selecting,
+            tags,
         };
         if let Err(why) = meta.validate() {
             // Replay would refuse its record: it is never journaled, and its waiters get a

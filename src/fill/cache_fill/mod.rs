@@ -47,6 +47,7 @@ use crate::ring_api::slots::ArenaSlot;
 
 mod fill_core;
 mod handle;
+mod purge;
 mod remembered;
 
 /// Most wants that may wait for an unknown object's head (past it: `Outcome::Busy`).
@@ -418,6 +419,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     compacting: bool,
     /// Compactions finished.
     pub compactions: u64,
+    /// Versions purged by tag, and tags dropped over their bounds (`purge`).
+    purges: purge::PurgeCounts,
 }
 
 /// Blocks a `CrcWindow` holds.
@@ -556,6 +559,10 @@ pub struct FillStats {
     pub disk_full: u64,
     /// Pauses asked by origins (429 or 503 with `Retry-After`).
     pub origin_pauses: u64,
+    /// Versions purged by tag (`POST /cache/purge?tag=`).
+    pub purged_by_tag: u64,
+    /// Purge tags dropped over their bounds (`cache::tags`).
+    pub tags_dropped: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -687,6 +694,8 @@ pub struct OriginPolicy {
     /// Seconds past its lifetime a version is still served when revalidation fails, where
     /// the origin gave no `stale-if-error`.
     pub stale_if_error_s: u64,
+    /// The field naming a reply's purge tags (`purge_tag_header`).
+    pub purge_tag_header: crate::cache::tags::TagHeader,
 }
 
 /// What a shard learns from the fill without taking its lock: whether anything waits for it.
@@ -703,8 +712,8 @@ pub struct Signals {
     /// Each shard's eventfd: written for a shard that has news (none: inline, one thread).
     wakers: Option<Arc<Vec<OwnedFd>>>,
     /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
-    /// fills given up on a full disk.
-    stats: [AtomicU64; 5],
+    /// fills given up on a full disk, origin pauses, versions purged by tag, tags dropped.
+    stats: [AtomicU64; 7],
     /// The I/O thread's queues (none: inline).
     io: Option<Arc<IoShared>>,
     /// `Index::live_bytes`, for the I/O thread's compaction rule.
@@ -876,6 +885,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             hot: HashMap::new(),
             compacting: false,
             compactions: 0,
+            purges: Default::default(),
         };
         // Start-up is the main thread's: a journal mostly dead is rewritten now, in full.
         if core.compaction_due() {
@@ -1205,6 +1215,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: self.waits_started,
             disk_full: self.disk_full,
             origin_pauses: self.origin_pauses,
+            purged_by_tag: self.purges.by_tag,
+            tags_dropped: self.purges.tags_dropped,
         }
     }
 
@@ -1358,6 +1370,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             stats.waits_started,
             stats.disk_full,
             stats.origin_pauses,
+            stats.purged_by_tag,
+            stats.tags_dropped,
         ]) {
             cell.store(v, Ordering::Relaxed);
         }
@@ -1509,6 +1523,7 @@ mod window_tests {
             headers: String::new(),
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         };
         assert!(index.apply(Record::Object(meta)));
         for block in (0..201).filter(|b| b % 3 != 0) {
@@ -1581,6 +1596,7 @@ mod core_tests {
             headers: String::new(),
             status: 200,
             selecting: String::new(),
+            tags: Default::default(),
         })));
         for block in present {
             assert!(index.apply(Record::Block {

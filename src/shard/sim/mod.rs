@@ -491,6 +491,7 @@ fn pull_scenario(
         ttl_s: None,
         never_cache: Vec::new(),
         stale_if_error_s: crate::config::origin::DEFAULT_STALE_IF_ERROR_S,
+        purge_tag_header: "Surrogate-Key".into(),
     }];
     Ok(origin)
 }
