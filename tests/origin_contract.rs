@@ -512,6 +512,48 @@ fn requests_past_the_pass_through_bound_wait_for_their_turn() {
     assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
 }
 
+/// A reply framed by chunked encoding (a manifest an origin generates) is dechunked and
+/// stored with its length: the client gets the bytes with a Content-Length, the next one a
+/// hit; a coding besides chunked stays refused (502), never served as the object.
+#[test]
+fn a_chunked_reply_is_stored_with_its_length() {
+    let manifest: Vec<u8> = (0..5000u32)
+        .map(|i| b"0123456789abcdef"[(i % 16) as usize])
+        .collect();
+    let origin = ScriptedOrigin::start(vec![
+        ("/pull/latest.json", manifest.clone()),
+        ("/pull/coded.json", manifest.clone()),
+    ]);
+    origin.set(Arc::new(|a: &Asked, c: &[u8]| {
+        let coding = if a.path.contains("coded") {
+            "gzip, chunked"
+        } else {
+            "chunked"
+        };
+        let mut reply = format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: {coding}\r\nCache-Control: max-age=60\r\n\r\n"
+        )
+        .into_bytes();
+        for piece in c.chunks(1234) {
+            reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            reply.extend_from_slice(piece);
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"0\r\n\r\n");
+        (reply, false, None)
+    }));
+    let (server, _admin, _dir) = edge(&origin);
+    for round in 0..2 {
+        let r = get(&server, "/pull/latest.json", &[]);
+        assert_eq!(r.status, 200, "round {round}");
+        assert!(r.body == manifest, "round {round}: the dechunked bytes");
+        assert_eq!(r.header("content-length"), Some("5000"));
+        assert_eq!(r.header("transfer-encoding"), None);
+    }
+    assert_eq!(asked(&origin, "/pull/latest.json").0, 1, "stored");
+    assert_eq!(get(&server, "/pull/coded.json", &[]).status, 502);
+}
+
 /// Requests at the origin for `path`, whatever their query.
 fn asked_prefix(origin: &ScriptedOrigin, path: &str) -> (usize, usize) {
     let seen = origin.seen();

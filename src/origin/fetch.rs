@@ -240,6 +240,12 @@ enum Stage {
     Head {
         filled: usize,
     },
+    /// A chunked reply's body is being received whole into the slot after its head, to be
+    /// dechunked there (`chunked_body`).
+    Chunked {
+        filled: usize,
+        head_len: usize,
+    },
     Body,
     Writing,
     Syncing,
@@ -257,6 +263,9 @@ pub struct BlockFetch {
     reused: bool,
     /// The object's size, from the head.
     size: u64,
+    /// A chunked reply dechunked in the slot: its body's length, and bytes that came past
+    /// its end.
+    chunked: Option<(u64, usize)>,
     /// Bytes of the body not yet received.
     body_left: u64,
     /// The object's byte offset of the slot's first byte.
@@ -308,6 +317,7 @@ impl BlockFetch {
             block_crc: 0,
             unsynced: Vec::new(),
             piece_blocks: Vec::new(),
+            chunked: None,
             synced_once: false,
             keep_alive: false,
             request_len: head_len,
@@ -434,6 +444,12 @@ impl BlockFetch {
     pub fn on_received(&mut self, res: i32, slot: &mut [u8], now_ms: u64, out: &mut Vec<Output>) {
         match self.stage {
             Stage::Head { filled } => self.head_bytes(res, filled, slot, now_ms, out),
+            Stage::Chunked { filled, head_len } => {
+                if res <= 0 {
+                    return self.fail(FetchError::Connection(-res), out);
+                }
+                self.chunked_body(filled + res as usize, head_len, slot, now_ms, out);
+            }
             Stage::Body => {
                 if res <= 0 {
                     return self.fail(FetchError::Connection(-res), out);
@@ -463,12 +479,26 @@ impl BlockFetch {
             };
             return self.fail(e, out);
         }
-        let scanned = filled;
-        let filled = filled + res as usize;
+        self.head_in(filled, filled + res as usize, slot, now_ms, out);
+    }
+
+    /// The slot holds `filled` bytes of the reply, the first `scanned` of them looked at
+    /// before: the head is parsed when it may have ended.
+    fn head_in(
+        &mut self,
+        scanned: usize,
+        filled: usize,
+        slot: &mut [u8],
+        now_ms: u64,
+        out: &mut Vec<Output>,
+    ) {
         let room = response::MAX_RESPONSE_HEAD_BYTES.min(self.plan.slot_bytes);
         // Parse only when the new bytes may end the head (or the room is full): a head that
         // trickles in costs linear time.
-        let parsed = if filled >= room || response::head_may_end(&slot[..filled], scanned) {
+        let parsed = if filled >= room
+            || self.chunked.is_some()
+            || response::head_may_end(&slot[..filled], scanned)
+        {
             response::parse(&slot[..filled])
         } else {
             Ok(None)
@@ -488,6 +518,14 @@ impl BlockFetch {
             }
             Ok(Some(h)) => h,
         };
+        let mut head = head;
+        if let Some((len, _)) = self.chunked {
+            // Dechunked in place: the body that follows is `len` bytes.
+            head.framing = response::Framing::Length(len);
+        } else if head.framing == response::Framing::Chunked && !head.other_codings {
+            let head_len = head.head_len;
+            return self.chunked_body(filled, head_len, slot, now_ms, out);
+        }
         let expect = Expect {
             range: Some(self.plan.range()),
             size: self.plan.size,
@@ -577,6 +615,11 @@ impl BlockFetch {
         let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;
         self.keep_alive = head.keep_alive;
+        if let Some((_, trailing @ 1..)) = self.chunked {
+            // Bytes past the chunked message's end came with it: never read as a reply.
+            out.push(Output::Poisoned { bytes: trailing });
+            self.keep_alive = false;
+        }
         let mut extra = filled - head_len;
         if extra as u64 > body_len {
             // Bytes past the reply's end came with it: the reply keeps its own, the
@@ -614,6 +657,45 @@ impl BlockFetch {
         }
         self.stage = Stage::Body;
         self.next(slot, now_ms, out);
+    }
+
+    /// A chunked reply (RFC 9112 §7.1): its body is received whole into the slot after its
+    /// head (`filled` bytes so far), at most the slot's room; once its last chunk and
+    /// trailer came it is dechunked in place and the head goes on as one with that length
+    /// (`chunked`). A larger one is refused (`TooLarge`): a cached object needs its size
+    /// before its first block is written.
+    fn chunked_body(
+        &mut self,
+        filled: usize,
+        head_len: usize,
+        slot: &mut [u8],
+        now_ms: u64,
+        out: &mut Vec<Output>,
+    ) {
+        let room = self.plan.slot_bytes;
+        let mut len = 0;
+        match response::walk_chunked(&slot[head_len..filled], |_, n| len += n) {
+            Err(e) => self.fail(FetchError::Head(e), out),
+            Ok(None) if filled >= room => self.fail(FetchError::Head(HeadError::TooLarge), out),
+            Ok(None) => {
+                self.stage = Stage::Chunked { filled, head_len };
+                self.deadline_ms = Some(now_ms + self.timeouts.idle_ms);
+                out.push(Output::Io(Io::Recv {
+                    offset: filled,
+                    len: room - filled,
+                }));
+            }
+            Ok(Some(message)) => {
+                let mut body = Vec::with_capacity(len);
+                let chunks = &slot[head_len..filled];
+                let _ = response::walk_chunked(chunks, |at, n| {
+                    body.extend_from_slice(&chunks[at..at + n]);
+                });
+                slot[head_len..head_len + len].copy_from_slice(&body);
+                self.chunked = Some((len as u64, filled - head_len - message));
+                self.head_in(0, head_len + len, slot, now_ms, out);
+            }
+        }
     }
 
     /// Where the current block ends (the object's end for the last one).
@@ -735,7 +817,7 @@ impl BlockFetch {
         let stage = match self.stage {
             Stage::Connecting => "connect",
             Stage::Head { .. } => "first byte",
-            Stage::Sending { .. } | Stage::Body => "idle",
+            Stage::Sending { .. } | Stage::Chunked { .. } | Stage::Body => "idle",
             Stage::ProbingBeforeSend
             | Stage::ProbingAfterReply
             | Stage::Writing
@@ -957,6 +1039,43 @@ mod tests {
     }
 
     #[test]
+    fn a_chunked_reply_that_fits_the_slot_is_dechunked_and_stored_whole() {
+        let obj = object(3000);
+        let mut answer =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nETag: \"c\"\r\n\r\n".to_vec();
+        for piece in obj.chunks(700) {
+            answer.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            answer.extend_from_slice(piece);
+            answer.extend_from_slice(b"\r\n");
+        }
+        answer.extend_from_slice(b"0\r\n\r\n");
+        for step in [1, 13, 700, 100_000] {
+            let mut out = Vec::new();
+            let f = BlockFetch::start(plan(0, 0, 4096, 4096, None), T, false, 10, 0, &mut out);
+            let mut disk = Vec::new();
+            let seen = run(f, out, &answer, step, &mut disk);
+            let Output::Head(h) = &seen[0] else {
+                panic!("{seen:?}")
+            };
+            assert_eq!((h.size, h.whole), (3000, true), "step {step}");
+            assert_eq!(&disk[..3000], &obj[..], "step {step}");
+            assert_eq!(
+                seen.last(),
+                Some(&Output::Done { keep_alive: true }),
+                "step {step}"
+            );
+        }
+        // Past the slot's room it is refused, never cut.
+        let mut out = Vec::new();
+        let f = BlockFetch::start(plan(0, 0, 4096, 2048, None), T, false, 10, 0, &mut out);
+        let seen = run(f, out, &answer, 700, &mut Vec::new());
+        assert_eq!(
+            seen,
+            vec![Output::Failed(FetchError::Head(HeadError::TooLarge))]
+        );
+    }
+
+    #[test]
     fn blocks_after_the_first_share_a_sync_and_are_committed_only_after_it() {
         let obj = object(5 * 4096 + 7);
         let mut p = plan(0, 5, 4096, 4096, None);
@@ -1084,7 +1203,8 @@ mod tests {
                 FetchError::Unusable(Unusable::Status(503)),
             ),
             (
-                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+                // A transfer coding besides chunked: its bytes are not the object's.
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n".to_vec(),
                 plan(0, 0, 4096, 4096, None),
                 FetchError::Unusable(Unusable::NoLength),
             ),

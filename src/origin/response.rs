@@ -95,6 +95,9 @@ pub struct OriginHead<'a> {
     pub keep_alive: bool,
     /// `Retry-After`, when it parses.
     pub retry_after: Option<RetryAfter>,
+    /// Its Transfer-Encoding names a coding besides `chunked` (a body the edge cannot use
+    /// once dechunked).
+    pub other_codings: bool,
 }
 
 impl OriginHead<'_> {
@@ -105,6 +108,87 @@ impl OriginHead<'_> {
             Framing::Length(n) => Some(n),
             Framing::Chunked | Framing::UntilClose => None,
         }
+    }
+}
+
+/// Longest chunk-size line of a chunked body (the size, its extensions and CRLF), and
+/// longest trailer line.
+pub const MAX_CHUNK_LINE_BYTES: usize = 1024;
+
+/// Walks a chunked body (RFC 9112 §7.1) from its start: `data(at, len)` for each chunk's
+/// data (offsets in `body`), in order. Ok(Some(bytes)): the message ends after that many
+/// bytes (its trailer section too); Ok(None): it goes on past `body`. Strict: a hex size
+/// (at most 15 digits), extensions only after `;`, CRLF line ends, CRLF after each chunk's
+/// data; anything else is `BadTransferEncoding`, and a line past `MAX_CHUNK_LINE_BYTES`
+/// `TooLarge`.
+pub fn walk_chunked(
+    body: &[u8],
+    mut data: impl FnMut(usize, usize),
+) -> Result<Option<usize>, HeadError> {
+    let bad = HeadError::BadTransferEncoding;
+    // The line starting at `at`, without its CRLF, and where the next starts.
+    let line = |at: usize| -> Result<Option<(&[u8], usize)>, HeadError> {
+        let rest = &body[at.min(body.len())..];
+        match rest
+            .iter()
+            .take(MAX_CHUNK_LINE_BYTES)
+            .position(|&b| b == b'\n')
+        {
+            Some(i) if i > 0 && rest[i - 1] == b'\r' => Ok(Some((&rest[..i - 1], at + i + 1))),
+            Some(_) => Err(bad),
+            None if rest.len() >= MAX_CHUNK_LINE_BYTES => Err(HeadError::TooLarge),
+            None => Ok(None),
+        }
+    };
+    let mut at = 0;
+    loop {
+        let Some((size_line, next)) = line(at)? else {
+            return Ok(None);
+        };
+        let digits = size_line
+            .iter()
+            .position(|b| !b.is_ascii_hexdigit())
+            .unwrap_or(size_line.len());
+        let ext = &size_line[digits..];
+        let ext_ok = ext.is_empty()
+            || ext
+                .iter()
+                .position(|&b| b != b' ' && b != b'\t')
+                .is_some_and(|i| ext[i] == b';')
+                && ext.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
+        if digits == 0 || digits > 15 || !ext_ok {
+            return Err(bad);
+        }
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&size_line[..digits]).map_err(|_| bad)?,
+            16,
+        )
+        .map_err(|_| bad)?;
+        if size == 0 {
+            // The trailer section: field lines, then an empty one.
+            let mut at = next;
+            loop {
+                let Some((trailer, next)) = line(at)? else {
+                    return Ok(None);
+                };
+                if trailer.is_empty() {
+                    return Ok(Some(next));
+                }
+                if !trailer.contains(&b':') {
+                    return Err(bad);
+                }
+                at = next;
+            }
+        }
+        let end = next.checked_add(size).ok_or(bad)?;
+        if body.len() < end + 2 {
+            return Ok(None);
+        }
+        if &body[end..end + 2] != b"\r\n" {
+            return Err(bad);
+        }
+        data(next, size);
+        at = end + 2;
     }
 }
 
@@ -224,6 +308,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
         content_type: None,
         keep_alive: version == 1,
         retry_after: None,
+        other_codings: false,
     };
     let mut content_length: Option<u64> = None;
     // Transfer-Encoding fields combine into one list (RFC 9110 §5.3): its last coding, and
@@ -245,6 +330,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
         } else if is("transfer-encoding") {
             let v = value.map_err(|_| HeadError::BadTransferEncoding)?;
             for coding in v.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+                head.other_codings |= !coding.eq_ignore_ascii_case("chunked");
                 let (_, chunked) = codings.unwrap_or(("", 0));
                 let chunked = chunked + usize::from(coding.eq_ignore_ascii_case("chunked"));
                 codings = Some((coding, chunked));
@@ -781,6 +867,46 @@ mod tests {
         for (i, e) in HeadError::ALL.iter().enumerate() {
             assert_eq!(e.index(), i);
         }
+    }
+
+    #[test]
+    fn a_chunked_body_is_walked_strictly_and_at_every_split() {
+        let body = b"5\r\nhello\r\n6;name=\"v\"\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT";
+        let end = body.len() - 4;
+        let mut got = Vec::new();
+        let walked = walk_chunked(body, |at, n| got.extend_from_slice(&body[at..at + n]));
+        assert_eq!(
+            (walked, got.as_slice()),
+            (Ok(Some(end)), &b"hello world"[..])
+        );
+        // Any prefix is incomplete, never an error or a wrong end.
+        for cut in 0..end {
+            assert_eq!(walk_chunked(&body[..cut], |_, _| {}), Ok(None), "cut {cut}");
+        }
+        for bad in [
+            &b"5\nhello\r\n0\r\n\r\n"[..],
+            b"5\r\nhelloX\r\n0\r\n\r\n",
+            b"+5\r\nhello\r\n0\r\n\r\n",
+            b" 5\r\nhello\r\n0\r\n\r\n",
+            b"5 x\r\nhello\r\n0\r\n\r\n",
+            b"1000000000000000\r\n",
+            b"\r\n",
+            b"0\r\nno colon\r\n\r\n",
+        ] {
+            assert_eq!(
+                walk_chunked(bad, |_, _| {}),
+                Err(HeadError::BadTransferEncoding),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long = [b'1'; MAX_CHUNK_LINE_BYTES + 1];
+        assert_eq!(walk_chunked(&long, |_, _| {}), Err(HeadError::TooLarge));
+        // A coding besides chunked is told.
+        let coded = parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert!(coded.unwrap().unwrap().other_codings);
+        let plain = parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert!(!plain.unwrap().unwrap().other_codings);
     }
 
     #[test]
