@@ -122,6 +122,10 @@ row_trickle() { # row_trickle sl|ng RUN_INDEX [spread]: row 1, or with "spread" 
   V[$s.${p}alone_p99.$i]=$(kv "$d-alone.txt" ttfb_p99_ms)
   V[$s.${p}beside_p99.$i]=$(kv "$d-beside.txt" ttfb_p99_ms)
   V[$s.${p}trickle_s.$i]=$(kv "$d.txt" trickle_s)
+  # The probe's p99 less the time its own thread waited for CPU 1, which the trickle's sender
+  # shares (loadgen ttfb's ttfb_minus_wait): what is left is the server's and the network's.
+  V[$s.${p}alone_net_p99.$i]=$(kv "$d-alone.txt" ttfb_minus_wait_p99_ms)
+  V[$s.${p}beside_net_p99.$i]=$(kv "$d-beside.txt" ttfb_minus_wait_p99_ms)
   log "$s run $i${3:+ ($3)}: trickle CPU ${V[$s.${p}trickle_cpu.$i]} s over ${V[$s.${p}trickle_s.$i]} s; probe p99 alone ${V[$s.${p}alone_p99.$i]} ms, beside ${V[$s.${p}beside_p99.$i]} ms"
 }
 
@@ -226,6 +230,9 @@ DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo
     echo "| $what: 1 KiB keep-alive TTFB p99 alone, ms | $sa [$(all sl ${p}alone_p99)] | $na [$(all ng ${p}alone_p99)] | $(ratio "$sa" "$na") | |"
     echo "| $what: 1 KiB keep-alive TTFB p99 beside the trickle, ms | $sb [$(all sl ${p}beside_p99)] | $nb [$(all ng ${p}beside_p99)] | $(ratio "$sb" "$nb") | |"
     echo "| $what: p99 beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+    sa=$(med sl ${p}alone_net_p99) sb=$(med sl ${p}beside_net_p99) na=$(med ng ${p}alone_net_p99) nb=$(med ng ${p}beside_net_p99)
+    echo "| $what: the same p99 less the probe client's own CPU wait, alone / beside, ms | $sa / $sb [$(all sl ${p}beside_net_p99)] | $na / $nb [$(all ng ${p}beside_net_p99)] | | |"
+    echo "| $what: that p99 beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | |"
   done
   if want misses; then
   sr=$(med sl miss_rate) nr=$(med ng miss_rate)
