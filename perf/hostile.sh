@@ -26,7 +26,8 @@
 #    64 MiB file in a loop, 3 s) beside them against alone.
 # --rows takes a comma list of trickle,spread,misses,hellos (default all); rows left out are
 # reported as not run.
-# Writes perf/HOSTILE.md; raw outputs in perf/out/hostile/.
+# Writes perf/HOSTILE.md (keeping its hand-written part: everything from the line "## Notes" on);
+# raw outputs in perf/out/hostile/.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -208,6 +209,7 @@ all() { local s=$1 k=$2 out='' i; for ((i = 1; i <= RUNS; i++)); do out+="${V[$s
 ratio() { calc "$1 / $2" | awk '{ printf "%.2f", $1 }'; }
 # Judged before the report is written: writing it would make the tree look changed.
 DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo '+dirty')
+NOTES=$(sed -n '/^## Notes/,$p' "$OUT" 2>/dev/null || true)
 {
   echo "# Hostile input: shardline vs nginx, side by side (perf/hostile.sh)"
   echo
@@ -235,13 +237,13 @@ DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo
     echo "| $what: that p99 beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | |"
   done
   if want misses; then
-  sr=$(med sl miss_rate) nr=$(med ng miss_rate)
-  echo "| missing files: 404s answered per s (offered 10 000/s, unique paths, 3 s) | $sr [$(all sl miss_rate)] | $nr [$(all ng miss_rate)] | $(ratio "$sr" "$nr") | |"
-  sc=$(med sl miss_cpu) nc=$(med ng miss_cpu)
-  echo "| missing files: server CPU-s over the flood | $sc [$(all sl miss_cpu)] | $nc [$(all ng miss_cpu)] | $(ratio "$sc" "$nc") | |"
-  sa=$(med sl miss_alone_p99) sb=$(med sl miss_beside_p99) na=$(med ng miss_alone_p99) nb=$(med ng miss_beside_p99)
-  echo "| 1 KiB keep-alive TTFB p99 alone / beside the misses, ms | $sa / $sb | $na / $nb | | |"
-  echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+    sr=$(med sl miss_rate) nr=$(med ng miss_rate)
+    echo "| missing files: 404s answered per s (offered 10 000/s, unique paths, 3 s) | $sr [$(all sl miss_rate)] | $nr [$(all ng miss_rate)] | $(ratio "$sr" "$nr") | |"
+    sc=$(med sl miss_cpu) nc=$(med ng miss_cpu)
+    echo "| missing files: server CPU-s over the flood | $sc [$(all sl miss_cpu)] | $nc [$(all ng miss_cpu)] | $(ratio "$sc" "$nc") | |"
+    sa=$(med sl miss_alone_p99) sb=$(med sl miss_beside_p99) na=$(med ng miss_alone_p99) nb=$(med ng miss_beside_p99)
+    echo "| 1 KiB keep-alive TTFB p99 alone / beside the misses, ms | $sa / $sb | $na / $nb | | |"
+    echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
   fi
   for t in A B; do
     want hellos || continue
@@ -256,7 +258,11 @@ DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo
   echo
   echo "Rows run: $ROWS."
   echo
-  echo "Raw outputs: perf/out/hostile/ (\`*-trickle-N.txt\`: loadgen trickle; \`-alone\`/\`-beside\`: loadgen ttfb)."
+  echo "Raw outputs: perf/out/hostile/ (\`*-trickle-N.txt\`, \`*-spread-N.txt\`: loadgen trickle; \`-alone\`/\`-beside\`: loadgen ttfb)."
+  if [[ -n $NOTES ]]; then
+    echo
+    printf '%s\n' "$NOTES"
+  fi
 } >"$OUT"
 log "wrote $OUT"
 cat "$OUT"
