@@ -62,12 +62,12 @@ profile() { # profile sl|ng
   # The trickle proper starts once the 200 connections sent their first 14 000 bytes.
   sleep 0.3
   c0=$("$LOADGEN" cpu --pgid "$PG" | sed -n 's/^cpu_s=//p')
-  v0=$(awk '/^voluntary_ctxt/ { print $2 }' "/proc/$sp/status")
+  v0=$(switches "$sp")
   [[ $s == sl ]] && m0=$(curl -s "http://$SL_ADMIN/metrics")
   perf record -e cpu-clock -F "$FREQ" -g -p "$sp" -o "$RUN/$s.data" -- sleep 1.5 >/dev/null 2>"$RUN/$s-perf.log" ||
     die "perf record failed ($RUN/$s-perf.log)"
   c1=$("$LOADGEN" cpu --pgid "$PG" | sed -n 's/^cpu_s=//p')
-  v1=$(awk '/^voluntary_ctxt/ { print $2 }' "/proc/$sp/status")
+  v1=$(switches "$sp")
   if [[ $s == sl ]]; then
     m1=$(curl -s "http://$SL_ADMIN/metrics")
     for k in ring_enters_total ring_cqes_total head_scan_waits_total head_parses_total recv_buffers_provided_total recv_no_buffers_total; do
@@ -85,6 +85,9 @@ profile() { # profile sl|ng
   echo "$s: top symbols, with children:"
   perf report -i "$RUN/$s.data" --children --sort sym --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -n 40 || true
   echo
+}
+switches() { # switches PID: voluntary context switches of all its threads (times it slept)
+  cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt/ { s += $2 } END { print s + 0 }'
 }
 sum_metric() { # sum_metric TEXT NAME: NAME summed over the shards
   awk -v n="shardline_$2" '$1 ~ "^"n"[{ ]" { s += $2 } END { printf "%d", s + 0 }' <<<"$1"

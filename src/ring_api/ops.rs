@@ -216,6 +216,14 @@ pub trait RingOps {
 
     /// Submits queued entries and waits for at least `want` completions or `timeout`.
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()>;
+    /// Submits queued entries without running the completions other operations queued as
+    /// deferred task work: what completes inline (a read from the page cache, a send into a
+    /// socket with room, a receive whose bytes are there) is in the CQ when it returns, the
+    /// rest waits for the next `submit_and_wait`. Where the ring defers nothing (the
+    /// simulator), `submit_and_wait(0, None)`.
+    fn submit_only(&mut self) -> io::Result<()> {
+        self.submit_and_wait(0, None)
+    }
     /// Submits and waits up to `timeout`, gathering a batch (see `Ring`).
     fn submit_and_wait_batched(
         &mut self,

@@ -589,7 +589,10 @@ impl<R: RingOps> Shard<R> {
                     self.ready.push_bulk(c);
                 }
             }
-            self.ring.submit_and_wait(0, None)?;
+            // Only what these entries complete inline is reaped now: the receives other
+            // connections' bytes queued (a trickle's) wait for the loop's next wait, so a new
+            // request's answer does not wait behind them.
+            self.ring.submit_only()?;
             self.reap();
         }
         Ok(())

@@ -968,6 +968,40 @@ impl crate::ring_api::ops::RingOps for Ring {
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.submit_and_wait_inner(want, timeout, 0)
     }
+    /// An enter without GETEVENTS: the entries are issued (inline completions are posted as
+    /// it returns), the deferred task work of other sockets is left for the loop's next wait.
+    /// No enter at all when nothing is queued.
+    fn submit_only(&mut self) -> io::Result<()> {
+        if !self.unqueued.is_empty() {
+            self.flush_unqueued();
+        }
+        if !self.unqueued.is_empty() || self.cq_overflow_pending() {
+            // Entries the SQ could not take, or completions the kernel holds back: the
+            // reaping enter empties the way first.
+            return self.submit_and_wait_inner(0, None, 0);
+        }
+        let pending = self.uring.submission().len() as u32;
+        if pending == 0 {
+            return Ok(());
+        }
+        self.enters += 1;
+        // SAFETY: no argument pointer is passed; the SQ entries were pushed by `push`, whose
+        // memory invariants hold until their completions.
+        let res = unsafe {
+            self.uring
+                .submitter()
+                .enter::<libc::sigset_t>(pending, 0, 0, None)
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR)) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                self.busy += 1;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
     /// Submits queued SQEs and waits for completions until `timeout`.
     ///
     /// With `batch` (and a kernel with IORING_FEAT_MIN_TIMEOUT, 6.12+) the wait gathers up to
