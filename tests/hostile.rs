@@ -2270,7 +2270,7 @@ fn read_answer(r: &mut impl BufRead) -> Vec<u8> {
 /// Receives of request bytes the shards have seen: each one either waited after the head
 /// scan or was parsed.
 fn request_receives(admin: SocketAddr) -> f64 {
-    metric(admin, "head_scan_waits_total") + metric(admin, "head_parses_total")
+    metric(admin, "shardline_head_scan_waits_total") + metric(admin, "shardline_head_parses_total")
 }
 
 /// Waits until `request_receives` reaches `at_least` (the shards publish counters as they go).
@@ -2308,9 +2308,9 @@ fn heads_trickled_a_byte_at_a_time_are_scanned_per_byte_and_answered_alike() {
         "{}",
         String::from_utf8_lossy(&want)
     );
-    let scans0 = metric(admin, "head_scan_waits_total");
-    let parses0 = metric(admin, "head_parses_total");
-    let provided0 = metric(admin, "recv_buffers_provided_total");
+    let scans0 = metric(admin, "shardline_head_scan_waits_total");
+    let parses0 = metric(admin, "shardline_head_parses_total");
+    let provided0 = metric(admin, "shardline_recv_buffers_provided_total");
     let no_buffers0 = metric(admin, "recv_no_buffers_total");
     let start = request_receives(admin);
     let mut conns: Vec<TcpStream> = (0..CONNS)
@@ -2335,9 +2335,9 @@ fn heads_trickled_a_byte_at_a_time_are_scanned_per_byte_and_answered_alike() {
             String::from_utf8_lossy(&got)
         );
     }
-    let scans = metric(admin, "head_scan_waits_total") - scans0;
-    let parses = metric(admin, "head_parses_total") - parses0;
-    let provided = metric(admin, "recv_buffers_provided_total") - provided0;
+    let scans = metric(admin, "shardline_head_scan_waits_total") - scans0;
+    let parses = metric(admin, "shardline_head_parses_total") - parses0;
+    let provided = metric(admin, "shardline_recv_buffers_provided_total") - provided0;
     let no_buffers = metric(admin, "recv_no_buffers_total") - no_buffers0;
     let received = (head.len() * CONNS) as f64;
     eprintln!(
