@@ -2,7 +2,7 @@
 # perf/hostile.sh: what hostile input costs shardline against the nginx anchor (issue 30), side by
 # side in one run.
 #
-#   perf/hostile.sh [--runs N] [--nice N] [--out FILE]
+#   perf/hostile.sh [--runs N] [--nice N] [--rows LIST] [--out FILE]
 #
 # Each server alone on CPU 0 (shardline `serve --shards 1 --cpus 0`, default config; nginx with
 # perf/nginx.conf, 1 worker); the clients on CPU 1; loopback; fixtures on the repository's disk.
@@ -11,6 +11,9 @@
 #    once, then the last 1000 one byte per 2 ms (TCP_NODELAY; `loadgen trickle`). The server's
 #    utime+stime over the trickle, and the TTFB p99 of 1 KiB keep-alive fetches at 1000/s (2000 samples a window, so a p99 is not 4 samples)
 #    (`loadgen ttfb --keepalive 1`) beside it against the same probe alone.
+# 1b. spread trickle (issue 46): the same, but each connection's bytes at its own phase of the
+#    2 ms (`loadgen trickle --spread 1`): ~100 000 one-byte segments/s arriving one by one, so
+#    the server is woken for nearly every byte and cannot batch them as in row 1's bursts.
 # 2. missing files: 10 000 requests/s for paths that do not exist, never the same twice (so no
 #    negative cache answers; `loadgen misses`, 8 keep-alive connections), for 3 s. The same
 #    probe's p99 beside it against alone, and the server's CPU over the flood.
@@ -21,22 +24,30 @@
 #    (`tls_handshake_budget_bytes`, 16 MiB by default), each server's RSS growth, how many
 #    connections each still holds at the end, and a plain-HTTP download's goodput (1 connection,
 #    64 MiB file in a loop, 3 s) beside them against alone.
-# Writes perf/HOSTILE.md; raw outputs in perf/out/hostile/.
+# --rows takes a comma list of trickle,spread,misses,hellos (default all); rows left out are
+# reported as not run.
+# Writes perf/HOSTILE.md (keeping its hand-written part: everything from the line "## Notes" on);
+# raw outputs in perf/out/hostile/.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
-RUNS=3 NICE=0 OUT=$HERE/HOSTILE.md
+RUNS=3 NICE=0 OUT=$HERE/HOSTILE.md ROWS=trickle,spread,misses,hellos
 while (($#)); do
   case $1 in
     --runs) RUNS=$2; shift 2 ;;
     --nice) NICE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --rows) ROWS=$2; shift 2 ;;
     -h | --help) print_usage "$0" ;;
     *) echo "hostile.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+for r in ${ROWS//,/ }; do
+  [[ $r =~ ^(trickle|spread|misses|hellos)$ ]] || die "--rows: unknown row '$r'"
+done
+want() { [[ ,$ROWS, == *",$1,"* ]]; }
 command -v nginx >/dev/null || {
   [[ $(id -u) == 0 ]] || die "nginx is missing; run as root (or install nginx-light) first"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >&2 || die "cannot install nginx"
@@ -95,23 +106,28 @@ probe() { # probe OUTFILE DURATION_S [DELAY_S]
 median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
 declare -A V=()
-row_trickle() { # row_trickle sl|ng RUN_INDEX
-  local s=$1 i=$2 c0 c1 d=$RUN/$1-trickle-$2
+row_trickle() { # row_trickle sl|ng RUN_INDEX [spread]: row 1, or with "spread" row 1b
+  local s=$1 i=$2 c0 c1 p='' d=$RUN/$1-trickle-$2 spread=0
+  if [[ ${3:-} == spread ]]; then p=s d=$RUN/$1-spread-$2 spread=1; fi
   probe "$d-alone.txt" 2
   c0=$(cpu_s)
   client trickle --addr "127.0.0.1:$PORT" --path /small.bin --conns 200 --head-bytes 15000 \
-    --tail-bytes 1000 --gap-ms 2 >"$d.txt" &
+    --tail-bytes 1000 --gap-ms 2 --spread $spread >"$d.txt" &
   local tp=$!
   probe "$d-beside.txt" 2 0.2
   wait "$tp" || die "$s: loadgen trickle failed ($d.txt)"
   c1=$(cpu_s)
   [[ $(kv "$d.txt" bad) == 0 && $(kv "$d.txt" ok) == 200 ]] || die "$s: trickled requests not all answered 200 ($d.txt)"
   [[ $(kv "$d-beside.txt" errors) == 0 ]] || die "$s: probe errors beside the trickle ($d-beside.txt)"
-  V[$s.trickle_cpu.$i]=$(calc "$c1 - $c0")
-  V[$s.alone_p99.$i]=$(kv "$d-alone.txt" ttfb_p99_ms)
-  V[$s.beside_p99.$i]=$(kv "$d-beside.txt" ttfb_p99_ms)
-  V[$s.trickle_s.$i]=$(kv "$d.txt" trickle_s)
-  log "$s run $i: trickle CPU ${V[$s.trickle_cpu.$i]} s over ${V[$s.trickle_s.$i]} s; probe p99 alone ${V[$s.alone_p99.$i]} ms, beside ${V[$s.beside_p99.$i]} ms"
+  V[$s.${p}trickle_cpu.$i]=$(calc "$c1 - $c0")
+  V[$s.${p}alone_p99.$i]=$(kv "$d-alone.txt" ttfb_p99_ms)
+  V[$s.${p}beside_p99.$i]=$(kv "$d-beside.txt" ttfb_p99_ms)
+  V[$s.${p}trickle_s.$i]=$(kv "$d.txt" trickle_s)
+  # The probe's p99 less the time its own thread waited for CPU 1, which the trickle's sender
+  # shares (loadgen ttfb's ttfb_minus_wait): what is left is the server's and the network's.
+  V[$s.${p}alone_net_p99.$i]=$(kv "$d-alone.txt" ttfb_minus_wait_p99_ms)
+  V[$s.${p}beside_net_p99.$i]=$(kv "$d-beside.txt" ttfb_minus_wait_p99_ms)
+  log "$s run $i${3:+ ($3)}: trickle CPU ${V[$s.${p}trickle_cpu.$i]} s over ${V[$s.${p}trickle_s.$i]} s; probe p99 alone ${V[$s.${p}alone_p99.$i]} ms, beside ${V[$s.${p}beside_p99.$i]} ms"
 }
 
 row_misses() { # row_misses sl|ng RUN_INDEX
@@ -173,10 +189,13 @@ row_hellos() { # row_hellos sl|ng RUN_INDEX TAG ANNOUNCE_KIB SEND_KIB
 for ((i = 1; i <= RUNS; i++)); do
   for s in sl ng; do
     start "$s"
-    row_trickle "$s" "$i"
-    row_misses "$s" "$i"
-    row_hellos "$s" "$i" A 100 64
-    row_hellos "$s" "$i" B 60 48
+    if want trickle; then row_trickle "$s" "$i"; fi
+    if want spread; then row_trickle "$s" "$i" spread; fi
+    if want misses; then row_misses "$s" "$i"; fi
+    if want hellos; then
+      row_hellos "$s" "$i" A 100 64
+      row_hellos "$s" "$i" B 60 48
+    fi
     stop
   done
 done
@@ -190,6 +209,7 @@ all() { local s=$1 k=$2 out='' i; for ((i = 1; i <= RUNS; i++)); do out+="${V[$s
 ratio() { calc "$1 / $2" | awk '{ printf "%.2f", $1 }'; }
 # Judged before the report is written: writing it would make the tree look changed.
 DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo '+dirty')
+NOTES=$(sed -n '/^## Notes/,$p' "$OUT" 2>/dev/null || true)
 {
   echo "# Hostile input: shardline vs nginx, side by side (perf/hostile.sh)"
   echo
@@ -198,20 +218,35 @@ DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo
   echo
   echo "| Row | shardline | nginx | shardline / nginx | target |"
   echo "|---|---|---|---|---|"
-  sc=$(med sl trickle_cpu) nc=$(med ng trickle_cpu)
-  echo "| trickled heads: server CPU-s (200 x 15 000-byte heads, last 1000 bytes at 1 byte / 2 ms) | $sc [$(all sl trickle_cpu)] | $nc [$(all ng trickle_cpu)] | $(ratio "$sc" "$nc") | <= 1.0 |"
-  sa=$(med sl alone_p99) sb=$(med sl beside_p99) na=$(med ng alone_p99) nb=$(med ng beside_p99)
-  echo "| 1 KiB keep-alive TTFB p99 alone, ms | $sa [$(all sl alone_p99)] | $na [$(all ng alone_p99)] | $(ratio "$sa" "$na") | |"
-  echo "| 1 KiB keep-alive TTFB p99 beside the trickle, ms | $sb [$(all sl beside_p99)] | $nb [$(all ng beside_p99)] | $(ratio "$sb" "$nb") | |"
-  echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
-  sr=$(med sl miss_rate) nr=$(med ng miss_rate)
-  echo "| missing files: 404s answered per s (offered 10 000/s, unique paths, 3 s) | $sr [$(all sl miss_rate)] | $nr [$(all ng miss_rate)] | $(ratio "$sr" "$nr") | |"
-  sc=$(med sl miss_cpu) nc=$(med ng miss_cpu)
-  echo "| missing files: server CPU-s over the flood | $sc [$(all sl miss_cpu)] | $nc [$(all ng miss_cpu)] | $(ratio "$sc" "$nc") | |"
-  sa=$(med sl miss_alone_p99) sb=$(med sl miss_beside_p99) na=$(med ng miss_alone_p99) nb=$(med ng miss_beside_p99)
-  echo "| 1 KiB keep-alive TTFB p99 alone / beside the misses, ms | $sa / $sb | $na / $nb | | |"
-  echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+  for p in '' s; do
+    if [[ -z $p ]]; then
+      want trickle || continue
+      what="trickled heads (burst: each 2 ms one byte to every connection at once)"
+    else
+      want spread || continue
+      what="trickled heads, spread (each connection's byte at its own phase of the 2 ms)"
+    fi
+    sc=$(med sl ${p}trickle_cpu) nc=$(med ng ${p}trickle_cpu)
+    echo "| $what: server CPU-s (200 x 15 000-byte heads, last 1000 bytes at 1 byte / 2 ms) | $sc [$(all sl ${p}trickle_cpu)] | $nc [$(all ng ${p}trickle_cpu)] | $(ratio "$sc" "$nc") | <= 1.0 |"
+    sa=$(med sl ${p}alone_p99) sb=$(med sl ${p}beside_p99) na=$(med ng ${p}alone_p99) nb=$(med ng ${p}beside_p99)
+    echo "| $what: 1 KiB keep-alive TTFB p99 alone, ms | $sa [$(all sl ${p}alone_p99)] | $na [$(all ng ${p}alone_p99)] | $(ratio "$sa" "$na") | |"
+    echo "| $what: 1 KiB keep-alive TTFB p99 beside the trickle, ms | $sb [$(all sl ${p}beside_p99)] | $nb [$(all ng ${p}beside_p99)] | $(ratio "$sb" "$nb") | |"
+    echo "| $what: p99 beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+    sa=$(med sl ${p}alone_net_p99) sb=$(med sl ${p}beside_net_p99) na=$(med ng ${p}alone_net_p99) nb=$(med ng ${p}beside_net_p99)
+    echo "| $what: the same p99 less the probe client's own CPU wait, alone / beside, ms | $sa / $sb [$(all sl ${p}beside_net_p99)] | $na / $nb [$(all ng ${p}beside_net_p99)] | | |"
+    echo "| $what: that p99 beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | |"
+  done
+  if want misses; then
+    sr=$(med sl miss_rate) nr=$(med ng miss_rate)
+    echo "| missing files: 404s answered per s (offered 10 000/s, unique paths, 3 s) | $sr [$(all sl miss_rate)] | $nr [$(all ng miss_rate)] | $(ratio "$sr" "$nr") | |"
+    sc=$(med sl miss_cpu) nc=$(med ng miss_cpu)
+    echo "| missing files: server CPU-s over the flood | $sc [$(all sl miss_cpu)] | $nc [$(all ng miss_cpu)] | $(ratio "$sc" "$nc") | |"
+    sa=$(med sl miss_alone_p99) sb=$(med sl miss_beside_p99) na=$(med ng miss_alone_p99) nb=$(med ng miss_beside_p99)
+    echo "| 1 KiB keep-alive TTFB p99 alone / beside the misses, ms | $sa / $sb | $na / $nb | | |"
+    echo "| beside / alone (each server its own) | $(ratio "$sb" "$sa") | $(ratio "$nb" "$na") | | shardline <= 1.5 |"
+  fi
   for t in A B; do
+    want hellos || continue
     if [[ $t == A ]]; then what="1000 x 64 KiB of a 100 KiB ClientHello (over rustls's 64 KiB), stalled"; else what="1000 x 48 KiB of a 60 KiB ClientHello, stalled"; fi
     echo "| $what: shardline's handshake bytes held at most, MiB | $(calc "$(med sl hs${t}_held) / 1048576" | awk '{ printf "%.1f", $1 }') [$(all sl hs${t}_held)] | | | <= budget $((HS_BUDGET_BYTES >> 20)) MiB |"
     echo "| $what: server RSS growth, MiB | $(med sl hs${t}_rss) [$(all sl hs${t}_rss)] | $(med ng hs${t}_rss) [$(all ng hs${t}_rss)] | | |"
@@ -221,7 +256,13 @@ DIRTY=$(git -C "$REPO" diff --quiet -- . ":!${OUT#"$REPO"/}" 2>/dev/null || echo
     echo "| $what: goodput beside / alone (each server its own) | $(ratio "$gb" "$ga") | $(ratio "$ngb" "$nga") | | kept |"
   done
   echo
-  echo "Raw outputs: perf/out/hostile/ (\`*-trickle-N.txt\`: loadgen trickle; \`-alone\`/\`-beside\`: loadgen ttfb)."
+  echo "Rows run: $ROWS."
+  echo
+  echo "Raw outputs: perf/out/hostile/ (\`*-trickle-N.txt\`, \`*-spread-N.txt\`: loadgen trickle; \`-alone\`/\`-beside\`: loadgen ttfb)."
+  if [[ -n $NOTES ]]; then
+    echo
+    printf '%s\n' "$NOTES"
+  fi
 } >"$OUT"
 log "wrote $OUT"
 cat "$OUT"

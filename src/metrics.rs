@@ -140,6 +140,16 @@ counters! {
     accept_errors: Counter "accept_errors_total",
     /// Receives that found no provided buffer (retried next tick).
     recv_no_buffers: Counter "recv_no_buffers_total",
+    /// Receive buffers given back to the kernel whole after a receive. Where the kernel
+    /// consumes them incrementally (6.12+), one per buffer filled, not one per receive: a
+    /// head trickled a byte at a time holds no buffer per byte.
+    recv_buffers_provided: Counter "recv_buffers_provided_total",
+    /// Receives of request bytes that left the head incomplete: scanned on arrival, not
+    /// parsed (a head trickled a byte at a time counts one per byte).
+    head_scan_waits: Counter "head_scan_waits_total",
+    /// Request heads handed to the parser (a well-formed head arriving in pieces: at its
+    /// request line's end and at its own end, however it is split).
+    head_parses: Counter "head_parses_total",
     /// Completions whose token did not match a live operation (a bug if non-zero).
     stray_completions: Counter "stray_completions_total",
     /// Chunk sends the socket took only part of (or none): the chunk parked behind a poll.

@@ -15,6 +15,10 @@
 //!
 //! So the scanner never decides anything about a request: it only skips calls whose answer is
 //! known. The property tests below hold it to that against `parse_request` on every prefix.
+//!
+//! The shard scans as bytes arrive (`scan`, in the receive's completion) and parses later, on
+//! the connection's turn (`take_parse`): a `Parse` verdict is kept until the parse takes it,
+//! so a byte that arrives alone costs one completion and one step here, and nothing more.
 
 use super::request::{
     is_tchar, MAX_HEADER_COUNT, MAX_HEAD_BYTES, MAX_LEADING_EMPTY_LINES, MAX_REQUEST_LINE_BYTES,
@@ -78,6 +82,8 @@ pub struct HeadScan {
     leading_lines: usize,
     /// Field lines ended so far.
     fields: usize,
+    /// A `Parse` verdict that no parse has taken yet (`take_parse`).
+    parse_due: bool,
 }
 
 impl Default for HeadScan {
@@ -95,6 +101,7 @@ impl HeadScan {
             line_bytes: 0,
             leading_lines: 0,
             fields: 0,
+            parse_due: false,
         }
     }
 
@@ -133,6 +140,23 @@ impl HeadScan {
             verdict = Verdict::Parse;
         }
         verdict
+    }
+
+    /// `advance`, keeping a `Parse` verdict until `take_parse`: true when `parse_request(buf)`
+    /// may answer more than `Partial` (now, or since a byte scanned earlier).
+    pub fn scan(&mut self, buf: &[u8]) -> bool {
+        if self.advance(buf) == Verdict::Parse {
+            self.parse_due = true;
+        }
+        self.parse_due
+    }
+
+    /// As `scan`, for the caller about to parse: the kept verdict is taken, so the next
+    /// `scan` waits again until a byte calls for a parse.
+    pub fn take_parse(&mut self, buf: &[u8]) -> bool {
+        let due = self.scan(buf);
+        self.parse_due = false;
+        due
     }
 
     /// Moves over one byte; true when `parse_request` must look (the request line just ended).
@@ -235,6 +259,32 @@ mod tests {
         parses
     }
 
+    /// The shard's way: every byte is scanned as it arrives, and the parse runs only on the
+    /// connection's turns (after the bytes up to each of `turns`); a turn parses only when a
+    /// verdict is due. Checks that a skipped turn could only have answered `Partial` and that
+    /// nothing due is lost between turns.
+    fn feed_deferred(buf: &[u8], turns: &[usize]) {
+        let mut scan = HeadScan::new();
+        for end in 1..=buf.len() {
+            let prefix = &buf[..end];
+            let due = scan.scan(prefix);
+            let want = parse_request(prefix);
+            if !due {
+                assert_eq!(want, Parsed::Partial, "nothing due at {end}");
+            }
+            if turns.contains(&end) || end == buf.len() {
+                let parse = scan.take_parse(prefix);
+                assert_eq!(parse, due, "a turn takes what the scan kept ({end})");
+                if !parse {
+                    assert_eq!(want, Parsed::Partial);
+                }
+            }
+            if want != Parsed::Partial {
+                break;
+            }
+        }
+    }
+
     fn byte_by_byte(buf: &[u8]) -> usize {
         let cuts: Vec<usize> = (0..=buf.len()).collect();
         feed(buf, &cuts)
@@ -294,6 +344,31 @@ mod tests {
         assert_eq!(scan.advance(rest), Verdict::Parse);
     }
 
+    #[test]
+    fn a_verdict_scanned_on_arrival_waits_for_the_parse_that_takes_it() {
+        let head = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
+        let line_end = head.iter().position(|&b| b == b'\n').unwrap() + 1;
+        let mut scan = HeadScan::new();
+        for end in 1..line_end {
+            assert!(
+                !scan.scan(&head[..end]),
+                "no parse due inside the request line ({end})"
+            );
+        }
+        // The request line's end asks for a parse; a later byte that asks nothing keeps it.
+        assert!(scan.scan(&head[..line_end]));
+        assert!(scan.scan(&head[..line_end + 1]));
+        assert!(scan.take_parse(&head[..line_end + 1]));
+        // Taken (the parse said Partial): the field bytes wait again, until the head ends.
+        for end in line_end + 2..head.len() {
+            assert!(!scan.scan(&head[..end]), "no parse due at {end}");
+        }
+        assert!(scan.scan(head));
+        assert!(scan.take_parse(head));
+        scan.reset();
+        assert!(!scan.take_parse(b"GE"));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
@@ -304,6 +379,7 @@ mod tests {
         ) {
             feed(&req, &cuts);
             byte_by_byte(&req);
+            feed_deferred(&req, &cuts);
         }
 
         #[test]

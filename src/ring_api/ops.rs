@@ -22,6 +22,11 @@ pub trait RingOps {
     fn probe_supports(&self, opcode: u8) -> bool;
     /// Whether completions are deferred task work (DEFER_TASKRUN), for the start-up log.
     fn deferred_taskrun(&self) -> bool;
+    /// Whether the kernel consumes receive buffers incrementally (a receive takes only the
+    /// bytes it got), for the start-up log; the simulator takes whole buffers.
+    fn recv_incremental(&self) -> bool {
+        false
+    }
     /// Submission entries pushed since start.
     fn sqes_pushed(&self) -> u64;
     /// Kernel entries (`io_uring_enter` calls) since start.
@@ -44,8 +49,11 @@ pub trait RingOps {
     fn claim_recv(&mut self, bid: u16);
     /// The bytes a receive placed in provided buffer `bid`.
     fn recv_data(&self, bid: u16, len: usize) -> &[u8];
-    /// Returns provided buffer `bid` to the ring.
-    fn recycle_recv(&mut self, bid: u16);
+    /// Done with the `used` bytes a receive placed in provided buffer `bid`. With
+    /// `kernel_keeps` (`Completion::buffer_more`: a buffer consumed incrementally, with room
+    /// left) the kernel goes on filling it past them, so it goes back to the kernel as it is;
+    /// otherwise it is provided to the ring again, whole.
+    fn recycle_recv(&mut self, bid: u16, used: usize, kernel_keeps: bool);
 
     /// The header buffer of connection slot `conn`, for writing (not in flight).
     fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8>;
@@ -208,6 +216,14 @@ pub trait RingOps {
 
     /// Submits queued entries and waits for at least `want` completions or `timeout`.
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()>;
+    /// Submits queued entries without running the completions other operations queued as
+    /// deferred task work: what completes inline (a read from the page cache, a send into a
+    /// socket with room, a receive whose bytes are there) is in the CQ when it returns, the
+    /// rest waits for the next `submit_and_wait`. Where the ring defers nothing (the
+    /// simulator), `submit_and_wait(0, None)`.
+    fn submit_only(&mut self) -> io::Result<()> {
+        self.submit_and_wait(0, None)
+    }
     /// Submits and waits up to `timeout`, gathering a batch (see `Ring`).
     fn submit_and_wait_batched(
         &mut self,
@@ -237,6 +253,11 @@ impl Completion {
     /// This is a SEND_ZC notification: the kernel is done with the buffer.
     pub fn is_notification(&self) -> bool {
         io_uring::cqueue::notif(self.flags)
+    }
+    /// The kernel keeps the provided buffer this receive used, to fill it further
+    /// (`IORING_CQE_F_BUF_MORE`, incremental consumption): do not provide it again.
+    pub fn buffer_more(&self) -> bool {
+        io_uring::cqueue::buffer_more(self.flags)
     }
     /// The provided buffer a receive landed in.
     pub fn buffer_id(&self) -> Option<u16> {

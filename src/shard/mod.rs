@@ -416,6 +416,7 @@ impl<R: RingOps> Shard<R> {
         tracing::debug!(
             shard = self.index,
             deferred_taskrun = self.ring.deferred_taskrun(),
+            recv_incremental = self.ring.recv_incremental(),
             zerocopy = self.sends.zerocopy,
             "shard loop starting"
         );
@@ -588,7 +589,10 @@ impl<R: RingOps> Shard<R> {
                     self.ready.push_bulk(c);
                 }
             }
-            self.ring.submit_and_wait(0, None)?;
+            // Only what these entries complete inline is reaped now: the receives other
+            // connections' bytes queued (a trickle's) wait for the loop's next wait, so a new
+            // request's answer does not wait behind them.
+            self.ring.submit_only()?;
             self.reap();
         }
         Ok(())
@@ -868,6 +872,8 @@ impl<R: RingOps> Shard<R> {
         let m = &self.metrics;
         let counter = match counter {
             Counter::RecvNoBuffers => &m.recv_no_buffers,
+            Counter::HeadScanWaits => &m.head_scan_waits,
+            Counter::HeadParses => &m.head_parses,
             Counter::Bytes(Source::Direct) => &m.bytes_direct,
             Counter::Bytes(Source::DontCache) => &m.bytes_dontcache,
             Counter::Bytes(Source::Buffered) => &m.bytes_buffered,
@@ -971,7 +977,12 @@ impl<R: RingOps> Shard<R> {
             .map(|b| self.ring.recv_data(b, cqe.result as usize));
         self.conns[c.index()].on_recv(cqe.result, data, cqe.more(), &cx, &mut out);
         if let Some(b) = bid {
-            self.ring.recycle_recv(b);
+            let used = usize::try_from(cqe.result).unwrap_or(0);
+            let kept = cqe.buffer_more();
+            self.ring.recycle_recv(b, used, kept);
+            if !kept {
+                ShardMetrics::add(&self.metrics.recv_buffers_provided, 1);
+            }
         }
         self.run_actions(c, out);
     }

@@ -9,6 +9,7 @@ use super::{access_log, ring, RingOps, Shard};
 use crate::http::date::DateCache;
 use crate::http::plan::{self, BodyPart, FileFacts, PlanContext, PlanLimits, ResponsePlan};
 use crate::http::request::{parse_request, Method, Parsed, Request};
+use crate::metrics::ShardMetrics;
 use crate::tls::sniff::FirstBytes;
 
 /// The answer to a TLS ClientHello on the cleartext port, then a close.
@@ -29,6 +30,7 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         let rx = conn.take_rx();
+        ShardMetrics::add(&self.metrics.head_parses, 1);
         let parsed = parse_request(&rx);
         // A request resumed after its fill was noted when it first arrived (its clock runs
         // from then).

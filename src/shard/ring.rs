@@ -24,6 +24,9 @@ use crate::ring_api::slots::{ArenaSlot, ConnSlot, FileSlot, SocketSlot};
 /// the block layer's scheduler dispatches after every other class.
 const IOPRIO_IDLE: u16 = 3 << 13;
 const RECV_BUFFER_GROUP: u16 = 0;
+/// `IOU_PBUF_RING_INC`: the kernel consumes a provided buffer a receive at a time, each taking
+/// only the bytes it got (`RecvBuffers`).
+const RECV_BUFFERS_INCREMENTAL: u16 = 2;
 /// `RWF_DONTCACHE` (Linux 6.14+); the io-uring crate has no constant for it yet.
 pub const RWF_DONTCACHE: i32 = 0x80;
 /// On drop, how long the ring waits for cancelled operations to complete before it closes.
@@ -109,7 +112,11 @@ impl Drop for Mapping {
 }
 
 /// The provided-buffer ring: receives pick a buffer only when data arrives, so an idle
-/// keep-alive connection holds no receive memory at all.
+/// keep-alive connection holds no receive memory at all. Where the kernel consumes buffers
+/// incrementally (`IOU_PBUF_RING_INC`, 6.12+), each receive takes only the bytes it needs from
+/// the ring's head buffer and the next receive, from any socket, goes on after them: a head
+/// trickled a byte at a time through many connections uses one buffer per 4 KiB received,
+/// not one per receive (`offset` follows how far each buffer is filled).
 struct RecvBuffers {
     ring: Mapping,
     bufs: Mapping,
@@ -117,6 +124,9 @@ struct RecvBuffers {
     buffer_bytes: usize,
     /// Our copy of the tail; published to the kernel with a release store.
     tail: u16,
+    /// Per buffer: bytes the kernel filled and we consumed since it was last provided (the
+    /// next receive into it lands there). Always 0 without incremental consumption.
+    offset: Vec<usize>,
 }
 
 impl RecvBuffers {
@@ -134,6 +144,7 @@ impl RecvBuffers {
             entries,
             buffer_bytes,
             tail: 0,
+            offset: vec![0; usize::from(entries)],
         })
     }
 
@@ -148,9 +159,10 @@ impl RecvBuffers {
         }
     }
 
-    /// Gives buffer `bid` back to the kernel.
+    /// Gives buffer `bid` back to the kernel, whole.
     fn provide(&mut self, bid: u16) {
         let slot = usize::from(bid);
+        self.offset[slot] = 0;
         let addr = self.bufs.base() as u64 + (slot * self.buffer_bytes) as u64;
         let entry = self.entry_ptr(self.tail);
         // SAFETY: the entry lies inside our ring mapping; the kernel reads entries only up to
@@ -171,11 +183,25 @@ impl RecvBuffers {
 
     fn data(&self, bid: u16, len: usize) -> &[u8] {
         let slot = usize::from(bid);
-        assert!(slot < usize::from(self.entries) && len <= self.buffer_bytes);
-        // SAFETY: the kernel wrote `len` bytes into this buffer and handed it to us (the
-        // caller checked the custody: `Ring::recv_data`); it will not write again until
-        // `provide` returns it.
-        unsafe { std::slice::from_raw_parts(self.bufs.base().add(slot * self.buffer_bytes), len) }
+        let at = self.offset[slot];
+        assert!(slot < usize::from(self.entries) && at + len <= self.buffer_bytes);
+        // SAFETY: the kernel wrote `len` bytes into this buffer at `at` (where the last
+        // receive into it ended) and handed them to us (the caller checked the custody:
+        // `Ring::recv_data`); it writes only past them until `provide` returns the buffer.
+        unsafe {
+            std::slice::from_raw_parts(self.bufs.base().add(slot * self.buffer_bytes + at), len)
+        }
+    }
+
+    /// The kernel keeps buffer `bid` (`IORING_CQE_F_BUF_MORE`): its next receive into it
+    /// lands after the `used` bytes just consumed.
+    fn advance(&mut self, bid: u16, used: usize) {
+        let at = &mut self.offset[usize::from(bid)];
+        *at += used;
+        assert!(
+            *at < self.buffer_bytes,
+            "recv buffer {bid} kept with no room left"
+        );
     }
 }
 
@@ -206,6 +232,8 @@ pub struct Ring {
     uring: IoUring,
     arena: Arena,
     recv: RecvBuffers,
+    /// The kernel consumes receive buffers incrementally (`RECV_BUFFERS_INCREMENTAL`).
+    recv_incremental: bool,
     tx: super::header_buffers::HeaderBuffers,
     /// Per connection slot: where the kernel writes the peer's `sockaddr` (`get_peer`).
     peers: PeerBuffers,
@@ -277,16 +305,28 @@ impl Ring {
         };
 
         let mut recv = RecvBuffers::new(cfg.recv_buffers, cfg.recv_buffer_bytes)?;
-        // SAFETY: the ring mapping stays alive as long as the Ring (dropped after the IoUring);
-        // it is page aligned as the kernel requires.
-        unsafe {
-            uring.submitter().register_buf_ring_with_flags(
-                recv.ring.base() as u64,
-                cfg.recv_buffers,
-                RECV_BUFFER_GROUP,
-                0,
-            )?;
-        }
+        // Incremental consumption where the kernel has it (6.12+; older ones refuse the flag
+        // with EINVAL and every receive takes a whole buffer).
+        let register = |flags: u16| {
+            // SAFETY: the ring mapping stays alive as long as the Ring (dropped after the
+            // IoUring); it is page aligned as the kernel requires.
+            unsafe {
+                uring.submitter().register_buf_ring_with_flags(
+                    recv.ring.base() as u64,
+                    cfg.recv_buffers,
+                    RECV_BUFFER_GROUP,
+                    flags,
+                )
+            }
+        };
+        let incremental = match register(RECV_BUFFERS_INCREMENTAL) {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                register(0)?;
+                false
+            }
+            Err(e) => return Err(e),
+        };
         let mut custody = Custody::new(
             usize::from(cfg.arena_slots),
             usize::from(cfg.recv_buffers),
@@ -303,6 +343,7 @@ impl Ring {
             uring,
             arena,
             recv,
+            recv_incremental: incremental,
             tx: crate::shard::header_buffers::HeaderBuffers::new(cfg.conn_slots),
             peers: PeerBuffers::new(cfg.conn_slots),
             custody,
@@ -505,6 +546,9 @@ impl crate::ring_api::ops::RingOps for Ring {
     fn deferred_taskrun(&self) -> bool {
         self.deferred_taskrun
     }
+    fn recv_incremental(&self) -> bool {
+        self.recv_incremental
+    }
     fn sqes_pushed(&self) -> u64 {
         self.sqes_pushed
     }
@@ -553,10 +597,15 @@ impl crate::ring_api::ops::RingOps for Ring {
         self.custody.check_recv_held(bid);
         self.recv.data(bid, len)
     }
-    /// Returns provided buffer `bid` to the kernel once its bytes were copied out.
-    fn recycle_recv(&mut self, bid: u16) {
+    /// Hands provided buffer `bid` back once its bytes were copied out: as it is when the
+    /// kernel keeps filling it, else provided again whole.
+    fn recycle_recv(&mut self, bid: u16, used: usize, kernel_keeps: bool) {
         self.custody.provide_recv(bid);
-        self.recv.provide(bid);
+        if kernel_keeps {
+            self.recv.advance(bid, used);
+        } else {
+            self.recv.provide(bid);
+        }
     }
     /// The header buffer of connection slot `conn`, for writing; it must not be in flight.
     fn tx_mut(&mut self, conn: ConnSlot) -> &mut Vec<u8> {
@@ -918,6 +967,40 @@ impl crate::ring_api::ops::RingOps for Ring {
     /// Submits queued SQEs and waits for at least `want` completions or `timeout`.
     fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<()> {
         self.submit_and_wait_inner(want, timeout, 0)
+    }
+    /// An enter without GETEVENTS: the entries are issued (inline completions are posted as
+    /// it returns), the deferred task work of other sockets is left for the loop's next wait.
+    /// No enter at all when nothing is queued.
+    fn submit_only(&mut self) -> io::Result<()> {
+        if !self.unqueued.is_empty() {
+            self.flush_unqueued();
+        }
+        if !self.unqueued.is_empty() || self.cq_overflow_pending() {
+            // Entries the SQ could not take, or completions the kernel holds back: the
+            // reaping enter empties the way first.
+            return self.submit_and_wait_inner(0, None, 0);
+        }
+        let pending = self.uring.submission().len() as u32;
+        if pending == 0 {
+            return Ok(());
+        }
+        self.enters += 1;
+        // SAFETY: no argument pointer is passed; the SQ entries were pushed by `push`, whose
+        // memory invariants hold until their completions.
+        let res = unsafe {
+            self.uring
+                .submitter()
+                .enter::<libc::sigset_t>(pending, 0, 0, None)
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR)) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                self.busy += 1;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
     /// Submits queued SQEs and waits for completions until `timeout`.
     ///

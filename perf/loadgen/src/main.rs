@@ -41,7 +41,8 @@
 //!          closed) instead of a fresh connection each.
 //!   trickle --addr A --path U --conns C --head-bytes H --tail-bytes T --gap-ms G: C
 //!          connections send the first H-T bytes of an H-byte head at once, then the last T one
-//!          byte per G ms each (`trickle.rs`); every one must get its 200.
+//!          byte per G ms each (`trickle.rs`); every one must get its 200. [--spread 1]: each
+//!          connection's bytes at its own phase of the gap, not all in one burst.
 //!   misses --addr A --rate R --duration-s D [--conns 8] [--prefix /nx/]: R requests/s in all
 //!          for paths that do not exist, never the same twice, on C keep-alive connections
 //!          (`misses.rs`); every answer must be a 404.

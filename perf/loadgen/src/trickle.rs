@@ -1,6 +1,12 @@
 //! `trickle`: many connections each send most of a large request head at once, then its last
 //! bytes one at a time with a pause between them (TCP_NODELAY: one byte per segment). What a
 //! slow-head attacker costs the server per byte it sends; the response must still arrive whole.
+//!
+//! Two send patterns. By default every gap sends one byte to each connection in a burst, so
+//! the server finds the bytes of all connections in one wake-up. With `--spread 1` the
+//! connections' bytes are spaced evenly within each gap (connection `j` sends at
+//! `k * gap + j * gap / conns`), as independent clients would: the server is woken for
+//! nearly every byte, which is what a byte costs it when it cannot batch.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -47,6 +53,7 @@ pub fn cmd_trickle(a: &Args) {
     let head_bytes = a.u64("head-bytes") as usize;
     let tail_bytes = a.u64("tail-bytes") as usize;
     let gap = Duration::from_micros((a.f64("gap-ms") * 1000.0) as u64);
+    let spread = a.opt_u64("spread").unwrap_or(0) != 0;
     if tail_bytes > head_bytes {
         die("--tail-bytes must not exceed --head-bytes");
     }
@@ -60,12 +67,20 @@ pub fn cmd_trickle(a: &Args) {
             .unwrap_or_else(|e| die(&format!("first part: {e}")));
         socks.push(s);
     }
+    if spread {
+        fine_timer_slack();
+    }
     let start = Instant::now();
     let mut send_errors = 0u64;
+    let per_conn = gap / conns.max(1) as u32;
     for (k, &byte) in head[split..].iter().enumerate() {
         let at = start + gap * k as u32;
         thread::sleep(at.saturating_duration_since(Instant::now()));
-        for s in &mut socks {
+        for (j, s) in socks.iter_mut().enumerate() {
+            if spread {
+                let due = at + per_conn * j as u32;
+                thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
             if s.write_all(&[byte]).is_err() {
                 send_errors += 1;
             }
@@ -104,6 +119,12 @@ pub fn cmd_trickle(a: &Args) {
     if let Some(b) = first_bad {
         println!("first_bad={b:?}");
     }
+}
+
+/// Timer slack of 1 µs for the main thread, which sends the trickle (the default 50 µs would
+/// bunch the spread sends into bursts of several); best effort: a refusal leaves the default.
+fn fine_timer_slack() {
+    let _ = std::fs::write("/proc/self/timerslack_ns", "1000");
 }
 
 #[cfg(test)]

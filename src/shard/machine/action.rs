@@ -24,6 +24,10 @@ pub enum GiveBack {
 pub enum Counter {
     /// A receive found no provided buffer.
     RecvNoBuffers,
+    /// Request bytes arrived that left the head incomplete: scanned, not parsed.
+    HeadScanWaits,
+    /// A request head was parsed (`parse_request`).
+    HeadParses,
     /// Body or head bytes that left, by origin.
     Bytes(Source),
     /// A send that found the socket full.

@@ -467,10 +467,11 @@ impl ConnMachine {
         &self.rx
     }
 
-    /// Whether `rx` may hold a whole head: each byte is scanned once, so a trickled head
-    /// costs linear time (`http::head_scan`).
+    /// Whether `rx` may hold a whole head, for the parse about to run (which takes the
+    /// verdict): each byte is scanned once, so a trickled head costs linear time
+    /// (`http::head_scan`).
     pub fn head_may_be_complete(&mut self) -> bool {
-        self.head_scan.advance(&self.rx) != crate::http::head_scan::Verdict::Wait
+        self.head_scan.take_parse(&self.rx)
     }
 
     /// `rx`, taken to be parsed (given back with `return_rx`).
@@ -1141,8 +1142,21 @@ impl ConnMachine {
             self.set_deadline(Deadline::Header, cx.now_ms + cx.limits.header_timeout_ms);
         }
         if !self.responding() {
-            out.push(Action::QueueUrgent);
+            self.scan_request_bytes(cx, out);
         }
+    }
+
+    /// Bytes of a request arrived: one step of the head scan per byte. Only when the parser
+    /// could say more than `Partial` is the connection queued for `start_request`; otherwise
+    /// the receive stays armed (or is armed again) and the bytes cost nothing more: no visit,
+    /// no parse, no extra enter for an urgent round (`Shard::answer_new_requests`).
+    fn scan_request_bytes(&mut self, cx: &Ctx, out: &mut Actions) {
+        if self.is_open() && self.can_start_request() && !self.head_scan.scan(&self.rx) {
+            out.push(Action::Count(Counter::HeadScanWaits, 1));
+            self.need_more_request(cx, out);
+            return;
+        }
+        out.push(Action::QueueUrgent);
     }
 
     // ---- a request becomes a response --------------------------------------------------
@@ -1448,9 +1462,48 @@ mod tests {
         assert_eq!(m.client.addr(), Some(peer));
         assert_eq!(m.in_flight(), 1);
         out.clear();
+        // Part of a request line: scanned, not queued; the one-shot receive is armed again.
         m.on_recv(4, Some(b"GET "), false, &cx(1001), &mut out);
+        assert_eq!(
+            out,
+            [Action::Count(Counter::HeadScanWaits, 1), Action::Recv]
+        );
+        assert_eq!(m.in_flight(), 1);
+        out.clear();
+        // The request line's end: the parser may say more now.
+        m.on_recv(12, Some(b"/ HTTP/1.1\r\n"), false, &cx(1002), &mut out);
         assert_eq!(out, [Action::QueueUrgent]);
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_head_trickled_a_byte_at_a_time_is_scanned_per_byte_and_queued_when_due() {
+        let head = b"GET /small.bin HTTP/1.1\r\nHost: a\r\nX-Pad: aaaa\r\n\r\n";
+        let line_end = head.iter().position(|&b| b == b'\n').unwrap();
+        let mut m = ConnMachine::new();
+        let mut out = Actions::new();
+        m.open(SocketSlot::new(5), None, &cx(0), &mut out);
+        m.on_peer(None, false, &mut out);
+        out.clear();
+        let mut queued = Vec::new();
+        for (i, b) in head.iter().enumerate() {
+            // A multishot receive: it stays armed, one completion per byte.
+            m.on_recv(1, Some(std::slice::from_ref(b)), true, &cx(1), &mut out);
+            if out.contains(&Action::QueueUrgent) {
+                queued.push(i);
+                // The connection's turn parses (the request line: Partial) and takes the
+                // verdict, as `start_request` does.
+                assert!(m.head_may_be_complete());
+                m.need_more_request(&cx(1), &mut out);
+            } else {
+                assert_eq!(out, [Action::Count(Counter::HeadScanWaits, 1)], "byte {i}");
+            }
+            out.clear();
+        }
+        // Queued twice: when the request line ended and when the head did.
+        assert_eq!(queued, [line_end, head.len() - 1]);
+        assert_eq!(m.rx(), head, "every byte kept, in order");
+        assert_eq!(m.in_flight(), 1, "the one multishot receive, still armed");
     }
 
     #[test]
@@ -1782,7 +1835,8 @@ mod tests {
         let mut out = Actions::new();
         m.open(SocketSlot::new(3), None, &cx(0), &mut out);
         m.on_peer(None, false, &mut out);
-        m.on_recv(4, Some(b"GET "), false, &cx(0), &mut out);
+        let head = b"GET / HTTP/1.1\r\n\r\n";
+        m.on_recv(head.len() as i32, Some(head), false, &cx(0), &mut out);
         m.begin_response(431, false, 50, None, RateSpec::default(), &cx(0));
         m.try_send(&cx(0), &mut out);
         out.clear();

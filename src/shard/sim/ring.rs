@@ -1118,7 +1118,12 @@ impl RingOps for SimRing {
         self.custody.check_recv_held(bid);
         &self.recv_bufs[usize::from(bid)][..len]
     }
-    fn recycle_recv(&mut self, bid: u16) {
+    fn recycle_recv(&mut self, bid: u16, _used: usize, kernel_keeps: bool) {
+        // The simulated kernel takes a whole buffer per receive (never `buffer_more`).
+        assert!(
+            !kernel_keeps,
+            "recv buffer {bid}: the simulator keeps no buffer"
+        );
         self.custody.provide_recv(bid);
         self.recv_state[usize::from(bid)] = RecvBuf::Provided;
         self.recv_free.push_back(bid);
