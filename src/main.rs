@@ -211,7 +211,8 @@ fn cache_command(c: CacheCommand) -> ExitCode {
     let dir = match (&args.dir, &args.config) {
         (Some(d), _) => d.clone(),
         (None, Some(cfg)) => match shardline::config::Config::from_file(cfg) {
-            Ok(c) => match c.cache_dir {
+            // The first disk of several (`--dir` names another).
+            Ok(c) => match c.cache_disks().into_iter().next() {
                 Some(d) => d,
                 None => {
                     eprintln!("shardline: {} sets no cache_dir", cfg.display());

@@ -193,8 +193,11 @@ pub fn run_checks(ctx: &DoctorContext) -> Vec<Check> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         checks.extend(tls::certificates(cfg, now));
-        if let Some(dir) = cfg.cache_dir.as_ref().filter(|_| !cfg.origin.is_empty()) {
-            checks.extend(storage::cache_checks(dir));
+        if !cfg.origin.is_empty() {
+            // Each cache disk on its own: a missing or sick one is named.
+            for dir in cfg.cache_disks() {
+                checks.extend(storage::cache_checks(&dir));
+            }
         }
     }
     checks

@@ -9,7 +9,7 @@
 //! poll on that shard's ring wakes it.
 
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::cache_fill::{CacheFill, FillConfig, FillCore, Notice, Outcome};
@@ -109,7 +109,6 @@ pub struct EdgeCache {
     /// The fill (index, journal, fetches).
     pub fill: CacheFill<Waiter>,
     origins: Vec<OriginConfig>,
-    data_dir: PathBuf,
     /// Longest a request waits (ms).
     pub wait_timeout_ms: u64,
     /// Bytes of an arena slot (a response no longer than this never streams).
@@ -137,7 +136,11 @@ pub struct EdgeCache {
 pub struct SharedEdge {
     /// The bookkeeping every shard locks.
     pub core: Arc<Mutex<FillCore<Waiter>>>,
-    dir: PathBuf,
+    /// The cache's disks opened at start-up (index = slot), and those left out.
+    pub disks: Arc<(
+        Vec<crate::cache::disks::Disk>,
+        Vec<crate::cache::disks::MissingDisk>,
+    )>,
     wakers: Arc<Vec<OwnedFd>>,
     /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
     /// (its thread stops with the last clone).
@@ -173,21 +176,22 @@ pub enum CacheIo {
 }
 
 impl SharedEdge {
-    /// Opens `cache_dir` (replaying its journal) for `shards` shards, with the cache keys
-    /// and `[[origin]]` entries of `config`; its journal, data-file creates and unlinks run
-    /// on the cache's I/O thread.
+    /// Opens the cache's disks `cache_dirs` (replaying each journal; a disk that cannot be
+    /// opened is left out unless `cache_require_all_disks`) for `shards` shards, with the
+    /// cache keys and `[[origin]]` entries of `config`; its journal, data-file creates and
+    /// unlinks run on the cache's I/O thread.
     pub fn open(
-        cache_dir: &Path,
+        cache_dirs: &[PathBuf],
         shards: usize,
         config: &crate::config::Config,
     ) -> std::io::Result<SharedEdge> {
-        Self::open_with(cache_dir, shards, config, CacheIo::Thread, None)
+        Self::open_with(cache_dirs, shards, config, CacheIo::Thread, None)
     }
 
     /// As `open`, with the I/O run as `io` says and the files written under `watch` (a
     /// model of the disk, for the simulator's power-loss crashes; None for the real disk).
     pub fn open_with(
-        cache_dir: &Path,
+        cache_dirs: &[PathBuf],
         shards: usize,
         config: &crate::config::Config,
         io: CacheIo,
@@ -218,7 +222,10 @@ impl SharedEdge {
                 })
                 .collect(),
         };
-        let core = FillCore::open_watched(cache_dir, cfg, shards, watch)?;
+        let opened =
+            crate::cache::disks::open_disks(cache_dirs, config.cache_require_all_disks, watch)?;
+        let disks = Arc::new((opened.disks.clone(), opened.missing.clone()));
+        let core = FillCore::on_disks(opened, cfg, shards)?;
         let wakers = (0..shards)
             .map(|_| {
                 rustix::event::eventfd(
@@ -243,7 +250,7 @@ impl SharedEdge {
         };
         Ok(SharedEdge {
             core,
-            dir: cache_dir.to_path_buf(),
+            disks,
             wakers,
             resolver: Arc::new(resolver),
             read_ahead_blocks: config.cache_read_ahead_blocks,
@@ -385,7 +392,6 @@ impl EdgeCache {
         let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
         let fill = CacheFill::attach(shared.core.clone(), shard, filler);
         Ok(EdgeCache {
-            data_dir: shared.dir.join("data"),
             fill,
             origins: origins.to_vec(),
             wait_timeout_ms,
@@ -713,7 +719,7 @@ impl EdgeCache {
     pub fn data_file(&self, version: u64) -> (String, PathBuf) {
         (
             format!("\0cache/{version:016x}"),
-            self.data_dir.join(format!("{version:016x}")),
+            self.fill.store().data_path(version),
         )
     }
 

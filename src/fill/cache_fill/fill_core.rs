@@ -443,7 +443,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         self.probes.insert(key.to_vec(), vec![waiter]);
         self.waits_started += 1;
-        let version = self.next_version;
+        let version = self.store.new_version(key, self.next_version);
         self.next_version += 1;
         let b = u64::from(self.cfg.block_bytes);
         let start = u32::try_from(first / b).unwrap_or(u32::MAX);

@@ -1,0 +1,136 @@
+//! Several cache disks (issue 43), end to end against nginx as the origin: objects are spread
+//! over the disks of `cache_dirs`, each disk with its own journal, data files and id; a disk
+//! missing at start-up is left out with one warning line while the others serve; restarted
+//! with it back (blank), the objects of the others are still hits and the new disk takes its
+//! share of new objects; `cache_require_all_disks` refuses to start without it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::get;
+use shardline::origin::testing::NginxOrigin;
+
+const OBJECTS: usize = 24;
+const OBJECT_BYTES: u64 = 300_000 + 17;
+const WARNING: &str = "cache disk left out";
+
+fn data_files(disk: &Path) -> usize {
+    std::fs::read_dir(disk.join("data"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn config(dir: &Path, disks: &[PathBuf], origin: std::net::SocketAddr, extra: &str) -> PathBuf {
+    let list: Vec<String> = disks
+        .iter()
+        .map(|d| format!("\"{}\"", d.display()))
+        .collect();
+    let cfg = dir.join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dirs = [{}]\n{extra}[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{origin}\"\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[test]
+fn objects_spread_over_the_disks_and_a_missing_disk_costs_only_its_share() {
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    for i in 0..2 * OBJECTS {
+        common::write_pattern_file(
+            &origin_root.path().join(format!("pull/{i}.bin")),
+            OBJECT_BYTES,
+        );
+    }
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let disks: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("disk{i}")))
+        .collect();
+    // The third disk is not there at the first start.
+    for d in &disks[..2] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let want = common::pattern_range(0, OBJECT_BYTES as usize);
+    let fetch_all = |server: &common::Server, range: std::ops::Range<usize>| {
+        for i in range {
+            let r = get(server, &format!("/pull/{i}.bin"), &[]);
+            assert_eq!(r.status, 200, "object {i}");
+            assert!(r.body == want, "object {i}: other bytes");
+        }
+    };
+
+    let required = config(
+        dir.path(),
+        &disks,
+        origin.addr,
+        "cache_require_all_disks = true\n",
+    );
+    let out = common::run_shardline(
+        &[
+            "serve",
+            "--root",
+            root.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            required.to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(
+        !out.timed_out && out.code != Some(0) && out.stderr.contains("cache_dirs"),
+        "cache_require_all_disks starts without a disk: {}",
+        out.stderr
+    );
+
+    let cfg = config(dir.path(), &disks, origin.addr, "");
+    let args = ["--config", cfg.to_str().unwrap(), "--shards", "2"];
+    let server = common::Server::start(&root, &args);
+    fetch_all(&server, 0..OBJECTS);
+    let log = server.log();
+    assert_eq!(log.matches(WARNING).count(), 1, "one warning line: {log}");
+    assert!(log.contains("disk2"), "the warning names the disk: {log}");
+    // Each present disk holds its own journal, id and a share of the objects.
+    let before: Vec<usize> = disks.iter().map(|d| data_files(d)).collect();
+    assert_eq!(before[0] + before[1], OBJECTS, "{before:?}");
+    for d in &disks[..2] {
+        assert!(data_files(d) > 0, "{}: no object", d.display());
+        assert!(d.join("journal").is_file() && d.join("disk-id").is_file());
+    }
+    // Served again: hits, from either disk, no origin request.
+    let requests = origin.requests();
+    fetch_all(&server, 0..OBJECTS);
+    assert_eq!(origin.requests(), requests, "the second round was all hits");
+    drop(server);
+
+    // Back with a blank third disk: the objects of the others are still hits, and the new
+    // disk takes a share of new objects.
+    std::fs::create_dir(&disks[2]).unwrap();
+    let server = common::Server::start(&root, &args);
+    fetch_all(&server, 0..OBJECTS);
+    assert_eq!(
+        origin.requests(),
+        requests,
+        "objects on the disks that stayed are hits after the restart"
+    );
+    assert!(!server.log().contains(WARNING), "{}", server.log());
+    fetch_all(&server, OBJECTS..2 * OBJECTS);
+    let after: Vec<usize> = disks.iter().map(|d| data_files(d)).collect();
+    assert_eq!(after.iter().sum::<usize>(), 2 * OBJECTS, "{after:?}");
+    assert!(after[2] > 0, "the new disk took no object: {after:?}");
+    assert!(
+        after[0] >= before[0] && after[1] >= before[1],
+        "no object moved off the disks that stayed: {before:?} -> {after:?}"
+    );
+}
