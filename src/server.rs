@@ -586,8 +586,8 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
             tracing::info!(
                 cache_dir = %dir.display(),
-                disks = shared.disks.0.len(),
-                disks_left_out = shared.disks.1.len(),
+                disks = shared.disks.disks.len(),
+                disks_left_out = shared.disks.missing.len(),
                 origins = cfg.origin.len(),
                 rebuild_ms = started.elapsed().as_millis() as u64,
                 "pull-through cache open"
@@ -609,6 +609,9 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 .map(|o| (o.url.clone(), o.prefix.clone()))
                 .collect(),
         );
+        if let Some(e) = &edge {
+            let _ = metrics.cache_disks.set(e.disks.clone());
+        }
         all_metrics.push(metrics.clone());
         let params = ShardParams {
             index,

@@ -134,3 +134,104 @@ fn objects_spread_over_the_disks_and_a_missing_disk_costs_only_its_share() {
         "no object moved off the disks that stayed: {before:?} -> {after:?}"
     );
 }
+
+/// `shardline cache disk ACTION [DISK]` against the admin listener; its stdout.
+fn disk_cli(admin: std::net::SocketAddr, token: &common::AdminToken, args: &[&str]) -> String {
+    let admin = admin.to_string();
+    let mut all = vec!["cache", "disk"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--admin", &admin, "--token-file", token.path()]);
+    let out = common::run_shardline(&all, Duration::from_secs(20));
+    assert_eq!(out.code, Some(0), "cache disk {args:?}: {}", out.stderr);
+    out.stdout
+}
+
+#[test]
+fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    for i in 0..4 * OBJECTS {
+        common::write_pattern_file(
+            &origin_root.path().join(format!("pull/{i}.bin")),
+            OBJECT_BYTES,
+        );
+    }
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let disks: Vec<PathBuf> = (0..2)
+        .map(|i| dir.path().join(format!("disk{i}")))
+        .collect();
+    for d in &disks {
+        std::fs::create_dir(d).unwrap();
+    }
+    let token = common::AdminToken::write_in(dir.path());
+    let cfg = config(dir.path(), &disks, origin.addr, &token.config_line());
+    let args = ["--config", cfg.to_str().unwrap(), "--shards", "2"];
+    let want = common::pattern_range(0, OBJECT_BYTES as usize);
+    let fetch_all = |server: &common::Server, range: std::ops::Range<usize>| {
+        for i in range {
+            let r = get(server, &format!("/pull/{i}.bin"), &[]);
+            assert!(r.status == 200 && r.body == want, "object {i}");
+        }
+    };
+    let (server, admin) = common::start_with_admin(&root, &args);
+    fetch_all(&server, 0..OBJECTS);
+    let status = disk_cli(admin, &token, &["status"]);
+    assert_eq!(status.matches(" online ").count(), 2, "{status}");
+    // Without the token, no control.
+    let mut s = std::net::TcpStream::connect(admin).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        b"POST /cache/disks/offline?disk=0 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
+    assert_eq!(r.status, 401);
+
+    // Offline: the disk's objects are misses (fetched again, onto the other disk), and no new
+    // object goes to it.
+    let on_first = data_files(&disks[0]);
+    assert!(on_first > 0);
+    disk_cli(admin, &token, &["offline", disks[0].to_str().unwrap()]);
+    assert!(disk_cli(admin, &token, &["status"]).contains("0 offline"));
+    let requests = origin.requests();
+    fetch_all(&server, 0..2 * OBJECTS);
+    assert_eq!(
+        origin.requests() - requests,
+        on_first + OBJECTS,
+        "the offline disk's objects and the new ones were fetched, nothing else"
+    );
+    assert_eq!(
+        data_files(&disks[0]),
+        on_first,
+        "a fill went to the offline disk"
+    );
+    assert_eq!(
+        common::admin_metric(admin, "shardline_cache_disk_offline", "disk=\"0\""),
+        1
+    );
+    drop(server);
+
+    // Kept across a restart (by the disk itself), and then back online: it takes a share of
+    // new objects.
+    let (server, admin) = common::start_with_admin(&root, &args);
+    assert!(disk_cli(admin, &token, &["status"]).contains("0 offline"));
+    fetch_all(&server, 2 * OBJECTS..3 * OBJECTS);
+    assert_eq!(data_files(&disks[0]), on_first);
+    disk_cli(admin, &token, &["online", "0"]);
+    assert_eq!(
+        disk_cli(admin, &token, &["status"])
+            .matches(" online ")
+            .count(),
+        2
+    );
+    fetch_all(&server, 3 * OBJECTS..4 * OBJECTS);
+    assert!(
+        data_files(&disks[0]) > on_first,
+        "the disk back online took no new object"
+    );
+    assert!(!disks[0].join("disk-offline").exists());
+}

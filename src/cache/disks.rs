@@ -12,6 +12,7 @@
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use super::disk_health::DiskHealth;
 use super::index::Index;
 use super::journal::{Decoded, Record, ReplayStats};
 use super::journal_file::JournalFile;
@@ -22,6 +23,9 @@ use super::watch::{sync_dir, Watch};
 
 /// The file a disk's id is written in, beside its journal.
 pub const DISK_ID_FILE: &str = "disk-id";
+/// The marker a disk the operator took offline carries (kept across restarts, by the disk
+/// itself: wherever it is mounted, it comes up offline).
+pub const OFFLINE_FILE: &str = "disk-offline";
 /// Most disks one cache spreads over (`cache_dirs`); a version id's slot has room for 256.
 pub const MAX_CACHE_DISKS: usize = crate::config::MAX_CACHE_DISKS;
 const _: () = assert!(MAX_CACHE_DISKS <= 1 << (64 - super::version_id::SLOT_SHIFT));
@@ -44,6 +48,40 @@ pub struct MissingDisk {
     pub dir: PathBuf,
     /// What opening it said.
     pub error: String,
+}
+
+/// What an operator is shown of the disks (`/metrics`, the admin's status): those opened,
+/// those left out at start-up, and each one's health.
+#[derive(Debug)]
+pub struct DiskReport {
+    /// The disks opened (index = slot).
+    pub disks: Vec<Disk>,
+    /// The disks left out at start-up.
+    pub missing: Vec<MissingDisk>,
+    /// Each opened disk's errors and state.
+    pub health: std::sync::Arc<DiskHealth>,
+}
+
+impl DiskReport {
+    /// The report of `opened`.
+    pub fn of(opened: &Opened) -> DiskReport {
+        DiskReport {
+            disks: opened.disks.clone(),
+            missing: opened.missing.clone(),
+            health: opened.store.health().clone(),
+        }
+    }
+
+    /// Bytes used on disk `slot`'s file system now (None: it cannot be asked).
+    pub fn used_bytes(&self, slot: usize) -> Option<u64> {
+        let d = self.disks.get(slot)?;
+        let s = rustix::fs::statvfs(&d.dir).ok()?;
+        Some(
+            s.f_blocks
+                .saturating_sub(s.f_bfree)
+                .saturating_mul(s.f_frsize),
+        )
+    }
 }
 
 /// The disks opened: the data files, the journals and the joined index.
@@ -122,9 +160,22 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
     );
     let roots: Vec<PathBuf> = disks.iter().map(|d| d.dir.clone()).collect();
     let store = BlockStore::on_disks(&roots, placement, watch)?;
+    for (slot, d) in disks.iter().enumerate() {
+        if d.dir.join(OFFLINE_FILE).exists() {
+            store.health().set_offline(slot);
+            tracing::warn!(
+                disk = %d.dir.display(),
+                "cache disk offline (the operator's word, kept on the disk): its objects are \
+                 misses until `shardline cache disk online`"
+            );
+        }
+    }
     Ok(Opened {
+        journals: Journals {
+            files: journals,
+            health: store.health().clone(),
+        },
         store,
-        journals: Journals { files: journals },
         index,
         disks,
         missing,
@@ -251,26 +302,28 @@ pub fn disk_id(dir: &Path, watch: &Watch) -> io::Result<u64> {
 #[derive(Debug)]
 pub struct Journals {
     files: Vec<JournalFile>,
+    /// The disks' health (the store's): a failing disk's records are not written, and an
+    /// append's error is noted against its disk.
+    health: std::sync::Arc<DiskHealth>,
 }
 
 impl Journals {
-    /// The one journal of a single disk.
-    pub fn single(journal: JournalFile) -> Journals {
-        Journals {
-            files: vec![journal],
-        }
-    }
-
     /// Appends `records`, each to its version's disk, and with `durable` returns once they
     /// are all on disk. An error from any disk is the batch's (none of it is counted durable).
+    /// A failing disk's records are left out: its versions are on their way out of the index.
     pub fn append(&mut self, records: &[Record], durable: bool) -> io::Result<()> {
         if self.files.len() == 1 {
-            return self.files[0].append(records, durable);
+            if !self.health.usable(0) {
+                return Ok(());
+            }
+            let r = self.files[0].append(records, durable);
+            return self.noted(0, r);
         }
         let mut used = [false; MAX_CACHE_DISKS];
         for r in records {
-            match used.get_mut(slot_of(record_version(r))) {
-                Some(u) if slot_of(record_version(r)) < self.files.len() => *u = true,
+            let slot = slot_of(record_version(r));
+            match used.get_mut(slot) {
+                Some(u) if slot < self.files.len() => *u = self.health.usable(slot),
                 _ => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -279,7 +332,7 @@ impl Journals {
                 }
             }
         }
-        let mut results: Vec<io::Result<()>> = Vec::new();
+        let mut results: Vec<(usize, io::Result<()>)> = Vec::new();
         std::thread::scope(|s| {
             let mut running = Vec::new();
             for (slot, file) in self.files.iter_mut().enumerate() {
@@ -294,18 +347,36 @@ impl Journals {
                     .name(format!("cache-disk-{slot}"))
                     .spawn_scoped(s, write)
                 {
-                    Ok(h) => running.push(h),
-                    Err(e) => results.push(Err(e)),
+                    Ok(h) => running.push((slot, h)),
+                    Err(e) => results.push((slot, Err(e))),
                 }
             }
-            for h in running {
-                results.push(
+            for (slot, h) in running {
+                results.push((
+                    slot,
                     h.join()
                         .unwrap_or_else(|_| Err(io::Error::other("a disk's append panicked"))),
-                );
+                ));
             }
         });
-        results.into_iter().collect()
+        // Every disk's error is noted, the batch gets the last.
+        let mut out = Ok(());
+        for (slot, r) in results {
+            if let Err(e) = self.noted(slot, r) {
+                out = Err(e);
+            }
+        }
+        out
+    }
+
+    /// `result` of an append to disk `slot`, its error noted against the disk.
+    fn noted(&self, slot: usize, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &result {
+            if let Some(errno) = e.raw_os_error() {
+                self.health.note(slot, errno, unix_now_s());
+            }
+        }
+        result
     }
 
     /// Bytes in all the journals.
@@ -327,6 +398,9 @@ impl Journals {
     /// `journal::snapshot`): written and synced beside it, then renamed over.
     pub fn compact(&mut self, snapshot: &[u8]) -> io::Result<()> {
         if self.files.len() == 1 {
+            if !self.health.usable(0) {
+                return Ok(());
+            }
             return compact_one(&mut self.files[0], snapshot);
         }
         let mut parts: Vec<Vec<u8>> = vec![Vec::new(); self.files.len()];
@@ -349,14 +423,41 @@ impl Journals {
             }
         }
         let mut result = Ok(());
-        for (file, part) in self.files.iter_mut().zip(&parts) {
-            // One disk's failure leaves its journal as it was; the others are compacted.
+        for (slot, (file, part)) in self.files.iter_mut().zip(&parts).enumerate() {
+            // A failing disk is left alone; one disk's failure to compact leaves its journal
+            // as it was, and the others are compacted.
+            if !self.health.usable(slot) {
+                continue;
+            }
             if let Err(e) = compact_one(file, part) {
                 result = Err(e);
             }
         }
         result
     }
+}
+
+/// Writes (`offline`) or removes the offline marker of the disk at `dir`, durably. A dead
+/// disk cannot take it: the error says so, and the state then lasts until a restart.
+pub fn mark_offline(dir: &Path, offline: bool) -> io::Result<()> {
+    let path = dir.join(OFFLINE_FILE);
+    if offline {
+        let f = std::fs::File::create(&path)?;
+        f.sync_all()?;
+    } else {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    sync_dir(dir, &None)
+}
+
+/// Seconds since the Unix epoch (0 before it).
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Rewrites `journal` as `snapshot`: written and synced beside it, then renamed over.

@@ -17,9 +17,10 @@
 //!   together when it is on disk, retried or told of the failure together.
 //! - `watch`: what a model of the disk (the simulator's) is told of every write, sync,
 //!   create, rename and unlink, so it can crash the cache as a power loss would.
-//! - `disks`, `placement`, `version_id`: several disks, each with its own journal, data files
+//! - `disks`, `disk_health`, `placement`, `version_id`: several disks, each with its own journal, data files
 //!   and id (issue 43); which disk a new object goes to (rendezvous hashing by capacity); a
-//!   version id carries its disk's slot, so its file is found with no lock.
+//!   version id carries its disk's slot, so its file is found with no lock; errors sorted by
+//!   kind, and when a disk is taken to failing.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
 //!   read are pinned and never go), and the LRU it is measured against.
 //!
@@ -34,6 +35,7 @@
 
 pub mod blocks;
 pub mod coalesce;
+pub mod disk_health;
 pub mod disks;
 pub mod evict;
 pub mod index;

@@ -25,9 +25,19 @@ impl Placement {
 
     /// The position in `disks` of the disk `key` goes to (0 with no disk).
     pub fn pick(&self, key: &[u8]) -> usize {
+        self.pick_where(key, |_| true)
+    }
+
+    /// `pick` among the disks `usable` takes (a failing disk's keys go where they would
+    /// without it); with none usable, among all.
+    pub fn pick_where(&self, key: &[u8], usable: impl Fn(usize) -> bool) -> usize {
+        let any = (0..self.disks.len()).any(&usable);
         let h = key_hash(key);
         let mut best = (0, f64::MIN);
         for (i, &(id, weight)) in self.disks.iter().enumerate() {
+            if any && !usable(i) {
+                continue;
+            }
             let s = score(h, id, weight);
             if s > best.1 {
                 best = (i, s);
@@ -135,6 +145,14 @@ mod tests {
         let b = placed(&[(33, 1000), (11, 1000), (22, 1000)]);
         assert_eq!(a, b);
         assert_eq!(Placement::default().pick(b"k"), 0);
+        // A disk left out by `pick_where` gives up its keys as if it were removed.
+        let p = Placement::new(&[(11, 1000), (22, 1000), (33, 1000)]);
+        let q = Placement::new(&[(11, 1000), (33, 1000)]);
+        for k in keys() {
+            let got = p.pick_where(&k, |i| i != 1);
+            assert_eq!(got, [0, 2][q.pick(&k)]);
+        }
+        assert_eq!(p.pick_where(b"k", |_| false), p.pick(b"k"));
         assert_eq!(Placement::new(&[(5, 0)]).pick(b"k"), 0);
     }
 }

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use super::disk_health::DiskHealth;
 use super::index::ObjectVersion;
 use super::placement::Placement;
 use super::version_id::{file_number, on_slot, slot_of};
@@ -40,6 +41,8 @@ pub struct BlockStore {
     data: Arc<[PathBuf]>,
     /// Which disk a new version goes to.
     placement: Arc<Placement>,
+    /// Each disk's errors and state, shared with every clone and the journals.
+    health: Arc<DiskHealth>,
     watch: Watch,
 }
 
@@ -79,6 +82,7 @@ impl BlockStore {
             data.push(d);
         }
         Ok(BlockStore {
+            health: Arc::new(DiskHealth::new(data.len())),
             data: data.into(),
             placement: Arc::new(placement),
             watch,
@@ -90,9 +94,16 @@ impl BlockStore {
         self.data.len()
     }
 
-    /// The id of a new version of `key`, numbered `number`: on the disk placement gives it.
+    /// The id of a new version of `key`, numbered `number`: on the disk placement gives it
+    /// among those not failing.
     pub fn new_version(&self, key: &[u8], number: u64) -> u64 {
-        on_slot(number, self.placement.pick(key))
+        let slot = self.placement.pick_where(key, |s| self.health.usable(s));
+        on_slot(number, slot)
+    }
+
+    /// Each disk's errors and state.
+    pub fn health(&self) -> &Arc<DiskHealth> {
+        &self.health
     }
 
     /// The model of the disk the store is watched by, if any.

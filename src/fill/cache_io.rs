@@ -156,6 +156,12 @@ pub fn run(
             if let (Ok(_), Some(w)) = (&file, store.watch()) {
                 w.created(&path);
             }
+            if let Err(errno) = &file {
+                let slot = crate::cache::version_id::slot_of(version);
+                store
+                    .health()
+                    .note(slot, *errno, crate::cache::disks::unix_now_s());
+            }
             (version, file)
         })
         .collect::<Vec<_>>();
@@ -199,6 +205,14 @@ pub fn run(
 /// Removes dropped version `version`'s data file (a failure is logged: the space is lost
 /// until a restart's sweep, nothing else).
 pub fn remove_version(store: &BlockStore, version: u64) {
+    // A failing disk's files stay where they are: its objects left the index all at once,
+    // and a line per file would say nothing more than the one that took it out.
+    if !store
+        .health()
+        .usable(crate::cache::version_id::slot_of(version))
+    {
+        return;
+    }
     if let Err(e) = store.remove_version(version) {
         tracing::warn!(version, error = %e, "removing a dropped version's data file");
     }

@@ -136,11 +136,8 @@ pub struct EdgeCache {
 pub struct SharedEdge {
     /// The bookkeeping every shard locks.
     pub core: Arc<Mutex<FillCore<Waiter>>>,
-    /// The cache's disks opened at start-up (index = slot), and those left out.
-    pub disks: Arc<(
-        Vec<crate::cache::disks::Disk>,
-        Vec<crate::cache::disks::MissingDisk>,
-    )>,
+    /// The cache's disks: those opened (index = slot), those left out, their health.
+    pub disks: Arc<crate::cache::disks::DiskReport>,
     wakers: Arc<Vec<OwnedFd>>,
     /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
     /// (its thread stops with the last clone).
@@ -224,7 +221,7 @@ impl SharedEdge {
         };
         let opened =
             crate::cache::disks::open_disks(cache_dirs, config.cache_require_all_disks, watch)?;
-        let disks = Arc::new((opened.disks.clone(), opened.missing.clone()));
+        let disks = Arc::new(crate::cache::disks::DiskReport::of(&opened));
         let core = FillCore::on_disks(opened, cfg, shards)?;
         let wakers = (0..shards)
             .map(|_| {
@@ -625,8 +622,14 @@ impl EdgeCache {
     ) -> Option<(Outcome, Option<Stream>, Option<Hit>)> {
         let (origin, path, h) = self.hot.get(key)?;
         let now_s = super::cache_fill::unix_now_s();
-        // A request resumed after a wait goes the locked way (it may be the revalidation's).
-        if admitted || !h.valid() || now_s >= h.fresh_until_s {
+        // A request resumed after a wait goes the locked way (it may be the revalidation's),
+        // and so does one whose disk is failing (the lock's release takes its objects out).
+        let slot = crate::cache::version_id::slot_of(h.meta.version);
+        if admitted
+            || !h.valid()
+            || now_s >= h.fresh_until_s
+            || !self.fill.store().health().usable(slot)
+        {
             self.hot.remove(key);
             return None;
         }

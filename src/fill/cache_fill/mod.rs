@@ -45,6 +45,7 @@ use crate::origin::response::Unusable;
 use crate::ring_api::ops::RingOps;
 use crate::ring_api::slots::ArenaSlot;
 
+mod disk_failure;
 mod fill_core;
 mod handle;
 mod remembered;
@@ -1296,6 +1297,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// Publishes what each shard may learn without the lock (`Signals`), and moves the shards
     /// to wake into `wake`.
     fn publish(&mut self, wake: &mut Vec<usize>) {
+        self.drop_failed_disks();
         let shards = self.notices.len();
         let signals = self.signals.clone();
         let mut queued = [0usize; 64];
