@@ -223,7 +223,8 @@ fn scenario(seed: u64, root: &Path, mode: Mode) -> std::io::Result<(Config, Net,
     // Its own stream, so a seed's world without an origin stays what it was.
     let mut pull_rng = Rng::new(seed ^ 0x9011_f111);
     // A power-loss run always pulls (drawn first all the same: the stream stays as it was).
-    let pull = pull_rng.chance(PULL_RUN_PERCENT) || mode == Mode::PowerLoss;
+    let pull =
+        pull_rng.chance(PULL_RUN_PERCENT) || mode == Mode::PowerLoss || cache_disks::forced();
     if pull {
         for i in 0..pull_rng.range(1, 3) {
             // A small object (one block, never streamed) or one of several blocks.
@@ -1074,7 +1075,8 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
         scenario(seed, &root.0, mode).map_err(|e| format!("scenario: {e}"))?;
     let strict = faults.read_eio_pct == 0
         && !net.file_faults.iter().any(|_| true)
-        && !net.origin_disturbed();
+        && !net.origin_disturbed()
+        && !cache_disks::forced();
     let mut ring = SimRing::new(
         &super::ring_config(&cfg),
         net,
@@ -1085,6 +1087,7 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
     ring.cache_read_align = cfg.cache_block_bytes as usize;
     // Every cache disk is beneath it.
     ring.cache_dir = cfg.cache_disks().first().map(|_| root.0.join("cache"));
+    ring.disk_fault = cache_disks::fault_for(&cfg);
     let mut crash_rng = Rng::new(seed ^ 0x0c4a_5e11);
     let disk = (mode == Mode::PowerLoss).then(|| {
         let at = crash_rng.range(1, CRASH_EVENTS_MAX);
