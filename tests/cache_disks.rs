@@ -235,3 +235,47 @@ fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
     );
     assert!(!disks[0].join("disk-offline").exists());
 }
+
+#[test]
+fn the_doctor_checks_each_disk_by_name() {
+    let dir = common::disk_tempdir();
+    let disks = [dir.path().join("disk0"), dir.path().join("missing")];
+    std::fs::create_dir(&disks[0]).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "root = \"{}\"\ncache_dirs = [\"{}\", \"{}\"]\n[[origin]]\nurl = \"http://127.0.0.1:9\"\n",
+            dir.path().display(),
+            disks[0].display(),
+            disks[1].display()
+        ),
+    )
+    .unwrap();
+    let out = common::run_shardline(
+        &["doctor", "--json", "--config", cfg.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    assert!(!out.timed_out);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("doctor's JSON");
+    let checks = report["checks"].as_array().expect("a checks array");
+    let status = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["status"].as_str().unwrap_or_default().to_string())
+    };
+    for want in [
+        "cache.disk0.fs",
+        "cache.disk0.free_space",
+        "cache.disk1.free_space",
+    ] {
+        assert!(status(want).is_some(), "{want} missing: {checks:?}");
+    }
+    assert_eq!(status("cache.disk0.free_space").as_deref(), Some("ok"));
+    assert_eq!(
+        status("cache.disk1.free_space").as_deref(),
+        Some("fail"),
+        "the missing disk"
+    );
+}

@@ -194,9 +194,18 @@ pub fn run_checks(ctx: &DoctorContext) -> Vec<Check> {
             .map_or(0, |d| d.as_secs() as i64);
         checks.extend(tls::certificates(cfg, now));
         if !cfg.origin.is_empty() {
-            // Each cache disk on its own: a missing or sick one is named.
-            for dir in cfg.cache_disks() {
-                checks.extend(storage::cache_checks(&dir));
+            // Each cache disk on its own (`cache.diskN.*` with several): a missing or sick one
+            // is named.
+            let disks = cfg.cache_disks();
+            for (i, dir) in disks.iter().enumerate() {
+                let mut each = storage::cache_checks(dir);
+                if disks.len() > 1 {
+                    for c in &mut each {
+                        c.name = c.name.replacen("cache.", &format!("cache.disk{i}."), 1);
+                        c.current = format!("{}: {}", dir.display(), c.current);
+                    }
+                }
+                checks.extend(each);
             }
         }
     }
