@@ -18,6 +18,7 @@
 //! sanitised prefix of a line (`cache::prefill::echo_prefix`).
 
 pub mod auth;
+mod disks;
 
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
@@ -570,6 +571,8 @@ fn dispatch(post: bool, path: &[u8], query: Option<&[u8]>, state: &State) -> Rep
         (true, b"/cache/purge") => purge(query, state),
         (true, b"/cache/pin") => pin(query, state),
         (true, b"/cache/prefill") => prefill_start(query, state),
+        (true, b"/cache/disks/offline") => disks::set(query, state, true),
+        (true, b"/cache/disks/online") => disks::set(query, state, false),
         (true, p) if p.starts_with(b"/cache/prefill/") => {
             prefill_lease(&p[b"/cache/prefill/".len()..], query, state)
         }
@@ -577,7 +580,7 @@ fn dispatch(post: bool, path: &[u8], query: Option<&[u8]>, state: &State) -> Rep
             extra_headers: "Allow: GET, HEAD\r\n",
             ..Reply::text(
                 405,
-                "POST is for /cache/purge, /cache/pin and /cache/prefill only\n",
+                "POST is for /cache/purge, /cache/pin, /cache/prefill and /cache/disks/ only\n",
             )
         },
         (false, b"/cache/purge") => Reply {
@@ -1052,6 +1055,7 @@ fn route(path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
     match path {
         b"/cache/object" => object_state(query, state),
         b"/cache/prefill" => prefill_status(state),
+        b"/cache/disks" => disks::status(state),
         b"/metrics" => {
             let mut text = render_metrics(&state.metrics, &state.proc_root);
             state.gate.render(&mut text);

@@ -54,6 +54,31 @@ enum CacheCommand {
     /// The whole list is checked first (a line that is not a URL or that no `[[origin]]`
     /// covers is named, and nothing is fetched). Exit 1 with a summary if any object failed.
     Prefill(CachePrefillArgs),
+    /// The cache's disks on a running server: `status` lists each one (state, id, errors by
+    /// kind, bytes used) and those left out at start-up; `offline DISK` takes one out (its
+    /// objects become misses, no fill goes to it; kept on the disk across restarts);
+    /// `online DISK` brings it back (it takes its share of new objects). DISK is a
+    /// directory of `cache_dirs`, or a slot from `status`.
+    Disk(CacheDiskArgs),
+}
+
+/// Flags of `shardline cache disk`.
+#[derive(Args)]
+struct CacheDiskArgs {
+    /// status, offline or online.
+    #[arg(value_parser = ["status", "offline", "online"])]
+    action: String,
+    /// The disk (offline, online): its directory in `cache_dirs`, or its slot.
+    disk: Option<String>,
+    /// The server's admin listener (ADDRESS:PORT).
+    #[arg(long, value_name = "ADDR", conflicts_with = "config")]
+    admin: Option<std::net::SocketAddr>,
+    /// The server's config file (its `admin` address and `admin_token_file`).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The admin token's file (mode 0600), in place of the config's `admin_token_file`.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
 }
 
 /// Flags of `shardline cache prefill`.
@@ -212,12 +237,14 @@ fn cache_command(c: CacheCommand) -> ExitCode {
     let args = match &c {
         CacheCommand::Stats(a) | CacheCommand::Verify(a) => a,
         CacheCommand::Purge(p) => return cache_purge(p),
+        CacheCommand::Disk(d) => return cache_disk(d),
         CacheCommand::Prefill(p) => return cache_prefill(p),
     };
     let dir = match (&args.dir, &args.config) {
         (Some(d), _) => d.clone(),
         (None, Some(cfg)) => match shardline::config::Config::from_file(cfg) {
-            Ok(c) => match c.cache_dir {
+            // The first disk of several (`--dir` names another).
+            Ok(c) => match c.cache_disks().into_iter().next() {
                 Some(d) => d,
                 None => {
                     eprintln!("shardline: {} sets no cache_dir", cfg.display());
@@ -265,7 +292,9 @@ fn cache_command(c: CacheCommand) -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        CacheCommand::Purge(_) | CacheCommand::Prefill(_) => unreachable!("answered above"),
+        CacheCommand::Purge(_) | CacheCommand::Prefill(_) | CacheCommand::Disk(_) => {
+            unreachable!("answered above")
+        }
     }
 }
 
@@ -327,6 +356,63 @@ fn cache_purge(p: &CachePurgeArgs) -> ExitCode {
         }
         Ok((status, body)) => {
             eprintln!("shardline: purge refused ({status}): {body}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("shardline: admin listener {}: {e}", admin.addr);
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `shardline cache disk status|offline|online [DISK]`.
+fn cache_disk(d: &CacheDiskArgs) -> ExitCode {
+    let cfg = match d.config.as_deref().map(Config::from_file).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shardline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let addr = match (d.admin, &cfg) {
+        (Some(a), _) => a,
+        (None, Some(c)) => match c.admin_addr() {
+            Ok(Some(a)) => a,
+            _ => {
+                eprintln!("shardline: the config sets no admin listener; give --admin ADDR");
+                return ExitCode::from(2);
+            }
+        },
+        (None, None) => {
+            eprintln!("shardline: give --admin ADDR or --config FILE");
+            return ExitCode::from(2);
+        }
+    };
+    let disk = match (d.action.as_str(), d.disk.as_deref()) {
+        ("status", _) => None,
+        (_, Some(disk)) => Some(disk),
+        (action, None) => {
+            eprintln!("shardline: cache disk {action} needs the disk (its directory or slot)");
+            return ExitCode::from(2);
+        }
+    };
+    let admin = match admin_client(addr, d.token_file.as_deref(), cfg.as_ref()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("shardline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match shardline::cache::tool::disk(&admin, &d.action, disk) {
+        Ok((200, body)) => {
+            print!("{body}");
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            eprintln!(
+                "shardline: cache disk {} refused ({status}): {body}",
+                d.action
+            );
             ExitCode::from(1)
         }
         Err(e) => {

@@ -73,6 +73,9 @@ macro_rules! counters {
             pub origin_first_byte_time: Histogram,
             /// Counters by `[[origin]]` entry (`OriginCounters`).
             pub origins: OriginCounters,
+            /// The cache's disks and their health, set once at start-up (rendered from shard
+            /// 0's: `render_cache_disks`).
+            pub cache_disks: std::sync::OnceLock<std::sync::Arc<crate::cache::disks::DiskReport>>,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -535,6 +538,78 @@ fn render_origins(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     }
 }
 
+/// Appends the per-disk families of the cache (label `disk`: its slot, with `dir` and `id`).
+fn render_cache_disks(out: &mut String, report: &crate::cache::disks::DiskReport) {
+    use crate::cache::disk_health::{DiskState, ErrorKind};
+    let labels: Vec<String> = report
+        .disks
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let dir = d.dir.display().to_string();
+            let dir = dir.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("disk=\"{i}\",dir=\"{dir}\",id=\"{:016x}\"", d.id)
+        })
+        .collect();
+    let name = "shardline_cache_disk_failing";
+    write_family_header(
+        out,
+        name,
+        "gauge",
+        "1 while a cache disk is failing (device errors took it out: no new fills, its objects \
+         are misses), else 0.",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        let v = u8::from(report.health.state(i) == DiskState::Failing);
+        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    }
+    let name = "shardline_cache_disk_offline";
+    write_family_header(
+        out,
+        name,
+        "gauge",
+        "1 while the operator has a cache disk offline (shardline cache disk offline), else 0.",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        let v = u8::from(report.health.state(i) == DiskState::Offline);
+        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    }
+    let name = "shardline_cache_disk_errors_total";
+    write_family_header(
+        out,
+        name,
+        "counter",
+        "Errors of each cache disk's I/O by kind: device (count toward failing it), software \
+         (the cache's own, never the disk's), full, checksum (a block dropped), other.",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        for kind in ErrorKind::ALL {
+            let v = report.health.errors(i, kind);
+            let _ = writeln!(out, "{name}{{{label},kind=\"{}\"}} {v}", kind.label());
+        }
+    }
+    let name = "shardline_cache_disk_used_bytes";
+    write_family_header(
+        out,
+        name,
+        "gauge",
+        "Bytes used on each cache disk's file system.",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        if let Some(v) = report.used_bytes(i) {
+            let _ = writeln!(out, "{name}{{{label}}} {v}");
+        }
+    }
+    let name = "shardline_cache_disks_left_out";
+    write_family_header(
+        out,
+        name,
+        "gauge",
+        "Disks of cache_dirs that could not be opened at start-up (their objects are misses).",
+    );
+    let _ = writeln!(out, "{name} {}", report.missing.len());
+}
+
 /// Requests answered, one counter per (method, status class).
 #[derive(Default, Debug)]
 pub struct RequestCounters {
@@ -731,6 +806,9 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     }
 
     render_origins(&mut out, shards);
+    if let Some(d) = shards.first().and_then(|m| m.cache_disks.get()) {
+        render_cache_disks(&mut out, d);
+    }
 
     let name = "shardline_requests_total";
     write_family_header(

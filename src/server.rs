@@ -578,13 +578,16 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
     ])
     .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
     // The pull-through cache all shards share: its journal is replayed once, here.
-    let edge = match &cfg.cache_dir {
+    let disks = cfg.cache_disks();
+    let edge = match disks.first() {
         Some(dir) if !cfg.origin.is_empty() => {
             let started = std::time::Instant::now();
-            let shared = crate::fill::edge::SharedEdge::open(dir, cpus.len(), &cfg)
+            let shared = crate::fill::edge::SharedEdge::open(&disks, cpus.len(), &cfg)
                 .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
             tracing::info!(
                 cache_dir = %dir.display(),
+                disks = shared.disks.disks.len(),
+                disks_left_out = shared.disks.missing.len(),
                 origins = cfg.origin.len(),
                 rebuild_ms = started.elapsed().as_millis() as u64,
                 "pull-through cache open"
@@ -606,6 +609,9 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 .map(|o| (o.url.clone(), o.prefix.clone()))
                 .collect(),
         );
+        if let Some(e) = &edge {
+            let _ = metrics.cache_disks.set(e.disks.clone());
+        }
         all_metrics.push(metrics.clone());
         let params = ShardParams {
             index,

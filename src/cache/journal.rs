@@ -84,10 +84,25 @@ pub fn replay_capacity(journal_bytes: u64) -> usize {
 /// the journal ends there) rather than a record cut short by the buffer's end (to be read
 /// again with the bytes that follow). `stats.valid_bytes` grows by what was taken.
 pub fn replay_into(bytes: &[u8], index: &mut Index, stats: &mut ReplayStats) -> (usize, bool) {
+    replay_into_slot(bytes, index, stats, None)
+}
+
+/// `replay_into`, with every record's version moved to disk slot `slot` when one is given
+/// (`version_id::rebase`: the journal of one of several disks).
+pub fn replay_into_slot(
+    bytes: &[u8],
+    index: &mut Index,
+    stats: &mut ReplayStats,
+    slot: Option<usize>,
+) -> (usize, bool) {
     let mut at = 0;
     while at < bytes.len() {
         match Record::decode(&bytes[at..]) {
             Decoded::Record(r, used) => {
+                let r = match slot {
+                    Some(slot) => super::version_id::rebase(r, slot),
+                    None => r,
+                };
                 if index.apply(r) {
                     stats.records += 1;
                 } else {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::index::Index;
 use super::journal::{
-    replay_capacity, replay_into, Record, ReplayStats, FRAME_BYTES, MAX_RECORD_BYTES,
+    replay_capacity, replay_into_slot, Record, ReplayStats, FRAME_BYTES, MAX_RECORD_BYTES,
 };
 use super::watch::{sync_dir, Watch};
 
@@ -42,6 +42,16 @@ impl JournalFile {
         path: &Path,
         watch: Watch,
     ) -> io::Result<(JournalFile, Index, ReplayStats)> {
+        Self::open_on_slot(path, watch, None)
+    }
+
+    /// `open_watched`, the versions replayed moved to disk slot `slot` when one is given
+    /// (`version_id`: one journal of several disks).
+    pub fn open_on_slot(
+        path: &Path,
+        watch: Watch,
+        slot: Option<usize>,
+    ) -> io::Result<(JournalFile, Index, ReplayStats)> {
         let existed = path.exists();
         let mut file = OpenOptions::new()
             .read(true)
@@ -69,7 +79,7 @@ impl JournalFile {
                 break;
             }
             held += n;
-            let (used, damaged) = replay_into(&buf[..held], &mut index, &mut stats);
+            let (used, damaged) = replay_into_slot(&buf[..held], &mut index, &mut stats, slot);
             if damaged {
                 break;
             }
@@ -111,8 +121,18 @@ impl JournalFile {
     /// record replay would refuse (`Record::validate`) is never written: the call fails with
     /// `InvalidInput` and writes nothing.
     pub fn append(&mut self, records: &[Record], durable: bool) -> io::Result<()> {
+        self.append_where(records, durable, |_| true)
+    }
+
+    /// `append`, of the records `keep` takes only (a disk's share of a batch for several).
+    pub fn append_where(
+        &mut self,
+        records: &[Record],
+        durable: bool,
+        keep: impl Fn(&Record) -> bool,
+    ) -> io::Result<()> {
         self.buf.clear();
-        for r in records {
+        for r in records.iter().filter(|r| keep(r)) {
             if let Err(why) = r.validate() {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, why.to_string()));
             }

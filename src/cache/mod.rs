@@ -19,6 +19,10 @@
 //!   create, rename and unlink, so it can crash the cache as a power loss would.
 //! - `tags`: the purge tags an origin gives a reply (`Surrogate-Key`, `Cache-Tag`), bounded,
 //!   kept with its version for `POST /cache/purge?tag=`.
+//! - `disks`, `disk_health`, `placement`, `version_id`: several disks, each with its own
+//!   journal, data files and id (issue 43); which disk a new object goes to (rendezvous hashing by capacity); a
+//!   version id carries its disk's slot, so its file is found with no lock; errors sorted by
+//!   kind, and when a disk is taken to failing.
 //! - `evict`: which blocks go when the cache is over its byte budget (S3-FIFO; blocks being
 //!   read are pinned and never go), and the LRU it is measured against.
 //!
@@ -33,15 +37,19 @@
 
 pub mod blocks;
 pub mod coalesce;
+pub mod disk_health;
+pub mod disks;
 pub mod evict;
 pub mod index;
 pub mod journal;
 pub mod journal_file;
+pub mod placement;
 pub mod prefill;
 pub mod record;
 pub mod store;
 pub mod tags;
 pub mod tool;
+pub mod version_id;
 pub mod watch;
 
 pub use index::{Index, ObjectVersion};

@@ -2,8 +2,9 @@
 //! wrong byte: a block's bytes are written and made durable first, its `BlockCommitted` record
 //! is journaled after, and every read checks the block against the journaled checksum.
 //!
-//! One data file per version (`data/<version as 16 hex digits>`), block `i` at offset
-//! `i * block_bytes`; the last block holds the object's tail. This file does plain blocking
+//! One data file per version (`data/<version's number as 16 hex digits>`, on the version's own
+//! disk: `version_id`), block `i` at offset `i * block_bytes`; the last block holds the
+//! object's tail. This file does plain blocking
 //! I/O, which is what start-up checks and tests need. During service, the fill path writes
 //! the same layout with O_DIRECT from the registered slot the origin's bytes arrived in,
 //! through the shard's ring, and keeps the same order.
@@ -13,7 +14,12 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use super::disk_health::DiskHealth;
 use super::index::ObjectVersion;
+use super::placement::Placement;
+use super::version_id::{file_number, on_slot, slot_of};
 use super::watch::{sync_dir, DiskWatch, Watch};
 
 /// Why a block could not be read back.
@@ -28,10 +34,15 @@ pub enum ReadError {
     Io(io::Error),
 }
 
-/// The cache's data files.
+/// The cache's data files, on one disk or several.
 #[derive(Clone, Debug)]
 pub struct BlockStore {
-    data: PathBuf,
+    /// Each disk's data directory (index = its slot); never empty.
+    data: Arc<[PathBuf]>,
+    /// Which disk a new version goes to.
+    placement: Arc<Placement>,
+    /// Each disk's errors and state, shared with every clone and the journals.
+    health: Arc<DiskHealth>,
     watch: Watch,
 }
 
@@ -43,13 +54,56 @@ impl BlockStore {
 
     /// `open`, telling `watch` (a model of the disk) of every write, sync, create and unlink.
     pub fn open_watched(dir: &Path, watch: Watch) -> io::Result<BlockStore> {
-        let data = dir.join("data");
-        if !data.is_dir() {
-            std::fs::create_dir_all(&data)?;
-            // The new directory's own entry survives a power loss.
-            sync_dir(dir, &None)?;
+        Self::on_disks(&[dir.to_path_buf()], Placement::new(&[(0, 1)]), watch)
+    }
+
+    /// The store over the disks `dirs` (creates each `dir/data`), new versions placed by
+    /// `placement` (over the same disks, in the same order). A store over one directory
+    /// (the tools: `cache stats --dir`) reads every version there, whatever its slot.
+    pub fn on_disks(
+        dirs: &[PathBuf],
+        placement: Placement,
+        watch: Watch,
+    ) -> io::Result<BlockStore> {
+        if dirs.is_empty() || placement.len() != dirs.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a store needs its disks, each placed",
+            ));
         }
-        Ok(BlockStore { data, watch })
+        let mut data = Vec::with_capacity(dirs.len());
+        for dir in dirs {
+            let d = dir.join("data");
+            if !d.is_dir() {
+                std::fs::create_dir_all(&d)?;
+                // The new directory's own entry survives a power loss.
+                sync_dir(dir, &None)?;
+            }
+            data.push(d);
+        }
+        Ok(BlockStore {
+            health: Arc::new(DiskHealth::new(data.len())),
+            data: data.into(),
+            placement: Arc::new(placement),
+            watch,
+        })
+    }
+
+    /// Disks the store spreads over.
+    pub fn disks(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The id of a new version of `key`, numbered `number`: on the disk placement gives it
+    /// among those not failing.
+    pub fn new_version(&self, key: &[u8], number: u64) -> u64 {
+        let slot = self.placement.pick_where(key, |s| self.health.usable(s));
+        on_slot(number, slot)
+    }
+
+    /// Each disk's errors and state.
+    pub fn health(&self) -> &Arc<DiskHealth> {
+        &self.health
     }
 
     /// The model of the disk the store is watched by, if any.
@@ -57,14 +111,29 @@ impl BlockStore {
         self.watch.as_deref()
     }
 
-    /// Syncs the data directory, so files created (or removed) in it survive a power loss.
+    /// Syncs every disk's data directory, so files created (or removed) in them survive a
+    /// power loss.
     pub fn sync_data_dir(&self) -> io::Result<()> {
-        sync_dir(&self.data, &self.watch)
+        for d in self.data.iter() {
+            sync_dir(d, &self.watch)?;
+        }
+        Ok(())
+    }
+
+    /// Syncs the data directory `version`'s file is in.
+    pub fn sync_data_dir_of(&self, version: u64) -> io::Result<()> {
+        sync_dir(self.data_dir(version), &self.watch)
+    }
+
+    /// The data directory of `version`'s disk.
+    fn data_dir(&self, version: u64) -> &Path {
+        self.data.get(slot_of(version)).unwrap_or(&self.data[0])
     }
 
     /// The data file of `version`.
     pub fn data_path(&self, version: u64) -> PathBuf {
-        self.data.join(format!("{version:016x}"))
+        self.data_dir(version)
+            .join(format!("{:016x}", file_number(version)))
     }
 
     /// Bytes block `block` of `meta` holds (the last one: the object's tail).
@@ -97,7 +166,7 @@ impl BlockStore {
             if let Some(w) = self.watch() {
                 w.created(&path);
             }
-            self.sync_data_dir()?;
+            self.sync_data_dir_of(meta.version)?;
         }
         let offset = u64::from(block) * u64::from(meta.block_bytes);
         file.write_all_at(bytes, offset)?;

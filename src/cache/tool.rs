@@ -195,6 +195,22 @@ pub fn purge_tag(admin: &AdminClient, tag: &str) -> std::io::Result<(u16, String
     admin.request("POST", &format!("/cache/purge?tag={}", query_encode(tag)))
 }
 
+/// `shardline cache disk status` (`disk` None) or `offline|online DISK` through a running
+/// server's admin listener (`GET /cache/disks`, `POST /cache/disks/offline|online?disk=`).
+pub fn disk(
+    admin: &AdminClient,
+    action: &str,
+    disk: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    match disk {
+        None => admin.request("GET", "/cache/disks"),
+        Some(d) => admin.request(
+            "POST",
+            &format!("/cache/disks/{action}?disk={}", query_encode(d)),
+        ),
+    }
+}
+
 /// `path` with every byte but unreserved ones and '/' percent-encoded (a query value).
 pub fn query_encode(path: &str) -> String {
     let mut out = String::with_capacity(path.len());

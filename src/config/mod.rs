@@ -42,6 +42,8 @@ pub const DEFAULT_CACHE_REVALIDATE_S: u64 = 30 * 24 * 3600;
 pub const DEFAULT_CACHE_OPEN_FILES: usize = 1024;
 /// Most `cache_open_files` may be (each is a descriptor of the process).
 pub const MAX_CACHE_OPEN_FILES: usize = 65_536;
+/// Most disks in `cache_dirs`.
+pub const MAX_CACHE_DISKS: usize = 64;
 /// Slowest background scrub (`cache_scrub_bytes_per_s`, when on): 64 KiB/s.
 pub const MIN_SCRUB_BYTES_PER_S: u64 = 64 * 1024;
 /// Fastest background scrub: 10 GB/s (the rate is a cap; the scrub never goes ahead of
@@ -363,6 +365,13 @@ pub struct Config {
     /// Where the pull-through cache keeps its journal and data files (one directory per
     /// shard beneath it); needed with `[[origin]]`.
     pub cache_dir: Option<PathBuf>,
+    /// Several cache disks, one directory (one file system) each: each disk holds its own
+    /// journal and data files, and new objects are spread over them by capacity. Instead of
+    /// `cache_dir` (which is one disk).
+    pub cache_dirs: Vec<PathBuf>,
+    /// Refuse to start when a disk of `cache_dirs` cannot be opened (by default the others
+    /// serve, with one warning line).
+    pub cache_require_all_disks: bool,
     /// Block size of newly cached objects (each object keeps its own).
     pub cache_block_bytes: u32,
     /// Most blocks fetched ahead of what a request needs (the cap of the adaptive
@@ -459,6 +468,8 @@ impl Default for Config {
             egress_bypass_bytes: DEFAULT_EGRESS_BYPASS_BYTES,
             origin: Vec::new(),
             cache_dir: None,
+            cache_dirs: Vec::new(),
+            cache_require_all_disks: false,
             cache_block_bytes: 256 * 1024,
             cache_read_ahead_blocks: 256,
             cache_wait_timeout_ms: 60_000,
@@ -810,10 +821,13 @@ impl Config {
                 format!("at most half of chunk_bytes ({})", self.chunk_bytes / 2),
             ));
         }
+        if !self.cache_dirs.is_empty() {
+            return self.validate_cache_dirs();
+        }
         let Some(dir) = &self.cache_dir else {
             return Err(err(
                 "cache_dir",
-                "[[origin]] needs cache_dir: the directory the cache fills",
+                "[[origin]] needs cache_dir (or cache_dirs): the directory the cache fills",
             ));
         };
         match std::fs::metadata(dir) {
@@ -823,6 +837,47 @@ impl Config {
                 format!("{} is not a directory", dir.display()),
             )),
             Err(e) => Err(err("cache_dir", format!("{}: {e}", dir.display()))),
+        }
+    }
+
+    /// `cache_dirs`: 1 to `MAX_CACHE_DISKS` distinct directories, not beside `cache_dir`. A
+    /// directory missing now is no error (the others serve) unless `cache_require_all_disks`.
+    fn validate_cache_dirs(&self) -> Result<(), ConfigError> {
+        if self.cache_dir.is_some() {
+            return Err(err("cache_dirs", "set cache_dir or cache_dirs, not both"));
+        }
+        if self.cache_dirs.len() > MAX_CACHE_DISKS {
+            return Err(err(
+                "cache_dirs",
+                format!("at most {MAX_CACHE_DISKS} disks"),
+            ));
+        }
+        for (i, dir) in self.cache_dirs.iter().enumerate() {
+            if self.cache_dirs[..i].contains(dir) {
+                return Err(err(
+                    "cache_dirs",
+                    format!("{} is listed twice", dir.display()),
+                ));
+            }
+            if self.cache_require_all_disks && !dir.is_dir() {
+                return Err(err(
+                    "cache_dirs",
+                    format!(
+                        "{} is not a directory (cache_require_all_disks)",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache's disks: `cache_dirs`, or `cache_dir` as the one disk (empty: no cache).
+    pub fn cache_disks(&self) -> Vec<PathBuf> {
+        if self.cache_dirs.is_empty() {
+            self.cache_dir.iter().cloned().collect()
+        } else {
+            self.cache_dirs.clone()
         }
     }
 
@@ -970,6 +1025,8 @@ impl Config {
             tls_proxy_protocol,
             origin,
             cache_dir,
+            cache_dirs,
+            cache_require_all_disks,
             cache_block_bytes,
             cache_read_ahead_blocks,
             cache_wait_timeout_ms,
@@ -1167,6 +1224,33 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert_eq!(c.origin[0].max_fetches, 8);
+    }
+
+    #[test]
+    fn cache_dirs_are_several_disks_and_cache_dir_is_one() {
+        let o = "[[origin]]\nurl = \"http://127.0.0.1:9\"\n";
+        let c = parse(&format!("cache_dir = \"/\"\n{o}")).unwrap();
+        assert_eq!(c.cache_disks(), [PathBuf::from("/")]);
+        // A disk missing now is served around, unless every disk is required.
+        let c = parse(&format!("cache_dirs = [\"/\", \"/no/such/disk\"]\n{o}")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.cache_disks().len(), 2);
+        let c = parse(&format!(
+            "cache_dirs = [\"/\", \"/no/such/disk\"]\ncache_require_all_disks = true\n{o}"
+        ))
+        .unwrap();
+        assert_eq!(c.validate().unwrap_err().key, "cache_dirs");
+        for bad in [
+            "cache_dir = \"/\"\ncache_dirs = [\"/\"]\n",
+            "cache_dirs = [\"/\", \"/\"]\n",
+        ] {
+            let c = parse(&format!("{bad}{o}")).unwrap();
+            assert_eq!(c.validate().unwrap_err().key, "cache_dirs", "{bad}");
+        }
+        assert!(
+            parse("cache_dirs = \"/\"\n").is_err(),
+            "a list, not a string"
+        );
     }
 
     #[test]

@@ -193,8 +193,20 @@ pub fn run_checks(ctx: &DoctorContext) -> Vec<Check> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         checks.extend(tls::certificates(cfg, now));
-        if let Some(dir) = cfg.cache_dir.as_ref().filter(|_| !cfg.origin.is_empty()) {
-            checks.extend(storage::cache_checks(dir));
+        if !cfg.origin.is_empty() {
+            // Each cache disk on its own (`cache.diskN.*` with several): a missing or sick one
+            // is named.
+            let disks = cfg.cache_disks();
+            for (i, dir) in disks.iter().enumerate() {
+                let mut each = storage::cache_checks(dir);
+                if disks.len() > 1 {
+                    for c in &mut each {
+                        c.name = c.name.replacen("cache.", &format!("cache.disk{i}."), 1);
+                        c.current = format!("{}: {}", dir.display(), c.current);
+                    }
+                }
+                checks.extend(each);
+            }
         }
     }
     checks

@@ -16,8 +16,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use crate::cache::disks::Journals;
 use crate::cache::journal::Record;
-use crate::cache::journal_file::JournalFile;
 use crate::cache::store::BlockStore;
 
 /// How long the thread sleeps between looks at whether its cache still exists (its eventfd
@@ -126,11 +126,11 @@ impl IoShared {
 }
 
 /// Carries out `outbox` against `journal` and `store`: one append (synced) for all its
-/// records, then its creates; its unlinks (their Drop records durable by then) go to
+/// records (per disk, side by side: `Journals`), then its creates; its unlinks (their Drop records durable by then) go to
 /// `unlink`. Called by the I/O thread, or by the fill itself in `Mode::Inline`.
 pub fn run(
     outbox: &mut Outbox,
-    journal: &mut JournalFile,
+    journal: &mut Journals,
     store: &BlockStore,
     unlink: &mut dyn FnMut(u64),
 ) -> Done {
@@ -156,23 +156,38 @@ pub fn run(
             if let (Ok(_), Some(w)) = (&file, store.watch()) {
                 w.created(&path);
             }
+            if let Err(errno) = &file {
+                let slot = crate::cache::version_id::slot_of(version);
+                store
+                    .health()
+                    .note(slot, *errno, crate::cache::disks::unix_now_s());
+            }
             (version, file)
         })
         .collect::<Vec<_>>();
     // The new files' entries are durable before any block in them is journaled (a block's
     // record follows its data's fdatasync, which does not cover the directory): one sync of
     // the data directory per batch with creates. If it fails, no file of the batch is used.
-    let opened = if opened.is_empty() {
-        opened
-    } else {
-        match store.sync_data_dir() {
-            Ok(()) => opened,
-            Err(e) => {
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                opened.into_iter().map(|(v, _)| (v, Err(errno))).collect()
-            }
-        }
-    };
+    // With several disks, each disk with creates has its directory synced, and a disk whose
+    // sync failed fails only its own files.
+    let mut synced: Vec<(usize, Result<(), i32>)> = Vec::new();
+    let opened = opened
+        .into_iter()
+        .map(|(v, file)| {
+            let slot = crate::cache::version_id::slot_of(v);
+            let sync = match synced.iter().find(|(s, _)| *s == slot) {
+                Some((_, r)) => *r,
+                None => {
+                    let r = store
+                        .sync_data_dir_of(v)
+                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+                    synced.push((slot, r));
+                    r
+                }
+            };
+            (v, sync.and(file))
+        })
+        .collect::<Vec<_>>();
     for version in outbox.unlinks.drain(..) {
         unlink(version);
     }
@@ -190,6 +205,14 @@ pub fn run(
 /// Removes dropped version `version`'s data file (a failure is logged: the space is lost
 /// until a restart's sweep, nothing else).
 pub fn remove_version(store: &BlockStore, version: u64) {
+    // A failing disk's files stay where they are: its objects left the index all at once,
+    // and a line per file would say nothing more than the one that took it out.
+    if !store
+        .health()
+        .usable(crate::cache::version_id::slot_of(version))
+    {
+        return;
+    }
     if let Err(e) = store.remove_version(version) {
         tracing::warn!(version, error = %e, "removing a dropped version's data file");
     }
@@ -197,10 +220,9 @@ pub fn remove_version(store: &BlockStore, version: u64) {
 
 /// Rewrites `journal` as `snapshot` (the live index's records): written and synced beside
 /// it, then renamed over. Nothing else appends meanwhile: the caller owns the journal.
-pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()> {
+pub fn compact(journal: &mut Journals, snapshot: &[u8]) -> std::io::Result<()> {
     let before = journal.len();
-    let new = journal.write_snapshot(&journal.compaction_path(), snapshot)?;
-    journal.finish_compaction(new, snapshot.len() as u64, before)?;
+    journal.compact(snapshot)?;
     tracing::info!(before, after = journal.len(), "cache journal compacted");
     Ok(())
 }
@@ -210,7 +232,7 @@ pub fn compact(journal: &mut JournalFile, snapshot: &[u8]) -> std::io::Result<()
 /// gone.
 pub fn spawn<C: Compactable>(
     core: Weak<C>,
-    mut journal: JournalFile,
+    mut journal: Journals,
     store: BlockStore,
     io: Arc<IoShared>,
     wakers: Arc<Vec<OwnedFd>>,

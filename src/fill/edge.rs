@@ -9,7 +9,7 @@
 //! poll on that shard's ring wakes it.
 
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::cache_fill::{CacheFill, FillConfig, FillCore, Notice, Outcome};
@@ -109,7 +109,6 @@ pub struct EdgeCache {
     /// The fill (index, journal, fetches).
     pub fill: CacheFill<Waiter>,
     origins: Vec<OriginConfig>,
-    data_dir: PathBuf,
     /// Longest a request waits (ms).
     pub wait_timeout_ms: u64,
     /// Bytes of an arena slot (a response no longer than this never streams).
@@ -137,7 +136,8 @@ pub struct EdgeCache {
 pub struct SharedEdge {
     /// The bookkeeping every shard locks.
     pub core: Arc<Mutex<FillCore<Waiter>>>,
-    dir: PathBuf,
+    /// The cache's disks: those opened (index = slot), those left out, their health.
+    pub disks: Arc<crate::cache::disks::DiskReport>,
     wakers: Arc<Vec<OwnedFd>>,
     /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
     /// (its thread stops with the last clone).
@@ -173,21 +173,22 @@ pub enum CacheIo {
 }
 
 impl SharedEdge {
-    /// Opens `cache_dir` (replaying its journal) for `shards` shards, with the cache keys
-    /// and `[[origin]]` entries of `config`; its journal, data-file creates and unlinks run
-    /// on the cache's I/O thread.
+    /// Opens the cache's disks `cache_dirs` (replaying each journal; a disk that cannot be
+    /// opened is left out unless `cache_require_all_disks`) for `shards` shards, with the
+    /// cache keys and `[[origin]]` entries of `config`; its journal, data-file creates and
+    /// unlinks run on the cache's I/O thread.
     pub fn open(
-        cache_dir: &Path,
+        cache_dirs: &[PathBuf],
         shards: usize,
         config: &crate::config::Config,
     ) -> std::io::Result<SharedEdge> {
-        Self::open_with(cache_dir, shards, config, CacheIo::Thread, None)
+        Self::open_with(cache_dirs, shards, config, CacheIo::Thread, None)
     }
 
     /// As `open`, with the I/O run as `io` says and the files written under `watch` (a
     /// model of the disk, for the simulator's power-loss crashes; None for the real disk).
     pub fn open_with(
-        cache_dir: &Path,
+        cache_dirs: &[PathBuf],
         shards: usize,
         config: &crate::config::Config,
         io: CacheIo,
@@ -219,7 +220,10 @@ impl SharedEdge {
                 })
                 .collect(),
         };
-        let core = FillCore::open_watched(cache_dir, cfg, shards, watch)?;
+        let opened =
+            crate::cache::disks::open_disks(cache_dirs, config.cache_require_all_disks, watch)?;
+        let disks = Arc::new(crate::cache::disks::DiskReport::of(&opened));
+        let core = FillCore::on_disks(opened, cfg, shards)?;
         let wakers = (0..shards)
             .map(|_| {
                 rustix::event::eventfd(
@@ -244,7 +248,7 @@ impl SharedEdge {
         };
         Ok(SharedEdge {
             core,
-            dir: cache_dir.to_path_buf(),
+            disks,
             wakers,
             resolver: Arc::new(resolver),
             read_ahead_blocks: config.cache_read_ahead_blocks,
@@ -400,7 +404,6 @@ impl EdgeCache {
         let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
         let fill = CacheFill::attach(shared.core.clone(), shard, filler);
         Ok(EdgeCache {
-            data_dir: shared.dir.join("data"),
             fill,
             origins: origins.to_vec(),
             wait_timeout_ms,
@@ -634,8 +637,14 @@ impl EdgeCache {
     ) -> Option<(Outcome, Option<Stream>, Option<Hit>)> {
         let (origin, path, h) = self.hot.get(key)?;
         let now_s = super::cache_fill::unix_now_s();
-        // A request resumed after a wait goes the locked way (it may be the revalidation's).
-        if admitted || !h.valid() || now_s >= h.fresh_until_s {
+        // A request resumed after a wait goes the locked way (it may be the revalidation's),
+        // and so does one whose disk is failing (the lock's release takes its objects out).
+        let slot = crate::cache::version_id::slot_of(h.meta.version);
+        if admitted
+            || !h.valid()
+            || now_s >= h.fresh_until_s
+            || !self.fill.store().health().usable(slot)
+        {
             self.hot.remove(key);
             return None;
         }
@@ -728,7 +737,7 @@ impl EdgeCache {
     pub fn data_file(&self, version: u64) -> (String, PathBuf) {
         (
             format!("\0cache/{version:016x}"),
-            self.data_dir.join(format!("{version:016x}")),
+            self.fill.store().data_path(version),
         )
     }
 

@@ -194,6 +194,19 @@ impl FetchError {
     pub fn is_disk_full(&self) -> bool {
         matches!(self, FetchError::Disk(libc::ENOSPC | libc::EDQUOT))
     }
+
+    /// The cache's disk failed the write (a device error: `cache::disk_health::classify`):
+    /// trying again on the same disk cannot help.
+    pub fn is_disk_fault(&self) -> bool {
+        matches!(self, FetchError::Disk(e)
+            if crate::cache::disk_health::classify(*e) == crate::cache::disk_health::ErrorKind::Device)
+    }
+
+    /// The fill cannot store what it fetches (the disk is full, or failed): its waiters are
+    /// passed through from the origin instead of getting an error.
+    pub fn passes_through(&self) -> bool {
+        self.is_disk_full() || self.is_disk_fault()
+    }
 }
 
 /// What one event led to, in order.

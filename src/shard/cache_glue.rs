@@ -637,6 +637,12 @@ impl<R: RingOps> Shard<R> {
                     return;
                 }
                 tracing::warn!(shard = self.index, path = %path.display(), ?e, "cache data file");
+                if let crate::shard::files::OpenError::Other(errno) = e {
+                    // Counted against the version's disk (a dead disk fails its opens too).
+                    let slot = crate::cache::version_id::slot_of(version);
+                    let now_s = crate::fill::cache_fill::unix_now_s();
+                    edge.fill.store().health().note(slot, errno, now_s);
+                }
                 edge.fill.unpin(version);
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
@@ -905,8 +911,9 @@ impl<R: RingOps> Shard<R> {
                             // evicted before its blocks came): nothing was sent yet, so it
                             // asks again and gets whatever version the key has now.
                             None
-                        } else if error.is_disk_full() {
-                            // No room to store it: the request is passed through instead.
+                        } else if error.passes_through() {
+                            // No room to store it (or its disk failed): the request is
+                            // passed through instead.
                             Some(FillAnswer::PassThrough)
                         } else if let crate::origin::fetch::FetchError::NotStored(why) = error {
                             // Not storable: its own fetch (it never gets another's reply).
@@ -922,7 +929,7 @@ impl<R: RingOps> Shard<R> {
                             Some(FillAnswer::Status(EdgeCache::status_for(&error)))
                         };
                         self.resume_fill(waiter, answer);
-                    } else if !(error.is_disk_full() && self.live_stream(waiter)) {
+                    } else if !(error.passes_through() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
                         self.cache.pulls.aborts.push(waiter);
                     }
@@ -1109,6 +1116,14 @@ impl<R: RingOps> Shard<R> {
         let Some((file_off, buf_off, got, need)) = self.conns[c.index()].chunk_read(slot) else {
             return Use(res);
         };
+        if res < 0 {
+            // Counted against the version's disk (device errors take it to failing).
+            if let Some(edge) = self.cache.edge.as_ref() {
+                let slot = crate::cache::version_id::slot_of(version);
+                let now_s = crate::fill::cache_fill::unix_now_s();
+                edge.fill.store().health().note(slot, -res, now_s);
+            }
+        }
         if res <= 0 || got + (res as u32) < need {
             return Use(res);
         }
@@ -1135,6 +1150,9 @@ impl<R: RingOps> Shard<R> {
             Err(crate::fill::cache_fill::BadBlock::Dropped(block)) => block,
             Err(crate::fill::cache_fill::BadBlock::Corrupt(block)) => {
                 super::ShardMetrics::add(&self.metrics.cache_corrupt_blocks, 1);
+                let slot = crate::cache::version_id::slot_of(version);
+                let checksum = crate::cache::disk_health::ErrorKind::Checksum;
+                edge.fill.store().health().count(slot, checksum);
                 block
             }
             Err(crate::fill::cache_fill::BadBlock::LockBusy) => return self.hold_for_lock(c, slot),

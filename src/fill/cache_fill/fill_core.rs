@@ -449,7 +449,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         self.probes.insert(key.to_vec(), vec![waiter]);
         self.waits_started += 1;
-        let version = self.next_version;
+        let version = self.store.new_version(key, self.next_version);
         self.next_version += 1;
         let b = u64::from(self.cfg.block_bytes);
         let start = u32::try_from(first / b).unwrap_or(u32::MAX);
@@ -1262,9 +1262,16 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             // The head never came: the probe's waiters get the error (retried like a block).
             return self.give_up(&job, error);
         }
-        if error.is_disk_full() {
-            // Trying again cannot help until space is freed: the waiters hear at once.
-            self.disk_full += 1;
+        if let FetchError::Disk(errno) = error {
+            let slot = crate::cache::version_id::slot_of(job.version);
+            self.store.health().note(slot, errno, unix_now_s());
+        }
+        if error.passes_through() {
+            // Trying again cannot help until space is freed (or on a disk that failed): the
+            // waiters hear at once, and are passed through.
+            if error.is_disk_full() {
+                self.disk_full += 1;
+            }
             return self.give_up(&job, error);
         }
         if matches!(error, FetchError::VersionChanged) {

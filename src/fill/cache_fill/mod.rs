@@ -30,10 +30,10 @@ use super::cache_io::{self, Done, IoShared, Outbox};
 use super::{Begin, FillEvent, Filler};
 use crate::cache::blocks::{blocks_for, missing_runs};
 use crate::cache::coalesce::{Ask, Failed, Fills};
+use crate::cache::disks::Journals;
 use crate::cache::evict::S3Fifo;
 use crate::cache::index::{Index, ObjectVersion};
 use crate::cache::journal::Record;
-use crate::cache::journal_file::JournalFile;
 use crate::cache::record::Freshness;
 use crate::cache::store::{BlockStore, ReadError};
 use crate::config::origin::CachePolicy;
@@ -45,6 +45,7 @@ use crate::origin::response::Unusable;
 use crate::ring_api::ops::RingOps;
 use crate::ring_api::slots::ArenaSlot;
 
+mod disk_failure;
 mod fill_core;
 mod handle;
 mod handover;
@@ -311,7 +312,7 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     store: BlockStore,
     /// The journal, when this thread writes it (`cache_io`'s inline mode); None when the
     /// cache's I/O thread owns it.
-    journal: Option<JournalFile>,
+    journal: Option<Journals>,
     /// The journal's bytes (as of the last batch written).
     journal_bytes: u64,
     /// Records, creates and unlinks queued for the I/O (`cache_io`).
@@ -793,28 +794,31 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         shards: usize,
         watch: crate::cache::watch::Watch,
     ) -> std::io::Result<FillCore<W>> {
+        let opened = crate::cache::disks::open_disks(&[dir.to_path_buf()], true, watch)?;
+        Self::on_disks(opened, cfg, shards)
+    }
+
+    /// `open`, over the disks `opened` (`cache::disks::open_disks`: each disk's journal
+    /// replayed, one line each).
+    pub fn on_disks(
+        opened: crate::cache::disks::Opened,
+        cfg: FillConfig,
+        shards: usize,
+    ) -> std::io::Result<FillCore<W>> {
         assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
-        let store = BlockStore::open_watched(dir, watch.clone())?;
-        let (journal, index, replayed) = JournalFile::open_watched(&dir.join("journal"), watch)?;
-        let blocks: u64 = index
+        let crate::cache::disks::Opened {
+            store,
+            journals: journal,
+            index,
+            ..
+        } = opened;
+        // Numbers count over every disk (a version's slot is in its top bits).
+        let next_version = index
             .each_version()
-            .map(|v| index.blocks_present(v.version))
-            .sum();
-        // One line: what came back, and anything dropped and why.
-        tracing::info!(
-            dir = %dir.display(),
-            objects = index.keys(),
-            versions = index.versions(),
-            blocks,
-            journal_bytes = journal.len(),
-            records = replayed.records,
-            skipped = replayed.skipped,
-            refused = replayed.refused,
-            first_refusal = %replayed.first_refusal.map_or(String::new(), |w| w.to_string()),
-            torn_tail = replayed.damaged_tail,
-            "cache index recovered"
-        );
-        let next_version = index.max_version() + 1;
+            .map(|v| crate::cache::version_id::file_number(v.version))
+            .max()
+            .unwrap_or(0)
+            + 1;
         let evict = (cfg.max_bytes > 0).then(|| S3Fifo::new(cfg.max_bytes));
         let journal_bytes = journal.len();
         let mut core = FillCore {
@@ -1317,6 +1321,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// Publishes what each shard may learn without the lock (`Signals`), and moves the shards
     /// to wake into `wake`.
     fn publish(&mut self, wake: &mut Vec<usize>) {
+        self.drop_failed_disks();
         let shards = self.notices.len();
         let signals = self.signals.clone();
         let mut queued = [0usize; 64];

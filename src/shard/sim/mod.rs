@@ -32,6 +32,7 @@
 //! response is never held back while a slot is free; a parked connection holds no reclaimable
 //! chunk once it has been parked longer than `PARK_HOLD_MS` plus two timer sweeps.
 
+mod cache_disks;
 mod disk;
 mod model;
 mod net;
@@ -222,7 +223,8 @@ fn scenario(seed: u64, root: &Path, mode: Mode) -> std::io::Result<(Config, Net,
     // Its own stream, so a seed's world without an origin stays what it was.
     let mut pull_rng = Rng::new(seed ^ 0x9011_f111);
     // A power-loss run always pulls (drawn first all the same: the stream stays as it was).
-    let pull = pull_rng.chance(PULL_RUN_PERCENT) || mode == Mode::PowerLoss;
+    let pull =
+        pull_rng.chance(PULL_RUN_PERCENT) || mode == Mode::PowerLoss || cache_disks::forced();
     if pull {
         for i in 0..pull_rng.range(1, 3) {
             // A small object (one block, never streamed) or one of several blocks.
@@ -411,6 +413,9 @@ fn scenario(seed: u64, root: &Path, mode: Mode) -> std::io::Result<(Config, Net,
             &mut cfg,
             &net.files,
         )?);
+        if mode != Mode::PowerLoss {
+            cache_disks::spread(seed, root, &mut cfg)?;
+        }
     }
     Ok((cfg, net, faults, zerocopy))
 }
@@ -931,11 +936,12 @@ fn start_shard(
     .map_err(|e| format!("shard: {e}"))?;
     // A pull run's cache (one shard: its own fetches' news needs no wake-up, so the wake
     // poll is not armed). Kept until the run ends.
-    let shared = match &cfg.cache_dir {
-        Some(dir) => {
+    let disks = cfg.cache_disks();
+    let shared = match disks.is_empty() {
+        false => {
             // Inline: the simulator is one thread, and its runs repeat by seed.
             let io = crate::fill::edge::CacheIo::Inline;
-            let shared = crate::fill::edge::SharedEdge::open_with(dir, 1, cfg, io, watch)
+            let shared = crate::fill::edge::SharedEdge::open_with(&disks, 1, cfg, io, watch)
                 .map_err(|e| format!("cache: {e}"))?;
             shard.cache.edge = Some(
                 crate::fill::edge::EdgeCache::open(
@@ -949,7 +955,7 @@ fn start_shard(
             );
             Some(shared)
         }
-        None => None,
+        true => None,
     };
     // The files here are far below the 2 MiB a response sends before it may use SEND_ZC:
     // a lower warm-up lets the zero-copy runs take it.
@@ -1070,7 +1076,8 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
         scenario(seed, &root.0, mode).map_err(|e| format!("scenario: {e}"))?;
     let strict = faults.read_eio_pct == 0
         && !net.file_faults.iter().any(|_| true)
-        && !net.origin_disturbed();
+        && !net.origin_disturbed()
+        && !cache_disks::forced();
     let mut ring = SimRing::new(
         &super::ring_config(&cfg),
         net,
@@ -1079,7 +1086,9 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
         zerocopy,
     );
     ring.cache_read_align = cfg.cache_block_bytes as usize;
-    ring.cache_dir = cfg.cache_dir.clone();
+    // Every cache disk is beneath it.
+    ring.cache_dir = cfg.cache_disks().first().map(|_| root.0.join("cache"));
+    ring.disk_fault = cache_disks::fault_for(&cfg);
     let mut crash_rng = Rng::new(seed ^ 0x0c4a_5e11);
     let disk = (mode == Mode::PowerLoss).then(|| {
         let at = crash_rng.range(1, CRASH_EVENTS_MAX);

@@ -75,6 +75,8 @@ pub struct Paths {
     pub cq_overflows: u64,
     /// File reads failed with EIO.
     pub read_eios: u64,
+    /// Operations of a failing cache disk that failed (`DiskFault`).
+    pub disk_fault_ops: u64,
     /// Waits in which the kernel took no new submission (a full SQ).
     pub sq_full_waits: u64,
     /// Completions held back to a later wait.
@@ -99,6 +101,7 @@ impl Paths {
         self.cancelled += o.cancelled;
         self.cq_overflows += o.cq_overflows;
         self.read_eios += o.read_eios;
+        self.disk_fault_ops += o.disk_fault_ops;
         self.sq_full_waits += o.sq_full_waits;
         self.deferred += o.deferred;
         self.spurious_poll_cancels += o.spurious_poll_cancels;
@@ -282,6 +285,9 @@ pub struct SimRing {
     files: Vec<Option<std::fs::File>>,
     /// Per file slot: it holds a cache data file (opened O_DIRECT by the fill).
     cache_files: Vec<bool>,
+    /// One cache disk that fails (issue 43), and per file slot whether the file is on it.
+    pub disk_fault: Option<super::cache_disks::DiskFault>,
+    fault_files: Vec<bool>,
     /// Fixed socket slot -> socket id in `net`.
     fixed_sockets: Vec<Option<usize>>,
     ops: Vec<InFlight>,
@@ -341,6 +347,8 @@ impl SimRing {
             log_in_flight: None,
             files: (0..cfg.file_slots).map(|_| None).collect(),
             cache_files: vec![false; cfg.file_slots as usize],
+            disk_fault: None,
+            fault_files: vec![false; cfg.file_slots as usize],
             fixed_sockets: vec![None; cfg.socket_slots as usize],
             ops: Vec::new(),
             next_seq: 0,
@@ -699,7 +707,20 @@ impl SimRing {
                     .origin
                     .as_ref()
                     .map_or(0, |o| o.faults.disk_full_pct);
-                let res = if self.rng.chance(full) {
+                let fault = self.disk_fault.as_mut().and_then(|f| f.hit(&path, true));
+                if fault.is_some() {
+                    self.paths.disk_fault_ops += 1;
+                }
+                let res = if let Some(super::cache_disks::FaultHit::Eio) = fault {
+                    -libc::EIO
+                } else if let Some(super::cache_disks::FaultHit::Short) = fault {
+                    // Half of it reached the disk (a short write; the fill takes it as full).
+                    let half = (len / 2).max(1);
+                    match file.write_at(&self.arena[slot.index()][..half], off) {
+                        Ok(n) => n as i32,
+                        Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+                    }
+                } else if self.rng.chance(full) {
                     -libc::ENOSPC
                 } else {
                     let bytes = &self.arena[slot.index()][..len];
@@ -722,10 +743,20 @@ impl SimRing {
                 true
             }
             SimOp::Fsync { path } => {
-                if let Some(d) = &self.disk {
-                    crate::cache::watch::DiskWatch::synced(&**d, &path);
+                if self
+                    .disk_fault
+                    .as_mut()
+                    .and_then(|f| f.hit(&path, false))
+                    .is_some()
+                {
+                    self.paths.disk_fault_ops += 1;
+                    self.post(token, -libc::EIO, 0);
+                } else {
+                    if let Some(d) = &self.disk {
+                        crate::cache::watch::DiskWatch::synced(&**d, &path);
+                    }
+                    self.post(token, 0, 0);
                 }
-                self.post(token, 0, 0);
                 true
             }
             SimOp::GetPeer { conn, socket, len } => {
@@ -924,6 +955,12 @@ impl SimRing {
         };
         if self.rng.chance(self.faults.read_eio_pct) {
             self.paths.read_eios += 1;
+            self.post(token, -libc::EIO, 0);
+            return;
+        }
+        let on_fault_disk = index.is_some_and(|i| self.fault_files[i as usize]);
+        if on_fault_disk && self.disk_fault.as_mut().and_then(|f| f.read()).is_some() {
+            self.paths.disk_fault_ops += 1;
             self.post(token, -libc::EIO, 0);
             return;
         }
@@ -1282,6 +1319,10 @@ impl RingOps for SimRing {
         self.files[index.index()] = Some(file);
         self.cache_files[index.index()] =
             self.cache_dir.as_ref().is_some_and(|d| path.starts_with(d));
+        self.fault_files[index.index()] = self
+            .disk_fault
+            .as_ref()
+            .is_some_and(|f| path.starts_with(&f.dir));
         Ok(())
     }
     fn unregister_file(&mut self, index: FileSlot) -> io::Result<()> {

@@ -1,0 +1,113 @@
+//! The cache's disks on the admin listener (issue 43), behind the admin token like every
+//! `/cache/` endpoint: `GET /cache/disks` (each disk's slot, state, id, directory, errors by
+//! kind and bytes used, and those left out at start-up), `POST /cache/disks/offline?disk=D`
+//! and `POST /cache/disks/online?disk=D`, where D is a disk's directory (as in `cache_dirs`)
+//! or its slot. `shardline cache disk status|offline|online` asks them.
+
+use super::{Reply, State};
+use crate::cache::disk_health::ErrorKind;
+use crate::fill::edge::SharedEdge;
+
+/// `GET /cache/disks`: one line per disk, then one per disk left out.
+pub(super) fn status(state: &State) -> Reply {
+    let Some(edge) = state.edge.as_ref() else {
+        return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let report = &edge.disks;
+    let mut out = String::new();
+    for (slot, d) in report.disks.iter().enumerate() {
+        let errors: Vec<String> = ErrorKind::ALL
+            .iter()
+            .map(|k| format!("{}={}", k.label(), report.health.errors(slot, *k)))
+            .collect();
+        let used = report
+            .used_bytes(slot)
+            .map_or("?".to_string(), |b| b.to_string());
+        out.push_str(&format!(
+            "{slot} {} id={:016x} dir={} errors={} used_bytes={used}\n",
+            report.health.state(slot).label(),
+            d.id,
+            d.dir.display(),
+            errors.join(","),
+        ));
+    }
+    for m in &report.missing {
+        out.push_str(&format!(
+            "- left-out dir={} error={}\n",
+            m.dir.display(),
+            m.error.replace('\n', " ")
+        ));
+    }
+    Reply::text(200, &out)
+}
+
+/// `POST /cache/disks/offline?disk=D` (`offline`) or `/online?disk=D`.
+pub(super) fn set(query: Option<&[u8]>, state: &State, offline: bool) -> Reply {
+    let Some(edge) = state.edge.as_ref() else {
+        return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
+    };
+    let Some(disk) = crate::http::request::query_param(query.unwrap_or_default(), "disk") else {
+        return Reply::text(400, "give disk=DIR (as in cache_dirs) or disk=SLOT\n");
+    };
+    let Some(disk) = crate::fs::resolve::percent_decode(disk) else {
+        return Reply::text(400, "disk= is not percent-encoded right\n");
+    };
+    let disk = String::from_utf8_lossy(&disk).into_owned();
+    let Some(slot) = slot_of(edge, &disk) else {
+        return Reply::text(
+            404,
+            &format!("no disk {disk} was opened at start-up (GET /cache/disks lists them)\n"),
+        );
+    };
+    let d = &edge.disks.disks[slot];
+    if !offline {
+        // Only the disk opened at start-up can come back at run time: a replacement (another
+        // id, or none yet) needs a restart, which opens it blank.
+        match crate::cache::disks::disk_id(&d.dir, &None) {
+            Ok(id) if id == d.id => {}
+            Ok(_) | Err(_) => {
+                return Reply::text(
+                    409,
+                    &format!(
+                        "{} holds another disk than the one opened at start-up (or none): \
+                         restart to take a replacement\n",
+                        d.dir.display()
+                    ),
+                )
+            }
+        }
+    }
+    let marked = crate::cache::disks::mark_offline(&d.dir, offline);
+    let health = &edge.disks.health;
+    if offline {
+        health.set_offline(slot);
+    } else {
+        health.set_online(slot);
+    }
+    // The lock's release takes an offline disk's objects out of the index now.
+    drop(crate::fill::cache_fill::lock(&edge.core));
+    let word = if offline { "offline" } else { "online" };
+    tracing::warn!(disk = %d.dir.display(), slot, state = word, "cache disk set by the operator");
+    match marked {
+        Ok(()) => Reply::text(200, &format!("{} {word}\n", d.dir.display())),
+        Err(e) => Reply::text(
+            200,
+            &format!(
+                "{} {word} (until a restart: the disk did not take its marker: {e})\n",
+                d.dir.display()
+            ),
+        ),
+    }
+}
+
+/// The slot of the disk `disk` names: its directory, or its slot number.
+fn slot_of(edge: &SharedEdge, disk: &str) -> Option<usize> {
+    let disks = &edge.disks.disks;
+    if let Ok(slot) = disk.parse::<usize>() {
+        return (slot < disks.len()).then_some(slot);
+    }
+    let want = std::path::Path::new(disk);
+    disks
+        .iter()
+        .position(|d| d.dir == want || d.dir.canonicalize().ok().as_deref() == Some(want))
+}

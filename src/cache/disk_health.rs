@@ -1,0 +1,325 @@
+//! What each cache disk's errors say about it (issue 43), sorted by kind, and when a disk is
+//! taken to *failing*. Shared by every thread that touches a disk (the shards' reads, the
+//! fills' writes, the I/O thread's appends, creates and unlinks) through atomics: noting an
+//! error takes no lock.
+//!
+//! - **Device errors** (EIO, ENXIO, ENODEV, EROFS, ESHUTDOWN) count against the disk:
+//!   `DEVICE_ERRORS_TO_FAIL` of them within `DEVICE_ERROR_WINDOW_S` take it to failing (a
+//!   dead drive or a shut-down file system answers every I/O with one, so it fails at once;
+//!   a lone bad sector does not take a drive out).
+//! - **Software errors** (EINVAL, EBADF, EFAULT) are the cache's own bugs: logged loudly, never
+//!   blamed on the disk.
+//! - **Full** (ENOSPC, EDQUOT): writes stop, reads go on (`docs/CACHE.md`, "A full disk").
+//! - **Checksum failures**: the block is dropped and fetched again (as with one disk), and
+//!   counted against the disk, not toward failing it.
+//!
+//! A failing disk takes no new object (placement skips it), its records are no longer
+//! journaled and its files no longer unlinked, and its objects leave the index (the fill's
+//! `drop_failed_disks`), so they are misses, filled again on the other disks.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+/// Device errors within `DEVICE_ERROR_WINDOW_S` that take a disk to failing.
+pub const DEVICE_ERRORS_TO_FAIL: u64 = 3;
+/// The window device errors are counted in (s).
+pub const DEVICE_ERROR_WINDOW_S: u64 = 60;
+
+/// What an errno from a cache disk's I/O says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The device failed (counts toward failing the disk).
+    Device,
+    /// The cache asked wrongly (a bug: logged, not the disk's fault).
+    Software,
+    /// No room.
+    Full,
+    /// A block read back did not match its checksum.
+    Checksum,
+    /// Anything else (counted, logged).
+    Other,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order of the counters.
+    pub const ALL: [ErrorKind; 5] = [
+        ErrorKind::Device,
+        ErrorKind::Software,
+        ErrorKind::Full,
+        ErrorKind::Checksum,
+        ErrorKind::Other,
+    ];
+
+    /// The metrics' label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Device => "device",
+            ErrorKind::Software => "software",
+            ErrorKind::Full => "full",
+            ErrorKind::Checksum => "checksum",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+/// The kind of `errno` (positive) from a cache disk's I/O.
+pub fn classify(errno: i32) -> ErrorKind {
+    match errno {
+        libc::EIO | libc::ENXIO | libc::ENODEV | libc::EROFS | libc::ESHUTDOWN => ErrorKind::Device,
+        libc::EINVAL | libc::EBADF | libc::EFAULT => ErrorKind::Software,
+        libc::ENOSPC | libc::EDQUOT => ErrorKind::Full,
+        _ => ErrorKind::Other,
+    }
+}
+
+/// A disk's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskState {
+    /// Serving and filling.
+    Online,
+    /// Device errors took it out: no new fills, its objects are misses.
+    Failing,
+    /// The operator took it out (`shardline cache disk offline`): as failing, until
+    /// `online`; kept across restarts by a marker on the disk (`disks::OFFLINE_FILE`).
+    Offline,
+}
+
+impl DiskState {
+    /// The metrics' and the status's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            DiskState::Online => "online",
+            DiskState::Failing => "failing",
+            DiskState::Offline => "offline",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            DiskState::Online => 0,
+            DiskState::Failing => 1,
+            DiskState::Offline => 2,
+        }
+    }
+}
+
+/// One disk's counters.
+#[derive(Debug, Default)]
+struct One {
+    /// `DiskState::code`.
+    state: AtomicU8,
+    errors: [AtomicU64; ErrorKind::ALL.len()],
+    /// Device errors in the window that began at `window_start_s`.
+    window_errors: AtomicU64,
+    window_start_s: AtomicU64,
+}
+
+/// Every disk's health (index = slot).
+#[derive(Debug)]
+pub struct DiskHealth {
+    disks: Box<[One]>,
+    /// Bit per slot: failing, already dropped from the index by the fill.
+    dropped: AtomicU64,
+}
+
+impl DiskHealth {
+    /// Health for `disks` disks, all online.
+    pub fn new(disks: usize) -> DiskHealth {
+        DiskHealth {
+            disks: (0..disks.min(64)).map(|_| One::default()).collect(),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Disks it follows.
+    pub fn disks(&self) -> usize {
+        self.disks.len()
+    }
+
+    /// Notes error `errno` (positive) from disk `slot` at `now_s` (Unix seconds); returns its
+    /// kind. A device error that makes `DEVICE_ERRORS_TO_FAIL` in the window takes the disk to
+    /// failing (one warning line, once).
+    pub fn note(&self, slot: usize, errno: i32, now_s: u64) -> ErrorKind {
+        let kind = classify(errno);
+        self.count(slot, kind);
+        let Some(d) = self.disks.get(slot) else {
+            return kind;
+        };
+        match kind {
+            ErrorKind::Device => {
+                let start = d.window_start_s.load(Ordering::Relaxed);
+                let n = if now_s >= start + DEVICE_ERROR_WINDOW_S {
+                    d.window_start_s.store(now_s, Ordering::Relaxed);
+                    d.window_errors.store(1, Ordering::Relaxed);
+                    1
+                } else {
+                    d.window_errors.fetch_add(1, Ordering::Relaxed) + 1
+                };
+                let online = DiskState::Online.code();
+                let failing = DiskState::Failing.code();
+                if n >= DEVICE_ERRORS_TO_FAIL
+                    && d.state
+                        .compare_exchange(online, failing, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    tracing::error!(
+                        disk = slot,
+                        errno,
+                        errors = n,
+                        window_s = DEVICE_ERROR_WINDOW_S,
+                        "cache disk failing: no new fills go to it, its objects are misses now"
+                    );
+                }
+            }
+            ErrorKind::Software => tracing::error!(
+                disk = slot,
+                errno,
+                "cache disk I/O refused as invalid (a bug of the cache, not the disk's fault)"
+            ),
+            ErrorKind::Other => tracing::warn!(disk = slot, errno, "cache disk I/O error"),
+            ErrorKind::Full | ErrorKind::Checksum => {}
+        }
+        kind
+    }
+
+    /// Counts one error of `kind` on disk `slot` (a checksum failure: `ErrorKind::Checksum`).
+    pub fn count(&self, slot: usize, kind: ErrorKind) {
+        if let Some(d) = self.disks.get(slot) {
+            let i = ErrorKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+            d.errors[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Errors of `kind` noted on disk `slot`.
+    pub fn errors(&self, slot: usize, kind: ErrorKind) -> u64 {
+        let i = ErrorKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        self.disks
+            .get(slot)
+            .map_or(0, |d| d.errors[i].load(Ordering::Relaxed))
+    }
+
+    /// Disk `slot`'s state.
+    pub fn state(&self, slot: usize) -> DiskState {
+        match self
+            .disks
+            .get(slot)
+            .map(|d| d.state.load(Ordering::Acquire))
+        {
+            Some(1) => DiskState::Failing,
+            Some(2) => DiskState::Offline,
+            _ => DiskState::Online,
+        }
+    }
+
+    /// Takes disk `slot` offline (the operator's word); false when there is no such disk.
+    pub fn set_offline(&self, slot: usize) -> bool {
+        let Some(d) = self.disks.get(slot) else {
+            return false;
+        };
+        d.state.store(DiskState::Offline.code(), Ordering::Release);
+        true
+    }
+
+    /// Brings disk `slot` back online, its error window cleared: it takes its share of new
+    /// objects again (its old ones left the index; they come back at a restart), and a later
+    /// failure takes its objects out again. False when there is no such disk.
+    pub fn set_online(&self, slot: usize) -> bool {
+        let Some(d) = self.disks.get(slot) else {
+            return false;
+        };
+        d.window_errors.store(0, Ordering::Relaxed);
+        d.window_start_s.store(0, Ordering::Relaxed);
+        d.state.store(DiskState::Online.code(), Ordering::Release);
+        self.dropped.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+        true
+    }
+
+    /// Whether disk `slot` takes new objects and journal records.
+    pub fn usable(&self, slot: usize) -> bool {
+        self.state(slot) == DiskState::Online
+    }
+
+    /// The failing disks not yet taken out of the index (bit per slot); each is returned
+    /// once, to the one caller that drops its objects.
+    pub fn take_newly_failed(&self) -> u64 {
+        let failing = self
+            .disks
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.state.load(Ordering::Acquire) != DiskState::Online.code())
+            .fold(0u64, |m, (i, _)| m | 1 << i);
+        if failing == 0 {
+            return 0;
+        }
+        failing & !self.dropped.fetch_or(failing, Ordering::AcqRel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_sorted_by_kind() {
+        for e in [
+            libc::EIO,
+            libc::ENXIO,
+            libc::ENODEV,
+            libc::EROFS,
+            libc::ESHUTDOWN,
+        ] {
+            assert_eq!(classify(e), ErrorKind::Device, "{e}");
+        }
+        for e in [libc::EINVAL, libc::EBADF, libc::EFAULT] {
+            assert_eq!(classify(e), ErrorKind::Software, "{e}");
+        }
+        assert_eq!(classify(libc::ENOSPC), ErrorKind::Full);
+        assert_eq!(classify(libc::EDQUOT), ErrorKind::Full);
+        assert_eq!(classify(libc::EAGAIN), ErrorKind::Other);
+    }
+
+    #[test]
+    fn device_errors_within_the_window_take_the_disk_to_failing_and_others_never_do() {
+        let h = DiskHealth::new(3);
+        // Software errors, full and checksum failures, however many, never fail a disk.
+        for _ in 0..100 {
+            h.note(0, libc::EINVAL, 1000);
+            h.note(0, libc::ENOSPC, 1000);
+            h.count(0, ErrorKind::Checksum);
+        }
+        assert_eq!(h.state(0), DiskState::Online);
+        assert_eq!(h.errors(0, ErrorKind::Software), 100);
+        assert_eq!(h.errors(0, ErrorKind::Checksum), 100);
+        // Device errors spread wider than the window do not either.
+        for i in 0..10 {
+            h.note(1, libc::EIO, 1000 + i * DEVICE_ERROR_WINDOW_S);
+        }
+        assert_eq!(h.state(1), DiskState::Online);
+        assert_eq!(h.take_newly_failed(), 0);
+        // DEVICE_ERRORS_TO_FAIL within it do, and only that disk.
+        for i in 0..DEVICE_ERRORS_TO_FAIL {
+            assert_eq!(h.state(2), DiskState::Online, "after {i}");
+            h.note(2, libc::EIO, 5000 + i);
+        }
+        assert_eq!(h.state(2), DiskState::Failing);
+        assert!(!h.usable(2) && h.usable(0) && h.usable(1));
+        assert_eq!(h.errors(2, ErrorKind::Device), DEVICE_ERRORS_TO_FAIL);
+        // The fill hears of it once.
+        assert_eq!(h.take_newly_failed(), 1 << 2);
+        assert_eq!(h.take_newly_failed(), 0);
+        // A slot past the disks is counted nowhere and fails nothing.
+        h.note(9, libc::EIO, 1);
+        assert_eq!(h.state(9), DiskState::Online);
+        // Online again: usable, and a later failure is heard of again.
+        assert!(h.set_online(2));
+        assert!(h.usable(2));
+        for i in 0..DEVICE_ERRORS_TO_FAIL {
+            h.note(2, libc::EIO, 9000 + i);
+        }
+        assert_eq!(h.take_newly_failed(), 1 << 2);
+        // The operator's offline is as failing for placement and the index.
+        assert!(h.set_offline(0));
+        assert_eq!((h.state(0), h.usable(0)), (DiskState::Offline, false));
+        assert_eq!(h.take_newly_failed(), 1);
+        assert!(!h.set_offline(7));
+    }
+}

@@ -1,0 +1,625 @@
+//! Several cache disks, each its own failure domain (issue 43). Each disk (a directory of
+//! `cache_dirs`, one file system per drive) holds its own journal (`dir/journal`), its own
+//! data files (`dir/data/`) and a stable id written on it at first use (`dir/disk-id`), so it
+//! can be dropped, replaced or reformatted alone. At start-up each disk's journal is replayed
+//! on its own (its versions moved to its slot: `version_id`) and the disks' indexes joined into
+//! the one index the fill keeps; a disk that cannot be opened is left out with one warning
+//! line, and the others serve (`cache_require_all_disks` makes it fatal instead). New objects
+//! go to a disk by `placement` over the ids, weighted by capacity. A batch of records is
+//! split by disk (`Journals`): each disk's share is appended and synced on a thread of its
+//! own, so the disks' syncs run side by side.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::disk_health::DiskHealth;
+use super::index::Index;
+use super::journal::{Decoded, Record, ReplayStats};
+use super::journal_file::JournalFile;
+use super::placement::Placement;
+use super::store::BlockStore;
+use super::version_id::{record_version, slot_of};
+use super::watch::{sync_dir, Watch};
+
+/// The file a disk's id is written in, beside its journal.
+pub const DISK_ID_FILE: &str = "disk-id";
+/// The marker a disk the operator took offline carries (kept across restarts, by the disk
+/// itself: wherever it is mounted, it comes up offline).
+pub const OFFLINE_FILE: &str = "disk-offline";
+/// Most disks one cache spreads over (`cache_dirs`); a version id's slot has room for 256.
+pub const MAX_CACHE_DISKS: usize = crate::config::MAX_CACHE_DISKS;
+const _: () = assert!(MAX_CACHE_DISKS <= 1 << (64 - super::version_id::SLOT_SHIFT));
+
+/// One disk the cache opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disk {
+    /// Its directory (an entry of `cache_dirs`).
+    pub dir: PathBuf,
+    /// Its id, written on it at first use.
+    pub id: u64,
+    /// Its file system's size (the weight of its share of new objects).
+    pub capacity_bytes: u64,
+}
+
+/// A disk of the configuration that could not be opened, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingDisk {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// What opening it said.
+    pub error: String,
+}
+
+/// What an operator is shown of the disks (`/metrics`, the admin's status): those opened,
+/// those left out at start-up, and each one's health.
+#[derive(Debug)]
+pub struct DiskReport {
+    /// The disks opened (index = slot).
+    pub disks: Vec<Disk>,
+    /// The disks left out at start-up.
+    pub missing: Vec<MissingDisk>,
+    /// Each opened disk's errors and state.
+    pub health: std::sync::Arc<DiskHealth>,
+}
+
+impl DiskReport {
+    /// The report of `opened`.
+    pub fn of(opened: &Opened) -> DiskReport {
+        DiskReport {
+            disks: opened.disks.clone(),
+            missing: opened.missing.clone(),
+            health: opened.store.health().clone(),
+        }
+    }
+
+    /// Bytes used on disk `slot`'s file system now (None: it cannot be asked).
+    pub fn used_bytes(&self, slot: usize) -> Option<u64> {
+        let d = self.disks.get(slot)?;
+        let s = rustix::fs::statvfs(&d.dir).ok()?;
+        Some(
+            s.f_blocks
+                .saturating_sub(s.f_bfree)
+                .saturating_mul(s.f_frsize),
+        )
+    }
+}
+
+/// The disks opened: the data files, the journals and the joined index.
+#[derive(Debug)]
+pub struct Opened {
+    /// The data files of every disk opened.
+    pub store: BlockStore,
+    /// Each disk's journal.
+    pub journals: Journals,
+    /// Every disk's versions, in one index.
+    pub index: Index,
+    /// The disks opened (index = slot).
+    pub disks: Vec<Disk>,
+    /// The disks left out.
+    pub missing: Vec<MissingDisk>,
+}
+
+/// Opens the disks `dirs` (replaying each journal). A disk that cannot be opened (missing,
+/// unreadable, a journal that does not read, the id of a disk already opened) is left out with
+/// a warning line, unless `require_all`, when it is an error; so is having no disk at all.
+pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Result<Opened> {
+    if dirs.is_empty() || dirs.len() > MAX_CACHE_DISKS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("1 to {MAX_CACHE_DISKS} cache disks"),
+        ));
+    }
+    let mut disks: Vec<Disk> = Vec::with_capacity(dirs.len());
+    let mut journals = Vec::with_capacity(dirs.len());
+    let mut index: Option<Index> = None;
+    let mut missing = Vec::new();
+    for dir in dirs {
+        let slot = journals.len();
+        let opened = open_disk(dir, slot, &watch).and_then(|d| {
+            match disks.iter().find(|o| o.id == d.0.id) {
+                Some(o) => Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("the same disk id as {}", o.dir.display()),
+                )),
+                None => Ok(d),
+            }
+        });
+        match opened {
+            Ok((disk, journal, disk_index)) => {
+                match index.as_mut() {
+                    None => index = Some(disk_index),
+                    Some(all) => join(all, &disk_index),
+                }
+                disks.push(disk);
+                journals.push(journal);
+            }
+            Err(e) if require_all => {
+                return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display())));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    disk = %dir.display(),
+                    error = %e,
+                    "cache disk left out: serving from the other disks"
+                );
+                missing.push(MissingDisk {
+                    dir: dir.clone(),
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+    let Some(index) = index else {
+        return Err(io::Error::other("no cache disk could be opened"));
+    };
+    let placement = Placement::new(
+        &disks
+            .iter()
+            .map(|d| (d.id, d.capacity_bytes))
+            .collect::<Vec<_>>(),
+    );
+    let roots: Vec<PathBuf> = disks.iter().map(|d| d.dir.clone()).collect();
+    let store = BlockStore::on_disks(&roots, placement, watch)?;
+    for (slot, d) in disks.iter().enumerate() {
+        if d.dir.join(OFFLINE_FILE).exists() {
+            store.health().set_offline(slot);
+            tracing::warn!(
+                disk = %d.dir.display(),
+                "cache disk offline (the operator's word, kept on the disk): its objects are \
+                 misses until `shardline cache disk online`"
+            );
+        }
+    }
+    Ok(Opened {
+        journals: Journals {
+            files: journals,
+            health: store.health().clone(),
+        },
+        store,
+        index,
+        disks,
+        missing,
+    })
+}
+
+/// Opens one disk: its id (written now on a blank one), its data directory, its journal
+/// replayed (its versions moved to `slot`).
+fn open_disk(dir: &Path, slot: usize, watch: &Watch) -> io::Result<(Disk, JournalFile, Index)> {
+    if !std::fs::metadata(dir)?.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a directory",
+        ));
+    }
+    let id = disk_id(dir, watch)?;
+    let (journal, index, replayed) =
+        JournalFile::open_on_slot(&dir.join("journal"), watch.clone(), Some(slot))?;
+    log_recovered(dir, id, &journal, &index, &replayed);
+    let capacity_bytes = rustix::fs::statvfs(dir)
+        .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
+        .unwrap_or(0);
+    Ok((
+        Disk {
+            dir: dir.to_path_buf(),
+            id,
+            capacity_bytes,
+        },
+        journal,
+        index,
+    ))
+}
+
+/// One line per disk: what came back, and anything dropped and why.
+fn log_recovered(
+    dir: &Path,
+    id: u64,
+    journal: &JournalFile,
+    index: &Index,
+    replayed: &ReplayStats,
+) {
+    let blocks: u64 = index
+        .each_version()
+        .map(|v| index.blocks_present(v.version))
+        .sum();
+    tracing::info!(
+        dir = %dir.display(),
+        disk_id = %format!("{id:016x}"),
+        objects = index.keys(),
+        versions = index.versions(),
+        blocks,
+        journal_bytes = journal.len(),
+        records = replayed.records,
+        skipped = replayed.skipped,
+        refused = replayed.refused,
+        first_refusal = %replayed.first_refusal.map_or(String::new(), |w| w.to_string()),
+        torn_tail = replayed.damaged_tail,
+        "cache index recovered"
+    );
+}
+
+/// Adds `disk`'s current versions (and their blocks) to `all` through `Index::apply`, as a
+/// replay would. A key current on two disks (a disk that came back after its keys were
+/// filled again elsewhere) keeps the newer version; the older one is left out.
+fn join(all: &mut Index, disk: &Index) {
+    for meta in disk.each_version() {
+        if !disk.is_current(meta.version) {
+            continue;
+        }
+        let newer = all.current(&meta.key).is_some_and(|m| {
+            super::version_id::file_number(m.version) > super::version_id::file_number(meta.version)
+        });
+        if newer || !all.apply(Record::Object(meta.clone())) {
+            continue;
+        }
+        for (block, crc) in disk.each_block(meta.version) {
+            all.apply(Record::Block {
+                version: meta.version,
+                block,
+                crc,
+            });
+        }
+    }
+}
+
+/// The id written on `dir` (16 hex digits), written now if there is none: a random number,
+/// written beside and renamed into place, so a crash leaves either no id or a whole one.
+pub fn disk_id(dir: &Path, watch: &Watch) -> io::Result<u64> {
+    let path = dir.join(DISK_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            return u64::from_str_radix(text.trim(), 16).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} is not 16 hex digits", path.display()),
+                )
+            })
+        }
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    let id = u64::from_ne_bytes(bytes);
+    let text = format!("{id:016x}\n");
+    let tmp = dir.join(format!("{DISK_ID_FILE}.new"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, &path)?;
+    if let Some(w) = watch {
+        w.created(&tmp);
+        w.wrote(&tmp, 0, text.as_bytes());
+        w.synced(&tmp);
+        w.renamed(&tmp, &path);
+    }
+    sync_dir(dir, watch)?;
+    Ok(id)
+}
+
+/// Each disk's journal (index = slot). A batch of records goes to the journals of the disks
+/// its versions are on, each disk's share in one write and one sync; with several disks in a
+/// batch, each share on a thread of its own.
+#[derive(Debug)]
+pub struct Journals {
+    files: Vec<JournalFile>,
+    /// The disks' health (the store's): a failing disk's records are not written, and an
+    /// append's error is noted against its disk.
+    health: std::sync::Arc<DiskHealth>,
+}
+
+impl Journals {
+    /// Appends `records`, each to its version's disk, and with `durable` returns once they
+    /// are all on disk. An error from any disk is the batch's (none of it is counted durable).
+    /// A failing disk's records are left out: its versions are on their way out of the index.
+    pub fn append(&mut self, records: &[Record], durable: bool) -> io::Result<()> {
+        if self.files.len() == 1 {
+            if !self.health.usable(0) {
+                return Ok(());
+            }
+            let r = self.files[0].append(records, durable);
+            return self.noted(0, r);
+        }
+        let mut used = [false; MAX_CACHE_DISKS];
+        for r in records {
+            let slot = slot_of(record_version(r));
+            match used.get_mut(slot) {
+                Some(u) if slot < self.files.len() => *u = self.health.usable(slot),
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "a record of a disk the cache does not have",
+                    ))
+                }
+            }
+        }
+        let mut results: Vec<(usize, io::Result<()>)> = Vec::new();
+        std::thread::scope(|s| {
+            let mut running = Vec::new();
+            for (slot, file) in self.files.iter_mut().enumerate() {
+                if !used[slot] {
+                    continue;
+                }
+                let write = move || {
+                    file.append_where(records, durable, |r| slot_of(record_version(r)) == slot)
+                };
+                // The disks sync side by side; a thread that cannot start writes here.
+                match std::thread::Builder::new()
+                    .name(format!("cache-disk-{slot}"))
+                    .spawn_scoped(s, write)
+                {
+                    Ok(h) => running.push((slot, h)),
+                    Err(e) => results.push((slot, Err(e))),
+                }
+            }
+            for (slot, h) in running {
+                results.push((
+                    slot,
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("a disk's append panicked"))),
+                ));
+            }
+        });
+        // Every disk's error is noted, the batch gets the last.
+        let mut out = Ok(());
+        for (slot, r) in results {
+            if let Err(e) = self.noted(slot, r) {
+                out = Err(e);
+            }
+        }
+        out
+    }
+
+    /// `result` of an append to disk `slot`, its error noted against the disk.
+    fn noted(&self, slot: usize, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &result {
+            if let Some(errno) = e.raw_os_error() {
+                self.health.note(slot, errno, unix_now_s());
+            }
+        }
+        result
+    }
+
+    /// Bytes in all the journals.
+    pub fn len(&self) -> u64 {
+        self.files.iter().map(JournalFile::len).sum()
+    }
+
+    /// True when nothing has been written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Disks it writes to.
+    pub fn disks(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Rewrites each journal as its disk's share of `snapshot` (the live index as records,
+    /// `journal::snapshot`): written and synced beside it, then renamed over.
+    pub fn compact(&mut self, snapshot: &[u8]) -> io::Result<()> {
+        if self.files.len() == 1 {
+            if !self.health.usable(0) {
+                return Ok(());
+            }
+            return compact_one(&mut self.files[0], snapshot);
+        }
+        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); self.files.len()];
+        let mut at = 0;
+        while at < snapshot.len() {
+            match Record::decode(&snapshot[at..]) {
+                Decoded::Record(r, used) => {
+                    let part = parts.get_mut(slot_of(record_version(&r))).ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::InvalidInput, "a record of no disk")
+                    })?;
+                    part.extend_from_slice(&snapshot[at..at + used]);
+                    at += used;
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a snapshot that does not decode",
+                    ))
+                }
+            }
+        }
+        let mut result = Ok(());
+        for (slot, (file, part)) in self.files.iter_mut().zip(&parts).enumerate() {
+            // A failing disk is left alone; one disk's failure to compact leaves its journal
+            // as it was, and the others are compacted.
+            if !self.health.usable(slot) {
+                continue;
+            }
+            if let Err(e) = compact_one(file, part) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+}
+
+/// Writes (`offline`) or removes the offline marker of the disk at `dir`, durably. A dead
+/// disk cannot take it: the error says so, and the state then lasts until a restart.
+pub fn mark_offline(dir: &Path, offline: bool) -> io::Result<()> {
+    let path = dir.join(OFFLINE_FILE);
+    if offline {
+        let f = std::fs::File::create(&path)?;
+        f.sync_all()?;
+    } else {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    sync_dir(dir, &None)
+}
+
+/// Seconds since the Unix epoch (0 before it).
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Rewrites `journal` as `snapshot`: written and synced beside it, then renamed over.
+fn compact_one(journal: &mut JournalFile, snapshot: &[u8]) -> io::Result<()> {
+    let before = journal.len();
+    let new = journal.write_snapshot(&journal.compaction_path(), snapshot)?;
+    journal.finish_compaction(new, snapshot.len() as u64, before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::record::ObjectVersion;
+    use crate::cache::version_id::on_slot;
+
+    const BLOCK: u32 = 64 * 1024;
+
+    fn meta(key: &str, version: u64) -> ObjectVersion {
+        ObjectVersion {
+            key: key.as_bytes().to_vec(),
+            version,
+            size: 3 * u64::from(BLOCK),
+            block_bytes: BLOCK,
+            fetched_unix_s: 0,
+            etag: String::new(),
+            last_modified: String::new(),
+            content_type: String::new(),
+            freshness: Default::default(),
+            headers: String::new(),
+            status: 200,
+            selecting: String::new(),
+            tags: Default::default(),
+        }
+    }
+
+    fn dirs(n: usize) -> (tempfile::TempDir, Vec<PathBuf>) {
+        let t = tempfile::tempdir().unwrap();
+        let d = (0..n)
+            .map(|i| {
+                let p = t.path().join(format!("disk{i}"));
+                std::fs::create_dir(&p).unwrap();
+                p
+            })
+            .collect();
+        (t, d)
+    }
+
+    /// Writes `count` objects of one block each through `open_disks`, placed by key.
+    fn fill(dirs: &[PathBuf], count: u64) -> Vec<(String, u64)> {
+        let mut o = open_disks(dirs, true, None).unwrap();
+        let mut out = Vec::new();
+        let mut records = Vec::new();
+        for n in 1..=count {
+            let key = format!("0/obj-{n}");
+            let v = o.store.new_version(key.as_bytes(), n);
+            let m = meta(&key, v);
+            let crc = o
+                .store
+                .write_block(&m, 0, &vec![n as u8; BLOCK as usize])
+                .unwrap();
+            records.push(Record::Object(m));
+            records.push(Record::Block {
+                version: v,
+                block: 0,
+                crc,
+            });
+            out.push((key, v));
+        }
+        o.journals.append(&records, true).unwrap();
+        out
+    }
+
+    #[test]
+    fn each_disk_journals_and_stores_its_own_share_and_replays_it() {
+        let (_t, d) = dirs(3);
+        let written = fill(&d, 60);
+        // Every disk took some; each version's file is on its own disk.
+        for (slot, dir) in d.iter().enumerate() {
+            assert!(
+                written.iter().any(|(_, v)| slot_of(*v) == slot),
+                "slot {slot}"
+            );
+            assert!(std::fs::metadata(dir.join("journal")).unwrap().len() > 0);
+            assert!(dir.join(DISK_ID_FILE).is_file());
+        }
+        let o = open_disks(&d, true, None).unwrap();
+        assert_eq!(o.index.keys(), 60);
+        let mut buf = Vec::new();
+        for (key, v) in &written {
+            let m = o.index.current(key.as_bytes()).unwrap().clone();
+            assert_eq!(m.version, *v);
+            let crc = o.index.block_crc(*v, 0).unwrap();
+            o.store.read_block(&m, 0, crc, &mut buf).unwrap();
+            assert!(o.store.data_path(*v).starts_with(&d[slot_of(*v)]));
+        }
+        // Ids stay; listed in another order, each disk's versions follow it to its new slot.
+        let ids: Vec<u64> = o.disks.iter().map(|x| x.id).collect();
+        let reordered = vec![d[2].clone(), d[0].clone(), d[1].clone()];
+        let o = open_disks(&reordered, true, None).unwrap();
+        assert_eq!(
+            o.disks.iter().map(|x| x.id).collect::<Vec<_>>(),
+            [ids[2], ids[0], ids[1]]
+        );
+        for (key, v) in &written {
+            let m = o.index.current(key.as_bytes()).unwrap().clone();
+            let old_slot = slot_of(*v);
+            let new_slot = [1, 2, 0][old_slot];
+            assert_eq!(m.version, on_slot(*v, new_slot));
+            let crc = o.index.block_crc(m.version, 0).unwrap();
+            o.store.read_block(&m, 0, crc, &mut buf).unwrap();
+            // Placement goes by id: a key's new versions go where it went before.
+            assert_eq!(slot_of(o.store.new_version(key.as_bytes(), 999)), new_slot);
+        }
+    }
+
+    #[test]
+    fn a_missing_disk_is_left_out_unless_all_are_required() {
+        let (t, mut d) = dirs(2);
+        let written = fill(&d, 40);
+        d.push(t.path().join("gone"));
+        assert!(open_disks(&d, true, None).is_err());
+        // The second disk broken: its id unreadable.
+        std::fs::write(d[1].join(DISK_ID_FILE), "not hex").unwrap();
+        let o = open_disks(&d, false, None).unwrap();
+        assert_eq!(o.disks.len(), 1);
+        assert_eq!(o.missing.len(), 2);
+        assert_eq!(o.store.disks(), 1);
+        // The first disk's objects are all there; the rest are misses.
+        let on_first = written.iter().filter(|(_, v)| slot_of(*v) == 0).count();
+        assert_eq!(o.index.keys(), on_first);
+        assert!(on_first > 0 && on_first < 40);
+        // The same disk twice is one disk.
+        let twice = vec![d[0].clone(), d[0].clone()];
+        assert_eq!(open_disks(&twice, false, None).unwrap().disks.len(), 1);
+        assert!(open_disks(&[t.path().join("gone")], false, None).is_err());
+    }
+
+    #[test]
+    fn compaction_splits_the_snapshot_by_disk() {
+        let (_t, d) = dirs(2);
+        let written = fill(&d, 20);
+        let mut o = open_disks(&d, true, None).unwrap();
+        // Drop half, so the compaction has something to cut.
+        let drops: Vec<Record> = written
+            .iter()
+            .step_by(2)
+            .map(|(_, v)| Record::Drop { version: *v })
+            .collect();
+        for r in &drops {
+            o.index.apply(r.clone());
+        }
+        o.journals.append(&drops, true).unwrap();
+        let before = o.journals.len();
+        let mut snap = Vec::new();
+        crate::cache::journal::snapshot(&o.index, &mut snap);
+        o.journals.compact(&snap).unwrap();
+        assert!(o.journals.len() < before);
+        assert_eq!(o.journals.len(), snap.len() as u64);
+        let again = open_disks(&d, true, None).unwrap();
+        assert_eq!(again.index.keys(), 10);
+        for (key, v) in written.iter().skip(1).step_by(2) {
+            assert_eq!(again.index.current(key.as_bytes()).unwrap().version, *v);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Several cache disks in the simulator's pull runs (issue 43): the cache spreads over two to
+//! four directories, each with its own journal, data files and id, so the checker's rules (no
+//! wrong byte, no cut download, every arena slot back) hold over the placement too.
+//!
+//! One disk can fail under the run (`DiskFault`, ATS's shim that fails the Nth disk I/O): from
+//! its `nth` operation on (reads, block writes and syncs of its files, through the ring) every
+//! one fails with EIO, as a dead drive's does, or only its `nth` write comes back short. The
+//! sweep over N (`a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n`) runs
+//! the checker on each.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+
+use super::rng::Rng;
+use crate::config::Config;
+
+/// Share of the pull runs (power-loss runs aside) whose cache spreads over two to four disks.
+pub const MULTI_DISK_RUN_PERCENT: u64 = 40;
+
+/// In `MULTI_DISK_RUN_PERCENT` of the runs, moves the pull run's cache (`cfg.cache_dir`) onto
+/// two to four disks beneath `root/cache`. Its own random stream: the rest of a seed's world
+/// stays what it was.
+pub fn spread(seed: u64, root: &Path, cfg: &mut Config) -> std::io::Result<()> {
+    let mut rng = Rng::new(seed ^ 0x043d_15c5);
+    if !rng.chance(MULTI_DISK_RUN_PERCENT) && FAULT.get().is_none() {
+        return Ok(());
+    }
+    let cache = root.join("cache");
+    cfg.cache_dirs = (0..rng.range(2, 4))
+        .map(|i| cache.join(format!("disk{i}")))
+        .collect();
+    for d in &cfg.cache_dirs {
+        std::fs::create_dir_all(d)?;
+        // Ids from the seed (a blank disk draws a random one): placement, and so the run,
+        // repeats.
+        let id = format!("{:016x}\n", rng.below(u64::MAX));
+        std::fs::write(d.join(crate::cache::disks::DISK_ID_FILE), id)?;
+    }
+    cfg.cache_dir = None;
+    Ok(())
+}
+
+/// How the failing disk fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// From the `nth` operation on, every one fails with EIO.
+    Dead,
+    /// The `nth` block write comes back short (half of it written); the rest go on.
+    ShortWrite,
+}
+
+/// What one operation of the failing disk gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultHit {
+    /// EIO.
+    Eio,
+    /// A short write.
+    Short,
+}
+
+/// One cache disk that fails under a run (the ring's `disk_fault`).
+#[derive(Clone, Debug)]
+pub struct DiskFault {
+    /// The disk's directory: operations on files beneath it count.
+    pub dir: PathBuf,
+    /// The operation (counted from 1) the fault starts at.
+    pub nth: u64,
+    /// How it fails.
+    pub kind: FaultKind,
+    /// Operations on the disk so far.
+    ops: u64,
+}
+
+impl DiskFault {
+    /// A block write (`write`) or a sync of `path`: what it gets, if the fault takes it.
+    pub fn hit(&mut self, path: &Path, write: bool) -> Option<FaultHit> {
+        if !path.starts_with(&self.dir) {
+            return None;
+        }
+        self.ops += 1;
+        match self.kind {
+            FaultKind::Dead => (self.ops >= self.nth).then_some(FaultHit::Eio),
+            FaultKind::ShortWrite => (write && self.ops == self.nth).then_some(FaultHit::Short),
+        }
+    }
+
+    /// A read of a file on the disk: what it gets.
+    pub fn read(&mut self) -> Option<FaultHit> {
+        self.ops += 1;
+        (self.kind == FaultKind::Dead && self.ops >= self.nth).then_some(FaultHit::Eio)
+    }
+}
+
+thread_local! {
+    /// The fault the next runs on this thread put on their first disk (their pull and their
+    /// several disks forced): set by the sweep.
+    static FAULT: Cell<Option<(u64, FaultKind)>> = const { Cell::new(None) };
+}
+
+/// Whether a fault is set for this thread's runs (they pull and spread over disks).
+pub fn forced() -> bool {
+    FAULT.get().is_some()
+}
+
+/// The fault for a run whose cache is `cfg`'s: on its first disk, if one is set.
+pub fn fault_for(cfg: &Config) -> Option<DiskFault> {
+    let (nth, kind) = FAULT.get()?;
+    Some(DiskFault {
+        dir: cfg.cache_dirs.first()?.clone(),
+        nth,
+        kind,
+        ops: 0,
+    })
+}
+
+/// Seeds the sweep runs each N with (`SHARDLINE_DISK_FAULT_SEEDS` sets how many).
+const SWEEP_SEEDS: u64 = 24;
+/// Largest N swept.
+const SWEEP_MAX_NTH: u64 = 8;
+
+#[test]
+fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
+    let seeds = super::env_u64("SHARDLINE_DISK_FAULT_SEEDS").unwrap_or(SWEEP_SEEDS);
+    let mut fired = 0;
+    let mut runs = 0;
+    let mut pulled = 0;
+    for kind in [FaultKind::Dead, FaultKind::ShortWrite] {
+        for nth in 1..=SWEEP_MAX_NTH {
+            for seed in 0..seeds {
+                FAULT.set(Some((nth, kind)));
+                let outcome = super::run_mode_caught(seed, super::Mode::Normal);
+                FAULT.set(None);
+                // The checker ran on every tick and at the end: no wrong byte, every arena
+                // slot and receive buffer back, every connection ended, within virtual time.
+                let stats = outcome
+                    .unwrap_or_else(|e| panic!("{kind:?} at operation {nth}, seed {seed}: {e}"));
+                runs += 1;
+                fired += stats.paths.disk_fault_ops;
+                pulled += stats.pulled;
+            }
+        }
+    }
+    eprintln!("{runs} runs, {fired} disk operations failed, {pulled} pulled responses");
+    assert!(
+        fired > 0 && pulled > 0,
+        "the sweep never reached the failing disk"
+    );
+}

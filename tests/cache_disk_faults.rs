@@ -1,0 +1,246 @@
+//! A cache disk that dies under the edge (issue 43), as root: three loop-backed ext4 file
+//! systems as `cache_dirs`, one shut down with `EXT4_IOC_SHUTDOWN` (every later I/O on it fails
+//! with EIO, as a dead drive's does). The edge keeps serving: no wrong byte ever, the dead
+//! disk is taken to failing after `DEVICE_ERRORS_TO_FAIL` device errors (shown in
+//! `/metrics`), its objects become misses filled again on the other disks, and new objects go
+//! to the others only.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::get;
+use shardline::cache::disk_health::DEVICE_ERRORS_TO_FAIL;
+use shardline::origin::testing::NginxOrigin;
+
+const SKIP_ROOT: &str = "SHARDLINE_SKIP_ROOT";
+const SKIP_LOOP: &str = "SHARDLINE_SKIP_LOOP_DEVICES";
+const OBJECTS: usize = 24;
+const OBJECT_BYTES: u64 = 300_000 + 17;
+/// Each disk's image (in /dev/shm: the loop device reads at memory speed).
+const DISK_BYTES: u64 = 64 << 20;
+/// `EXT4_IOC_SHUTDOWN` (`_IOR('X', 125, __u32)`), and its NOLOGFLUSH mode.
+const EXT4_IOC_SHUTDOWN: u64 = 0x8004_587D;
+const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+
+/// An ext4 file system on a loop device over an image in /dev/shm, mounted on a temp dir;
+/// unmounted and detached on drop.
+struct LoopDisk {
+    mount: PathBuf,
+    device: String,
+    image: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl LoopDisk {
+    fn make(name: &str) -> LoopDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let image = PathBuf::from(format!(
+            "/dev/shm/shardline-disk-{}-{name}.img",
+            std::process::id()
+        ));
+        let f = std::fs::File::create(&image).unwrap();
+        f.set_len(DISK_BYTES).unwrap();
+        let image_s = image.to_str().unwrap();
+        let device = run("losetup", &["--find", "--show", "--direct-io=on", image_s]);
+        run("mkfs.ext4", &["-q", "-F", &device]);
+        let mount = dir.path().join(name);
+        std::fs::create_dir(&mount).unwrap();
+        run(
+            "mount",
+            &["-o", "errors=continue", &device, mount.to_str().unwrap()],
+        );
+        LoopDisk {
+            mount,
+            device,
+            image,
+            _dir: dir,
+        }
+    }
+
+    /// Every later I/O on the file system fails with EIO (the ioctl through Python's
+    /// `fcntl`, as `../shared/FACTS.md` does it: no `unsafe` in the tests).
+    fn shut_down(&self) {
+        let script = format!(
+            "import fcntl, os, struct\nfd = os.open({:?}, os.O_RDONLY)\nfcntl.ioctl(fd, {EXT4_IOC_SHUTDOWN:#x}, struct.pack('I', {EXT4_GOING_FLAGS_NOLOGFLUSH}))\n",
+            self.mount.to_str().unwrap()
+        );
+        run("python3", &["-c", &script]);
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn data_files(disk: &Path) -> usize {
+    std::fs::read_dir(disk.join("data"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A GET whose body may be cut: the status and the body bytes that came before the close.
+fn get_maybe_cut(server: &common::Server, path: &str) -> (u16, Vec<u8>) {
+    let mut s = server.connect();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    std::io::Write::write_all(&mut s, request.as_bytes()).unwrap();
+    let all = common::read_to_eof(&mut s).unwrap_or_default();
+    let Some(end) = all.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return (0, Vec::new());
+    };
+    let head = String::from_utf8_lossy(&all[..end]);
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, all[end + 4..].to_vec())
+}
+
+#[test]
+fn a_disk_shut_down_under_the_edge_costs_only_its_objects() {
+    if !common::prerequisite(
+        common::running_as_root(),
+        SKIP_ROOT,
+        "loop devices, mkfs and EXT4_IOC_SHUTDOWN need root",
+    ) {
+        return;
+    }
+    if !common::prerequisite(
+        Path::new("/dev/loop-control").exists(),
+        SKIP_LOOP,
+        "no /dev/loop-control: loop devices are missing",
+    ) {
+        return;
+    }
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    for i in 0..2 * OBJECTS {
+        common::write_pattern_file(
+            &origin_root.path().join(format!("pull/{i}.bin")),
+            OBJECT_BYTES,
+        );
+    }
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let disks: Vec<LoopDisk> = (0..3).map(|i| LoopDisk::make(&format!("d{i}"))).collect();
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let token = common::AdminToken::write_in(dir.path());
+    let list: Vec<String> = disks
+        .iter()
+        .map(|d| format!("\"{}\"", d.mount.display()))
+        .collect();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dirs = [{}]\n{}[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            list.join(", "),
+            token.config_line(),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let (server, admin) =
+        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "2"]);
+    let want = common::pattern_range(0, OBJECT_BYTES as usize);
+    for i in 0..OBJECTS {
+        let r = get(&server, &format!("/pull/{i}.bin"), &[]);
+        assert!(r.status == 200 && r.body == want, "object {i}");
+    }
+    let held: Vec<usize> = disks.iter().map(|d| data_files(&d.mount)).collect();
+    assert_eq!(held.iter().sum::<usize>(), OBJECTS, "{held:?}");
+    // The disk holding the most dies.
+    let dead = (0..3).max_by_key(|&i| held[i]).unwrap();
+    assert!(held[dead] > 0);
+    disks[dead].shut_down();
+
+    // Every request: never a wrong byte; a response that failed is the dead disk's, and
+    // only until it is taken out.
+    let mut failed = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut whole = vec![false; OBJECTS];
+    let mut rounds = 0;
+    while whole.iter().any(|w| !w) {
+        assert!(Instant::now() < deadline, "not all served whole: {whole:?}");
+        rounds += 1;
+        for (i, whole) in whole.iter_mut().enumerate() {
+            let (status, body) = get_maybe_cut(&server, &format!("/pull/{i}.bin"));
+            assert!(
+                status != 200 || (body.len() <= want.len() && body[..] == want[..body.len()]),
+                "object {i}: a wrong byte after the disk died"
+            );
+            if status == 200 && body.len() == want.len() {
+                *whole = true;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    let failing = common::admin_metric(
+        admin,
+        "shardline_cache_disk_failing",
+        &format!("disk=\"{dead}\""),
+    );
+    assert_eq!(failing, 1, "the dead disk is failing in /metrics");
+    let device_errors = common::admin_metric(
+        admin,
+        "shardline_cache_disk_errors_total",
+        "kind=\"device\"",
+    );
+    assert!(device_errors >= DEVICE_ERRORS_TO_FAIL, "{device_errors}");
+    eprintln!(
+        "disk {dead} ({} objects) shut down: {failed} responses failed before it was taken out",
+        held[dead]
+    );
+    // Its objects are read once each in the first round, which takes it out (it holds at
+    // least `DEVICE_ERRORS_TO_FAIL` of them): only reads of it fail, only in that round.
+    if held[dead] as u64 >= DEVICE_ERRORS_TO_FAIL {
+        assert!(
+            failed <= held[dead] && rounds <= 2,
+            "{failed} failed responses over {rounds} rounds"
+        );
+    }
+    // And from then on none fails.
+    for i in 0..OBJECTS {
+        let r = get(&server, &format!("/pull/{i}.bin"), &[]);
+        assert!(
+            r.status == 200 && r.body == want,
+            "object {i} after the disk was taken out"
+        );
+    }
+    // Its objects were filled again on the others; new objects go there too, all whole.
+    for i in OBJECTS..2 * OBJECTS {
+        let r = get(&server, &format!("/pull/{i}.bin"), &[]);
+        assert!(r.status == 200 && r.body == want, "new object {i}");
+    }
+    let alive: usize = (0..3)
+        .filter(|&i| i != dead)
+        .map(|i| data_files(&disks[i].mount))
+        .sum();
+    assert_eq!(
+        alive,
+        2 * OBJECTS,
+        "every object now on the disks that live"
+    );
+    let log = server.log();
+    assert_eq!(
+        log.matches("cache disk failing: no new fills").count(),
+        1,
+        "one line takes the disk out: {log}"
+    );
+}
