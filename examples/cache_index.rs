@@ -41,6 +41,8 @@ fn main() {
             content_type: "application/octet-stream".into(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
+            selecting: String::new(),
             tags: Default::default(),
         })
         .encode(&mut buf);

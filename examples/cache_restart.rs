@@ -81,6 +81,8 @@ fn main() {
                 content_type: "application/octet-stream".into(),
                 freshness: Default::default(),
                 headers: String::new(),
+                status: 200,
+                selecting: String::new(),
                 tags: Default::default(),
             };
             batch.push(Record::Object(meta));

@@ -212,6 +212,9 @@ counters! {
     cache_error: Counter "cache_lookups_total" { result = "error" },
     /// Pulled requests answered by a pass-through.
     cache_pass: Counter "cache_lookups_total" { result = "pass" },
+    /// Pulled requests that waited for a pass-through of their own (the shard ran
+    /// `MAX_PASS_THROUGHS_PER_SHARD`).
+    cache_pass_waits: Counter "cache_pass_waits_total",
     /// Pulled requests answered by their own origin fetch, unstored: the reply was `private`.
     not_stored_private: Counter "cache_not_stored_total" { reason = "private" },
     /// ... the reply was `no-store`.

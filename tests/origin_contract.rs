@@ -126,7 +126,7 @@ fn the_origins_head_reaches_every_client() {
     let fields = "Cache-Control: public, max-age=3600\r\nContent-Encoding: gzip\r\n\
                   Content-Disposition: attachment; filename=\"patch.pak\"\r\n\
                   Link: </manifest>; rel=preload\r\nSet-Cookie: session=alice\r\n\
-                  Connection: x-hop\r\nX-Hop: 1\r\n";
+                  Connection: x-hop\r\nX-Hop: 1\r\nDate: Fri, 01 Jan 2100 00:00:00 GMT\r\n";
     let origin = contract_origin(vec![("/pull/patch.pak", content.clone(), fields)]);
     let (server, _admin, _dir) = edge(&origin);
     let check = |r: &common::Response, what: &str| {
@@ -144,6 +144,17 @@ fn the_origins_head_reaches_every_client() {
         assert_eq!(r.header("link"), Some("</manifest>; rel=preload"), "{what}");
         assert_eq!(r.header("set-cookie"), None, "{what}: never replayed");
         assert_eq!(r.header("x-hop"), None, "{what}");
+        // The origin's Date, never the edge's (RFC 9110 §6.6.1), and only one.
+        assert_eq!(
+            r.header("date"),
+            Some("Fri, 01 Jan 2100 00:00:00 GMT"),
+            "{what}"
+        );
+        let dates = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("date"));
+        assert_eq!(dates.count(), 1, "{what}");
         let age: u64 = r.header("age").expect("Age").parse().expect("a number");
         assert!(age < 3600, "{what}: age {age}");
     };
@@ -233,7 +244,7 @@ fn what_may_not_be_stored_is_each_clients_own() {
         ("/pull/nostore.bin", "Cache-Control: no-store\r\n"),
         (
             "/pull/vary.bin",
-            "Vary: Cookie\r\nCache-Control: max-age=600\r\n",
+            "Vary: *\r\nCache-Control: max-age=600\r\n",
         ),
         ("/pull/auth.bin", "Cache-Control: max-age=600\r\n"),
     ];
@@ -285,11 +296,8 @@ fn what_may_not_be_stored_is_each_clients_own() {
         }
         let (requests, authorized) = asked_prefix(&origin, path);
         if auth.is_empty() {
-            assert_eq!(
-                requests,
-                1 + 6,
-                "{path}: every client asked the origin (the first fill too)"
-            );
+            // The fill's reply went to the client that started it: one request per client.
+            assert_eq!(requests, 6, "{path}: each client asked the origin once");
         } else {
             assert_eq!(
                 (requests, authorized),
@@ -370,6 +378,140 @@ fn what_may_not_be_stored_is_each_clients_own() {
     }
 }
 
+/// A reply with `Vary` (RFC 9111 §4.1) is stored with the values of the request that got
+/// it: a request with the same values is answered from the cache, one with others (or
+/// without the field, or with a Cookie when the reply varies on it: fills never send one)
+/// makes its own fetch and gets its own bytes.
+#[test]
+fn a_vary_reply_is_served_only_to_requests_that_match_it() {
+    let size = 50_000usize;
+    let path = "/pull/localized.bin";
+    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+    let (server, admin, _dir) = edge(&origin);
+    let language = |head: &str| {
+        head.lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("accept-language:")
+                    .map(|v| v.trim().to_owned())
+            })
+            .unwrap_or_default()
+    };
+    let salt = |lang: &str| lang.bytes().fold(3u8, |h, b| h.wrapping_mul(31) ^ b);
+    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        // The reply is the language the request asked for.
+        let lang = language(&a.head);
+        (
+            ranged(
+                &object(size, salt(&lang)),
+                a.range,
+                "Vary: Accept-Language\r\nCache-Control: max-age=600\r\n",
+            ),
+            false,
+            None,
+        )
+    }));
+    let ask = |lang: Option<&str>, cookie: bool| {
+        let mut fields = Vec::new();
+        if let Some(l) = lang {
+            fields.push(("Accept-Language", l));
+        }
+        if cookie {
+            fields.push(("Cookie", "session=1"));
+        }
+        let r = get(&server, path, &fields);
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body == object(size, salt(lang.unwrap_or(""))),
+            "{lang:?}: the bytes for its own language"
+        );
+        assert_eq!(r.header("vary"), Some("Accept-Language"));
+        r.header("cache-status").unwrap_or_default().to_owned()
+    };
+    assert!(ask(Some("en"), false).contains("fwd=miss"));
+    assert!(
+        ask(Some("en"), false).contains("hit"),
+        "the same language: a hit"
+    );
+    assert!(
+        ask(Some("fr"), false).contains("detail=vary"),
+        "another: its own"
+    );
+    assert!(ask(None, false).contains("detail=vary"), "none: its own");
+    assert!(
+        ask(Some("en"), false).contains("hit"),
+        "the stored one stays"
+    );
+    assert_eq!(
+        asked(&origin, path).0,
+        3,
+        "one origin request per other language"
+    );
+    assert!(
+        common::admin_metric(admin, "shardline_cache_not_stored_total", "reason=\"vary\"") >= 2
+    );
+}
+
+/// More requests of their own at once than a shard runs pass-throughs
+/// (`MAX_PASS_THROUGHS_PER_SHARD`, 8): the others wait for one to end, none gets a 503.
+#[test]
+fn requests_past_the_pass_through_bound_wait_for_their_turn() {
+    const CLIENTS: usize = 12;
+    const BOUND: usize = 8;
+    let size = 20_000usize;
+    let path = "/pull/mine.bin";
+    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+    let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (e2, r2) = (entered.clone(), release.clone());
+    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        e2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !r2.load(std::sync::atomic::Ordering::SeqCst) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let user = a.path.split_once('?').map_or("", |(_, q)| q);
+        let salt = user.bytes().fold(5u8, |h, b| h.wrapping_mul(31) ^ b);
+        (ranged(&object(size, salt), a.range, ""), false, None)
+    }));
+    let (server, admin, _dir) = edge(&origin);
+    let server = Arc::new(server);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let server = server.clone();
+            std::thread::spawn(move || {
+                let user = format!("user={i}");
+                let r = get(
+                    &server,
+                    &format!("{path}?{user}"),
+                    &[("Authorization", "Bearer t")],
+                );
+                (user, r)
+            })
+        })
+        .collect();
+    // The bound's worth reach the origin, the rest wait at the edge: then the origin answers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while entered.load(std::sync::atomic::Ordering::SeqCst) < BOUND
+        || common::admin_metric(admin, "shardline_cache_pass_waits_total", "")
+            < (CLIENTS - BOUND) as u64
+    {
+        assert!(std::time::Instant::now() < deadline, "never saturated");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(entered.load(std::sync::atomic::Ordering::SeqCst), BOUND);
+    release.store(true, std::sync::atomic::Ordering::SeqCst);
+    for client in clients {
+        let (user, r) = client.join().unwrap();
+        assert_eq!(r.status, 200, "{user}: waited, never refused");
+        let salt = user.bytes().fold(5u8, |h, b| h.wrapping_mul(31) ^ b);
+        assert!(r.body == object(size, salt), "{user}: its own bytes");
+    }
+    assert_eq!(asked(&origin, path).0, 0, "every request carried its query");
+    assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
+}
+
 /// Requests at the origin for `path`, whatever their query.
 fn asked_prefix(origin: &ScriptedOrigin, path: &str) -> (usize, usize) {
     let seen = origin.seen();
@@ -380,30 +522,55 @@ fn asked_prefix(origin: &ScriptedOrigin, path: &str) -> (usize, usize) {
 }
 
 /// Answers other than 200/206 reach the client as the origin gave them (issue 42, item 7): a
-/// redirect with its Location and body, a refusal or an error with its status; none is a
-/// 502, and none is stored.
+/// redirect with its Location and body, a refusal or an error with its status and body; none
+/// is a 502. One with explicit freshness, or a heuristically cacheable one with a
+/// Last-Modified, is stored and served whole from the cache (a range asked of it too); the
+/// others are each client's own.
 #[test]
 fn the_origins_other_answers_reach_the_client() {
-    let cases: Vec<(&'static str, u16, &'static str)> = vec![
+    // (path, status, fields, origin requests for the three client requests)
+    let cases: Vec<(&'static str, u16, &'static str, usize)> = vec![
         (
             "/pull/moved.bin",
             302,
             "Location: https://cdn.example/v2/moved.bin\r\n",
+            3,
         ),
         (
             "/pull/perm.bin",
             301,
-            "Location: /pull/v2/perm.bin\r\nCache-Control: max-age=60\r\n",
+            "Location: /pull/v2/perm.bin\r\nCache-Control: max-age=600\r\n",
+            1,
         ),
-        ("/pull/see.bin", 307, "Location: /pull/elsewhere.bin\r\n"),
-        ("/pull/denied.bin", 403, ""),
-        ("/pull/gone.bin", 410, ""),
-        ("/pull/broken.bin", 500, ""),
+        ("/pull/see.bin", 307, "Location: /pull/elsewhere.bin\r\n", 3),
+        ("/pull/denied.bin", 403, "", 3),
+        ("/pull/gone.bin", 410, "", 3),
+        (
+            "/pull/old-gone.bin",
+            410,
+            "Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT\r\n",
+            1,
+        ),
+        ("/pull/missing.bin", 404, "Cache-Control: no-store\r\n", 3),
+        ("/pull/absent.bin", 404, "Cache-Control: max-age=600\r\n", 1),
+        ("/pull/broken.bin", 500, "", 3),
+        (
+            "/pull/overloaded.bin",
+            503,
+            "Cache-Control: max-age=600\r\n",
+            1,
+        ),
+        ("/pull/later.bin", 503, "", 3),
     ];
-    let origin = ScriptedOrigin::start(cases.iter().map(|(p, _, _)| (*p, vec![1u8; 10])).collect());
+    let origin = ScriptedOrigin::start(
+        cases
+            .iter()
+            .map(|(p, _, _, _)| (*p, vec![1u8; 10]))
+            .collect(),
+    );
     let table: Vec<(String, u16, &'static str)> = cases
         .iter()
-        .map(|(p, s, f)| (p.to_string(), *s, *f))
+        .map(|(p, s, f, _)| (p.to_string(), *s, *f))
         .collect();
     origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
         let (_, status, fields) = table.iter().find(|(p, _, _)| *p == a.path).expect("a case");
@@ -415,20 +582,28 @@ fn the_origins_other_answers_reach_the_client() {
         (reply.into_bytes(), false, None)
     }));
     let (server, _admin, _dir) = edge(&origin);
-    for (path, status, fields) in &cases {
-        for round in 0..2 {
-            let r = get(&server, path, &[]);
+    for (path, status, fields, requests) in &cases {
+        for round in 0..3 {
+            // The last round asks a range: a stored answer is served whole all the same.
+            let range: &[(&str, &str)] = if round == 2 {
+                &[("Range", "bytes=2-5")]
+            } else {
+                &[]
+            };
+            let r = get(&server, path, range);
             assert_eq!(r.status, *status, "{path} round {round}");
             if let Some(location) = fields.strip_prefix("Location: ") {
                 let location = location.split("\r\n").next().unwrap();
                 assert_eq!(r.header("location"), Some(location), "{path}");
-                assert_eq!(
-                    String::from_utf8_lossy(&r.body),
-                    format!("the origin's {status} page\n"),
-                    "{path}: the origin's body"
-                );
             }
+            assert_eq!(
+                String::from_utf8_lossy(&r.body),
+                format!("the origin's {status} page\n"),
+                "{path} round {round}: the origin's body"
+            );
         }
+        // Each request asked once unless stored: the first one's fill reply was its own.
+        assert_eq!(asked(&origin, path).0, *requests, "{path}: origin requests");
     }
 }
 
@@ -470,8 +645,8 @@ fn the_operator_may_override_the_origin_but_never_share_private() {
     );
     assert_eq!(
         asked(&origin, "/pull/private.bin").0,
-        1 + 3,
-        "private: never shared"
+        3,
+        "private: never shared, one request per client"
     );
     assert_eq!(
         asked(&origin, "/pull/v1/latest.json").0,

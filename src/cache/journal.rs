@@ -221,6 +221,8 @@ mod tests {
                     stale_if_error_s: None,
                 },
                 headers,
+                status: 200,
+                selecting: String::new(),
                 tags: crate::cache::tags::Tags::unchecked(tags.join(" ")),
             };
             let r = Record::Object(o);
@@ -248,7 +250,7 @@ mod tests {
         let mut buf = Vec::new();
         Record::Object(old.clone()).encode(&mut buf);
         // Cut the new fields off the body and frame it again, as an old writer did.
-        let body_len = buf.len() - FRAME_BYTES - crate::cache::record::Freshness::BYTES - 2;
+        let body_len = buf.len() - FRAME_BYTES - crate::cache::record::Freshness::BYTES - 2 - 2 - 2;
         let framed = framed(&buf[FRAME_BYTES..FRAME_BYTES + body_len]);
         assert_eq!(
             Record::decode(&framed),
@@ -270,8 +272,43 @@ mod tests {
         Record::Object(kept.clone()).encode(&mut buf);
         assert_eq!(
             Record::decode(&buf),
-            Decoded::Record(Record::Object(kept), buf.len())
+            Decoded::Record(Record::Object(kept.clone()), buf.len())
         );
+        // Journaled before non-2xx answers were stored (no status): a 200.
+        let before_status = super::tests::framed(&buf[FRAME_BYTES..buf.len() - 4]);
+        assert_eq!(
+            Record::decode(&before_status),
+            Decoded::Record(Record::Object(kept.clone()), before_status.len())
+        );
+        // And before Vary replies were (no selecting lines).
+        let before_vary = super::tests::framed(&buf[FRAME_BYTES..buf.len() - 2]);
+        assert_eq!(
+            Record::decode(&before_vary),
+            Decoded::Record(Record::Object(kept.clone()), before_vary.len())
+        );
+        // A stored redirect, and a Vary reply, replay as they were; a status the cache
+        // never keeps is refused.
+        let moved = ObjectVersion {
+            status: 301,
+            selecting: "accept-language: en\r\nx-tier: \r\n".into(),
+            ..kept.clone()
+        };
+        let mut buf = Vec::new();
+        Record::Object(moved.clone()).encode(&mut buf);
+        assert_eq!(
+            Record::decode(&buf),
+            Decoded::Record(Record::Object(moved), buf.len())
+        );
+        for status in [0, 101, 206, 304, 600] {
+            let bad = ObjectVersion {
+                status,
+                ..kept.clone()
+            };
+            assert_eq!(
+                Record::Object(bad).validate(),
+                Err(crate::cache::record::Invalid::Status(status))
+            );
+        }
     }
 
     /// A version journaled before purge by tag (or untagged: its record ends after the stored
@@ -333,6 +370,8 @@ mod tests {
             content_type: "application/octet-stream".into(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
+            selecting: String::new(),
             tags: Default::default(),
         }
     }

@@ -44,8 +44,17 @@ pub enum Invalid {
     BlockBytes(u32),
     /// More blocks than `MAX_BLOCKS_PER_OBJECT`.
     Blocks(u64),
+    /// A stored status other than 200 that the cache never keeps (`is_storable_status`).
+    Status(u16),
     /// An unknown record kind, or fields that do not parse.
     Malformed,
+}
+
+/// Whether a version may hold the origin's `status`: 200 (a 206 is stored as the object's
+/// 200), or another final status the origin's contract let the cache keep (RFC 9111 §3),
+/// but never a 206 or 304 (they answer a request, not stand for the object).
+pub fn is_storable_status(status: u16) -> bool {
+    (200..=599).contains(&status) && status != 206 && status != 304
 }
 
 impl std::fmt::Display for Invalid {
@@ -57,6 +66,7 @@ impl std::fmt::Display for Invalid {
             }
             Invalid::BlockBytes(n) => write!(f, "a block size of {n} bytes"),
             Invalid::Blocks(n) => write!(f, "{n} blocks (at most {MAX_BLOCKS_PER_OBJECT})"),
+            Invalid::Status(s) => write!(f, "a stored status {s}"),
             Invalid::Malformed => f.write_str("a malformed record"),
         }
     }
@@ -138,6 +148,9 @@ impl Record {
             + Freshness::BYTES
             + 2
             + o.headers.len()
+            + 2
+            + 2
+            + o.selecting.len()
             + if o.tags.is_empty() {
                 0
             } else {
@@ -187,6 +200,10 @@ impl Record {
                 // Since issue 42; a record without them (older) replays with the defaults.
                 o.freshness.encode(out);
                 put_bytes(out, o.headers.as_bytes());
+                // Since non-2xx answers are stored; a record without it (older) is a 200.
+                out.extend_from_slice(&o.status.to_le_bytes());
+                // Since Vary replies are stored; older records select every request.
+                put_bytes(out, o.selecting.as_bytes());
                 // Since purge by tag, and only when there are some: a record without them
                 // (older, or untagged) replays with none.
                 if !o.tags.is_empty() {
@@ -276,6 +293,10 @@ impl<'a> Reader<'a> {
     fn u8(&mut self) -> Option<u8> {
         self.take(1).map(|b| b[0])
     }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2)
+            .map(|b| u16::from_le_bytes(b.try_into().expect("2 bytes")))
+    }
     fn u32(&mut self) -> Option<u32> {
         self.take(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
@@ -310,6 +331,14 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             } else {
                 (Freshness::decode(&mut r)?, r.text()?)
             };
+            // Records journaled before non-2xx answers were stored end here: a 200.
+            let status = if r.0.is_empty() { 200 } else { r.u16()? };
+            // And before Vary replies were: none selects.
+            let selecting = if r.0.is_empty() {
+                String::new()
+            } else {
+                r.text()?
+            };
             // Records journaled before purge by tag, or of untagged versions, end here; the
             // writer never writes an empty list (one encoding per record).
             let tags = if r.0.is_empty() {
@@ -332,6 +361,8 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 content_type,
                 freshness,
                 headers,
+                status,
+                selecting,
                 tags,
             })
         }
@@ -408,6 +439,13 @@ pub struct ObjectVersion {
     /// `STORED_FIELDS`), sent on every response from the cache; at most
     /// `MAX_STORED_HEADER_BYTES`.
     pub headers: String,
+    /// The origin's status: 200 for an object, or another it let the cache keep (a
+    /// redirect, a 404, an error with explicit freshness), served whole as it came.
+    pub status: u16,
+    /// For a reply with `Vary`: the request's lines it varies on
+    /// (`origin::contract::selecting_lines`), which a request must match to get it; "" for
+    /// every other.
+    pub selecting: String,
     /// The origin's purge tags (`cache::tags`; none from records before purge by tag).
     pub tags: Tags,
 }
@@ -520,8 +558,10 @@ impl ObjectVersion {
         if longest > MAX_FIELD_BYTES {
             return Err(Invalid::FieldLength(longest));
         }
-        if self.headers.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(&self.headers) {
-            return Err(Invalid::FieldLength(self.headers.len()));
+        for lines in [&self.headers, &self.selecting] {
+            if lines.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(lines) {
+                return Err(Invalid::FieldLength(lines.len()));
+            }
         }
         if Tags::from_text(self.tags.as_str()).is_none() {
             return Err(Invalid::FieldLength(self.tags.as_str().len()));
@@ -533,6 +573,9 @@ impl ObjectVersion {
         }
         if self.blocks() > MAX_BLOCKS_PER_OBJECT {
             return Err(Invalid::Blocks(self.blocks()));
+        }
+        if !is_storable_status(self.status) {
+            return Err(Invalid::Status(self.status));
         }
         Ok(())
     }

@@ -173,6 +173,8 @@ mod tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
+            selecting: String::new(),
             tags: Default::default(),
         }
     }

@@ -162,6 +162,9 @@ struct Running {
     paced_until_ms: u64,
     /// The machine's receive (`io`) waits for `paced_until_ms`, not yet on the ring.
     paced: bool,
+    /// The client field lines the request carried (`forward`): a reply's `Vary` is matched
+    /// against them (`HeadFacts::selecting`).
+    forward: String,
 }
 
 /// An operation of the TLS layer (`origin::tls`) on a fetch's slot.
@@ -197,6 +200,18 @@ enum Dispatch {
 struct FetchSlot {
     generation: u16,
     run: Option<Running>,
+}
+
+impl FillEvent {
+    /// The fetch it is about.
+    pub fn job(&self) -> u64 {
+        match *self {
+            FillEvent::Head { job, .. }
+            | FillEvent::Piece { job, .. }
+            | FillEvent::Committed { job, .. }
+            | FillEvent::Ended { job, .. } => job,
+        }
+    }
 }
 
 /// A shard's origin fetches (see the module doc).
@@ -468,6 +483,7 @@ impl Filler {
             tls_op: None,
             paced_until_ms: 0,
             paced: false,
+            forward: forward.to_owned(),
         });
         self.carry_out(ring, index, now_ms);
         Ok(())
@@ -552,6 +568,19 @@ impl Filler {
                 Output::Head(facts) => {
                     if let Some(t) = run.started_ms.take() {
                         self.first_byte_ms.push(now_ms.saturating_sub(t));
+                    }
+                    let mut facts = facts;
+                    if !facts.fields.vary.is_empty() {
+                        // The request the reply varies on: what later clients must match.
+                        facts.selecting = crate::origin::contract::selecting_lines(
+                            &facts.fields.vary,
+                            &run.forward,
+                        );
+                    }
+                    if facts.handed.is_some() {
+                        // Handed over to one client: its pieces are delivered from here on,
+                        // never written (`FillEvent::Piece`).
+                        run.file = None;
                     }
                     self.events.push(FillEvent::Head {
                         job: run.job,

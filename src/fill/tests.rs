@@ -129,6 +129,7 @@ fn plan(first: u32, last: u32, size: Option<u64>) -> Plan {
         align_bytes: ALIGN,
         sync_every_blocks: 1,
         storing: crate::origin::fetch::Storing::Contract,
+        hand_over: false,
     }
 }
 
@@ -276,6 +277,8 @@ fn version(key: &str, v: u64, facts: &HeadFacts) -> ObjectVersion {
         content_type: facts.content_type.clone().unwrap_or_default(),
         freshness: Default::default(),
         headers: String::new(),
+        status: 200,
+        selecting: String::new(),
         tags: Default::default(),
     }
 }

@@ -37,12 +37,10 @@ pub const UNSTORED_FIELDS: &[&str] = &[
     "content-type",
     "etag",
     "last-modified",
-    "date",
     "server",
     "age",
     "accept-ranges",
     "cache-status",
-    "cdn-cache-control",
     "surrogate-control",
     "surrogate-key",
     "cache-tag",
@@ -133,7 +131,9 @@ impl HeadFields {
                     tags.push_str(value);
                 }
                 if let Some(list) = list {
-                    let single = matches!(name.as_str(), "expires" | "date" | "age");
+                    // Age lines combine as a list whose first member counts (the
+                    // cache-tests' age-parse-*-twoline): only the first is read.
+                    let single = matches!(name.as_str(), "expires" | "date");
                     push_value(list, value, single);
                 }
                 let own = name == "set-cookie";
@@ -292,9 +292,92 @@ fn is_sf_dictionary(v: &str) -> bool {
                 || v == "?1"
                 || v == "?0"
         });
-        key_ok && value_ok
+        // A directive that counts seconds must be an Integer (RFC 9213 §2.1): a field that
+        // gives it another type is invalid whole, and ignored.
+        let seconds = matches!(
+            key,
+            "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error"
+        );
+        let type_ok = !seconds
+            || value.is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
+        key_ok && value_ok && type_ok
     })
 }
+
+/// The lines of a request's field lines `request` (`Name: value\r\n` each) that a reply
+/// with `vary` varies on, one `name: value` line per field it names (its lines combined;
+/// `name:` when the request had none), lower-case names in `vary`'s order: what a later
+/// request must match to be answered with the stored reply (RFC 9111 §4.1).
+/// Accept-Encoding is left out: the edge asks every origin for `identity`, whoever asks it.
+/// Lines past `MAX_STORED_HEADER_BYTES`, or a value that is not plain text, give
+/// `UNMATCHABLE`: the reply is stored but no request selects it.
+pub fn selecting_lines(vary: &str, request: &str) -> String {
+    let mut out = String::new();
+    for name in split_list(vary) {
+        let name = name.to_ascii_lowercase();
+        if name == "accept-encoding" || out.contains(&format!("{name}:")) {
+            continue;
+        }
+        let value = field_value(request.as_bytes(), &name);
+        let plain = |t: &str| t.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
+        if out.len() + name.len() + value.len() + 4 > MAX_STORED_HEADER_BYTES
+            || !plain(&value)
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return UNMATCHABLE.to_owned();
+        }
+        out.push_str(&name);
+        out.push_str(": ");
+        out.push_str(&value);
+        out.push_str("\r\n");
+    }
+    out
+}
+
+/// The selecting lines of a reply no request may be answered with (`selecting_lines`).
+pub const UNMATCHABLE: &str = "shardline-unmatchable: \r\n";
+
+/// Whether a client's field lines `fields` (as `Request::fields` holds them) carry what
+/// `selecting` (a stored reply's `selecting_lines`) names, field by field.
+pub fn selects(selecting: &str, fields: &[u8]) -> bool {
+    if selecting == UNMATCHABLE {
+        return false;
+    }
+    selecting.split_terminator("\r\n").all(|line| {
+        let (name, value) = line.split_once(':').unwrap_or((line, ""));
+        field_value(fields, name) == value.trim()
+    })
+}
+
+/// The value of field `name` (lower-case) in field lines `lines`: its lines combined with
+/// ", ", each trimmed ("" when absent).
+fn field_value(lines: &[u8], name: &str) -> String {
+    let mut value = String::new();
+    for line in lines.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        if !line[..colon]
+            .trim_ascii()
+            .eq_ignore_ascii_case(name.as_bytes())
+        {
+            continue;
+        }
+        let v = String::from_utf8_lossy(line[colon + 1..].trim_ascii());
+        if !value.is_empty() {
+            value.push_str(", ");
+        }
+        value.push_str(&v);
+    }
+    value
+}
+
+/// Statuses a cache may store with a heuristic lifetime (RFC 9110 §15.1), 200 and 206
+/// aside.
+pub const HEURISTIC_STATUSES: [u16; 10] = [203, 204, 300, 301, 308, 404, 405, 410, 414, 501];
 
 /// Why a reply is not stored (the `Cache-Status` detail and the counter's label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,15 +391,18 @@ pub enum NotStored {
     /// `Vary: *`, or a Vary on request fields other than Accept-Encoding (the edge asks for
     /// `identity` always, so that one is the same for every client).
     Vary,
+    /// A status the cache does not keep (other than 200 and 206).
+    Status,
 }
 
 impl NotStored {
     /// Every reason, in the metric's order.
-    pub const ALL: [NotStored; 4] = [
+    pub const ALL: [NotStored; 5] = [
         NotStored::NoStore,
         NotStored::Private,
         NotStored::Authorization,
         NotStored::Vary,
+        NotStored::Status,
     ];
 
     /// The label: the `detail` of `Cache-Status` and the counter's `reason`.
@@ -326,6 +412,7 @@ impl NotStored {
             NotStored::Private => "private",
             NotStored::Authorization => "authorization",
             NotStored::Vary => "vary",
+            NotStored::Status => "status",
         }
     }
 }
@@ -366,7 +453,10 @@ impl Contract {
             }),
         };
         let apparent = u64::try_from(now_unix_s.saturating_sub(date)).unwrap_or(0);
-        let age = delta_seconds(&fields.age).unwrap_or(0);
+        let age = split_list(&fields.age)
+            .next()
+            .and_then(delta_seconds)
+            .unwrap_or(0);
         Contract {
             directives: cdn.unwrap_or(cc),
             explicit_lifetime_s,
@@ -392,6 +482,18 @@ impl Contract {
         Ok(())
     }
 
+    /// Whether a reply with `status` other than 200/206 may be stored at all (RFC 9111 §3,
+    /// §4.2.2): with explicit freshness, or, for a heuristically cacheable status
+    /// (`HEURISTIC_STATUSES`, or any with `public`), a `Last-Modified` to reckon a lifetime
+    /// from (the origin entry's default lifetime is for objects, never for a 404). Its other
+    /// rules (`storable_fields`) still apply.
+    pub fn storable_status(fields: &HeadFields, status: u16, last_modified: bool) -> bool {
+        let c = Contract::of(fields, 0);
+        let heuristic = HEURISTIC_STATUSES.contains(&status) || c.directives.public;
+        crate::cache::record::is_storable_status(status)
+            && (c.explicit_lifetime_s.is_some() || (heuristic && last_modified))
+    }
+
     /// Whether a shared cache may store the reply to a request with (`authorization`) or
     /// without an `Authorization` field (RFC 9111 §3, §3.5).
     pub fn storable(&self, fields: &HeadFields, authorization: bool) -> Result<(), NotStored> {
@@ -405,9 +507,9 @@ impl Contract {
         if authorization && !(d.public || d.s_maxage.is_some() || d.must_revalidate) {
             return Err(NotStored::Authorization);
         }
-        let other_vary =
-            split_list(&fields.vary).any(|f| !f.eq_ignore_ascii_case("accept-encoding"));
-        if other_vary || fields.vary == UNUSABLE {
+        // A Vary on request fields is stored with the request's (`selecting_lines`); `*`
+        // varies on what no field says.
+        if split_list(&fields.vary).any(|f| f == "*") || fields.vary == UNUSABLE {
             return Err(NotStored::Vary);
         }
         Ok(())
@@ -501,11 +603,9 @@ mod tests {
             ("Cache-Control: s-maxage=5\r\n", true, Ok(())),
             ("Cache-Control: must-revalidate\r\n", true, Ok(())),
             ("Vary: *\r\n", false, Err(NotStored::Vary)),
-            (
-                "Vary: Accept-Encoding, User-Agent\r\n",
-                false,
-                Err(NotStored::Vary),
-            ),
+            // Stored with the request's values (`selecting_lines`).
+            ("Vary: Accept-Encoding, User-Agent\r\n", false, Ok(())),
+            ("Vary: Accept-Language, *\r\n", false, Err(NotStored::Vary)),
             ("Vary: accept-encoding\r\n", false, Ok(())),
             ("", false, Ok(())),
             // The targeted field decides alone: Cache-Control's no-store is not read.
@@ -680,5 +780,72 @@ mod tests {
             Directives::parse("max-age=99999999999999").max_age,
             Some(1 << 31)
         );
+    }
+
+    #[test]
+    fn a_vary_reply_selects_the_requests_with_its_requests_values() {
+        let request =
+            "Accept-Language: en\r\nX-Tier: gold\r\nX-Tier: beta\r\nAccept-Encoding: gzip\r\n";
+        let lines = selecting_lines(
+            "Accept-Encoding, Accept-Language, x-tier, X-Absent",
+            request,
+        );
+        assert_eq!(
+            lines,
+            "accept-language: en\r\nx-tier: gold, beta\r\nx-absent: \r\n"
+        );
+        let fields = |s: &str| s.as_bytes().to_vec();
+        // Field names in any case, the same values (Accept-Encoding never counts).
+        assert!(selects(
+            &lines,
+            &fields("accept-language:  en \r\nx-tier: gold, beta\r\nAccept-Encoding: br\r\n")
+        ));
+        for other in [
+            "Accept-Language: fr\r\nX-Tier: gold, beta\r\n",
+            "X-Tier: gold, beta\r\n",
+            "Accept-Language: en\r\nX-Tier: gold\r\n",
+            "Accept-Language: en\r\nX-Tier: gold, beta\r\nX-Absent: 1\r\n",
+        ] {
+            assert!(!selects(&lines, &fields(other)), "{other:?}");
+        }
+        // No Vary: every request; a value that is not plain text: none.
+        assert!(selects("", b"Anything: 1\r\n"));
+        let odd = selecting_lines("X-Odd", "X-Odd: \u{7f}\r\n");
+        assert_eq!(odd, UNMATCHABLE);
+        assert!(!selects(&odd, b"X-Odd: \x7f\r\n"));
+    }
+
+    #[test]
+    fn the_first_member_of_age_counts() {
+        let initial_age = |age_lines: &str| {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nDate: Sun, 06 Dec 2026 00:00:00 GMT\r\n{age_lines}\r\n"
+            );
+            let now = parse_date("Sun, 06 Dec 2026 00:00:00 GMT").unwrap();
+            Contract::of(&HeadFields::collect(head.as_bytes()), now).initial_age_s
+        };
+        assert_eq!(initial_age("Age: 7200, 0\r\n"), 7200);
+        assert_eq!(initial_age("Age: 0, 7200\r\n"), 0);
+        assert_eq!(initial_age("Age: 7200\r\nAge: 0\r\n"), 7200);
+        assert_eq!(initial_age("Age: 0\r\nAge: 7200\r\n"), 0);
+        assert_eq!(initial_age("Age: abc\r\n"), 0);
+    }
+
+    #[test]
+    fn a_cdn_cache_control_of_the_wrong_type_is_ignored_whole() {
+        assert!(is_sf_dictionary("max-age=10000, stale-if-error=60"));
+        for bad in [
+            "max-age=\"10000\"",
+            "max-age",
+            "s-maxage=1.5",
+            "no-store, max-age=?1",
+            "Max-Age=60",
+        ] {
+            assert!(!is_sf_dictionary(bad), "{bad}");
+        }
+        // Ignored whole: Cache-Control decides (here: not stored).
+        let head = "HTTP/1.1 200 OK\r\nCDN-Cache-Control: max-age=\"10000\"\r\nCache-Control: no-store\r\n\r\n";
+        let fields = HeadFields::collect(head.as_bytes());
+        assert_eq!(Contract::storable_fields(&fields), Err(NotStored::NoStore));
     }
 }

@@ -48,6 +48,11 @@ pub struct Plan {
     /// whose word: a reply that may not be stored is refused at its head, before a byte is
     /// written (`FetchError::NotStored`).
     pub storing: Storing,
+    /// A fill's first fetch of a key: a reply the cache may not keep (`storing` refuses it,
+    /// or a status other than 200/206) is not refused but goes on unstored, told by
+    /// `HeadFacts::handed`, so the client that started the fill gets it (one origin request
+    /// per client, RFC 9111 §3).
+    pub hand_over: bool,
 }
 
 /// Who a fetch's bytes are for (`Plan::storing`).
@@ -145,6 +150,12 @@ pub struct HeadFacts {
     pub status: u16,
     /// The fields of its contract (caching, freshness) and the lines kept with it.
     pub fields: Box<super::contract::HeadFields>,
+    /// Set when the reply may not be stored and the fetch goes on for one client
+    /// (`Plan::hand_over`): why. Nothing of it is written to the data file.
+    pub handed: Option<super::contract::NotStored>,
+    /// For a reply with `Vary`: the request's lines it varies on
+    /// (`contract::selecting_lines`), set by the caller that knows the request.
+    pub selecting: String,
 }
 
 /// Why a fetch ended without its blocks.
@@ -482,15 +493,25 @@ impl BlockFetch {
             size: self.plan.size,
             etag: self.plan.etag.as_deref(),
             last_modified: self.plan.last_modified.as_deref(),
-            any_status: self.plan.storing == Storing::Not && self.plan.size.is_none(),
+            // A fill's first fetch takes any answer to hand it over, but an origin that asks
+            // the edge to wait (429/503 with Retry-After) is waited for.
+            any_status: self.plan.size.is_none()
+                && (self.plan.storing == Storing::Not
+                    || (self.plan.hand_over
+                        && !(matches!(head.status, 429 | 503) && head.retry_after.is_some()))),
         };
         let keep = |v: Option<&str>| {
             v.filter(|s| s.len() <= MAX_HEAD_FIELD_BYTES)
                 .map(str::to_owned)
         };
+        let mut other_status = false;
         let (size, first, whole) = match response::judge(&head, &expect) {
             Verdict::Range { first, total, .. } => (total, first, false),
-            Verdict::Whole { size } | Verdict::Answer { size, .. } => (size, 0, true),
+            Verdict::Whole { size } => (size, 0, true),
+            Verdict::Answer { size, .. } => {
+                other_status = true;
+                (size, 0, true)
+            }
             Verdict::NotModified => {
                 // Its fields renew the stored ones (RFC 9111 §4.3.4): told before the end.
                 out.push(Output::Head(HeadFacts {
@@ -501,6 +522,8 @@ impl BlockFetch {
                     whole: false,
                     status: 304,
                     fields: Box::new(super::contract::HeadFields::collect(&slot[..head.head_len])),
+                    handed: None,
+                    selecting: String::new(),
                 }));
                 return self.fail(FetchError::NotModified, out);
             }
@@ -508,13 +531,30 @@ impl BlockFetch {
             Verdict::Unusable(u) => return self.fail(FetchError::Unusable(u), out),
         };
         let fields = Box::new(super::contract::HeadFields::collect(&slot[..head.head_len]));
+        // Another status is kept only as its contract allows, and only when it fits one
+        // block (its body is a page, not an object to fetch in pieces).
+        let other_kept = other_status
+            && size <= u64::from(self.plan.block_bytes)
+            && super::contract::Contract::storable_status(
+                &fields,
+                head.status,
+                head.last_modified.is_some(),
+            );
         let refused = match self.plan.storing {
             Storing::Not => Ok(()),
+            _ if other_status && !other_kept => Err(super::contract::NotStored::Status),
             Storing::Contract => super::contract::Contract::storable_fields(&fields),
             Storing::Override => super::contract::Contract::shareable_fields(&fields),
         };
-        if let Err(why) = refused {
-            return self.fail(FetchError::NotStored(why), out);
+        let mut handed = None;
+        match refused {
+            Err(why) if self.plan.hand_over => {
+                // One client's from here: nothing of it reaches the data file.
+                self.plan.storing = Storing::Not;
+                handed = Some(why);
+            }
+            Err(why) => return self.fail(FetchError::NotStored(why), out),
+            Ok(()) => {}
         }
         if size.div_ceil(u64::from(self.plan.block_bytes))
             > crate::cache::journal::MAX_BLOCKS_PER_OBJECT
@@ -531,6 +571,8 @@ impl BlockFetch {
             whole,
             status: head.status,
             fields,
+            handed,
+            selecting: String::new(),
         };
         let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;
@@ -706,6 +748,7 @@ impl BlockFetch {
 
 #[cfg(test)]
 mod tests {
+    use super::super::contract::NotStored;
     use super::*;
 
     const ALIGN: usize = 512;
@@ -723,6 +766,7 @@ mod tests {
             align_bytes: ALIGN,
             sync_every_blocks: 1,
             storing: Storing::Contract,
+            hand_over: false,
         }
     }
 
@@ -851,6 +895,64 @@ mod tests {
             assert_eq!(&disk[..10_000], &obj[..], "step {step}");
             assert!(disk[10_000..].iter().all(|&b| b == 0), "the tail is padded");
             assert_eq!(seen.last(), Some(&Output::Done { keep_alive: true }));
+        }
+    }
+
+    #[test]
+    fn a_first_fetch_hands_over_what_the_cache_may_not_keep_and_refuses_it_otherwise() {
+        let obj = object(3000);
+        let private = |mut a: Vec<u8>| {
+            let at = a.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 2;
+            a.splice(at..at, b"Cache-Control: private\r\n".iter().copied());
+            a
+        };
+        let redirect =
+            b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 5\r\n\r\nmoved"
+                .to_vec();
+        let cases = [
+            (
+                private(ranged(&obj, 0, 3000)),
+                NotStored::Private,
+                FetchError::NotStored(NotStored::Private),
+                206,
+                obj.clone(),
+            ),
+            (
+                redirect,
+                NotStored::Status,
+                FetchError::Unusable(Unusable::Status(302)),
+                302,
+                b"moved".to_vec(),
+            ),
+        ];
+        for (answer, why, refused, status, body) in cases {
+            for hand_over in [false, true] {
+                let mut p = plan(0, 0, 4096, 4096, None);
+                p.hand_over = hand_over;
+                let mut out = Vec::new();
+                let f = BlockFetch::start(p, T, false, 10, 0, &mut out);
+                let mut disk = Vec::new();
+                let seen = run(f, out, &answer, 700, &mut disk);
+                if !hand_over {
+                    assert_eq!(
+                        seen,
+                        vec![Output::Failed(refused.clone())],
+                        "refused at the head, nothing written"
+                    );
+                    assert!(disk.is_empty());
+                    continue;
+                }
+                let Output::Head(h) = &seen[0] else {
+                    panic!("{seen:?}")
+                };
+                assert_eq!((h.handed, h.status), (Some(why), status));
+                // The body goes on, as a pass-through's pieces (the caller delivers them).
+                assert_eq!(&disk[..body.len()], &body[..]);
+                assert!(
+                    !seen.iter().any(|o| matches!(o, Output::Failed(_))),
+                    "{seen:?}"
+                );
+            }
         }
     }
 

@@ -101,6 +101,14 @@ pub fn forwardable(fields: &[u8], with_cookie: bool, out: &mut String) {
     }
 }
 
+/// Whether a client's head `fields` (as `Request::fields` holds them) carry a Cookie.
+pub fn carries_cookie(fields: &[u8]) -> bool {
+    fields
+        .split(|&b| b == b'\n')
+        .filter_map(|l| l.iter().position(|&b| b == b':').map(|i| &l[..i]))
+        .any(|name| name.trim_ascii().eq_ignore_ascii_case(b"cookie"))
+}
+
 /// Why a request could not be written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestError {

@@ -252,7 +252,9 @@ pub fn parse(buf: &[u8]) -> Result<Option<OriginHead<'_>>, HeadError> {
             if codings.is_none() {
                 return Err(HeadError::BadTransferEncoding);
             }
-        } else if is("content-range") {
+        } else if is("content-range") && head.status == 206 {
+            // It frames only a 206's body (RFC 9110 §14.4); on any other status it means
+            // nothing here and is left alone.
             if head.content_range.is_some() {
                 return Err(HeadError::BadContentRange);
             }
@@ -746,16 +748,25 @@ mod tests {
                 "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
                 Err(HeadError::LengthAndTransferEncoding),
             ),
-            (
-                "Content-Range: bytes 0-9/20\r\nContent-Range: bytes 10-19/20\r\n",
-                Err(HeadError::BadContentRange),
-            ),
-            ("Content-Range: bytes +0-9/20\r\n", Err(HeadError::BadContentRange)),
-            ("Content-Range: bytes 0 - 9/20\r\n", Err(HeadError::BadContentRange)),
             ("", Ok(Some(Framing::UntilClose))),
+            // Content-Range frames only a 206 (below): on a 200 it is left alone.
+            ("Content-Range: ananananananana\r\n", Ok(Some(Framing::UntilClose))),
         ];
         for (fields, want) in cases {
             assert_eq!(ok(&h(fields)), *want, "{fields:?}");
+        }
+        let partial = |fields: &str| format!("HTTP/1.1 206 Partial Content\r\n{fields}\r\n");
+        for fields in [
+            "Content-Range: bytes 0-9/20\r\nContent-Range: bytes 10-19/20\r\n",
+            "Content-Range: bytes +0-9/20\r\n",
+            "Content-Range: bytes 0 - 9/20\r\n",
+            "Content-Range: ananananananana\r\n",
+        ] {
+            assert_eq!(
+                ok(&partial(fields)),
+                Err(HeadError::BadContentRange),
+                "{fields:?}"
+            );
         }
         // 204 and 304 have no body, whatever their fields say.
         let not_modified = "HTTP/1.1 304 Not Modified\r\nContent-Length: 100\r\n\r\n";

@@ -52,6 +52,16 @@ pub(super) struct Pulls {
     /// Requests answered by their own origin fetch, unstored (`respond_bypass`): why, and the
     /// reply's head once it came.
     pub bypasses: ByConn<Bypass>,
+    /// Replies of fills handed over to the request that started them (`FillAnswer::Handed`),
+    /// by connection slot, and those taken out of the fill this tick (kept for its
+    /// allocation).
+    pub handed: ByConn<crate::fill::cache_fill::Handover<Waiter>>,
+    pub handovers: Vec<crate::fill::cache_fill::Handover<Waiter>>,
+    /// Requests waiting for a pass-through of their own while the shard runs
+    /// `MAX_PASS_THROUGHS_PER_SHARD` (bounded by its connections), and those whose turn came
+    /// (resumed at the tick's end, outside the relay being ended).
+    pub relay_waits: std::collections::VecDeque<Waiter>,
+    pub relay_ready_waits: Vec<Waiter>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -219,7 +229,28 @@ pub(super) fn cached_head_lines(
         Served::Fetched => write!(out, "fwd=miss; stored; ttl={ttl}\r\n"),
         Served::Passed(detail) => write!(out, "fwd=miss; detail={detail}\r\n"),
     };
-    out.extend_from_slice(meta.headers.as_bytes());
+    // The origin's Date is the response's own (`stored_date`), never a second line.
+    for line in meta.headers.split_inclusive("\r\n") {
+        if !is_date_line(line) {
+            out.extend_from_slice(line.as_bytes());
+        }
+    }
+}
+
+/// The origin's `Date` among a version's stored lines, when it is an IMF-fixdate: a
+/// response from the cache carries it (RFC 9110 §6.6.1: a cache does not change Date; `Age`
+/// says how long it was kept). None: the edge's clock (versions stored before it was kept).
+pub(super) fn stored_date(meta: &ObjectVersion) -> Option<&str> {
+    meta.headers
+        .split_inclusive("\r\n")
+        .find(|l| is_date_line(l))
+        .map(|l| l[5..].trim())
+        .filter(|d| d.len() == crate::http::date::HTTP_DATE_BYTES && d.is_ascii())
+}
+
+fn is_date_line(line: &str) -> bool {
+    line.get(..5)
+        .is_some_and(|n| n.eq_ignore_ascii_case("date:"))
 }
 
 /// A request answered by its own origin fetch, unstored (`Shard::respond_bypass`): why
@@ -288,6 +319,20 @@ pub(super) enum Held {
     Slot(ArenaSlot),
 }
 
+/// `req` without its range and conditions: for a reply passed on whole, as the origin gave
+/// it (a redirect, a refusal, an error).
+pub(super) fn whole_request<'a>(req: &Request<'a>) -> Request<'a> {
+    Request {
+        range: None,
+        if_match: None,
+        if_none_match: None,
+        if_modified_since: None,
+        if_unmodified_since: None,
+        if_range: None,
+        ..*req
+    }
+}
+
 /// What a waiting request whose fill failed gets when it is parsed again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum FillAnswer {
@@ -299,6 +344,9 @@ pub(super) enum FillAnswer {
     Bypass(&'static str),
     /// Its own origin fetch's head came (`Pulls::bypasses`): answer from it.
     Bypassed,
+    /// The fill it started got a reply the cache may not keep, handed to it
+    /// (`Pulls::handed`): answer from it.
+    Handed,
     /// Ask the fill again (its lock was held); `admitted`: as the request was first asked.
     Again {
         /// Whether it had been admitted (`EdgeCache::want`).
@@ -386,6 +434,10 @@ impl<R: RingOps> Shard<R> {
                 self.respond_bypassed(c, req, rate);
                 return true;
             }
+            Some(FillAnswer::Handed) => {
+                self.respond_handed(c, req, origin, &path, rate);
+                return true;
+            }
             Some(FillAnswer::Status(status)) => {
                 super::ShardMetrics::add(&self.metrics.cache_error, 1);
                 // Waited in vain on an origin that asked the edge to wait: told for how long.
@@ -428,6 +480,18 @@ impl<R: RingOps> Shard<R> {
             return true;
         };
         match (outcome, hit) {
+            (Outcome::Ready(_), Some(hit))
+                if !crate::origin::contract::selects(&hit.meta.selecting, req.fields) =>
+            {
+                // Stored for a request with other values of the fields its Vary names: this
+                // one's own fetch (RFC 9111 §4.1).
+                if hit.pinned {
+                    if let Some(edge) = self.cache.edge.as_mut() {
+                        edge.fill.unpin(hit.meta.version);
+                    }
+                }
+                self.respond_bypass(c, req, origin, &path, "vary");
+            }
             (Outcome::Ready(_), Some(hit)) => self.respond_cached(c, req, hit, rate, stream),
             // Ready for a version the index no longer holds: cannot be (one hold decided both).
             (Outcome::Ready(_), None) => self.respond_status(c, 503, keep_alive, head_only),
@@ -591,8 +655,11 @@ impl<R: RingOps> Shard<R> {
             default_lifetime_s,
         );
         let limits = self.plan_limits(c);
-        let ctx =
+        let mut ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        if let Some(date) = stored_date(&meta) {
+            ctx.date = date.as_bytes();
+        }
         let f = self.files.get(idx);
         // Where the origin gave no validators, the data file's.
         let facts = pulled_facts(
@@ -602,7 +669,14 @@ impl<R: RingOps> Shard<R> {
             f.mode,
             &extra,
         );
-        let plan = plan::plan_response(req, &facts, &limits, &ctx);
+        // A stored redirect or error is served whole as it came, whatever range or condition
+        // the request named.
+        let passed = meta.status != 200;
+        let whole = if passed { whole_request(req) } else { *req };
+        let mut plan = plan::plan_response(&whole, &facts, &limits, &ctx);
+        if passed {
+            plan.pass_status(meta.status);
+        }
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
         self.cache.pulls.head_extra = extra;
@@ -790,6 +864,14 @@ impl<R: RingOps> Shard<R> {
         for slot in slots.drain(..) {
             self.release_slot(slot);
         }
+        let mut handovers = std::mem::take(&mut self.cache.pulls.handovers);
+        if let Some(edge) = self.cache.edge.as_mut() {
+            edge.fill.take_handovers(&mut handovers);
+        }
+        for h in handovers.drain(..) {
+            self.handover_arrived(h);
+        }
+        self.cache.pulls.handovers = handovers;
         self.retry_lock_waits(&mut notices);
         // Dropped versions' data files are closed here too, so their room comes back.
         if let Some(edge) = self.cache.edge.as_mut() {
@@ -873,6 +955,9 @@ impl<R: RingOps> Shard<R> {
         self.cache.pulls.notices = notices;
         self.cache.pulls.slots = slots;
         self.run_relays();
+        for waiter in std::mem::take(&mut self.cache.pulls.relay_ready_waits) {
+            self.resume_fill(waiter, None);
+        }
         if let Some(edge) = self.cache.edge.as_mut() {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
@@ -911,8 +996,9 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
                 super::ShardMetrics::set(&m.cache_disk_full, stats.disk_full);
                 super::ShardMetrics::set(&m.origin_pauses, stats.origin_pauses);
-                super::ShardMetrics::set(&m.cache_purged_by_tag, stats.purged_by_tag);
-                super::ShardMetrics::set(&m.cache_tags_dropped, stats.tags_dropped);
+                let (purged_by_tag, tags_dropped) = edge.fill.purge_stats();
+                super::ShardMetrics::set(&m.cache_purged_by_tag, purged_by_tag);
+                super::ShardMetrics::set(&m.cache_tags_dropped, tags_dropped);
                 // The configured origins only (not every slot of MAX_ORIGINS, each tick).
                 let origins = edge.fill.filler().received_by_origin().len();
                 for (origin, n) in m.origins.pauses.iter().enumerate().take(origins) {
@@ -925,7 +1011,8 @@ impl<R: RingOps> Shard<R> {
     /// The earliest fill deadline or retry (ms), for the loop's sleep: now when a held lock
     /// put work off (the loop comes back within a millisecond).
     pub(super) fn fill_due_ms(&self) -> Option<u64> {
-        if !self.cache.pulls.lock_waits.is_empty() {
+        if !self.cache.pulls.lock_waits.is_empty() || !self.cache.pulls.relay_ready_waits.is_empty()
+        {
             return Some(0);
         }
         self.cache.edge.as_ref().and_then(|e| e.fill.next_due_ms())
@@ -974,6 +1061,9 @@ impl<R: RingOps> Shard<R> {
     /// Connection `c` is gone: its waits end.
     pub(super) fn fill_forget(&mut self, c: ConnSlot) {
         self.cache.pulls.answers.remove(self.conn_ref(c));
+        if let Some(h) = self.cache.pulls.handed.remove(self.conn_ref(c)) {
+            self.drop_handed(h.job);
+        }
         self.cache.pulls.bypasses.remove(self.conn_ref(c));
         self.relay_end(c);
         let refetching = self

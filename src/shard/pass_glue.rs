@@ -10,7 +10,9 @@ use super::cache_glue::Bypass;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard, ShardMetrics};
 use crate::cache::index::ObjectVersion;
+use crate::fill::cache_fill::Handover;
 use crate::fill::cache_fill::PassThrough;
+use crate::fill::edge::Waiter;
 use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
 use crate::fill::FillEvent;
 use crate::http::plan::{self, FileRead};
@@ -22,8 +24,8 @@ impl<R: RingOps> Shard<R> {
     /// the request waits for the reply's head (as for a fill, within
     /// `cache_wait_timeout_ms`), is then answered from it (`respond_bypassed`), and its body
     /// is the fetch's pieces. It asks for the request's single range (from its first byte),
-    /// else the whole object. 503 when the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already or
-    /// no fetch can start now.
+    /// else the whole object. While the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already, it
+    /// waits for one to end (within `cache_wait_timeout_ms`); 503 when no fetch can start.
     pub(super) fn respond_bypass(
         &mut self,
         c: ConnSlot,
@@ -47,12 +49,31 @@ impl<R: RingOps> Shard<R> {
         // Its own fetch: the client's fields, its Cookie too.
         let mut forward = String::new();
         crate::origin::request::forwardable(req.fields, true, &mut forward);
-        let started = self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD
-            && self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end);
-        if !started {
+        if self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
+            // The shard runs as many as it may: this one waits for one to end (`relay_end`),
+            // within the request's wait (`cache_wait_timeout_ms`, then 504), as a fill's
+            // waiter waits.
+            self.park_for_fill(c);
+            let waiter = self.waiter(c);
+            self.cache.pulls.answers.insert(
+                self.conn_ref(c),
+                super::cache_glue::FillAnswer::Bypass(detail),
+            );
+            self.cache.pulls.relay_waits.push_back(waiter);
+            ShardMetrics::add(&self.metrics.cache_pass_waits, 1);
+            return;
+        }
+        if !self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end) {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         }
+        self.note_bypass(c, detail);
+        self.park_for_fill(c);
+    }
+
+    /// Request `c` is answered by an origin reply of its own, unstored (`detail`: why): its
+    /// label, its counters, and its `Pulls::bypasses` entry, waiting for the reply's head.
+    fn note_bypass(&mut self, c: ConnSlot, detail: &'static str) {
         self.conns[c.index()].set_cache_label(Some("PASS"));
         ShardMetrics::add(&self.metrics.cache_pass, 1);
         let m = &self.metrics;
@@ -74,7 +95,80 @@ impl<R: RingOps> Shard<R> {
                 status: 0,
             },
         );
-        self.park_for_fill(c);
+    }
+
+    /// A fill's reply was handed over (`Handover`): to its waiter, answered from it
+    /// (`respond_handed`), when that request still waits; else the fetch ends, and a waiter
+    /// that cannot take it makes its own.
+    pub(super) fn handover_arrived(&mut self, h: Handover<Waiter>) {
+        let waiting = h.waiter.filter(|w| {
+            let conn = &self.conns[w.conn.index()];
+            conn.generation() == w.generation && conn.is_open() && conn.awaiting_fill()
+        });
+        let Some(waiter) = waiting else {
+            return self.drop_handed(h.job);
+        };
+        self.cache
+            .pulls
+            .handed
+            .insert(self.conn_ref(waiter.conn), h);
+        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Handed));
+    }
+
+    /// Ends handed-over fetch `job`, which nobody takes.
+    pub(super) fn drop_handed(&mut self, job: u64) {
+        let now_ms = self.clock.now_ms;
+        if let Some(edge) = self.cache.edge.as_mut() {
+            edge.fill.drop_handed(&mut self.ring, job, now_ms);
+        }
+    }
+
+    /// Answers `req` from the reply its fill got and may not store (`Pulls::handed`): the
+    /// fill's fetch goes on as this request's pass-through. A request that carries a Cookie
+    /// (the fill asked without it: its reply was to be shared), or wants bytes before the
+    /// reply's first, makes its own fetch instead.
+    pub(super) fn respond_handed(
+        &mut self,
+        c: ConnSlot,
+        req: &Request<'_>,
+        origin: usize,
+        path: &str,
+        rate: crate::limits::RateSpec,
+    ) {
+        let Some(h) = self.cache.pulls.handed.remove(self.conn_ref(c)) else {
+            return self.respond_status(c, 502, req.keep_alive && !self.leaving(), false);
+        };
+        let detail = h.why.label();
+        let wants_from = if req.if_range.is_some() {
+            0
+        } else {
+            crate::fill::edge::EdgeCache::first_byte(req.range).unwrap_or(0)
+        };
+        if crate::origin::request::carries_cookie(req.fields)
+            || wants_from < h.from
+            || self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD
+        {
+            self.drop_handed(h.job);
+            return self.respond_bypass(c, req, origin, path, detail);
+        }
+        let generation = self.conns[c.index()].generation();
+        self.cache.pulls.relay_jobs.insert(h.job, (c, generation));
+        self.cache
+            .pulls
+            .relays
+            .insert(self.conn_ref(c), Relay::new(h.job, h.facts.size, h.from));
+        self.note_bypass(c, detail);
+        let now_s = u64::try_from(self.clock.date.secs()).unwrap_or(0);
+        let status = h.facts.status;
+        let meta = self.unstored_version(h.facts, now_s);
+        if let Some(b) = self.cache.pulls.bypasses.get_mut(self.conn_ref(c)) {
+            b.head = Some(meta);
+            b.status = status;
+        }
+        if let Some(edge) = self.cache.edge.as_mut() {
+            edge.fill.claim_handed(h.job);
+        }
+        self.respond_bypassed(c, req, rate);
     }
 
     /// A bypass's head came (`Pulls::bypasses`): the response is planned from it, and its
@@ -99,15 +193,7 @@ impl<R: RingOps> Shard<R> {
         // Another status than 200/206 is passed on whole, whatever range or condition the
         // request named.
         let passed = !matches!(status, 200 | 206);
-        let whole = Request {
-            range: None,
-            if_match: None,
-            if_none_match: None,
-            if_modified_since: None,
-            if_unmodified_since: None,
-            if_range: None,
-            ..*req
-        };
+        let whole = super::cache_glue::whole_request(req);
         let req = if passed { &whole } else { req };
         let default_lifetime_s = self
             .cache
@@ -132,8 +218,11 @@ impl<R: RingOps> Shard<R> {
             &extra,
         );
         let limits = self.plan_limits(c);
-        let ctx =
+        let mut ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        if let Some(date) = super::cache_glue::stored_date(&meta) {
+            ctx.date = date.as_bytes();
+        }
         let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
         if passed {
             plan.pass_status(status);
@@ -225,8 +314,11 @@ impl<R: RingOps> Shard<R> {
             &extra,
         );
         let limits = self.plan_limits(c);
-        let ctx =
+        let mut ctx =
             super::respond::plan_context(&self.clock.date, self.leaving(), self.boundary_seed(c));
+        if let Some(date) = super::cache_glue::stored_date(&meta) {
+            ctx.date = date.as_bytes();
+        }
         let mut plan = plan::plan_response(req, &facts, &limits, &ctx);
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
@@ -530,8 +622,33 @@ impl<R: RingOps> Shard<R> {
             return;
         }
         let now_s = u64::try_from(self.clock.date.secs()).unwrap_or(0);
+        let status = facts.status;
+        let whole = facts.whole;
+        let meta = self.unstored_version(facts, now_s);
+        if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
+            relay.set_size(meta.size);
+            if whole {
+                // The origin sent it all (a 200, a redirect, an error): from its first byte.
+                relay.from = 0;
+            }
+        }
+        if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
+            b.head = Some(meta);
+            b.status = status;
+        }
+        let waiter = self.waiter(c);
+        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Bypassed));
+    }
+
+    /// An origin reply one client gets, as a version never indexed (its size, validators,
+    /// freshness and stored lines, its Set-Cookie too), arrived at `now_s`.
+    fn unstored_version(
+        &self,
+        facts: crate::origin::fetch::HeadFacts,
+        now_s: u64,
+    ) -> ObjectVersion {
         let contract = crate::origin::contract::Contract::of(&facts.fields, now_s as i64);
-        let meta = ObjectVersion {
+        ObjectVersion {
             key: Vec::new(),
             version: 0,
             size: facts.size,
@@ -548,17 +665,11 @@ impl<R: RingOps> Shard<R> {
             },
             // Its own reply: its Set-Cookie too.
             headers: facts.fields.stored + &facts.fields.own,
+            // Its status goes with the bypass (`Bypass::status`).
+            status: 200,
+            selecting: String::new(),
             tags: Default::default(),
-        };
-        if let Some(relay) = self.cache.pulls.relays.get_mut(conn_ref) {
-            relay.set_size(meta.size);
         }
-        if let Some(b) = self.cache.pulls.bypasses.get_mut(conn_ref) {
-            b.head = Some(meta);
-            b.status = facts.status;
-        }
-        let waiter = self.waiter(c);
-        self.resume_fill(waiter, Some(super::cache_glue::FillAnswer::Bypassed));
     }
 
     /// Does what pass-through `c` can do now: copies, pieces let go, reads completed.
@@ -617,6 +728,18 @@ impl<R: RingOps> Shard<R> {
         let Some(relay) = self.cache.pulls.relays.remove(self.conn_ref(c)) else {
             return;
         };
+        // A request waiting for a pass-through of its own goes now (the first still
+        // waiting: one that left or timed out has no answer left).
+        while let Some(w) = self.cache.pulls.relay_waits.pop_front() {
+            let conn = &self.conns[w.conn.index()];
+            if conn.generation() == w.generation
+                && conn.awaiting_fill()
+                && self.cache.pulls.answers.contains(self.conn_ref(w.conn))
+            {
+                self.cache.pulls.relay_ready_waits.push(w);
+                break;
+            }
+        }
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
         if relay.ended.is_none() {
             let now_ms = self.clock.now_ms;

@@ -42,6 +42,8 @@ pub struct Asked {
     pub if_none_match: Option<String>,
     /// It carried Authorization.
     pub authorization: bool,
+    /// Its head's lines, as received.
+    pub head: String,
 }
 
 /// How the origin answers `asked`, given the object's `content`: the reply's bytes, whether
@@ -187,6 +189,7 @@ fn serve_conn(
             range: (first, last),
             if_none_match: if_none_match.clone(),
             authorization,
+            head: head.clone(),
         };
         let (reply, bad, late) = script(&asked, content);
         seen.lock().unwrap().push(Seen {

@@ -64,6 +64,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let meta = self.index.current(key)?;
         let v = meta.version;
         let fresh_until = meta.fresh_until_s(self.cfg.revalidate_s);
+        if meta.status != 200 && now_s >= fresh_until {
+            // A stored redirect or error is not revalidated but fetched anew (the object may
+            // be there now): the request goes on to `want` as a miss.
+            self.retire(v);
+            return None;
+        }
         if meta.size == 0
             || now_s < fresh_until
             || self.revalidate_after.get(&v).is_some_and(|&t| now_s < t)
@@ -685,6 +691,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     Some(p) if p.cache_policy == CachePolicy::Override => Storing::Override,
                     _ => Storing::Contract,
                 },
+                // A first fetch's reply the cache may not keep goes to the client that
+                // started it (`on_head`).
+                hand_over: job.probe,
             };
             let id = self.next_job;
             match filler.begin(
@@ -888,6 +897,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     pub(super) fn on_head(&mut self, id: u64, facts: HeadFacts) {
+        if let Some(why) = facts.handed {
+            return self.hand_over(id, facts, why);
+        }
         let job = self.running.get_mut(&id).expect("a running job");
         if !job.probe {
             if job.revalidate {
@@ -906,8 +918,10 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             .as_deref()
             .and_then(contract::parse_date);
         let d = contract.directives;
+        // Another status than the object's is kept by its own contract, whatever the policy.
+        let object = matches!(facts.status, 200 | 206);
         let override_ttl_s = match self.cfg.origin_policies.get(job.origin) {
-            Some(p) if p.cache_policy == CachePolicy::Override => {
+            Some(p) if object && p.cache_policy == CachePolicy::Override => {
                 Some(p.ttl_s.unwrap_or(self.cfg.revalidate_s))
             }
             _ => None,
@@ -928,8 +942,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     ..Freshness::default()
                 },
                 None => Freshness {
+                    // The entry's default lifetime is an object's: another status without
+                    // one of its own is stale at once.
                     lifetime_s: contract
                         .lifetime_s(last_modified, date, self.cfg.revalidate_s)
+                        .or((!object).then_some(0))
                         .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
                     initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),
                     no_cache: d.no_cache,
@@ -943,6 +960,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 },
             },
             headers: facts.fields.stored,
+            // A 206 stands for the object; another status was kept by its contract.
+            status: if facts.status == 206 {
+                200
+            } else {
+                facts.status
+            },
+            selecting: facts.selecting,
             tags,
         };
         if let Err(why) = meta.validate() {
@@ -963,6 +987,55 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         // lost to a crash costs its blocks' records (replay skips them): a fetch again.
         self.queue_record(Record::Object(meta.clone()));
         self.head_known(id, meta, facts.whole);
+    }
+
+    /// A first fetch's reply may not be stored (`why`): the fetch goes on for the waiter
+    /// that started it, on the fetch's shard (`Handover`), when its reply reaches the
+    /// object's end (it then answers any request from its first byte on). Every other
+    /// waiter makes its own fetch, or gets a 5xx as its status (an origin in trouble is not
+    /// sent one fetch per client); the key's next requests pass (hit-for-pass) unless the
+    /// origin failed.
+    fn hand_over(&mut self, id: u64, facts: HeadFacts, why: contract::NotStored) {
+        let job = self.running.remove(&id).expect("a running job");
+        // Nothing of it was written, and nothing will be.
+        self.queue_unlink(job.version);
+        self.flush();
+        let status = facts.status;
+        let b = u64::from(self.cfg.block_bytes);
+        let from = if facts.whole {
+            0
+        } else {
+            u64::from(job.first) * b
+        };
+        let reaches_end = facts.whole || (u64::from(job.last) + 1) * b >= facts.size;
+        let others = if status >= 500 {
+            FetchError::Unusable(Unusable::Status(status))
+        } else {
+            FetchError::NotStored(why)
+        };
+        if status == 404 && Contract::storable_fields(&facts.fields).is_ok() {
+            self.remember_not_found(&job.key, unix_now_s());
+        } else if status < 500 {
+            self.remember_pass(&job.key, why);
+        }
+        let mut waiter = None;
+        for w in self.probes.remove(&job.key).unwrap_or_default() {
+            if waiter.is_none() && reaches_end && w.shard() == job.shard {
+                waiter = Some(w);
+            } else {
+                self.notify(Notice::Failed {
+                    waiter: w,
+                    error: others.clone(),
+                });
+            }
+        }
+        self.handovers.push(Handover {
+            job: id,
+            waiter,
+            facts,
+            why,
+            from,
+        });
     }
 
     /// A probe's head came: its version is known now (index, budget, the blocks its fetch

@@ -42,6 +42,9 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             slot_bytes,
             revalidate_s,
             block_bytes,
+            handovers: Vec::new(),
+            handed: HashMap::new(),
+            held: Vec::new(),
         }
     }
 
@@ -253,16 +256,20 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// See `FillCore::stats` (as of the lock's last release: read without it).
     pub fn stats(&self) -> FillStats {
-        let [a, b, c, d, e, f, g] = &self.signals.stats;
+        let [a, b, c, d, e, ..] = &self.signals.stats;
         FillStats {
             versions_evicted: a.load(Ordering::Relaxed),
             waits_joined: b.load(Ordering::Relaxed),
             waits_started: c.load(Ordering::Relaxed),
             disk_full: d.load(Ordering::Relaxed),
             origin_pauses: e.load(Ordering::Relaxed),
-            purged_by_tag: f.load(Ordering::Relaxed),
-            tags_dropped: g.load(Ordering::Relaxed),
         }
+    }
+
+    /// Versions purged by tag and purge tags dropped, over all shards (`purge`; read
+    /// without the lock).
+    pub fn purge_stats(&self) -> (u64, u64) {
+        super::purge::counts(&self.signals)
     }
 
     /// Moves the versions dropped since this shard last asked into `out` (the shard closes
@@ -369,14 +376,27 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// fill.
     pub(super) fn settle_events(&mut self, now_ms: u64) {
         self.filler.take_events(&mut self.events);
-        let pass_events = &mut self.pass_events;
+        let (pass_events, handed, held) = (&mut self.pass_events, &mut self.handed, &mut self.held);
         self.events.retain(|e| {
-            let job = match *e {
-                FillEvent::Head { job, .. }
-                | FillEvent::Piece { job, .. }
-                | FillEvent::Committed { job, .. }
-                | FillEvent::Ended { job, .. } => job,
-            };
+            let job = e.job();
+            if let FillEvent::Head { facts, .. } = e {
+                if facts.handed.is_some() {
+                    // The shared fill decides who gets it; its pieces wait for that.
+                    handed.entry(job).or_insert(false);
+                    return true;
+                }
+            }
+            if let Some(&taken) = handed.get(&job) {
+                if matches!(e, FillEvent::Ended { .. }) && taken {
+                    handed.remove(&job);
+                }
+                match e {
+                    FillEvent::Committed { .. } => {}
+                    _ if taken => pass_events.push(e.clone()),
+                    _ => held.push(e.clone()),
+                }
+                return false;
+            }
             if job & PASS_THROUGH_JOB_BIT == 0 {
                 return true;
             }
@@ -400,6 +420,59 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             core.wake_queued_shards();
         }
         core.settle(&mut self.events, &mut self.freed, now_ms);
+        // Only this shard's fetches were settled: the replies handed over are its own.
+        self.handovers.append(&mut core.handovers);
+    }
+
+    /// Moves the replies handed over (`Handover`) into `out`: each is then claimed
+    /// (`claim_handed`) or dropped (`drop_handed`).
+    pub fn take_handovers(&mut self, out: &mut Vec<Handover<W>>) {
+        out.append(&mut self.handovers);
+    }
+
+    /// The shard answers its waiter with handed-over fetch `job`: its events come out of
+    /// `take_pass_through_events` from here on, those held first.
+    pub fn claim_handed(&mut self, job: u64) {
+        self.release_held(job, true);
+    }
+
+    /// Nobody takes handed-over fetch `job`: it is ended (its `Ended` gives its slot back
+    /// through `take_pass_through_events`).
+    pub fn drop_handed<R: RingOps>(&mut self, ring: &mut R, job: u64, now_ms: u64) {
+        if self.release_held(job, false) {
+            self.filler.abort(ring, job, now_ms);
+            self.settle_events(now_ms);
+        }
+    }
+
+    /// Marks `job` taken and moves its held events on (its pieces only when `pieces`: a
+    /// dropped fetch's piece is its slot, given back with its end). Whether it is still
+    /// running.
+    fn release_held(&mut self, job: u64, pieces: bool) -> bool {
+        let Some(taken) = self.handed.get_mut(&job) else {
+            return false;
+        };
+        *taken = true;
+        let mut running = true;
+        let (pass_events, held) = (&mut self.pass_events, &mut self.held);
+        held.retain(|e| {
+            if e.job() != job {
+                return true;
+            }
+            match e {
+                FillEvent::Ended { .. } => {
+                    running = false;
+                    pass_events.push(e.clone());
+                }
+                FillEvent::Piece { .. } if !pieces => {}
+                _ => pass_events.push(e.clone()),
+            }
+            false
+        });
+        if !running {
+            self.handed.remove(&job);
+        }
+        running
     }
 
     /// Every arena slot this shard's fill holds: its running fetches', and those its ended
@@ -414,6 +487,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             .slots()
             .chain(self.freed.iter().copied())
             .chain(self.pass_events.iter().filter_map(ended))
+            .chain(self.held.iter().filter_map(ended))
             .chain(self.events.iter().filter_map(ended))
     }
 
@@ -447,6 +521,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             align_bytes: 1,
             sync_every_blocks: 64,
             storing: crate::origin::fetch::Storing::Not,
+            hand_over: false,
         };
         let job = PASS_THROUGH_JOB_BIT | self.next_pass;
         match self.filler.begin_as(

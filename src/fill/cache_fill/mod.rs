@@ -258,6 +258,25 @@ pub enum Notice<W> {
     },
 }
 
+/// A fill's first fetch whose reply the cache may not keep (`HeadFacts::handed`): it goes
+/// on, unstored, for the client that started it, the others of its waiters make their own
+/// fetch (or get its 5xx status), and none gets another client's reply (RFC 9111 §3).
+#[derive(Debug)]
+pub struct Handover<W> {
+    /// The fetch's job id: its pieces and end come out as a pass-through's
+    /// (`take_pass_through_events`) once `claim_handed`, or it is ended by `drop_handed`.
+    pub job: u64,
+    /// The waiter it is for (on the fetch's shard); None: nobody can take it (the fetch is
+    /// ended).
+    pub waiter: Option<W>,
+    /// The reply's head.
+    pub facts: HeadFacts,
+    /// Why it is not stored.
+    pub why: contract::NotStored,
+    /// The object's byte its first piece starts at (the reply reaches the object's end).
+    pub from: u64,
+}
+
 /// One origin request the fill wants made.
 #[derive(Clone, Debug)]
 struct Job {
@@ -377,6 +396,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     /// Keys whose replies a shared cache may not store, for `HIT_FOR_PASS_S`: their requests
     /// go to their own origin fetch at once.
     pass_keys: remembered::Remembered,
+    /// Replies handed over since the settling shard last took them (`Handover`).
+    handovers: Vec<Handover<W>>,
     /// Waits that joined a fetch (or probe) already under way, and waits that started one:
     /// the coalescing ratio is joined / (joined + started).
     pub waits_joined: u64,
@@ -398,8 +419,6 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     compacting: bool,
     /// Compactions finished.
     pub compactions: u64,
-    /// Versions purged by tag, and tags dropped over their bounds (`purge`).
-    purges: purge::PurgeCounts,
 }
 
 /// Blocks a `CrcWindow` holds.
@@ -538,10 +557,6 @@ pub struct FillStats {
     pub disk_full: u64,
     /// Pauses asked by origins (429 or 503 with `Retry-After`).
     pub origin_pauses: u64,
-    /// Versions purged by tag (`POST /cache/purge?tag=`).
-    pub purged_by_tag: u64,
-    /// Purge tags dropped over their bounds (`cache::tags`).
-    pub tags_dropped: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -573,6 +588,13 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     revalidate_s: u64,
     /// `FillConfig::block_bytes` (fixed at start-up: read without the lock).
     block_bytes: u32,
+    /// Replies handed over (`Handover`), for the shard (`take_handovers`).
+    handovers: Vec<Handover<W>>,
+    /// Fetches handed over, by job id: whether the shard took it (`claim_handed`,
+    /// `drop_handed`); till then its events wait in `held`.
+    handed: HashMap<u64, bool>,
+    /// Events of handed-over fetches not yet taken (at most a piece and the end each).
+    held: Vec<FillEvent>,
 }
 
 /// What a shard owes the shared core and hands it at its next hold of the lock: versions its
@@ -684,7 +706,7 @@ pub struct Signals {
     /// Each shard's eventfd: written for a shard that has news (none: inline, one thread).
     wakers: Option<Arc<Vec<OwnedFd>>>,
     /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
-    /// fills given up on a full disk, origin pauses, versions purged by tag, tags dropped.
+    /// fills given up on a full disk; then `purge`'s (`purge::PURGED_BY_TAG`, ...).
     stats: [AtomicU64; 7],
     /// The I/O thread's queues (none: inline).
     io: Option<Arc<IoShared>>,
@@ -843,6 +865,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             refreshed: HashMap::new(),
             not_found: remembered::Remembered::new(MAX_NOT_FOUND_KEYS),
             pass_keys: remembered::Remembered::new(MAX_PASS_KEYS),
+            handovers: Vec::new(),
             waits_joined: 0,
             waits_started: 0,
             disk_full: 0,
@@ -856,7 +879,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             hot: HashMap::new(),
             compacting: false,
             compactions: 0,
-            purges: Default::default(),
         };
         // Start-up is the main thread's: a journal mostly dead is rewritten now, in full.
         if core.compaction_due() {
@@ -1186,8 +1208,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: self.waits_started,
             disk_full: self.disk_full,
             origin_pauses: self.origin_pauses,
-            purged_by_tag: self.purges.by_tag,
-            tags_dropped: self.purges.tags_dropped,
         }
     }
 
@@ -1341,8 +1361,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             stats.waits_started,
             stats.disk_full,
             stats.origin_pauses,
-            stats.purged_by_tag,
-            stats.tags_dropped,
         ]) {
             cell.store(v, Ordering::Relaxed);
         }
@@ -1492,6 +1510,8 @@ mod window_tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
+            selecting: String::new(),
             tags: Default::default(),
         };
         assert!(index.apply(Record::Object(meta)));
@@ -1563,6 +1583,8 @@ mod core_tests {
             content_type: String::new(),
             freshness: Default::default(),
             headers: String::new(),
+            status: 200,
+            selecting: String::new(),
             tags: Default::default(),
         })));
         for block in present {

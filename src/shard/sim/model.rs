@@ -35,8 +35,9 @@ pub enum Storing {
     Private,
     /// `Cache-Control: no-store`: each client's own.
     NoStore,
-    /// `Vary: User-Agent`: each client's own (no variants yet).
-    VaryAgent,
+    /// `Vary: X-Client` (the field the simulated clients name themselves in): stored as the
+    /// variant of the client that fetched it, and served only to that client.
+    VaryClient,
     /// A 302 to `redirect_location(url)`, to every request.
     Redirect,
     /// A 410, to every request.
@@ -52,7 +53,7 @@ impl Storing {
         Storing::VaryEncoding,
         Storing::Private,
         Storing::NoStore,
-        Storing::VaryAgent,
+        Storing::VaryClient,
         Storing::Redirect,
         Storing::Gone,
     ];
@@ -78,7 +79,7 @@ impl Contract {
             Storing::VaryEncoding => "Vary: Accept-Encoding\r\n",
             Storing::Private => "Cache-Control: private, max-age=3600\r\n",
             Storing::NoStore => "Cache-Control: no-store\r\n",
-            Storing::VaryAgent => "Vary: User-Agent\r\n",
+            Storing::VaryClient => "Vary: X-Client\r\n",
         });
         if self.gzip {
             out.push_str("Content-Encoding: gzip\r\n");
@@ -86,12 +87,12 @@ impl Contract {
         out
     }
 
-    /// Its replies may not be stored: each client gets a body of its own
-    /// (`per_client_body`), and one client's must never reach another.
+    /// Its replies may not be stored, or vary on the client: each client gets a body of its
+    /// own (`per_client_body`), and one client's must never reach another.
     pub fn per_client(&self) -> bool {
         matches!(
             self.storing,
-            Storing::Private | Storing::NoStore | Storing::VaryAgent
+            Storing::Private | Storing::NoStore | Storing::VaryClient
         )
     }
 

@@ -272,7 +272,7 @@ impl Origin {
             return self.queue(fd, head.into_bytes());
         }
         let version = files[f].versions.len() - 1;
-        // Each client's own answer (private, no-store, Vary: User-Agent) is made for the
+        // Each client's own answer (private, no-store, Vary: X-Client) is made for the
         // client its request names: no other may ever receive it.
         let own;
         let content: &[u8] = if contract.per_client() {
