@@ -791,7 +791,7 @@ impl Net {
                     return self.fail(
                         i,
                         format!(
-                            "PRIVATE LEAK: client {i} received {other}'s answer of {} ({:?}), which may not be stored (status {}, {req:?})",
+                            "PRIVATE LEAK: client {i} received {other}'s answer of {} ({:?}: made for that request alone; status {}, {req:?})",
                             self.files[file].url, contract.storing, head.status
                         ),
                     );
