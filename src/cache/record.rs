@@ -114,6 +114,9 @@ pub struct Refresh {
 }
 
 /// What decoding the front of a buffer found.
+// Returned by value once per record at replay and moved straight into the index: boxing the
+// record would cost an allocation per record for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decoded {
     /// A record, and the bytes it took.
