@@ -260,6 +260,12 @@ impl Origin {
             );
         };
         let contract = files[f].contract;
+        if std::env::var_os("SHARDLINE_SIM_VERBOSE").is_some() {
+            eprintln!(
+                "origin at {now_us} µs, fd {fd}: {path} range {range:?} client {:?}",
+                client_of(head)
+            );
+        }
         if let Some(status) = contract.status() {
             // A redirect or a 4xx, whatever was asked: the client must get it as it is.
             let head = match status {

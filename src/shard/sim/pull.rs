@@ -16,12 +16,15 @@ use crate::config::Config;
 /// `shard::pass_glue`). The default sweep leaves them out (`simulated_shard_keeps_its_invariants`
 /// runs every other seed); `known_edge_bugs_are_fixed` (ignored until they are) runs them:
 /// - PRIVATE LEAK, `Cache-Control: private`: a client receives the answer the origin made for
-///   another client's request (1778: client 0 gets client 1's; 1787: client 4 gets client 3's);
+///   another client's request (1778: both origin fetches of the object, the fill's probe and
+///   then a whole-object fetch, carry client 1's fields; client 0 gets the second's body and
+///   its own request never reaches the origin; 1787: client 4 gets client 3's);
 /// - PRIVATE LEAK, `Vary: X-Client`: a client receives the variant made for another client
-///   (1492) or for a request that named no client (1858, 1961: a fetch of the variant did not
-///   carry the fields it was stored as selecting);
-/// - `Vary: X-Client`, a whole object made of more than one client's bytes (947: "matches no
-///   version": blocks of one stored variant fetched with different clients' fields).
+///   (1492: the probe carries client 5's fields, the later fetches client 3's; client 5 gets
+///   client 3's) or for a request that named no client (1961: after a probe with client 0's
+///   fields, a whole-object fetch carries none, and client 0 gets its answer; 1858);
+/// - `Vary: X-Client`, one stored variant made of two clients' bytes (947: blocks 0-1 fetched
+///   with client 0's fields, the rest with client 1's; client 0's 200 "matches no version");
 ///
 /// One more is stepped around in normal runs (each of these seeds shows it in the ignored
 /// test): several ranges of an object answered per client get 502 (`Shard::respond_bypassed`:
