@@ -1003,8 +1003,9 @@ impl<R: RingOps> Shard<R> {
                 super::ShardMetrics::set(&m.cache_waits_started, stats.waits_started);
                 super::ShardMetrics::set(&m.cache_disk_full, stats.disk_full);
                 super::ShardMetrics::set(&m.origin_pauses, stats.origin_pauses);
-                super::ShardMetrics::set(&m.cache_purged_by_tag, stats.purged_by_tag);
-                super::ShardMetrics::set(&m.cache_tags_dropped, stats.tags_dropped);
+                let (purged_by_tag, tags_dropped) = edge.fill.purge_stats();
+                super::ShardMetrics::set(&m.cache_purged_by_tag, purged_by_tag);
+                super::ShardMetrics::set(&m.cache_tags_dropped, tags_dropped);
                 // The configured origins only (not every slot of MAX_ORIGINS, each tick).
                 let origins = edge.fill.filler().received_by_origin().len();
                 for (origin, n) in m.origins.pauses.iter().enumerate().take(origins) {

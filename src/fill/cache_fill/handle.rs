@@ -256,16 +256,20 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// See `FillCore::stats` (as of the lock's last release: read without it).
     pub fn stats(&self) -> FillStats {
-        let [a, b, c, d, e, f, g] = &self.signals.stats;
+        let [a, b, c, d, e, ..] = &self.signals.stats;
         FillStats {
             versions_evicted: a.load(Ordering::Relaxed),
             waits_joined: b.load(Ordering::Relaxed),
             waits_started: c.load(Ordering::Relaxed),
             disk_full: d.load(Ordering::Relaxed),
             origin_pauses: e.load(Ordering::Relaxed),
-            purged_by_tag: f.load(Ordering::Relaxed),
-            tags_dropped: g.load(Ordering::Relaxed),
         }
+    }
+
+    /// Versions purged by tag and purge tags dropped, over all shards (`purge`; read
+    /// without the lock).
+    pub fn purge_stats(&self) -> (u64, u64) {
+        super::purge::counts(&self.signals)
     }
 
     /// Moves the versions dropped since this shard last asked into `out` (the shard closes

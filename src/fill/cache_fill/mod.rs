@@ -403,8 +403,6 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     compacting: bool,
     /// Compactions finished.
     pub compactions: u64,
-    /// Versions purged by tag, and tags dropped over their bounds (`purge`).
-    purges: purge::PurgeCounts,
 }
 
 /// Blocks a `CrcWindow` holds.
@@ -543,10 +541,6 @@ pub struct FillStats {
     pub disk_full: u64,
     /// Pauses asked by origins (429 or 503 with `Retry-After`).
     pub origin_pauses: u64,
-    /// Versions purged by tag (`POST /cache/purge?tag=`).
-    pub purged_by_tag: u64,
-    /// Purge tags dropped over their bounds (`cache::tags`).
-    pub tags_dropped: u64,
 }
 
 /// One shard's handle on the shared fill: its own fetches (`Filler`, on its ring), and the
@@ -696,7 +690,7 @@ pub struct Signals {
     /// Each shard's eventfd: written for a shard that has news (none: inline, one thread).
     wakers: Option<Arc<Vec<OwnedFd>>>,
     /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
-    /// fills given up on a full disk, origin pauses, versions purged by tag, tags dropped.
+    /// fills given up on a full disk; then `purge`'s (`purge::PURGED_BY_TAG`, ...).
     stats: [AtomicU64; 7],
     /// The I/O thread's queues (none: inline).
     io: Option<Arc<IoShared>>,
@@ -872,7 +866,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             hot: HashMap::new(),
             compacting: false,
             compactions: 0,
-            purges: Default::default(),
         };
         // Start-up is the main thread's: a journal mostly dead is rewritten now, in full.
         if core.compaction_due() {
@@ -1202,8 +1195,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             waits_started: self.waits_started,
             disk_full: self.disk_full,
             origin_pauses: self.origin_pauses,
-            purged_by_tag: self.purges.by_tag,
-            tags_dropped: self.purges.tags_dropped,
         }
     }
 
@@ -1358,8 +1349,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             stats.waits_started,
             stats.disk_full,
             stats.origin_pauses,
-            stats.purged_by_tag,
-            stats.tags_dropped,
         ]) {
             cell.store(v, Ordering::Relaxed);
         }

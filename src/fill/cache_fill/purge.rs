@@ -1,18 +1,23 @@
 //! Purge by tag: the fill keeps each version's purge tags (`cache::tags`, from the field its
 //! origin entry names) and retires every version carrying a tag in one call.
 
-use super::{FillCore, Routed};
+use std::sync::atomic::Ordering;
+
+use super::{FillCore, Routed, Signals};
 use crate::cache::journal::Record;
 use crate::cache::tags::Tags;
 use crate::origin::contract::HeadFields;
 
-/// Counts for the metrics.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PurgeCounts {
-    /// Versions purged by tag.
-    pub by_tag: u64,
-    /// Tags dropped over their bounds.
-    pub tags_dropped: u64,
+/// Where `Signals::stats` keeps the versions purged by tag (after `FillStats`' five, which
+/// the lock's release publishes; these are counted in place, under the lock).
+const PURGED_BY_TAG: usize = 5;
+/// Where it keeps the purge tags dropped over their bounds.
+const TAGS_DROPPED: usize = 6;
+
+/// (versions purged by tag, purge tags dropped) of `signals`.
+pub(super) fn counts(signals: &Signals) -> (u64, u64) {
+    let load = |i: usize| signals.stats[i].load(Ordering::Relaxed);
+    (load(PURGED_BY_TAG), load(TAGS_DROPPED))
 }
 
 impl<W: Clone + PartialEq + Routed> FillCore<W> {
@@ -40,7 +45,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 "purge tags over their bounds dropped"
             );
         }
-        self.purges.tags_dropped += u64::from(dropped);
+        self.signals.stats[TAGS_DROPPED].fetch_add(u64::from(dropped), Ordering::Relaxed);
         tags
     }
 
@@ -63,7 +68,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             }
             self.retire(v);
         }
-        self.purges.by_tag += tagged.len() as u64;
+        self.signals.stats[PURGED_BY_TAG].fetch_add(tagged.len() as u64, Ordering::Relaxed);
         self.flush();
         tagged.len()
     }
@@ -140,7 +145,7 @@ mod tests {
         );
         let fields = HeadFields::collect(long.as_bytes());
         assert_eq!(core.tags_of(0, &fields).as_str(), "ok");
-        assert_eq!(core.stats().tags_dropped, 1, "the long one, counted");
+        assert_eq!(counts(&core.signals).1, 1, "the long one, counted");
     }
 
     /// Every current version carrying the tag goes, in the journal too, at once: one still
@@ -158,7 +163,7 @@ mod tests {
         core.pin(2);
         assert_eq!(core.purge_tag("build-1234"), 2);
         assert_eq!(core.purge_tag("build-1234"), 0, "already gone");
-        assert_eq!(core.stats().purged_by_tag, 2);
+        assert_eq!(counts(&core.signals).0, 2);
         assert!(core.index.current(b"\0\0a").is_none());
         assert!(core.index.current(b"\0\0b").is_none());
         assert!(core.index.meta(2).is_some(), "still read: readable");

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-pub use super::model::{take_front, SimFile};
+pub use super::model::{per_client_body, redirect_location, take_front, SimFile};
 use super::rng::Rng;
 
 /// One TCP connection as both ends see it.
@@ -109,6 +109,10 @@ struct Head {
     content_range: Option<(u64, u64, u64)>,
     boundary: Option<String>,
     close: bool,
+    /// Content-Encoding, if any.
+    content_encoding: Option<String>,
+    /// Location, if any.
+    location: Option<String>,
 }
 
 enum Parse {
@@ -247,6 +251,9 @@ pub struct Net {
     pub origin_changes_done: usize,
     /// Whole 200/206 responses of pulled files.
     pub pulled_responses: usize,
+    /// Issue 42's checks passed: responses of objects answered per client (each client's
+    /// own bytes), of gzip-stored objects (labelled), and redirects or 4xx passed on.
+    pub contract_checked: [usize; 3],
     rng: Rng,
 }
 
@@ -270,6 +277,7 @@ impl Net {
             origin: None,
             origin_changes_done: 0,
             pulled_responses: 0,
+            contract_checked: [0; 3],
             rng: Rng::new(seed.wrapping_add(0x6e65_7400)),
         }
     }
@@ -509,6 +517,10 @@ impl Net {
             if r.close {
                 req.push_str("Connection: close\r\n");
             }
+            // An object whose answers are each client's own: the origin makes this client's.
+            if matches!(r.target, Target::File(f) if self.files[f].contract.per_client()) {
+                req.push_str(&format!("X-Client: {i}\r\n"));
+            }
             if r.pad_bytes > 0 {
                 req.push_str("X-Pad: ");
                 req.extend(std::iter::repeat_n('p', r.pad_bytes));
@@ -688,7 +700,46 @@ impl Net {
             Target::File(f) => f,
             _ => return self.fail(i, format!("status {} for {req:?}", head.status)),
         };
-        let versions = &self.files[file].versions;
+        let contract = self.files[file].contract;
+        if let Some(want) = contract.status() {
+            // The origin's redirect or 4xx reaches the client as the origin gave it.
+            let location = (want == 302).then(|| redirect_location(&self.files[file].url));
+            if head.status == want && head.location == location {
+                self.contract_checked[2] += 1;
+            } else {
+                self.fail(
+                    i,
+                    format!(
+                        "the origin answers {want} (Location {location:?}) for {req:?}; the client got {} (Location {:?})",
+                        head.status, head.location
+                    ),
+                );
+            }
+            return;
+        }
+        // No byte goes out under another encoding than its object's (issue 42).
+        let encoding = contract.gzip.then_some("gzip");
+        if matches!(head.status, 200 | 206) && head.content_encoding.as_deref() != encoding {
+            return self.fail(
+                i,
+                format!(
+                    "WRONG ENCODING: bytes of {} (stored with Content-Encoding {encoding:?}) went out under {:?} (status {}, {req:?})",
+                    self.files[file].url, head.content_encoding, head.status
+                ),
+            );
+        }
+        // Each client's own answer: this client's bodies only (never another client's).
+        let own: Vec<Vec<u8>>;
+        let versions = if contract.per_client() {
+            own = self.files[file]
+                .versions
+                .iter()
+                .map(|v| per_client_body(v, Some(i)))
+                .collect();
+            &own
+        } else {
+            &self.files[file].versions
+        };
         let ok_status = match (&req.range, head.status) {
             (_, 200) | (Some(_), 206) | (Some(_), 416) => true,
             // Only a file that shrank (or was replaced) turns a range unsatisfiable.
@@ -731,8 +782,21 @@ impl Net {
         let pulled = self.files[file].pulled && whole && matches!(head.status, 200 | 206);
         if pulled && result.is_ok() {
             self.pulled_responses += 1;
+            self.contract_checked[0] += usize::from(contract.per_client());
+            self.contract_checked[1] += usize::from(contract.gzip);
         }
         if let Err(e) = result {
+            if contract.per_client() {
+                if let Some(other) = self.whose_body(file, i, body) {
+                    return self.fail(
+                        i,
+                        format!(
+                            "PRIVATE LEAK: client {i} received {other}'s answer of {} ({:?}: made for that request alone; status {}, {req:?})",
+                            self.files[file].url, contract.storing, head.status
+                        ),
+                    );
+                }
+            }
             self.fail(
                 i,
                 format!(
@@ -743,6 +807,29 @@ impl Net {
                 ),
             );
         }
+    }
+}
+
+impl Net {
+    /// Whose answer `body` (the start of one, or of a range of one) is, for a client other
+    /// than `me` of an object answered per client: "client N", or "no client" (a request
+    /// that named none); None when it is no one's.
+    fn whose_body(&self, file: usize, me: usize, body: &[u8]) -> Option<String> {
+        let probe = &body[..body.len().min(64)];
+        let others = (0..self.clients.len())
+            .filter(|&c| c != me)
+            .map(Some)
+            .chain([None]);
+        for who in others {
+            let found = self.files[file].versions.iter().any(|v| {
+                let theirs = per_client_body(v, who);
+                !probe.is_empty() && theirs.windows(probe.len()).any(|w| w == probe)
+            });
+            if found {
+                return Some(who.map_or("no client".into(), |c| format!("client {c}")));
+            }
+        }
+        None
     }
 }
 
@@ -837,6 +924,8 @@ fn parse_head(text: &str) -> Result<Head, String> {
         content_range: None,
         boundary: None,
         close: false,
+        content_encoding: None,
+        location: None,
     };
     for line in lines {
         let (name, value) = line.split_once(':').ok_or("header without colon")?;
@@ -852,6 +941,8 @@ fn parse_head(text: &str) -> Result<Head, String> {
                 }
             }
             "connection" => head.close = value.eq_ignore_ascii_case("close"),
+            "content-encoding" => head.content_encoding = Some(value.to_string()),
+            "location" => head.location = Some(value.to_string()),
             _ => {}
         }
     }

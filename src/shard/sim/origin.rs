@@ -9,11 +9,15 @@
 //! past the fetch's timeout, a reset or a short body partway, a `Connection: close`. An
 //! object may change version at a scheduled moment (a new ETag and new bytes): every
 //! response a client gets must still come from one version.
+//!
+//! Each object's replies carry its `Contract`'s fields (issue 42): Cache-Control, Vary,
+//! Content-Encoding, or a 302 or 410 instead; an object that may not be stored is answered
+//! with the bytes of the client its request names (`X-Client`, `per_client_body`).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 
-use super::model::{take_front, SimFile};
+use super::model::{per_client_body, redirect_location, take_front, SimFile};
 use super::rng::Rng;
 
 /// Longest the origin holds a slow response's first byte (µs): past the filler's first-byte
@@ -117,7 +121,8 @@ pub struct Origin {
     pub changes: VecDeque<(u64, usize)>,
     /// Requests answered.
     pub requests: u64,
-    /// Body bytes of 200 and 206 answers queued (the coalescing check counts them).
+    /// Body bytes of 200 and 206 answers of storable objects queued (the coalescing check
+    /// counts them; each client's own answers are not shared, so not counted).
     pub body_bytes: u64,
     /// Responses that carried a fault.
     pub faults_done: u64,
@@ -254,12 +259,40 @@ impl Origin {
                 b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
             );
         };
+        let contract = files[f].contract;
+        if std::env::var_os("SHARDLINE_SIM_VERBOSE").is_some() {
+            eprintln!(
+                "origin at {now_us} µs, fd {fd}: {path} range {range:?} client {:?}",
+                client_of(head)
+            );
+        }
+        if let Some(status) = contract.status() {
+            // A redirect or a 4xx, whatever was asked: the client must get it as it is.
+            let head = match status {
+                302 => format!(
+                    "HTTP/1.1 302 Found\r\nLocation: {}\r\nContent-Length: 6\r\n\r\nmoved\n",
+                    redirect_location(&path)
+                ),
+                _ => "HTTP/1.1 410 Gone\r\nContent-Length: 5\r\n\r\ngone\n".to_string(),
+            };
+            return self.queue(fd, head.into_bytes());
+        }
         let version = files[f].versions.len() - 1;
-        let content = &files[f].versions[version];
+        // Each client's own answer (private, no-store, Vary: X-Client) is made for the
+        // client its request names: no other may ever receive it.
+        let own;
+        let content: &[u8] = if contract.per_client() {
+            own = per_client_body(&files[f].versions[version], client_of(head));
+            &own
+        } else {
+            &files[f].versions[version]
+        };
         let size = content.len() as u64;
         let etag = format!("\"o{f}v{version}\"");
-        let validators =
-            format!("ETag: {etag}\r\nLast-Modified: Mon, 01 Jan 2024 00:00:{version:02} GMT\r\n");
+        let validators = format!(
+            "ETag: {etag}\r\nLast-Modified: Mon, 01 Jan 2024 00:00:{version:02} GMT\r\n{}",
+            contract.fields()
+        );
         if if_none_match.as_deref() == Some(etag.as_str()) {
             let head = format!("HTTP/1.1 304 Not Modified\r\n{validators}\r\n");
             return self.queue(fd, head.into_bytes());
@@ -299,10 +332,12 @@ impl Origin {
                     "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\
                      Content-Length: {size}\r\n{validators}{connection}\r\n"
                 );
-                (head, &content[..])
+                (head, content)
             }
         };
-        self.body_bytes += body.len() as u64;
+        if !contract.per_client() {
+            self.body_bytes += body.len() as u64;
+        }
         if whole && range.is_some() {
             self.faults_done += 1;
         }
@@ -380,6 +415,15 @@ impl Origin {
     fn queue(&mut self, fd: i32, bytes: Vec<u8>) {
         self.conns.entry(fd).or_default().response.extend(bytes);
     }
+}
+
+/// The client a request names (`X-Client`, which the simulated clients send for objects
+/// whose answers are each client's own, and the edge forwards).
+fn client_of(head: &str) -> Option<usize> {
+    head.split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("x-client"))
+        .and_then(|(_, v)| v.trim().parse().ok())
 }
 
 /// The path, range and If-None-Match of a request head the filler sent.
