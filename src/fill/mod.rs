@@ -579,8 +579,10 @@ impl Filler {
                     }
                     if facts.handed.is_some() {
                         // Handed over to one client: its pieces are delivered from here on,
-                        // never written (`FillEvent::Piece`).
+                        // never written (`FillEvent::Piece`). It is the answer to these lines
+                        // (another client may have noted its own since the fill began).
                         run.file = None;
+                        facts.request_lines = run.forward.clone();
                     }
                     self.events.push(FillEvent::Head {
                         job: run.job,

@@ -336,6 +336,19 @@ pub fn selecting_lines(vary: &str, request: &str) -> String {
     out
 }
 
+/// The request lines a fetch of a stored variant sends (its `selecting_lines` with a value):
+/// every block of it, and a pass-through of it, is asked for as the request that got it
+/// was, so one version never mixes two variants' bytes.
+pub fn variant_request_lines(selecting: &str) -> String {
+    if selecting == UNMATCHABLE {
+        return String::new();
+    }
+    selecting
+        .split_inclusive("\r\n")
+        .filter(|l| !l.trim_end().ends_with(':'))
+        .collect()
+}
+
 /// The selecting lines of a reply no request may be answered with (`selecting_lines`).
 pub const UNMATCHABLE: &str = "shardline-unmatchable: \r\n";
 

@@ -156,6 +156,9 @@ pub struct HeadFacts {
     /// For a reply with `Vary`: the request's lines it varies on
     /// (`contract::selecting_lines`), set by the caller that knows the request.
     pub selecting: String,
+    /// For a reply handed over (`handed`): the client field lines its request carried, set
+    /// by the caller; only a request with the same lines may be answered with it.
+    pub request_lines: String,
 }
 
 /// Why a fetch ended without its blocks.
@@ -575,6 +578,7 @@ impl BlockFetch {
                     fields: Box::new(super::contract::HeadFields::collect(&slot[..head.head_len])),
                     handed: None,
                     selecting: String::new(),
+                    request_lines: String::new(),
                 }));
                 return self.fail(FetchError::NotModified, out);
             }
@@ -624,6 +628,7 @@ impl BlockFetch {
             fields,
             handed,
             selecting: String::new(),
+            request_lines: String::new(),
         };
         let body_len = head.content_length().expect("judge checked the length");
         let head_len = head.head_len;

@@ -36,7 +36,10 @@ impl<R: RingOps> Shard<R> {
     ) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
-        let whole = req.if_range.is_some();
+        // Several ranges would need the origin's bytes out of order: the whole object, sent
+        // whole (`respond_bypassed`).
+        let several = req.range.is_some_and(|r| r.contains(&b','));
+        let whole = req.if_range.is_some() || several;
         let from = if whole {
             0
         } else {
@@ -125,8 +128,9 @@ impl<R: RingOps> Shard<R> {
 
     /// Answers `req` from the reply its fill got and may not store (`Pulls::handed`): the
     /// fill's fetch goes on as this request's pass-through. A request that carries a Cookie
-    /// (the fill asked without it: its reply was to be shared), or wants bytes before the
-    /// reply's first, makes its own fetch instead.
+    /// (the fill asked without it: its reply was to be shared), or other client fields than
+    /// the fill's request carried, or wants bytes before the reply's first, makes its own
+    /// fetch instead.
     pub(super) fn respond_handed(
         &mut self,
         c: ConnSlot,
@@ -144,7 +148,12 @@ impl<R: RingOps> Shard<R> {
         } else {
             crate::fill::edge::EdgeCache::first_byte(req.range).unwrap_or(0)
         };
+        // The reply answers the lines the fill's request carried: this request's own (the
+        // last client to join may have noted others), and no Cookie (the fill sent none).
+        let mut mine = String::new();
+        crate::origin::request::forwardable(req.fields, false, &mut mine);
         if crate::origin::request::carries_cookie(req.fields)
+            || mine != h.facts.request_lines
             || wants_from < h.from
             || self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD
         {
@@ -229,6 +238,21 @@ impl<R: RingOps> Shard<R> {
         }
         let bufs = self.pools.body_pool.pop().unwrap_or_default();
         let mut started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        if started.reads_file && started.single_file_range().is_none() {
+            // Several ranges: the fetch asked for the whole object, which goes out whole.
+            started.give_back(&mut self.pools.body_pool);
+            let whole = Request {
+                range: None,
+                ..*req
+            };
+            let limits = self.plan_limits(c);
+            plan = plan::plan_response(&whole, &facts, &limits, &ctx);
+            if passed {
+                plan.pass_status(status);
+            }
+            let bufs = self.pools.body_pool.pop().unwrap_or_default();
+            started = super::respond::start_plan(self.ring.tx_mut(c), &plan, bufs);
+        }
         started.inline_head = false;
         self.cache.pulls.head_extra = extra;
         let from = self
@@ -282,6 +306,14 @@ impl<R: RingOps> Shard<R> {
             }
             None => None,
         };
+        if meta
+            .as_ref()
+            .is_some_and(|m| !crate::origin::contract::selects(&m.selecting, req.fields))
+        {
+            // A variant stored for other values of the fields its Vary names: not this
+            // request's (RFC 9111 §4.1), which makes its own fetch.
+            return self.respond_bypass(c, req, origin, path, "vary");
+        }
         let Some(meta) =
             meta.filter(|_| self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD)
         else {
@@ -425,7 +457,9 @@ impl<R: RingOps> Shard<R> {
         from: u64,
         end: u64,
     ) -> bool {
-        self.start_relay_of(c, origin, path, Some(meta), (None, ""), from, end)
+        // A stored variant's bytes are asked for as its own request asked (`Vary`).
+        let lines = crate::origin::contract::variant_request_lines(&meta.selecting);
+        self.start_relay_of(c, origin, path, Some(meta), (None, &lines), from, end)
     }
 
     /// `start_relay` of `meta`'s version, or (None) of whatever the origin answers: its

@@ -696,16 +696,36 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 hand_over: job.probe,
             };
             let id = self.next_job;
-            match filler.begin(
-                ring,
-                id,
-                job.origin,
-                &job.path,
-                plan,
-                slot,
-                Some(file),
-                now_ms,
-            ) {
+            // A stored variant's blocks are asked for as the request that got it asked
+            // (`Vary`): never with another client's fields, so its bytes are one variant's.
+            let variant = meta
+                .filter(|m| !m.selecting.is_empty())
+                .map(|m| contract::variant_request_lines(&m.selecting));
+            let begun = match &variant {
+                Some(lines) => filler.begin_as(
+                    ring,
+                    id,
+                    job.origin,
+                    &job.path,
+                    None,
+                    lines,
+                    plan,
+                    slot,
+                    Some(file),
+                    now_ms,
+                ),
+                None => filler.begin(
+                    ring,
+                    id,
+                    job.origin,
+                    &job.path,
+                    plan,
+                    slot,
+                    Some(file),
+                    now_ms,
+                ),
+            };
+            match begun {
                 Ok(()) => {
                     self.next_job += 1;
                     let mut job = job;

@@ -267,10 +267,7 @@ fn scenario(seed: u64, root: &Path, mode: Mode) -> std::io::Result<(Config, Net,
     }
     // Issue 42: in some pull runs each object's origin says what may be stored, and how
     // (its own stream: every other draw of a seed stays what it was). Not in power-loss runs,
-    // whose restart serves every pulled object whole. The edge bugs these runs found
-    // (`KNOWN_EDGE_BUG_SEEDS`) are stepped around in normal runs, so that every other check
-    // keeps guarding the rest.
-    let around_bugs = mode == Mode::Normal;
+    // whose restart serves every pulled object whole.
     if pull && mode != Mode::PowerLoss {
         pull::draw_contracts(&mut files, seed);
     }
@@ -300,14 +297,10 @@ fn scenario(seed: u64, root: &Path, mode: Mode) -> std::io::Result<(Config, Net,
             } else {
                 Target::File(rng.below(files.len() as u64) as usize)
             };
-            let mut range = match target {
+            let range = match target {
                 Target::File(f) => random_range(&mut rng, sizes[f]),
                 _ => None,
             };
-            if around_bugs && matches!(target, Target::File(f) if files[f].contract.per_client()) {
-                // Several ranges of an object answered per client get 502: one here.
-                range = range.map(|r| r.split(',').next().unwrap_or_default().to_string());
-            }
             requests.push(Request {
                 target,
                 range,
@@ -853,9 +846,6 @@ enum Mode {
     /// (`disk::PowerDisk`), the journal is replayed, every block it vouches for is read back,
     /// and new clients fetch every pulled object from the restarted cache.
     PowerLoss,
-    /// `Normal`, without stepping around the edge bugs the origin's contract found
-    /// (`KNOWN_EDGE_BUG_SEEDS`): for the test that shows them, until they are fixed.
-    EdgeBugs,
 }
 
 /// A shard on `ring` with `cfg`, and its cache (a pull run) written under `watch`.
@@ -1266,16 +1256,14 @@ const ONCE_FAILING_SEEDS: [u64; 37] = [
     984789,
 ];
 
-/// The seeds of `KNOWN_EDGE_BUG_SEEDS`, run without stepping around the bugs: fails until
-/// the edge is fixed (`SHARDLINE_EDGE_BUG_SEED=N` runs one, also in
-/// `simulated_shard_keeps_its_invariants` with `SHARDLINE_SIM_SEED=N`).
+/// The seeds whose contract runs once showed a client another client's answer, or a 502 for
+/// several ranges of a per-client object (`pull::CONTRACT_BUG_SEEDS`).
 #[test]
-#[ignore = "fails until the edge bugs of KNOWN_EDGE_BUG_SEEDS are fixed (issue 42: private and Vary answers reaching another client, several ranges of a per-client object answered 502); run with --ignored to see them"]
-fn known_edge_bugs_are_fixed() {
+fn contract_seeds_that_once_leaked_pass() {
     let total = explore(
-        &pull::KNOWN_EDGE_BUG_SEEDS,
-        Mode::EdgeBugs,
-        "SHARDLINE_EDGE_BUG_SEED",
+        &pull::CONTRACT_BUG_SEEDS,
+        Mode::Normal,
+        "SHARDLINE_SIM_SEED",
     );
     assert!(total.pulled > 0, "the seeds pulled nothing");
 }
@@ -1292,10 +1280,7 @@ fn seeds_that_once_failed_pass() {
 fn simulated_shard_keeps_its_invariants() {
     let seeds: Vec<u64> = match env_seed_list("SHARDLINE_SIM_SEED") {
         Some(seeds) => seeds,
-        // Every seed but those showing a known edge bug (run by `known_edge_bugs_are_fixed`).
-        None => (0..env_u64("SHARDLINE_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS))
-            .filter(|s| !pull::KNOWN_EDGE_BUG_SEEDS.contains(s))
-            .collect(),
+        None => (0..env_u64("SHARDLINE_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS)).collect(),
     };
     // Seeds are independent: spread over the machine's threads (results in seed order).
     let total = explore(&seeds, Mode::Normal, "SHARDLINE_SIM_SEED");
@@ -1331,7 +1316,7 @@ fn simulated_shard_keeps_its_invariants() {
     // Over the default seeds (or more), every fault class must still fire: a fault that
     // stopped firing (a changed draw, a path no longer reached) leaves its handling untested
     // while the run passes.
-    if seeds.len() as u64 + pull::KNOWN_EDGE_BUG_SEEDS.len() as u64 >= DEFAULT_SEEDS {
+    if seeds.len() as u64 >= DEFAULT_SEEDS {
         let starved: Vec<String> = fault_classes(&total)
             .into_iter()
             .filter(|&(_, fired, minimum)| fired < minimum)

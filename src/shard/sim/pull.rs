@@ -11,28 +11,15 @@ use super::{
 };
 use crate::config::Config;
 
-/// Seeds whose contract runs meet an edge bug, found by issue 42's checks once merged with
-/// the lead's 934e394..12494a5 (the fixes belong to the fill and `shard::cache_glue` /
-/// `shard::pass_glue`). The default sweep leaves them out (`simulated_shard_keeps_its_invariants`
-/// runs every other seed); `known_edge_bugs_are_fixed` (ignored until they are) runs them:
-/// - PRIVATE LEAK, `Cache-Control: private`: a client receives the answer the origin made for
-///   another client's request (1778: both origin fetches of the object, the fill's probe and
-///   then a whole-object fetch, carry client 1's fields; client 0 gets the second's body and
-///   its own request never reaches the origin; 1787: client 4 gets client 3's);
-/// - PRIVATE LEAK, `Vary: X-Client`: a client receives the variant made for another client
-///   (1492: the probe carries client 5's fields, the later fetches client 3's; client 5 gets
-///   client 3's) or for a request that named no client (1961: after a probe with client 0's
-///   fields, a whole-object fetch carries none, and client 0 gets its answer; 1858);
-/// - `Vary: X-Client`, one stored variant made of two clients' bytes (947: blocks 0-1 fetched
-///   with client 0's fields, the rest with client 1's; client 0's 200 "matches no version");
-///
-/// One more is stepped around in normal runs (each of these seeds shows it in the ignored
-/// test): several ranges of an object answered per client get 502 (`Shard::respond_bypassed`:
-/// "several ranges ... it cannot answer", where a pass-through answers the whole object; 144,
-/// 1342, 1817). Two found before the merge no longer reproduce: a later request for a
-/// redirected key got 502 (904, 984, 1598, 1952), and a pass-through was cut when the ring
-/// reordered completions (461, 620).
-pub(super) const KNOWN_EDGE_BUG_SEEDS: [u64; 9] =
+/// Seeds whose contract runs once met an edge bug, fixed since (issue 42), run on their own
+/// by `contract_seeds_that_once_leaked_pass`:
+/// - a client received the answer made for another client's request: a fill's reply handed to
+///   the request that started it although the fetch carried another client's fields (1778,
+///   1787); a stored variant's later blocks, or its pass-through, asked with another client's
+///   fields or none (1492, 1961, 947), and a disk-full pass-through of a stored variant given
+///   to a request it does not select (1858);
+/// - several ranges of an object answered per client got 502 (144, 1342, 1817).
+pub(super) const CONTRACT_BUG_SEEDS: [u64; 9] =
     [947, 1492, 1778, 1787, 1858, 1961, 144, 1342, 1817];
 
 /// In `CONTRACT_RUN_PERCENT` of the pull runs, draws each pulled object's `Contract` (its own
