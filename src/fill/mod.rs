@@ -248,9 +248,11 @@ pub struct Filler {
     forward: std::collections::HashMap<(usize, String), String>,
 }
 
-/// Most (origin, path) entries of forwarded field lines a filler keeps (all forgotten when
-/// full: a fetch then goes without them).
-pub const MAX_FORWARD_ENTRIES: usize = 256;
+/// Most (origin, path) entries of forwarded field lines a filler keeps (when full, one is
+/// forgotten for each new one: a fetch of its path then goes without them, and a reply it
+/// hands over costs its starter a fetch of its own). Each entry is at most a key and
+/// `MAX_FORWARDED_BYTES` of lines.
+pub const MAX_FORWARD_ENTRIES: usize = 1024;
 
 /// What a filler last read of an origin's published addresses.
 struct OriginAddrs {
@@ -312,10 +314,15 @@ impl Filler {
     /// Notes the field lines (`origin::request::forwardable`) the request for `path` at
     /// `origin` forwards: its fill's fetches send them.
     pub fn note_forward(&mut self, origin: usize, path: &str, lines: String) {
-        if self.forward.len() >= MAX_FORWARD_ENTRIES {
-            self.forward.clear();
+        let key = (origin, path.to_owned());
+        if self.forward.len() >= MAX_FORWARD_ENTRIES && !self.forward.contains_key(&key) {
+            // One entry goes, not all: a fill whose lines went sends none, and a reply it
+            // hands over then goes to nobody's request (`respond_handed` compares the lines).
+            if let Some(old) = self.forward.keys().next().cloned() {
+                self.forward.remove(&old);
+            }
         }
-        self.forward.insert((origin, path.to_owned()), lines);
+        self.forward.insert(key, lines);
     }
 
     /// Origin heads refused since start, by `HeadError::index` (a counter).

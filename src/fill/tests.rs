@@ -1127,3 +1127,29 @@ fn new_origin_connections_follow_the_names_latest_addresses() {
         .collect();
     assert_eq!(seen, want, "both new addresses, in turn");
 }
+
+#[test]
+fn forwarded_lines_past_their_bound_cost_one_entry_each_never_all() {
+    let addr: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut filler = Filler::new(vec![target(addr, 1, TIMEOUTS)], 1);
+    for i in 0..MAX_FORWARD_ENTRIES + 40 {
+        filler.note_forward(0, &format!("/p/{i}"), format!("X-N: {i}\r\n"));
+        assert!(filler.forward.len() <= MAX_FORWARD_ENTRIES);
+        // What was just noted is there: the fill it starts sends it.
+        assert_eq!(
+            filler.forward.get(&(0, format!("/p/{i}"))),
+            Some(&format!("X-N: {i}\r\n"))
+        );
+    }
+    assert_eq!(filler.forward.len(), MAX_FORWARD_ENTRIES);
+    // Noting a path again replaces its lines and costs no other entry.
+    let last = format!("/p/{}", MAX_FORWARD_ENTRIES + 39);
+    let before: Vec<_> = filler.forward.keys().cloned().collect();
+    filler.note_forward(0, &last, "X-N: again\r\n".into());
+    let mut after: Vec<_> = filler.forward.keys().cloned().collect();
+    let mut before = before;
+    before.sort();
+    after.sort();
+    assert_eq!(before, after);
+    assert_eq!(filler.forward[&(0, last)], "X-N: again\r\n");
+}
