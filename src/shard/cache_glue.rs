@@ -962,15 +962,6 @@ impl<R: RingOps> Shard<R> {
         self.cache.pulls.notices = notices;
         self.cache.pulls.slots = slots;
         self.run_relays();
-        let fetch_ended = self
-            .cache
-            .edge
-            .as_mut()
-            .is_some_and(|e| e.fill.take_fetch_ended());
-        if fetch_ended {
-            // A fetch's end may have made room at its origin for a waiting request's own.
-            self.wake_relay_waiter();
-        }
         for waiter in std::mem::take(&mut self.cache.pulls.relay_ready_waits) {
             self.resume_fill(waiter, None);
         }

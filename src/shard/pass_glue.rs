@@ -18,15 +18,6 @@ use crate::fill::FillEvent;
 use crate::http::plan::{self, FileRead};
 use crate::http::request::{Method, Request};
 
-/// Why a pass-through could not start (`start_relay_of`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum NotStarted {
-    /// No arena slot, or the origin runs its `max_fetches`: room comes back as fetches end.
-    Busy,
-    /// No cache, or the request could not be made.
-    Refused,
-}
-
 impl<R: RingOps> Shard<R> {
     /// Answers `req` with its own fetch from origin `origin` (`path` there), nothing of it
     /// stored or shared (its key's replies may not be stored, or it carries Authorization):
@@ -62,16 +53,20 @@ impl<R: RingOps> Shard<R> {
         let mut forward = String::new();
         crate::origin::request::forwardable(req.fields, true, &mut forward);
         if self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
-            // The shard runs as many as it may: this one waits for one to end.
-            return self.wait_for_relay(c, detail);
+            // The shard runs as many as it may: this one waits for one to end (`relay_end`),
+            // within the request's wait (`cache_wait_timeout_ms`, then 504), as a fill's
+            // waiter waits.
+            self.park_for_fill(c);
+            let waiter = self.waiter(c);
+            self.cache.pulls.answers.insert(
+                self.conn_ref(c),
+                super::cache_glue::FillAnswer::Bypass(detail),
+            );
+            self.cache.pulls.relay_waits.push_back(waiter);
+            ShardMetrics::add(&self.metrics.cache_pass_waits, 1);
+            return;
         }
-        let started =
-            self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end);
-        if started == Err(NotStarted::Busy) {
-            // The origin is at its fetch bound (or no slot is free): it waits for room.
-            return self.wait_for_relay(c, detail);
-        }
-        if started.is_err() {
+        if !self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end) {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         }
@@ -465,7 +460,6 @@ impl<R: RingOps> Shard<R> {
         // A stored variant's bytes are asked for as its own request asked (`Vary`).
         let lines = crate::origin::contract::variant_request_lines(&meta.selecting);
         self.start_relay_of(c, origin, path, Some(meta), (None, &lines), from, end)
-            .is_ok()
     }
 
     /// `start_relay` of `meta`'s version, or (None) of whatever the origin answers: its
@@ -481,13 +475,13 @@ impl<R: RingOps> Shard<R> {
         client: (Option<&str>, &str),
         from: u64,
         end: u64,
-    ) -> Result<(), NotStarted> {
+    ) -> bool {
         let (authorization, forward) = client;
         let Some(block_bytes) = self.cache.edge.as_ref().map(|e| e.fill.block_bytes()) else {
-            return Err(NotStarted::Refused);
+            return false;
         };
         let Some(slot) = self.arena.take(Demand::Bulk) else {
-            return Err(NotStarted::Busy);
+            return false;
         };
         let pass = PassThrough {
             origin,
@@ -504,7 +498,7 @@ impl<R: RingOps> Shard<R> {
         let now_ms = self.clock.now_ms;
         let Some(edge) = self.cache.edge.as_mut() else {
             self.release_slot(slot);
-            return Err(NotStarted::Refused);
+            return false;
         };
         match edge
             .fill
@@ -517,46 +511,13 @@ impl<R: RingOps> Shard<R> {
                     self.conn_ref(c),
                     Relay::new(job, meta.map_or(u64::MAX, |m| m.size), from),
                 );
-                Ok(())
+                true
             }
-            Err((slot, busy)) => {
+            Err(slot) => {
                 self.release_slot(slot);
-                Err(if busy {
-                    NotStarted::Busy
-                } else {
-                    NotStarted::Refused
-                })
+                false
             }
         }
-    }
-
-    /// A request waiting for a pass-through of its own (`Pulls::relay_waits`) goes now: the
-    /// first still waiting (one that left or timed out has no answer left).
-    pub(super) fn wake_relay_waiter(&mut self) {
-        while let Some(w) = self.cache.pulls.relay_waits.pop_front() {
-            let conn = &self.conns[w.conn.index()];
-            if conn.generation() == w.generation
-                && conn.awaiting_fill()
-                && self.cache.pulls.answers.contains(self.conn_ref(w.conn))
-            {
-                self.cache.pulls.relay_ready_waits.push(w);
-                break;
-            }
-        }
-    }
-
-    /// Request `c` waits for a pass-through of its own (`detail`: why it has one): until one
-    /// of the shard's ends, or a fetch frees room at the origin (`wake_relay_waiter`), within
-    /// its wait (`cache_wait_timeout_ms`, then 504), as a fill's waiter waits.
-    fn wait_for_relay(&mut self, c: ConnSlot, detail: &'static str) {
-        self.park_for_fill(c);
-        let waiter = self.waiter(c);
-        self.cache.pulls.answers.insert(
-            self.conn_ref(c),
-            super::cache_glue::FillAnswer::Bypass(detail),
-        );
-        self.cache.pulls.relay_waits.push_back(waiter);
-        ShardMetrics::add(&self.metrics.cache_pass_waits, 1);
     }
 
     /// A pass-through response's pipeline reached the end of what is on disk (it stops there
@@ -801,7 +762,18 @@ impl<R: RingOps> Shard<R> {
         let Some(relay) = self.cache.pulls.relays.remove(self.conn_ref(c)) else {
             return;
         };
-        self.wake_relay_waiter();
+        // A request waiting for a pass-through of its own goes now (the first still
+        // waiting: one that left or timed out has no answer left).
+        while let Some(w) = self.cache.pulls.relay_waits.pop_front() {
+            let conn = &self.conns[w.conn.index()];
+            if conn.generation() == w.generation
+                && conn.awaiting_fill()
+                && self.cache.pulls.answers.contains(self.conn_ref(w.conn))
+            {
+                self.cache.pulls.relay_ready_waits.push(w);
+                break;
+            }
+        }
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
         if relay.ended.is_none() {
             let now_ms = self.clock.now_ms;

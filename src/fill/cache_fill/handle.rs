@@ -45,7 +45,6 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             handovers: Vec::new(),
             handed: HashMap::new(),
             held: Vec::new(),
-            fetch_ended: false,
         }
     }
 
@@ -377,10 +376,6 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// fill.
     pub(super) fn settle_events(&mut self, now_ms: u64) {
         self.filler.take_events(&mut self.events);
-        self.fetch_ended |= self
-            .events
-            .iter()
-            .any(|e| matches!(e, FillEvent::Ended { .. }));
         let (pass_events, handed, held) = (&mut self.pass_events, &mut self.handed, &mut self.held);
         self.events.retain(|e| {
             let job = e.job();
@@ -498,16 +493,15 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Starts a pass-through fetch of `pass` into `slot` (the caller's; it comes back with
     /// the fetch's `Ended`): its pieces come out of `take_pass_through_events` as
-    /// `FillEvent::Piece`, each to be answered with `delivered`. Err: it cannot start
-    /// now: `(slot, true)` when the origin is at its bound (try again once a fetch ends),
-    /// `(slot, false)` when the request cannot be made.
+    /// `FillEvent::Piece`, each to be answered with `delivered`. Err(slot): it cannot start
+    /// now (the origin is at its bound, or the request cannot be made).
     pub fn begin_pass_through<R: RingOps>(
         &mut self,
         ring: &mut R,
         pass: &PassThrough<'_>,
         slot: ArenaSlot,
         now_ms: u64,
-    ) -> Result<u64, (ArenaSlot, bool)> {
+    ) -> Result<u64, ArenaSlot> {
         assert!(
             pass.from < pass.end && pass.size.is_none_or(|s| pass.end <= s) && pass.block_bytes > 0
         );
@@ -547,15 +541,8 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
                 self.settle_events(now_ms);
                 Ok(job)
             }
-            Err(Begin::Wait(slot)) => Err((slot, true)),
-            Err(Begin::Refused(slot, _)) => Err((slot, false)),
+            Err(Begin::Wait(slot) | Begin::Refused(slot, _)) => Err(slot),
         }
-    }
-
-    /// Whether a fetch of this shard ended since the last call (an origin's fetch bound may
-    /// have room again).
-    pub fn take_fetch_ended(&mut self) -> bool {
-        std::mem::take(&mut self.fetch_ended)
     }
 
     /// The last piece of pass-through `job` went to its client: the fetch goes on.

@@ -579,8 +579,6 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     handed: HashMap<u64, bool>,
     /// Events of handed-over fetches not yet taken (at most a piece and the end each).
     held: Vec<FillEvent>,
-    /// A fetch ended since the shard last asked (`take_fetch_ended`).
-    fetch_ended: bool,
 }
 
 /// What a shard owes the shared core and hands it at its next hold of the lock: versions its
