@@ -88,6 +88,7 @@ fn main() {
         max_bytes: 0,
         sync_every_blocks: (4 / block_mib).max(1),
         revalidate_s: shardline::config::DEFAULT_CACHE_REVALIDATE_S,
+        heuristic_max_s: shardline::config::DEFAULT_CACHE_HEURISTIC_MAX_S,
         not_found_s: 0,
         origin_names: vec![origin.to_string()],
         origin_policies: Vec::new(),

@@ -41,7 +41,8 @@
 #   freshness information. Its default (30 days) fails the suite's first check
 #   (freshness-none), on which nearly every other test depends; the suite asks every cache to
 #   turn such default caching off (README, "Test results FAQ"), as its Docker setup runs Varnish
-#   with default_ttl=0. Note that shardline also caps its Last-Modified heuristic at this value.
+#   with default_ttl=0. The Last-Modified heuristic has its own cap (cache_heuristic_max_s,
+#   left at its default).
 #
 # The suite: a copy of the pinned snapshot (CACHE_TESTS_SRC, default ../shared/cache-tests next
 # to the repository) in perf/out/cache-tests/suite, with its runtime dependencies installed

@@ -269,6 +269,12 @@ counters! {
     cache_tags_dropped: Counter "cache_tags_dropped_total",
     /// Cached blocks that failed their checksum on a read (dropped, fetched again).
     cache_corrupt_blocks: Counter "cache_corrupt_blocks_total",
+    /// Responses whose cache disk failed a read (or its data file's open) and went on from
+    /// their origin (`shard::read_failover`).
+    cache_disk_failovers: Counter "cache_disk_failovers_total" { outcome = "origin" },
+    /// Responses whose cache disk failed a read and could not go on from their origin (no
+    /// pass-through could start): cut, with a warn line.
+    cache_disk_failovers_cut: Counter "cache_disk_failovers_total" { outcome = "cut" },
     /// Bytes the background scrub read back and checked (`cache_scrub_bytes_per_s`).
     cache_scrub_bytes: Counter "cache_scrub_bytes_total",
     /// Cached blocks the scrub found failing their checksum (dropped before a client met
@@ -334,6 +340,10 @@ fn family_help(family: &str) -> Option<&'static str> {
              framing counts with the bytes it carries."
         }
         "tls_bytes_total" => "TLS bytes, by direction (in, out), handshakes included.",
+        "cache_disk_failovers_total" => {
+            "Cached responses whose disk failed a read or a data file's open, by outcome: origin \
+             (went on from the origin, every byte right) or cut (no pass-through could start)."
+        }
         "cache_not_stored_total" => {
             "Pulled requests answered by their own origin fetch, nothing stored or shared, by \
              reason: private, no-store, vary (a Vary on a request field), authorization (the \

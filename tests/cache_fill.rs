@@ -639,7 +639,7 @@ fn a_shardline_shield_between_the_edge_and_the_origin_works_end_to_end() {
     std::fs::write(
         &cfg,
         format!(
-            "cache_dir = \"{}\"\ncache_revalidate_s = 0\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            "cache_dir = \"{}\"\ncache_revalidate_s = 0\ncache_heuristic_max_s = 0\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
             cache.display(),
             shield.server.addr
         ),
@@ -1479,13 +1479,14 @@ fn data_files(cache: &Path, want: usize) -> usize {
     count()
 }
 
-/// With `cache_revalidate_s = 0` every request revalidates first: an unchanged object is
+/// With `cache_revalidate_s = 0` and `cache_heuristic_max_s = 0` (nginx sends a Last-Modified)
+/// every request revalidates first: an unchanged object is
 /// confirmed by a 304 (no body byte fetched again), a changed one (new content, new ETag)
 /// becomes a new version that replaces the old one on disk, and one deleted at the origin
 /// becomes the origin's 404.
 #[test]
 fn a_stale_version_is_revalidated_and_a_changed_object_replaces_it() {
-    let e = edge("2", "cache_revalidate_s = 0");
+    let e = edge("2", "cache_revalidate_s = 0\ncache_heuristic_max_s = 0");
     let want = origin_file();
     let r = get(&e.server, "/pull/obj.bin", &[]);
     assert_eq!(r.status, 200);
@@ -1558,7 +1559,7 @@ fn a_stale_version_is_revalidated_and_a_changed_object_replaces_it() {
 /// its content while the origin is down) and names the origin in the log.
 #[test]
 fn a_cached_version_is_served_while_its_origin_is_down() {
-    let mut e = edge("1", "cache_revalidate_s = 0");
+    let mut e = edge("1", "cache_revalidate_s = 0\ncache_heuristic_max_s = 0");
     let want = origin_file();
     let r = get(&e.server, "/pull/obj.bin", &[]);
     assert!(r.status == 200 && r.body == want);

@@ -512,6 +512,87 @@ fn requests_past_the_pass_through_bound_wait_for_their_turn() {
     assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
 }
 
+/// Requests of their own past the origin's `max_fetches` (its fetch bound, here 1, shared by
+/// two shards) wait for a fetch to end, on their shard or the other one; none gets a 503.
+#[test]
+fn requests_past_the_origins_fetch_bound_wait_for_room() {
+    const CLIENTS: usize = 8;
+    const BOUND: usize = 1;
+    let size = 10_000usize;
+    let path = "/pull/theirs.bin";
+    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+    let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (e2, r2) = (entered.clone(), release.clone());
+    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
+        e2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !r2.load(std::sync::atomic::Ordering::SeqCst) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let user = a.path.split_once('?').map_or("", |(_, q)| q);
+        let salt = user.bytes().fold(9u8, |h, b| h.wrapping_mul(31) ^ b);
+        (ranged(&object(size, salt), a.range, ""), false, None)
+    }));
+    let (server, admin, _dir) =
+        common::scripted_origin::pulling_edge_on(origin.addr, &format!("max_fetches = {BOUND}"), 2);
+    let server = Arc::new(server);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let server = server.clone();
+            std::thread::spawn(move || {
+                // Loopback SYNs are steered to the shard of the sending CPU: half the clients
+                // go to each shard.
+                pin_to_cpu(i % 2);
+                let user = format!("user={i}");
+                let r = get(
+                    &server,
+                    &format!("{path}?{user}"),
+                    &[("Authorization", "Bearer t")],
+                );
+                (user, r)
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while entered.load(std::sync::atomic::Ordering::SeqCst) < BOUND
+        || common::admin_metric(admin, "shardline_cache_pass_waits_total", "")
+            < (CLIENTS - BOUND) as u64
+    {
+        assert!(std::time::Instant::now() < deadline, "never at the bound");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(entered.load(std::sync::atomic::Ordering::SeqCst), BOUND);
+    for shard in ["0", "1"] {
+        let label = format!("shard=\"{shard}\"");
+        let waits = common::admin_metric(admin, "shardline_cache_pass_waits_total", &label);
+        assert!(
+            waits > 0,
+            "shard {shard} has requests waiting for the origin"
+        );
+    }
+    release.store(true, std::sync::atomic::Ordering::SeqCst);
+    for client in clients {
+        let (user, r) = client.join().unwrap();
+        assert_eq!(r.status, 200, "{user}: waited, never refused");
+        let salt = user.bytes().fold(9u8, |h, b| h.wrapping_mul(31) ^ b);
+        assert!(r.body == object(size, salt), "{user}: its own bytes");
+    }
+    assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
+}
+
+/// Runs the calling thread on CPU `cpu` alone.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call reads it for this thread only.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}");
+}
+
 /// A reply framed by chunked encoding (a manifest an origin generates) is dechunked and
 /// stored with its length: the client gets the bytes with a Content-Length, the next one a
 /// hit; a coding besides chunked stays refused (502), never served as the object.

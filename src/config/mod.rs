@@ -51,6 +51,9 @@ pub const MIN_SCRUB_BYTES_PER_S: u64 = 64 * 1024;
 pub const MAX_SCRUB_BYTES_PER_S: u64 = 10_000_000_000;
 /// Largest `cache_revalidate_s`: 10 years.
 pub const MAX_CACHE_REVALIDATE_S: u64 = 10 * 365 * 24 * 3600;
+/// Default `cache_heuristic_max_s`: a day, as Traffic Server's `heuristic_max_lifetime` (a
+/// version with only a Last-Modified costs one 304 a day at most).
+pub const DEFAULT_CACHE_HEURISTIC_MAX_S: u64 = 24 * 3600;
 /// Longest an origin's 404 may be remembered (`cache_404_s` is bounded by it).
 pub const MAX_NOT_FOUND_S: u64 = 3600;
 pub use origin::MAX_ORIGINS;
@@ -386,6 +389,9 @@ pub struct Config {
     /// after that revalidates it (If-None-Match / If-Modified-Since; a 304 keeps it). 0: every
     /// request revalidates.
     pub cache_revalidate_s: u64,
+    /// Longest heuristic freshness (RFC 9111 §4.2.2) a reply with a Last-Modified and no
+    /// explicit lifetime gets (a tenth of its age since then, at least `HEURISTIC_MIN_S`).
+    pub cache_heuristic_max_s: u64,
     /// Seconds an origin's 404 is remembered (its key's requests get it without asking the
     /// origin); 0: never.
     pub cache_404_s: u64,
@@ -475,6 +481,7 @@ impl Default for Config {
             cache_wait_timeout_ms: 60_000,
             cache_max_bytes: 0,
             cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
+            cache_heuristic_max_s: DEFAULT_CACHE_HEURISTIC_MAX_S,
             cache_404_s: 10,
             cache_open_files: DEFAULT_CACHE_OPEN_FILES,
             cache_scrub_bytes_per_s: 0,
@@ -782,6 +789,12 @@ impl Config {
                 format!("at most {MAX_CACHE_REVALIDATE_S} (10 years)"),
             ));
         }
+        if self.cache_heuristic_max_s > MAX_CACHE_REVALIDATE_S {
+            return Err(err(
+                "cache_heuristic_max_s",
+                format!("at most {MAX_CACHE_REVALIDATE_S} (10 years)"),
+            ));
+        }
         if self.cache_scrub_bytes_per_s != 0
             && !(MIN_SCRUB_BYTES_PER_S..=MAX_SCRUB_BYTES_PER_S)
                 .contains(&self.cache_scrub_bytes_per_s)
@@ -1032,6 +1045,7 @@ impl Config {
             cache_wait_timeout_ms,
             cache_max_bytes,
             cache_revalidate_s,
+            cache_heuristic_max_s,
             cache_404_s,
             cache_open_files,
             origin_resolve_ttl_s,

@@ -205,6 +205,7 @@ impl SharedEdge {
             sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
             max_bytes: config.cache_max_bytes,
             revalidate_s: config.cache_revalidate_s,
+            heuristic_max_s: config.cache_heuristic_max_s,
             not_found_s: config.cache_404_s,
             open_files: config.cache_open_files,
             compact_min_bytes: super::cache_fill::COMPACT_MIN_BYTES,

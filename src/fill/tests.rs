@@ -567,6 +567,7 @@ fn fill_config(read_ahead_blocks: u64) -> FillConfig {
         max_bytes: 0,
         sync_every_blocks: 2,
         revalidate_s: crate::config::DEFAULT_CACHE_REVALIDATE_S,
+        heuristic_max_s: crate::config::DEFAULT_CACHE_HEURISTIC_MAX_S,
         not_found_s: 10,
         origin_names: vec!["nginx".into()],
         origin_policies: Vec::new(),

@@ -530,13 +530,13 @@ impl Contract {
 
     /// Seconds the reply is fresh for (§4.2.1, §4.2.2): its explicit lifetime; else a
     /// heuristic `HEURISTIC_PERCENT` of its age since `last_modified` at `date_unix_s` (at
-    /// least `HEURISTIC_MIN_S`, at most `default_s`); else None: the origin entry's default (`cache_revalidate_s`), read
-    /// when it is used.
+    /// least `HEURISTIC_MIN_S`, at most `heuristic_max_s`); else None: the edge's default
+    /// (`cache_revalidate_s`), read when it is used.
     pub fn lifetime_s(
         &self,
         last_modified: Option<i64>,
         date_unix_s: i64,
-        default_s: u64,
+        heuristic_max_s: u64,
     ) -> Option<u64> {
         if let Some(s) = self.explicit_lifetime_s {
             return Some(s);
@@ -546,7 +546,7 @@ impl Contract {
         Some(
             (since / 100 * HEURISTIC_PERCENT)
                 .max(HEURISTIC_MIN_S)
-                .min(default_s),
+                .min(heuristic_max_s),
         )
     }
 }
@@ -680,8 +680,9 @@ mod tests {
             date(NOW + 500)
         );
         assert_eq!(lifetime(&both), 7, "max-age over Expires");
-        // The heuristic: a tenth of the time since Last-Modified, capped by the default;
-        // without a Last-Modified, the entry's default (None: read when used).
+        // The heuristic: a tenth of the time since Last-Modified, capped by
+        // `cache_heuristic_max_s`; without a Last-Modified, the edge's default (None: read
+        // when used).
         let f = fields("");
         let c = Contract::of(&f, NOW);
         assert_eq!(c.lifetime_s(None, NOW, 2_592_000), None);
@@ -694,7 +695,7 @@ mod tests {
         assert_eq!(
             c.lifetime_s(Some(NOW - 1000), NOW, 0),
             Some(0),
-            "nor the default"
+            "nor the heuristic's cap"
         );
         assert_eq!(
             c.lifetime_s(Some(NOW - 1_000_000_000), NOW, 3600),

@@ -30,16 +30,20 @@ impl FetchBudget {
 
     /// Takes a unit; false (and remembered) when all `max` are taken.
     fn try_take(&self) -> bool {
-        let taken = self
-            .taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                (t < self.max).then_some(t + 1)
-            })
-            .is_ok();
-        if !taken {
-            self.refused.store(true, Ordering::Release);
+        let take = || {
+            self.taken
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                    (t < self.max).then_some(t + 1)
+                })
+                .is_ok()
+        };
+        if take() {
+            return true;
         }
-        taken
+        self.refused.store(true, Ordering::Release);
+        // A unit given back between the failed take and the mark saw no refusal and woke
+        // nobody: take again, so no waiter sleeps while a unit is free.
+        take()
     }
 
     /// Gives a unit back; true when a take was refused meanwhile (its shard waits to be woken).

@@ -80,6 +80,16 @@ impl ArenaSlots {
         }
     }
 
+    /// Takes a bulk slot for a pass-through's fetch only while `chunks_owed` more stay free
+    /// besides the reserve: a fetch's slot comes back only once its client's chunk has copied
+    /// it, so fetches holding every slot would wait on chunks that never come.
+    pub fn take_leaving(&mut self, chunks_owed: usize) -> Option<ArenaSlot> {
+        if self.free.len() <= self.reserve + chunks_owed {
+            return None;
+        }
+        self.take(Demand::Bulk)
+    }
+
     /// Queues connection `conn` until a slot for `demand` frees up.
     pub fn wait(&mut self, conn: ConnSlot, demand: Demand) {
         self.waits += 1;

@@ -62,6 +62,12 @@ pub(super) struct Pulls {
     /// (resumed at the tick's end, outside the relay being ended).
     pub relay_waits: std::collections::VecDeque<Waiter>,
     pub relay_ready_waits: Vec<Waiter>,
+    /// Responses whose disk failed a read and whose pass-through could not start yet (no
+    /// slot, the origin at its fetch bound): tried again every `FAILOVER_RETRY_MS`
+    /// (`read_failover`), bounded by the shard's connections.
+    pub failover_waits: Vec<Waiter>,
+    /// When `failover_waits` is tried next (the shard's clock, ms).
+    pub failover_retry_at_ms: u64,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -295,6 +301,15 @@ pub(super) struct PulledRead {
     refetch: Vec<(ArenaSlot, u32)>,
     /// Bad blocks met so far (`MAX_REFETCHES_PER_RESPONSE`).
     refetches: u32,
+    /// Where the version comes from: its origin's index and path there (a read the disk
+    /// fails goes on from there, `read_failover`).
+    pub(super) origin: usize,
+    pub(super) path: String,
+    /// The chunks held because their disk read failed, waiting to be read again from the
+    /// origin (`read_failover`), in no order.
+    pub(super) failover: Vec<ArenaSlot>,
+    /// When its pass-through was first refused (it is cut `cache_wait_timeout_ms` later).
+    pub(super) failover_since_ms: Option<u64>,
 }
 
 /// What `verify_cache_read` made of a completed read of a pulled version.
@@ -308,6 +323,9 @@ pub(super) enum ReadCheck {
         /// The block is on disk again already: read again at once.
         now: bool,
     },
+    /// The disk failed the read: the chunk waits in place and is read again from the origin
+    /// (`read_failover`).
+    Failover,
 }
 
 /// Which held chunks of a response may be read again (`refetch_arrived`).
@@ -361,8 +379,16 @@ impl PulledRead {
     }
 
     /// The object's name for a log line (its key without the origin's index).
-    fn object(&self) -> String {
+    pub(super) fn object(&self) -> String {
         String::from_utf8_lossy(self.meta.key.get(2..).unwrap_or_default()).into_owned()
+    }
+
+    /// Moves the chunks held for a bad block (`refetch`) to `failover`: true if there were.
+    pub(super) fn take_refetching(&mut self) -> bool {
+        let any = !self.refetch.is_empty();
+        self.failover
+            .extend(self.refetch.drain(..).map(|(slot, _)| slot));
+        any
     }
 }
 
@@ -492,7 +518,9 @@ impl<R: RingOps> Shard<R> {
                 }
                 self.respond_bypass(c, req, origin, &path, "vary");
             }
-            (Outcome::Ready(_), Some(hit)) => self.respond_cached(c, req, hit, rate, stream),
+            (Outcome::Ready(_), Some(hit)) => {
+                self.respond_cached(c, req, hit, rate, stream, (origin, path))
+            }
             // Ready for a version the index no longer holds: cannot be (one hold decided both).
             (Outcome::Ready(_), None) => self.respond_status(c, 503, keep_alive, head_only),
             (Outcome::Waiting, _) => {
@@ -544,7 +572,7 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Reads again the chunk connection `c` holds in `slot` (`ConnMachine::hold_for_refetch`).
-    fn reread_held(&mut self, c: ConnSlot, slot: ArenaSlot) {
+    pub(super) fn reread_held(&mut self, c: ConnSlot, slot: ArenaSlot) {
         let mut out = self.take_actions();
         self.conns[c.index()].reread(slot, &mut out);
         self.run_actions(c, out);
@@ -600,6 +628,7 @@ impl<R: RingOps> Shard<R> {
         hit: Hit,
         rate: crate::limits::RateSpec,
         stream: Option<Stream>,
+        (origin, path): (usize, String),
     ) {
         let keep_alive = req.keep_alive && !self.leaving();
         let head_only = req.method == Method::Head;
@@ -618,12 +647,12 @@ impl<R: RingOps> Shard<R> {
             .edge
             .as_mut()
             .expect("a pulled request has a cache");
-        let (key, path) = edge.data_file(version);
+        let (file_key, file_path) = edge.data_file(version);
         let default_lifetime_s = edge.fill.default_lifetime_s();
         let idx = match self.files.acquire_immutable(
             &mut self.ring,
-            &key,
-            &path,
+            &file_key,
+            &file_path,
             meta.size,
             self.clock.now_ms,
         ) {
@@ -636,14 +665,17 @@ impl<R: RingOps> Shard<R> {
                     self.respond_pulled(c, req, rate);
                     return;
                 }
-                tracing::warn!(shard = self.index, path = %path.display(), ?e, "cache data file");
+                tracing::warn!(shard = self.index, path = %file_path.display(), ?e, "cache data file");
+                edge.fill.unpin(version);
                 if let crate::shard::files::OpenError::Other(errno) = e {
-                    // Counted against the version's disk (a dead disk fails its opens too).
+                    // Counted against the version's disk (a dead disk fails its opens too),
+                    // and the request is answered by its own fetch: a disk that fails costs
+                    // its objects, never the client's answer.
                     let slot = crate::cache::version_id::slot_of(version);
                     let now_s = crate::fill::cache_fill::unix_now_s();
                     edge.fill.store().health().note(slot, errno, now_s);
+                    return self.respond_bypass(c, req, origin, &path, "disk");
                 }
-                edge.fill.unpin(version);
                 return self.respond_status(c, e.status(), keep_alive, head_only);
             }
         };
@@ -721,6 +753,10 @@ impl<R: RingOps> Shard<R> {
                 crcs,
                 refetch: Vec::new(),
                 refetches: 0,
+                origin,
+                path,
+                failover: Vec::new(),
+                failover_since_ms: None,
             },
         );
         let waited = self.conns[c.index()].cache_label().is_some();
@@ -962,9 +998,20 @@ impl<R: RingOps> Shard<R> {
         self.cache.pulls.notices = notices;
         self.cache.pulls.slots = slots;
         self.run_relays();
+        let fetch_ended = self.cache.edge.as_mut().is_some_and(|e| {
+            let own = e.fill.take_fetch_ended();
+            // Both flags are taken: a wake left set would come back as a spurious one.
+            e.fill.take_budget_wake() | own
+        });
+        if fetch_ended {
+            // A fetch's end, here or on another shard, may have made room at its origin for
+            // the waiting requests' own: each tries again.
+            self.wake_relay_waiters(usize::MAX);
+        }
         for waiter in std::mem::take(&mut self.cache.pulls.relay_ready_waits) {
             self.resume_fill(waiter, None);
         }
+        self.retry_failovers();
         if let Some(edge) = self.cache.edge.as_mut() {
             let f = edge.fill.filler();
             super::ShardMetrics::set(&self.metrics.origin_fetches, f.running() as u64);
@@ -1119,10 +1166,13 @@ impl<R: RingOps> Shard<R> {
         };
         if res < 0 {
             // Counted against the version's disk (device errors take it to failing).
-            if let Some(edge) = self.cache.edge.as_ref() {
+            let kind = self.cache.edge.as_ref().map(|edge| {
                 let slot = crate::cache::version_id::slot_of(version);
                 let now_s = crate::fill::cache_fill::unix_now_s();
-                edge.fill.store().health().note(slot, -res, now_s);
+                edge.fill.store().health().note(slot, -res, now_s)
+            });
+            if kind.is_some_and(|k| self.fails_over(c, k, -res)) {
+                return ReadCheck::Failover;
             }
         }
         if res <= 0 || got + (res as u32) < need {

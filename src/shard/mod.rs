@@ -17,6 +17,7 @@ pub mod header_buffers;
 pub mod intrusive;
 pub mod machine;
 mod pass_glue;
+mod read_failover;
 mod reload;
 mod respond;
 #[allow(unsafe_code)]
@@ -1023,9 +1024,21 @@ impl<R: RingOps> Shard<R> {
 
     /// Returns an arena slot; a waiting connection gets it handed over and is queued.
     fn release_slot(&mut self, slot: ArenaSlot) {
-        if let Some((w, s)) = self.arena.give_back(slot) {
-            self.drive(w, |m, cx, out| m.slot_handed(s, cx, out));
+        if !self.hand_slot_over(slot) && !self.cache.pulls.relay_waits.is_empty() {
+            // A request waiting for its own fetch may have waited for this slot.
+            self.wake_relay_waiters(1);
         }
+    }
+
+    /// Returns an arena slot without waking a request waiting for its own fetch (one that
+    /// took the slot and then found no room at its origin: waking another would only spin);
+    /// a waiting connection gets it handed over. True when it was handed over.
+    fn hand_slot_over(&mut self, slot: ArenaSlot) -> bool {
+        let Some((w, s)) = self.arena.give_back(slot) else {
+            return false;
+        };
+        self.drive(w, |m, cx, out| m.slot_handed(s, cx, out));
+        true
     }
 
     // ---- parked connections ----------------------------------------------------------------
@@ -1244,6 +1257,7 @@ impl<R: RingOps> Shard<R> {
                         }
                         return;
                     }
+                    cache_glue::ReadCheck::Failover => return self.read_failed_over(c, slot),
                 };
                 let cx = self.cx();
                 let mut out = self.take_actions();
@@ -1251,6 +1265,9 @@ impl<R: RingOps> Shard<R> {
                 let mut unchanged = |f: FileSlot| files.unchanged_since_open(f);
                 self.conns[c.index()].on_read(slot, res, &mut unchanged, &cx, &mut out);
                 self.run_actions(c, out);
+                // The last read in the kernel of a response whose disk failed one: it goes on
+                // from the origin now.
+                self.try_failover(c);
             }
             Op::SendChunk => {
                 let (slot, more, notification) =

@@ -5,7 +5,6 @@
 //! without a data file, and every piece that fetch receives is copied into the connection's
 //! chunk, then let go. Hits, and the other requests, never wait for it.
 
-use super::buffers::Demand;
 use super::cache_glue::Bypass;
 use super::slots::{ArenaSlot, ConnSlot};
 use super::{RingOps, Shard, ShardMetrics};
@@ -17,6 +16,15 @@ use crate::fill::relay::{Relay, Step, MAX_PASS_THROUGHS_PER_SHARD};
 use crate::fill::FillEvent;
 use crate::http::plan::{self, FileRead};
 use crate::http::request::{Method, Request};
+
+/// Why a pass-through could not start (`start_relay_of`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NotStarted {
+    /// No arena slot, or the origin runs its `max_fetches`: room comes back as fetches end.
+    Busy,
+    /// No cache, or the request could not be made.
+    Refused,
+}
 
 impl<R: RingOps> Shard<R> {
     /// Answers `req` with its own fetch from origin `origin` (`path` there), nothing of it
@@ -53,20 +61,24 @@ impl<R: RingOps> Shard<R> {
         let mut forward = String::new();
         crate::origin::request::forwardable(req.fields, true, &mut forward);
         if self.cache.pulls.relays.len() >= MAX_PASS_THROUGHS_PER_SHARD {
-            // The shard runs as many as it may: this one waits for one to end (`relay_end`),
-            // within the request's wait (`cache_wait_timeout_ms`, then 504), as a fill's
-            // waiter waits.
-            self.park_for_fill(c);
-            let waiter = self.waiter(c);
-            self.cache.pulls.answers.insert(
-                self.conn_ref(c),
-                super::cache_glue::FillAnswer::Bypass(detail),
-            );
-            self.cache.pulls.relay_waits.push_back(waiter);
-            ShardMetrics::add(&self.metrics.cache_pass_waits, 1);
-            return;
+            // The shard runs as many as it may: this one waits for one to end.
+            return self.wait_for_relay(c, detail);
         }
-        if !self.start_relay_of(c, origin, path, None, (authorization, &forward), from, end) {
+        let client = (authorization, forward.as_str());
+        let mut started = self.start_relay_of(c, origin, path, None, client, (from, end), 1);
+        if started == Err(NotStarted::Busy) {
+            // Marked before a second try: a fetch that ends on any shard after that try
+            // failed wakes this shard's waiters (`run_fill`).
+            if let Some(edge) = self.cache.edge.as_ref() {
+                edge.fill.wait_for_budget();
+            }
+            started = self.start_relay_of(c, origin, path, None, client, (from, end), 1);
+        }
+        if started == Err(NotStarted::Busy) {
+            // The origin is at its fetch bound (or no slot is free): it waits for room.
+            return self.wait_for_relay(c, detail);
+        }
+        if started.is_err() {
             ShardMetrics::add(&self.metrics.cache_error, 1);
             return self.respond_status(c, 503, keep_alive, head_only);
         }
@@ -87,6 +99,8 @@ impl<R: RingOps> Shard<R> {
             "authorization" => &m.not_stored_authorization,
             "status" => &m.not_stored_status,
             "never-cache" => &m.not_stored_never_cache,
+            // A hit whose data file the disk would not open (`read_failover`).
+            "disk" => &m.cache_disk_failovers,
             _ => &m.not_stored_lately,
         };
         ShardMetrics::add(reason, 1);
@@ -380,7 +394,7 @@ impl<R: RingOps> Shard<R> {
             ShardMetrics::add(&shard.metrics.cache_error, 1);
             shard.respond_status(c, 503, keep_alive, head_only);
         };
-        if !self.start_relay(c, origin, path, &meta, from, end) {
+        if !self.start_relay(c, origin, path, &meta, (from, end), 1) {
             return refuse(self, started);
         }
         tracing::info!(
@@ -417,7 +431,7 @@ impl<R: RingOps> Shard<R> {
             return false;
         }
         let (origin, path) = (stream.origin, stream.path.clone());
-        if !self.start_relay(c, origin, &path, &meta, from, end) {
+        if !self.start_relay(c, origin, &path, &meta, (from, end), 1) {
             return false;
         }
         tracing::info!(
@@ -447,19 +461,29 @@ impl<R: RingOps> Shard<R> {
 
     /// Starts connection `c`'s pass-through of `meta`'s bytes `from..end` from origin
     /// `origin` (`path` there): a slot for its fetch, the fetch, and the relay that answers
-    /// `c`'s reads from it. False when no slot or origin connection is free now.
-    fn start_relay(
+    /// `c`'s reads from it. `client_owed` is 1 when `c` has yet to take the chunk it reads
+    /// into (0: it holds it). False when no slot or origin connection is free now.
+    pub(super) fn start_relay(
         &mut self,
         c: ConnSlot,
         origin: usize,
         path: &str,
         meta: &ObjectVersion,
-        from: u64,
-        end: u64,
+        range: (u64, u64),
+        client_owed: usize,
     ) -> bool {
         // A stored variant's bytes are asked for as its own request asked (`Vary`).
         let lines = crate::origin::contract::variant_request_lines(&meta.selecting);
-        self.start_relay_of(c, origin, path, Some(meta), (None, &lines), from, end)
+        self.start_relay_of(
+            c,
+            origin,
+            path,
+            Some(meta),
+            (None, &lines),
+            range,
+            client_owed,
+        )
+        .is_ok()
     }
 
     /// `start_relay` of `meta`'s version, or (None) of whatever the origin answers: its
@@ -473,15 +497,17 @@ impl<R: RingOps> Shard<R> {
         path: &str,
         meta: Option<&ObjectVersion>,
         client: (Option<&str>, &str),
-        from: u64,
-        end: u64,
-    ) -> bool {
+        (from, end): (u64, u64),
+        client_owed: usize,
+    ) -> Result<(), NotStarted> {
         let (authorization, forward) = client;
         let Some(block_bytes) = self.cache.edge.as_ref().map(|e| e.fill.block_bytes()) else {
-            return false;
+            return Err(NotStarted::Refused);
         };
-        let Some(slot) = self.arena.take(Demand::Bulk) else {
-            return false;
+        // This one's client and every running pass-through's may each still want a chunk.
+        let chunks_owed = self.cache.pulls.relays.len() + client_owed;
+        let Some(slot) = self.arena.take_leaving(chunks_owed) else {
+            return Err(NotStarted::Busy);
         };
         let pass = PassThrough {
             origin,
@@ -497,8 +523,8 @@ impl<R: RingOps> Shard<R> {
         };
         let now_ms = self.clock.now_ms;
         let Some(edge) = self.cache.edge.as_mut() else {
-            self.release_slot(slot);
-            return false;
+            self.hand_slot_over(slot);
+            return Err(NotStarted::Refused);
         };
         match edge
             .fill
@@ -511,13 +537,51 @@ impl<R: RingOps> Shard<R> {
                     self.conn_ref(c),
                     Relay::new(job, meta.map_or(u64::MAX, |m| m.size), from),
                 );
-                true
+                Ok(())
             }
-            Err(slot) => {
-                self.release_slot(slot);
-                false
+            Err((slot, busy)) => {
+                self.hand_slot_over(slot);
+                Err(if busy {
+                    NotStarted::Busy
+                } else {
+                    NotStarted::Refused
+                })
             }
         }
+    }
+
+    /// Requests waiting for a pass-through of their own (`Pulls::relay_waits`) go now: the
+    /// first `count` still waiting (one that left or timed out has no answer left). One that
+    /// still finds no room waits again, at the back.
+    pub(super) fn wake_relay_waiters(&mut self, mut count: usize) {
+        while count > 0 {
+            let Some(w) = self.cache.pulls.relay_waits.pop_front() else {
+                return;
+            };
+            let conn = &self.conns[w.conn.index()];
+            if conn.generation() == w.generation
+                && conn.awaiting_fill()
+                && self.cache.pulls.answers.contains(self.conn_ref(w.conn))
+            {
+                self.cache.pulls.relay_ready_waits.push(w);
+                count -= 1;
+            }
+        }
+    }
+
+    /// Request `c` waits for a pass-through of its own (`detail`: why it has one): until one
+    /// of the shard's ends, a fetch frees room at the origin or a slot comes back
+    /// (`wake_relay_waiters`), within
+    /// its wait (`cache_wait_timeout_ms`, then 504), as a fill's waiter waits.
+    fn wait_for_relay(&mut self, c: ConnSlot, detail: &'static str) {
+        self.park_for_fill(c);
+        let waiter = self.waiter(c);
+        self.cache.pulls.answers.insert(
+            self.conn_ref(c),
+            super::cache_glue::FillAnswer::Bypass(detail),
+        );
+        self.cache.pulls.relay_waits.push_back(waiter);
+        ShardMetrics::add(&self.metrics.cache_pass_waits, 1);
     }
 
     /// A pass-through response's pipeline reached the end of what is on disk (it stops there
@@ -754,6 +818,8 @@ impl<R: RingOps> Shard<R> {
         // No file: nothing to check for changes.
         self.conns[c.index()].on_read(slot, res, &mut |_| true, &cx, &mut out);
         self.run_actions(c, out);
+        // A response gone over from a failed disk: its next held chunk.
+        self.try_failover(c);
     }
 
     /// Connection `c`'s response ended (or it closed): its pass-through is forgotten, and a
@@ -762,18 +828,7 @@ impl<R: RingOps> Shard<R> {
         let Some(relay) = self.cache.pulls.relays.remove(self.conn_ref(c)) else {
             return;
         };
-        // A request waiting for a pass-through of its own goes now (the first still
-        // waiting: one that left or timed out has no answer left).
-        while let Some(w) = self.cache.pulls.relay_waits.pop_front() {
-            let conn = &self.conns[w.conn.index()];
-            if conn.generation() == w.generation
-                && conn.awaiting_fill()
-                && self.cache.pulls.answers.contains(self.conn_ref(w.conn))
-            {
-                self.cache.pulls.relay_ready_waits.push(w);
-                break;
-            }
-        }
+        self.wake_relay_waiters(1);
         debug_assert!(!relay.reading(), "a pass-through ended with a read pending");
         if relay.ended.is_none() {
             let now_ms = self.clock.now_ms;

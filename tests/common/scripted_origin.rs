@@ -262,6 +262,16 @@ pub fn pulling_edge(
     origin: SocketAddr,
     origin_keys: &str,
 ) -> (super::Server, SocketAddr, tempfile::TempDir) {
+    pulling_edge_on(origin, origin_keys, 1)
+}
+
+/// `pulling_edge` with `shards` shards (each its own pool; the origin's `max_fetches` is
+/// shared by all).
+pub fn pulling_edge_on(
+    origin: SocketAddr,
+    origin_keys: &str,
+    shards: usize,
+) -> (super::Server, SocketAddr, tempfile::TempDir) {
     let dir = super::disk_tempdir();
     let root = dir.path().join("root");
     let cache = dir.path().join("cache");
@@ -276,8 +286,11 @@ pub fn pulling_edge(
         ),
     )
     .unwrap();
-    let (server, admin) =
-        super::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    let shards = shards.to_string();
+    let (server, admin) = super::start_with_admin(
+        &root,
+        &["--config", cfg.to_str().unwrap(), "--shards", &shards],
+    );
     (server, admin, dir)
 }
 

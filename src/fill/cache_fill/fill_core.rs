@@ -965,7 +965,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     // The entry's default lifetime is an object's: another status without
                     // one of its own is stale at once.
                     lifetime_s: contract
-                        .lifetime_s(last_modified, date, self.cfg.revalidate_s)
+                        .lifetime_s(last_modified, date, self.cfg.heuristic_max_s)
                         .or((!object).then_some(0))
                         .map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1)),
                     initial_age_s: u32::try_from(contract.initial_age_s).unwrap_or(u32::MAX),

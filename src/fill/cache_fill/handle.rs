@@ -45,6 +45,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
             handovers: Vec::new(),
             handed: HashMap::new(),
             held: Vec::new(),
+            fetch_ended: false,
         }
     }
 
@@ -376,6 +377,10 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// fill.
     pub(super) fn settle_events(&mut self, now_ms: u64) {
         self.filler.take_events(&mut self.events);
+        self.fetch_ended |= self
+            .events
+            .iter()
+            .any(|e| matches!(e, FillEvent::Ended { .. }));
         let (pass_events, handed, held) = (&mut self.pass_events, &mut self.handed, &mut self.held);
         self.events.retain(|e| {
             let job = e.job();
@@ -493,15 +498,16 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Starts a pass-through fetch of `pass` into `slot` (the caller's; it comes back with
     /// the fetch's `Ended`): its pieces come out of `take_pass_through_events` as
-    /// `FillEvent::Piece`, each to be answered with `delivered`. Err(slot): it cannot start
-    /// now (the origin is at its bound, or the request cannot be made).
+    /// `FillEvent::Piece`, each to be answered with `delivered`. Err: it cannot start
+    /// now: `(slot, true)` when the origin is at its bound (try again once a fetch ends),
+    /// `(slot, false)` when the request cannot be made.
     pub fn begin_pass_through<R: RingOps>(
         &mut self,
         ring: &mut R,
         pass: &PassThrough<'_>,
         slot: ArenaSlot,
         now_ms: u64,
-    ) -> Result<u64, ArenaSlot> {
+    ) -> Result<u64, (ArenaSlot, bool)> {
         assert!(
             pass.from < pass.end && pass.size.is_none_or(|s| pass.end <= s) && pass.block_bytes > 0
         );
@@ -541,8 +547,27 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
                 self.settle_events(now_ms);
                 Ok(job)
             }
-            Err(Begin::Wait(slot) | Begin::Refused(slot, _)) => Err(slot),
+            Err(Begin::Wait(slot)) => Err((slot, true)),
+            Err(Begin::Refused(slot, _)) => Err((slot, false)),
         }
+    }
+
+    /// Whether a fetch of this shard ended since the last call (an origin's fetch bound may
+    /// have room again).
+    pub fn take_fetch_ended(&mut self) -> bool {
+        std::mem::take(&mut self.fetch_ended)
+    }
+
+    /// A request of this shard waits for room in its origin's fetch budget: the next fetch
+    /// to end on any shard wakes this one (`take_budget_wake`).
+    pub fn wait_for_budget(&self) {
+        self.signals.budget_waits[self.shard].store(true, Ordering::Release);
+    }
+
+    /// Whether a fetch ended on some shard since this one's requests began waiting for their
+    /// origin's budget (`wait_for_budget`).
+    pub fn take_budget_wake(&self) -> bool {
+        self.signals.budget_woken[self.shard].swap(false, Ordering::AcqRel)
     }
 
     /// The last piece of pass-through `job` went to its client: the fetch goes on.

@@ -201,6 +201,8 @@ pub struct FillConfig {
     /// Seconds a version is served after the origin last confirmed it; then the next request
     /// revalidates it first (0: every request does).
     pub revalidate_s: u64,
+    /// Longest heuristic lifetime of a reply with only a Last-Modified (`cache_heuristic_max_s`).
+    pub heuristic_max_s: u64,
     /// Seconds an origin's 404 is remembered: the key's requests get it without asking the
     /// origin (0: never remembered).
     pub not_found_s: u64,
@@ -579,6 +581,8 @@ pub struct CacheFill<W: Clone + PartialEq + Routed> {
     handed: HashMap<u64, bool>,
     /// Events of handed-over fetches not yet taken (at most a piece and the end each).
     held: Vec<FillEvent>,
+    /// A fetch ended since the shard last asked (`take_fetch_ended`).
+    fetch_ended: bool,
 }
 
 /// What a shard owes the shared core and hands it at its next hold of the lock: versions its
@@ -687,6 +691,11 @@ pub struct Signals {
     queued: Box<[AtomicUsize]>,
     /// Per shard: the earliest queued retry (ms; `u64::MAX`: none).
     next_retry_ms: Box<[AtomicU64]>,
+    /// Per shard: a request waits for its own fetch until its origin's fetch budget has
+    /// room (`CacheFill::wait_for_budget`).
+    budget_waits: Box<[AtomicBool]>,
+    /// Per shard: a fetch ended on some shard since then (`CacheFill::take_budget_wake`).
+    budget_woken: Box<[AtomicBool]>,
     /// Each shard's eventfd: written for a shard that has news (none: inline, one thread).
     wakers: Option<Arc<Vec<OwnedFd>>>,
     /// The shared counters (`FillStats`): versions evicted, waits joined, waits started,
@@ -706,6 +715,8 @@ impl Signals {
             news: (0..shards).map(|_| AtomicBool::new(false)).collect(),
             queued: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             next_retry_ms: (0..shards).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            budget_waits: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+            budget_woken: (0..shards).map(|_| AtomicBool::new(false)).collect(),
             wakers,
             stats: Default::default(),
             io,
@@ -1229,7 +1240,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 let d = c.directives;
                 let secs = |s: Option<u64>| s.map(|s| u32::try_from(s).unwrap_or(u32::MAX - 1));
                 Freshness {
-                    lifetime_s: secs(c.lifetime_s(lm, date, self.cfg.revalidate_s)),
+                    lifetime_s: secs(c.lifetime_s(lm, date, self.cfg.heuristic_max_s)),
                     initial_age_s: u32::try_from(c.initial_age_s).unwrap_or(u32::MAX),
                     no_cache: d.no_cache,
                     must_revalidate: d.must_revalidate,
@@ -1355,11 +1366,16 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.take_wakes(wake);
     }
 
-    /// Every shard with fetches queued for it is woken as the lock is let go (a unit of an
-    /// origin's shared fetch budget came back).
+    /// Every shard with fetches queued for it, or requests waiting for an origin's budget, is
+    /// woken as the lock is let go (a unit of an origin's shared fetch budget came back).
     fn wake_queued_shards(&mut self) {
+        let s = &self.signals;
         for (shard, wake) in self.to_wake.iter_mut().enumerate() {
-            if self.signals.queued[shard].load(Ordering::Acquire) > 0 {
+            if s.budget_waits[shard].swap(false, Ordering::AcqRel) {
+                s.budget_woken[shard].store(true, Ordering::Release);
+                *wake = true;
+            }
+            if s.queued[shard].load(Ordering::Acquire) > 0 {
                 *wake = true;
             }
         }
@@ -1521,6 +1537,7 @@ mod window_tests {
             sync_every_blocks: 1,
             max_bytes: 0,
             revalidate_s: 1,
+            heuristic_max_s: crate::config::DEFAULT_CACHE_HEURISTIC_MAX_S,
             not_found_s: 0,
             origin_names: Vec::new(),
             origin_policies: Vec::new(),
@@ -1593,6 +1610,7 @@ mod core_tests {
             sync_every_blocks: 1,
             max_bytes: 0,
             revalidate_s: 3600,
+            heuristic_max_s: crate::config::DEFAULT_CACHE_HEURISTIC_MAX_S,
             not_found_s: 0,
             origin_names: vec!["o".into()],
             origin_policies: Vec::new(),

@@ -99,6 +99,7 @@ mod tests {
             sync_every_blocks: 1,
             max_bytes: 0,
             revalidate_s: 3600,
+            heuristic_max_s: crate::config::DEFAULT_CACHE_HEURISTIC_MAX_S,
             not_found_s: 0,
             origin_names: vec!["a".into(), "b".into()],
             origin_policies: vec![policy(TagHeader::SurrogateKey), policy(TagHeader::CacheTag)],

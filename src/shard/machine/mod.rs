@@ -573,6 +573,20 @@ impl ConnMachine {
         ))
     }
 
+    /// Whether a file read of this response is in flight (a chunk being read).
+    pub fn reads_in_flight(&self) -> bool {
+        self.body()
+            .is_some_and(|b| b.chunks.iter().any(|c| c.state == ChunkState::Reading))
+    }
+
+    /// The file offset the chunk held in `slot` (`hold_for_refetch`) reads from, if that
+    /// slot holds a held chunk of this connection.
+    pub fn held_file_offset(&self, slot: ArenaSlot) -> Option<u64> {
+        let body = self.body()?;
+        let c = body.chunks.iter().find(|c| c.slot == slot)?;
+        (c.state == ChunkState::Refetching).then_some(c.read_file_off)
+    }
+
     /// Where the response may read its file up to (None: no body).
     pub fn readable_end(&self) -> Option<u64> {
         self.body().map(|b| b.readable_end)

@@ -123,6 +123,9 @@ struct RunStats {
     /// Cached blocks found corrupt on a read.
     corrupt_blocks: u64,
     cut_short: usize,
+    /// Clients that asked nothing unusual yet got fewer or shorter responses than they asked
+    /// for, in runs whose only fault was a failing cache disk (`cache_disks`).
+    cut_by_disk: usize,
     file_changes: usize,
     arena_waits: u64,
     /// Attempts that found the fill's lock held (made up, `LOCK_CONTENTION_RUN_PERCENT`).
@@ -155,6 +158,7 @@ impl RunStats {
         self.pass_throughs += o.pass_throughs;
         self.corrupt_blocks += o.corrupt_blocks;
         self.cut_short += o.cut_short;
+        self.cut_by_disk += o.cut_by_disk;
         self.file_changes += o.file_changes;
         self.arena_waits += o.arena_waits;
         self.lock_busy += o.lock_busy;
@@ -821,9 +825,7 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
                 c.plan.requests
             ));
         }
-        let refused = c.statuses.contains(&503) || c.refused;
-        let disturbed = c.plan.stall.is_some() || c.plan.vanish_us.is_some() || refused;
-        if strict && !disturbed && (c.cut_short || c.responses < c.plan.requests.len()) {
+        if strict && cut_undisturbed(c) {
             let sock = c.sock.map(|id| &ring.net.socks[id]);
             return Err(format!(
                 "client {i} got {} of {} responses ({:?}, statuses {:?}, socket {sock:?}) in a run without faults",
@@ -835,6 +837,14 @@ fn check_end(shard: &SimShard, strict: bool) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether client `c`, which neither stalled, vanished nor was refused (503), got fewer or
+/// shorter responses than it asked for.
+fn cut_undisturbed(c: &Client) -> bool {
+    let refused = c.statuses.contains(&503) || c.refused;
+    let disturbed = c.plan.stall.is_some() || c.plan.vanish_us.is_some() || refused;
+    !disturbed && (c.cut_short || c.responses < c.plan.requests.len())
 }
 
 /// How a seed is run.
@@ -1024,10 +1034,10 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
     )));
     let (cfg, net, faults, zerocopy) =
         scenario(seed, &root.0, mode).map_err(|e| format!("scenario: {e}"))?;
-    let strict = faults.read_eio_pct == 0
+    let faulty_disk_alone = faults.read_eio_pct == 0
         && !net.file_faults.iter().any(|_| true)
-        && !net.origin_disturbed()
-        && !cache_disks::forced();
+        && !net.origin_disturbed();
+    let strict = faulty_disk_alone && !cache_disks::forced();
     let mut ring = SimRing::new(
         &super::ring_config(&cfg),
         net,
@@ -1060,6 +1070,10 @@ fn run_seed(seed: u64, mode: Mode) -> Result<RunStats, String> {
         check_end(&shard, strict)?;
     }
     collect(&shard, &mut stats);
+    if faulty_disk_alone && cache_disks::forced() {
+        let clients = &shard.ring.net.clients;
+        stats.cut_by_disk += clients.iter().filter(|c| cut_undisturbed(c)).count();
+    }
     let Some(disk) = disk else {
         return Ok(stats);
     };
