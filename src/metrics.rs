@@ -598,6 +598,32 @@ fn render_cache_disks(out: &mut String, report: &crate::cache::disks::DiskReport
             let _ = writeln!(out, "{name}{{{label},kind=\"{}\"}} {v}", kind.label());
         }
     }
+    let name = "shardline_cache_disk_op_seconds";
+    write_family_header(
+        out,
+        name,
+        "histogram",
+        "Latency of each cache disk's operations, by op: read (a client's read of cached \
+         blocks, submitted to completed) and append (a journal batch's write, with its sync \
+         when durable). A disk that stalls shows here before it fails.",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        for op in crate::cache::disk_health::DiskOp::ALL {
+            let Some(s) = report.health.latency(i, op) else {
+                continue;
+            };
+            let series = format!("{label},op=\"{}\"", op.label());
+            for (bound, c) in TTFB_BUCKETS_US.iter().zip(&s.cumulative) {
+                let le = us_as_seconds(*bound);
+                let _ = writeln!(out, "{name}_bucket{{{series},le=\"{le}\"}} {c}");
+            }
+            let count = s.count();
+            let _ = writeln!(out, "{name}_bucket{{{series},le=\"+Inf\"}} {count}");
+            let sum = us_as_seconds(s.sum_us);
+            let _ = writeln!(out, "{name}_sum{{{series}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{series}}} {count}");
+        }
+    }
     let name = "shardline_cache_disk_used_bytes";
     write_family_header(
         out,
@@ -741,6 +767,14 @@ impl Histogram {
         let i = TTFB_BUCKETS_US.partition_point(|&bound| bound < us);
         ShardMetrics::add(&self.buckets[i], 1);
         ShardMetrics::add(&self.sum_us, us);
+    }
+
+    /// Records one observation of `us` microseconds from any of several writers (a cache
+    /// disk's, shared by the shards and the I/O thread).
+    pub fn observe_shared(&self, us: u64) {
+        let i = TTFB_BUCKETS_US.partition_point(|&bound| bound < us);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
     /// Number of observations so far.

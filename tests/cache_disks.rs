@@ -181,6 +181,18 @@ fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
     fetch_all(&server, 0..OBJECTS);
     let status = disk_cli(admin, &token, &["status"]);
     assert_eq!(status.matches(" online ").count(), 2, "{status}");
+    // Each disk times its operations: the fills' journal appends, and the hits' reads.
+    fetch_all(&server, 0..OBJECTS);
+    let timed = |op: &str| {
+        let family = "shardline_cache_disk_op_seconds_count";
+        common::admin_metric(admin, family, &format!("op=\"{op}\""))
+    };
+    assert!(
+        timed("read") >= OBJECTS as u64,
+        "{} reads timed",
+        timed("read")
+    );
+    assert!(timed("append") >= 1, "no journal append timed");
     // Without the token, no control.
     let mut s = std::net::TcpStream::connect(admin).unwrap();
     std::io::Write::write_all(

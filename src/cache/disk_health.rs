@@ -19,6 +19,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+use crate::metrics::{Histogram, HistogramSnapshot};
+
 /// Device errors within `DEVICE_ERROR_WINDOW_S` that take a disk to failing.
 pub const DEVICE_ERRORS_TO_FAIL: u64 = 3;
 /// The window device errors are counted in (s).
@@ -102,6 +104,29 @@ impl DiskState {
     }
 }
 
+/// A timed operation on a cache disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskOp {
+    /// A client's read of cached blocks (a shard's, submitted to completed).
+    Read,
+    /// A journal append of a batch, with its sync when the batch is durable (the I/O
+    /// thread's).
+    Append,
+}
+
+impl DiskOp {
+    /// Every operation, in the order of the histograms.
+    pub const ALL: [DiskOp; 2] = [DiskOp::Read, DiskOp::Append];
+
+    /// Its `op` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            DiskOp::Read => "read",
+            DiskOp::Append => "append",
+        }
+    }
+}
+
 /// One disk's counters.
 #[derive(Debug, Default)]
 struct One {
@@ -111,6 +136,8 @@ struct One {
     /// Device errors in the window that began at `window_start_s`.
     window_errors: AtomicU64,
     window_start_s: AtomicU64,
+    /// By `DiskOp::ALL`; written by every shard and the I/O thread.
+    latency: [Histogram; DiskOp::ALL.len()],
 }
 
 /// Every disk's health (index = slot).
@@ -233,6 +260,18 @@ impl DiskHealth {
         true
     }
 
+    /// Notes that an operation `op` on disk `slot` took `micros` µs.
+    pub fn observe(&self, slot: usize, op: DiskOp, micros: u64) {
+        if let Some(d) = self.disks.get(slot) {
+            d.latency[op as usize].observe_shared(micros);
+        }
+    }
+
+    /// Disk `slot`'s latency of `op` so far (None: no such disk).
+    pub fn latency(&self, slot: usize, op: DiskOp) -> Option<HistogramSnapshot> {
+        Some(self.disks.get(slot)?.latency[op as usize].snapshot())
+    }
+
     /// Whether disk `slot` takes new objects and journal records.
     pub fn usable(&self, slot: usize) -> bool {
         self.state(slot) == DiskState::Online
@@ -257,6 +296,29 @@ impl DiskHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::TTFB_BUCKETS_US;
+
+    #[test]
+    fn latency_lands_in_its_bucket_per_disk_and_op() {
+        let h = DiskHealth::new(2);
+        h.observe(1, DiskOp::Read, 50);
+        h.observe(1, DiskOp::Read, 7_000);
+        h.observe(1, DiskOp::Read, 60_000_000);
+        h.observe(1, DiskOp::Append, 200);
+        // No such disk: ignored.
+        h.observe(5, DiskOp::Read, 1);
+        let read = h.latency(1, DiskOp::Read).expect("disk 1");
+        let within =
+            |us: u64| read.cumulative[TTFB_BUCKETS_US.iter().position(|&b| b == us).unwrap()];
+        assert_eq!(within(100), 1, "50 µs is within the first bound");
+        assert_eq!(within(10_000), 2, "7 ms is within 10 ms");
+        assert_eq!(within(10_000_000), 2, "60 s is past every bound");
+        assert_eq!(read.count(), 3, "+Inf counts them all");
+        assert_eq!(read.sum_us, 50 + 7_000 + 60_000_000);
+        assert_eq!(h.latency(1, DiskOp::Append).expect("disk 1").count(), 1);
+        assert_eq!(h.latency(0, DiskOp::Read).expect("disk 0").count(), 0);
+        assert!(h.latency(5, DiskOp::Read).is_none());
+    }
 
     #[test]
     fn errors_are_sorted_by_kind() {

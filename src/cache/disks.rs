@@ -12,7 +12,7 @@
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::disk_health::DiskHealth;
+use super::disk_health::{DiskHealth, DiskOp};
 use super::index::Index;
 use super::journal::{Decoded, Record, ReplayStats};
 use super::journal_file::JournalFile;
@@ -316,7 +316,10 @@ impl Journals {
             if !self.health.usable(0) {
                 return Ok(());
             }
+            let started = std::time::Instant::now();
             let r = self.files[0].append(records, durable);
+            self.health
+                .observe(0, DiskOp::Append, micros_since(started));
             return self.noted(0, r);
         }
         let mut used = [false; MAX_CACHE_DISKS];
@@ -339,8 +342,13 @@ impl Journals {
                 if !used[slot] {
                     continue;
                 }
+                let health = &self.health;
                 let write = move || {
-                    file.append_where(records, durable, |r| slot_of(record_version(r)) == slot)
+                    let started = std::time::Instant::now();
+                    let r =
+                        file.append_where(records, durable, |r| slot_of(record_version(r)) == slot);
+                    health.observe(slot, DiskOp::Append, micros_since(started));
+                    r
                 };
                 // The disks sync side by side; a thread that cannot start writes here.
                 match std::thread::Builder::new()
@@ -451,6 +459,11 @@ pub fn mark_offline(dir: &Path, offline: bool) -> io::Result<()> {
         }
     }
     sync_dir(dir, &None)
+}
+
+/// Microseconds since `started` (an operation's latency).
+fn micros_since(started: std::time::Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Seconds since the Unix epoch (0 before it).

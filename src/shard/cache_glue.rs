@@ -68,6 +68,9 @@ pub(super) struct Pulls {
     pub failover_waits: Vec<Waiter>,
     /// When `failover_waits` is tried next (the shard's clock, ms).
     pub failover_retry_at_ms: u64,
+    /// When each arena slot's file read was submitted (the shard's clock, µs; by slot
+    /// index, sized at start-up): a cached read's latency is its disk's.
+    pub read_started_us: Vec<u64>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -1164,6 +1167,15 @@ impl<R: RingOps> Shard<R> {
         let Some((file_off, buf_off, got, need)) = self.conns[c.index()].chunk_read(slot) else {
             return Use(res);
         };
+        if let (Some(edge), Some(&at_us)) = (
+            self.cache.edge.as_ref(),
+            self.cache.pulls.read_started_us.get(slot.index()),
+        ) {
+            let disk = crate::cache::version_id::slot_of(version);
+            let took_us = self.clock.now_us.saturating_sub(at_us);
+            let read = crate::cache::disk_health::DiskOp::Read;
+            edge.fill.store().health().observe(disk, read, took_us);
+        }
         if res < 0 {
             // Counted against the version's disk (device errors take it to failing).
             let kind = self.cache.edge.as_ref().map(|edge| {

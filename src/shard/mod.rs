@@ -406,7 +406,10 @@ impl<R: RingOps> Shard<R> {
             shard_budget: TickBudget::new(cfg.shard_tick_budget_bytes),
             cache: state::CacheSide {
                 edge: None,
-                pulls: cache_glue::Pulls::default(),
+                pulls: cache_glue::Pulls {
+                    read_started_us: vec![0; arena_slots],
+                    ..Default::default()
+                },
                 scrub: scrub::Scrub::default(),
             },
             cfg,
@@ -755,6 +758,10 @@ impl<R: RingOps> Shard<R> {
                     relay.read(slot, buf_off, len, file_off);
                     self.cache.pulls.relay_ready.push(c);
                 } else {
+                    if let Some(at) = self.cache.pulls.read_started_us.get_mut(slot.index()) {
+                        // A cached read's latency goes to its disk's histogram.
+                        *at = self.clock.now_us;
+                    }
                     let t = self.chunk_token(Op::Read, c, slot);
                     self.ring
                         .read_fixed(slot, buf_off, len, file_fixed, file_off, rw_flags, t);
