@@ -1,6 +1,7 @@
 //! A cache disk that dies under the edge (issue 43), as root: three loop-backed ext4 file
 //! systems as `cache_dirs`, one shut down with `EXT4_IOC_SHUTDOWN` (every later I/O on it fails
-//! with EIO, as a dead drive's does). The edge keeps serving: every response whole and right,
+//! with EIO, as a dead drive's does), or shrunk under its file system (`losetup
+//! --set-capacity`: every read past its new end fails). The edge keeps serving: every response whole and right,
 //! the dead disk's objects too (a read it fails goes on from the origin), the dead
 //! disk is taken to failing after `DEVICE_ERRORS_TO_FAIL` device errors (shown in
 //! `/metrics`), its objects become misses filled again on the other disks, and new objects go
@@ -24,6 +25,8 @@ const DISK_BYTES: u64 = 64 << 20;
 /// `EXT4_IOC_SHUTDOWN` (`_IOR('X', 125, __u32)`), and its NOLOGFLUSH mode.
 const EXT4_IOC_SHUTDOWN: u64 = 0x8004_587D;
 const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+/// What a shrunk disk keeps: its superblock and group descriptors, none of its data.
+const SHRUNK_BYTES: u64 = 1 << 20;
 
 /// An ext4 file system on a loop device over an image in /dev/shm, mounted on a temp dir;
 /// unmounted and detached on drop.
@@ -79,6 +82,21 @@ impl LoopDisk {
         );
         run("python3", &["-c", &script]);
     }
+
+    /// The device ends at `bytes` from now on (its image truncated to them): every read or
+    /// write past that fails with EIO. The data files lie past the first few MiB (after the
+    /// inode tables), so all of them are cut off.
+    fn shrink(&self, bytes: u64) {
+        let image = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)
+            .unwrap();
+        image.set_len(bytes).unwrap();
+        run("losetup", &["--set-capacity", &self.device]);
+        // Hits of small objects read through the page cache: what it holds of the disk goes,
+        // so their next reads reach the device (global, but only a cost to anything else).
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    }
 }
 
 impl Drop for LoopDisk {
@@ -111,6 +129,20 @@ fn get_maybe_cut(server: &common::Server, path: &str) -> (u16, Vec<u8>) {
 
 #[test]
 fn a_disk_shut_down_under_the_edge_costs_only_its_objects() {
+    lose_a_disk_under_the_edge(LoopDisk::shut_down);
+}
+
+/// A disk shrunk under its file system (the image truncated, `losetup --set-capacity`): every
+/// read past its new end fails with EIO, as a drive that lost its tail does.
+#[test]
+fn a_disk_shrunk_under_the_edge_costs_only_its_objects() {
+    lose_a_disk_under_the_edge(|d| d.shrink(SHRUNK_BYTES));
+}
+
+/// Caches `OBJECTS` objects over three disks, `fail`s the one holding the most, and checks
+/// that every response stays whole and right, that the disk is taken out, and that its objects
+/// and new ones land on the others.
+fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk)) {
     if !common::prerequisite(
         common::running_as_root(),
         SKIP_ROOT,
@@ -167,7 +199,7 @@ fn a_disk_shut_down_under_the_edge_costs_only_its_objects() {
     // The disk holding the most dies.
     let dead = (0..3).max_by_key(|&i| held[i]).unwrap();
     assert!(held[dead] > 0);
-    disks[dead].shut_down();
+    fail(&disks[dead]);
 
     // Every request is whole, never a wrong byte, the dead disk's objects too: a read the
     // disk fails (or a data file it will not open) goes on from the origin.
@@ -181,32 +213,24 @@ fn a_disk_shut_down_under_the_edge_costs_only_its_objects() {
             body.len() <= want.len() && body[..] == want[..body.len()]
         );
     }
-    let failing = common::admin_metric(
-        admin,
-        "shardline_cache_disk_failing",
-        &format!("disk=\"{dead}\""),
+    let metric = |family: &str, label: &str| common::admin_metric(admin, family, label);
+    let errors = |kind: &str| {
+        let label = format!("kind=\"{kind}\"");
+        metric("shardline_cache_disk_errors_total", &label)
+    };
+    let failing = metric("shardline_cache_disk_failing", &format!("disk=\"{dead}\""));
+    let went_on = metric("shardline_cache_disk_failovers_total", "outcome=\"origin\"");
+    let cut = metric("shardline_cache_disk_failovers_total", "outcome=\"cut\"");
+    eprintln!(
+        "disk {dead} ({} objects) lost: {went_on} responses went on from the origin, {cut} cut; \
+         errors: {} device, {} checksum, {} other; failing {failing}",
+        held[dead],
+        errors("device"),
+        errors("checksum"),
+        errors("other"),
     );
     assert_eq!(failing, 1, "the dead disk is failing in /metrics");
-    let device_errors = common::admin_metric(
-        admin,
-        "shardline_cache_disk_errors_total",
-        "kind=\"device\"",
-    );
-    assert!(device_errors >= DEVICE_ERRORS_TO_FAIL, "{device_errors}");
-    let went_on = common::admin_metric(
-        admin,
-        "shardline_cache_disk_failovers_total",
-        "outcome=\"origin\"",
-    );
-    let cut = common::admin_metric(
-        admin,
-        "shardline_cache_disk_failovers_total",
-        "outcome=\"cut\"",
-    );
-    eprintln!(
-        "disk {dead} ({} objects) shut down: {went_on} responses went on from the origin, {cut} cut",
-        held[dead]
-    );
+    assert!(errors("device") >= DEVICE_ERRORS_TO_FAIL);
     assert!(went_on >= 1 && cut == 0, "{went_on} went on, {cut} cut");
     // And from then on none fails.
     for i in 0..OBJECTS {
