@@ -227,9 +227,10 @@ def p99(xs):
     return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else float("nan")
 
 report = ["# perf/DISKS.md: several cache disks under load (perf/disks.sh)", "",
-          f"Host: {os.cpu_count()} CPUs, shared with other engineers' builds while it ran "
-          "(timings are this run's, not a quiet host's). Disks: ext4 on loop devices over "
-          "/dev/shm images (1 GiB each), 2 shards, nginx origin on loopback.", ""]
+          f"Host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, binary {BIN}. Disks: ext4 on "
+          "loop devices over /dev/shm images (1 GiB each), 2 shards, nginx origin on "
+          "loopback.", ""]
 three = mounts[:3]
 
 # Warm: the hot set, then a restart with every disk (the baseline for the missing-disk one).
