@@ -59,7 +59,7 @@ impl Placement {
 
 /// The key's 64-bit hash: FNV-1a, finished by `mix` (stable across builds and platforms,
 /// unlike the standard library's hasher, which may change).
-fn key_hash(key: &[u8]) -> u64 {
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in key {
         h ^= u64::from(b);

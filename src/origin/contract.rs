@@ -349,6 +349,39 @@ pub fn variant_request_lines(selecting: &str) -> String {
         .collect()
 }
 
+/// Most variants of one key stored beside its first (RFC 9111 §4.1): a request whose values
+/// of the fields a stored reply's `Vary` names differ from it is filled under one of these
+/// keys (`variant_key`), so a key holds at most `1 + MAX_VARIANTS_PER_KEY` versions.
+pub const MAX_VARIANTS_PER_KEY: u64 = 4;
+
+/// What a variant's key adds to its key: a space, which no request target holds, so no
+/// request's own key is ever a variant key.
+const VARIANT_MARK: &[u8] = b" variant=";
+
+/// The key a request whose field lines `fields` do not select the reply stored under `key`
+/// (its `selecting` lines) is filled and served under: `key`, the mark, and one of
+/// `MAX_VARIANTS_PER_KEY` places drawn from the request's values of the fields `selecting`
+/// names. Two sets of values may share a place: a reply stored there for the other one does
+/// not select this request, which then makes its own fetch. None for a reply that selects no
+/// request (`UNMATCHABLE`) and for a key that is a variant's already.
+pub fn variant_key(key: &[u8], selecting: &str, fields: &[u8]) -> Option<Vec<u8>> {
+    if selecting == UNMATCHABLE || key.windows(VARIANT_MARK.len()).any(|w| w == VARIANT_MARK) {
+        return None;
+    }
+    let mut values = String::new();
+    for line in selecting.split_terminator("\r\n") {
+        let (name, _) = line.split_once(':').unwrap_or((line, ""));
+        values.push_str(&field_value(fields, name));
+        values.push('\n');
+    }
+    let place = crate::cache::placement::key_hash(values.as_bytes()) % MAX_VARIANTS_PER_KEY;
+    let mut out = Vec::with_capacity(key.len() + VARIANT_MARK.len() + 2);
+    out.extend_from_slice(key);
+    out.extend_from_slice(VARIANT_MARK);
+    out.extend_from_slice(place.to_string().as_bytes());
+    Some(out)
+}
+
 /// The selecting lines of a reply no request may be answered with (`selecting_lines`).
 pub const UNMATCHABLE: &str = "shardline-unmatchable: \r\n";
 
@@ -827,6 +860,30 @@ mod tests {
         let odd = selecting_lines("X-Odd", "X-Odd: \u{7f}\r\n");
         assert_eq!(odd, UNMATCHABLE);
         assert!(!selects(&odd, b"X-Odd: \x7f\r\n"));
+    }
+
+    #[test]
+    fn a_variant_key_is_bounded_stable_and_never_nested() {
+        let lines = selecting_lines("Accept-Language", "Accept-Language: en\r\n");
+        let key = b"0/pull/manifest.json".as_slice();
+        let fr = variant_key(key, &lines, b"Accept-Language: fr\r\n").expect("a variant");
+        assert!(fr.starts_with(key) && fr.len() == key.len() + VARIANT_MARK.len() + 1);
+        // The same values, in any case of the name or spacing: the same key.
+        assert_eq!(
+            variant_key(key, &lines, b"accept-language:  fr \r\n"),
+            Some(fr.clone())
+        );
+        // Many values share at most MAX_VARIANTS_PER_KEY keys.
+        let keys: std::collections::HashSet<Vec<u8>> = (0..200)
+            .filter_map(|i| {
+                let f = format!("Accept-Language: l{i}\r\n");
+                variant_key(key, &lines, f.as_bytes())
+            })
+            .collect();
+        assert_eq!(keys.len() as u64, MAX_VARIANTS_PER_KEY);
+        // A variant's key has none of its own, nor has a reply no request selects.
+        assert_eq!(variant_key(&fr, &lines, b"Accept-Language: de\r\n"), None);
+        assert_eq!(variant_key(key, UNMATCHABLE, b""), None);
     }
 
     #[test]

@@ -494,7 +494,6 @@ impl<R: RingOps> Shard<R> {
             Some(FillAnswer::Again { .. }) | None => {}
         }
         let waiter = self.waiter(c);
-        let edge = self.cache.edge.as_mut().expect("checked above");
         // A request resumed after a wait was admitted when it first came: it is not sent to
         // revalidate again (with `cache_revalidate_s = 0` it would never get through). One
         // asked again because the lock was held is as it was.
@@ -502,25 +501,40 @@ impl<R: RingOps> Shard<R> {
             Some(FillAnswer::Again { admitted }) => admitted,
             _ => self.cache.pulls.resuming,
         };
-        let Some((outcome, stream, hit)) =
-            edge.want(&key, origin, &path, req.range, head_only, admitted, waiter)
-        else {
-            self.ask_again_later(c, FillAnswer::Again { admitted });
-            return true;
+        let mut key = key;
+        // The key's stored reply, then (once) the variant the request's values select.
+        let (outcome, stream, hit) = loop {
+            let edge = self.cache.edge.as_mut().expect("checked above");
+            let Some((outcome, stream, hit)) =
+                edge.want(&key, origin, &path, req.range, head_only, admitted, waiter)
+            else {
+                self.ask_again_later(c, FillAnswer::Again { admitted });
+                return true;
+            };
+            let selects = |h: &Hit| crate::origin::contract::selects(&h.meta.selecting, req.fields);
+            let hit = match hit {
+                Some(hit) if matches!(outcome, Outcome::Ready(_)) && !selects(&hit) => hit,
+                hit => break (outcome, stream, hit),
+            };
+            // Stored for a request with other values of the fields its Vary names (RFC 9111
+            // §4.1): this request's variant is its own key's.
+            if hit.pinned {
+                edge.fill.unpin(hit.meta.version);
+            }
+            let variant =
+                crate::origin::contract::variant_key(&key, &hit.meta.selecting, req.fields)
+                    .filter(|k| k.len() <= crate::cache::journal::MAX_KEY_BYTES);
+            match variant {
+                Some(variant) => key = variant,
+                // No variant may be stored for it (its reply selects no request, its place
+                // holds another's, its key is too long): its own fetch.
+                None => {
+                    self.respond_bypass(c, req, origin, &path, "vary");
+                    return true;
+                }
+            }
         };
         match (outcome, hit) {
-            (Outcome::Ready(_), Some(hit))
-                if !crate::origin::contract::selects(&hit.meta.selecting, req.fields) =>
-            {
-                // Stored for a request with other values of the fields its Vary names: this
-                // one's own fetch (RFC 9111 §4.1).
-                if hit.pinned {
-                    if let Some(edge) = self.cache.edge.as_mut() {
-                        edge.fill.unpin(hit.meta.version);
-                    }
-                }
-                self.respond_bypass(c, req, origin, &path, "vary");
-            }
             (Outcome::Ready(_), Some(hit)) => {
                 self.respond_cached(c, req, hit, rate, stream, (origin, path))
             }
