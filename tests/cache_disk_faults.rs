@@ -50,8 +50,11 @@ fn run(cmd: &str, args: &[&str]) -> String {
 impl LoopDisk {
     fn make(name: &str) -> LoopDisk {
         let dir = tempfile::tempdir().unwrap();
+        // Unique in the process: the tests run side by side.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let image = PathBuf::from(format!(
-            "/dev/shm/shardline-disk-{}-{name}.img",
+            "/dev/shm/shardline-disk-{}-{n}-{name}.img",
             std::process::id()
         ));
         let f = std::fs::File::create(&image).unwrap();
