@@ -61,19 +61,19 @@ impl LoopDisk {
         f.set_len(DISK_BYTES).unwrap();
         let image_s = image.to_str().unwrap();
         let device = run("losetup", &["--find", "--show", "--direct-io=on", image_s]);
-        run("mkfs.ext4", &["-q", "-F", &device]);
         let mount = dir.path().join(name);
-        std::fs::create_dir(&mount).unwrap();
-        run(
-            "mount",
-            &["-o", "errors=continue", &device, mount.to_str().unwrap()],
-        );
-        LoopDisk {
+        // Built first, so a failing mkfs or mount still detaches the device (`Drop`).
+        let disk = LoopDisk {
             mount,
             device,
             image,
             _dir: dir,
-        }
+        };
+        run("mkfs.ext4", &["-q", "-F", &disk.device]);
+        std::fs::create_dir(&disk.mount).unwrap();
+        let mount = disk.mount.to_str().unwrap();
+        run("mount", &["-o", "errors=continue", &disk.device, mount]);
+        disk
     }
 
     /// Every later I/O on the file system fails with EIO (the ioctl through Python's
