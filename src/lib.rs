@@ -22,6 +22,7 @@ pub mod doctor;
 pub mod fill;
 pub mod fs;
 pub mod handover;
+pub mod histogram;
 pub mod http;
 pub mod lifecycle;
 pub mod limits;

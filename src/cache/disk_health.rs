@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use crate::metrics::{Histogram, HistogramSnapshot};
+use crate::histogram::{Histogram, HistogramSnapshot};
 
 /// Device errors within `DEVICE_ERROR_WINDOW_S` that take a disk to failing.
 pub const DEVICE_ERRORS_TO_FAIL: u64 = 3;
@@ -296,7 +296,7 @@ impl DiskHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::TTFB_BUCKETS_US;
+    use crate::histogram::TTFB_BUCKETS_US;
 
     #[test]
     fn latency_lands_in_its_bucket_per_disk_and_op() {
