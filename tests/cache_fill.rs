@@ -329,10 +329,7 @@ fn an_origins_max_fetches_holds_over_all_shards() {
         .map(|i| {
             let cpu = cpus[i % 2];
             std::thread::spawn(move || {
-                // The client's CPU steers its connection to that CPU's shard.
-                let mut set = rustix::thread::CpuSet::new();
-                set.set(cpu);
-                rustix::thread::sched_setaffinity(None, &set).expect("pin the client");
+                common::pin_to_cpu(cpu);
                 get_in_thread(addr, &format!("/pull/o{i}.bin"))
                     .join()
                     .unwrap()

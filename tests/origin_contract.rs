@@ -456,15 +456,17 @@ fn a_vary_reply_is_served_only_to_requests_that_match_it() {
     );
 }
 
-/// More requests of their own at once than a shard runs pass-throughs
-/// (`MAX_PASS_THROUGHS_PER_SHARD`, 8): the others wait for one to end, none gets a 503.
-#[test]
-fn requests_past_the_pass_through_bound_wait_for_their_turn() {
-    const CLIENTS: usize = 12;
-    const BOUND: usize = 8;
-    let size = 20_000usize;
-    let path = "/pull/mine.bin";
-    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+/// Sets `origin` to hold every request until `release` is set (at most 30 s), counting them
+/// in `entered`, then answer each with `size` bytes salted by `seed` and its query (each
+/// user's own bytes).
+fn hold_requests(
+    origin: &ScriptedOrigin,
+    size: usize,
+    seed: u8,
+) -> (
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
     let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (e2, r2) = (entered.clone(), release.clone());
@@ -476,9 +478,30 @@ fn requests_past_the_pass_through_bound_wait_for_their_turn() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let user = a.path.split_once('?').map_or("", |(_, q)| q);
-        let salt = user.bytes().fold(5u8, |h, b| h.wrapping_mul(31) ^ b);
-        (ranged(&object(size, salt), a.range, ""), false, None)
+        (
+            ranged(&object(size, user_salt(seed, user)), a.range, ""),
+            false,
+            None,
+        )
     }));
+    (entered, release)
+}
+
+/// The salt of `user`'s bytes (`hold_requests`).
+fn user_salt(seed: u8, user: &str) -> u8 {
+    user.bytes().fold(seed, |h, b| h.wrapping_mul(31) ^ b)
+}
+
+/// More requests of their own at once than a shard runs pass-throughs
+/// (`MAX_PASS_THROUGHS_PER_SHARD`, 8): the others wait for one to end, none gets a 503.
+#[test]
+fn requests_past_the_pass_through_bound_wait_for_their_turn() {
+    const CLIENTS: usize = 12;
+    const BOUND: usize = 8;
+    let size = 20_000usize;
+    let path = "/pull/mine.bin";
+    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+    let (entered, release) = hold_requests(&origin, size, 5);
     let (server, admin, _dir) = edge(&origin);
     let server = Arc::new(server);
     let clients: Vec<_> = (0..CLIENTS)
@@ -509,8 +532,10 @@ fn requests_past_the_pass_through_bound_wait_for_their_turn() {
     for client in clients {
         let (user, r) = client.join().unwrap();
         assert_eq!(r.status, 200, "{user}: waited, never refused");
-        let salt = user.bytes().fold(5u8, |h, b| h.wrapping_mul(31) ^ b);
-        assert!(r.body == object(size, salt), "{user}: its own bytes");
+        assert!(
+            r.body == object(size, user_salt(5, &user)),
+            "{user}: its own bytes"
+        );
     }
     assert_eq!(asked(&origin, path).0, 0, "every request carried its query");
     assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
@@ -522,33 +547,24 @@ fn requests_past_the_pass_through_bound_wait_for_their_turn() {
 fn requests_past_the_origins_fetch_bound_wait_for_room() {
     const CLIENTS: usize = 8;
     const BOUND: usize = 1;
+    let Some(cpus) = common::two_or_more_cpus() else {
+        return;
+    };
     let size = 10_000usize;
     let path = "/pull/theirs.bin";
     let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
-    let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (e2, r2) = (entered.clone(), release.clone());
-    origin.set(Arc::new(move |a: &Asked, _: &[u8]| {
-        e2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !r2.load(std::sync::atomic::Ordering::SeqCst) && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let user = a.path.split_once('?').map_or("", |(_, q)| q);
-        let salt = user.bytes().fold(9u8, |h, b| h.wrapping_mul(31) ^ b);
-        (ranged(&object(size, salt), a.range, ""), false, None)
-    }));
+    let (entered, release) = hold_requests(&origin, size, 9);
     let (server, admin, _dir) =
         common::scripted_origin::pulling_edge_on(origin.addr, &format!("max_fetches = {BOUND}"), 2);
     let server = Arc::new(server);
     let clients: Vec<_> = (0..CLIENTS)
         .map(|i| {
             let server = server.clone();
+            let cpu = cpus[i % 2];
             std::thread::spawn(move || {
                 // Loopback SYNs are steered to the shard of the sending CPU: half the clients
                 // go to each shard.
-                pin_to_cpu(i % 2);
+                common::pin_to_cpu(cpu);
                 let user = format!("user={i}");
                 let r = get(
                     &server,
@@ -580,21 +596,12 @@ fn requests_past_the_origins_fetch_bound_wait_for_room() {
     for client in clients {
         let (user, r) = client.join().unwrap();
         assert_eq!(r.status, 200, "{user}: waited, never refused");
-        let salt = user.bytes().fold(9u8, |h, b| h.wrapping_mul(31) ^ b);
-        assert!(r.body == object(size, salt), "{user}: its own bytes");
+        assert!(
+            r.body == object(size, user_salt(9, &user)),
+            "{user}: its own bytes"
+        );
     }
     assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
-}
-
-/// Runs the calling thread on CPU `cpu` alone.
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; the call reads it for this thread only.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}");
 }
 
 /// A reply framed by chunked encoding (a manifest an origin generates) is dechunked and

@@ -645,6 +645,14 @@ pub fn allowed_cpus() -> Vec<usize> {
     cpus
 }
 
+/// Runs the calling thread on CPU `cpu` alone (a loopback client's CPU steers its connection
+/// to that CPU's shard).
+pub fn pin_to_cpu(cpu: usize) {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).expect("pin the client");
+}
+
 /// The allowed CPUs when there are at least two (what steering tests need); fails otherwise,
 /// None only when `SHARDLINE_SKIP_TWO_CPUS=1` asks to skip.
 #[track_caller]
