@@ -259,8 +259,10 @@ fn other_paths_are_404_and_other_methods_405() {
 
 #[test]
 fn buffer_waits_show_in_their_histogram() {
-    // The smallest arena (8 chunks of 64 KiB, 4 held back for small responses) and several
-    // concurrent downloads that each want 2 chunks ahead: some must wait for a buffer.
+    // The smallest arena (8 chunks of 64 KiB, 4 held back for small responses) and eight
+    // downloads whose clients do not read (4 KiB receive buffers): their sends cannot finish,
+    // so they hold the large-response chunks and the others must wait for a buffer. The test
+    // waits for that state on the metric rather than hoping a race produces it.
     let dir = disk_tempdir();
     let len = 4 << 20;
     std::fs::write(dir.path().join("big.bin"), pattern(len)).unwrap();
@@ -272,24 +274,36 @@ fn buffer_waits_show_in_their_histogram() {
     )
     .unwrap();
     let (server, admin) = start_with_admin(dir.path(), &["--config", config.to_str().unwrap()]);
-    let clients: Vec<_> = (0..8)
+    let clients: Vec<TcpStream> = (0..8)
         .map(|_| {
-            let addr = server.addr;
-            std::thread::spawn(move || {
-                let mut s = TcpStream::connect(addr).unwrap();
-                s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-                s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-                    .unwrap();
-                let r = read_response(&mut BufReader::new(s), false).unwrap();
-                (r.status, r.body)
-            })
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .expect("socket");
+            s.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+            s.connect(&server.addr.into()).expect("connect");
+            let mut s: TcpStream = s.into();
+            s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+            s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            s
         })
         .collect();
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while total(&scrape(admin), "shardline_arena_waits_total", &[]) == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no download waited for a buffer while eight clients held theirs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let want = pattern(len);
-    for c in clients {
-        let (status, body) = c.join().unwrap();
-        assert_eq!(status, 200);
-        assert!(body == want, "body differs");
+    let readers: Vec<_> = clients
+        .into_iter()
+        .map(|s| std::thread::spawn(move || read_response(&mut BufReader::new(s), false).unwrap()))
+        .collect();
+    for r in readers {
+        let r = r.join().unwrap();
+        assert_eq!(r.status, 200);
+        assert!(r.body == want, "body differs");
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
