@@ -584,13 +584,38 @@ fn render_cache_disks(out: &mut String, report: &crate::cache::disks::DiskReport
         let v = u8::from(report.health.state(i) == DiskState::Offline);
         let _ = writeln!(out, "{name}{{{label}}} {v}");
     }
+    let name = "shardline_cache_disk_stalled";
+    write_family_header(
+        out,
+        name,
+        "gauge",
+        "1 while a cache disk is stalled (an operation passed cache_disk_op_timeout_ms: no new \
+         fills, its objects are misses, its clients go on from the origin), else 0.",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        let v = u8::from(report.health.state(i) == DiskState::Stalled);
+        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    }
+    let name = "shardline_cache_disk_held_ops";
+    write_family_header(
+        out,
+        name,
+        "gauge",
+        "Operations on a cache disk given up at cache_disk_op_timeout_ms that the kernel or \
+         the disk's thread still holds (each keeps its buffer until it comes back).",
+    );
+    for (i, label) in labels.iter().enumerate() {
+        let v = report.health.held_ops(i);
+        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    }
     let name = "shardline_cache_disk_errors_total";
     write_family_header(
         out,
         name,
         "counter",
         "Errors of each cache disk's I/O by kind: device (count toward failing it), software \
-         (the cache's own, never the disk's), full, checksum (a block dropped), other.",
+         (the cache's own, never the disk's), full, checksum (a block dropped), stall (an \
+         operation past cache_disk_op_timeout_ms), other.",
     );
     for (i, label) in labels.iter().enumerate() {
         for kind in ErrorKind::ALL {

@@ -12,6 +12,10 @@
 //! - **Full** (ENOSPC, EDQUOT): writes stop, reads go on (`docs/CACHE.md`, "A full disk").
 //! - **Checksum failures**: the block is dropped and fetched again (as with one disk), and
 //!   counted against the disk, not toward failing it.
+//! - **Stalls**: an operation past `cache_disk_op_timeout_ms` (a journal append, a create, a
+//!   fill's write or sync; noted as ETIMEDOUT) takes the disk to *stalled* at once: as
+//!   failing, until every operation the kernel still held has come back and
+//!   `STALL_QUIET_S` passed without a new one (`try_come_back`), when it is online again.
 //!
 //! A failing disk takes no new object (placement skips it), its records are no longer
 //! journaled and its files no longer unlinked, and its objects leave the index (the fill's
@@ -25,6 +29,9 @@ use crate::histogram::{Histogram, HistogramSnapshot};
 pub const DEVICE_ERRORS_TO_FAIL: u64 = 3;
 /// The window device errors are counted in (s).
 pub const DEVICE_ERROR_WINDOW_S: u64 = 60;
+/// How long a stalled disk's operations must all have been back before it is online again
+/// (s): a disk that stalls now and then stays out rather than flapping.
+pub const STALL_QUIET_S: u64 = 30;
 
 /// What an errno from a cache disk's I/O says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,17 +44,20 @@ pub enum ErrorKind {
     Full,
     /// A block read back did not match its checksum.
     Checksum,
+    /// An operation passed `cache_disk_op_timeout_ms` (ETIMEDOUT): the disk is stalled.
+    Stall,
     /// Anything else (counted, logged).
     Other,
 }
 
 impl ErrorKind {
     /// Every kind, in the order of the counters.
-    pub const ALL: [ErrorKind; 5] = [
+    pub const ALL: [ErrorKind; 6] = [
         ErrorKind::Device,
         ErrorKind::Software,
         ErrorKind::Full,
         ErrorKind::Checksum,
+        ErrorKind::Stall,
         ErrorKind::Other,
     ];
 
@@ -58,6 +68,7 @@ impl ErrorKind {
             ErrorKind::Software => "software",
             ErrorKind::Full => "full",
             ErrorKind::Checksum => "checksum",
+            ErrorKind::Stall => "stall",
             ErrorKind::Other => "other",
         }
     }
@@ -69,8 +80,16 @@ pub fn classify(errno: i32) -> ErrorKind {
         libc::EIO | libc::ENXIO | libc::ENODEV | libc::EROFS | libc::ESHUTDOWN => ErrorKind::Device,
         libc::EINVAL | libc::EBADF | libc::EFAULT => ErrorKind::Software,
         libc::ENOSPC | libc::EDQUOT => ErrorKind::Full,
+        libc::ETIMEDOUT => ErrorKind::Stall,
         _ => ErrorKind::Other,
     }
+}
+
+/// Seconds since the Unix epoch (0 before it).
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// A disk's state.
@@ -83,6 +102,9 @@ pub enum DiskState {
     /// The operator took it out (`shardline cache disk offline`): as failing, until
     /// `online`; kept across restarts by a marker on the disk (`disks::OFFLINE_FILE`).
     Offline,
+    /// An operation passed its deadline: as failing, until it is back and quiet
+    /// (`STALL_QUIET_S`).
+    Stalled,
 }
 
 impl DiskState {
@@ -92,6 +114,7 @@ impl DiskState {
             DiskState::Online => "online",
             DiskState::Failing => "failing",
             DiskState::Offline => "offline",
+            DiskState::Stalled => "stalled",
         }
     }
 
@@ -100,6 +123,7 @@ impl DiskState {
             DiskState::Online => 0,
             DiskState::Failing => 1,
             DiskState::Offline => 2,
+            DiskState::Stalled => 3,
         }
     }
 }
@@ -138,6 +162,11 @@ struct One {
     window_start_s: AtomicU64,
     /// By `DiskOp::ALL`; written by every shard and the I/O thread.
     latency: [Histogram; DiskOp::ALL.len()],
+    /// Operations given up at their deadline that the kernel or the disk's worker still
+    /// holds (each keeps its buffer until it comes back).
+    held_ops: AtomicU64,
+    /// When the last of them came back, or the last stall began (Unix s).
+    quiet_since_s: AtomicU64,
 }
 
 /// Every disk's health (index = slot).
@@ -202,6 +231,26 @@ impl DiskHealth {
                 errno,
                 "cache disk I/O refused as invalid (a bug of the cache, not the disk's fault)"
             ),
+            ErrorKind::Stall => {
+                d.quiet_since_s.store(now_s, Ordering::Relaxed);
+                let online = DiskState::Online.code();
+                if d.state
+                    .compare_exchange(
+                        online,
+                        DiskState::Stalled.code(),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    tracing::error!(
+                        disk = slot,
+                        "cache disk stalled (an operation passed cache_disk_op_timeout_ms): no \
+                         new fills go to it, its objects are misses, its clients go on from the \
+                         origin"
+                    );
+                }
+            }
             ErrorKind::Other => tracing::warn!(disk = slot, errno, "cache disk I/O error"),
             ErrorKind::Full | ErrorKind::Checksum => {}
         }
@@ -233,6 +282,7 @@ impl DiskHealth {
         {
             Some(1) => DiskState::Failing,
             Some(2) => DiskState::Offline,
+            Some(3) => DiskState::Stalled,
             _ => DiskState::Online,
         }
     }
@@ -270,6 +320,65 @@ impl DiskHealth {
     /// Disk `slot`'s latency of `op` so far (None: no such disk).
     pub fn latency(&self, slot: usize, op: DiskOp) -> Option<HistogramSnapshot> {
         Some(self.disks.get(slot)?.latency[op as usize].snapshot())
+    }
+
+    /// An operation on disk `slot` was given up at its deadline and is still held (by the
+    /// kernel, or the disk's worker thread): counted until `op_back`.
+    pub fn op_held(&self, slot: usize) {
+        if let Some(d) = self.disks.get(slot) {
+            d.held_ops.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// An operation `op_held` counted came back at `now_s`.
+    pub fn op_back(&self, slot: usize, now_s: u64) {
+        if let Some(d) = self.disks.get(slot) {
+            let before = d.held_ops.fetch_sub(1, Ordering::AcqRel);
+            assert!(before > 0, "an operation back that was not held");
+            d.quiet_since_s.store(now_s, Ordering::Relaxed);
+        }
+    }
+
+    /// Operations on disk `slot` given up and still held.
+    pub fn held_ops(&self, slot: usize) -> u64 {
+        self.disks
+            .get(slot)
+            .map_or(0, |d| d.held_ops.load(Ordering::Acquire))
+    }
+
+    /// Brings every stalled disk whose held operations are all back, and that has been
+    /// quiet for `STALL_QUIET_S`, online again (as `set_online`: it takes its share of new
+    /// objects; its old ones left the index). Returns the disks brought back (bit per slot).
+    pub fn try_come_back(&self, now_s: u64) -> u64 {
+        let mut back = 0u64;
+        for (slot, d) in self.disks.iter().enumerate() {
+            if d.state.load(Ordering::Acquire) != DiskState::Stalled.code()
+                || d.held_ops.load(Ordering::Acquire) > 0
+                || now_s < d.quiet_since_s.load(Ordering::Relaxed) + STALL_QUIET_S
+            {
+                continue;
+            }
+            let stalled = DiskState::Stalled.code();
+            if d.state
+                .compare_exchange(
+                    stalled,
+                    DiskState::Online.code(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                self.dropped.fetch_and(!(1u64 << slot), Ordering::AcqRel);
+                back |= 1 << slot;
+                tracing::warn!(
+                    disk = slot,
+                    quiet_s = STALL_QUIET_S,
+                    "cache disk back from a stall: its operations complete again; it takes new \
+                     objects"
+                );
+            }
+        }
+        back
     }
 
     /// Whether disk `slot` takes new objects and journal records.

@@ -9,10 +9,16 @@
 //! split by disk (`Journals`): each disk's share is appended and synced on a thread of its
 //! own, so the disks' syncs run side by side.
 
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+pub use super::disk_health::unix_now_s;
 use super::disk_health::{DiskHealth, DiskOp};
+use super::disk_worker::{self, DiskWorker, Job};
 use super::index::Index;
 use super::journal::{Decoded, Record, ReplayStats};
 use super::journal_file::JournalFile;
@@ -26,6 +32,8 @@ pub const DISK_ID_FILE: &str = "disk-id";
 /// The marker a disk the operator took offline carries (kept across restarts, by the disk
 /// itself: wherever it is mounted, it comes up offline).
 pub const OFFLINE_FILE: &str = "disk-offline";
+/// `cache_disk_op_timeout_ms` when nothing sets it.
+pub const DEFAULT_DISK_OP_TIMEOUT_MS: u64 = crate::config::DEFAULT_DISK_OP_TIMEOUT_MS;
 /// Most disks one cache spreads over (`cache_dirs`); a version id's slot has room for 256.
 pub const MAX_CACHE_DISKS: usize = crate::config::MAX_CACHE_DISKS;
 const _: () = assert!(MAX_CACHE_DISKS <= 1 << (64 - super::version_id::SLOT_SHIFT));
@@ -170,10 +178,17 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
             );
         }
     }
+    let workers = journals
+        .into_iter()
+        .enumerate()
+        .map(|(slot, j)| DiskWorker::spawn(slot, j, store.health().clone()))
+        .collect::<io::Result<Vec<_>>>()?;
     Ok(Opened {
         journals: Journals {
-            files: journals,
+            workers,
             health: store.health().clone(),
+            store: store.clone(),
+            op_timeout: Duration::from_millis(DEFAULT_DISK_OP_TIMEOUT_MS),
         },
         store,
         index,
@@ -296,85 +311,116 @@ pub fn disk_id(dir: &Path, watch: &Watch) -> io::Result<u64> {
     Ok(id)
 }
 
-/// Each disk's journal (index = slot). A batch of records goes to the journals of the disks
-/// its versions are on, each disk's share in one write and one sync; with several disks in a
-/// batch, each share on a thread of its own.
+/// Each disk's journal (index = slot), each on its disk's worker thread
+/// (`disk_worker::DiskWorker`). A batch of records goes to the journals of the disks its
+/// versions are on, each disk's share in one write and one sync, the disks side by side, each
+/// waited for until `cache_disk_op_timeout_ms`: a disk past it is stalled, and its share is
+/// left out as a failing disk's is.
 #[derive(Debug)]
 pub struct Journals {
-    files: Vec<JournalFile>,
+    workers: Vec<DiskWorker>,
     /// The disks' health (the store's): a failing disk's records are not written, and an
     /// append's error is noted against its disk.
-    health: std::sync::Arc<DiskHealth>,
+    health: Arc<DiskHealth>,
+    /// Creates data files (`commit`'s opens).
+    store: BlockStore,
+    /// `cache_disk_op_timeout_ms`.
+    op_timeout: Duration,
+}
+
+/// A created data file, or the errno that refused it.
+pub type Created = (u64, Result<Arc<File>, i32>);
+
+/// What one disk's share of a batch came to.
+enum Outcome {
+    Done(io::Result<()>),
+    Batch(io::Result<()>, Vec<Created>),
 }
 
 impl Journals {
     /// Appends `records`, each to its version's disk, and with `durable` returns once they
     /// are all on disk. An error from any disk is the batch's (none of it is counted durable).
-    /// A failing disk's records are left out: its versions are on their way out of the index.
+    /// A failing or stalled disk's records are left out: its versions are on their way out of
+    /// the index.
     pub fn append(&mut self, records: &[Record], durable: bool) -> io::Result<()> {
-        if self.files.len() == 1 {
-            if !self.health.usable(0) {
-                return Ok(());
-            }
-            let started = std::time::Instant::now();
-            let r = self.files[0].append(records, durable);
-            self.health
-                .observe(0, DiskOp::Append, micros_since(started));
-            return self.noted(0, r);
-        }
-        let mut used = [false; MAX_CACHE_DISKS];
+        self.commit(records, durable, &[]).0
+    }
+
+    /// `append`, and the data files of `opens` created (O_DIRECT) on their disks, each disk's
+    /// creates followed by one sync of its data directory (a disk whose sync failed fails only
+    /// its own files). A disk past the deadline fails its files with ETIMEDOUT.
+    pub fn commit(
+        &mut self,
+        records: &[Record],
+        durable: bool,
+        opens: &[u64],
+    ) -> (io::Result<()>, Vec<Created>) {
+        self.health.try_come_back(unix_now_s());
+        let disks = self.workers.len();
+        let mut shares: Vec<(Vec<Record>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); disks];
         for r in records {
             let slot = slot_of(record_version(r));
-            match used.get_mut(slot) {
-                Some(u) if slot < self.files.len() => *u = self.health.usable(slot),
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "a record of a disk the cache does not have",
-                    ))
-                }
+            let Some(share) = shares.get_mut(slot) else {
+                let e = io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a record of a disk the cache does not have",
+                );
+                return (
+                    Err(e),
+                    opens.iter().map(|&v| (v, Err(libc::EINVAL))).collect(),
+                );
+            };
+            if self.health.usable(slot) {
+                share.0.push(r.clone());
             }
         }
-        let mut results: Vec<(usize, io::Result<()>)> = Vec::new();
-        std::thread::scope(|s| {
-            let mut running = Vec::new();
-            for (slot, file) in self.files.iter_mut().enumerate() {
-                if !used[slot] {
-                    continue;
-                }
-                let health = &self.health;
-                let write = move || {
-                    let started = std::time::Instant::now();
-                    let r =
-                        file.append_where(records, durable, |r| slot_of(record_version(r)) == slot);
+        let mut created: Vec<Created> = Vec::new();
+        for &v in opens {
+            match shares.get_mut(slot_of(v)) {
+                Some(share) => share.1.push(v),
+                None => created.push((v, Err(libc::EINVAL))),
+            }
+        }
+        let deadline = Instant::now() + self.op_timeout;
+        let mut sent = Vec::new();
+        for (slot, (share, creates)) in shares.into_iter().enumerate() {
+            if share.is_empty() && creates.is_empty() {
+                continue;
+            }
+            let health = self.health.clone();
+            let store = self.store.clone();
+            let to_create = creates.clone();
+            let job: Job = Box::new(move |journal: &mut JournalFile| -> disk_worker::Outcome {
+                let appended = if share.is_empty() {
+                    Ok(())
+                } else {
+                    let started = Instant::now();
+                    let r = journal.append(&share, durable);
                     health.observe(slot, DiskOp::Append, micros_since(started));
                     r
                 };
-                // The disks sync side by side; a thread that cannot start writes here.
-                match std::thread::Builder::new()
-                    .name(format!("cache-disk-{slot}"))
-                    .spawn_scoped(s, write)
-                {
-                    Ok(h) => running.push((slot, h)),
-                    Err(e) => results.push((slot, Err(e))),
-                }
-            }
-            for (slot, h) in running {
-                results.push((
-                    slot,
-                    h.join()
-                        .unwrap_or_else(|_| Err(io::Error::other("a disk's append panicked"))),
-                ));
-            }
-        });
-        // Every disk's error is noted, the batch gets the last.
-        let mut out = Ok(());
-        for (slot, r) in results {
-            if let Err(e) = self.noted(slot, r) {
-                out = Err(e);
+                Box::new(Outcome::Batch(appended, create_files(&store, &to_create)))
+            });
+            if self.workers[slot].send(job) {
+                sent.push((slot, creates));
+            } else {
+                // Still holding a given-up operation: stalled, so its records are left out.
+                created.extend(creates.into_iter().map(|v| (v, Err(libc::ETIMEDOUT))));
             }
         }
-        out
+        let mut out = Ok(());
+        for (slot, creates) in sent {
+            match self.workers[slot].wait(deadline).map(unbox) {
+                Some(Outcome::Batch(appended, files)) => {
+                    if let Err(e) = self.noted(slot, appended) {
+                        out = Err(e);
+                    }
+                    created.extend(files);
+                }
+                _ => created.extend(creates.into_iter().map(|v| (v, Err(libc::ETIMEDOUT)))),
+            }
+        }
+        (out, created)
     }
 
     /// `result` of an append to disk `slot`, its error noted against the disk.
@@ -387,9 +433,18 @@ impl Journals {
         result
     }
 
+    /// Takes back the operations given up that the disks have finished since, and brings a
+    /// stalled disk that is quiet again online (the I/O thread's idle look).
+    pub fn poll(&mut self) {
+        for w in &mut self.workers {
+            w.poll();
+        }
+        self.health.try_come_back(unix_now_s());
+    }
+
     /// Bytes in all the journals.
     pub fn len(&self) -> u64 {
-        self.files.iter().map(JournalFile::len).sum()
+        self.workers.iter().map(DiskWorker::journal_bytes).sum()
     }
 
     /// True when nothing has been written.
@@ -399,19 +454,20 @@ impl Journals {
 
     /// Disks it writes to.
     pub fn disks(&self) -> usize {
-        self.files.len()
+        self.workers.len()
+    }
+
+    /// Sets `cache_disk_op_timeout_ms`.
+    pub fn set_op_timeout_ms(&mut self, ms: u64) {
+        assert!(ms > 0, "a disk operation's deadline of 0");
+        self.op_timeout = Duration::from_millis(ms);
     }
 
     /// Rewrites each journal as its disk's share of `snapshot` (the live index as records,
-    /// `journal::snapshot`): written and synced beside it, then renamed over.
+    /// `journal::snapshot`): written and synced beside it, then renamed over. Each disk is
+    /// given `cache_disk_op_timeout_ms` plus its share's bytes at `COMPACT_FLOOR_BYTES_PER_S`.
     pub fn compact(&mut self, snapshot: &[u8]) -> io::Result<()> {
-        if self.files.len() == 1 {
-            if !self.health.usable(0) {
-                return Ok(());
-            }
-            return compact_one(&mut self.files[0], snapshot);
-        }
-        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); self.files.len()];
+        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); self.workers.len()];
         let mut at = 0;
         while at < snapshot.len() {
             match Record::decode(&snapshot[at..]) {
@@ -430,19 +486,86 @@ impl Journals {
                 }
             }
         }
-        let mut result = Ok(());
-        for (slot, (file, part)) in self.files.iter_mut().zip(&parts).enumerate() {
+        let started = Instant::now();
+        let mut sent = Vec::new();
+        for (slot, part) in parts.into_iter().enumerate() {
             // A failing disk is left alone; one disk's failure to compact leaves its journal
             // as it was, and the others are compacted.
             if !self.health.usable(slot) {
                 continue;
             }
-            if let Err(e) = compact_one(file, part) {
-                result = Err(e);
+            let bytes = part.len() as u64;
+            let job: Job = Box::new(move |journal: &mut JournalFile| -> disk_worker::Outcome {
+                Box::new(Outcome::Done(compact_one(journal, &part)))
+            });
+            if self.workers[slot].send(job) {
+                let allowed = self.op_timeout
+                    + Duration::from_millis(bytes * 1000 / COMPACT_FLOOR_BYTES_PER_S);
+                sent.push((slot, started + allowed));
+            }
+        }
+        let mut result = Ok(());
+        for (slot, deadline) in sent {
+            match self.workers[slot].wait(deadline).map(unbox) {
+                Some(Outcome::Done(Ok(()))) => {}
+                Some(Outcome::Done(Err(e))) => result = Err(e),
+                _ => {
+                    result = Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+                }
             }
         }
         result
     }
+}
+
+/// The slowest a disk may write a compaction's snapshot before it counts as stalled (bytes/s,
+/// on top of `cache_disk_op_timeout_ms`).
+pub const COMPACT_FLOOR_BYTES_PER_S: u64 = 16 << 20;
+
+/// A disk job's outcome as `Journals` sent it.
+fn unbox(out: disk_worker::Outcome) -> Outcome {
+    *out.downcast::<Outcome>()
+        .expect("a disk job answers with the outcome its sender boxed")
+}
+
+/// Creates the data files of `versions` (all on one disk) for O_DIRECT writes, then syncs
+/// their directory (a new file's entry is durable before any block in it is journaled). An
+/// error is noted against the disk; a failed sync fails them all.
+fn create_files(store: &BlockStore, versions: &[u64]) -> Vec<Created> {
+    let Some(&first) = versions.first() else {
+        return Vec::new();
+    };
+    let note = |errno: i32| {
+        store.health().note(slot_of(first), errno, unix_now_s());
+    };
+    let mut files: Vec<Created> = versions
+        .iter()
+        .map(|&version| {
+            let path = store.data_path(version);
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+                .map(Arc::new)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+            match (&file, store.watch()) {
+                (Ok(_), Some(w)) => w.created(&path),
+                (Err(errno), _) => note(*errno),
+                _ => {}
+            }
+            (version, file)
+        })
+        .collect();
+    if let Err(e) = store.sync_data_dir_of(first) {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        note(errno);
+        for f in &mut files {
+            f.1 = Err(errno);
+        }
+    }
+    files
 }
 
 /// Writes (`offline`) or removes the offline marker of the disk at `dir`, durably. A dead
@@ -464,13 +587,6 @@ pub fn mark_offline(dir: &Path, offline: bool) -> io::Result<()> {
 /// Microseconds since `started` (an operation's latency).
 fn micros_since(started: std::time::Instant) -> u64 {
     u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
-}
-
-/// Seconds since the Unix epoch (0 before it).
-pub fn unix_now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Rewrites `journal` as `snapshot`: written and synced beside it, then renamed over.
@@ -584,6 +700,79 @@ mod tests {
             // Placement goes by id: a key's new versions go where it went before.
             assert_eq!(slot_of(o.store.new_version(key.as_bytes(), 999)), new_slot);
         }
+    }
+
+    #[test]
+    fn a_stalled_disk_costs_its_own_records_only_and_comes_back_when_quiet() {
+        use crate::cache::disk_health::{DiskState, ErrorKind, STALL_QUIET_S};
+        let (_t, d) = dirs(2);
+        let mut o = open_disks(&d, true, None).unwrap();
+        o.journals.set_op_timeout_ms(200);
+        let health = o.store.health().clone();
+        // One object on each disk.
+        let mut versions = Vec::new();
+        let mut records = Vec::new();
+        for n in 1..=40u64 {
+            let key = format!("0/obj-{n}");
+            let v = o.store.new_version(key.as_bytes(), n);
+            if versions.iter().any(|&w| slot_of(w) == slot_of(v)) {
+                continue;
+            }
+            versions.push(v);
+            records.push(Record::Object(meta(&key, v)));
+        }
+        versions.sort_by_key(|&v| slot_of(v));
+        assert_eq!(versions.len(), 2, "both disks took a key");
+        // Disk 1 stalls on its next operation; the batch returns at the deadline, disk 0's
+        // records are durable, and disk 1's creates fail with ETIMEDOUT.
+        let release = o.journals.workers[1].stall_next();
+        let started = Instant::now();
+        let (appended, created) = o.journals.commit(&records, true, &versions);
+        let took = started.elapsed();
+        assert!(appended.is_ok(), "{appended:?}");
+        assert!(
+            took >= Duration::from_millis(200),
+            "waited for the deadline: {took:?}"
+        );
+        assert_eq!(health.state(1), DiskState::Stalled);
+        assert_eq!(health.state(0), DiskState::Online);
+        assert_eq!(health.errors(1, ErrorKind::Stall), 1);
+        assert_eq!(health.held_ops(1), 1);
+        let file_of = |v: u64| created.iter().find(|c| c.0 == v).map(|c| c.1.is_ok());
+        assert_eq!(file_of(versions[0]), Some(true));
+        assert_eq!(file_of(versions[1]), Some(false));
+        let failed = created.iter().find(|c| c.0 == versions[1]).unwrap();
+        assert_eq!(failed.1.as_ref().err(), Some(&libc::ETIMEDOUT));
+        // While it holds the operation, nothing more is sent to it, and the other disk goes
+        // on at its own pace.
+        let started = Instant::now();
+        o.journals.append(&records, true).unwrap();
+        assert!(started.elapsed() < Duration::from_millis(200));
+        assert_eq!(health.held_ops(1), 1);
+        // The disk answers: its operation comes back, and once quiet it is online again.
+        release.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while health.held_ops(1) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the held operation never came back"
+            );
+            o.journals.poll();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            health.state(1),
+            DiskState::Stalled,
+            "not before the quiet period"
+        );
+        assert_eq!(health.try_come_back(unix_now_s() + STALL_QUIET_S), 1 << 1);
+        assert_eq!(health.state(1), DiskState::Online);
+        o.journals.append(&records, true).unwrap();
+        drop(o);
+        // Disk 0 holds its object's record; disk 1 holds the one the stalled append finally
+        // wrote (the disk let it finish), and no later one.
+        let o = open_disks(&d, true, None).unwrap();
+        assert_eq!(o.index.keys(), 2);
     }
 
     #[test]

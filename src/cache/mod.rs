@@ -38,6 +38,7 @@
 pub mod blocks;
 pub mod coalesce;
 pub mod disk_health;
+pub mod disk_worker;
 pub mod disks;
 pub mod evict;
 pub mod index;

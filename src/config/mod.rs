@@ -44,6 +44,13 @@ pub const DEFAULT_CACHE_OPEN_FILES: usize = 1024;
 pub const MAX_CACHE_OPEN_FILES: usize = 65_536;
 /// Most disks in `cache_dirs`.
 pub const MAX_CACHE_DISKS: usize = 64;
+/// `cache_disk_op_timeout_ms` when nothing sets it (Squid's swap-timeout is 7 s; an NVMe
+/// drive's worst healthy fdatasync is well under a second).
+pub const DEFAULT_DISK_OP_TIMEOUT_MS: u64 = 5_000;
+/// Shortest `cache_disk_op_timeout_ms` (ms): an fdatasync of a busy healthy disk takes tens.
+pub const MIN_DISK_OP_TIMEOUT_MS: u64 = 100;
+/// Longest `cache_disk_op_timeout_ms` (ms).
+pub const MAX_DISK_OP_TIMEOUT_MS: u64 = 600_000;
 /// Slowest background scrub (`cache_scrub_bytes_per_s`, when on): 64 KiB/s.
 pub const MIN_SCRUB_BYTES_PER_S: u64 = 64 * 1024;
 /// Fastest background scrub: 10 GB/s (the rate is a cap; the scrub never goes ahead of
@@ -382,6 +389,10 @@ pub struct Config {
     pub cache_read_ahead_blocks: u64,
     /// Longest a request waits for the fill before it gets a 504.
     pub cache_wait_timeout_ms: u64,
+    /// Deadline of every cache disk operation (a journal append and its sync, a data file's
+    /// create, a fill's write or sync): past it the disk is stalled, its clients go on from
+    /// the origin (`cache::disk_health`).
+    pub cache_disk_op_timeout_ms: u64,
     /// Bytes of objects the cache keeps; past it, S3-FIFO evicts whole versions that no
     /// response is reading and no fetch is filling. 0: no budget (the directory grows).
     pub cache_max_bytes: u64,
@@ -479,6 +490,7 @@ impl Default for Config {
             cache_block_bytes: 256 * 1024,
             cache_read_ahead_blocks: 256,
             cache_wait_timeout_ms: 60_000,
+            cache_disk_op_timeout_ms: DEFAULT_DISK_OP_TIMEOUT_MS,
             cache_max_bytes: 0,
             cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
             cache_heuristic_max_s: DEFAULT_CACHE_HEURISTIC_MAX_S,
@@ -783,6 +795,14 @@ impl Config {
         if !(1..=3_600_000).contains(&self.cache_wait_timeout_ms) {
             return Err(err("cache_wait_timeout_ms", "must be 1..=3600000"));
         }
+        if !(MIN_DISK_OP_TIMEOUT_MS..=MAX_DISK_OP_TIMEOUT_MS)
+            .contains(&self.cache_disk_op_timeout_ms)
+        {
+            return Err(err(
+                "cache_disk_op_timeout_ms",
+                format!("must be {MIN_DISK_OP_TIMEOUT_MS}..={MAX_DISK_OP_TIMEOUT_MS}"),
+            ));
+        }
         if self.cache_revalidate_s > MAX_CACHE_REVALIDATE_S {
             return Err(err(
                 "cache_revalidate_s",
@@ -1043,6 +1063,7 @@ impl Config {
             cache_block_bytes,
             cache_read_ahead_blocks,
             cache_wait_timeout_ms,
+            cache_disk_op_timeout_ms,
             cache_max_bytes,
             cache_revalidate_s,
             cache_heuristic_max_s,

@@ -12,7 +12,6 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -125,69 +124,16 @@ impl IoShared {
     }
 }
 
-/// Carries out `outbox` against `journal` and `store`: one append (synced) for all its
-/// records (per disk, side by side: `Journals`), then its creates; its unlinks (their Drop records durable by then) go to
-/// `unlink`. Called by the I/O thread, or by the fill itself in `Mode::Inline`.
-pub fn run(
-    outbox: &mut Outbox,
-    journal: &mut Journals,
-    store: &BlockStore,
-    unlink: &mut dyn FnMut(u64),
-) -> Done {
+/// Carries out `outbox` against `journal`: one append (synced) for all its records and its
+/// creates (per disk, side by side: `Journals::commit`); its unlinks (their Drop records
+/// durable by then) go to `unlink`. Called by the I/O thread, or by the fill itself in
+/// `Mode::Inline`.
+pub fn run(outbox: &mut Outbox, journal: &mut Journals, unlink: &mut dyn FnMut(u64)) -> Done {
     let records = outbox.records.len() as u64;
-    let appended = if outbox.records.is_empty() {
-        Ok(())
-    } else {
-        journal.append(&outbox.records, true)
-    };
-    let opened = outbox
-        .opens
-        .drain(..)
-        .map(|version| {
-            let path = store.data_path(version);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .custom_flags(libc::O_DIRECT)
-                .open(&path)
-                .map(Arc::new)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
-            if let (Ok(_), Some(w)) = (&file, store.watch()) {
-                w.created(&path);
-            }
-            if let Err(errno) = &file {
-                let slot = crate::cache::version_id::slot_of(version);
-                store
-                    .health()
-                    .note(slot, *errno, crate::cache::disks::unix_now_s());
-            }
-            (version, file)
-        })
-        .collect::<Vec<_>>();
-    // The new files' entries are durable before any block in them is journaled (a block's
-    // record follows its data's fdatasync, which does not cover the directory): one sync of
-    // the data directory per batch with creates. If it fails, no file of the batch is used.
-    // With several disks, each disk with creates has its directory synced, and a disk whose
-    // sync failed fails only its own files.
-    let mut synced: Vec<(usize, Result<(), i32>)> = Vec::new();
-    let opened = opened
-        .into_iter()
-        .map(|(v, file)| {
-            let slot = crate::cache::version_id::slot_of(v);
-            let sync = match synced.iter().find(|(s, _)| *s == slot) {
-                Some((_, r)) => *r,
-                None => {
-                    let r = store
-                        .sync_data_dir_of(v)
-                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
-                    synced.push((slot, r));
-                    r
-                }
-            };
-            (v, sync.and(file))
-        })
-        .collect::<Vec<_>>();
+    // Each disk's share of the records and its creates run on the disk's own thread, the
+    // disks side by side, each within `cache_disk_op_timeout_ms` (`Journals::commit`).
+    let (appended, opened) = journal.commit(&outbox.records, true, &outbox.opens);
+    outbox.opens.clear();
     for version in outbox.unlinks.drain(..) {
         unlink(version);
     }
@@ -237,22 +183,29 @@ pub fn spawn<C: Compactable>(
     io: Arc<IoShared>,
     wakers: Arc<Vec<OwnedFd>>,
 ) -> std::io::Result<()> {
-    // Unlinks on a thread of their own: freeing a large file's extents takes milliseconds,
-    // and the journal's next sync (the blocks clients wait for) must not wait behind them.
-    let (unlinks, unlink_rx) = std::sync::mpsc::channel::<u64>();
-    let unlink_store = store.clone();
-    std::thread::Builder::new()
-        .name("cache-unlink".into())
-        .spawn(move || {
-            for version in unlink_rx {
-                remove_version(&unlink_store, version);
-            }
-        })?;
+    // Unlinks on a thread of their own per disk: freeing a large file's extents takes
+    // milliseconds, and the journal's next sync (the blocks clients wait for) must not wait
+    // behind them; nor may one stalled disk's unlink hold up the others'.
+    let unlinks = (0..journal.disks())
+        .map(|slot| {
+            let (tx, rx) = std::sync::mpsc::channel::<u64>();
+            let unlink_store = store.clone();
+            std::thread::Builder::new()
+                .name(format!("cache-unlink-{slot}"))
+                .spawn(move || {
+                    for version in rx {
+                        remove_version(&unlink_store, version);
+                    }
+                })
+                .map(|_| tx)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
     std::thread::Builder::new()
         .name("cache-io".into())
         .spawn(move || {
             let mut unlink = |v: u64| {
-                let _ = unlinks.send(v);
+                let slot = crate::cache::version_id::slot_of(v).min(unlinks.len() - 1);
+                let _ = unlinks[slot].send(v);
             };
             let mut outbox = Outbox::default();
             let mut snapshot = Vec::new();
@@ -261,6 +214,8 @@ pub fn spawn<C: Compactable>(
                 let Some(core) = core.upgrade() else {
                     return;
                 };
+                // Operations a stalled disk held that came back; a quiet disk comes back.
+                journal.poll();
                 loop {
                     {
                         let mut todo = io.todo.lock().unwrap_or_else(PoisonError::into_inner);
@@ -269,7 +224,7 @@ pub fn spawn<C: Compactable>(
                     if outbox.is_empty() {
                         break;
                     }
-                    let done = run(&mut outbox, &mut journal, &store, &mut unlink);
+                    let done = run(&mut outbox, &mut journal, &mut unlink);
                     let shards = done.shards;
                     io.done
                         .lock()

@@ -150,6 +150,8 @@ pub struct SharedEdge {
     bandwidth: Vec<Option<Arc<crate::limits::egress::EgressBucket>>>,
     /// The `[[origin]]` entries (routing for `object_state`).
     origins: Vec<OriginConfig>,
+    /// `cache_disk_op_timeout_ms`: a fill's write or sync past it is given up.
+    disk_op_timeout_ms: u64,
 }
 
 /// What the cache holds of one request target (`SharedEdge::object_state`).
@@ -221,8 +223,11 @@ impl SharedEdge {
                 })
                 .collect(),
         };
-        let opened =
+        let mut opened =
             crate::cache::disks::open_disks(cache_dirs, config.cache_require_all_disks, watch)?;
+        opened
+            .journals
+            .set_op_timeout_ms(config.cache_disk_op_timeout_ms);
         let disks = Arc::new(crate::cache::disks::DiskReport::of(&opened));
         let core = FillCore::on_disks(opened, cfg, shards)?;
         let wakers = (0..shards)
@@ -253,6 +258,7 @@ impl SharedEdge {
             wakers,
             resolver: Arc::new(resolver),
             read_ahead_blocks: config.cache_read_ahead_blocks,
+            disk_op_timeout_ms: config.cache_disk_op_timeout_ms,
             budgets: config
                 .origin
                 .iter()
@@ -402,7 +408,8 @@ impl EdgeCache {
                 Ok(t)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        let filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
+        let mut filler = Filler::new(targets, MAX_FETCHES_PER_SHARD);
+        filler.set_disk_op_timeout_ms(shared.disk_op_timeout_ms);
         let fill = CacheFill::attach(shared.core.clone(), shard, filler);
         Ok(EdgeCache {
             fill,

@@ -115,14 +115,24 @@ pub enum FillEvent {
         crc: u32,
     },
     /// `job` ended: `error` is None when every block of its run was committed. The slot is
-    /// the caller's again.
+    /// the caller's again, unless the fetch was given up with a disk operation still in the
+    /// kernel (`error` is `FetchError::Disk(ETIMEDOUT)`): then `Released` follows once it
+    /// comes back.
     Ended {
         /// The caller's id.
         job: u64,
         /// Why it ended early, if it did.
         error: Option<FetchError>,
-        /// The slot lent at `begin`.
-        slot: ArenaSlot,
+        /// The slot lent at `begin`; None while a write given up still holds it.
+        slot: Option<ArenaSlot>,
+    },
+    /// The disk operation of `job` given up at `cache_disk_op_timeout_ms` (its `Ended` said
+    /// ETIMEDOUT) came back: its slot, if it held one, is the caller's again.
+    Released {
+        /// The caller's id.
+        job: u64,
+        /// The slot the write held (None: a sync, which held none).
+        slot: Option<ArenaSlot>,
     },
 }
 
@@ -151,6 +161,8 @@ struct Running {
     io: Option<Io>,
     /// Set when a deadline passed: the error the fetch ends with once `io` completes.
     timed_out: Option<FetchError>,
+    /// When the data file's write or sync in `io` went to the ring (ms).
+    disk_since_ms: Option<u64>,
     /// When `begin` started it (ms), until the origin's head came.
     started_ms: Option<u64>,
     /// TLS: bytes received into the slot's TLS area and not yet used (from its start).
@@ -202,6 +214,19 @@ struct FetchSlot {
     run: Option<Running>,
 }
 
+/// A fetch given up with its disk operation still in the kernel (`Filler::park`): what the
+/// kernel holds until the operation's completion comes back.
+struct Parked {
+    /// The fetch's index and generation when it was given up (its completion's token).
+    index: u32,
+    generation: u16,
+    job: u64,
+    /// The slot a write reads from (a sync holds none).
+    slot: Option<ArenaSlot>,
+    /// The data file the operation is on, kept open until it is back.
+    _file: Option<Arc<File>>,
+}
+
 impl FillEvent {
     /// The fetch it is about.
     pub fn job(&self) -> u64 {
@@ -209,7 +234,8 @@ impl FillEvent {
             FillEvent::Head { job, .. }
             | FillEvent::Piece { job, .. }
             | FillEvent::Committed { job, .. }
-            | FillEvent::Ended { job, .. } => job,
+            | FillEvent::Ended { job, .. }
+            | FillEvent::Released { job, .. } => job,
         }
     }
 }
@@ -246,6 +272,10 @@ pub struct Filler {
     /// The field lines a client's request forwards, by (origin, path): noted when a
     /// request starts or joins a fill, sent with that path's fetches (`note_forward`).
     forward: std::collections::HashMap<(usize, String), String>,
+    /// `cache_disk_op_timeout_ms`: a write or sync of a data file past it is given up.
+    disk_op_timeout_ms: u64,
+    /// Fetches given up with a disk operation the kernel still holds.
+    parked: Vec<Parked>,
 }
 
 /// Most (origin, path) entries of forwarded field lines a filler keeps (when full, one is
@@ -308,6 +338,8 @@ impl Filler {
             refused_heads: [0; HeadError::ALL.len()],
             poisoned: 0,
             forward: std::collections::HashMap::new(),
+            disk_op_timeout_ms: crate::cache::disks::DEFAULT_DISK_OP_TIMEOUT_MS,
+            parked: Vec::new(),
         }
     }
 
@@ -376,11 +408,24 @@ impl Filler {
         self.fetches.len() - self.free_fetches.len()
     }
 
-    /// The arena slots its running fetches hold.
+    /// The arena slots its running fetches hold, and those the kernel holds for fetches
+    /// given up (`park`).
     pub fn slots(&self) -> impl Iterator<Item = ArenaSlot> + '_ {
         self.fetches
             .iter()
             .filter_map(|f| f.run.as_ref().map(|r| r.slot))
+            .chain(self.parked.iter().filter_map(|p| p.slot))
+    }
+
+    /// Sets `cache_disk_op_timeout_ms`.
+    pub fn set_disk_op_timeout_ms(&mut self, ms: u64) {
+        assert!(ms > 0, "a disk operation's deadline of 0");
+        self.disk_op_timeout_ms = ms;
+    }
+
+    /// Fetches given up whose disk operation the kernel still holds.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
     }
 
     /// Origin connections open (busy and idle).
@@ -475,6 +520,14 @@ impl Filler {
         let machine = BlockFetch::start(plan, timeouts, reused, head_len, now_ms, &mut self.out);
         let f = &mut self.fetches[index as usize];
         f.generation = f.generation.wrapping_add(1);
+        // A completion still owed to a given-up fetch of this index must not find this one.
+        while self
+            .parked
+            .iter()
+            .any(|p| p.index == index && p.generation == f.generation)
+        {
+            f.generation = f.generation.wrapping_add(1);
+        }
         f.run = Some(Running {
             job,
             origin,
@@ -485,6 +538,7 @@ impl Filler {
             head_len,
             io: None,
             timed_out: None,
+            disk_since_ms: None,
             started_ms: Some(now_ms),
             ct_len: 0,
             tls_op: None,
@@ -562,6 +616,9 @@ impl Filler {
                         "two operations of one fetch"
                     );
                     run.io = Some(io);
+                    if matches!(io, Io::Write { .. } | Io::Sync) && run.file.is_some() {
+                        run.disk_since_ms = Some(now_ms);
+                    }
                     if matches!(io, Io::Recv { .. }) && run.paced_until_ms > now_ms {
                         // The origin's bandwidth cap: the receive waits for its turn
                         // (`resume_paced`), and TCP holds the origin back meanwhile.
@@ -932,7 +989,7 @@ impl Filler {
         self.events.push(FillEvent::Ended {
             job: run.job,
             error,
-            slot: run.slot,
+            slot: Some(run.slot),
         });
     }
 
@@ -956,6 +1013,22 @@ impl Filler {
     /// The completion of fetch `index`'s operation (`token` decoded by the caller).
     pub fn on_completion<R: RingOps>(&mut self, ring: &mut R, token: Token, res: i32, now_ms: u64) {
         let index = token.fetch_index();
+        if let Some(i) = self
+            .parked
+            .iter()
+            .position(|p| p.index == index && p.generation == token.generation)
+        {
+            // A disk operation given up at its deadline came back: what it held is free.
+            let p = self.parked.swap_remove(i);
+            if let Some(slot) = p.slot {
+                ring.arena_done(slot);
+            }
+            self.events.push(FillEvent::Released {
+                job: p.job,
+                slot: p.slot,
+            });
+            return;
+        }
         let Some(f) = self.fetches.get_mut(index as usize) else {
             panic!("origin completion {token:?} for no fetch");
         };
@@ -972,6 +1045,7 @@ impl Filler {
             return self.on_tls_completion(ring, index, op, res, now_ms);
         }
         let io = run.io.take().expect("a completion with nothing in flight");
+        run.disk_since_ms = None;
         if !matches!(io, Io::Connect | Io::Sync) {
             ring.arena_done(run.slot);
         }
@@ -1024,6 +1098,19 @@ impl Filler {
     /// Ends every stage past its deadline: the socket is shut down, so the operation in
     /// flight completes at once and the fetch ends with the timeout then.
     pub fn expire(&mut self, now_ms: u64) {
+        let timeout = self.disk_op_timeout_ms;
+        let past: Vec<u32> = (0..self.fetches.len() as u32)
+            .filter(|&i| {
+                self.fetches[i as usize]
+                    .run
+                    .as_ref()
+                    .and_then(|r| r.disk_since_ms)
+                    .is_some_and(|t| t + timeout <= now_ms)
+            })
+            .collect();
+        for index in past {
+            self.park(index);
+        }
         for f in &mut self.fetches {
             let Some(run) = f.run.as_mut() else { continue };
             if run.timed_out.is_some() || run.machine.deadline_ms().is_none_or(|d| d > now_ms) {
@@ -1037,8 +1124,50 @@ impl Filler {
         }
     }
 
+    /// Gives fetch `index` up while the kernel holds its write or sync of the data file (the
+    /// disk is stalled): it ends now with ETIMEDOUT, so its waiters go on from the origin, and
+    /// what the operation holds (the slot a write reads from, the file) is kept until its
+    /// completion comes back (`Parked`, then `FillEvent::Released`). Its connection is
+    /// closed: the rest of the reply is read by nobody.
+    fn park(&mut self, index: u32) {
+        let f = &mut self.fetches[index as usize];
+        let run = f.run.take().expect("a running fetch");
+        let io = run.io.expect("a disk operation in flight");
+        assert!(run.tls_op.is_none(), "two operations of one fetch");
+        let holds_slot = matches!(io, Io::Write { .. });
+        self.parked.push(Parked {
+            index,
+            generation: f.generation,
+            job: run.job,
+            slot: holds_slot.then_some(run.slot),
+            _file: run.file,
+        });
+        if let Some(close) = self.pools[run.origin].release(run.conn, false) {
+            self.close_conn(close);
+        }
+        self.free_fetches.push(index);
+        tracing::warn!(
+            origin = %self.origins[run.origin].host,
+            timeout_ms = self.disk_op_timeout_ms,
+            op = if holds_slot { "write" } else { "sync" },
+            "cache disk operation past its deadline: the fill is given up (its clients go on \
+             from the origin), its buffer stays with the kernel until the disk answers"
+        );
+        self.events.push(FillEvent::Ended {
+            job: run.job,
+            error: Some(FetchError::Disk(libc::ETIMEDOUT)),
+            slot: (!holds_slot).then_some(run.slot),
+        });
+    }
+
     /// The earliest deadline of any fetch (ms), for the loop's sleep.
     pub fn next_deadline_ms(&self) -> Option<u64> {
+        let timeout = self.disk_op_timeout_ms;
+        let disk = self
+            .fetches
+            .iter()
+            .filter_map(|f| f.run.as_ref()?.disk_since_ms.map(|t| t + timeout))
+            .min();
         let runs = self.fetches.iter().filter_map(|f| f.run.as_ref());
         let deadlines = runs
             .clone()
@@ -1052,7 +1181,7 @@ impl Filler {
                 r.paced_until_ms
             }
         });
-        deadlines.chain(paced).min()
+        deadlines.chain(paced).chain(disk).min()
     }
 
     /// Posts the receives the origins' bandwidth caps held back whose turn came; one whose

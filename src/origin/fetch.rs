@@ -198,11 +198,13 @@ impl FetchError {
         matches!(self, FetchError::Disk(libc::ENOSPC | libc::EDQUOT))
     }
 
-    /// The cache's disk failed the write (a device error: `cache::disk_health::classify`):
-    /// trying again on the same disk cannot help.
+    /// The cache's disk failed the write (a device error: `cache::disk_health::classify`), or
+    /// held it past `cache_disk_op_timeout_ms` (a stall): trying again on the same disk cannot
+    /// help.
     pub fn is_disk_fault(&self) -> bool {
+        use crate::cache::disk_health::{classify, ErrorKind};
         matches!(self, FetchError::Disk(e)
-            if crate::cache::disk_health::classify(*e) == crate::cache::disk_health::ErrorKind::Device)
+            if matches!(classify(*e), ErrorKind::Device | ErrorKind::Stall))
     }
 
     /// The fill cannot store what it fetches (the disk is full, or failed): its waiters are

@@ -638,8 +638,18 @@ impl<R: RingOps> Shard<R> {
                         len,
                     } => (job, Some((slot, file_offset, len)), None),
                     FillEvent::Ended { job, error, slot } => {
-                        self.release_slot(slot);
+                        // A pass-through writes no file, so none is given up at a disk's
+                        // deadline: its slot always comes back with its end.
+                        if let Some(slot) = slot {
+                            self.release_slot(slot);
+                        }
                         (job, None, Some(error))
+                    }
+                    FillEvent::Released { slot, .. } => {
+                        if let Some(slot) = slot {
+                            self.release_slot(slot);
+                        }
+                        continue;
                     }
                     FillEvent::Head { .. } | FillEvent::Committed { .. } => continue,
                 };

@@ -26,7 +26,7 @@ impl<R: RingOps> Shard<R> {
     /// of a response already passing the rest of its bytes through.
     pub(super) fn fails_over(&self, c: ConnSlot, kind: ErrorKind, errno: i32) -> bool {
         let disk_failed = match kind {
-            ErrorKind::Device | ErrorKind::Checksum => true,
+            ErrorKind::Device | ErrorKind::Checksum | ErrorKind::Stall => true,
             // Cancelled (the connection is closing) or refused by the file system (the
             // machine reads again without the flag): not a failure of the disk.
             ErrorKind::Other => errno != libc::ECANCELED && errno != libc::EOPNOTSUPP,

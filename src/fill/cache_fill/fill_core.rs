@@ -824,12 +824,27 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 }
                 FillEvent::Head { job, facts } => self.on_head(job, facts),
                 FillEvent::Ended { job, error, slot } => {
-                    freed.push(slot);
+                    freed.extend(slot);
+                    if error == Some(FetchError::Disk(libc::ETIMEDOUT)) {
+                        // Given up at its deadline: the disk holds the operation until
+                        // `Released` (it stays stalled at least as long).
+                        if let Some(j) = self.running.get(&job) {
+                            let disk = crate::cache::version_id::slot_of(j.version);
+                            self.store.health().op_held(disk);
+                            self.given_up.insert(job, disk);
+                        }
+                    }
                     if self.deferred.is_empty() {
                         self.on_ended(job, error, now_ms);
                     } else {
                         self.deferred
                             .push_back(Deferred::Ended { job, error, now_ms });
+                    }
+                }
+                FillEvent::Released { job, slot } => {
+                    freed.extend(slot);
+                    if let Some(disk) = self.given_up.remove(&job) {
+                        self.store.health().op_back(disk, unix_now_s());
                     }
                 }
                 FillEvent::Piece { .. } => unreachable!("only pass-through fetches deliver"),

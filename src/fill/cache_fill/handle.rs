@@ -484,7 +484,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// fetches gave back that the shard has not taken yet (the simulator's accounting).
     pub fn held_slots(&self) -> impl Iterator<Item = ArenaSlot> + '_ {
         let ended = |e: &FillEvent| match *e {
-            FillEvent::Ended { slot, .. } => Some(slot),
+            FillEvent::Ended { slot, .. } | FillEvent::Released { slot, .. } => slot,
             _ => None,
         };
         // Ended fetches' events not settled yet (the lock was held) hold their slots too.
@@ -590,7 +590,12 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
 
     /// Ends fetch stages past their deadline (their completions follow).
     pub fn expire(&mut self, now_ms: u64) {
+        let parked = self.filler.parked();
         self.filler.expire(now_ms);
+        // A fetch given up at a disk's deadline ended now: its waiters hear at once.
+        if self.filler.parked() != parked {
+            self.settle_events(now_ms);
+        }
     }
 
     /// The earliest time (ms) something is due: a fetch deadline or a retry, or now when a

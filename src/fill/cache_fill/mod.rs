@@ -33,13 +33,11 @@ use crate::cache::coalesce::{Ask, Failed, Fills};
 use crate::cache::disks::Journals;
 use crate::cache::evict::S3Fifo;
 use crate::cache::index::{Index, ObjectVersion};
-use crate::cache::journal::Record;
-use crate::cache::record::Freshness;
 use crate::cache::store::{BlockStore, ReadError};
+use crate::cache::{journal::Record, record::Freshness};
 use crate::config::origin::CachePolicy;
 use crate::origin::contract::{self, Contract};
-use crate::origin::fetch::Storing;
-use crate::origin::fetch::{FetchError, HeadFacts, Plan};
+use crate::origin::fetch::{FetchError, HeadFacts, Plan, Storing};
 use crate::origin::pool::retry_after_ms;
 use crate::origin::response::Unusable;
 use crate::ring_api::ops::RingOps;
@@ -345,6 +343,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     file_uses: u64,
     /// Fetches running on any shard, by job id.
     running: HashMap<u64, Job>,
+    /// Jobs given up at a disk's deadline, until `FillEvent::Released`: the disk holding each.
+    given_up: HashMap<u64, usize>,
     queue: VecDeque<Job>,
     /// Each origin's pause (its 429/503 with `Retry-After`): no fetch to it starts before this
     /// (ms of the shards' clock; 0: none).
@@ -848,6 +848,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             files: HashMap::new(),
             file_uses: 0,
             running: HashMap::new(),
+            given_up: HashMap::new(),
             queue: VecDeque::new(),
             next_job: 0,
             next_version,
@@ -996,7 +997,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             }
             let journal = self.journal.as_mut().expect("inline");
             let store = &self.store;
-            let done = cache_io::run(&mut outbox, journal, store, &mut |v| {
+            let done = cache_io::run(&mut outbox, journal, &mut |v| {
                 cache_io::remove_version(store, v)
             });
             self.io_done(done);

@@ -47,7 +47,14 @@ pub enum FaultKind {
     Dead,
     /// The `nth` block write comes back short (half of it written); the rest go on.
     ShortWrite,
+    /// The `nth` block write or sync completes only `STALL_MS` later (past
+    /// `cache_disk_op_timeout_ms`: a stall that ends); the rest go on.
+    Stall,
 }
+
+/// How long a stalled operation takes (virtual ms): past the default
+/// `cache_disk_op_timeout_ms`, within the run's virtual time.
+pub const STALL_MS: u64 = 3 * crate::cache::disks::DEFAULT_DISK_OP_TIMEOUT_MS;
 
 /// What one operation of the failing disk gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +63,8 @@ pub enum FaultHit {
     Eio,
     /// A short write.
     Short,
+    /// Whole, but completed `STALL_MS` late.
+    Stall,
 }
 
 /// One cache disk that fails under a run (the ring's `disk_fault`).
@@ -81,6 +90,7 @@ impl DiskFault {
         match self.kind {
             FaultKind::Dead => (self.ops >= self.nth).then_some(FaultHit::Eio),
             FaultKind::ShortWrite => (write && self.ops == self.nth).then_some(FaultHit::Short),
+            FaultKind::Stall => (self.ops == self.nth).then_some(FaultHit::Stall),
         }
     }
 
@@ -124,8 +134,8 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
     let mut fired = 0;
     let mut runs = 0;
     let mut pulled = 0;
-    let mut cut = [0; 2];
-    for kind in [FaultKind::Dead, FaultKind::ShortWrite] {
+    let mut cut = [0; 3];
+    for kind in [FaultKind::Dead, FaultKind::ShortWrite, FaultKind::Stall] {
         for nth in 1..=SWEEP_MAX_NTH {
             for seed in 0..seeds {
                 FAULT.set(Some((nth, kind)));
@@ -149,8 +159,8 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
         }
     }
     eprintln!(
-        "{runs} runs, {fired} disk operations failed, {pulled} pulled responses, clients cut by the disk alone: {} dead, {} short write",
-        cut[0], cut[1]
+        "{runs} runs, {fired} disk operations failed, {pulled} pulled responses, clients cut by the disk alone: {} dead, {} short write, {} stall",
+        cut[0], cut[1], cut[2]
     );
     assert!(
         fired > 0 && pulled > 0,
@@ -158,5 +168,5 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
     );
     // A read the disk fails goes on from the origin, as does a fill whose write it fails: no
     // client that asked nothing unusual is cut (`shard::read_failover`).
-    assert_eq!(cut, [0, 0], "clients cut by the failing disk alone");
+    assert_eq!(cut, [0, 0, 0], "clients cut by the failing disk alone");
 }
