@@ -264,3 +264,166 @@ fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk)) {
         "one line takes the disk out: {log}"
     );
 }
+
+/// Thaws a frozen file system on drop, so a failing test never leaves a disk frozen.
+struct Frozen<'a>(&'a LoopDisk);
+
+impl Frozen<'_> {
+    fn thaw(self) {}
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze")
+            .args(["-u", self.0.mount.to_str().unwrap()])
+            .status();
+    }
+}
+
+/// The object the stall test downloads cold (its origin paced, so the freeze lands mid-fill).
+const FROZEN_OBJECT_BYTES: u64 = 24 << 20;
+/// The origin's pace in that test (bytes/s): the fill takes about 3 s.
+const FROZEN_ORIGIN_BYTES_PER_S: u64 = 8 << 20;
+/// `cache_disk_op_timeout_ms` in that test.
+const FROZEN_OP_TIMEOUT_MS: u64 = 1000;
+
+/// A disk frozen (`fsfreeze`) during a cold download: writes to it block in the kernel. The
+/// fill's write passes `cache_disk_op_timeout_ms`, the disk is stalled, and the download
+/// goes on from the origin, every byte right; meanwhile the edge serves everything else, the
+/// other disks fill, and the held operation is counted until the disk thaws.
+#[test]
+fn a_disk_frozen_under_a_cold_download_costs_it_nothing() {
+    if !common::prerequisite(
+        common::running_as_root(),
+        SKIP_ROOT,
+        "loop devices, mkfs and fsfreeze need root",
+    ) {
+        return;
+    }
+    if !common::prerequisite(
+        Path::new("/dev/loop-control").exists(),
+        SKIP_LOOP,
+        "no /dev/loop-control: loop devices are missing",
+    ) {
+        return;
+    }
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    common::write_pattern_file(
+        &origin_root.path().join("pull/big.bin"),
+        FROZEN_OBJECT_BYTES,
+    );
+    for i in 0..OBJECTS {
+        common::write_pattern_file(
+            &origin_root.path().join(format!("pull/{i}.bin")),
+            OBJECT_BYTES,
+        );
+    }
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let disks: Vec<LoopDisk> = (0..3).map(|i| LoopDisk::make(&format!("f{i}"))).collect();
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("local.txt"), b"served from root").unwrap();
+    let list: Vec<String> = disks
+        .iter()
+        .map(|d| format!("\"{}\"", d.mount.display()))
+        .collect();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dirs = [{}]\ncache_disk_op_timeout_ms = {FROZEN_OP_TIMEOUT_MS}\n\
+             [[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n\
+             max_bytes_per_s = {FROZEN_ORIGIN_BYTES_PER_S}\n",
+            list.join(", "),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let (server, admin) =
+        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "2"]);
+    let before: Vec<usize> = disks.iter().map(|d| data_files(&d.mount)).collect();
+    // The cold download starts; once its data file exists, its disk is frozen.
+    let mut s = server.connect();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /pull/big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let frozen = loop {
+        if let Some(i) = (0..3).find(|&i| data_files(&disks[i].mount) > before[i]) {
+            break i;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no data file was created"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    run("fsfreeze", &["-f", disks[frozen].mount.to_str().unwrap()]);
+    let guard = Frozen(&disks[frozen]);
+    let reader = std::thread::spawn(move || common::read_to_eof(&mut s).unwrap_or_default());
+    // While the disk is frozen: the stall is seen, the edge serves local files and the
+    // other disks take new objects, every byte right.
+    let metric = |family: &str, label: &str| common::admin_metric(admin, family, label);
+    let disk_label = format!("disk=\"{frozen}\"");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while metric("shardline_cache_disk_stalled", &disk_label) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frozen disk was never noted stalled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let local = get(&server, "/local.txt", &[]);
+    assert_eq!(
+        (local.status, &local.body[..]),
+        (200, &b"served from root"[..])
+    );
+    let want = common::pattern_range(0, OBJECT_BYTES as usize);
+    for i in 0..OBJECTS {
+        let r = get(&server, &format!("/pull/{i}.bin"), &[]);
+        assert!(r.status == 200 && r.body == want, "object {i} while frozen");
+    }
+    let all = reader.join().unwrap();
+    let end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    assert!(all.starts_with(b"HTTP/1.1 200"), "status of the download");
+    let body = &all[end + 4..];
+    let big = common::pattern_range(0, FROZEN_OBJECT_BYTES as usize);
+    assert!(
+        body == &big[..],
+        "the download under the frozen disk: {} of {} bytes, right so far: {}",
+        body.len(),
+        big.len(),
+        body.len() <= big.len() && body[..] == big[..body.len()]
+    );
+    let held = metric("shardline_cache_disk_held_ops", &disk_label);
+    // Only the frozen disk can have stalled.
+    let stalls = metric("shardline_cache_disk_errors_total", "kind=\"stall\"");
+    eprintln!("disk {frozen} frozen: {held} operations held, {stalls} stalls noted");
+    assert!(held >= 1, "the frozen disk holds the operations given up");
+    assert!(stalls >= 1);
+    // No object went to the frozen disk after the stall.
+    assert_eq!(data_files(&disks[frozen].mount), before[frozen] + 1);
+    // Thawed, every held operation comes back.
+    guard.thaw();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while metric("shardline_cache_disk_held_ops", &disk_label) != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held operations never came back after the thaw"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let log = server.log();
+    assert!(
+        log.contains("cache disk stalled"),
+        "one line says the disk stalled: {log}"
+    );
+}

@@ -401,7 +401,7 @@ impl<R: RingOps> Shard<R> {
             shard = self.index,
             path,
             size = meta.size,
-            "cache disk full: passing the object through from its origin, unstored"
+            "cache disk full, failed or stalled: passing the object through from its origin, unstored"
         );
         self.install(c, started, None, rate);
         self.conns[c.index()].set_relay();
@@ -438,7 +438,7 @@ impl<R: RingOps> Shard<R> {
             shard = self.index,
             path,
             from,
-            "cache disk full: passing the rest of a streaming response through, unstored"
+            "cache disk full, failed or stalled: passing the rest of a streaming response through, unstored"
         );
         // Off the fill's waiter lists: its bytes past `from` come from the pass-through now.
         self.cache.pulls.streams.remove(self.conn_ref(c));
