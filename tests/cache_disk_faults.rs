@@ -47,33 +47,59 @@ fn run(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// A new image in /dev/shm, unique in the process (the tests run side by side), and its loop
+/// device.
+fn new_device(name: &str) -> (PathBuf, String) {
+    static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let image = PathBuf::from(format!(
+        "/dev/shm/shardline-disk-{}-{n}-{name}.img",
+        std::process::id()
+    ));
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(DISK_BYTES).unwrap();
+    let device = run(
+        "losetup",
+        &[
+            "--find",
+            "--show",
+            "--direct-io=on",
+            image.to_str().unwrap(),
+        ],
+    );
+    (image, device)
+}
+
 impl LoopDisk {
     fn make(name: &str) -> LoopDisk {
         let dir = tempfile::tempdir().unwrap();
-        // Unique in the process: the tests run side by side.
-        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let image = PathBuf::from(format!(
-            "/dev/shm/shardline-disk-{}-{n}-{name}.img",
-            std::process::id()
-        ));
-        let f = std::fs::File::create(&image).unwrap();
-        f.set_len(DISK_BYTES).unwrap();
-        let image_s = image.to_str().unwrap();
-        let device = run("losetup", &["--find", "--show", "--direct-io=on", image_s]);
-        let mount = dir.path().join(name);
+        let (image, device) = new_device(name);
         // Built first, so a failing mkfs or mount still detaches the device (`Drop`).
         let disk = LoopDisk {
-            mount,
+            mount: dir.path().join(name),
             device,
             image,
             _dir: dir,
         };
-        run("mkfs.ext4", &["-q", "-F", &disk.device]);
         std::fs::create_dir(&disk.mount).unwrap();
-        let mount = disk.mount.to_str().unwrap();
-        run("mount", &["-o", "errors=continue", &disk.device, mount]);
+        disk.format_and_mount();
         disk
+    }
+
+    fn format_and_mount(&self) {
+        run("mkfs.ext4", &["-q", "-F", &self.device]);
+        let mount = self.mount.to_str().unwrap();
+        run("mount", &["-o", "errors=continue", &self.device, mount]);
+    }
+
+    /// The drive swapped for a blank one, mounted where the old one was.
+    fn replace(&mut self) {
+        run("umount", &["-l", self.mount.to_str().unwrap()]);
+        run("losetup", &["-d", &self.device]);
+        let _ = std::fs::remove_file(&self.image);
+        let (image, device) = new_device("replacement");
+        (self.image, self.device) = (image, device);
+        self.format_and_mount();
     }
 
     /// Every later I/O on the file system fails with EIO (the ioctl through Python's
@@ -131,21 +157,22 @@ fn get_maybe_cut(server: &common::Server, path: &str) -> (u16, Vec<u8>) {
 }
 
 #[test]
-fn a_disk_shut_down_under_the_edge_costs_only_its_objects() {
-    lose_a_disk_under_the_edge(LoopDisk::shut_down);
+fn a_disk_shut_down_under_the_edge_costs_only_its_objects_and_a_blank_replacement_comes_online() {
+    lose_a_disk_under_the_edge(LoopDisk::shut_down, true);
 }
 
 /// A disk shrunk under its file system (the image truncated, `losetup --set-capacity`): every
 /// read past its new end fails with EIO, as a drive that lost its tail does.
 #[test]
 fn a_disk_shrunk_under_the_edge_costs_only_its_objects() {
-    lose_a_disk_under_the_edge(|d| d.shrink(SHRUNK_BYTES));
+    lose_a_disk_under_the_edge(|d| d.shrink(SHRUNK_BYTES), false);
 }
 
 /// Caches `OBJECTS` objects over three disks, `fail`s the one holding the most, and checks
 /// that every response stays whole and right, that the disk is taken out, and that its objects
-/// and new ones land on the others.
-fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk)) {
+/// and new ones land on the others. With `replace`, the dead drive is then swapped for a blank
+/// one and brought online while serving: it takes new objects, and nothing else moves.
+fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk), replace: bool) {
     if !common::prerequisite(
         common::running_as_root(),
         SKIP_ROOT,
@@ -162,7 +189,7 @@ fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk)) {
     }
     let origin_root = tempfile::tempdir().unwrap();
     std::fs::create_dir(origin_root.path().join("pull")).unwrap();
-    for i in 0..2 * OBJECTS {
+    for i in 0..4 * OBJECTS {
         common::write_pattern_file(
             &origin_root.path().join(format!("pull/{i}.bin")),
             OBJECT_BYTES,
@@ -170,7 +197,7 @@ fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk)) {
     }
     let work = tempfile::tempdir().unwrap();
     let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
-    let disks: Vec<LoopDisk> = (0..3).map(|i| LoopDisk::make(&format!("d{i}"))).collect();
+    let mut disks: Vec<LoopDisk> = (0..3).map(|i| LoopDisk::make(&format!("d{i}"))).collect();
     let dir = common::disk_tempdir();
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
@@ -263,6 +290,44 @@ fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk)) {
         1,
         "one line takes the disk out: {log}"
     );
+    if !replace {
+        return;
+    }
+    // The dead drive is swapped for a blank one, and brought online while serving.
+    disks[dead].replace();
+    let said = common::disk_cli(admin, &token, &["online", &dead.to_string()]);
+    assert!(said.contains("blank replacement"), "{said}");
+    let status = common::disk_cli(admin, &token, &["status"]);
+    assert!(status.contains(&format!("{dead} online")), "{status}");
+    assert_eq!(
+        metric("shardline_cache_disk_failing", &format!("disk=\"{dead}\"")),
+        0
+    );
+    // Nothing of the others moves: every object is a hit.
+    let requests = origin.requests();
+    for i in 0..2 * OBJECTS {
+        let r = get(&server, &format!("/pull/{i}.bin"), &[]);
+        assert!(
+            r.status == 200 && r.body == want,
+            "object {i} after the replacement"
+        );
+    }
+    assert_eq!(origin.requests(), requests, "an object moved");
+    // New objects: the replacement takes its share, every byte right.
+    for i in 2 * OBJECTS..4 * OBJECTS {
+        let r = get(&server, &format!("/pull/{i}.bin"), &[]);
+        assert!(
+            r.status == 200 && r.body == want,
+            "object {i} on the replaced disks"
+        );
+    }
+    let took = data_files(&disks[dead].mount);
+    eprintln!(
+        "the blank replacement took {took} of {} new objects",
+        2 * OBJECTS
+    );
+    assert!(took > 0, "the replacement took no new object");
+    assert_eq!(origin.requests(), requests + 2 * OBJECTS);
 }
 
 /// Thaws a frozen file system on drop, so a failing test never leaves a disk frozen.

@@ -136,16 +136,6 @@ fn objects_spread_over_the_disks_and_a_missing_disk_costs_only_its_share() {
 }
 
 /// `shardline cache disk ACTION [DISK]` against the admin listener; its stdout.
-fn disk_cli(admin: std::net::SocketAddr, token: &common::AdminToken, args: &[&str]) -> String {
-    let admin = admin.to_string();
-    let mut all = vec!["cache", "disk"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--admin", &admin, "--token-file", token.path()]);
-    let out = common::run_shardline(&all, Duration::from_secs(20));
-    assert_eq!(out.code, Some(0), "cache disk {args:?}: {}", out.stderr);
-    out.stdout
-}
-
 #[test]
 fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
     let origin_root = tempfile::tempdir().unwrap();
@@ -179,7 +169,7 @@ fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
     };
     let (server, admin) = common::start_with_admin(&root, &args);
     fetch_all(&server, 0..OBJECTS);
-    let status = disk_cli(admin, &token, &["status"]);
+    let status = common::disk_cli(admin, &token, &["status"]);
     assert_eq!(status.matches(" online ").count(), 2, "{status}");
     // Each disk times its operations: the fills' journal appends, and the hits' reads.
     fetch_all(&server, 0..OBJECTS);
@@ -207,8 +197,8 @@ fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
     // object goes to it.
     let on_first = data_files(&disks[0]);
     assert!(on_first > 0);
-    disk_cli(admin, &token, &["offline", disks[0].to_str().unwrap()]);
-    assert!(disk_cli(admin, &token, &["status"]).contains("0 offline"));
+    common::disk_cli(admin, &token, &["offline", disks[0].to_str().unwrap()]);
+    assert!(common::disk_cli(admin, &token, &["status"]).contains("0 offline"));
     let requests = origin.requests();
     fetch_all(&server, 0..2 * OBJECTS);
     assert_eq!(
@@ -230,12 +220,12 @@ fn an_operator_takes_a_disk_offline_and_back_and_offline_outlives_a_restart() {
     // Kept across a restart (by the disk itself), and then back online: it takes a share of
     // new objects.
     let (server, admin) = common::start_with_admin(&root, &args);
-    assert!(disk_cli(admin, &token, &["status"]).contains("0 offline"));
+    assert!(common::disk_cli(admin, &token, &["status"]).contains("0 offline"));
     fetch_all(&server, 2 * OBJECTS..3 * OBJECTS);
     assert_eq!(data_files(&disks[0]), on_first);
-    disk_cli(admin, &token, &["online", "0"]);
+    common::disk_cli(admin, &token, &["online", "0"]);
     assert_eq!(
-        disk_cli(admin, &token, &["status"])
+        common::disk_cli(admin, &token, &["status"])
             .matches(" online ")
             .count(),
         2

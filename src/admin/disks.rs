@@ -60,33 +60,48 @@ pub(super) fn set(query: Option<&[u8]>, state: &State, offline: bool) -> Reply {
         );
     };
     let d = &edge.disks.disks[slot];
-    if !offline {
-        // Only the disk opened at start-up can come back at run time: a replacement (another
-        // id, or none yet) needs a restart, which opens it blank.
-        match crate::cache::disks::disk_id(&d.dir, &None) {
-            Ok(id) if id == d.id => {}
-            Ok(_) | Err(_) => {
-                return Reply::text(
-                    409,
-                    &format!(
-                        "{} holds another disk than the one opened at start-up (or none): \
-                         restart to take a replacement\n",
-                        d.dir.display()
-                    ),
-                )
+    let health = &edge.disks.health;
+    let mut blank = false;
+    if offline {
+        health.set_offline(slot);
+        // The lock's release takes an offline disk's objects out of the index now.
+        drop(crate::fill::cache_fill::lock(&edge.core));
+    } else {
+        // The disk opened at start-up, or a blank replacement mounted in its place (it takes
+        // the old one's id and share): its journal is reopened, swapped in by the cache's I/O
+        // thread, which then brings it online.
+        let journal = match crate::cache::disks::reopen_disk(&d.dir, slot, d.id) {
+            Ok((journal, was_blank)) => {
+                blank = was_blank;
+                journal
             }
+            Err(e) => {
+                return Reply::text(409, &format!("{}: {e}\n", d.dir.display()));
+            }
+        };
+        crate::fill::cache_fill::lock(&edge.core).reopen_disk(slot, journal);
+        let deadline = std::time::Instant::now() + ONLINE_WAIT;
+        while !health.usable(slot) {
+            if std::time::Instant::now() >= deadline {
+                return Reply::text(
+                    503,
+                    &format!(
+                        "{}: its thread did not take the reopened journal within {} s (the disk \
+                         still stalls?); ask again\n",
+                        d.dir.display(),
+                        ONLINE_WAIT.as_secs()
+                    ),
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(ONLINE_POLL_MS));
         }
     }
     let marked = crate::cache::disks::mark_offline(&d.dir, offline);
-    let health = &edge.disks.health;
-    if offline {
-        health.set_offline(slot);
-    } else {
-        health.set_online(slot);
-    }
-    // The lock's release takes an offline disk's objects out of the index now.
-    drop(crate::fill::cache_fill::lock(&edge.core));
-    let word = if offline { "offline" } else { "online" };
+    let word = match (offline, blank) {
+        (true, _) => "offline",
+        (false, false) => "online",
+        (false, true) => "online (a blank replacement: it took the old disk's id and share)",
+    };
     tracing::warn!(disk = %d.dir.display(), slot, state = word, "cache disk set by the operator");
     match marked {
         Ok(()) => Reply::text(200, &format!("{} {word}\n", d.dir.display())),
@@ -99,6 +114,11 @@ pub(super) fn set(query: Option<&[u8]>, state: &State, offline: bool) -> Reply {
         ),
     }
 }
+
+/// Longest an `online` waits for the cache's I/O thread to swap the disk's journal in.
+const ONLINE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How often it looks (ms).
+const ONLINE_POLL_MS: u64 = 10;
 
 /// The slot of the disk `disk` names: its directory, or its slot number.
 fn slot_of(edge: &SharedEdge, disk: &str) -> Option<usize> {

@@ -295,6 +295,13 @@ pub fn disk_id(dir: &Path, watch: &Watch) -> io::Result<u64> {
     let mut bytes = [0u8; 8];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     let id = u64::from_ne_bytes(bytes);
+    write_id(dir, id, watch)?;
+    Ok(id)
+}
+
+/// Writes `id` as `dir`'s disk id: beside and renamed into place, then the directory synced.
+fn write_id(dir: &Path, id: u64, watch: &Watch) -> io::Result<()> {
+    let path = dir.join(DISK_ID_FILE);
     let text = format!("{id:016x}\n");
     let tmp = dir.join(format!("{DISK_ID_FILE}.new"));
     let mut f = std::fs::File::create(&tmp)?;
@@ -307,8 +314,43 @@ pub fn disk_id(dir: &Path, watch: &Watch) -> io::Result<u64> {
         w.synced(&tmp);
         w.renamed(&tmp, &path);
     }
-    sync_dir(dir, watch)?;
-    Ok(id)
+    sync_dir(dir, watch)
+}
+
+/// Reopens the disk of slot `slot` at `dir` to bring it online while serving (`shardline
+/// cache disk online`): the disk opened at start-up (its id is `id`), or a blank replacement
+/// mounted in its place, which is given `id`, so it takes exactly the old disk's share of new
+/// objects and no other disk's objects move. Its data directory is made and its journal
+/// opened at its end for appends (what the same disk's journal holds comes back at the next
+/// restart). A directory holding another disk's id is refused. True when it was blank.
+pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile, bool)> {
+    if !std::fs::metadata(dir)?.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a directory",
+        ));
+    }
+    let blank = match std::fs::read_to_string(dir.join(DISK_ID_FILE)) {
+        Ok(text) if u64::from_str_radix(text.trim(), 16).ok() == Some(id) => false,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "it holds another disk's id (restart to add that disk)",
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            write_id(dir, id, &None)?;
+            true
+        }
+        Err(e) => return Err(e),
+    };
+    let data = dir.join("data");
+    if !data.is_dir() {
+        std::fs::create_dir_all(&data)?;
+        sync_dir(dir, &None)?;
+    }
+    let (journal, _, _) = JournalFile::open_on_slot(&dir.join("journal"), None, Some(slot))?;
+    Ok((journal, blank))
 }
 
 /// Each disk's journal (index = slot), each on its disk's worker thread
@@ -455,6 +497,24 @@ impl Journals {
     /// Disks it writes to.
     pub fn disks(&self) -> usize {
         self.workers.len()
+    }
+
+    /// Swaps disk `slot`'s journal for `journal` (`reopen_disk`), on its thread: true when done
+    /// within the deadline (false: it is done when the thread frees up). The journal comes
+    /// back when the thread still holds a given-up operation.
+    pub fn replace(&mut self, slot: usize, journal: JournalFile) -> Result<bool, JournalFile> {
+        let Some(worker) = self.workers.get_mut(slot) else {
+            return Err(journal);
+        };
+        if !worker.poll() {
+            return Err(journal);
+        }
+        let job: Job = Box::new(move |j: &mut JournalFile| -> disk_worker::Outcome {
+            *j = journal;
+            Box::new(Outcome::Done(Ok(())))
+        });
+        let deadline = Instant::now() + self.op_timeout;
+        Ok(worker.send(job) && worker.wait(deadline).is_some())
     }
 
     /// Sets `cache_disk_op_timeout_ms`.

@@ -85,9 +85,23 @@ pub struct IoShared {
     pub has_done: AtomicBool,
     /// The thread's eventfd.
     pub wake: OwnedFd,
+    /// Disks reopened by the operator (`cache::disks::reopen_disk`), each with its new
+    /// journal: the thread swaps it in, then brings the disk online.
+    pub reopened: Mutex<Vec<(usize, crate::cache::journal_file::JournalFile)>>,
 }
 
 impl IoShared {
+    /// Nothing queued yet, with a new eventfd.
+    pub fn new() -> std::io::Result<IoShared> {
+        Ok(IoShared {
+            todo: Mutex::new(Outbox::default()),
+            done: Mutex::new(Vec::new()),
+            has_done: AtomicBool::new(false),
+            wake: eventfd()?,
+            reopened: Mutex::new(Vec::new()),
+        })
+    }
+
     /// Queues `outbox`'s work (emptied) for the thread, from shard `shard`, waking it when
     /// the queue was empty.
     pub fn submit(&self, outbox: &mut Outbox, shard: usize) {
@@ -216,6 +230,7 @@ pub fn spawn<C: Compactable>(
                 };
                 // Operations a stalled disk held that came back; a quiet disk comes back.
                 journal.poll();
+                take_reopened(&io, &mut journal, &store);
                 loop {
                     {
                         let mut todo = io.todo.lock().unwrap_or_else(PoisonError::into_inner);
@@ -248,6 +263,33 @@ pub fn spawn<C: Compactable>(
             }
         })?;
     Ok(())
+}
+
+/// Swaps in the journals of the disks the operator reopened and brings each online; one
+/// whose thread still holds a given-up operation waits for the next look.
+fn take_reopened(io: &IoShared, journal: &mut Journals, store: &BlockStore) {
+    let reopened = std::mem::take(&mut *io.reopened.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut later = Vec::new();
+    for (slot, file) in reopened {
+        match journal.replace(slot, file) {
+            Ok(true) => {
+                store.health().set_online(slot);
+                tracing::warn!(
+                    slot,
+                    "cache disk online again: it takes its share of new objects"
+                );
+            }
+            // Past the deadline: the disk stays out (the operator's `online` says so).
+            Ok(false) => tracing::warn!(slot, "cache disk reopened, but its thread is stalled"),
+            Err(file) => later.push((slot, file)),
+        }
+    }
+    if !later.is_empty() {
+        io.reopened
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .append(&mut later);
+    }
 }
 
 /// Waits for the eventfd (or `IDLE_POLL_MS`) and empties it.

@@ -783,3 +783,15 @@ impl AdminToken {
         shardline::cache::tool::AdminClient::new(admin, Some(self.token.clone()))
     }
 }
+
+/// Runs `shardline cache disk ARGS` against the admin listener with `token`; its stdout (a
+/// failing command fails the test).
+pub fn disk_cli(admin: SocketAddr, token: &AdminToken, args: &[&str]) -> String {
+    let admin = admin.to_string();
+    let mut all = vec!["cache", "disk"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--admin", &admin, "--token-file", token.path()]);
+    let out = run_shardline(&all, Duration::from_secs(20));
+    assert_eq!(out.code, Some(0), "cache disk {args:?}: {}", out.stderr);
+    out.stdout
+}

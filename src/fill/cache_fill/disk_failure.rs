@@ -1,5 +1,6 @@
 //! A cache disk taken to failing (`cache::disk_health`): its objects leave the index, so their
-//! next requests are misses, filled again on the other disks (placement skips a failing disk).
+//! next requests are misses, filled again on the other disks (placement skips a failing disk);
+//! the operator's `online` hands its reopened journal over (`reopen_disk`).
 
 use super::*;
 
@@ -34,5 +35,22 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             versions = versions.len(),
             "cache disk failing: its objects left the index (misses now, filled on the other disks)"
         );
+    }
+
+    /// Hands disk `slot`'s reopened journal (`cache::disks::reopen_disk`, the operator's
+    /// `online`) to whoever appends: the I/O thread swaps it in and then brings the disk
+    /// online (inline, it is done here).
+    pub fn reopen_disk(&mut self, slot: usize, journal: crate::cache::journal_file::JournalFile) {
+        if let Some(io) = self.signals.io.as_ref() {
+            io.reopened
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((slot, journal));
+            let _ = rustix::io::write(&io.wake, &1u64.to_ne_bytes());
+        } else if let Some(journals) = self.journal.as_mut() {
+            if let Ok(true) = journals.replace(slot, journal) {
+                self.store.health().set_online(slot);
+            }
+        }
     }
 }

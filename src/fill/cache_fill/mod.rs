@@ -921,12 +921,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
         let journal = self.journal.take().expect("opened inline");
         let shards = self.notices.len();
-        let io = Arc::new(IoShared {
-            todo: Mutex::new(Outbox::default()),
-            done: Mutex::new(Vec::new()),
-            has_done: AtomicBool::new(false),
-            wake: cache_io::eventfd()?,
-        });
+        let io = Arc::new(IoShared::new()?);
         self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
         let store = self.store.clone();
         let core = Arc::new(Mutex::new(self));
