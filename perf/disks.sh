@@ -7,17 +7,19 @@
 #     errors after the shutdown, origin fetches per object of the dead disk, and the p99 of
 #     hits on the other disks before and after;
 #   - disk stalled: another disk frozen (fsfreeze) during a cold 192 MiB download of an object
-#     placed on it (placement computed here as the server computes it): done or not within
-#     60 s, its bytes, its time;
-#   - restart with a disk missing (the shut-down one): time until every hot object of the
-#     others is served, against the same restart with all disks;
-#   - disk back: a blank disk added (at a restart: run-time online of a new disk is not built):
-#     its share of 1000 new objects against its weight, and whether any old object moved.
+#     placed on it (placement computed here as the server computes it): its bytes and time
+#     against cache_disk_op_timeout_ms plus the origin's time, the shard threads' file
+#     syscalls while frozen (perf trace), and the p99 of hits on the third disk;
+#   - disk back: the dead drive swapped for a blank one and brought online while serving
+#     (`shardline cache disk online`): its share of 1000 new objects against its weight, and
+#     whether any old object moved;
+#   - restart with a disk missing: time until every hot object of the others is served,
+#     against the same restart with all disks.
 # Single-disk throughput is perf/fill-ab.sh's (two builds side by side).
 #
 #   perf/disks.sh [--bin PATH] [--out FILE]
 #
-# Needs root (losetup, mkfs.ext4, mount, fsfreeze), nginx, python3. Writes perf/DISKS.md.
+# Needs root (losetup, mkfs.ext4, mount, fsfreeze, perf), nginx, python3. Writes perf/DISKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib.sh
@@ -45,7 +47,7 @@ import hashlib, http.client, json, math, os, shutil, signal, socket, struct, sub
 import threading, time
 
 WORK = sys.argv[2]
-DISKS = 4            # three used at first, the fourth added blank
+DISKS = 3
 DISK_BYTES = 1 << 30
 HOT, HOT_BYTES = 30, 1 << 20
 COLD_BYTES = 1 << 20
@@ -129,6 +131,19 @@ def origin_fetches():
     return out
 
 mounts = [make_disk(i) for i in range(DISKS)]
+TOKEN = f"{WORK}/admin.token"
+with open(TOKEN, "w") as f:
+    f.write(os.urandom(16).hex() + "\n")
+os.chmod(TOKEN, 0o600)
+
+def replace_disk(i):
+    """The drive of disk i swapped for a blank one, mounted where it was."""
+    m, img = mounts[i], f"{WORK}/d{i}.img"
+    sh("umount", "-l", m)
+    for dev in sh("losetup", "-j", img, "-O", "NAME", "-n", check=False).split():
+        sh("losetup", "-d", dev)
+    os.remove(img)
+    make_disk(i)
 ROOT = f"{WORK}/root"
 os.makedirs(ROOT, exist_ok=True)
 server = None
@@ -136,8 +151,9 @@ server = None
 def start(disks):
     global server
     cfg = f"{WORK}/shardline.toml"
-    open(cfg, "w").write("cache_dirs = [%s]\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://127.0.0.1:18181\"\n"
-                         % ", ".join(f'"{d}"' for d in disks))
+    open(cfg, "w").write("cache_dirs = [%s]\nadmin = \"127.0.0.1:18182\"\nadmin_token_file = \"%s\"\n"
+                         "[[origin]]\nprefix = \"/pull/\"\nurl = \"http://127.0.0.1:18181\"\n"
+                         % (", ".join(f'"{d}"' for d in disks), TOKEN))
     log = open(f"{WORK}/server.log", "a")
     try:
         # SO_REUSEPORT would let a stray server share the port: refuse to start beside one.
@@ -323,53 +339,121 @@ report += ["## Disk gone (EXT4_IOC_SHUTDOWN mid-load)", "",
            f"{p99(hb) * 1000:.1f} / {p99(ha) * 1000:.1f} ({p99(ha) / p99(hb):.2f}x) |",
            f"| responses in all (before / after) | - | {len(events) - len(post)} / {len(post)} |", ""]
 
-# Disk stalled: an object placed on a live disk that gets frozen.
+# Disk stalled: a cold download of an object placed on a live disk; once its data file
+# exists (the fill writes to it), the disk is frozen. Hits on the third disk's objects run
+# before and throughout; `perf trace` (tracepoints: no ptrace stop per syscall, which would
+# itself move the p99) counts the shard threads' syscalls while the disk is frozen.
 live = [s for s in range(3) if s != dead]
-frozen = live[0]
+frozen, steady = live
 usable_ids = [ids[s] for s in live]
 usable_ws = [ws[s] for s in live]
-# The first name placed on the disk to freeze (its file written only now).
 big = next(f"/pull/big/{i}" for i in range(1000)
            if live[place(f"/pull/big/{i}", usable_ids, usable_ws)] == frozen)
 digest[big] = write_object(ORIGIN + big, STALL_BYTES)
-sh("fsfreeze", "--freeze", three[frozen])
+t = time.monotonic()
+c = http.client.HTTPConnection("127.0.0.1", 18181, timeout=60)
+c.request("GET", big)
+r = c.getresponse()
+while r.read(1 << 20):
+    pass
+c.close()
+origin_s = time.monotonic() - t
+on_steady = [i for i in others if actual.get(i) == steady]
+shard_tids = {}
+for tid in os.listdir(f"/proc/{server.pid}/task"):
+    comm = open(f"/proc/{server.pid}/task/{tid}/comm").read().strip()
+    if comm.startswith("shard-"):
+        shard_tids[int(tid)] = comm
+stall_events = []
+stop_hits = threading.Event()
+def steady_hits():
+    k = 0
+    while not stop_hits.is_set():
+        i = on_steady[k % len(on_steady)]; k += 1
+        r = get(f"/pull/hot/{i}")
+        with lock:
+            stall_events.append((time.monotonic(),) + r)
+hit_threads = [threading.Thread(target=steady_hits) for _ in range(2)]
+for h in hit_threads:
+    h.start()
+time.sleep(3)
+before_data = len(files(three[frozen]))
 res = {}
 def download():
-    res["r"] = get(big, timeout=60)
+    res["r"] = get(big, timeout=120)
 t = threading.Thread(target=download)
 t0 = time.monotonic()
 t.start()
-t.join(65)
+while len(files(three[frozen])) == before_data and time.monotonic() - t0 < 30:
+    time.sleep(0.005)
+sh("fsfreeze", "--freeze", three[frozen])
+t_freeze = time.monotonic()
+trace = subprocess.Popen(["perf", "trace", "-s", "-p", str(server.pid), "-o", f"{WORK}/trace.txt"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+t.join(125)
 took = time.monotonic() - t0
+time.sleep(1)
+trace.send_signal(signal.SIGINT)
+trace.wait(30)
+stop_hits.set()
+for h in hit_threads:
+    h.join()
 sh("fsfreeze", "--unfreeze", three[frozen])
-t.join()
 status, right, whole, secs = res.get("r", (0, True, False, took))
+# The shard threads' syscalls while frozen, by name (perf trace -s: a section per thread).
+FILE_CALLS = {"open", "openat", "openat2", "pread64", "pwrite64", "preadv", "pwritev",
+              "preadv2", "pwritev2", "fsync", "fdatasync", "sync_file_range", "fallocate",
+              "ftruncate", "statx", "newfstatat", "fstat", "unlinkat", "renameat", "renameat2",
+              "mkdirat", "truncate"}
+seen = {}
+current = None
+try:
+    for line in open(f"{WORK}/trace.txt"):
+        head = line.strip().split(" ")
+        if line.strip().endswith("events, ") or " events, " in line:
+            tid = line.strip().split("(")[-1].split(")")[0]
+            current = int(tid) if tid.isdigit() and int(tid) in shard_tids else None
+            continue
+        if current is not None and len(head) > 1 and head[0] and head[0].isidentifier():
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                seen[parts[0]] = seen.get(parts[0], 0) + int(parts[1])
+except FileNotFoundError:
+    pass
+file_calls = {k: v for k, v in seen.items() if k in FILE_CALLS}
+hb = [e[4] for e in stall_events if e[0] < t_freeze]
+ha = [e[4] for e in stall_events if e[0] >= t_freeze]
+bad_hits = sum(1 for e in stall_events if not (e[1] == 200 and e[2] and e[3]))
+log_text = open(f"{WORK}/server.log").read()
 report += ["## Disk stalled (fsfreeze during a cold 192 MiB download placed on it)", "",
+           f"The download started, and the disk was frozen once its data file existed "
+           f"({t_freeze - t0:.2f} s in). `cache_disk_op_timeout_ms` is the default (5000). The "
+           f"same object straight from the origin took {origin_s:.2f} s. Two clients hit the "
+           f"{len(on_steady)} hot objects of the third disk throughout.", "",
            "| figure | target | measured |", "|---|---|---|",
            f"| the download completed, every byte right | yes | "
            f"{'yes' if status == 200 and whole and right else 'no'} (status {status}, "
            f"whole {whole}, right {right}) |",
-           f"| its time (s; client timeout 60 s) | op timeout + origin time | {secs:.1f} |",
-           "", "No `cache_disk_op_timeout_ms` is built yet: a fill placed on a frozen disk "
-           "waits for it.", ""]
-stop()
+           f"| its time (s) | <= 5 + origin time ({5 + origin_s:.1f}) | {secs:.1f} |",
+           f"| shard threads' file syscalls while frozen (`perf trace -s`) | 0 | "
+           f"{sum(file_calls.values())} {file_calls or ''} |",
+           f"| hits on the third disk, p99 before / while frozen (ms) | <= 1.5x | "
+           f"{p99(hb) * 1000:.1f} / {p99(ha) * 1000:.1f} ({p99(ha) / p99(hb):.2f}x) |",
+           f"| hits that failed or were wrong | 0 | {bad_hits} of {len(stall_events)} |",
+           f"| 'cache disk stalled' lines / fills given up | 1 / - | "
+           f"{log_text.count('cache disk stalled')} / "
+           f"{log_text.count('cache disk operation past its deadline')} |", "",
+           "Every syscall the shard threads made while the disk was frozen, by name: "
+           + (", ".join(f"{k} {v}" for k, v in sorted(seen.items())) or "(none traced)")
+           + ". `read` and `write` there are the shards' eventfd wake-ups (a shard's file I/O "
+           "is all on its ring).", ""]
 
-# Restart with the dead disk in the list (it cannot be opened: left out).
-missing_s = restart_time(three, others)
-log = open(f"{WORK}/server.log").read()
-report += ["## Restart with a disk missing", "",
-           "| figure | target | measured |", "|---|---|---|",
-           f"| time until every hot object of the others is served (s): all disks / one "
-           f"missing | same | {all_disks_s:.2f} / {missing_s:.2f} |",
-           f"| warning lines naming a left-out disk | 1 | {log.count('cache disk left out')} |", ""]
-stop()
-
-# Disk back: a blank fourth disk added at a restart (the dead one left out).
-four = three + [mounts[3]]
-before_files = [len(files(d)) for d in four]
+# Disk back: the dead drive swapped for a blank one, brought online while serving.
+replace_disk(dead)
+before_files = [len(files(d)) for d in three]
 before = origin_fetches()
-start(four)
-moved = 0
+said = sh(BIN, "cache", "disk", "online", str(dead), "--admin", "127.0.0.1:18182",
+          "--token-file", TOKEN)
 for i in others:
     get(f"/pull/hot/{i}")
 after = origin_fetches()
@@ -377,21 +461,29 @@ moved = sum(after.get(f"/pull/hot/{i}", 0) - before.get(f"/pull/hot/{i}", 0) for
 for i in range(BACK):
     s = get(f"/pull/back/{i}")
     assert s[0] == 200 and s[1] and s[2], (i, s)
-stop()
-got = [len(files(d)) - b for d, b in zip(four, before_files)]
-live4 = [s for s in range(4) if s != dead]
-w4 = [weights([four[s]])[0] for s in live4]
-share_new = got[3] / max(sum(got[s] for s in live4), 1)
-want_new = w4[-1] / sum(w4)
-report += ["## Disk back (a blank disk added; at a restart)", "",
+got = [len(files(d)) - b for d, b in zip(three, before_files)]
+share_new = got[dead] / max(sum(got), 1)
+want_new = ws[dead] / sum(ws)
+report += ["## Disk back (the dead drive swapped for a blank one, online while serving)", "",
+           f"`shardline cache disk online {dead}` said: {said}", "",
            "| figure | target | measured |", "|---|---|---|",
-           f"| the new disk's share of {BACK} new objects / its weight | within 10 % | "
+           f"| the replacement's share of {BACK} new objects / its weight | within 10 % | "
            f"{share_new:.3f} / {want_new:.3f} ({abs(share_new - want_new) / want_new * 100:.1f} % off) |",
            f"| objects of the other disks fetched again after it came | 0 | {moved} |",
-           f"| new objects per disk (slot: count; {dead} is the dead one) | - | "
-           f"{', '.join(f'{s}: {got[s]}' for s in live4)} |", "",
-           "Run-time `online` of a blank replacement is not built (`shardline cache disk "
-           "online` brings back a disk opened at start-up).", ""]
+           f"| new objects per disk (slot: count) | - | "
+           f"{', '.join(f'{s}: {got[s]}' for s in range(3))} |", ""]
+stop()
+
+# Restart with a disk missing (its directory gone: left out).
+gone = [d if s != dead else f"{WORK}/gone" for s, d in enumerate(three)]
+missing_s = restart_time(gone, others)
+log = open(f"{WORK}/server.log").read()
+report += ["## Restart with a disk missing", "",
+           "| figure | target | measured |", "|---|---|---|",
+           f"| time until every hot object of the others is served (s): all disks / one "
+           f"missing | same | {all_disks_s:.2f} / {missing_s:.2f} |",
+           f"| warning lines naming a left-out disk | 1 | {log.count('cache disk left out')} |", ""]
+stop()
 cleanup()
 open(OUT, "w").write("\n".join(report))
 print("\n".join(report))

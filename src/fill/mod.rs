@@ -423,6 +423,11 @@ impl Filler {
         self.disk_op_timeout_ms = ms;
     }
 
+    /// `cache_disk_op_timeout_ms`.
+    pub fn disk_op_timeout_ms(&self) -> u64 {
+        self.disk_op_timeout_ms
+    }
+
     /// Fetches given up whose disk operation the kernel still holds.
     pub fn parked(&self) -> usize {
         self.parked.len()

@@ -71,6 +71,9 @@ pub(super) struct Pulls {
     /// When each arena slot's file read was submitted (the shard's clock, µs; by slot
     /// index, sized at start-up): a cached read's latency is its disk's.
     pub read_started_us: Vec<u64>,
+    /// Reads of cached blocks in the kernel: (slot, disk, submitted µs, past the deadline
+    /// and counted held). Bounded by the arena's slots (`read_failover::expire_reads`).
+    pub cached_reads: Vec<(ArenaSlot, usize, u64, bool)>,
 }
 
 /// What the shard does again at its next tick because the fill's lock was held by another
@@ -907,6 +910,10 @@ impl<R: RingOps> Shard<R> {
         };
         edge.fill.expire(self.clock.now_ms);
         edge.fill.resume_paced(&mut self.ring, self.clock.now_ms);
+        self.expire_reads();
+        let Some(edge) = self.cache.edge.as_mut() else {
+            return;
+        };
         // What a held lock put off at an earlier tick: pins, cancels, fetch events.
         edge.fill.settle_pending(self.clock.now_ms);
         // Batches the I/O thread made durable: their blocks become visible now.

@@ -408,6 +408,7 @@ impl<R: RingOps> Shard<R> {
                 edge: None,
                 pulls: cache_glue::Pulls {
                     read_started_us: vec![0; arena_slots],
+                    cached_reads: Vec::with_capacity(arena_slots),
                     ..Default::default()
                 },
                 scrub: scrub::Scrub::default(),
@@ -758,10 +759,7 @@ impl<R: RingOps> Shard<R> {
                     relay.read(slot, buf_off, len, file_off);
                     self.cache.pulls.relay_ready.push(c);
                 } else {
-                    if let Some(at) = self.cache.pulls.read_started_us.get_mut(slot.index()) {
-                        // A cached read's latency goes to its disk's histogram.
-                        *at = self.clock.now_us;
-                    }
+                    self.read_submitted(c, slot);
                     let t = self.chunk_token(Op::Read, c, slot);
                     self.ring
                         .read_fixed(slot, buf_off, len, file_fixed, file_off, rw_flags, t);
@@ -1253,6 +1251,7 @@ impl<R: RingOps> Shard<R> {
             Op::Read => {
                 let slot = t.arena_slot();
                 self.ring.arena_done(slot);
+                self.read_back(slot);
                 let res = match self.verify_cache_read(c, slot, res) {
                     cache_glue::ReadCheck::Use(res) => res,
                     cache_glue::ReadCheck::Hold { now } => {

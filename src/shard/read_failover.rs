@@ -20,6 +20,65 @@ use crate::ring_api::slots::{ArenaSlot, ConnSlot};
 pub const FAILOVER_RETRY_MS: u64 = 5;
 
 impl<R: RingOps> Shard<R> {
+    /// Connection `c`'s file read into `slot` goes to the kernel now: its time is noted (a
+    /// cached read's latency is its disk's), and a read of a cached block is followed until
+    /// it comes back (`expire_reads`).
+    pub(super) fn read_submitted(&mut self, c: ConnSlot, slot: ArenaSlot) {
+        let now_us = self.clock.now_us;
+        if let Some(at) = self.cache.pulls.read_started_us.get_mut(slot.index()) {
+            *at = now_us;
+        }
+        if let Some(read) = self.cache.pulls.reads.get(self.conn_ref(c)) {
+            let disk = crate::cache::version_id::slot_of(read.meta().version);
+            self.cache
+                .pulls
+                .cached_reads
+                .push((slot, disk, now_us, false));
+        }
+    }
+
+    /// The read into `slot` came back: no longer followed; one past its deadline is counted
+    /// back to its disk (which may come back once quiet).
+    pub(super) fn read_back(&mut self, slot: ArenaSlot) {
+        let reads = &mut self.cache.pulls.cached_reads;
+        let Some(i) = reads.iter().position(|r| r.0 == slot) else {
+            return;
+        };
+        let (_, disk, _, held) = reads.swap_remove(i);
+        if let (true, Some(edge)) = (held, self.cache.edge.as_ref()) {
+            let now_s = crate::fill::cache_fill::unix_now_s();
+            edge.fill.store().health().op_back(disk, now_s);
+        }
+    }
+
+    /// Each tick: a read of a cached block in the kernel past `cache_disk_op_timeout_ms`
+    /// stalls its disk (`DiskHealth::note` with ETIMEDOUT: its objects leave the index, so
+    /// every later request goes elsewhere) and is counted held until it comes back. Its own
+    /// response waits for it: a frozen file system still answers reads, and the slot is the
+    /// kernel's until it does.
+    pub(super) fn expire_reads(&mut self) {
+        let Some(edge) = self.cache.edge.as_ref() else {
+            return;
+        };
+        let timeout_us = edge.fill.filler().disk_op_timeout_ms() * 1000;
+        let now_us = self.clock.now_us;
+        for r in &mut self.cache.pulls.cached_reads {
+            if r.3 || now_us < r.2 + timeout_us {
+                continue;
+            }
+            r.3 = true;
+            let health = edge.fill.store().health();
+            health.op_held(r.1);
+            health.note(r.1, libc::ETIMEDOUT, crate::fill::cache_fill::unix_now_s());
+            tracing::warn!(
+                shard = self.index,
+                disk = r.1,
+                timeout_us,
+                "a read of cached blocks passed its deadline: its disk is stalled"
+            );
+        }
+    }
+
     /// Whether a read of connection `c`'s cached response that failed with `errno` (of
     /// `kind`) goes on from the origin. A software error (a bug of ours: EINVAL, EBADF,
     /// EFAULT) is not the disk's, and cuts the response loudly as before; so does a read

@@ -47,7 +47,7 @@ pub enum FaultKind {
     Dead,
     /// The `nth` block write comes back short (half of it written); the rest go on.
     ShortWrite,
-    /// The `nth` block write or sync completes only `STALL_MS` later (past
+    /// The `nth` block write, sync or read completes only `STALL_MS` later (past
     /// `cache_disk_op_timeout_ms`: a stall that ends); the rest go on.
     Stall,
 }
@@ -97,7 +97,11 @@ impl DiskFault {
     /// A read of a file on the disk: what it gets.
     pub fn read(&mut self) -> Option<FaultHit> {
         self.ops += 1;
-        (self.kind == FaultKind::Dead && self.ops >= self.nth).then_some(FaultHit::Eio)
+        match self.kind {
+            FaultKind::Dead => (self.ops >= self.nth).then_some(FaultHit::Eio),
+            FaultKind::Stall => (self.ops == self.nth).then_some(FaultHit::Stall),
+            FaultKind::ShortWrite => None,
+        }
     }
 }
 

@@ -988,8 +988,14 @@ impl SimRing {
             return;
         }
         let on_fault_disk = index.is_some_and(|i| self.fault_files[i as usize]);
-        if on_fault_disk && self.disk_fault.as_mut().and_then(|f| f.read()).is_some() {
+        let fault = on_fault_disk
+            .then(|| self.disk_fault.as_mut()?.read())
+            .flatten();
+        let stall = fault == Some(super::cache_disks::FaultHit::Stall);
+        if fault.is_some() {
             self.paths.disk_fault_ops += 1;
+        }
+        if fault.is_some() && !stall {
             self.post(token, -libc::EIO, 0);
             return;
         }
@@ -1018,7 +1024,11 @@ impl SimRing {
             let at = buf_off + self.rng.below(res as u64) as usize;
             self.arena[slot.index()][at] ^= 0x5a;
         }
-        self.post(token, res, 0);
+        if stall {
+            self.stall(token, res);
+        } else {
+            self.post(token, res, 0);
+        }
     }
 
     fn complete_close(&mut self, token: u64, slot: SocketSlot) {
