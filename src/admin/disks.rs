@@ -60,63 +60,63 @@ pub(super) fn set(query: Option<&[u8]>, state: &State, offline: bool) -> Reply {
         );
     };
     let d = &edge.disks.disks[slot];
-    let health = &edge.disks.health;
-    let mut blank = false;
-    if offline {
-        health.set_offline(slot);
-        // The lock's release takes an offline disk's objects out of the index now.
-        drop(crate::fill::cache_fill::lock(&edge.core));
-    } else {
-        // The disk opened at start-up, or a blank replacement mounted in its place (it takes
-        // the old one's id and share): its journal is reopened, swapped in by the cache's I/O
-        // thread, which then brings it online.
-        let journal = match crate::cache::disks::reopen_disk(&d.dir, slot, d.id) {
-            Ok((journal, was_blank)) => {
-                blank = was_blank;
-                journal
-            }
-            Err(e) => {
-                return Reply::text(409, &format!("{}: {e}\n", d.dir.display()));
-            }
-        };
-        crate::fill::cache_fill::lock(&edge.core).reopen_disk(slot, journal);
-        let deadline = std::time::Instant::now() + ONLINE_WAIT;
-        while !health.usable(slot) {
-            if std::time::Instant::now() >= deadline {
-                return Reply::text(
-                    503,
-                    &format!(
-                        "{}: its thread did not take the reopened journal within {} s (the disk \
-                         still stalls?); ask again\n",
-                        d.dir.display(),
-                        ONLINE_WAIT.as_secs()
-                    ),
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(ONLINE_POLL_MS));
-        }
+    if !offline {
+        return online(edge, slot);
     }
-    let marked = crate::cache::disks::mark_offline(&d.dir, offline);
-    let word = match (offline, blank) {
-        (true, _) => "offline",
-        (false, false) => "online",
-        (false, true) => "online (a blank replacement: it took the old disk's id and share)",
-    };
-    tracing::warn!(disk = %d.dir.display(), slot, state = word, "cache disk set by the operator");
+    edge.disks.health.set_offline(slot);
+    // The lock's release takes an offline disk's objects out of the index now.
+    drop(crate::fill::cache_fill::lock(&edge.core));
+    let marked = crate::cache::disks::mark_offline(&d.dir, true);
+    tracing::warn!(disk = %d.dir.display(), slot, state = "offline", "cache disk set by the operator");
     match marked {
-        Ok(()) => Reply::text(200, &format!("{} {word}\n", d.dir.display())),
+        Ok(()) => Reply::text(200, &format!("{} offline\n", d.dir.display())),
         Err(e) => Reply::text(
             200,
             &format!(
-                "{} {word} (until a restart: the disk did not take its marker: {e})\n",
+                "{} offline (until a restart: the disk did not take its marker: {e})\n",
                 d.dir.display()
             ),
         ),
     }
 }
 
-/// Longest an `online` waits for the cache's I/O thread to swap the disk's journal in.
-const ONLINE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// `online` of disk `slot`: the disk opened at start-up, or a blank replacement mounted in its
+/// place (it takes the old one's id and share). The cache's I/O thread reopens it (no disk
+/// I/O on this thread: the disk may still stall) and brings it online; this waits
+/// `ONLINE_WAIT` for the outcome, then answers 202 (queued: ask again for the outcome).
+fn online(edge: &SharedEdge, slot: usize) -> Reply {
+    let d = &edge.disks.disks[slot];
+    let mut outcome = crate::fill::cache_fill::lock(&edge.core).reopen_outcome(slot);
+    if outcome.is_none() {
+        if edge.disks.health.usable(slot) {
+            return Reply::text(200, &format!("{} online (it was)\n", d.dir.display()));
+        }
+        crate::fill::cache_fill::lock(&edge.core).reopen_disk(slot, &d.dir, d.id);
+        let deadline = std::time::Instant::now() + ONLINE_WAIT;
+        while outcome.is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(ONLINE_POLL_MS));
+            outcome = crate::fill::cache_fill::lock(&edge.core).reopen_outcome(slot);
+        }
+    }
+    let dir = d.dir.display();
+    match outcome {
+        None => Reply::text(202, &format!("{dir}: being brought online; ask again\n")),
+        Some(Err(why)) => Reply::text(409, &format!("{dir}: not online: {why}\n")),
+        Some(Ok(blank)) => {
+            let word = if blank {
+                "online (a blank replacement: it took the old disk's id and share)"
+            } else {
+                "online"
+            };
+            tracing::warn!(disk = %dir, slot, state = word, "cache disk set by the operator");
+            Reply::text(200, &format!("{dir} {word}\n"))
+        }
+    }
+}
+
+/// Longest an `online` request waits for its outcome before it answers 202 (the admin
+/// listener's one thread waits with it).
+const ONLINE_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 /// How often it looks (ms).
 const ONLINE_POLL_MS: u64 = 10;
 

@@ -322,6 +322,25 @@ impl DiskHealth {
         Some(self.disks.get(slot)?.latency[op as usize].snapshot())
     }
 
+    /// Takes disk `slot` to failing for `why` (not a device error: the cache's own thread for
+    /// it is gone), unless the operator has it offline.
+    pub fn fail(&self, slot: usize, why: &str) {
+        let Some(d) = self.disks.get(slot) else {
+            return;
+        };
+        let failing = DiskState::Failing.code();
+        let was = d.state.swap(failing, Ordering::AcqRel);
+        if was == DiskState::Offline.code() {
+            d.state.store(was, Ordering::Release);
+        } else if was != failing {
+            tracing::error!(
+                disk = slot,
+                why,
+                "cache disk failing: a bug of the cache, not the disk's fault"
+            );
+        }
+    }
+
     /// An operation on disk `slot` was given up at its deadline and is still held (by the
     /// kernel, or the disk's worker thread): counted until `op_back`.
     pub fn op_held(&self, slot: usize) {

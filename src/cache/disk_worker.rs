@@ -8,7 +8,7 @@
 //! and the shards go on.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -84,7 +84,11 @@ impl DiskWorker {
             }),
             None => job,
         };
-        self.jobs.send(job).is_ok()
+        if self.jobs.send(job).is_err() {
+            self.health.fail(self.slot, "its worker thread ended");
+            return false;
+        }
+        true
     }
 
     /// Tests: the next job sent stalls until `release` is sent to (or dropped).
@@ -109,7 +113,10 @@ impl DiskWorker {
                     .note(self.slot, libc::ETIMEDOUT, super::disk_health::unix_now_s());
                 None
             }
-            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                self.health.fail(self.slot, "its worker thread ended");
+                None
+            }
         }
     }
 
@@ -119,12 +126,17 @@ impl DiskWorker {
         if !self.stuck {
             return true;
         }
-        if self.done.try_recv().is_ok() {
-            self.stuck = false;
-            self.health
-                .op_back(self.slot, super::disk_health::unix_now_s());
+        match self.done.try_recv() {
+            Err(TryRecvError::Empty) => return false,
+            Ok(_) => {}
+            Err(TryRecvError::Disconnected) => {
+                self.health.fail(self.slot, "its worker thread ended");
+            }
         }
-        !self.stuck
+        self.stuck = false;
+        self.health
+            .op_back(self.slot, super::disk_health::unix_now_s());
+        true
     }
 
     /// The journal's bytes.

@@ -186,6 +186,7 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
     Ok(Opened {
         journals: Journals {
             workers,
+            retired: Vec::new(),
             health: store.health().clone(),
             store: store.clone(),
             op_timeout: Duration::from_millis(DEFAULT_DISK_OP_TIMEOUT_MS),
@@ -322,7 +323,8 @@ fn write_id(dir: &Path, id: u64, watch: &Watch) -> io::Result<()> {
 /// mounted in its place, which is given `id`, so it takes exactly the old disk's share of new
 /// objects and no other disk's objects move. Its data directory is made and its journal
 /// opened at its end for appends (what the same disk's journal holds comes back at the next
-/// restart). A directory holding another disk's id is refused. True when it was blank.
+/// restart), and its offline marker removed. A directory holding another disk's id is
+/// refused. True when it was blank.
 pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile, bool)> {
     if !std::fs::metadata(dir)?.is_dir() {
         return Err(io::Error::new(
@@ -350,6 +352,9 @@ pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile,
         sync_dir(dir, &None)?;
     }
     let (journal, _, _) = JournalFile::open_on_slot(&dir.join("journal"), None, Some(slot))?;
+    if dir.join(OFFLINE_FILE).exists() {
+        mark_offline(dir, false)?;
+    }
     Ok((journal, blank))
 }
 
@@ -361,6 +366,8 @@ pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile,
 #[derive(Debug)]
 pub struct Journals {
     workers: Vec<DiskWorker>,
+    /// Workers of replaced disks that still hold an operation past its deadline.
+    retired: Vec<DiskWorker>,
     /// The disks' health (the store's): a failing disk's records are not written, and an
     /// append's error is noted against its disk.
     health: Arc<DiskHealth>,
@@ -481,6 +488,8 @@ impl Journals {
         for w in &mut self.workers {
             w.poll();
         }
+        // A replaced disk's old thread ends once its operation came back.
+        self.retired.retain_mut(|w| !w.poll());
         self.health.try_come_back(unix_now_s());
     }
 
@@ -499,22 +508,49 @@ impl Journals {
         self.workers.len()
     }
 
-    /// Swaps disk `slot`'s journal for `journal` (`reopen_disk`), on its thread: true when done
-    /// within the deadline (false: it is done when the thread frees up). The journal comes
-    /// back when the thread still holds a given-up operation.
-    pub fn replace(&mut self, slot: usize, journal: JournalFile) -> Result<bool, JournalFile> {
+    /// Reopens disk `slot` at `dir` (`reopen_disk`, on a thread of its own, within the
+    /// deadline: the disk may still stall) and gives it a new worker thread with that journal.
+    /// The old worker was idle, since only this thread sends it work; one that still holds an
+    /// operation past its deadline is kept aside (`retired`) until that comes back, and is
+    /// given up for a blank replacement only: the same disk's journal could still be written
+    /// by it. True when the disk was blank.
+    pub fn reopen(&mut self, slot: usize, dir: &Path, id: u64) -> Result<bool, String> {
         let Some(worker) = self.workers.get_mut(slot) else {
-            return Err(journal);
+            return Err(format!("no disk in slot {slot}"));
         };
-        if !worker.poll() {
-            return Err(journal);
+        let stuck = !worker.poll();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = dir.to_path_buf();
+        std::thread::Builder::new()
+            .name(format!("cache-reopen-{slot}"))
+            .spawn(move || {
+                let _ = tx.send(reopen_disk(&at, slot, id));
+            })
+            .map_err(|e| e.to_string())?;
+        let (journal, blank) = match rx.recv_timeout(self.op_timeout) {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "the disk did not answer within {} ms",
+                    self.op_timeout.as_millis()
+                ))
+            }
+        };
+        if stuck && !blank {
+            return Err(
+                "its thread still holds an operation past its deadline: ask again once it \
+                 answers (shardline_cache_disk_held_ops)"
+                    .into(),
+            );
         }
-        let job: Job = Box::new(move |j: &mut JournalFile| -> disk_worker::Outcome {
-            *j = journal;
-            Box::new(Outcome::Done(Ok(())))
-        });
-        let deadline = Instant::now() + self.op_timeout;
-        Ok(worker.send(job) && worker.wait(deadline).is_some())
+        let new =
+            DiskWorker::spawn(slot, journal, self.health.clone()).map_err(|e| e.to_string())?;
+        let old = std::mem::replace(&mut self.workers[slot], new);
+        if stuck {
+            self.retired.push(old);
+        }
+        Ok(blank)
     }
 
     /// Sets `cache_disk_op_timeout_ms`.
@@ -833,6 +869,54 @@ mod tests {
         // wrote (the disk let it finish), and no later one.
         let o = open_disks(&d, true, None).unwrap();
         assert_eq!(o.index.keys(), 2);
+    }
+
+    #[test]
+    fn a_disk_is_reopened_as_itself_or_a_blank_replacement_never_as_another() {
+        let (t, d) = dirs(2);
+        let mut o = open_disks(&d, true, None).unwrap();
+        o.journals.set_op_timeout_ms(200);
+        let health = o.store.health().clone();
+        let id = o.disks[1].id;
+        let record = Record::Object(meta("0/on-1", on_slot(7, 1)));
+        // The same disk, idle: reopened, and appends go on to it.
+        assert_eq!(o.journals.reopen(1, &d[1], id), Ok(false));
+        o.journals
+            .append(std::slice::from_ref(&record), true)
+            .unwrap();
+        // Another disk's directory is refused.
+        let refused = o.journals.reopen(1, &d[0], id).unwrap_err();
+        assert!(refused.contains("another disk's id"), "{refused}");
+        // Its thread held past the deadline: the same disk is refused (the held append could
+        // still write to its journal), a blank replacement is taken and given the id.
+        let release = o.journals.workers[1].stall_next();
+        o.journals
+            .append(std::slice::from_ref(&record), true)
+            .unwrap();
+        assert_eq!(health.held_ops(1), 1);
+        assert!(o.journals.reopen(1, &d[1], id).is_err());
+        let blank = t.path().join("replacement");
+        std::fs::create_dir(&blank).unwrap();
+        assert_eq!(o.journals.reopen(1, &blank, id), Ok(true));
+        assert_eq!(disk_id(&blank, &None).unwrap(), id);
+        assert!(blank.join("data").is_dir());
+        health.set_online(1);
+        o.journals
+            .append(std::slice::from_ref(&record), true)
+            .unwrap();
+        assert!(std::fs::metadata(blank.join("journal")).unwrap().len() > 0);
+        // The old thread's operation comes back: counted back, the old thread ends.
+        release.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while health.held_ops(1) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the held operation never came back"
+            );
+            o.journals.poll();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(o.journals.retired.is_empty());
     }
 
     #[test]

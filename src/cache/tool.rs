@@ -202,14 +202,24 @@ pub fn disk(
     action: &str,
     disk: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
-    match disk {
-        None => admin.request("GET", "/cache/disks"),
-        Some(d) => admin.request(
-            "POST",
-            &format!("/cache/disks/{action}?disk={}", query_encode(d)),
-        ),
+    let Some(d) = disk else {
+        return admin.request("GET", "/cache/disks");
+    };
+    let target = format!("/cache/disks/{action}?disk={}", query_encode(d));
+    // An `online` the server is still carrying out answers 202: asked again, it answers with
+    // the outcome once it is in.
+    let deadline = std::time::Instant::now() + DISK_ONLINE_WAIT;
+    loop {
+        let (status, body) = admin.request("POST", &target)?;
+        if status != 202 || std::time::Instant::now() >= deadline {
+            return Ok((status, body));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// Longest `shardline cache disk online` asks again while the server answers 202.
+pub const DISK_ONLINE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `path` with every byte but unreserved ones and '/' percent-encoded (a query value).
 pub fn query_encode(path: &str) -> String {

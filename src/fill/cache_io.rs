@@ -85,9 +85,40 @@ pub struct IoShared {
     pub has_done: AtomicBool,
     /// The thread's eventfd.
     pub wake: OwnedFd,
-    /// Disks reopened by the operator (`cache::disks::reopen_disk`), each with its new
-    /// journal: the thread swaps it in, then brings the disk online.
-    pub reopened: Mutex<Vec<(usize, crate::cache::journal_file::JournalFile)>>,
+    /// The operator's `online` requests and their outcomes (`Journals::reopen`).
+    pub reopen: Mutex<Reopen>,
+}
+
+/// The operator's `online` requests, carried out by the I/O thread, and their outcomes.
+#[derive(Debug, Default)]
+pub struct Reopen {
+    /// (slot, directory, id) to reopen.
+    pub requests: Vec<(usize, std::path::PathBuf, u64)>,
+    /// Each slot's last outcome not yet told (true: a blank replacement; or why not).
+    pub outcomes: Vec<(usize, Result<bool, String>)>,
+}
+
+impl Reopen {
+    /// Queues disk `slot`'s reopen unless one is queued or under way; whether it is new.
+    pub fn ask(&mut self, slot: usize, dir: &std::path::Path, id: u64) -> bool {
+        if self.requests.iter().any(|r| r.0 == slot) {
+            return false;
+        }
+        self.outcomes.retain(|o| o.0 != slot);
+        self.requests.push((slot, dir.to_path_buf(), id));
+        true
+    }
+
+    /// Disk `slot`'s outcome, if there is one (told once).
+    pub fn take_outcome(&mut self, slot: usize) -> Option<Result<bool, String>> {
+        let i = self.outcomes.iter().position(|o| o.0 == slot)?;
+        Some(self.outcomes.swap_remove(i).1)
+    }
+
+    /// Whether disk `slot`'s reopen is queued or under way.
+    pub fn pending(&self, slot: usize) -> bool {
+        self.requests.iter().any(|r| r.0 == slot)
+    }
 }
 
 impl IoShared {
@@ -98,7 +129,7 @@ impl IoShared {
             done: Mutex::new(Vec::new()),
             has_done: AtomicBool::new(false),
             wake: eventfd()?,
-            reopened: Mutex::new(Vec::new()),
+            reopen: Mutex::new(Reopen::default()),
         })
     }
 
@@ -265,30 +296,32 @@ pub fn spawn<C: Compactable>(
     Ok(())
 }
 
-/// Swaps in the journals of the disks the operator reopened and brings each online; one
-/// whose thread still holds a given-up operation waits for the next look.
-fn take_reopened(io: &IoShared, journal: &mut Journals, store: &BlockStore) {
-    let reopened = std::mem::take(&mut *io.reopened.lock().unwrap_or_else(PoisonError::into_inner));
-    let mut later = Vec::new();
-    for (slot, file) in reopened {
-        match journal.replace(slot, file) {
-            Ok(true) => {
+/// Carries out the operator's `online` requests: each disk reopened (`Journals::reopen`)
+/// and brought online, or the reason it was not, left for the admin listener to tell. A
+/// request stays queued (`Reopen::pending`) until its outcome is in.
+pub fn take_reopened(io: &IoShared, journal: &mut Journals, store: &BlockStore) {
+    let requests = io
+        .reopen
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .requests
+        .clone();
+    for (slot, dir, id) in requests {
+        let outcome = journal.reopen(slot, &dir, id);
+        match &outcome {
+            Ok(blank) => {
                 store.health().set_online(slot);
                 tracing::warn!(
                     slot,
+                    blank,
                     "cache disk online again: it takes its share of new objects"
                 );
             }
-            // Past the deadline: the disk stays out (the operator's `online` says so).
-            Ok(false) => tracing::warn!(slot, "cache disk reopened, but its thread is stalled"),
-            Err(file) => later.push((slot, file)),
+            Err(why) => tracing::warn!(slot, why, "cache disk not brought online"),
         }
-    }
-    if !later.is_empty() {
-        io.reopened
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .append(&mut later);
+        let mut reopen = io.reopen.lock().unwrap_or_else(PoisonError::into_inner);
+        reopen.requests.retain(|r| r.0 != slot);
+        reopen.outcomes.push((slot, outcome));
     }
 }
 

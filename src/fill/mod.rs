@@ -116,8 +116,7 @@ pub enum FillEvent {
     },
     /// `job` ended: `error` is None when every block of its run was committed. The slot is
     /// the caller's again, unless the fetch was given up with a disk operation still in the
-    /// kernel (`error` is `FetchError::Disk(ETIMEDOUT)`): then `Released` follows once it
-    /// comes back.
+    /// kernel (`parked`): then `Released` follows once it comes back.
     Ended {
         /// The caller's id.
         job: u64,
@@ -125,6 +124,9 @@ pub enum FillEvent {
         error: Option<FetchError>,
         /// The slot lent at `begin`; None while a write given up still holds it.
         slot: Option<ArenaSlot>,
+        /// Given up at `cache_disk_op_timeout_ms` with its operation in the kernel
+        /// (`Filler::park`; `error` is `FetchError::Disk(ETIMEDOUT)`).
+        parked: bool,
     },
     /// The disk operation of `job` given up at `cache_disk_op_timeout_ms` (its `Ended` said
     /// ETIMEDOUT) came back: its slot, if it held one, is the caller's again.
@@ -995,6 +997,7 @@ impl Filler {
             job: run.job,
             error,
             slot: Some(run.slot),
+            parked: false,
         });
     }
 
@@ -1162,6 +1165,7 @@ impl Filler {
             job: run.job,
             error: Some(FetchError::Disk(libc::ETIMEDOUT)),
             slot: (!holds_slot).then_some(run.slot),
+            parked: true,
         });
     }
 

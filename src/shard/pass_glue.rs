@@ -637,7 +637,9 @@ impl<R: RingOps> Shard<R> {
                         file_offset,
                         len,
                     } => (job, Some((slot, file_offset, len)), None),
-                    FillEvent::Ended { job, error, slot } => {
+                    FillEvent::Ended {
+                        job, error, slot, ..
+                    } => {
                         // A pass-through writes no file, so none is given up at a disk's
                         // deadline: its slot always comes back with its end.
                         if let Some(slot) = slot {

@@ -37,20 +37,61 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         );
     }
 
-    /// Hands disk `slot`'s reopened journal (`cache::disks::reopen_disk`, the operator's
-    /// `online`) to whoever appends: the I/O thread swaps it in and then brings the disk
-    /// online (inline, it is done here).
-    pub fn reopen_disk(&mut self, slot: usize, journal: crate::cache::journal_file::JournalFile) {
-        if let Some(io) = self.signals.io.as_ref() {
-            io.reopened
+    /// Queues the operator's `online` of disk `slot` at `dir` (its id `id`) for whoever
+    /// appends: the I/O thread reopens it (`Journals::reopen`) and brings it online (inline,
+    /// it is done here). Whether it was queued now (false: one is under way).
+    pub fn reopen_disk(&mut self, slot: usize, dir: &std::path::Path, id: u64) -> bool {
+        let Some(io) = self.signals.io.clone() else {
+            if let Some(journals) = self.journal.as_mut() {
+                let outcome = journals.reopen(slot, dir, id);
+                if outcome.is_ok() {
+                    self.store.health().set_online(slot);
+                }
+                self.reopen_outcomes.push((slot, outcome));
+            }
+            return true;
+        };
+        let mut reopen = io
+            .reopen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !reopen.ask(slot, dir, id) {
+            return false;
+        }
+        drop(reopen);
+        let _ = rustix::io::write(&io.wake, &1u64.to_ne_bytes());
+        true
+    }
+
+    /// Disk `slot`'s `online` outcome, if one is in (told once): true when it was blank.
+    pub fn reopen_outcome(&mut self, slot: usize) -> Option<Result<bool, String>> {
+        match self.signals.io.as_ref() {
+            Some(io) => io
+                .reopen
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((slot, journal));
-            let _ = rustix::io::write(&io.wake, &1u64.to_ne_bytes());
-        } else if let Some(journals) = self.journal.as_mut() {
-            if let Ok(true) = journals.replace(slot, journal) {
-                self.store.health().set_online(slot);
+                .take_outcome(slot),
+            None => {
+                let i = self.reopen_outcomes.iter().position(|o| o.0 == slot)?;
+                Some(self.reopen_outcomes.swap_remove(i).1)
             }
+        }
+    }
+
+    /// Fetch `job` was given up at its disk's deadline with its operation in the kernel
+    /// (`Filler::park`): the disk holds it until `released` (and stays stalled as long).
+    pub(super) fn given_up(&mut self, job: u64) {
+        if let Some(j) = self.running.get(&job) {
+            let disk = crate::cache::version_id::slot_of(j.version);
+            self.store.health().op_held(disk);
+            self.given_up.insert(job, disk);
+        }
+    }
+
+    /// The operation of given-up fetch `job` came back.
+    pub(super) fn released(&mut self, job: u64) {
+        if let Some(disk) = self.given_up.remove(&job) {
+            self.store.health().op_back(disk, unix_now_s());
         }
     }
 }

@@ -823,16 +823,15 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     });
                 }
                 FillEvent::Head { job, facts } => self.on_head(job, facts),
-                FillEvent::Ended { job, error, slot } => {
+                FillEvent::Ended {
+                    job,
+                    error,
+                    slot,
+                    parked,
+                } => {
                     freed.extend(slot);
-                    if error == Some(FetchError::Disk(libc::ETIMEDOUT)) {
-                        // Given up at its deadline: the disk holds the operation until
-                        // `Released` (it stays stalled at least as long).
-                        if let Some(j) = self.running.get(&job) {
-                            let disk = crate::cache::version_id::slot_of(j.version);
-                            self.store.health().op_held(disk);
-                            self.given_up.insert(job, disk);
-                        }
+                    if parked {
+                        self.given_up(job);
                     }
                     if self.deferred.is_empty() {
                         self.on_ended(job, error, now_ms);
@@ -843,9 +842,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 }
                 FillEvent::Released { job, slot } => {
                     freed.extend(slot);
-                    if let Some(disk) = self.given_up.remove(&job) {
-                        self.store.health().op_back(disk, unix_now_s());
-                    }
+                    self.released(job);
                 }
                 FillEvent::Piece { .. } => unreachable!("only pass-through fetches deliver"),
             }

@@ -345,6 +345,8 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     running: HashMap<u64, Job>,
     /// Jobs given up at a disk's deadline, until `FillEvent::Released`: the disk holding each.
     given_up: HashMap<u64, usize>,
+    /// Inline only: `online` outcomes not yet told (`reopen_outcome`).
+    reopen_outcomes: Vec<(usize, Result<bool, String>)>,
     queue: VecDeque<Job>,
     /// Each origin's pause (its 429/503 with `Retry-After`): no fetch to it starts before this
     /// (ms of the shards' clock; 0: none).
@@ -849,6 +851,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             file_uses: 0,
             running: HashMap::new(),
             given_up: HashMap::new(),
+            reopen_outcomes: Vec::new(),
             queue: VecDeque::new(),
             next_job: 0,
             next_version,

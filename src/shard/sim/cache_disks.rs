@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::rng::Rng;
 use crate::config::Config;
@@ -55,6 +56,35 @@ pub enum FaultKind {
 /// How long a stalled operation takes (virtual ms): past the default
 /// `cache_disk_op_timeout_ms`, within the run's virtual time.
 pub const STALL_MS: u64 = 3 * crate::cache::disks::DEFAULT_DISK_OP_TIMEOUT_MS;
+
+/// Completions of disk operations a stall holds (`FaultKind::Stall`), each until its time.
+#[derive(Debug, Default)]
+pub struct Stalls(Vec<(Duration, u64, i32)>);
+
+impl Stalls {
+    /// Holds the completion (`token`, `res`) for `STALL_MS` from `now`.
+    pub fn hold(&mut self, now: Duration, token: u64, res: i32) {
+        self.0
+            .push((now + Duration::from_millis(STALL_MS), token, res));
+    }
+
+    /// The completions whose time came by `now`, taken.
+    pub fn due(&mut self, now: Duration) -> Vec<(u64, i32)> {
+        let (due, held): (Vec<_>, Vec<_>) = self.0.drain(..).partition(|s| s.0 <= now);
+        self.0 = held;
+        due.into_iter().map(|(_, t, r)| (t, r)).collect()
+    }
+
+    /// When the next is due.
+    pub fn next(&self) -> Option<Duration> {
+        self.0.iter().map(|s| s.0).min()
+    }
+
+    /// How many it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
 
 /// What one operation of the failing disk gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -291,9 +291,8 @@ pub struct SimRing {
     /// Fixed socket slot -> socket id in `net`.
     fixed_sockets: Vec<Option<usize>>,
     ops: Vec<InFlight>,
-    /// Completions of disk operations a stall holds (`FaultKind::Stall`): (due, token,
-    /// result), posted once the clock reaches due.
-    stalled: Vec<(Duration, u64, i32)>,
+    /// Completions of disk operations a stall holds (`FaultKind::Stall`).
+    stalled: super::cache_disks::Stalls,
     next_seq: u64,
     cq: VecDeque<Completion>,
     /// Completions that did not fit in the CQ.
@@ -354,7 +353,7 @@ impl SimRing {
             fault_files: vec![false; cfg.file_slots as usize],
             fixed_sockets: vec![None; cfg.socket_slots as usize],
             ops: Vec::new(),
-            stalled: Vec::new(),
+            stalled: Default::default(),
             next_seq: 0,
             cq: VecDeque::new(),
             cq_overflow: VecDeque::new(),
@@ -383,22 +382,6 @@ impl SimRing {
     /// Operations in flight, not counting the multishot accept.
     pub fn ops_in_flight(&self) -> usize {
         self.ops.len() + self.stalled.len()
-    }
-
-    /// Holds the completion (`token`, `res`) of a disk operation for `STALL_MS`.
-    fn stall(&mut self, token: u64, res: i32) {
-        let due = self.now + Duration::from_millis(super::cache_disks::STALL_MS);
-        self.stalled.push((due, token, res));
-    }
-
-    /// Posts the stalled completions whose time came.
-    fn post_stalled(&mut self) {
-        let now = self.now;
-        let (due, held): (Vec<_>, Vec<_>) = self.stalled.drain(..).partition(|s| s.0 <= now);
-        self.stalled = held;
-        for (_, token, res) in due {
-            self.post(token, res, 0);
-        }
     }
 
     /// Completions posted and not yet drained.
@@ -466,7 +449,9 @@ impl SimRing {
     /// One round of the modelled kernel: clients act, submissions are taken (unless the SQ is
     /// "full" this round), and every operation that can complete does, in a random order.
     fn run_kernel(&mut self) {
-        self.post_stalled();
+        for (token, res) in self.stalled.due(self.now) {
+            self.post(token, res, 0);
+        }
         let now_us = self.now.as_micros() as u64;
         self.net.act(now_us);
         if let Some(origin) = self.net.origin.as_mut() {
@@ -762,7 +747,7 @@ impl SimRing {
                     }
                 };
                 if stall {
-                    self.stall(token, res);
+                    self.stalled.hold(self.now, token, res);
                 } else {
                     self.post(token, res, 0);
                 }
@@ -777,7 +762,7 @@ impl SimRing {
                     if let Some(d) = &self.disk {
                         crate::cache::watch::DiskWatch::synced(&**d, &path);
                     }
-                    self.stall(token, 0);
+                    self.stalled.hold(self.now, token, 0);
                 } else if fault.is_some() {
                     self.post(token, -libc::EIO, 0);
                 } else {
@@ -1025,7 +1010,7 @@ impl SimRing {
             self.arena[slot.index()][at] ^= 0x5a;
         }
         if stall {
-            self.stall(token, res);
+            self.stalled.hold(self.now, token, res);
         } else {
             self.post(token, res, 0);
         }
@@ -1063,7 +1048,7 @@ impl SimRing {
         }
         let deadline = self.now + timeout.unwrap_or(WAIT_FOREVER_CAP);
         while self.cq.is_empty() && self.now < deadline {
-            let stalled = self.stalled.iter().map(|s| s.0).min().unwrap_or(deadline);
+            let stalled = self.stalled.next().unwrap_or(deadline);
             let net = self.net.next_event_us(self.now.as_micros() as u64);
             let next = net.map_or(deadline, Duration::from_micros).min(stalled);
             self.now = next.min(deadline).max(self.now + IDLE_STEP);
