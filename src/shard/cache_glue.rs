@@ -989,6 +989,10 @@ impl<R: RingOps> Shard<R> {
                             Some(FillAnswer::Status(EdgeCache::status_for(&error)))
                         };
                         self.resume_fill(waiter, answer);
+                    } else if self.relaying(waiter) {
+                        // An earlier notice of this batch moved it to a pass-through (several
+                        // fetches of its object can fail together, as when their disk
+                        // stalls): the fill's later news of it are stale.
                     } else if !(error.passes_through() && self.live_stream(waiter)) {
                         // Its response has begun: it cannot become an error now.
                         self.cache.pulls.aborts.push(waiter);
@@ -1115,6 +1119,18 @@ impl<R: RingOps> Shard<R> {
         if self.conns[c.index()].responding() {
             self.ready.push_urgent(c);
         }
+    }
+
+    /// Whether `waiter`'s response goes on from the origin already (a pass-through).
+    fn relaying(&self, waiter: Waiter) -> bool {
+        let conn = &self.conns[waiter.conn.index()];
+        conn.generation() == waiter.generation
+            && self
+                .cache
+                .pulls
+                .relays
+                .get(self.conn_ref(waiter.conn))
+                .is_some()
     }
 
     /// Whether `waiter` is a live response streaming from the cache that goes on as a

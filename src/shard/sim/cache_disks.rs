@@ -51,6 +51,9 @@ pub enum FaultKind {
     /// The `nth` block write, sync or read completes only `STALL_MS` later (past
     /// `cache_disk_op_timeout_ms`: a stall that ends); the rest go on.
     Stall,
+    /// From the `nth` operation on, every block write and sync completes `STALL_MS` late
+    /// (`fsfreeze`: reads go on): every fill writing to the disk is held at once.
+    Frozen,
 }
 
 /// How long a stalled operation takes (virtual ms): past the default
@@ -121,6 +124,7 @@ impl DiskFault {
             FaultKind::Dead => (self.ops >= self.nth).then_some(FaultHit::Eio),
             FaultKind::ShortWrite => (write && self.ops == self.nth).then_some(FaultHit::Short),
             FaultKind::Stall => (self.ops == self.nth).then_some(FaultHit::Stall),
+            FaultKind::Frozen => (self.ops >= self.nth).then_some(FaultHit::Stall),
         }
     }
 
@@ -130,7 +134,7 @@ impl DiskFault {
         match self.kind {
             FaultKind::Dead => (self.ops >= self.nth).then_some(FaultHit::Eio),
             FaultKind::Stall => (self.ops == self.nth).then_some(FaultHit::Stall),
-            FaultKind::ShortWrite => None,
+            FaultKind::ShortWrite | FaultKind::Frozen => None,
         }
     }
 }
@@ -168,8 +172,14 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
     let mut fired = 0;
     let mut runs = 0;
     let mut pulled = 0;
-    let mut cut = [0; 3];
-    for kind in [FaultKind::Dead, FaultKind::ShortWrite, FaultKind::Stall] {
+    let mut cut = [0; 4];
+    let kinds = [
+        FaultKind::Dead,
+        FaultKind::ShortWrite,
+        FaultKind::Stall,
+        FaultKind::Frozen,
+    ];
+    for kind in kinds {
         for nth in 1..=SWEEP_MAX_NTH {
             for seed in 0..seeds {
                 FAULT.set(Some((nth, kind)));
@@ -193,8 +203,8 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
         }
     }
     eprintln!(
-        "{runs} runs, {fired} disk operations failed, {pulled} pulled responses, clients cut by the disk alone: {} dead, {} short write, {} stall",
-        cut[0], cut[1], cut[2]
+        "{runs} runs, {fired} disk operations failed, {pulled} pulled responses, clients cut by the disk alone: {} dead, {} short write, {} stall, {} frozen",
+        cut[0], cut[1], cut[2], cut[3]
     );
     assert!(
         fired > 0 && pulled > 0,
@@ -202,5 +212,5 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
     );
     // A read the disk fails goes on from the origin, as does a fill whose write it fails: no
     // client that asked nothing unusual is cut (`shard::read_failover`).
-    assert_eq!(cut, [0, 0, 0], "clients cut by the failing disk alone");
+    assert_eq!(cut, [0; 4], "clients cut by the failing disk alone");
 }
