@@ -293,6 +293,17 @@ fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk), replace: bool) {
     if !replace {
         return;
     }
+    // Its failure is kept across restarts by the disks that live (`failed-disks`).
+    let mounts: Vec<PathBuf> = disks.iter().map(|d| d.mount.clone()).collect();
+    let listed = |i: usize| mounts[i].join("failed-disks").exists();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(0..3).filter(|&i| i != dead).all(listed) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the live disks never listed the dead one"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // The dead drive is swapped for a blank one, and brought online while serving.
     disks[dead].replace();
     let said = common::disk_cli(admin, &token, &["online", &dead.to_string()]);
@@ -322,6 +333,15 @@ fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk), replace: bool) {
         );
     }
     let took = data_files(&disks[dead].mount);
+    // Back: no disk lists it any more (the I/O thread rewrote the lists at its next look).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while (0..3).any(listed) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a disk still lists the one brought back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     eprintln!(
         "the blank replacement took {took} of {} new objects",
         2 * OBJECTS

@@ -322,6 +322,18 @@ impl DiskHealth {
         Some(self.disks.get(slot)?.latency[op as usize].snapshot())
     }
 
+    /// Disk `slot` failed before this start (`failed_disks`): failing, unless the operator
+    /// has it offline.
+    pub fn set_failing(&self, slot: usize) {
+        if let Some(d) = self.disks.get(slot) {
+            let online = DiskState::Online.code();
+            let failing = DiskState::Failing.code();
+            let _ = d
+                .state
+                .compare_exchange(online, failing, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     /// Takes disk `slot` to failing for `why` (not a device error: the cache's own thread for
     /// it is gone), unless the operator has it offline.
     pub fn fail(&self, slot: usize, why: &str) {

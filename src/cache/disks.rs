@@ -9,6 +9,7 @@
 //! split by disk (`Journals`): each disk's share is appended and synced on a thread of its
 //! own, so the disks' syncs run side by side.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 pub use super::disk_health::unix_now_s;
 use super::disk_health::{DiskHealth, DiskOp};
 use super::disk_worker::{self, DiskWorker, Job};
+use super::failed_disks;
 use super::index::Index;
 use super::journal::{Decoded, Record, ReplayStats};
 use super::journal_file::JournalFile;
@@ -178,6 +180,18 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
             );
         }
     }
+    // The disks that failed before this start, as the others remember them.
+    let failed = failed_disks::read_listed(disks.iter().map(|d| d.dir.as_path()));
+    for (slot, d) in disks.iter().enumerate() {
+        if failed.contains(&d.id) && store.health().usable(slot) {
+            store.health().set_failing(slot);
+            tracing::warn!(
+                disk = %d.dir.display(),
+                "cache disk failed before this start (the other disks say so): its objects are \
+                 misses until `shardline cache disk online`"
+            );
+        }
+    }
     let workers = journals
         .into_iter()
         .enumerate()
@@ -187,6 +201,10 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
         journals: Journals {
             workers,
             retired: Vec::new(),
+            ids: disks.iter().map(|d| (d.id, d.dir.clone())).collect(),
+            // Written again at the first look, so every disk carries the whole list.
+            written: failed.is_empty().then(BTreeSet::new),
+            failed,
             health: store.health().clone(),
             store: store.clone(),
             op_timeout: Duration::from_millis(DEFAULT_DISK_OP_TIMEOUT_MS),
@@ -368,6 +386,12 @@ pub struct Journals {
     workers: Vec<DiskWorker>,
     /// Workers of replaced disks that still hold an operation past its deadline.
     retired: Vec<DiskWorker>,
+    /// Each disk's id and directory (index = slot).
+    ids: Vec<(u64, PathBuf)>,
+    /// The ids of the disks that failed and were not brought back (`failed_disks`), and the
+    /// list every usable disk carries now (None: not known to be the same on all).
+    failed: BTreeSet<u64>,
+    written: Option<BTreeSet<u64>>,
     /// The disks' health (the store's): a failing disk's records are not written, and an
     /// append's error is noted against its disk.
     health: Arc<DiskHealth>,
@@ -490,6 +514,44 @@ impl Journals {
         }
         // A replaced disk's old thread ends once its operation came back.
         self.retired.retain_mut(|w| !w.poll());
+        self.keep_failures();
+    }
+
+    /// Writes the list of failed disks on every usable disk when it changed (each within the
+    /// deadline; a disk that did not take it gets it at the next look).
+    fn keep_failures(&mut self) {
+        for (slot, (id, _)) in self.ids.iter().enumerate() {
+            if self.health.state(slot) == super::disk_health::DiskState::Failing {
+                self.failed.insert(*id);
+            }
+        }
+        if self.written.as_ref() == Some(&self.failed) {
+            return;
+        }
+        let deadline = Instant::now() + self.op_timeout;
+        let mut sent = Vec::new();
+        for (slot, (_, dir)) in self.ids.iter().enumerate() {
+            if !self.health.usable(slot) {
+                continue;
+            }
+            let (dir, ids) = (dir.clone(), self.failed.clone());
+            let job: Job = Box::new(move |_: &mut JournalFile| -> disk_worker::Outcome {
+                Box::new(Outcome::Done(failed_disks::write_list(&dir, &ids)))
+            });
+            if self.workers[slot].send(job) {
+                sent.push(slot);
+            }
+        }
+        let mut all = true;
+        for slot in sent {
+            match self.workers[slot].wait(deadline).map(unbox) {
+                Some(Outcome::Done(Ok(()))) => {}
+                _ => all = false,
+            }
+        }
+        if all {
+            self.written = Some(self.failed.clone());
+        }
         self.health.try_come_back(unix_now_s());
     }
 
@@ -546,6 +608,8 @@ impl Journals {
         }
         let new =
             DiskWorker::spawn(slot, journal, self.health.clone()).map_err(|e| e.to_string())?;
+        // Back: off the list of failed disks (written at the I/O thread's next look).
+        self.failed.remove(&id);
         let old = std::mem::replace(&mut self.workers[slot], new);
         if stuck {
             self.retired.push(old);
@@ -917,6 +981,41 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(o.journals.retired.is_empty());
+    }
+
+    #[test]
+    fn a_failed_disk_stays_failed_across_a_restart_until_it_is_brought_back() {
+        use crate::cache::disk_health::DiskState;
+        let (_t, d) = dirs(3);
+        let mut o = open_disks(&d, true, None).unwrap();
+        let id = o.disks[1].id;
+        for _ in 0..crate::cache::disk_health::DEVICE_ERRORS_TO_FAIL {
+            o.store.health().note(1, libc::EIO, unix_now_s());
+        }
+        assert_eq!(o.store.health().state(1), DiskState::Failing);
+        // The I/O thread's look writes its id on the other disks (not on itself).
+        o.journals.poll();
+        for slot in [0, 2] {
+            let listed = failed_disks::read_listed([d[slot].as_path()]);
+            assert_eq!(listed, BTreeSet::from([id]), "disk {slot}");
+        }
+        assert!(!d[1].join(failed_disks::FAILED_DISKS_FILE).exists());
+        drop(o);
+        // Restarted, it comes up failing; the others are online.
+        let mut o = open_disks(&d, true, None).unwrap();
+        let states: Vec<DiskState> = (0..3).map(|s| o.store.health().state(s)).collect();
+        assert_eq!(
+            states,
+            [DiskState::Online, DiskState::Failing, DiskState::Online]
+        );
+        // Brought back by the operator: off the lists, and online after the next restart.
+        assert_eq!(o.journals.reopen(1, &d[1], id), Ok(false));
+        o.store.health().set_online(1);
+        o.journals.poll();
+        drop(o);
+        let o = open_disks(&d, true, None).unwrap();
+        assert!((0..3).all(|s| o.store.health().usable(s)));
+        assert!(failed_disks::read_listed(d.iter().map(|p| p.as_path())).is_empty());
     }
 
     #[test]

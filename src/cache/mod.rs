@@ -41,6 +41,7 @@ pub mod disk_health;
 pub mod disk_worker;
 pub mod disks;
 pub mod evict;
+pub mod failed_disks;
 pub mod index;
 pub mod journal;
 pub mod journal_file;
