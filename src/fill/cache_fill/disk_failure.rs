@@ -8,7 +8,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// Takes the objects of every disk newly failing out of the index, once per disk: each
     /// current version is retired (dropped once nothing reads or fills it), every other one
     /// not read is dropped. Their Drop records go nowhere (`Journals` writes nothing to a
-    /// failing disk) and their files stay, so a restart with the disk healthy again finds them.
+    /// failing disk) and their files stay: once `online` takes it off the lists of failed disks
+    /// (`cache::failed_disks`), a restart finds them.
     pub(super) fn drop_failed_disks(&mut self) {
         let failed = self.store.health().take_newly_failed();
         if failed == 0 {
