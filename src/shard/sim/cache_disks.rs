@@ -54,7 +54,14 @@ pub enum FaultKind {
     /// From the `nth` operation on, every block write and sync completes `STALL_MS` late
     /// (`fsfreeze`: reads go on): every fill writing to the disk is held at once.
     Frozen,
+    /// As `Frozen`, but `HANG_MS` late: as good as never, for the clients (the run checks
+    /// that every one was done before any held operation came back).
+    Hang,
 }
+
+/// How long a hung operation takes (virtual ms): past every client's run, within the run's
+/// virtual time.
+pub const HANG_MS: u64 = 90_000;
 
 /// How long a stalled operation takes (virtual ms): past the default
 /// `cache_disk_op_timeout_ms`, within the run's virtual time.
@@ -65,10 +72,14 @@ pub const STALL_MS: u64 = 3 * crate::cache::disks::DEFAULT_DISK_OP_TIMEOUT_MS;
 pub struct Stalls(Vec<(Duration, u64, i32)>);
 
 impl Stalls {
-    /// Holds the completion (`token`, `res`) for `STALL_MS` from `now`.
-    pub fn hold(&mut self, now: Duration, token: u64, res: i32) {
-        self.0
-            .push((now + Duration::from_millis(STALL_MS), token, res));
+    /// Holds the completion (`token`, `res`) of an operation `hit` took, from `now`.
+    pub fn hold(&mut self, hit: FaultHit, now: Duration, token: u64, res: i32) {
+        let ms = if hit == FaultHit::Hang {
+            HANG_MS
+        } else {
+            STALL_MS
+        };
+        self.0.push((now + Duration::from_millis(ms), token, res));
     }
 
     /// The completions whose time came by `now`, taken.
@@ -98,6 +109,15 @@ pub enum FaultHit {
     Short,
     /// Whole, but completed `STALL_MS` late.
     Stall,
+    /// Whole, but completed `HANG_MS` late.
+    Hang,
+}
+
+impl FaultHit {
+    /// Whether the operation is done, only late.
+    pub fn holds(self) -> bool {
+        matches!(self, FaultHit::Stall | FaultHit::Hang)
+    }
 }
 
 /// One cache disk that fails under a run (the ring's `disk_fault`).
@@ -125,6 +145,7 @@ impl DiskFault {
             FaultKind::ShortWrite => (write && self.ops == self.nth).then_some(FaultHit::Short),
             FaultKind::Stall => (self.ops == self.nth).then_some(FaultHit::Stall),
             FaultKind::Frozen => (self.ops >= self.nth).then_some(FaultHit::Stall),
+            FaultKind::Hang => (self.ops >= self.nth).then_some(FaultHit::Hang),
         }
     }
 
@@ -134,7 +155,7 @@ impl DiskFault {
         match self.kind {
             FaultKind::Dead => (self.ops >= self.nth).then_some(FaultHit::Eio),
             FaultKind::Stall => (self.ops == self.nth).then_some(FaultHit::Stall),
-            FaultKind::ShortWrite | FaultKind::Frozen => None,
+            FaultKind::ShortWrite | FaultKind::Frozen | FaultKind::Hang => None,
         }
     }
 }
@@ -172,12 +193,13 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
     let mut fired = 0;
     let mut runs = 0;
     let mut pulled = 0;
-    let mut cut = [0; 4];
+    let mut cut = [0; 5];
     let kinds = [
         FaultKind::Dead,
         FaultKind::ShortWrite,
         FaultKind::Stall,
         FaultKind::Frozen,
+        FaultKind::Hang,
     ];
     for kind in kinds {
         for nth in 1..=SWEEP_MAX_NTH {
@@ -193,6 +215,14 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
                 fired += stats.paths.disk_fault_ops;
                 pulled += stats.pulled;
                 cut[kind as usize] += stats.cut_by_disk;
+                // A disk that never answers holds up no client: all were done before the
+                // first held operation came back.
+                assert!(
+                    kind != FaultKind::Hang || stats.clients_done_ms < HANG_MS,
+                    "{kind:?} at operation {nth}, seed {seed}: the clients were done only at \
+                     {} ms",
+                    stats.clients_done_ms
+                );
                 if stats.cut_by_disk > 0 {
                     eprintln!(
                         "{kind:?} at operation {nth}, seed {seed}: {} clients cut",
@@ -203,8 +233,8 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
         }
     }
     eprintln!(
-        "{runs} runs, {fired} disk operations failed, {pulled} pulled responses, clients cut by the disk alone: {} dead, {} short write, {} stall, {} frozen",
-        cut[0], cut[1], cut[2], cut[3]
+        "{runs} runs, {fired} disk operations failed, {pulled} pulled responses, clients cut by the disk alone: {} dead, {} short write, {} stall, {} frozen, {} hang",
+        cut[0], cut[1], cut[2], cut[3], cut[4]
     );
     assert!(
         fired > 0 && pulled > 0,
@@ -212,5 +242,5 @@ fn a_failing_disk_never_costs_a_wrong_byte_a_slot_or_a_hang_swept_over_n() {
     );
     // A read the disk fails goes on from the origin, as does a fill whose write it fails: no
     // client that asked nothing unusual is cut (`shard::read_failover`).
-    assert_eq!(cut, [0; 4], "clients cut by the failing disk alone");
+    assert_eq!(cut, [0; 5], "clients cut by the failing disk alone");
 }

@@ -126,6 +126,8 @@ struct RunStats {
     /// Clients that asked nothing unusual yet got fewer or shorter responses than they asked
     /// for, in runs whose only fault was a failing cache disk (`cache_disks`).
     cut_by_disk: usize,
+    /// When every client was done (virtual ms; the latest over runs added).
+    clients_done_ms: u64,
     file_changes: usize,
     arena_waits: u64,
     /// Attempts that found the fill's lock held (made up, `LOCK_CONTENTION_RUN_PERCENT`).
@@ -159,6 +161,7 @@ impl RunStats {
         self.corrupt_blocks += o.corrupt_blocks;
         self.cut_short += o.cut_short;
         self.cut_by_disk += o.cut_by_disk;
+        self.clients_done_ms = self.clients_done_ms.max(o.clients_done_ms);
         self.file_changes += o.file_changes;
         self.arena_waits += o.arena_waits;
         self.lock_busy += o.lock_busy;
@@ -939,6 +942,9 @@ fn drive(
         check_tick(shard, &prev).map_err(|e| format!("tick {}: {e}", stats.ticks))?;
         let ring = &shard.ring;
         let clients_done = ring.net.clients.iter().all(|c| c.done);
+        if clients_done && stats.clients_done_ms == 0 {
+            stats.clients_done_ms = shard.clock.now_ms.max(1);
+        }
         // Slots an ended fetch gave back return to the arena at the next tick.
         let fill_idle = shard
             .cache

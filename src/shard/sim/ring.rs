@@ -717,7 +717,7 @@ impl SimRing {
                 if fault.is_some() {
                     self.paths.disk_fault_ops += 1;
                 }
-                let stall = fault == Some(super::cache_disks::FaultHit::Stall);
+                let stall = fault.filter(|h| h.holds());
                 let res = if let Some(super::cache_disks::FaultHit::Eio) = fault {
                     -libc::EIO
                 } else if let Some(super::cache_disks::FaultHit::Short) = fault {
@@ -746,8 +746,8 @@ impl SimRing {
                         Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
                     }
                 };
-                if stall {
-                    self.stalled.hold(self.now, token, res);
+                if let Some(hit) = stall {
+                    self.stalled.hold(hit, self.now, token, res);
                 } else {
                     self.post(token, res, 0);
                 }
@@ -758,11 +758,11 @@ impl SimRing {
                 if fault.is_some() {
                     self.paths.disk_fault_ops += 1;
                 }
-                if fault == Some(super::cache_disks::FaultHit::Stall) {
+                if let Some(hit) = fault.filter(|h| h.holds()) {
                     if let Some(d) = &self.disk {
                         crate::cache::watch::DiskWatch::synced(&**d, &path);
                     }
-                    self.stalled.hold(self.now, token, 0);
+                    self.stalled.hold(hit, self.now, token, 0);
                 } else if fault.is_some() {
                     self.post(token, -libc::EIO, 0);
                 } else {
@@ -976,11 +976,11 @@ impl SimRing {
         let fault = on_fault_disk
             .then(|| self.disk_fault.as_mut()?.read())
             .flatten();
-        let stall = fault == Some(super::cache_disks::FaultHit::Stall);
+        let stall = fault.filter(|h| h.holds());
         if fault.is_some() {
             self.paths.disk_fault_ops += 1;
         }
-        if fault.is_some() && !stall {
+        if fault.is_some() && stall.is_none() {
             self.post(token, -libc::EIO, 0);
             return;
         }
@@ -1009,8 +1009,8 @@ impl SimRing {
             let at = buf_off + self.rng.below(res as u64) as usize;
             self.arena[slot.index()][at] ^= 0x5a;
         }
-        if stall {
-            self.stalled.hold(self.now, token, res);
+        if let Some(hit) = stall {
+            self.stalled.hold(hit, self.now, token, res);
         } else {
             self.post(token, res, 0);
         }
