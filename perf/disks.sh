@@ -470,7 +470,11 @@ def admin_metric(name, label):
 t_thaw = time.monotonic()
 while admin_metric("shardline_cache_disk_stalled", f'disk="{frozen}"') != 0:
     if time.monotonic() - t_thaw > 90:
-        raise SystemExit("the thawed disk never came back\n" + open(f"{WORK}/server.log").read()[-3000:])
+        shutil.copy(f"{WORK}/server.log", os.environ.get("DISKS_SERVER_LOG", "/tmp/disks-server.log"))
+        c = http.client.HTTPConnection("127.0.0.1", 18182, timeout=5)
+        c.request("GET", "/metrics")
+        held = [l for l in c.getresponse().read().decode().splitlines() if "cache_disk" in l and not l.startswith("#") and "_bucket" not in l]
+        raise SystemExit("the thawed disk never came back\n" + "\n".join(held))
     time.sleep(0.5)
 back_s = time.monotonic() - t_thaw
 report += [f"After the thaw the disk came back online by itself in {back_s:.1f} s "
