@@ -561,40 +561,31 @@ fn render_cache_disks(out: &mut String, report: &crate::cache::disks::DiskReport
             format!("disk=\"{i}\",dir=\"{dir}\",id=\"{:016x}\"", d.id)
         })
         .collect();
-    let name = "shardline_cache_disk_failing";
-    write_family_header(
-        out,
-        name,
-        "gauge",
-        "1 while a cache disk is failing (device errors took it out: no new fills, its objects \
-         are misses), else 0.",
-    );
-    for (i, label) in labels.iter().enumerate() {
-        let v = u8::from(report.health.state(i) == DiskState::Failing);
-        let _ = writeln!(out, "{name}{{{label}}} {v}");
-    }
-    let name = "shardline_cache_disk_offline";
-    write_family_header(
-        out,
-        name,
-        "gauge",
-        "1 while the operator has a cache disk offline (shardline cache disk offline), else 0.",
-    );
-    for (i, label) in labels.iter().enumerate() {
-        let v = u8::from(report.health.state(i) == DiskState::Offline);
-        let _ = writeln!(out, "{name}{{{label}}} {v}");
-    }
-    let name = "shardline_cache_disk_stalled";
-    write_family_header(
-        out,
-        name,
-        "gauge",
-        "1 while a cache disk is stalled (an operation passed cache_disk_op_timeout_ms: no new \
-         fills, its objects are misses, its clients go on from the origin), else 0.",
-    );
-    for (i, label) in labels.iter().enumerate() {
-        let v = u8::from(report.health.state(i) == DiskState::Stalled);
-        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    let state_gauges = [
+        (
+            "shardline_cache_disk_failing",
+            DiskState::Failing,
+            "1 while a cache disk is failing (device errors took it out: no new fills, its \
+             objects are misses), else 0.",
+        ),
+        (
+            "shardline_cache_disk_offline",
+            DiskState::Offline,
+            "1 while the operator has a cache disk offline (shardline cache disk offline), else 0.",
+        ),
+        (
+            "shardline_cache_disk_stalled",
+            DiskState::Stalled,
+            "1 while a cache disk is stalled (an operation passed cache_disk_op_timeout_ms: no \
+             new fills, its objects are misses, its clients go on from the origin), else 0.",
+        ),
+    ];
+    for (name, state, help) in state_gauges {
+        write_family_header(out, name, "gauge", help);
+        for (i, label) in labels.iter().enumerate() {
+            let v = u8::from(report.health.state(i) == state);
+            let _ = writeln!(out, "{name}{{{label}}} {v}");
+        }
     }
     let name = "shardline_cache_disk_held_ops";
     write_family_header(

@@ -136,6 +136,17 @@ impl Drop for LoopDisk {
     }
 }
 
+/// Whether this test may make loop disks: root (`root_why` says what for) and loop devices;
+/// each missing one is skipped only by its named variable, else the test fails.
+fn loop_disks_can_be_made(root_why: &str) -> bool {
+    common::prerequisite(common::running_as_root(), SKIP_ROOT, root_why)
+        && common::prerequisite(
+            Path::new("/dev/loop-control").exists(),
+            SKIP_LOOP,
+            "no /dev/loop-control: loop devices are missing",
+        )
+}
+
 fn data_files(disk: &Path) -> usize {
     std::fs::read_dir(disk.join("data"))
         .map(|d| d.count())
@@ -173,18 +184,7 @@ fn a_disk_shrunk_under_the_edge_costs_only_its_objects() {
 /// and new ones land on the others. With `replace`, the dead drive is then swapped for a blank
 /// one and brought online while serving: it takes new objects, and nothing else moves.
 fn lose_a_disk_under_the_edge(fail: impl Fn(&LoopDisk), replace: bool) {
-    if !common::prerequisite(
-        common::running_as_root(),
-        SKIP_ROOT,
-        "loop devices, mkfs and EXT4_IOC_SHUTDOWN need root",
-    ) {
-        return;
-    }
-    if !common::prerequisite(
-        Path::new("/dev/loop-control").exists(),
-        SKIP_LOOP,
-        "no /dev/loop-control: loop devices are missing",
-    ) {
+    if !loop_disks_can_be_made("loop devices, mkfs and EXT4_IOC_SHUTDOWN need root") {
         return;
     }
     let origin_root = tempfile::tempdir().unwrap();
@@ -378,18 +378,7 @@ const FROZEN_OP_TIMEOUT_MS: u64 = 1000;
 /// other disks fill, and the held operation is counted until the disk thaws.
 #[test]
 fn a_disk_frozen_under_a_cold_download_costs_it_nothing() {
-    if !common::prerequisite(
-        common::running_as_root(),
-        SKIP_ROOT,
-        "loop devices, mkfs and fsfreeze need root",
-    ) {
-        return;
-    }
-    if !common::prerequisite(
-        Path::new("/dev/loop-control").exists(),
-        SKIP_LOOP,
-        "no /dev/loop-control: loop devices are missing",
-    ) {
+    if !loop_disks_can_be_made("loop devices, mkfs and fsfreeze need root") {
         return;
     }
     let origin_root = tempfile::tempdir().unwrap();

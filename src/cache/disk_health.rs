@@ -169,6 +169,16 @@ struct One {
     quiet_since_s: AtomicU64,
 }
 
+impl One {
+    /// Moves the state from `from` to `to`; false when it was not `from` (another thread
+    /// moved it first, or the operator's word stands).
+    fn moved(&self, from: DiskState, to: DiskState) -> bool {
+        self.state
+            .compare_exchange(from.code(), to.code(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
 /// Every disk's health (index = slot).
 #[derive(Debug)]
 pub struct DiskHealth {
@@ -210,13 +220,7 @@ impl DiskHealth {
                 } else {
                     d.window_errors.fetch_add(1, Ordering::Relaxed) + 1
                 };
-                let online = DiskState::Online.code();
-                let failing = DiskState::Failing.code();
-                if n >= DEVICE_ERRORS_TO_FAIL
-                    && d.state
-                        .compare_exchange(online, failing, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                {
+                if n >= DEVICE_ERRORS_TO_FAIL && d.moved(DiskState::Online, DiskState::Failing) {
                     tracing::error!(
                         disk = slot,
                         errno,
@@ -233,16 +237,7 @@ impl DiskHealth {
             ),
             ErrorKind::Stall => {
                 d.quiet_since_s.store(now_s, Ordering::Relaxed);
-                let online = DiskState::Online.code();
-                if d.state
-                    .compare_exchange(
-                        online,
-                        DiskState::Stalled.code(),
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-                {
+                if d.moved(DiskState::Online, DiskState::Stalled) {
                     tracing::error!(
                         disk = slot,
                         "cache disk stalled (an operation passed cache_disk_op_timeout_ms): no \
@@ -326,11 +321,7 @@ impl DiskHealth {
     /// has it offline.
     pub fn set_failing(&self, slot: usize) {
         if let Some(d) = self.disks.get(slot) {
-            let online = DiskState::Online.code();
-            let failing = DiskState::Failing.code();
-            let _ = d
-                .state
-                .compare_exchange(online, failing, Ordering::AcqRel, Ordering::Acquire);
+            d.moved(DiskState::Online, DiskState::Failing);
         }
     }
 
@@ -389,16 +380,7 @@ impl DiskHealth {
             {
                 continue;
             }
-            let stalled = DiskState::Stalled.code();
-            if d.state
-                .compare_exchange(
-                    stalled,
-                    DiskState::Online.code(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
+            if d.moved(DiskState::Stalled, DiskState::Online) {
                 self.dropped.fetch_and(!(1u64 << slot), Ordering::AcqRel);
                 back |= 1 << slot;
                 tracing::warn!(

@@ -867,6 +867,20 @@ mod tests {
         }
     }
 
+    /// Polls `journals` (as the I/O thread's idle look does) until disk `slot` holds no
+    /// operation past its deadline.
+    fn wait_held_back(journals: &mut Journals, health: &DiskHealth, slot: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while health.held_ops(slot) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the held operation never came back"
+            );
+            journals.poll();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[test]
     fn a_stalled_disk_costs_its_own_records_only_and_comes_back_when_quiet() {
         use crate::cache::disk_health::{DiskState, ErrorKind, STALL_QUIET_S};
@@ -916,15 +930,7 @@ mod tests {
         assert_eq!(health.held_ops(1), 1);
         // The disk answers: its operation comes back, and once quiet it is online again.
         release.send(()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while health.held_ops(1) > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the held operation never came back"
-            );
-            o.journals.poll();
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_held_back(&mut o.journals, &health, 1);
         assert_eq!(
             health.state(1),
             DiskState::Stalled,
@@ -977,15 +983,7 @@ mod tests {
         assert!(std::fs::metadata(blank.join("journal")).unwrap().len() > 0);
         // The old thread's operation comes back: counted back, the old thread ends.
         release.send(()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while health.held_ops(1) > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the held operation never came back"
-            );
-            o.journals.poll();
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_held_back(&mut o.journals, &health, 1);
         assert!(o.journals.retired.is_empty());
     }
 
