@@ -274,7 +274,13 @@ fn the_doctor_checks_each_disk_by_name() {
     ] {
         assert!(status(want).is_some(), "{want} missing: {checks:?}");
     }
-    assert_eq!(status("cache.disk0.free_space").as_deref(), Some("ok"));
+    // "warn" is a host with little free space (the CI machine's may be); a
+    // disk that is there is never "fail".
+    let present = status("cache.disk0.free_space");
+    assert!(
+        matches!(present.as_deref(), Some("ok") | Some("warn")),
+        "the present disk: {present:?}"
+    );
     assert_eq!(
         status("cache.disk1.free_space").as_deref(),
         Some("fail"),
