@@ -27,11 +27,24 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// The restart, in a process of its own (so its peak memory is the replay's alone).
+/// The process's resident memory now (VmRSS), in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The restart, in a process of its own (so its memory is the replay's alone).
 fn open_only(path: &str) {
+    let before = rss_kib();
     let start = Instant::now();
     let (_j, index, stats) = JournalFile::open(std::path::Path::new(path)).expect("reopen");
     let ready = start.elapsed();
+    let after = rss_kib();
+    let objects = index.keys().max(1) as u64;
     println!(
         "restart: index ready in {:.3} s ({} objects, {} records, torn tail {}), peak RSS {} MiB",
         ready.as_secs_f64(),
@@ -39,6 +52,12 @@ fn open_only(path: &str) {
         stats.records,
         stats.damaged_tail,
         peak_rss_kib() / 1024
+    );
+    println!(
+        "memory: RSS {} MiB before the load, {} MiB after: {} bytes per object",
+        before / 1024,
+        after / 1024,
+        after.saturating_sub(before) * 1024 / objects
     );
 }
 

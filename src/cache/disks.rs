@@ -252,8 +252,8 @@ fn log_recovered(
     replayed: &ReplayStats,
 ) {
     let blocks: u64 = index
-        .each_version()
-        .map(|v| index.blocks_present(v.version))
+        .each_version_id()
+        .map(|v| index.blocks_present(v))
         .sum();
     tracing::info!(
         dir = %dir.display(),
@@ -275,19 +275,19 @@ fn log_recovered(
 /// replay would. A key current on two disks (a disk that came back after its keys were
 /// filled again elsewhere) keeps the newer version; the older one is left out.
 fn join(all: &mut Index, disk: &Index) {
-    for meta in disk.each_version() {
-        if !disk.is_current(meta.version) {
+    for version in disk.each_version_id() {
+        let Some(meta) = disk.meta(version).filter(|_| disk.is_current(version)) else {
             continue;
-        }
-        let newer = all.current(&meta.key).is_some_and(|m| {
-            super::version_id::file_number(m.version) > super::version_id::file_number(meta.version)
+        };
+        let newer = all.current_version(&meta.key).is_some_and(|v| {
+            super::version_id::file_number(v) > super::version_id::file_number(version)
         });
-        if newer || !all.apply(Record::Object(meta.clone())) {
+        if newer || !all.apply(Record::Object(meta)) {
             continue;
         }
-        for (block, crc) in disk.each_block(meta.version) {
+        for (block, crc) in disk.each_block(version) {
             all.apply(Record::Block {
-                version: meta.version,
+                version,
                 block,
                 crc,
             });

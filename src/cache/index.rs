@@ -1,12 +1,13 @@
 //! What the cache holds, in memory: each key's current version and the blocks of each version
 //! that are on disk, with their checksums. Built by replaying the journal; every change goes
 //! through `Index::apply`, the same function replay uses, so a running cache and one rebuilt
-//! after a crash agree.
+//! after a crash agree. A version is held as its object record's body (one allocation for
+//! every string) and its block table; keys are found by a 128-bit hash, not a copy.
 
 use std::collections::HashMap;
 
 pub use super::record::ObjectVersion;
-use super::record::Record;
+use super::record::{Record, FRAME_BYTES};
 
 /// Blocks a page of a `BlockTable` covers at most.
 const PAGE_BLOCKS: u32 = 256;
@@ -173,12 +174,63 @@ impl BlockTable {
     }
 }
 
-/// A version and its blocks' checksums.
-#[derive(Clone, Debug)]
+/// A version as the index holds it: its object record's body (`ObjectVersion::encode_body`:
+/// one allocation for the key and every string, decoded when asked for) and its blocks'
+/// checksums.
+#[derive(Debug)]
 struct Stored {
-    meta: ObjectVersion,
+    body: Box<[u8]>,
     blocks: BlockTable,
-    present: u64,
+    present: u32,
+}
+
+/// Where the fixed fields sit in an object record's body, after its kind and key
+/// (`ObjectVersion::encode_body`'s order).
+const BODY_KEY_AT: usize = 1 + 2;
+
+impl Stored {
+    fn new(meta: &ObjectVersion) -> Stored {
+        let mut body = Vec::with_capacity(Record::object_bytes(meta) as usize - FRAME_BYTES);
+        meta.encode_body(&mut body);
+        Stored {
+            body: body.into_boxed_slice(),
+            blocks: BlockTable::default(),
+            present: 0,
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        let len = u16::from_le_bytes([self.body[1], self.body[2]]) as usize;
+        &self.body[BODY_KEY_AT..BODY_KEY_AT + len]
+    }
+
+    /// The 8 bytes at `at` past the key.
+    fn u64_after_key(&self, at: usize) -> u64 {
+        let from = BODY_KEY_AT + self.key().len() + at;
+        u64::from_le_bytes(self.body[from..from + 8].try_into().expect("8 bytes"))
+    }
+
+    fn size(&self) -> u64 {
+        self.u64_after_key(8)
+    }
+
+    fn block_bytes(&self) -> u32 {
+        let from = BODY_KEY_AT + self.key().len() + 16;
+        u32::from_le_bytes(self.body[from..from + 4].try_into().expect("4 bytes"))
+    }
+
+    fn blocks(&self) -> u64 {
+        self.size().div_ceil(u64::from(self.block_bytes()))
+    }
+
+    fn meta(&self) -> ObjectVersion {
+        ObjectVersion::decode_body(&self.body).expect("a body the index encoded")
+    }
+
+    /// Journal bytes its object record takes, framed.
+    fn record_bytes(&self) -> u64 {
+        (FRAME_BYTES + self.body.len()) as u64
+    }
 }
 
 /// Hashes version ids: ids are numbered by the edge (not chosen by a client), so one
@@ -198,17 +250,57 @@ impl std::hash::Hasher for IdHasher {
     fn write_u64(&mut self, id: u64) {
         self.0 = (self.0 ^ id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
+    fn write_u128(&mut self, hash: u128) {
+        // Already a keyed hash of the key: its bits are spread.
+        self.0 = hash as u64 ^ (hash >> 64) as u64;
+    }
 }
 
 type Ids = std::hash::BuildHasherDefault<IdHasher>;
 
+/// A 128-bit hash of a cache key, keyed per process (a client cannot aim two keys at one
+/// slot): the table of current versions holds it instead of a copy of the key, and a lookup
+/// checks the key itself in the version it finds.
+#[derive(Clone, Debug)]
+struct KeyHasher {
+    keys: [std::hash::RandomState; 2],
+    /// Tests: every key hashes alike, so two keys meet in one slot.
+    #[cfg(test)]
+    collide: bool,
+}
+
+impl Default for KeyHasher {
+    fn default() -> KeyHasher {
+        KeyHasher {
+            keys: [std::hash::RandomState::new(), std::hash::RandomState::new()],
+            #[cfg(test)]
+            collide: false,
+        }
+    }
+}
+
+impl KeyHasher {
+    fn hash(&self, key: &[u8]) -> u128 {
+        use std::hash::BuildHasher;
+        #[cfg(test)]
+        if self.collide {
+            return 7;
+        }
+        u128::from(self.keys[0].hash_one(key)) << 64 | u128::from(self.keys[1].hash_one(key))
+    }
+}
+
 /// The cache's contents.
 #[derive(Debug, Default)]
 pub struct Index {
-    current: HashMap<Vec<u8>, u64>,
-    /// Boxed: the table's entries stay small (16 bytes), so a replay's table of millions of
-    /// slots costs little memory to reserve and little to rehash as it grows.
+    /// Each key's current version, by the key's hash. Two keys of one hash (a 2^-128 chance
+    /// for a pair) cannot both be current: the later takes the slot, the earlier becomes a
+    /// miss, and no lookup returns a version of another key (`current` checks the key).
+    current: HashMap<u128, u64, Ids>,
+    /// Boxed: a slot of the table stays 16 bytes, so the room a table holds beyond its
+    /// versions (a quarter to a half, as it doubles) costs little.
     versions: HashMap<u64, Box<Stored>, Ids>,
+    key_hasher: KeyHasher,
     /// Journal bytes a snapshot of every version held would take (`journal::snapshot`
     /// writes only the current ones, so this bounds it from above).
     live_bytes: u64,
@@ -219,10 +311,24 @@ impl Index {
     /// a rebuild does not grow its tables a step at a time).
     pub fn with_capacity(versions: usize) -> Index {
         Index {
-            current: HashMap::with_capacity(versions),
+            current: HashMap::with_capacity_and_hasher(versions, Ids::default()),
             versions: HashMap::with_capacity_and_hasher(versions, Ids::default()),
+            key_hasher: KeyHasher::default(),
             live_bytes: 0,
         }
+    }
+
+    /// Gives back the room its tables hold beyond what they need (replay sizes them from the
+    /// journal's length, an estimate from above).
+    pub fn shrink_to_fit(&mut self) {
+        self.current.shrink_to_fit();
+        self.versions.shrink_to_fit();
+    }
+
+    /// The id of `key`'s current version: the version its hash names, if that version is `key`'s.
+    fn current_id(&self, key: &[u8]) -> Option<u64> {
+        let v = *self.current.get(&self.key_hasher.hash(key))?;
+        (self.versions.get(&v)?.key() == key).then_some(v)
     }
 
     /// Applies one change; false when it names nothing the index has (it changes nothing).
@@ -232,19 +338,13 @@ impl Index {
                 if !meta.is_valid() || self.versions.contains_key(&meta.version) {
                     return false;
                 }
-                let blocks = BlockTable::default();
-                self.live_bytes += Record::object_bytes(&meta);
+                let stored = Stored::new(&meta);
+                self.live_bytes += stored.record_bytes();
                 // The key's older version stays readable by the responses that began on it,
                 // until its own Drop record.
-                self.current.insert(meta.key.clone(), meta.version);
-                self.versions.insert(
-                    meta.version,
-                    Box::new(Stored {
-                        meta,
-                        blocks,
-                        present: 0,
-                    }),
-                );
+                self.current
+                    .insert(self.key_hasher.hash(&meta.key), meta.version);
+                self.versions.insert(meta.version, Box::new(stored));
                 true
             }
             Record::Block {
@@ -255,10 +355,11 @@ impl Index {
                 let Some(s) = self.versions.get_mut(&version) else {
                     return false;
                 };
-                if u64::from(block) >= s.meta.blocks() {
+                let blocks = s.blocks();
+                if u64::from(block) >= blocks {
                     return false;
                 }
-                if s.blocks.set(block, crc, s.meta.blocks()) {
+                if s.blocks.set(block, crc, blocks) {
                     s.present += 1;
                     self.live_bytes += Record::BLOCK_BYTES;
                 }
@@ -268,9 +369,10 @@ impl Index {
                 let Some(s) = self.versions.remove(&version) else {
                     return false;
                 };
-                self.live_bytes -= Record::object_bytes(&s.meta) + s.present * Record::BLOCK_BYTES;
-                if self.current.get(&s.meta.key) == Some(&version) {
-                    self.current.remove(&s.meta.key);
+                self.live_bytes -= s.record_bytes() + u64::from(s.present) * Record::BLOCK_BYTES;
+                let hash = self.key_hasher.hash(s.key());
+                if self.current.get(&hash) == Some(&version) {
+                    self.current.remove(&hash);
                 }
                 true
             }
@@ -282,17 +384,19 @@ impl Index {
                 let Some(s) = self.versions.get_mut(&version) else {
                     return false;
                 };
-                if fetched_unix_s < s.meta.fetched_unix_s {
+                let mut meta = s.meta();
+                if fetched_unix_s < meta.fetched_unix_s {
                     // An older confirmation changes nothing.
                     return true;
                 }
-                s.meta.fetched_unix_s = fetched_unix_s;
+                meta.fetched_unix_s = fetched_unix_s;
                 if let Some(r) = refresh {
-                    self.live_bytes -= Record::object_bytes(&s.meta);
-                    s.meta.freshness = r.freshness;
-                    s.meta.headers = r.headers;
-                    self.live_bytes += Record::object_bytes(&s.meta);
+                    meta.freshness = r.freshness;
+                    meta.headers = r.headers;
                 }
+                self.live_bytes -= s.record_bytes();
+                s.body = Stored::new(&meta).body;
+                self.live_bytes += s.record_bytes();
                 true
             }
         }
@@ -302,25 +406,57 @@ impl Index {
     /// the version stays readable by the responses that began on it, until its Drop record;
     /// the key's next want learns the new one. False when `version` was not current.
     pub fn retire(&mut self, version: u64) -> bool {
-        let Some(s) = self.versions.get(&version) else {
-            return false;
-        };
-        if self.current.get(&s.meta.key) != Some(&version) {
+        if !self.is_current(version) {
             return false;
         }
-        self.current.remove(&s.meta.key);
+        let hash = self.key_hasher.hash(self.versions[&version].key());
+        self.current.remove(&hash);
         true
     }
 
     /// The key's current version.
-    pub fn current(&self, key: &[u8]) -> Option<&ObjectVersion> {
-        let v = self.current.get(key)?;
-        self.versions.get(v).map(|s| &s.meta)
+    pub fn current(&self, key: &[u8]) -> Option<ObjectVersion> {
+        self.meta(self.current_id(key)?)
+    }
+
+    /// The id of the key's current version.
+    pub fn current_version(&self, key: &[u8]) -> Option<u64> {
+        self.current_id(key)
     }
 
     /// What version `version` is (current or still being read).
-    pub fn meta(&self, version: u64) -> Option<&ObjectVersion> {
-        self.versions.get(&version).map(|s| &s.meta)
+    pub fn meta(&self, version: u64) -> Option<ObjectVersion> {
+        self.versions.get(&version).map(|s| s.meta())
+    }
+
+    /// Appends `version`'s object record to `out`, framed, as `Record::encode` would write it
+    /// (from the body held, not decoded); nothing when it is unknown.
+    pub fn encode_version(&self, version: u64, out: &mut Vec<u8>) {
+        if let Some(s) = self.versions.get(&version) {
+            super::record::encode_framed(&s.body, out);
+        }
+    }
+
+    /// The key of `version`.
+    pub fn key_of(&self, version: u64) -> Option<&[u8]> {
+        self.versions.get(&version).map(|s| s.key())
+    }
+
+    /// Whether `version` is held (current or still being read).
+    pub fn contains(&self, version: u64) -> bool {
+        self.versions.contains_key(&version)
+    }
+
+    /// Blocks `version` spans, and its block size.
+    pub fn blocks_of(&self, version: u64) -> Option<(u64, u32)> {
+        self.versions
+            .get(&version)
+            .map(|s| (s.blocks(), s.block_bytes()))
+    }
+
+    /// The size in bytes of `version`.
+    pub fn size_of(&self, version: u64) -> Option<u64> {
+        self.versions.get(&version).map(|s| s.size())
     }
 
     /// The checksum of block `block` of `version`, if that block is on disk.
@@ -359,7 +495,7 @@ impl Index {
     pub fn is_current(&self, version: u64) -> bool {
         self.versions
             .get(&version)
-            .is_some_and(|s| self.current.get(&s.meta.key) == Some(&version))
+            .is_some_and(|s| self.current.get(&self.key_hasher.hash(s.key())) == Some(&version))
     }
 
     /// The highest version id held (new versions are numbered after it).
@@ -369,12 +505,19 @@ impl Index {
 
     /// Blocks of `version` on disk.
     pub fn blocks_present(&self, version: u64) -> u64 {
-        self.versions.get(&version).map_or(0, |s| s.present)
+        self.versions
+            .get(&version)
+            .map_or(0, |s| u64::from(s.present))
     }
 
-    /// Every version held, in no particular order.
-    pub fn each_version(&self) -> impl Iterator<Item = &ObjectVersion> {
-        self.versions.values().map(|s| &s.meta)
+    /// Every version held, decoded, in no particular order.
+    pub fn each_version(&self) -> impl Iterator<Item = ObjectVersion> + '_ {
+        self.versions.values().map(|s| s.meta())
+    }
+
+    /// The id of every version held, in no particular order.
+    pub fn each_version_id(&self) -> impl Iterator<Item = u64> + '_ {
+        self.versions.keys().copied()
     }
 
     /// Versions held (current or still being read).
@@ -391,6 +534,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::record::{Freshness, Refresh};
 
     fn object(key: &str, version: u64, size: u64) -> ObjectVersion {
         ObjectVersion {
@@ -528,6 +672,75 @@ mod tests {
         assert!(one.set(7, 1, 8) && matches!(one, BlockTable::One(_)));
         assert!(one.take(7) && matches!(one, BlockTable::Empty));
         assert_eq!(one.get(7), None);
+    }
+
+    /// Every field of a version comes back as it went in (the index keeps its record's body),
+    /// and a confirmation that carries new lines and freshness rewrites them.
+    #[test]
+    fn a_version_comes_back_whole_and_a_refresh_rewrites_it() {
+        let mut ix = Index::default();
+        let mut m = object("origin/k", 9, (3 << 20) + 5);
+        m.etag = "\"abc\"".into();
+        m.last_modified = "Sun, 06 Dec 2026 10:00:00 GMT".into();
+        m.content_type = "application/json".into();
+        m.headers = "Cache-Control: max-age=60\r\n".into();
+        m.selecting = "accept-encoding: gzip\r\n".into();
+        m.status = 404;
+        m.freshness.lifetime_s = Some(60);
+        m.tags = crate::cache::tags::Tags::from_text("a b").unwrap();
+        assert!(ix.apply(Record::Object(m.clone())));
+        assert_eq!(ix.current(b"origin/k").as_ref(), Some(&m));
+        assert_eq!(ix.meta(9).as_ref(), Some(&m));
+        assert_eq!(ix.key_of(9), Some(&b"origin/k"[..]));
+        assert_eq!(
+            (ix.size_of(9), ix.blocks_of(9)),
+            (Some(m.size), Some((4, 1 << 20)))
+        );
+        assert_eq!(ix.live_bytes(), Record::object_bytes(&m));
+        let mut framed = Vec::new();
+        ix.encode_version(9, &mut framed);
+        let mut want = Vec::new();
+        Record::Object(m.clone()).encode(&mut want);
+        assert_eq!(framed, want, "the journal's bytes, from the body held");
+        let refresh = Refresh {
+            freshness: Freshness {
+                lifetime_s: Some(300),
+                ..Default::default()
+            },
+            headers: "Cache-Control: max-age=300\r\n".into(),
+        };
+        assert!(ix.apply(Record::Fresh {
+            version: 9,
+            fetched_unix_s: 1000,
+            refresh: Some(Box::new(refresh.clone())),
+        }));
+        let got = ix.meta(9).unwrap();
+        assert_eq!(
+            (got.fetched_unix_s, got.freshness, &got.headers),
+            (1000, refresh.freshness, &refresh.headers)
+        );
+        assert_eq!((&got.etag, &got.tags), (&m.etag, &m.tags), "the rest kept");
+        assert_eq!(ix.live_bytes(), Record::object_bytes(&got));
+    }
+
+    /// Two keys of one hash: the later takes the slot, the earlier is a miss, and neither
+    /// lookup ever returns the other key's version.
+    #[test]
+    fn two_keys_of_one_hash_never_answer_for_each_other() {
+        let mut ix = Index::default();
+        ix.key_hasher.collide = true;
+        assert!(ix.apply(Record::Object(object("a", 1, 1 << 20))));
+        assert_eq!(ix.current_version(b"a"), Some(1));
+        assert_eq!(ix.current_version(b"b"), None, "b is not a");
+        assert!(ix.apply(Record::Object(object("b", 2, 1 << 20))));
+        assert_eq!(ix.current_version(b"b"), Some(2));
+        assert!(ix.current(b"a").is_none(), "a miss, never b's version");
+        assert!(!ix.is_current(1) && ix.is_current(2));
+        assert!(!ix.retire(1), "a is not current");
+        assert!(ix.apply(Record::Drop { version: 1 }));
+        assert_eq!(ix.current_version(b"b"), Some(2), "dropping a keeps b");
+        assert!(ix.apply(Record::Drop { version: 2 }));
+        assert_eq!((ix.keys(), ix.versions()), (0, 0));
     }
 
     #[test]

@@ -21,17 +21,17 @@ pub use super::record::{
 /// versions and blocks; versions already replaced (kept only for the responses reading them)
 /// are left out, as are blocks found corrupt since.
 pub fn snapshot(index: &Index, out: &mut Vec<u8>) {
-    let mut versions: Vec<&ObjectVersion> = index
-        .each_version()
-        .filter(|m| index.is_current(m.version))
+    let mut versions: Vec<u64> = index
+        .each_version_id()
+        .filter(|&v| index.is_current(v))
         .collect();
     // In id order: replay numbers new versions after the highest.
-    versions.sort_unstable_by_key(|m| m.version);
-    for m in versions {
-        Record::Object(m.clone()).encode(out);
-        for (block, crc) in index.each_block(m.version) {
+    versions.sort_unstable();
+    for version in versions {
+        index.encode_version(version, out);
+        for (block, crc) in index.each_block(version) {
             Record::Block {
-                version: m.version,
+                version,
                 block,
                 crc,
             }
@@ -65,13 +65,15 @@ pub fn replay(bytes: &[u8]) -> (Index, ReplayStats) {
     let mut index = Index::with_capacity(replay_capacity(bytes.len() as u64));
     let mut stats = ReplayStats::default();
     let (used, _) = replay_into(bytes, &mut index, &mut stats);
+    index.shrink_to_fit();
     stats.damaged_tail = used < bytes.len();
     (index, stats)
 }
 
 /// Journal bytes per version assumed when replay sizes the index (an object record with a
-/// short key and its block records come to about this).
-const REPLAY_SIZING_BYTES_PER_VERSION: usize = 128;
+/// short key and four block records come to about this; replay gives back what it did not
+/// use, and grows the tables where versions are smaller).
+const REPLAY_SIZING_BYTES_PER_VERSION: usize = 256;
 
 /// Index capacity to reserve for a journal of `journal_bytes` (replay sizes its tables from
 /// the journal's length, so a rebuild does not grow them step by step).
@@ -586,8 +588,8 @@ mod tests {
             (index.keys(), index.versions())
         );
         for m in index.each_version() {
-            assert_eq!(again.current(&m.key), Some(m));
             let blocks: Vec<_> = index.each_block(m.version).collect();
+            assert_eq!(again.current(&m.key).as_ref(), Some(&m));
             assert_eq!(again.each_block(m.version).collect::<Vec<_>>(), blocks);
         }
         assert_eq!(
@@ -657,7 +659,7 @@ mod tests {
             (index.block_crc(1, 0), index.block_crc(1, 1)),
             (Some(7), Some(8))
         );
-        assert_eq!(index.current(b"b").map(|m| m.version), Some(4));
+        assert_eq!(index.current_version(b"b"), Some(4));
         assert_eq!(index.block_crc(4, 0), Some(9));
         assert_eq!(index.keys(), 2);
     }

@@ -91,6 +91,7 @@ impl JournalFile {
                 "a record over its bound"
             );
         }
+        index.shrink_to_fit();
         stats.damaged_tail = stats.valid_bytes < on_disk;
         if stats.damaged_tail {
             tracing::warn!(

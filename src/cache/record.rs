@@ -190,29 +190,7 @@ impl Record {
         let start = out.len();
         out.extend_from_slice(&[0; FRAME_BYTES]);
         match self {
-            Record::Object(o) => {
-                out.push(KIND_OBJECT);
-                put_bytes(out, &o.key);
-                out.extend_from_slice(&o.version.to_le_bytes());
-                out.extend_from_slice(&o.size.to_le_bytes());
-                out.extend_from_slice(&o.block_bytes.to_le_bytes());
-                out.extend_from_slice(&o.fetched_unix_s.to_le_bytes());
-                put_bytes(out, o.etag.as_bytes());
-                put_bytes(out, o.last_modified.as_bytes());
-                put_bytes(out, o.content_type.as_bytes());
-                // Since issue 42; a record without them (older) replays with the defaults.
-                o.freshness.encode(out);
-                put_bytes(out, o.headers.as_bytes());
-                // Since non-2xx answers are stored; a record without it (older) is a 200.
-                out.extend_from_slice(&o.status.to_le_bytes());
-                // Since Vary replies are stored; older records select every request.
-                put_bytes(out, o.selecting.as_bytes());
-                // Since purge by tag, and only when there are some: a record without them
-                // (older, or untagged) replays with none.
-                if !o.tags.is_empty() {
-                    put_bytes(out, o.tags.as_str().as_bytes());
-                }
-            }
+            Record::Object(o) => o.encode_body(out),
             Record::Block {
                 version,
                 block,
@@ -273,6 +251,15 @@ impl Record {
             Err(why) => Decoded::Refused(why, FRAME_BYTES + len),
         }
     }
+}
+
+/// Appends `body` (a record's bytes after its frame: its kind, then its fields) to `out`,
+/// framed as `Record::encode` frames it.
+pub(crate) fn encode_framed(body: &[u8], out: &mut Vec<u8>) {
+    assert!(body.len() <= MAX_RECORD_BYTES, "a record over its bound");
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&super::checksum(body).to_le_bytes());
+    out.extend_from_slice(body);
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -518,6 +505,40 @@ impl Freshness {
 }
 
 impl ObjectVersion {
+    /// Appends its object record's body (the record, unframed: its kind, then its fields) to
+    /// `out`; the index keeps a version as this, one allocation for every string.
+    pub fn encode_body(&self, out: &mut Vec<u8>) {
+        out.push(KIND_OBJECT);
+        put_bytes(out, &self.key);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.block_bytes.to_le_bytes());
+        out.extend_from_slice(&self.fetched_unix_s.to_le_bytes());
+        put_bytes(out, self.etag.as_bytes());
+        put_bytes(out, self.last_modified.as_bytes());
+        put_bytes(out, self.content_type.as_bytes());
+        // Since issue 42; a record without them (older) replays with the defaults.
+        self.freshness.encode(out);
+        put_bytes(out, self.headers.as_bytes());
+        // Since non-2xx answers are stored; a record without it (older) is a 200.
+        out.extend_from_slice(&self.status.to_le_bytes());
+        // Since Vary replies are stored; older records select every request.
+        put_bytes(out, self.selecting.as_bytes());
+        // Since purge by tag, and only when there are some: a record without them
+        // (older, or untagged) replays with none.
+        if !self.tags.is_empty() {
+            put_bytes(out, self.tags.as_str().as_bytes());
+        }
+    }
+
+    /// A version from `encode_body`'s bytes; None when they are not an object record's body.
+    pub fn decode_body(body: &[u8]) -> Option<ObjectVersion> {
+        match parse_body(body)? {
+            Record::Object(o) => Some(o),
+            _ => None,
+        }
+    }
+
     /// Until when (Unix seconds) it is fresh: `fetched_unix_s` plus its lifetime
     /// (`default_lifetime_s` where its origin set none) less the age it arrived with; a
     /// `no-cache` version is never fresh (RFC 9111 §4.2, §5.2.2.4).

@@ -49,7 +49,7 @@ pub fn stats(dir: &Path) -> std::io::Result<Stats> {
         s.object_bytes += v.size;
         for (b, _) in index.each_block(v.version) {
             s.blocks += 1;
-            s.bytes += BlockStore::block_len(v, b).unwrap_or(0) as u64;
+            s.bytes += BlockStore::block_len(&v, b).unwrap_or(0) as u64;
         }
     }
     Ok(s)
@@ -65,7 +65,7 @@ pub fn verify(dir: &Path) -> std::io::Result<(u64, Vec<(u64, u32)>)> {
     for v in index.each_version() {
         for (b, crc) in index.each_block(v.version) {
             checked += 1;
-            match store.read_block(v, b, crc, &mut buf) {
+            match store.read_block(&v, b, crc, &mut buf) {
                 Ok(()) => {}
                 Err(ReadError::Corrupt) | Err(ReadError::OutOfRange) => bad.push((v.version, b)),
                 Err(ReadError::Io(e)) => return Err(e),

@@ -576,7 +576,11 @@ impl EdgeCache {
             if let Some(outcome) = core.admit(key, origin, path, first, !admitted, waiter, now_s) {
                 return (outcome, false, (first, None), None);
             }
-            let Some(size) = core.index().current(key).map(|m| m.size) else {
+            let Some(size) = core
+                .index()
+                .current_version(key)
+                .and_then(|v| core.index().size_of(v))
+            else {
                 // Unknown yet: its first fetch asks for no more than a closed range (or a
                 // HEAD: the first block) needs.
                 let (first, last) = match Self::first_piece(range) {
@@ -600,7 +604,7 @@ impl EdgeCache {
                 core.want(key, origin, path, first, last, waiter)
             };
             let hit = match outcome {
-                Outcome::Ready(v) => core.index().meta(v).cloned().map(|meta| {
+                Outcome::Ready(v) => core.index().meta(v).map(|meta| {
                     core.pin(v);
                     let mut crcs = super::cache_fill::CrcWindow::EMPTY;
                     core.fill_window(v, first, &mut crcs);

@@ -771,7 +771,7 @@ fn a_churned_journal_is_compacted_and_replays_to_the_same_index() {
     let filler = Filler::new(vec![target(origin.addr, 4, TIMEOUTS)], 4);
     let cf: CacheFill<usize> = CacheFill::open(dir.path(), cfg, filler).unwrap();
     let ix = cf.index();
-    assert_eq!(ix.current(&key).map(|m| m.version), Some(version));
+    assert_eq!(ix.current_version(&key), Some(version));
     assert_eq!(ix.blocks_present(version), 4);
     assert_eq!((ix.keys(), ix.versions()), (1, 1));
 }

@@ -311,7 +311,7 @@ impl<R: RingOps> Shard<R> {
             .cache
             .edge
             .as_mut()
-            .map(|e| e.fill.try_index().map(|index| index.current(key).cloned()));
+            .map(|e| e.fill.try_index().map(|index| index.current(key)));
         let meta = match meta {
             Some(Some(meta)) => meta,
             // The fill's lock was held: asked again at the next tick.

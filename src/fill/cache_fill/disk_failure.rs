@@ -18,9 +18,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let on_failed = |v: u64| failed & (1 << crate::cache::version_id::slot_of(v).min(63)) != 0;
         let versions: Vec<(u64, bool)> = self
             .index
-            .each_version()
-            .filter(|m| on_failed(m.version))
-            .map(|m| (m.version, self.index.is_current(m.version)))
+            .each_version_id()
+            .filter(|&v| on_failed(v))
+            .map(|v| (v, self.index.is_current(v)))
             .collect();
         let mut drop = Vec::new();
         for &(version, current) in &versions {

@@ -148,7 +148,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         last: Option<u64>,
         waiter: W,
     ) -> Outcome {
-        if self.index.current(key).map(|m| m.version) != Some(version) {
+        if self.index.current_version(key) != Some(version) {
             return Outcome::Busy;
         }
         self.want_blocks(key, origin, path, start, first, last, waiter, true)
@@ -169,7 +169,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let Some(&(first, last)) = pieces.first() else {
             return self.want(key, origin, path, 0, None, waiter);
         };
-        let Some(meta) = self.index.current(key).cloned() else {
+        let Some(meta) = self.index.current(key) else {
             return self.probe(key, origin, path, first, Some(last), waiter);
         };
         if meta.size == 0 {
@@ -223,7 +223,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         streaming: bool,
     ) -> Outcome {
         let shard = waiter.shard().min(self.notices.len() - 1);
-        let Some(meta) = self.index.current(key).cloned() else {
+        let Some(meta) = self.index.current(key) else {
             return self.probe(key, origin, path, first, last, waiter);
         };
         if meta.size == 0 {
@@ -555,7 +555,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let Some(meta) = self.index.meta(version) else {
             return Outcome::Busy;
         };
-        if self.index.current(&meta.key).map(|m| m.version) != Some(version)
+        if self.index.current_version(&meta.key) != Some(version)
             || u64::from(block) >= meta.blocks()
             || meta.key.len() < 2
         {
@@ -649,7 +649,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             }
             // A fetch for a version the key no longer has (the origin replaced it meanwhile):
             // its bytes could join nothing.
-            let current = self.index.current(&job.key).map(|m| m.version);
+            let current = self.index.current_version(&job.key);
             if !job.probe && current != Some(job.version) {
                 self.give_up(&job, FetchError::VersionChanged);
                 continue;
@@ -674,6 +674,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 .index
                 .current(&job.key)
                 .filter(|m| m.version == job.version);
+            let meta = meta.as_ref();
             let plan = Plan {
                 first_block: job.first,
                 last_block: job.last,
@@ -806,7 +807,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     let Some(version) = self.running.get(&job).map(|j| j.version) else {
                         continue;
                     };
-                    if self.index.meta(version).is_none() {
+                    if !self.index.contains(version) {
                         continue;
                     }
                     let seq = self.queue_record(Record::Block {
@@ -884,7 +885,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// Pins `key`'s current version against eviction until `until_unix_s` (a later time
     /// than a pin it has extends it). False when the key has no version yet.
     pub fn pin_until(&mut self, key: &[u8], until_unix_s: u64) -> bool {
-        let Some(v) = self.index.current(key).map(|m| m.version) else {
+        let Some(v) = self.index.current_version(key) else {
             return false;
         };
         match self.pinned_until.entry(v) {
@@ -923,9 +924,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
 
     /// Bytes of `version` on disk: its blocks present, at most its size.
     pub(super) fn stored_bytes(&self, version: u64) -> u64 {
-        self.index.meta(version).map_or(0, |m| {
-            (self.index.blocks_present(version) * u64::from(m.block_bytes)).min(m.size)
-        })
+        match (self.index.blocks_of(version), self.index.size_of(version)) {
+            (Some((_, block_bytes)), Some(size)) => {
+                (self.index.blocks_present(version) * u64::from(block_bytes)).min(size)
+            }
+            _ => 0,
+        }
     }
 
     pub(super) fn on_head(&mut self, id: u64, facts: HeadFacts) {
@@ -1081,7 +1085,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             job.first = 0;
         }
         // A key's older version (if any) is no longer what its hits serve.
-        if let Some(old) = self.index.current(&meta.key).map(|m| m.version) {
+        if let Some(old) = self.index.current_version(&meta.key) {
             self.invalidate_hot(old);
         }
         self.index.apply(Record::Object(meta));
@@ -1149,7 +1153,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
 
     /// The versions a scrub pass walks (oldest first) and the blocks they hold now.
     pub fn scrub_pass(&self) -> (Vec<u64>, u64) {
-        let mut versions: Vec<u64> = self.index.each_version().map(|m| m.version).collect();
+        let mut versions: Vec<u64> = self.index.each_version_id().collect();
         versions.sort_unstable();
         let blocks = versions.iter().map(|&v| self.index.blocks_present(v)).sum();
         (versions, blocks)
@@ -1208,7 +1212,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.blocks_corrupt += 1;
         self.index.forget_block(version, block);
         self.invalidate_hot(version);
-        self.index.meta(version).map(|m| m.key.clone())
+        self.index.key_of(version).map(<[u8]>::to_vec)
     }
 
     /// When `job` may start: its own retry time, or its origin's pause if later.
@@ -1262,8 +1266,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
 
     pub(super) fn block_in_object(&self, version: u64, block: u32) -> bool {
         self.index
-            .meta(version)
-            .is_some_and(|m| u64::from(block) < m.blocks())
+            .blocks_of(version)
+            .is_some_and(|(blocks, _)| u64::from(block) < blocks)
     }
 
     pub(super) fn retry_or_fail(&mut self, job: Job, error: FetchError, now_ms: u64) {
@@ -1290,7 +1294,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             self.give_up(&job, error);
             return self.remember_pass(&job.key, why);
         }
-        if job.probe && self.index.meta(job.version).is_none() {
+        if job.probe && !self.index.contains(job.version) {
             // The head never came: the probe's waiters get the error (retried like a block).
             return self.give_up(&job, error);
         }
@@ -1361,7 +1365,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if job.probe && error == FetchError::Unusable(Unusable::Status(404)) {
             self.remember_not_found(&job.key, unix_now_s());
         }
-        if job.probe && self.index.meta(job.version).is_none() {
+        if job.probe && !self.index.contains(job.version) {
             // The head never came: the data file the fetch was given holds nothing.
             self.queue_unlink(job.version);
             self.flush();
@@ -1476,7 +1480,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// Reads block `block` of `version` back and checks it; a block that fails its checksum
     /// is forgotten (the next want fetches it again, alone) and counted.
     pub fn verify_block(&mut self, version: u64, block: u32, buf: &mut Vec<u8>) -> bool {
-        let Some(meta) = self.index.meta(version).cloned() else {
+        let Some(meta) = self.index.meta(version) else {
             return false;
         };
         let Some(crc) = self.index.block_crc(version, block) else {

@@ -821,8 +821,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         } = opened;
         // Numbers count over every disk (a version's slot is in its top bits).
         let next_version = index
-            .each_version()
-            .map(|v| crate::cache::version_id::file_number(v.version))
+            .each_version_id()
+            .map(crate::cache::version_id::file_number)
             .max()
             .unwrap_or(0)
             + 1;
@@ -895,8 +895,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let mut evicted = Vec::new();
         let held: Vec<(u64, u64)> = core
             .index
-            .each_version()
-            .map(|v| v.version)
+            .each_version_id()
             .collect::<Vec<_>>()
             .into_iter()
             .map(|v| (v, core.stored_bytes(v)))
@@ -1075,7 +1074,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     crc,
                     ..
                 } => {
-                    if durable && self.index.meta(version).is_some() {
+                    if durable && self.index.contains(version) {
                         self.block_known(job, version, block, crc);
                     }
                 }
@@ -1181,13 +1180,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         };
         let current: Vec<u64> = self
             .index
-            .each_version()
-            .filter(|m| matches(&m.key))
-            .map(|m| m.version)
-            .filter(|&v| {
-                let key = &self.index.meta(v).expect("listed").key;
-                self.index.current(key).map(|c| c.version) == Some(v)
-            })
+            .each_version_id()
+            .filter(|&v| self.index.key_of(v).is_some_and(&matches) && self.index.is_current(v))
             .collect();
         for &v in &current {
             self.retire(v);
@@ -1286,7 +1280,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let now_s = unix_now_s();
         tracing::debug!(key = %String::from_utf8_lossy(key), why = why.label(), "not stored: passed through");
         self.pass_keys.remember(key, now_s + HIT_FOR_PASS_S, now_s);
-        if let Some(v) = self.index.current(key).map(|m| m.version) {
+        if let Some(v) = self.index.current_version(key) {
             self.retire(v);
         }
     }
@@ -1630,7 +1624,7 @@ mod core_tests {
     #[test]
     fn read_ahead_follows_the_blocks_behind_a_read() {
         let (core, _dir) = core_with(40..60);
-        let meta = core.index.current(b"\0\0k").cloned().unwrap();
+        let meta = core.index.current(b"\0\0k").unwrap();
         let ra = |start: u64, last: u64, closed: bool| {
             let r = core.read_ahead(&meta, start, start, last, closed, true);
             (r.within, r.past_end)
@@ -1653,7 +1647,7 @@ mod core_tests {
             "blocks behind, but no request ended there: a jump"
         );
         let (core, _dir) = core_with(0..100);
-        let meta = core.index.current(b"\0\0k").cloned().unwrap();
+        let meta = core.index.current(b"\0\0k").unwrap();
         let r = core.read_ahead(&meta, 100 * B, 100 * B, 100 * B, true, true);
         assert_eq!(r.past_end, 32, "capped at cache_read_ahead_blocks");
     }

@@ -179,8 +179,8 @@ mod tests {
             "gone after a restart"
         );
         assert_eq!(
-            index.current(b"\0\0c").map(|m| m.tags.as_str()),
-            Some("other")
+            index.current(b"\0\0c").map(|m| m.tags.as_str().to_string()),
+            Some("other".to_string())
         );
         assert!(index.current(b"\0\0d").is_some());
         core.unpin(2);

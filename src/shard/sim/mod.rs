@@ -1156,7 +1156,7 @@ fn check_vouched(dir: &Path, files: &[SimFile]) -> Result<u64, String> {
             let Some(crc) = index.block_crc(meta.version, b) else {
                 continue;
             };
-            if let Err(e) = store.read_block(meta, b, crc, &mut buf) {
+            if let Err(e) = store.read_block(&meta, b, crc, &mut buf) {
                 return Err(format!(
                     "after a power loss, block {b} of {} (version {}) reads wrong: {e:?}",
                     String::from_utf8_lossy(&meta.key),
