@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 pub use super::record::ObjectVersion;
-use super::record::{Record, FRAME_BYTES};
+use super::record::{Invalid, ObjectView, Record, FRAME_BYTES, MAX_RECORD_BYTES};
 
 /// Blocks a page of a `BlockTable` covers at most.
 const PAGE_BLOCKS: u32 = 256;
@@ -174,40 +174,47 @@ impl BlockTable {
     }
 }
 
-/// A version as the index holds it: its object record's body (`ObjectVersion::encode_body`:
-/// one allocation for the key and every string, decoded when asked for) and its blocks'
-/// checksums.
+/// Blocks an object may span for its blocks' checksums to live in its version's own
+/// allocation, after its record's body (nearly every chunk of a game's depot); a larger one
+/// keeps them in a `BlockTable`, which grows with what is stored.
+const INLINE_BLOCKS: u64 = 16;
+
+/// A version as the index holds it, in one allocation (`data`): its object record's body
+/// (`ObjectVersion::encode_body`: the key and every string, decoded when asked for), then,
+/// for an object of at most `INLINE_BLOCKS` blocks, its blocks' checksums (4 bytes each).
 #[derive(Debug)]
 struct Stored {
-    body: Box<[u8]>,
-    blocks: BlockTable,
+    data: Box<[u8]>,
+    /// The checksums of an object over `INLINE_BLOCKS` blocks.
+    table: Option<Box<BlockTable>>,
+    /// Blocks on disk.
     present: u32,
+    /// Bytes of `data` that are the body.
+    body_len: u16,
+    /// Which inline blocks are on disk (bit `i`: block `i`).
+    inline_present: u16,
 }
+
+// A record's body fits `body_len`, and the inline blocks `inline_present`.
+const _: () = assert!(MAX_RECORD_BYTES <= u16::MAX as usize && INLINE_BLOCKS <= 16);
 
 /// Where the fixed fields sit in an object record's body, after its kind and key
 /// (`ObjectVersion::encode_body`'s order).
 const BODY_KEY_AT: usize = 1 + 2;
 
-impl Stored {
-    fn new(meta: &ObjectVersion) -> Stored {
-        let mut body = Vec::with_capacity(Record::object_bytes(meta) as usize - FRAME_BYTES);
-        meta.encode_body(&mut body);
-        Stored {
-            body: body.into_boxed_slice(),
-            blocks: BlockTable::default(),
-            present: 0,
-        }
-    }
+/// The fields of an object record's body read in place (it was checked when it came in).
+struct Fixed<'a>(&'a [u8]);
 
-    fn key(&self) -> &[u8] {
-        let len = u16::from_le_bytes([self.body[1], self.body[2]]) as usize;
-        &self.body[BODY_KEY_AT..BODY_KEY_AT + len]
+impl<'a> Fixed<'a> {
+    fn key(&self) -> &'a [u8] {
+        let len = u16::from_le_bytes([self.0[1], self.0[2]]) as usize;
+        &self.0[BODY_KEY_AT..BODY_KEY_AT + len]
     }
 
     /// The 8 bytes at `at` past the key.
     fn u64_after_key(&self, at: usize) -> u64 {
         let from = BODY_KEY_AT + self.key().len() + at;
-        u64::from_le_bytes(self.body[from..from + 8].try_into().expect("8 bytes"))
+        u64::from_le_bytes(self.0[from..from + 8].try_into().expect("8 bytes"))
     }
 
     fn size(&self) -> u64 {
@@ -216,20 +223,148 @@ impl Stored {
 
     fn block_bytes(&self) -> u32 {
         let from = BODY_KEY_AT + self.key().len() + 16;
-        u32::from_le_bytes(self.body[from..from + 4].try_into().expect("4 bytes"))
+        u32::from_le_bytes(self.0[from..from + 4].try_into().expect("4 bytes"))
     }
 
     fn blocks(&self) -> u64 {
         self.size().div_ceil(u64::from(self.block_bytes()))
     }
+}
+
+/// Blocks whose checksums a version of `blocks` blocks keeps inline (0: in a `BlockTable`).
+fn inline_blocks(blocks: u64) -> usize {
+    if blocks <= INLINE_BLOCKS {
+        blocks as usize
+    } else {
+        0
+    }
+}
+
+impl Stored {
+    fn new(meta: &ObjectVersion) -> Stored {
+        let body_len = Record::object_bytes(meta) as usize - FRAME_BYTES;
+        let mut data = Vec::with_capacity(body_len + 4 * inline_blocks(meta.blocks()));
+        meta.encode_body(&mut data);
+        Stored::of_body(data)
+    }
+
+    /// A version of the body `data` holds (an object record's, checked), with no block on
+    /// disk; the inline checksums follow it (room the caller reserved: nothing is moved).
+    fn of_body(mut data: Vec<u8>) -> Stored {
+        let body_len = data.len();
+        let inline = inline_blocks(Fixed(&data).blocks());
+        data.resize(body_len + 4 * inline, 0);
+        Stored {
+            data: data.into_boxed_slice(),
+            table: None,
+            present: 0,
+            body_len: u16::try_from(body_len).expect("a body within MAX_RECORD_BYTES"),
+            inline_present: 0,
+        }
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.data[..usize::from(self.body_len)]
+    }
+
+    /// Blocks whose checksums live in `data` (0: a `BlockTable` holds them).
+    fn inline_blocks(&self) -> usize {
+        inline_blocks(self.blocks())
+    }
+
+    fn key(&self) -> &[u8] {
+        Fixed(&self.data).key()
+    }
+
+    fn size(&self) -> u64 {
+        Fixed(&self.data).size()
+    }
+
+    fn block_bytes(&self) -> u32 {
+        Fixed(&self.data).block_bytes()
+    }
+
+    fn blocks(&self) -> u64 {
+        Fixed(&self.data).blocks()
+    }
 
     fn meta(&self) -> ObjectVersion {
-        ObjectVersion::decode_body(&self.body).expect("a body the index encoded")
+        ObjectVersion::decode_body(self.body()).expect("a body the index encoded")
     }
 
     /// Journal bytes its object record takes, framed.
     fn record_bytes(&self) -> u64 {
-        (FRAME_BYTES + self.body.len()) as u64
+        (FRAME_BYTES + usize::from(self.body_len)) as u64
+    }
+
+    /// Its body replaced by `meta`'s (a confirmation's new lines), its blocks kept.
+    fn rewrite(&mut self, meta: &ObjectVersion) {
+        let mut body = Vec::with_capacity(Record::object_bytes(meta) as usize - FRAME_BYTES);
+        meta.encode_body(&mut body);
+        let crcs = &self.data[usize::from(self.body_len)..];
+        self.body_len = u16::try_from(body.len()).expect("a body within MAX_RECORD_BYTES");
+        body.extend_from_slice(crcs);
+        self.data = body.into_boxed_slice();
+    }
+
+    fn crc_at(&self, i: usize) -> usize {
+        usize::from(self.body_len) + 4 * i
+    }
+
+    fn get(&self, block: u32) -> Option<u32> {
+        if let Some(t) = &self.table {
+            return t.get(block);
+        }
+        let i = block as usize;
+        (i < self.inline_blocks() && self.inline_present & (1 << i) != 0).then(|| {
+            let at = self.crc_at(i);
+            u32::from_le_bytes(self.data[at..at + 4].try_into().expect("4 bytes"))
+        })
+    }
+
+    /// Sets block `block`'s checksum (it is within the object); true when it was not present.
+    fn set(&mut self, block: u32, crc: u32) -> bool {
+        let i = block as usize;
+        if i < self.inline_blocks() {
+            let at = self.crc_at(i);
+            self.data[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+            let new = self.inline_present & (1 << i) == 0;
+            self.inline_present |= 1 << i;
+            return new;
+        }
+        let blocks = self.blocks();
+        assert!(
+            blocks > INLINE_BLOCKS,
+            "block {block} past its object's {blocks}"
+        );
+        self.table.get_or_insert_default().set(block, crc, blocks)
+    }
+
+    /// Forgets block `block`; true when it was present.
+    fn take(&mut self, block: u32) -> bool {
+        if let Some(t) = self.table.as_mut() {
+            let took = t.take(block);
+            if matches!(**t, BlockTable::Empty) {
+                self.table = None;
+            }
+            return took;
+        }
+        let i = block as usize;
+        let was = i < self.inline_blocks() && self.inline_present & (1 << i) != 0;
+        if was {
+            self.inline_present &= !(1 << i);
+        }
+        was
+    }
+
+    /// The blocks present and their checksums, in order.
+    fn each_block(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
+        match &self.table {
+            Some(t) => Box::new(t.iter()),
+            None => Box::new(
+                (0..self.inline_blocks() as u32).filter_map(|b| self.get(b).map(|crc| (b, crc))),
+            ),
+        }
     }
 }
 
@@ -297,9 +432,8 @@ pub struct Index {
     /// for a pair) cannot both be current: the later takes the slot, the earlier becomes a
     /// miss, and no lookup returns a version of another key (`current` checks the key).
     current: HashMap<u128, u64, Ids>,
-    /// Boxed: a slot of the table stays 16 bytes, so the room a table holds beyond its
-    /// versions (a quarter to a half, as it doubles) costs little.
-    versions: HashMap<u64, Box<Stored>, Ids>,
+    /// Held in the table's slots (40 bytes each): a version is one allocation, its `data`.
+    versions: HashMap<u64, Stored, Ids>,
     key_hasher: KeyHasher,
     /// Journal bytes a snapshot of every version held would take (`journal::snapshot`
     /// writes only the current ones, so this bounds it from above).
@@ -338,13 +472,7 @@ impl Index {
                 if !meta.is_valid() || self.versions.contains_key(&meta.version) {
                     return false;
                 }
-                let stored = Stored::new(&meta);
-                self.live_bytes += stored.record_bytes();
-                // The key's older version stays readable by the responses that began on it,
-                // until its own Drop record.
-                self.current
-                    .insert(self.key_hasher.hash(&meta.key), meta.version);
-                self.versions.insert(meta.version, Box::new(stored));
+                self.insert(meta.version, Stored::new(&meta));
                 true
             }
             Record::Block {
@@ -355,11 +483,10 @@ impl Index {
                 let Some(s) = self.versions.get_mut(&version) else {
                     return false;
                 };
-                let blocks = s.blocks();
-                if u64::from(block) >= blocks {
+                if u64::from(block) >= s.blocks() {
                     return false;
                 }
-                if s.blocks.set(block, crc, blocks) {
+                if s.set(block, crc) {
                     s.present += 1;
                     self.live_bytes += Record::BLOCK_BYTES;
                 }
@@ -395,11 +522,48 @@ impl Index {
                     meta.headers = r.headers;
                 }
                 self.live_bytes -= s.record_bytes();
-                s.body = Stored::new(&meta).body;
+                s.rewrite(&meta);
                 self.live_bytes += s.record_bytes();
                 true
             }
         }
+    }
+
+    /// Applies an object record's body as replay reads it (`Record::frame`), with its version
+    /// moved to disk slot `slot` when one is given: `apply(Record::Object(..))` without
+    /// decoding its strings, the body kept as it is. Err when `ObjectVersion::validate`
+    /// refuses it; Ok(false) when its id is taken.
+    pub fn apply_object_body(
+        &mut self,
+        body_in: &[u8],
+        slot: Option<usize>,
+    ) -> Result<bool, Invalid> {
+        let view = ObjectView::parse(body_in).ok_or(Invalid::Malformed)?;
+        view.validate()?;
+        let version = slot.map_or(view.version, |s| {
+            super::version_id::on_slot(view.version, s)
+        });
+        if self.versions.contains_key(&version) {
+            return Ok(false);
+        }
+        let mut body = Vec::with_capacity(body_in.len() + 4 * inline_blocks(view.blocks()));
+        body.extend_from_slice(body_in);
+        if version != view.version {
+            let at = BODY_KEY_AT + view.key.len();
+            body[at..at + 8].copy_from_slice(&version.to_le_bytes());
+        }
+        let stored = Stored::of_body(body);
+        self.insert(version, stored);
+        Ok(true)
+    }
+
+    /// Adds a version (its id not held) and makes it its key's current one. The key's older
+    /// version stays readable by the responses that began on it, until its own Drop record.
+    fn insert(&mut self, version: u64, stored: Stored) {
+        self.live_bytes += stored.record_bytes();
+        self.current
+            .insert(self.key_hasher.hash(stored.key()), version);
+        self.versions.insert(version, stored);
     }
 
     /// The key of `version` no longer has it as its current version (the origin has another):
@@ -433,7 +597,7 @@ impl Index {
     /// (from the body held, not decoded); nothing when it is unknown.
     pub fn encode_version(&self, version: u64, out: &mut Vec<u8>) {
         if let Some(s) = self.versions.get(&version) {
-            super::record::encode_framed(&s.body, out);
+            super::record::encode_framed(s.body(), out);
         }
     }
 
@@ -461,7 +625,7 @@ impl Index {
 
     /// The checksum of block `block` of `version`, if that block is on disk.
     pub fn block_crc(&self, version: u64, block: u32) -> Option<u32> {
-        self.versions.get(&version)?.blocks.get(block)
+        self.versions.get(&version)?.get(block)
     }
 
     /// The blocks of `version` on disk and their checksums, in order (empty when unknown).
@@ -469,7 +633,7 @@ impl Index {
         self.versions
             .get(&version)
             .into_iter()
-            .flat_map(|s| s.blocks.iter())
+            .flat_map(|s| s.each_block())
     }
 
     /// Forgets block `block` of `version` in memory (its bytes failed their checksum): it is
@@ -478,7 +642,7 @@ impl Index {
         let Some(s) = self.versions.get_mut(&version) else {
             return false;
         };
-        let forgot = s.blocks.take(block);
+        let forgot = s.take(block);
         if forgot {
             s.present -= 1;
             self.live_bytes -= Record::BLOCK_BYTES;
@@ -702,6 +866,13 @@ mod tests {
         let mut want = Vec::new();
         Record::Object(m.clone()).encode(&mut want);
         assert_eq!(framed, want, "the journal's bytes, from the body held");
+        for (block, crc) in [(3, 33), (0, 10)] {
+            assert!(ix.apply(Record::Block {
+                version: 9,
+                block,
+                crc
+            }));
+        }
         let refresh = Refresh {
             freshness: Freshness {
                 lifetime_s: Some(300),
@@ -720,7 +891,88 @@ mod tests {
             (1000, refresh.freshness, &refresh.headers)
         );
         assert_eq!((&got.etag, &got.tags), (&m.etag, &m.tags), "the rest kept");
-        assert_eq!(ix.live_bytes(), Record::object_bytes(&got));
+        assert_eq!(
+            ix.each_block(9).collect::<Vec<_>>(),
+            vec![(0, 10), (3, 33)],
+            "and the blocks"
+        );
+        assert_eq!(
+            ix.live_bytes(),
+            Record::object_bytes(&got) + 2 * Record::BLOCK_BYTES
+        );
+    }
+
+    /// Replay's way in (an object record's body, kept as it is) gives what `apply` gives,
+    /// moves the version to its disk's slot, and refuses what `validate` refuses.
+    #[test]
+    fn a_body_from_the_journal_is_kept_as_it_is_and_checked_as_a_record_is() {
+        let mut m = object("origin/k", 3, 5 << 20);
+        m.etag = "\"e\"".into();
+        m.headers = "Cache-Control: max-age=9\r\n".into();
+        let mut body = Vec::new();
+        m.encode_body(&mut body);
+        let mut ix = Index::default();
+        assert_eq!(ix.apply_object_body(&body, None), Ok(true));
+        assert_eq!(ix.current(b"origin/k").as_ref(), Some(&m));
+        assert_eq!(ix.apply_object_body(&body, None), Ok(false), "id taken");
+        let moved = crate::cache::version_id::on_slot(3, 2);
+        let mut other = Index::default();
+        assert_eq!(other.apply_object_body(&body, Some(2)), Ok(true));
+        let got = other.current(b"origin/k").unwrap();
+        assert_eq!((got.version, &got.headers), (moved, &m.headers));
+        assert_eq!(other.blocks_of(moved), Some((5, 1 << 20)));
+        let mut bad = m.clone();
+        bad.block_bytes = 3;
+        let mut body = Vec::new();
+        bad.encode_body(&mut body);
+        assert_eq!(
+            ix.apply_object_body(&body, None),
+            Err(Invalid::BlockBytes(3))
+        );
+        assert_eq!(
+            ix.apply_object_body(&body[..body.len() - 1], None),
+            Err(Invalid::Malformed)
+        );
+    }
+
+    /// An object of up to `INLINE_BLOCKS` blocks keeps its checksums in its own allocation;
+    /// a larger one in a table that grows with what is stored. Both answer alike.
+    #[test]
+    fn small_objects_keep_their_checksums_inline_and_large_ones_in_a_table() {
+        for blocks in [1, INLINE_BLOCKS, INLINE_BLOCKS + 1, 1000] {
+            let mut ix = Index::default();
+            assert!(ix.apply(Record::Object(object("k", 1, blocks << 20))));
+            let inline = ix.versions[&1].inline_blocks();
+            assert_eq!(inline > 0, blocks <= INLINE_BLOCKS, "{blocks} blocks");
+            let last = (blocks - 1) as u32;
+            for (block, crc) in [(last, 7), (0, 5), (last, 8)] {
+                assert!(ix.apply(Record::Block {
+                    version: 1,
+                    block,
+                    crc
+                }));
+            }
+            let want = if last == 0 {
+                vec![(0, 8)]
+            } else {
+                vec![(0, 5), (last, 8)]
+            };
+            assert_eq!(
+                ix.each_block(1).collect::<Vec<_>>(),
+                want,
+                "{blocks} blocks"
+            );
+            assert_eq!(ix.blocks_present(1), want.len() as u64);
+            assert!(!ix.apply(Record::Block {
+                version: 1,
+                block: last + 1,
+                crc: 1
+            }));
+            assert!(ix.forget_block(1, 0) && !ix.forget_block(1, 0));
+            assert_eq!(ix.block_crc(1, 0), None);
+            assert_eq!(ix.block_crc(1, last), (last != 0).then_some(8));
+            assert_eq!(ix.versions[&1].table.is_some(), inline == 0 && last != 0);
+        }
     }
 
     /// Two keys of one hash: the later takes the slot, the earlier is a miss, and neither

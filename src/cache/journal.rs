@@ -11,9 +11,10 @@
 //! so a damaged length never makes replay allocate or read past the buffer.
 
 use super::index::Index;
+use super::record::KIND_OBJECT;
 pub use super::record::{
-    Decoded, Invalid, ObjectVersion, Record, FRAME_BYTES, MAX_BLOCKS_PER_OBJECT, MAX_BLOCK_BYTES,
-    MAX_FIELD_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES, MIN_BLOCK_BYTES,
+    Decoded, Framed, Invalid, ObjectVersion, Record, FRAME_BYTES, MAX_BLOCKS_PER_OBJECT,
+    MAX_BLOCK_BYTES, MAX_FIELD_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES, MIN_BLOCK_BYTES,
 };
 
 /// Appends the live index to `out` as records: each current version's object record (with
@@ -99,28 +100,30 @@ pub fn replay_into_slot(
 ) -> (usize, bool) {
     let mut at = 0;
     while at < bytes.len() {
-        match Record::decode(&bytes[at..]) {
-            Decoded::Record(r, used) => {
-                let r = match slot {
-                    Some(slot) => super::version_id::rebase(r, slot),
-                    None => r,
-                };
-                if index.apply(r) {
-                    stats.records += 1;
-                } else {
-                    stats.skipped += 1;
-                }
-                at += used;
-            }
-            Decoded::Refused(why, used) => {
-                stats.refused += 1;
-                stats.first_refusal.get_or_insert(why);
-                at += used;
-            }
-            Decoded::Incomplete => break,
-            Decoded::Corrupt => {
+        let (body, used) = match Record::frame(&bytes[at..]) {
+            Framed::Body(body, used) => (body, used),
+            Framed::Incomplete => break,
+            Framed::Corrupt => {
                 stats.valid_bytes += at as u64;
                 return (at, true);
+            }
+        };
+        at += used;
+        // An object record's body is kept as it is: its strings are not decoded one by one.
+        let applied = if body.first() == Some(&KIND_OBJECT) {
+            index.apply_object_body(body, slot)
+        } else {
+            Record::parse(body).map(|r| match slot {
+                Some(slot) => index.apply(super::version_id::rebase(r, slot)),
+                None => index.apply(r),
+            })
+        };
+        match applied {
+            Ok(true) => stats.records += 1,
+            Ok(false) => stats.skipped += 1,
+            Err(why) => {
+                stats.refused += 1;
+                stats.first_refusal.get_or_insert(why);
             }
         }
     }

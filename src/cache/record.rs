@@ -113,6 +113,17 @@ pub struct Refresh {
     pub headers: String,
 }
 
+/// What the front of a buffer holds, framed (`Record::frame`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Framed<'a> {
+    /// A body whose length and checksum hold, and the bytes its frame took.
+    Body(&'a [u8], usize),
+    /// The buffer ends inside the frame (or is empty).
+    Incomplete,
+    /// A frame whose length or checksum is wrong.
+    Corrupt,
+}
+
 /// What decoding the front of a buffer found.
 // Returned by value once per record at replay and moved straight into the index: boxing the
 // record would cost an allocation per record for nothing.
@@ -229,27 +240,40 @@ impl Record {
 
     /// Decodes the record at the front of `buf`.
     pub fn decode(buf: &[u8]) -> Decoded {
+        match Record::frame(buf) {
+            Framed::Body(body, used) => match Record::parse(body) {
+                Ok(r) => Decoded::Record(r, used),
+                Err(why) => Decoded::Refused(why, used),
+            },
+            Framed::Incomplete => Decoded::Incomplete,
+            Framed::Corrupt => Decoded::Corrupt,
+        }
+    }
+
+    /// The frame at the front of `buf`: its body once its length and checksum hold.
+    pub fn frame(buf: &[u8]) -> Framed<'_> {
         let Some(frame) = buf.get(..FRAME_BYTES) else {
-            return Decoded::Incomplete;
+            return Framed::Incomplete;
         };
         let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
         if len == 0 || len > MAX_RECORD_BYTES {
-            return Decoded::Corrupt;
+            return Framed::Corrupt;
         }
         let Some(body) = buf.get(FRAME_BYTES..FRAME_BYTES + len) else {
-            return Decoded::Incomplete;
+            return Framed::Incomplete;
         };
         if super::checksum(body) != crc {
-            return Decoded::Corrupt;
+            return Framed::Corrupt;
         }
-        match parse_body(body).ok_or(Invalid::Malformed).and_then(|r| {
-            r.validate()?;
-            Ok(r)
-        }) {
-            Ok(r) => Decoded::Record(r, FRAME_BYTES + len),
-            Err(why) => Decoded::Refused(why, FRAME_BYTES + len),
-        }
+        Framed::Body(body, FRAME_BYTES + len)
+    }
+
+    /// The record a frame's body holds, if it parses and `validate` passes.
+    pub fn parse(body: &[u8]) -> Result<Record, Invalid> {
+        let r = parse_body(body).ok_or(Invalid::Malformed)?;
+        r.validate()?;
+        Ok(r)
     }
 }
 
@@ -300,62 +324,158 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
     fn text(&mut self) -> Option<String> {
-        String::from_utf8(self.bytes()?.to_vec()).ok()
+        self.str().map(str::to_string)
+    }
+    fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.bytes()?).ok()
+    }
+}
+
+/// An object record's fields, borrowed from its body: what replay checks, and what the index
+/// keeps as the body itself, with no allocation per string.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectView<'a> {
+    /// The cache key.
+    pub key: &'a [u8],
+    /// The version's id.
+    pub version: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its block size.
+    pub block_bytes: u32,
+    fetched_unix_s: u64,
+    etag: &'a str,
+    last_modified: &'a str,
+    content_type: &'a str,
+    freshness: Freshness,
+    headers: &'a str,
+    status: u16,
+    selecting: &'a str,
+    tags: &'a str,
+}
+
+impl<'a> ObjectView<'a> {
+    /// The fields of an object record's body (its kind byte first); None when they do not
+    /// parse, or something follows them.
+    pub fn parse(body: &'a [u8]) -> Option<ObjectView<'a>> {
+        let mut r = Reader(body);
+        if r.u8()? != KIND_OBJECT {
+            return None;
+        }
+        let view = Self::read(&mut r)?;
+        r.0.is_empty().then_some(view)
+    }
+
+    fn read(r: &mut Reader<'a>) -> Option<ObjectView<'a>> {
+        // Lengths are bounded by the record's; what a field may hold is `validate`'s.
+        let key = r.bytes()?;
+        let version = r.u64()?;
+        let size = r.u64()?;
+        let block_bytes = r.u32()?;
+        let fetched_unix_s = r.u64()?;
+        let (etag, last_modified, content_type) = (r.str()?, r.str()?, r.str()?);
+        // Records journaled before the origin's contract was kept end here.
+        let (freshness, headers) = if r.0.is_empty() {
+            (Freshness::default(), "")
+        } else {
+            (Freshness::decode(r)?, r.str()?)
+        };
+        // Records journaled before non-2xx answers were stored end here: a 200.
+        let status = if r.0.is_empty() { 200 } else { r.u16()? };
+        // And before Vary replies were: none selects.
+        let selecting = if r.0.is_empty() { "" } else { r.str()? };
+        // Records journaled before purge by tag, or of untagged versions, end here; the
+        // writer never writes an empty list (one encoding per record).
+        let tags = if r.0.is_empty() {
+            ""
+        } else {
+            let text = r.str()?;
+            if text.is_empty() {
+                return None;
+            }
+            text
+        };
+        Some(ObjectView {
+            key,
+            version,
+            size,
+            block_bytes,
+            fetched_unix_s,
+            etag,
+            last_modified,
+            content_type,
+            freshness,
+            headers,
+            status,
+            selecting,
+            tags,
+        })
+    }
+
+    /// The version, its strings copied.
+    pub fn to_owned(&self) -> ObjectVersion {
+        ObjectVersion {
+            key: self.key.to_vec(),
+            version: self.version,
+            size: self.size,
+            block_bytes: self.block_bytes,
+            fetched_unix_s: self.fetched_unix_s,
+            etag: self.etag.to_string(),
+            last_modified: self.last_modified.to_string(),
+            content_type: self.content_type.to_string(),
+            freshness: self.freshness,
+            headers: self.headers.to_string(),
+            status: self.status,
+            selecting: self.selecting.to_string(),
+            tags: Tags::from_text(self.tags).unwrap_or_else(|| Tags::unchecked(self.tags.into())),
+        }
+    }
+
+    /// Blocks the object spans.
+    pub fn blocks(&self) -> u64 {
+        self.size.div_ceil(u64::from(self.block_bytes))
+    }
+
+    /// `ObjectVersion::validate`'s rule, checked in place.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.key.is_empty() || self.key.len() > MAX_KEY_BYTES {
+            return Err(Invalid::KeyLength(self.key.len()));
+        }
+        let longest = [self.etag, self.last_modified, self.content_type]
+            .iter()
+            .map(|f| f.len())
+            .max()
+            .unwrap_or(0);
+        if longest > MAX_FIELD_BYTES {
+            return Err(Invalid::FieldLength(longest));
+        }
+        for lines in [self.headers, self.selecting] {
+            if lines.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(lines) {
+                return Err(Invalid::FieldLength(lines.len()));
+            }
+        }
+        if !Tags::is_text(self.tags) {
+            return Err(Invalid::FieldLength(self.tags.len()));
+        }
+        if !self.block_bytes.is_power_of_two()
+            || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
+        {
+            return Err(Invalid::BlockBytes(self.block_bytes));
+        }
+        if self.blocks() > MAX_BLOCKS_PER_OBJECT {
+            return Err(Invalid::Blocks(self.blocks()));
+        }
+        if !is_storable_status(self.status) {
+            return Err(Invalid::Status(self.status));
+        }
+        Ok(())
     }
 }
 
 fn parse_body(body: &[u8]) -> Option<Record> {
     let mut r = Reader(body);
     let record = match r.u8()? {
-        KIND_OBJECT => {
-            // Lengths are bounded by the record's; what a field may hold is `validate`'s.
-            let key = r.bytes()?.to_vec();
-            let version = r.u64()?;
-            let size = r.u64()?;
-            let block_bytes = r.u32()?;
-            let fetched_unix_s = r.u64()?;
-            let (etag, last_modified, content_type) = (r.text()?, r.text()?, r.text()?);
-            // Records journaled before the origin's contract was kept end here.
-            let (freshness, headers) = if r.0.is_empty() {
-                (Freshness::default(), String::new())
-            } else {
-                (Freshness::decode(&mut r)?, r.text()?)
-            };
-            // Records journaled before non-2xx answers were stored end here: a 200.
-            let status = if r.0.is_empty() { 200 } else { r.u16()? };
-            // And before Vary replies were: none selects.
-            let selecting = if r.0.is_empty() {
-                String::new()
-            } else {
-                r.text()?
-            };
-            // Records journaled before purge by tag, or of untagged versions, end here; the
-            // writer never writes an empty list (one encoding per record).
-            let tags = if r.0.is_empty() {
-                Tags::default()
-            } else {
-                let text = r.text()?;
-                if text.is_empty() {
-                    return None;
-                }
-                Tags::from_text(&text).unwrap_or_else(|| Tags::unchecked(text))
-            };
-            Record::Object(ObjectVersion {
-                key,
-                version,
-                size,
-                block_bytes,
-                fetched_unix_s,
-                etag,
-                last_modified,
-                content_type,
-                freshness,
-                headers,
-                status,
-                selecting,
-                tags,
-            })
-        }
+        KIND_OBJECT => Record::Object(ObjectView::read(&mut r)?.to_owned()),
         KIND_BLOCK => Record::Block {
             version: r.u64()?,
             block: r.u32()?,
@@ -571,37 +691,26 @@ impl ObjectVersion {
     /// `MAX_BLOCKS_PER_OBJECT`. The one rule the writer checks before it journals a version
     /// and replay checks when it reads one back, so nothing written is ever refused later.
     pub fn validate(&self) -> Result<(), Invalid> {
-        if self.key.is_empty() || self.key.len() > MAX_KEY_BYTES {
-            return Err(Invalid::KeyLength(self.key.len()));
+        self.view().validate()
+    }
+
+    /// Its fields, borrowed (the one `validate` rule is the view's).
+    pub fn view(&self) -> ObjectView<'_> {
+        ObjectView {
+            key: &self.key,
+            version: self.version,
+            size: self.size,
+            block_bytes: self.block_bytes,
+            fetched_unix_s: self.fetched_unix_s,
+            etag: &self.etag,
+            last_modified: &self.last_modified,
+            content_type: &self.content_type,
+            freshness: self.freshness,
+            headers: &self.headers,
+            status: self.status,
+            selecting: &self.selecting,
+            tags: self.tags.as_str(),
         }
-        let longest = [&self.etag, &self.last_modified, &self.content_type]
-            .iter()
-            .map(|f| f.len())
-            .max()
-            .unwrap_or(0);
-        if longest > MAX_FIELD_BYTES {
-            return Err(Invalid::FieldLength(longest));
-        }
-        for lines in [&self.headers, &self.selecting] {
-            if lines.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(lines) {
-                return Err(Invalid::FieldLength(lines.len()));
-            }
-        }
-        if Tags::from_text(self.tags.as_str()).is_none() {
-            return Err(Invalid::FieldLength(self.tags.as_str().len()));
-        }
-        if !self.block_bytes.is_power_of_two()
-            || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.block_bytes)
-        {
-            return Err(Invalid::BlockBytes(self.block_bytes));
-        }
-        if self.blocks() > MAX_BLOCKS_PER_OBJECT {
-            return Err(Invalid::Blocks(self.blocks()));
-        }
-        if !is_storable_status(self.status) {
-            return Err(Invalid::Status(self.status));
-        }
-        Ok(())
     }
 
     /// Whether `validate` passes.

@@ -76,14 +76,18 @@ impl Tags {
         if text.is_empty() {
             return Some(Tags::default());
         }
-        if text.len() > MAX_TAGS_BYTES || text.split(' ').count() > MAX_TAGS_PER_VERSION {
-            return None;
-        }
-        let valid = text
-            .split(' ')
-            .enumerate()
-            .all(|(i, tag)| is_tag(tag) && !text.split(' ').take(i).any(|t| t == tag));
-        valid.then(|| Tags::from_valid(text.to_string()))
+        Tags::is_text(text).then(|| Tags::from_valid(text.to_string()))
+    }
+
+    /// Whether `text` is a list `from_text` takes (checked in place: replay's).
+    pub fn is_text(text: &str) -> bool {
+        text.is_empty()
+            || text.len() <= MAX_TAGS_BYTES
+                && text.split(' ').count() <= MAX_TAGS_PER_VERSION
+                && text
+                    .split(' ')
+                    .enumerate()
+                    .all(|(i, tag)| is_tag(tag) && !text.split(' ').take(i).any(|t| t == tag))
     }
 
     /// `text` as it is, valid or not: replay holds what a record says so that
