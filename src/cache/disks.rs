@@ -138,7 +138,7 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
             Ok((disk, journal, disk_index)) => {
                 match index.as_mut() {
                     None => index = Some(disk_index),
-                    Some(all) => join(all, &disk_index),
+                    Some(all) => join(all, disk_index),
                 }
                 disks.push(disk);
                 journals.push(journal);
@@ -274,23 +274,18 @@ fn log_recovered(
 /// Adds `disk`'s current versions (and their blocks) to `all` through `Index::apply`, as a
 /// replay would. A key current on two disks (a disk that came back after its keys were
 /// filled again elsewhere) keeps the newer version; the older one is left out.
-fn join(all: &mut Index, disk: &Index) {
-    for version in disk.each_version_id() {
-        let Some(meta) = disk.meta(version).filter(|_| disk.is_current(version)) else {
+fn join(all: &mut Index, mut disk: Index) {
+    let versions: Vec<u64> = disk.each_version_id().collect();
+    for version in versions {
+        let Some(key) = disk.key_of(version).filter(|_| disk.is_current(version)) else {
             continue;
         };
-        let newer = all.current_version(&meta.key).is_some_and(|v| {
+        let newer = all.current_version(key).is_some_and(|v| {
             super::version_id::file_number(v) > super::version_id::file_number(version)
         });
-        if newer || !all.apply(Record::Object(meta)) {
-            continue;
-        }
-        for (block, crc) in disk.each_block(version) {
-            all.apply(Record::Block {
-                version,
-                block,
-                crc,
-            });
+        if !newer {
+            // Moved whole: its body and block table, nothing decoded.
+            all.adopt(&mut disk, version);
         }
     }
 }

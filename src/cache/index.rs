@@ -557,6 +557,27 @@ impl Index {
         Ok(true)
     }
 
+    /// Moves version `version` of `from`, with its blocks, into this index as its key's
+    /// current version (what replaying its records here would do, with nothing decoded).
+    /// False, and nothing moved, when `from` does not hold it or this index holds its id.
+    pub fn adopt(&mut self, from: &mut Index, version: u64) -> bool {
+        if self.versions.contains_key(&version) {
+            return false;
+        }
+        let Some(stored) = from.versions.remove(&version) else {
+            return false;
+        };
+        let hash = from.key_hasher.hash(stored.key());
+        if from.current.get(&hash) == Some(&version) {
+            from.current.remove(&hash);
+        }
+        let blocks_bytes = u64::from(stored.present) * Record::BLOCK_BYTES;
+        from.live_bytes -= stored.record_bytes() + blocks_bytes;
+        self.live_bytes += blocks_bytes;
+        self.insert(version, stored);
+        true
+    }
+
     /// Adds a version (its id not held) and makes it its key's current one. The key's older
     /// version stays readable by the responses that began on it, until its own Drop record.
     fn insert(&mut self, version: u64, stored: Stored) {
@@ -973,6 +994,29 @@ mod tests {
             assert_eq!(ix.block_crc(1, last), (last != 0).then_some(8));
             assert_eq!(ix.versions[&1].table.is_some(), inline == 0 && last != 0);
         }
+    }
+
+    /// A version moved from one index to another (joining disks) arrives whole, as its key's
+    /// current version, and leaves the first.
+    #[test]
+    fn an_adopted_version_moves_whole() {
+        let (mut a, mut b) = (Index::default(), Index::default());
+        assert!(b.apply(Record::Object(object("k", 4, 3 << 20))));
+        assert!(b.apply(Record::Block {
+            version: 4,
+            block: 2,
+            crc: 6
+        }));
+        assert!(a.apply(Record::Object(object("k", 2, 1 << 20))));
+        let moved = b.live_bytes();
+        let before = a.live_bytes();
+        assert!(a.adopt(&mut b, 4));
+        assert!(!a.adopt(&mut b, 4), "gone from b");
+        assert_eq!((b.versions(), b.keys(), b.live_bytes()), (0, 0, 0));
+        assert_eq!(a.current_version(b"k"), Some(4));
+        assert_eq!(a.each_block(4).collect::<Vec<_>>(), vec![(2, 6)]);
+        assert_eq!(a.live_bytes(), before + moved);
+        assert!(a.contains(2), "the older version stays until dropped");
     }
 
     /// Two keys of one hash: the later takes the slot, the earlier is a miss, and neither
