@@ -2,6 +2,8 @@
 //! after a churn history many times the live cache (issue 29's restart target).
 //!
 //! `cargo run --release --example cache_restart -- [DIR] [OBJECTS] [BLOCKS] [CHURN]`
+//! (`open JOURNAL`: only the timed restart; `append JOURNAL OBJECTS BLOCKS`: grow a cache's
+//! journal, for `perf/cache-index.sh`'s restart of a real edge)
 //! (defaults: a temp dir on the current directory's disk, 1 000 000 objects of 4 blocks,
 //! churn 10). It writes OBJECTS x CHURN versions through the journal the way the fill does
 //! (an object record, its block records; each key's older version dropped), compacting with
@@ -61,10 +63,58 @@ fn open_only(path: &str) {
     );
 }
 
+/// Object `i`'s version `version` of `blocks` blocks, as a depot chunk (origin entry 0).
+fn synthetic(i: u64, version: u64, blocks: u32, round: u64) -> ObjectVersion {
+    ObjectVersion {
+        key: format!("\0\0depot/{}/chunk/{:040x}", i % 4096, i).into_bytes(),
+        version,
+        size: u64::from(blocks) << 18,
+        block_bytes: 1 << 18,
+        fetched_unix_s: 1_800_000_000 + round,
+        etag: format!("\"{version:x}\""),
+        last_modified: String::new(),
+        content_type: "application/octet-stream".into(),
+        freshness: Default::default(),
+        headers: String::new(),
+        status: 200,
+        selecting: String::new(),
+        tags: Default::default(),
+    }
+}
+
+/// Appends `objects` objects of `blocks` blocks to the journal at `path` (a cache's, which
+/// may hold objects already), numbered after its highest version: `perf/cache-index.sh`
+/// grows a real edge's cache this way (their data files are never read).
+fn append(path: &str, objects: u64, blocks: u32) {
+    let (mut journal, index, _) = JournalFile::open(std::path::Path::new(path)).expect("journal");
+    let mut version = index.max_version();
+    let mut batch = Vec::with_capacity(1024 * (blocks as usize + 1));
+    for i in 0..objects {
+        version += 1;
+        batch.push(Record::Object(synthetic(i, version, blocks, 0)));
+        for block in 0..blocks {
+            batch.push(Record::Block {
+                version,
+                block,
+                crc: (version as u32) ^ block,
+            });
+        }
+        if batch.len() >= 1024 * (blocks as usize + 1) || i + 1 == objects {
+            journal.append(&batch, i + 1 == objects).expect("append");
+            batch.clear();
+        }
+    }
+    println!("appended {objects} objects, versions up to {version}");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("open") {
         return open_only(&args[1]);
+    }
+    if args.first().map(String::as_str) == Some("append") {
+        let objects = args[2].parse().expect("OBJECTS");
+        return append(&args[1], objects, args[3].parse().expect("BLOCKS"));
     }
     let dir = args
         .first()
@@ -89,22 +139,7 @@ fn main() {
         for i in 0..objects {
             version += 1;
             batch.clear();
-            let meta = ObjectVersion {
-                key: format!("\0\0depot/{}/chunk/{:040x}", i % 4096, i).into_bytes(),
-                version,
-                size: u64::from(blocks) << 18,
-                block_bytes: 1 << 18,
-                fetched_unix_s: 1_800_000_000 + round,
-                etag: format!("\"{version:x}\""),
-                last_modified: String::new(),
-                content_type: "application/octet-stream".into(),
-                freshness: Default::default(),
-                headers: String::new(),
-                status: 200,
-                selecting: String::new(),
-                tags: Default::default(),
-            };
-            batch.push(Record::Object(meta));
+            batch.push(Record::Object(synthetic(i, version, blocks, round)));
             for block in 0..blocks {
                 batch.push(Record::Block {
                     version,

@@ -13,7 +13,8 @@
 # cache and opens it with each build in a process of its own: the journal read from disk and
 # replayed into a ready index. Reports bytes per object (VmRSS after the load minus before,
 # over the objects), peak RSS and time to ready, and a straight-line fit through the sizes
-# for 30 million. Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
+# for 30 million. Then restarts a real edge (`shardline serve`, each build) over a cache of N
+# objects and times its first hit. Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -44,11 +45,14 @@ base_rev=$(git -C "$REPO" rev-parse --short "$BASE")
 if [[ ! -d $WT ]]; then git -C "$REPO" worktree add --detach -f "$WT" "$BASE" >/dev/null; fi
 git -C "$WT" checkout -q --detach "$BASE"
 cp "$REPO/examples/cache_restart.rs" "$WT/examples/cache_restart.rs"
-log "building examples/cache_restart (release) at $base_rev"
-cargo build --release --quiet --manifest-path "$WT/Cargo.toml" --example cache_restart
+log "building examples/cache_restart and shardline (release) at $base_rev"
+cargo build --release --quiet --manifest-path "$WT/Cargo.toml" --example cache_restart --bin shardline
 OLD=$DIR/cache_restart.base
 cp "$WT/target/release/examples/cache_restart" "$OLD"
+cp "$WT/target/release/shardline" "$DIR/shardline.base"
 git -C "$WT" checkout -q -- examples/cache_restart.rs
+cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --bin shardline
+cp "$REPO/target/release/shardline" "$DIR/shardline.new"
 
 # field FILE REGEX: the first capture of REGEX (sed -E) in FILE.
 field() { sed -nE "s/$2/\1/p" "$1" | head -1; }
@@ -76,6 +80,105 @@ for n in $SIZES; do
   rm -rf "$j"
 done
 
+# The same restart on a real edge: `shardline serve` over a cache of one real object (filled
+# from a second shardline as the origin) and N synthetic ones appended to its journal; the
+# time from the process's start to the real object's first hit (`Cache-Status: ...; hit`,
+# its bytes compared), and VmRSS then, against the same edge's over the one object alone.
+server_rows=$(python3 - "$DIR" "$NEW" "$ROUNDS" "$BLOCKS" $SIZES <<'PY'
+import hashlib, http.client, os, shutil, signal, socket, subprocess, sys, time
+work, example, rounds, blocks = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+sizes = [int(n) for n in sys.argv[5:]]
+bins = {"base": f"{work}/shardline.base", "new": f"{work}/shardline.new"}
+EDGE, ORIGIN = 18190, 18191
+origin_root = f"{work}/origin"
+os.makedirs(f"{origin_root}/pull", exist_ok=True)
+body = os.urandom(1 << 20)
+for p in (f"{origin_root}/obj.bin", f"{origin_root}/pull/obj.bin"):
+    open(p, "wb").write(body)
+want = hashlib.sha256(body).hexdigest()
+def listening(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False
+for port in (EDGE, ORIGIN):
+    if listening(port):
+        raise SystemExit(f"something listens on 127.0.0.1:{port} already")
+log = open(f"{work}/servers.log", "a")
+# No admin listener on either (both would take the default port).
+open(f"{work}/origin.toml", "w").write('admin = ""\n')
+origin = subprocess.Popen([bins["new"], "serve", "--root", origin_root, "--listen",
+                           f"127.0.0.1:{ORIGIN}", "--shards", "1", "--config",
+                           f"{work}/origin.toml"], stdout=log, stderr=log)
+while not listening(ORIGIN):
+    time.sleep(0.01)
+def get():
+    """(Cache-Status, the right bytes?) of the real object; None: no answer."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", EDGE, timeout=60)
+        c.request("GET", "/pull/obj.bin")
+        r = c.getresponse()
+        data = r.read()
+        return r.getheader("Cache-Status", ""), r.status == 200 and hashlib.sha256(data).hexdigest() == want
+    except OSError:
+        return None
+def rss_kib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+def edge(side, cache):
+    """Starts the edge, waits for the object's first hit; (process, seconds, RSS KiB)."""
+    cfg = f"{work}/edge.toml"
+    open(cfg, "w").write(f'admin = ""\ncache_dir = "{cache}"\ncache_max_bytes = {1 << 50}\n'
+                         f'[[origin]]\nprefix = "/pull/"\nurl = "http://127.0.0.1:{ORIGIN}"\n')
+    t0 = time.monotonic()
+    p = subprocess.Popen([bins[side], "serve", "--root", origin_root, "--listen", f"127.0.0.1:{EDGE}",
+                          "--shards", "2", "--config", cfg], stdout=log, stderr=log)
+    while True:
+        if p.poll() is not None:
+            raise SystemExit(f"the {side} edge exited ({p.returncode}); see {work}/servers.log")
+        got = get()
+        if got and "hit" in got[0]:
+            if not got[1]:
+                raise SystemExit("a hit with the wrong bytes")
+            return p, time.monotonic() - t0, rss_kib(p.pid)
+        if got is None:
+            time.sleep(0.01)
+        elif time.monotonic() - t0 > 600:
+            raise SystemExit(f"no hit: {got}")
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(60)
+    except subprocess.TimeoutExpired:
+        p.kill(); p.wait()
+try:
+    for n in sizes:
+        cache = f"{work}/edge-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache)
+        base_rss = {}
+        for side in ("new", "base"):
+            p, _, base_rss[side] = edge(side, cache)
+            stop(p)
+        out = subprocess.run([example, "append", f"{cache}/journal", str(n), blocks], check=True,
+                             capture_output=True, text=True).stdout.strip()
+        print(f"appended {n}: {out}", file=sys.stderr)
+        for r in range(1, rounds + 1):
+            for side in ("base", "new"):
+                subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
+                p, secs, rss = edge(side, cache)
+                stop(p)
+                per = max(rss - base_rss[side], 0) * 1024 // n
+                print(f"| {n} | {side} | {r} | {per} | {rss // 1024} | {secs:.2f} |")
+                print(f"edge {n} {side} round {r}: {per} B/object, first hit {secs:.2f} s", file=sys.stderr)
+        shutil.rmtree(cache, ignore_errors=True)
+finally:
+    stop(origin)
+PY
+) || die "the edge restarts failed"
+
 # fit "N BYTES SECONDS"...: least squares of bytes per object and of seconds over N, at 30M.
 fit() {
   printf '%s\n' "$@" | awk '
@@ -97,13 +200,30 @@ fit() {
   echo "- Workload: N objects of $BLOCKS blocks (a 59-byte key, an ETag, a content type), no churn; one process per open: the journal read from disk and replayed into a ready index"
   echo "- bytes/object: VmRSS after the load minus before, over the objects (the index, block checksums included, and what malloc holds); peak: VmHWM"
   echo
+  echo "## The index alone (\`examples/cache_restart\`)"
+  echo
   echo "| objects | index | round | bytes/object | peak RSS (MiB) | ready (s) |"
   echo "|---:|---|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
   echo
-  echo "30 million objects, by a least-squares line through every round above (memory = bytes/object x N; time to ready; both close to linear in N):"
+  echo "30 million objects, by a least-squares line through every round above (memory = bytes/object x N, and time to ready, each a line in N):"
   echo
   echo "- new: $(fit "${fit_new[@]}")"
   echo "- base: $(fit "${fit_old[@]}")"
+  echo
+  echo "## A real edge's restart: time to the first hit"
+  echo
+  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read). Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms. bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room)."
+  echo
+  echo "| objects | edge | round | bytes/object | RSS (MiB) | first hit (s) |"
+  echo "|---:|---|---:|---:|---:|---:|"
+  printf '%s\n' "$server_rows"
+  echo
+  echo "30 million objects, by the same fit over the rounds above (time: to the first hit):"
+  echo
+  for side in new base; do
+    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " '$3 == s { print $2 + 0, $5 + 0, $7 + 0 }')
+    echo "- $side: $(fit "${pts[@]}")"
+  done
 } >"$OUT"
 log "wrote $OUT"
