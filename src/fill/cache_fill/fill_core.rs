@@ -480,13 +480,16 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// on disk) into `window`; a version the index no longer holds leaves it empty.
     pub fn fill_window(&self, version: u64, from: u64, window: &mut CrcWindow) {
         *window = CrcWindow::EMPTY;
-        let Some(meta) = self.index.meta(version) else {
+        // Read in place (no version decoded): every locked hit and window step comes here.
+        let (Some((_, block_bytes)), Some(size)) =
+            (self.index.blocks_of(version), self.index.size_of(version))
+        else {
             return;
         };
-        let first = u32::try_from(from / u64::from(meta.block_bytes)).unwrap_or(u32::MAX);
+        let first = u32::try_from(from / u64::from(block_bytes)).unwrap_or(u32::MAX);
         window.version = version;
-        window.size = meta.size;
-        window.block_bytes = meta.block_bytes;
+        window.size = size;
+        window.block_bytes = block_bytes;
         window.first = first;
         for i in 0..CRC_WINDOW_BLOCKS {
             if let Some(crc) = first
@@ -505,19 +508,20 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if let Some(h) = self.hot.get(&version) {
             return Some(h.clone());
         }
-        let meta = self.index.meta(version)?;
-        let blocks = meta.blocks();
+        // Checked in place before the version is decoded: a version too large to publish
+        // comes here on each of its locked hits.
+        let (blocks, _) = self.index.blocks_of(version)?;
         if blocks > HOT_MAX_BLOCKS
             || self.index.blocks_present(version) != blocks
             || !self.index.is_current(version)
         {
             return None;
         }
+        let meta = self.index.meta(version)?;
         let crcs: Box<[u32]> = (0..blocks as u32)
             .map(|b| self.index.block_crc(version, b))
             .collect::<Option<_>>()?;
         let fresh_until_s = meta.fresh_until_s(self.cfg.revalidate_s);
-        let meta = meta.clone();
         if self.hot.len() >= HOT_MAX_VERSIONS {
             for (_, h) in self.hot.drain() {
                 h.invalid.store(true, Ordering::Release);
@@ -605,15 +609,17 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// end of the last block of the run of present blocks from there (`from` itself when its
     /// block is missing).
     pub fn readable_end(&self, version: u64, from: u64) -> u64 {
-        let Some(meta) = self.index.meta(version) else {
+        let (Some((blocks, block_bytes)), Some(size)) =
+            (self.index.blocks_of(version), self.index.size_of(version))
+        else {
             return from;
         };
-        let b = u64::from(meta.block_bytes);
+        let b = u64::from(block_bytes);
         let mut block = from / b;
-        while block < meta.blocks() && self.index.block_crc(version, block as u32).is_some() {
+        while block < blocks && self.index.block_crc(version, block as u32).is_some() {
             block += 1;
         }
-        (block * b).min(meta.size).max(from)
+        (block * b).min(size).max(from)
     }
 
     /// `waiter` went away: it hears nothing more (the fetches go on for the cache).
