@@ -15,6 +15,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
+use super::id_hash::Ids;
+
 /// The share of the budget the small queue gets (1/10, as the paper).
 pub const SMALL_QUEUE_DIVISOR: u64 = 10;
 /// The most an entry's read count goes up to (2 bits, as the paper).
@@ -41,7 +43,8 @@ struct Entry {
 #[derive(Debug)]
 pub struct S3Fifo<K: Hash + Eq + Clone> {
     budget_bytes: u64,
-    entries: HashMap<K, Entry>,
+    /// Keyed by version ids, which the edge numbers: the cheap hash (`id_hash`).
+    entries: HashMap<K, Entry, Ids>,
     small: VecDeque<K>,
     main: VecDeque<K>,
     small_bytes: u64,
@@ -51,7 +54,7 @@ pub struct S3Fifo<K: Hash + Eq + Clone> {
     /// make every block's arrival walk `EVICT_SCAN_MAX` entries).
     pinned_bytes: u64,
     ghost: VecDeque<K>,
-    ghost_set: HashSet<K>,
+    ghost_set: HashSet<K, Ids>,
 }
 
 impl<K: Hash + Eq + Clone> S3Fifo<K> {
@@ -59,14 +62,14 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
     pub fn new(budget_bytes: u64) -> S3Fifo<K> {
         S3Fifo {
             budget_bytes,
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             small: VecDeque::new(),
             main: VecDeque::new(),
             small_bytes: 0,
             main_bytes: 0,
             pinned_bytes: 0,
             ghost: VecDeque::new(),
-            ghost_set: HashSet::new(),
+            ghost_set: HashSet::default(),
         }
     }
 

@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use super::id_hash::Ids;
+
 pub use super::record::ObjectVersion;
 use super::record::{Invalid, ObjectView, Record, FRAME_BYTES, MAX_RECORD_BYTES};
 
@@ -292,6 +294,10 @@ impl Stored {
         ObjectVersion::decode_body(self.body()).expect("a body the index encoded")
     }
 
+    fn stored_bytes(&self) -> u64 {
+        (u64::from(self.present) * u64::from(self.block_bytes())).min(self.size())
+    }
+
     /// Journal bytes its object record takes, framed.
     fn record_bytes(&self) -> u64 {
         (FRAME_BYTES + usize::from(self.body_len)) as u64
@@ -367,31 +373,6 @@ impl Stored {
         }
     }
 }
-
-/// Hashes version ids: ids are numbered by the edge (not chosen by a client), so one
-/// multiply spreads them; SipHash cost a replay a sixth of its time.
-#[derive(Clone, Copy, Debug, Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, id: u64) {
-        self.0 = (self.0 ^ id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u128(&mut self, hash: u128) {
-        // Already a keyed hash of the key: its bits are spread.
-        self.0 = hash as u64 ^ (hash >> 64) as u64;
-    }
-}
-
-type Ids = std::hash::BuildHasherDefault<IdHasher>;
 
 /// A 128-bit hash of a cache key, keyed per process (a client cannot aim two keys at one
 /// slot): the table of current versions holds it instead of a copy of the key, and a lookup
@@ -686,6 +667,17 @@ impl Index {
     /// The highest version id held (new versions are numbered after it).
     pub fn max_version(&self) -> u64 {
         self.versions.keys().copied().max().unwrap_or(0)
+    }
+
+    /// Bytes of `version` on disk: its blocks present, at most its size (0 when unknown).
+    pub fn stored_bytes(&self, version: u64) -> u64 {
+        self.versions.get(&version).map_or(0, Stored::stored_bytes)
+    }
+
+    /// Every version held and `stored_bytes` of it, in one pass over the table (start-up
+    /// hands every version to the eviction).
+    pub fn each_stored_bytes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.versions.iter().map(|(&v, s)| (v, s.stored_bytes()))
     }
 
     /// Blocks of `version` on disk.

@@ -42,6 +42,7 @@ pub mod disk_worker;
 pub mod disks;
 pub mod evict;
 pub mod failed_disks;
+pub mod id_hash;
 pub mod index;
 pub mod journal;
 pub mod journal_file;

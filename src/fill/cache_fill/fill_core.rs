@@ -930,12 +930,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
 
     /// Bytes of `version` on disk: its blocks present, at most its size.
     pub(super) fn stored_bytes(&self, version: u64) -> u64 {
-        match (self.index.blocks_of(version), self.index.size_of(version)) {
-            (Some((_, block_bytes)), Some(size)) => {
-                (self.index.blocks_present(version) * u64::from(block_bytes)).min(size)
-            }
-            _ => 0,
-        }
+        self.index.stored_bytes(version)
     }
 
     pub(super) fn on_head(&mut self, id: u64, facts: HeadFacts) {

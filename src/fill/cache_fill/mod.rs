@@ -893,15 +893,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
-        let held: Vec<(u64, u64)> = core
-            .index
-            .each_version_id()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|v| (v, core.stored_bytes(v)))
-            .collect();
         if let Some(e) = core.evict.as_mut() {
-            for (version, size) in held {
+            for (version, size) in core.index.each_stored_bytes() {
                 e.insert(version, size, &mut evicted);
             }
         }
