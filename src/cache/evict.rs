@@ -97,8 +97,7 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
     /// Adds `key` of `bytes` (not held yet), then evicts down to the budget; the evicted keys
     /// are appended to `evicted` (their bytes are to be freed on disk).
     pub fn insert(&mut self, key: K, bytes: u64, evicted: &mut Vec<K>) {
-        assert!(!self.entries.contains_key(&key), "inserted twice");
-        let queue = if self.ghost_set.remove(&key) {
+        let queue = if !self.ghost_set.is_empty() && self.ghost_set.remove(&key) {
             Queue::Main
         } else {
             Queue::Small
@@ -119,8 +118,16 @@ impl<K: Hash + Eq + Clone> S3Fifo<K> {
                 self.main_bytes += bytes;
             }
         }
-        self.entries.insert(key, entry);
+        // One probe of the table, not two: start-up inserts every version held.
+        let before = self.entries.insert(key, entry);
+        assert!(before.is_none(), "inserted twice");
         self.evict(evicted);
+    }
+
+    /// Makes room for `entries` more entries at once (start-up knows how many it holds).
+    pub fn reserve(&mut self, entries: usize) {
+        self.entries.reserve(entries);
+        self.small.reserve(entries);
     }
 
     /// As `insert`, with `key` pinned once before anything is evicted (a version a fill is

@@ -231,6 +231,16 @@ impl<'a> Fixed<'a> {
     fn blocks(&self) -> u64 {
         self.size().div_ceil(u64::from(self.block_bytes()))
     }
+
+    /// Where `fetched_unix_s` sits (after the id, the size and the block size).
+    fn fetched_at(&self) -> usize {
+        BODY_KEY_AT + self.key().len() + 8 + 8 + 4
+    }
+
+    fn fetched_unix_s(&self) -> u64 {
+        let at = self.fetched_at();
+        u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"))
+    }
 }
 
 /// Blocks whose checksums a version of `blocks` blocks keeps inline (0: in a `BlockTable`).
@@ -350,7 +360,7 @@ impl Stored {
     fn take(&mut self, block: u32) -> bool {
         if let Some(t) = self.table.as_mut() {
             let took = t.take(block);
-            if matches!(**t, BlockTable::Empty) {
+            if t.pages().is_empty() {
                 self.table = None;
             }
             return took;
@@ -492,16 +502,20 @@ impl Index {
                 let Some(s) = self.versions.get_mut(&version) else {
                     return false;
                 };
-                let mut meta = s.meta();
-                if fetched_unix_s < meta.fetched_unix_s {
+                if fetched_unix_s < Fixed(&s.data).fetched_unix_s() {
                     // An older confirmation changes nothing.
                     return true;
                 }
+                let Some(r) = refresh else {
+                    // The time alone: its 8 bytes, in place.
+                    let at = Fixed(&s.data).fetched_at();
+                    s.data[at..at + 8].copy_from_slice(&fetched_unix_s.to_le_bytes());
+                    return true;
+                };
+                let mut meta = s.meta();
                 meta.fetched_unix_s = fetched_unix_s;
-                if let Some(r) = refresh {
-                    meta.freshness = r.freshness;
-                    meta.headers = r.headers;
-                }
+                meta.freshness = r.freshness;
+                meta.headers = r.headers;
                 self.live_bytes -= s.record_bytes();
                 s.rewrite(&meta);
                 self.live_bytes += s.record_bytes();
@@ -588,6 +602,17 @@ impl Index {
     /// The id of the key's current version.
     pub fn current_version(&self, key: &[u8]) -> Option<u64> {
         self.current_id(key)
+    }
+
+    /// The key's current version, read in place (nothing decoded into its own allocation).
+    pub fn current_view(&self, key: &[u8]) -> Option<ObjectView<'_>> {
+        self.view(self.current_id(key)?)
+    }
+
+    /// Version `version`, read in place.
+    pub fn view(&self, version: u64) -> Option<ObjectView<'_>> {
+        let s = self.versions.get(&version)?;
+        Some(ObjectView::parse(s.body()).expect("a body the index checked"))
     }
 
     /// What version `version` is (current or still being read).

@@ -343,13 +343,16 @@ pub struct ObjectView<'a> {
     pub size: u64,
     /// Its block size.
     pub block_bytes: u32,
-    fetched_unix_s: u64,
+    /// When it was fetched or last confirmed (Unix seconds).
+    pub fetched_unix_s: u64,
     etag: &'a str,
     last_modified: &'a str,
     content_type: &'a str,
-    freshness: Freshness,
+    /// Its freshness as its origin set it.
+    pub freshness: Freshness,
     headers: &'a str,
-    status: u16,
+    /// The origin's status.
+    pub status: u16,
     selecting: &'a str,
     tags: &'a str,
 }
@@ -434,6 +437,25 @@ impl<'a> ObjectView<'a> {
     /// Blocks the object spans.
     pub fn blocks(&self) -> u64 {
         self.size.div_ceil(u64::from(self.block_bytes))
+    }
+
+    /// `ObjectVersion::fresh_until_s`'s rule: until when (Unix seconds) it is fresh.
+    pub fn fresh_until_s(&self, default_lifetime_s: u64) -> u64 {
+        if self.freshness.no_cache {
+            return 0;
+        }
+        let lifetime = self
+            .freshness
+            .lifetime_s
+            .map_or(default_lifetime_s, u64::from);
+        self.fetched_unix_s
+            .saturating_add(lifetime)
+            .saturating_sub(u64::from(self.freshness.initial_age_s))
+    }
+
+    /// Whether its purge tags hold `tag`.
+    pub fn has_tag(&self, tag: &str) -> bool {
+        !self.tags.is_empty() && self.tags.split(' ').any(|t| t == tag)
     }
 
     /// `ObjectVersion::validate`'s rule, checked in place.
@@ -663,16 +685,7 @@ impl ObjectVersion {
     /// (`default_lifetime_s` where its origin set none) less the age it arrived with; a
     /// `no-cache` version is never fresh (RFC 9111 §4.2, §5.2.2.4).
     pub fn fresh_until_s(&self, default_lifetime_s: u64) -> u64 {
-        if self.freshness.no_cache {
-            return 0;
-        }
-        let lifetime = self
-            .freshness
-            .lifetime_s
-            .map_or(default_lifetime_s, u64::from);
-        self.fetched_unix_s
-            .saturating_add(lifetime)
-            .saturating_sub(u64::from(self.freshness.initial_age_s))
+        self.view().fresh_until_s(default_lifetime_s)
     }
 
     /// Its age at `now_unix_s` (RFC 9111 §4.2.3 `current_age`), for the `Age` field.

@@ -61,16 +61,18 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if !revalidate {
             return None;
         }
-        let meta = self.index.current(key)?;
-        let v = meta.version;
-        let fresh_until = meta.fresh_until_s(self.cfg.revalidate_s);
-        if meta.status != 200 && now_s >= fresh_until {
+        // Read in place: every locked request that may need revalidating comes here.
+        let meta = self.index.current_view(key)?;
+        let (v, size, block_bytes, status) =
+            (meta.version, meta.size, meta.block_bytes, meta.status);
+        let (freshness, fresh_until) = (meta.freshness, meta.fresh_until_s(self.cfg.revalidate_s));
+        if status != 200 && now_s >= fresh_until {
             // A stored redirect or error is not revalidated but fetched anew (the object may
             // be there now): the request goes on to `want` as a miss.
             self.retire(v);
             return None;
         }
-        if meta.size == 0
+        if size == 0
             || now_s < fresh_until
             || self.revalidate_after.get(&v).is_some_and(|&t| now_s < t)
         {
@@ -78,9 +80,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         }
         // The block the request starts in is the one asked for: a 206 with the same
         // validators refreshes it, and a partial object gets it.
-        let block = (first.min(meta.size - 1) / u64::from(meta.block_bytes)) as u32;
-        let swr = meta.freshness.stale_while_revalidate_s.map_or(0, u64::from);
-        if !meta.freshness.no_cache && now_s < fresh_until.saturating_add(swr) {
+        let block = (first.min(size - 1) / u64::from(block_bytes)) as u32;
+        let swr = freshness.stale_while_revalidate_s.map_or(0, u64::from);
+        if !freshness.no_cache && now_s < fresh_until.saturating_add(swr) {
             // `stale-while-revalidate` (RFC 5861): served stale now, while one revalidation
             // runs in the background (with no waiter: nobody waits for it).
             if !self.probes.contains_key(key) && self.queue.len() < MAX_QUEUED_FETCHES {
@@ -1108,12 +1110,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         };
         // The probe's own blocks are being fetched: register them so wants coalesce on them.
         let (first, last) = (job.first, job.last);
+        let blocks = self
+            .index
+            .current_version(&key)
+            .and_then(|v| self.index.blocks_of(v))
+            .map_or(0, |(blocks, _)| blocks);
         for b in first..=last {
-            if self
-                .index
-                .current(&key)
-                .is_some_and(|m| u64::from(b) < m.blocks())
-            {
+            if u64::from(b) < blocks {
                 let _ = self.blocks.want((version, b), None);
             }
         }
@@ -1165,12 +1168,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// blocks on disk right after it, as many as fit in `max_bytes` (at least one, at most
     /// `SCRUB_RUN_BLOCKS_MAX`), in one hold of the lock.
     pub fn scrub_next(&self, version: u64, from: u32, max_bytes: usize) -> ScrubStep {
-        let Some(m) = self.index.meta(version) else {
+        let Some((blocks, block_bytes)) = self.index.blocks_of(version) else {
             return ScrubStep::Done;
         };
-        let blocks = u32::try_from(m.blocks()).unwrap_or(u32::MAX);
-        let b = u64::from(m.block_bytes);
-        let max_blocks = (max_bytes / m.block_bytes as usize).clamp(1, SCRUB_RUN_BLOCKS_MAX);
+        let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
+        let size = self.index.size_of(version).unwrap_or(0);
+        let b = u64::from(block_bytes);
+        let max_blocks = (max_bytes / block_bytes as usize).clamp(1, SCRUB_RUN_BLOCKS_MAX);
         let until = from.saturating_add(SCRUB_SCAN_BLOCKS).min(blocks);
         for block in from..until {
             let Some(crc) = self.index.block_crc(version, block) else {
@@ -1181,8 +1185,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 count: 1,
                 crcs: [0; SCRUB_RUN_BLOCKS_MAX],
                 offset: u64::from(block) * b,
-                block_bytes: m.block_bytes as usize,
-                size: m.size,
+                block_bytes: block_bytes as usize,
+                size,
             };
             run.crcs[0] = crc;
             while run.count < max_blocks {

@@ -894,6 +894,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
         if let Some(e) = core.evict.as_mut() {
+            e.reserve(core.index.versions());
             for (version, size) in core.index.each_stored_bytes() {
                 e.insert(version, size, &mut evicted);
             }

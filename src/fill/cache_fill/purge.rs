@@ -55,11 +55,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     /// queued now, so a restart before then does not bring it back. Returns the versions
     /// purged.
     pub fn purge_tag(&mut self, tag: &str) -> usize {
+        // Read in place under the lock: nothing decoded per version.
         let tagged: Vec<u64> = self
             .index
-            .each_version()
-            .filter(|m| m.tags.contains(tag) && self.index.is_current(m.version))
-            .map(|m| m.version)
+            .each_version_id()
+            .filter(|&v| {
+                self.index.view(v).is_some_and(|m| m.has_tag(tag)) && self.index.is_current(v)
+            })
             .collect();
         for &v in &tagged {
             if self.pins.contains_key(&v) {
