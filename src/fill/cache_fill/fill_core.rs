@@ -510,8 +510,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if let Some(h) = self.hot.get(&version) {
             return Some(h.clone());
         }
-        // Checked in place before the version is decoded: a version too large to publish
-        // comes here on each of its locked hits.
+        // Checked in place first: a version too large to publish comes here on each hit.
         let (blocks, _) = self.index.blocks_of(version)?;
         if blocks > HOT_MAX_BLOCKS
             || self.index.blocks_present(version) != blocks
@@ -882,7 +881,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         if !self.pinned_until.is_empty() {
             self.release_expired_pins(unix_now_s());
         }
-        let stored = self.stored_bytes(version);
+        let stored = self.index.stored_bytes(version);
         let mut evicted = Vec::new();
         if let Some(e) = self.evict.as_mut() {
             e.resize(&version, stored, &mut evicted);
@@ -928,11 +927,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                 ev.unpin(&v);
             }
         }
-    }
-
-    /// Bytes of `version` on disk: its blocks present, at most its size.
-    pub(super) fn stored_bytes(&self, version: u64) -> u64 {
-        self.index.stored_bytes(version)
     }
 
     pub(super) fn on_head(&mut self, id: u64, facts: HeadFacts) {
