@@ -462,11 +462,15 @@ fn a_disk_frozen_under_a_cold_download_costs_it_nothing() {
         assert!(r.status == 200 && r.body == want, "object {i} while frozen");
     }
     let all = reader.join().unwrap();
+    let head = String::from_utf8_lossy(&all[..all.len().min(300)]).to_string();
     let end = all
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .expect("a response head");
-    assert!(all.starts_with(b"HTTP/1.1 200"), "status of the download");
+        .unwrap_or_else(|| panic!("a response head: {} bytes: {head:?}", all.len()));
+    assert!(
+        all.starts_with(b"HTTP/1.1 200"),
+        "status of the download: {head:?}"
+    );
     let body = &all[end + 4..];
     let big = common::pattern_range(0, FROZEN_OBJECT_BYTES as usize);
     assert!(
