@@ -19,33 +19,23 @@ use shardline::cache::journal::{snapshot, Record};
 use shardline::cache::journal_file::JournalFile;
 use shardline::fill::cache_fill::{COMPACT_DEAD_PERCENT, COMPACT_MIN_BYTES};
 
-/// The process's peak resident memory (VmHWM), in KiB.
-fn peak_rss_kib() -> u64 {
+/// A memory line of the process's status (`VmHWM`: peak resident, `VmRSS`: resident now), in KiB.
+fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// The process's resident memory now (VmRSS), in KiB.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
 
 /// The restart, in a process of its own (so its memory is the replay's alone).
 fn open_only(path: &str) {
-    let before = rss_kib();
+    let before = status_kib("VmRSS");
     let start = Instant::now();
     let (_j, index, stats) = JournalFile::open(std::path::Path::new(path)).expect("reopen");
     let ready = start.elapsed();
-    let after = rss_kib();
+    let after = status_kib("VmRSS");
     let objects = index.keys().max(1) as u64;
     println!(
         "restart: index ready in {:.3} s ({} objects, {} records, torn tail {}), peak RSS {} MiB",
@@ -53,7 +43,7 @@ fn open_only(path: &str) {
         index.keys(),
         stats.records,
         stats.damaged_tail,
-        peak_rss_kib() / 1024
+        status_kib("VmHWM") / 1024
     );
     println!(
         "memory: RSS {} MiB before the load, {} MiB after: {} bytes per object",
