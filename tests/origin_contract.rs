@@ -541,6 +541,70 @@ fn requests_past_the_pass_through_bound_wait_for_their_turn() {
     assert_eq!(asked_prefix(&origin, path).0, CLIENTS);
 }
 
+/// A request waiting for room to start its own fetch that runs out of time
+/// (`cache_wait_timeout_ms`) gets a 503: it never reached the origin, so the edge, not the
+/// origin, was short. The ones the origin holds past that time get a 504.
+#[test]
+fn a_wait_for_room_that_runs_out_is_a_503_and_a_held_fetch_a_504() {
+    const CLIENTS: usize = 12;
+    const BOUND: usize = 8;
+    let size = 20_000usize;
+    let path = "/pull/mine.bin";
+    let origin = ScriptedOrigin::start(vec![(path, vec![0u8; size])]);
+    let (entered, release) = hold_requests(&origin, size, 7);
+    let dir = common::disk_tempdir();
+    let (root, cache) = (dir.path().join("root"), dir.path().join("cache"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    let cfg = dir.path().join("shardline.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "cache_dir = \"{}\"\ncache_wait_timeout_ms = 1500\n[[origin]]\nprefix = \"/pull/\"\nurl = \"http://{}\"\n",
+            cache.display(),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let (server, admin) =
+        common::start_with_admin(&root, &["--config", cfg.to_str().unwrap(), "--shards", "1"]);
+    let server = Arc::new(server);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let server = server.clone();
+            std::thread::spawn(move || {
+                let user = format!("user={i}");
+                let r = get(
+                    &server,
+                    &format!("{path}?{user}"),
+                    &[("Authorization", "Bearer t")],
+                );
+                (user, r)
+            })
+        })
+        .collect();
+    let answers: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    // Every answer came while the origin still held its requests: only the bound's worth
+    // reached it.
+    assert_eq!(entered.load(std::sync::atomic::Ordering::SeqCst), BOUND);
+    assert_eq!(
+        common::admin_metric(admin, "shardline_cache_pass_waits_total", ""),
+        (CLIENTS - BOUND) as u64,
+        "the requests past the bound waited"
+    );
+    release.store(true, std::sync::atomic::Ordering::SeqCst);
+    let count = |status: u16| answers.iter().filter(|(_, r)| r.status == status).count();
+    assert_eq!(
+        (count(504), count(503)),
+        (BOUND, CLIENTS - BOUND),
+        "held at the origin: 504; never sent: 503; got {:?}",
+        answers
+            .iter()
+            .map(|(u, r)| (u, r.status))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// Requests of their own past the origin's `max_fetches` (its fetch bound, here 1, shared by
 /// two shards) wait for a fetch to end, on their shard or the other one; none gets a 503.
 #[test]

@@ -1143,13 +1143,20 @@ impl<R: RingOps> Shard<R> {
             && self.stream_to_pass_through(waiter.conn)
     }
 
-    /// A waiting request ran out of time: 504.
+    /// A waiting request ran out of time: 504, or 503 when it still waited for room to start
+    /// a fetch of its own.
     pub(super) fn fill_timed_out(&mut self, c: ConnSlot) {
         let waiter = self.waiter(c);
         if let Some(edge) = self.cache.edge.as_mut() {
             edge.fill.cancel(&waiter);
         }
-        self.resume_fill(waiter, Some(FillAnswer::Status(504)));
+        // Its request never reached the origin: the edge had no room for it (a slot, or its
+        // origin's fetch bound), as a proxy's queue timeout, not a slow origin.
+        let waits = self.cache.pulls.relay_waits.len();
+        self.cache.pulls.relay_waits.retain(|w| *w != waiter);
+        let never_sent = self.cache.pulls.relay_waits.len() != waits;
+        let status = if never_sent { 503 } else { 504 };
+        self.resume_fill(waiter, Some(FillAnswer::Status(status)));
     }
 
     /// Connection `c` is gone: its waits end.

@@ -294,8 +294,8 @@ impl<R: RingOps> Shard<R> {
     }
 
     /// Answers `req` (under origin `origin`, cache key `key`, origin path `path`) with a
-    /// pass-through: 503 when the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already, the
-    /// version is unknown, or no fetch can start now.
+    /// pass-through: its own fetch when the version is unknown (its disk failed), 503 when
+    /// the shard runs `MAX_PASS_THROUGHS_PER_SHARD` already or no fetch can start now.
     pub(super) fn respond_pass_through(
         &mut self,
         c: ConnSlot,
@@ -327,6 +327,12 @@ impl<R: RingOps> Shard<R> {
             // A variant stored for other values of the fields its Vary names: not this
             // request's (RFC 9111 §4.1), which makes its own fetch.
             return self.respond_bypass(c, req, origin, path, "vary");
+        }
+        if meta.is_none() {
+            // The version left the index before this request got here: its disk failed or
+            // stalled, and took its objects out. The request makes its own fetch (a 503
+            // here cut a cold download whose disk froze, under load).
+            return self.respond_bypass(c, req, origin, path, "disk");
         }
         let Some(meta) =
             meta.filter(|_| self.cache.pulls.relays.len() < MAX_PASS_THROUGHS_PER_SHARD)
@@ -572,7 +578,7 @@ impl<R: RingOps> Shard<R> {
     /// Request `c` waits for a pass-through of its own (`detail`: why it has one): until one
     /// of the shard's ends, a fetch frees room at the origin or a slot comes back
     /// (`wake_relay_waiters`), within
-    /// its wait (`cache_wait_timeout_ms`, then 504), as a fill's waiter waits.
+    /// its wait (`cache_wait_timeout_ms`, then 503: it never reached the origin).
     fn wait_for_relay(&mut self, c: ConnSlot, detail: &'static str) {
         self.park_for_fill(c);
         let waiter = self.waiter(c);
