@@ -321,8 +321,13 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     next_seq: u64,
     /// Every record numbered below this is settled: durable, or its batch failed.
     settled_seq: u64,
-    /// Sequence numbers of records whose batch failed (never durable).
-    failed_seqs: Vec<std::ops::Range<u64>>,
+    /// Sequence numbers of records whose batch failed (never durable), with the append's
+    /// errno.
+    failed_seqs: Vec<(std::ops::Range<u64>, i32)>,
+    /// Fetches with a committed block whose record failed to append, and its errno: a fetch
+    /// that ends short of its blocks for that ends with the disk's error (a full journal
+    /// passes its waiters through), not as an overrun.
+    journal_lost: HashMap<u64, i32>,
     /// What waits for records to be durable before it happens, in order (a block or an object
     /// is visible only after its record), and the fetch events behind them.
     deferred: VecDeque<Deferred>,
@@ -838,6 +843,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             next_seq: 1,
             settled_seq: 1,
             failed_seqs: Vec::new(),
+            journal_lost: HashMap::new(),
             deferred: VecDeque::new(),
             opening: HashSet::new(),
             open_errors: HashMap::new(),
@@ -1022,7 +1028,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             assert_eq!(done.first_seq, self.settled_seq, "batches settle in order");
             if let Err(e) = &done.appended {
                 tracing::error!(error = %e, records = done.records, "cache journal append failed; what it vouched for is not stored");
-                self.failed_seqs.push(done.first_seq..end);
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                self.failed_seqs.push((done.first_seq..end, errno));
             }
             self.settled_seq = end;
         }
@@ -1043,9 +1050,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.run_deferred();
     }
 
-    /// Whether record `seq` is durable (settled, and not in a failed batch).
-    fn durable(&self, seq: u64) -> bool {
-        seq < self.settled_seq && !self.failed_seqs.iter().any(|r| r.contains(&seq))
+    /// The errno of the failed batch that held record `seq`, if one did (it is never
+    /// durable).
+    fn failed_append(&self, seq: u64) -> Option<i32> {
+        let failed = self.failed_seqs.iter().find(|(r, _)| r.contains(&seq));
+        failed.map(|&(_, errno)| errno)
     }
 
     /// Carries out what waited for records now settled, in order, up to the first that waits
@@ -1059,7 +1068,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             if seq.is_some_and(|s| s >= self.settled_seq) {
                 break;
             }
-            let durable = seq.is_none_or(|s| self.durable(s));
+            let failed = seq.and_then(|s| self.failed_append(s));
             match self.deferred.pop_front().expect("looked at") {
                 Deferred::Commit {
                     job,
@@ -1068,7 +1077,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     crc,
                     ..
                 } => {
-                    if durable && self.index.contains(version) {
+                    if let Some(errno) = failed {
+                        self.journal_lost.insert(job, errno);
+                    } else if self.index.contains(version) {
                         self.block_known(job, version, block, crc);
                     }
                 }
@@ -1733,6 +1744,64 @@ mod core_tests {
         let o = core.want(b"\0\0k", 0, "/k", 45 * B, Some(46 * B - 1), 7);
         assert_eq!(o, Outcome::Ready(1));
         assert_eq!(queued(&core), vec![(50, 50)]);
+    }
+
+    /// A fetch whose blocks' records failed to append (a full journal) ends with the disk's
+    /// error, which passes its waiters through and marks the disk full; not as an overrun,
+    /// which would fetch the blocks again into a journal that cannot take them.
+    #[test]
+    fn a_fetch_whose_records_failed_to_append_ends_with_the_disk_error() {
+        let (mut core, _dir) = core_with(0..0);
+        let job = Job {
+            key: b"\0\0k".to_vec(),
+            origin: 0,
+            path: "/k".into(),
+            version: 1,
+            first: 3,
+            last: 4,
+            probe: false,
+            revalidate: false,
+            not_before_ms: 0,
+            committed: Vec::new(),
+            pinned: false,
+            shard: 0,
+        };
+        core.running.insert(9, job);
+        let first_seq = core.next_seq;
+        for block in [3, 4] {
+            let crc = block;
+            let seq = core.queue_record(Record::Block {
+                version: 1,
+                block,
+                crc,
+            });
+            core.deferred.push_back(Deferred::Commit {
+                seq,
+                job: 9,
+                version: 1,
+                block,
+                crc,
+            });
+        }
+        let mut batch = Outbox::default();
+        core.take_outbox(&mut batch);
+        core.io_done(Done {
+            first_seq,
+            records: batch.records.len() as u64,
+            appended: Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+            opened: Vec::new(),
+            journal_bytes: 0,
+            shards: 0,
+        });
+        assert_eq!(
+            core.index.blocks_present(1),
+            0,
+            "no block of a failed batch is known"
+        );
+        core.on_ended(9, None, 0);
+        assert_eq!(core.disk_full, 1, "the fill ended on a full disk");
+        assert_eq!(queued(&core), vec![], "not fetched again");
+        assert!(core.journal_lost.is_empty());
     }
 
     #[test]
