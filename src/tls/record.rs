@@ -66,6 +66,8 @@ pub mod alert {
     pub const INTERNAL_ERROR: u8 = 80;
     /// no_renegotiation.
     pub const NO_RENEGOTIATION: u8 = 100;
+    /// missing_extension.
+    pub const MISSING_EXTENSION: u8 = 109;
 }
 
 /// What `RecordKey::frame` leaves for a record's AEAD.

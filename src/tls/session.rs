@@ -290,6 +290,10 @@ impl Precheck {
                 if let Some(verdict) = judge_client_hello_head(&self.head[..seen]) {
                     return Some(verdict);
                 }
+                // RFC 8446 9.2's alert where rustls would answer handshake_failure.
+                if self.records == 0 && sniff::tls13_hello_missing_extension(&buf[from..]) {
+                    return Some(alert::MISSING_EXTENSION);
+                }
             }
             self.records += 1;
             from += RECORD_HEADER_BYTES + len;
@@ -1765,7 +1769,8 @@ mod tests {
     }
 
     /// A TLS 1.3 ClientHello with `shares` (group, key length) in key_share and `groups` in
-    /// supported_groups; x25519 shares get a valid point (the base point).
+    /// supported_groups (each extension left out when empty); x25519 shares get a valid point
+    /// (the base point).
     fn hello_with_shares(shares: &[(u16, usize)], groups: &[u16]) -> Vec<u8> {
         fn ext(out: &mut Vec<u8>, typ: u16, body: &[u8]) {
             out.extend_from_slice(&typ.to_be_bytes());
@@ -1777,11 +1782,13 @@ mod tests {
         let mut sig = vec![0, 4];
         sig.extend_from_slice(&[0x04, 0x03, 0x08, 0x04]); // ecdsa_secp256r1_sha256, rsa_pss_rsae_sha256
         ext(&mut exts, 0x0d, &sig);
-        let mut g = ((groups.len() * 2) as u16).to_be_bytes().to_vec();
-        groups
-            .iter()
-            .for_each(|x| g.extend_from_slice(&x.to_be_bytes()));
-        ext(&mut exts, 0x0a, &g);
+        if !groups.is_empty() {
+            let mut g = ((groups.len() * 2) as u16).to_be_bytes().to_vec();
+            groups
+                .iter()
+                .for_each(|x| g.extend_from_slice(&x.to_be_bytes()));
+            ext(&mut exts, 0x0a, &g);
+        }
         if !shares.is_empty() {
             let mut ks = Vec::new();
             for &(group, len) in shares {
@@ -1818,9 +1825,10 @@ mod tests {
     /// post-quantum group of ML-KEM-1024's 1568 bytes) are skipped, a known group in
     /// supported_groups without a share gets a HelloRetryRequest, and both complete. What
     /// rustls refuses, pinned: a client whose only known group is ffdhe2048 (aws-lc-rs's
-    /// provider has no FFDHE for TLS 1.3; OpenSSL has) gets handshake_failure, and a
-    /// ClientHello without key_share gets handshake_failure where RFC 8446 9.2 names
-    /// missing_extension (rustls's `PeerIncompatible::KeyShareExtensionRequired`).
+    /// provider has no FFDHE for TLS 1.3; OpenSSL has) gets handshake_failure. A ClientHello
+    /// without key_share (or without supported_groups, or signature_algorithms) gets
+    /// missing_extension from our precheck (RFC 8446 9.2), where rustls would answer
+    /// handshake_failure (`PeerIncompatible::KeyShareExtensionRequired`).
     #[test]
     fn unknown_key_share_groups_are_skipped_and_what_rustls_refuses_is_pinned() {
         let w = world();
@@ -1855,20 +1863,26 @@ mod tests {
             server_hello(&out) && out[11..15] == HRR_RANDOM,
             "a HelloRetryRequest"
         );
-        for (what, input) in [
+        for (what, input, want) in [
             (
                 "only ffdhe2048 known",
                 hello_with_shares(&[(UNKNOWN_PQ, 64)], &[UNKNOWN_PQ, FFDHE2048]),
+                alert::HANDSHAKE_FAILURE,
             ),
-            ("no key_share", hello_with_shares(&[], &[X25519])),
+            (
+                "no key_share",
+                hello_with_shares(&[], &[X25519]),
+                alert::MISSING_EXTENSION,
+            ),
+            (
+                "key_share without supported_groups",
+                hello_with_shares(&[(X25519, 32)], &[]),
+                alert::MISSING_EXTENSION,
+            ),
         ] {
             let (step, out) = answer(input);
             assert!(matches!(step, HandshakeStep::Failed(_)), "{what}: {step:?}");
-            assert_eq!(
-                out,
-                [CONTENT_ALERT, 3, 3, 0, 2, 2, alert::HANDSHAKE_FAILURE],
-                "{what}"
-            );
+            assert_eq!(out, [CONTENT_ALERT, 3, 3, 0, 2, 2, want], "{what}");
         }
     }
 
