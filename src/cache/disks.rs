@@ -405,6 +405,32 @@ enum Outcome {
     Batch(io::Result<()>, Vec<Created>),
 }
 
+/// A batch's append that failed on disk `slot` (`Journals::commit`'s error: none of the
+/// batch is durable, but only this disk's records failed).
+#[derive(Debug)]
+pub struct AppendFailed {
+    /// The disk whose append failed.
+    pub slot: usize,
+    /// Its error.
+    pub error: io::Error,
+}
+
+impl std::fmt::Display for AppendFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cache disk {}: {}", self.slot, self.error)
+    }
+}
+
+impl std::error::Error for AppendFailed {}
+
+/// The disk whose journal had no room (ENOSPC, EDQUOT), when that failed a batch's append
+/// (an `AppendFailed`).
+pub fn full_journal(e: &io::Error) -> Option<usize> {
+    let failed = e.get_ref()?.downcast_ref::<AppendFailed>()?;
+    let errno = failed.error.raw_os_error()?;
+    matches!(errno, libc::ENOSPC | libc::EDQUOT).then_some(failed.slot)
+}
+
 impl Journals {
     /// Appends `records`, each to its version's disk, and with `durable` returns once they
     /// are all on disk. An error from any disk is the batch's (none of it is counted durable).
@@ -480,8 +506,8 @@ impl Journals {
         for (slot, creates) in sent {
             match self.workers[slot].wait(deadline).map(unbox) {
                 Some(Outcome::Batch(appended, files)) => {
-                    if let Err(e) = self.noted(slot, appended) {
-                        out = Err(e);
+                    if let Err(error) = self.noted(slot, appended) {
+                        out = Err(io::Error::new(error.kind(), AppendFailed { slot, error }));
                     }
                     created.extend(files);
                 }

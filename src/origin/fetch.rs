@@ -207,6 +207,16 @@ impl FetchError {
             if matches!(classify(*e), ErrorKind::Device | ErrorKind::Stall))
     }
 
+    /// What a fetch that ended without an error but short of its blocks failed on: an
+    /// overrun, or (`journal_full`) its disk's full journal, which refused their records.
+    pub fn ended_short(journal_full: bool) -> FetchError {
+        if journal_full {
+            FetchError::Disk(libc::ENOSPC)
+        } else {
+            FetchError::Overrun
+        }
+    }
+
     /// The fill cannot store what it fetches (the disk is full, or failed): its waiters are
     /// passed through from the origin instead of getting an error.
     pub fn passes_through(&self) -> bool {

@@ -1120,7 +1120,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     }
 
     pub(super) fn on_ended(&mut self, id: u64, error: Option<FetchError>, now_ms: u64) {
-        let lost = self.journal_lost.remove(&id).map(FetchError::Disk);
+        let journal_full = self.journal_lost.remove(&id);
         let mut job = self.running.remove(&id).expect("a running job");
         if std::mem::take(&mut job.pinned) {
             self.unpin(job.version);
@@ -1137,7 +1137,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             {
                 return;
             }
-            return self.retry_or_fail(job, lost.unwrap_or(FetchError::Overrun), now_ms);
+            return self.retry_or_fail(job, FetchError::ended_short(journal_full), now_ms);
         };
         if error == FetchError::Stale {
             // A kept-alive connection the origin had closed: again at once, not an attempt.

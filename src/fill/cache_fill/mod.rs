@@ -321,13 +321,13 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     next_seq: u64,
     /// Every record numbered below this is settled: durable, or its batch failed.
     settled_seq: u64,
-    /// Sequence numbers of records whose batch failed (never durable), with the append's
-    /// errno.
-    failed_seqs: Vec<(std::ops::Range<u64>, i32)>,
-    /// Fetches with a committed block whose record failed to append, and its errno: a fetch
-    /// that ends short of its blocks for that ends with the disk's error (a full journal
-    /// passes its waiters through), not as an overrun.
-    journal_lost: HashMap<u64, i32>,
+    /// Sequence numbers of records whose batch failed (never durable), and the disk whose
+    /// full journal failed it, if that was why (`disks::full_journal`).
+    failed_seqs: Vec<(std::ops::Range<u64>, Option<usize>)>,
+    /// Fetches with a committed block its own disk's full journal refused: ended short of
+    /// their blocks, they end on the full disk (their waiters pass through), not as an
+    /// overrun retried into the same journal.
+    journal_lost: HashSet<u64>,
     /// What waits for records to be durable before it happens, in order (a block or an object
     /// is visible only after its record), and the fetch events behind them.
     deferred: VecDeque<Deferred>,
@@ -843,7 +843,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             next_seq: 1,
             settled_seq: 1,
             failed_seqs: Vec::new(),
-            journal_lost: HashMap::new(),
+            journal_lost: HashSet::new(),
             deferred: VecDeque::new(),
             opening: HashSet::new(),
             open_errors: HashMap::new(),
@@ -1028,8 +1028,8 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             assert_eq!(done.first_seq, self.settled_seq, "batches settle in order");
             if let Err(e) = &done.appended {
                 tracing::error!(error = %e, records = done.records, "cache journal append failed; what it vouched for is not stored");
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                self.failed_seqs.push((done.first_seq..end, errno));
+                let full = crate::cache::disks::full_journal(e);
+                self.failed_seqs.push((done.first_seq..end, full));
             }
             self.settled_seq = end;
         }
@@ -1050,13 +1050,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         self.run_deferred();
     }
 
-    /// The errno of the failed batch that held record `seq`, if one did (it is never
-    /// durable).
-    fn failed_append(&self, seq: u64) -> Option<i32> {
-        let failed = self.failed_seqs.iter().find(|(r, _)| r.contains(&seq));
-        failed.map(|&(_, errno)| errno)
-    }
-
     /// Carries out what waited for records now settled, in order, up to the first that waits
     /// still.
     fn run_deferred(&mut self) {
@@ -1068,7 +1061,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             if seq.is_some_and(|s| s >= self.settled_seq) {
                 break;
             }
-            let failed = seq.and_then(|s| self.failed_append(s));
+            // Whether it was in a failed batch (never durable), and the full disk that failed it.
+            let failed = seq.and_then(|s| self.failed_seqs.iter().find(|f| f.0.contains(&s)));
+            let failed = failed.map(|f| f.1);
             match self.deferred.pop_front().expect("looked at") {
                 Deferred::Commit {
                     job,
@@ -1077,9 +1072,11 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
                     crc,
                     ..
                 } => {
-                    if let Some(errno) = failed {
-                        self.journal_lost.insert(job, errno);
-                    } else if self.index.contains(version) {
+                    // Its own disk's journal was full: the fetch ends on that (`on_ended`).
+                    // Another failure leaves the block to be fetched again.
+                    if failed == Some(Some(crate::cache::version_id::slot_of(version))) {
+                        self.journal_lost.insert(job);
+                    } else if failed.is_none() && self.index.contains(version) {
                         self.block_known(job, version, block, crc);
                     }
                 }
@@ -1746,12 +1743,10 @@ mod core_tests {
         assert_eq!(queued(&core), vec![(50, 50)]);
     }
 
-    /// A fetch whose blocks' records failed to append (a full journal) ends with the disk's
-    /// error, which passes its waiters through and marks the disk full; not as an overrun,
-    /// which would fetch the blocks again into a journal that cannot take them.
-    #[test]
-    fn a_fetch_whose_records_failed_to_append_ends_with_the_disk_error() {
-        let (mut core, _dir) = core_with(0..0);
+    /// Fetch 9 of blocks 3..=4 of version 1 (on disk 0) commits both, the batch holding
+    /// their records fails on disk `slot` with `errno`, and the fetch ends without an error.
+    fn records_fail_to_append(slot: usize, errno: i32) -> (FillCore<usize>, tempfile::TempDir) {
+        let (mut core, dir) = core_with(0..0);
         let job = Job {
             key: b"\0\0k".to_vec(),
             origin: 0,
@@ -1788,7 +1783,10 @@ mod core_tests {
         core.io_done(Done {
             first_seq,
             records: batch.records.len() as u64,
-            appended: Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+            appended: Err(std::io::Error::other(crate::cache::disks::AppendFailed {
+                slot,
+                error: std::io::Error::from_raw_os_error(errno),
+            })),
             opened: Vec::new(),
             journal_bytes: 0,
             shards: 0,
@@ -1799,9 +1797,29 @@ mod core_tests {
             "no block of a failed batch is known"
         );
         core.on_ended(9, None, 0);
-        assert_eq!(core.disk_full, 1, "the fill ended on a full disk");
-        assert_eq!(queued(&core), vec![], "not fetched again");
         assert!(core.journal_lost.is_empty());
+        (core, dir)
+    }
+
+    /// A fetch whose blocks' records its own disk's full journal refused ends with that
+    /// error, which passes its waiters through; not as an overrun, which would fetch the
+    /// blocks again into a journal that cannot take them. Another disk's failure in the same
+    /// batch, or a device error (that disk's failure, handled as such), leaves the blocks to
+    /// be fetched again.
+    #[test]
+    fn a_fetch_whose_records_its_full_journal_refused_ends_with_the_disk_error() {
+        for (slot, errno, full) in [
+            (0, libc::ENOSPC, 1),
+            (0, libc::EDQUOT, 1),
+            (1, libc::ENOSPC, 0),
+            (0, libc::EIO, 0),
+        ] {
+            let (core, _dir) = records_fail_to_append(slot, errno);
+            assert_eq!(
+                core.disk_full, full,
+                "disk {slot}, errno {errno}: ended on a full disk"
+            );
+        }
     }
 
     #[test]
