@@ -2,8 +2,10 @@
 //! after a churn history many times the live cache (issue 29's restart target).
 //!
 //! `cargo run --release --example cache_restart -- [DIR] [OBJECTS] [BLOCKS] [CHURN]`
-//! (`open JOURNAL`: only the timed restart; `append JOURNAL OBJECTS BLOCKS`: grow a cache's
-//! journal, for `perf/cache-index.sh`'s restart of a real edge)
+//! (`open JOURNAL`: only the timed restart; `append JOURNAL OBJECTS BLOCKS [FIRST]`: grow a
+//! cache's journal, for `perf/cache-index.sh`'s restart of a real edge, objects numbered from
+//! FIRST; `open-disks [--in-order] DIR...`: a cache of several disks opened as a start-up
+//! does, their journals replayed side by side, or one after another)
 //! (defaults: a temp dir on the current directory's disk, 1 000 000 objects of 4 blocks,
 //! churn 10). It writes OBJECTS x CHURN versions through the journal the way the fill does
 //! (an object record, its block records; each key's older version dropped), compacting with
@@ -53,6 +55,43 @@ fn open_only(path: &str) {
     );
 }
 
+/// A watch that notes nothing: under a watch, `open_disks` opens the disks one after another.
+#[derive(Debug)]
+struct InOrder;
+
+impl shardline::cache::watch::DiskWatch for InOrder {
+    fn created(&self, _: &std::path::Path) {}
+    fn wrote(&self, _: &std::path::Path, _: u64, _: &[u8]) {}
+    fn set_len(&self, _: &std::path::Path, _: u64) {}
+    fn synced(&self, _: &std::path::Path) {}
+    fn renamed(&self, _: &std::path::Path, _: &std::path::Path) {}
+    fn removed(&self, _: &std::path::Path) {}
+    fn dir_synced(&self, _: &std::path::Path) {}
+}
+
+/// A start-up's open of the cache disks `args` (`--in-order` first: one after another), in a
+/// process of its own.
+fn open_disks(args: &[String]) {
+    let in_order = args.first().map(String::as_str) == Some("--in-order");
+    let dirs: Vec<PathBuf> = args[usize::from(in_order)..]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let watch: shardline::cache::watch::Watch = in_order.then(|| {
+        std::sync::Arc::new(InOrder) as std::sync::Arc<dyn shardline::cache::watch::DiskWatch>
+    });
+    let start = Instant::now();
+    let opened = shardline::cache::disks::open_disks(&dirs, true, watch).expect("open");
+    println!(
+        "open-disks: {} disks {}, index ready in {:.3} s ({} objects), peak RSS {} MiB",
+        dirs.len(),
+        if in_order { "in order" } else { "side by side" },
+        start.elapsed().as_secs_f64(),
+        opened.index.keys(),
+        status_kib("VmHWM") / 1024
+    );
+}
+
 /// Object `i`'s version `version` of `blocks` blocks, as a depot chunk (origin entry 0).
 fn synthetic(i: u64, version: u64, blocks: u32, round: u64) -> ObjectVersion {
     ObjectVersion {
@@ -72,16 +111,16 @@ fn synthetic(i: u64, version: u64, blocks: u32, round: u64) -> ObjectVersion {
     }
 }
 
-/// Appends `objects` objects of `blocks` blocks to the journal at `path` (a cache's, which
-/// may hold objects already), numbered after its highest version: `perf/cache-index.sh`
-/// grows a real edge's cache this way (their data files are never read).
-fn append(path: &str, objects: u64, blocks: u32) {
+/// Appends `objects` objects (keys numbered from `first`) of `blocks` blocks to the journal at
+/// `path` (a cache's, which may hold objects already), numbered after its highest version:
+/// `perf/cache-index.sh` grows a real edge's cache this way (their data files are never read).
+fn append(path: &str, objects: u64, blocks: u32, first: u64) {
     let (mut journal, index, _) = JournalFile::open(std::path::Path::new(path)).expect("journal");
     let mut version = index.max_version();
     let mut batch = Vec::with_capacity(1024 * (blocks as usize + 1));
     for i in 0..objects {
         version += 1;
-        batch.push(Record::Object(synthetic(i, version, blocks, 0)));
+        batch.push(Record::Object(synthetic(first + i, version, blocks, 0)));
         for block in 0..blocks {
             batch.push(Record::Block {
                 version,
@@ -104,7 +143,11 @@ fn main() {
     }
     if args.first().map(String::as_str) == Some("append") {
         let objects = args[2].parse().expect("OBJECTS");
-        return append(&args[1], objects, args[3].parse().expect("BLOCKS"));
+        let first = args.get(4).map_or(0, |a| a.parse().expect("FIRST"));
+        return append(&args[1], objects, args[3].parse().expect("BLOCKS"), first);
+    }
+    if args.first().map(String::as_str) == Some("open-disks") {
+        return open_disks(&args[1..]);
     }
     let dir = args
         .first()

@@ -443,6 +443,12 @@ impl Index {
         }
     }
 
+    /// Makes room for `versions` more versions (a join of several disks' indexes, sized once).
+    pub fn reserve(&mut self, versions: usize) {
+        self.current.reserve(versions);
+        self.versions.reserve(versions);
+    }
+
     /// Gives back the room its tables hold beyond what they need (replay sizes them from the
     /// journal's length, an estimate from above).
     pub fn shrink_to_fit(&mut self) {
