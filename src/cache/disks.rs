@@ -19,11 +19,13 @@ use std::time::{Duration, Instant};
 
 pub use super::disk_health::unix_now_s;
 use super::disk_health::{DiskHealth, DiskOp};
+use super::disk_lock::{DiskLock, LockIdentity};
 use super::disk_worker::{self, DiskWorker, Job};
 use super::failed_disks;
 use super::index::Index;
 use super::journal::{Decoded, Record, ReplayStats};
 use super::journal_file::JournalFile;
+use super::load_progress::LoadProgress;
 use super::placement::Placement;
 use super::store::BlockStore;
 use super::version_id::{record_version, slot_of};
@@ -113,6 +115,20 @@ pub struct Opened {
 /// unreadable, a journal that does not read, the id of a disk already opened) is left out with
 /// a warning line, unless `require_all`, when it is an error; so is having no disk at all.
 pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Result<Opened> {
+    open_disks_with(dirs, require_all, watch, Vec::new(), None)
+}
+
+/// `open_disks`, with `locks[i]` the lock of `dirs[i]` when it was taken already
+/// (`wait_for_locks`; a disk without one takes it now, and one another process holds is
+/// left out or an error), counting the replay in `progress`.
+pub fn open_disks_with(
+    dirs: &[PathBuf],
+    require_all: bool,
+    watch: Watch,
+    mut locks: Vec<Option<DiskLock>>,
+    progress: Option<&LoadProgress>,
+) -> io::Result<Opened> {
+    locks.resize_with(dirs.len(), || None);
     if dirs.is_empty() || dirs.len() > MAX_CACHE_DISKS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -121,13 +137,14 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
     }
     let mut disks: Vec<Disk> = Vec::with_capacity(dirs.len());
     let mut journals = Vec::with_capacity(dirs.len());
+    let mut locks_held = Vec::with_capacity(dirs.len());
     let mut index: Option<Index> = None;
     let mut missing = Vec::new();
     // The journals replay side by side, a thread each: several drives load in about the time
     // of the largest. Under a watch (the simulator's disk model) they open in order, so that
     // its events repeat.
     let mut side_by_side = if watch.is_none() && dirs.len() > 1 {
-        open_side_by_side(dirs)
+        open_side_by_side(dirs, &mut locks, progress)
     } else {
         Vec::new()
     };
@@ -143,7 +160,8 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
         // did not, it opens again here, on its slot.
         let opened = side_by_side.get_mut(at).and_then(Option::take);
         let opened = opened.filter(|_| slot == at);
-        let opened = opened.unwrap_or_else(|| open_disk(dir, slot, &watch));
+        let opened =
+            opened.unwrap_or_else(|| open_disk(dir, slot, &watch, locks[at].take(), progress));
         let opened = opened.and_then(|d| match disks.iter().find(|o| o.id == d.0.id) {
             Some(o) => Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -152,7 +170,7 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
             None => Ok(d),
         });
         match opened {
-            Ok((disk, journal, mut disk_index)) => {
+            Ok((disk, journal, mut disk_index, lock)) => {
                 match index.as_mut() {
                     None => {
                         // Room for the other disks' versions, at once.
@@ -163,6 +181,7 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
                 }
                 disks.push(disk);
                 journals.push(journal);
+                locks_held.push(lock);
             }
             Err(e) if require_all => {
                 return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display())));
@@ -221,6 +240,7 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
     Ok(Opened {
         journals: Journals {
             workers,
+            locks: locks_held,
             retired: Vec::new(),
             ids: disks.iter().map(|d| (d.id, d.dir.clone())).collect(),
             // Written again at the first look, so every disk carries the whole list.
@@ -238,19 +258,25 @@ pub fn open_disks(dirs: &[PathBuf], require_all: bool, watch: Watch) -> io::Resu
 }
 
 /// A disk opened: what it is, its journal, and its versions.
-type OpenedDisk = (Disk, JournalFile, Index);
+type OpenedDisk = (Disk, JournalFile, Index, DiskLock);
 
 /// Opens each of `dirs` on the slot of its place, each on a thread of its own. None for a
 /// disk whose thread could not start (it opens in order instead).
-fn open_side_by_side(dirs: &[PathBuf]) -> Vec<Option<io::Result<OpenedDisk>>> {
+fn open_side_by_side(
+    dirs: &[PathBuf],
+    locks: &mut [Option<DiskLock>],
+    progress: Option<&LoadProgress>,
+) -> Vec<Option<io::Result<OpenedDisk>>> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = dirs
             .iter()
+            .zip(locks.iter_mut())
             .enumerate()
-            .map(|(slot, dir)| {
+            .map(|(slot, (dir, lock))| {
+                let lock = lock.take();
                 std::thread::Builder::new()
                     .name(format!("cache-replay-{slot}"))
-                    .spawn_scoped(scope, move || open_disk(dir, slot, &None))
+                    .spawn_scoped(scope, move || open_disk(dir, slot, &None, lock, progress))
                     .ok()
             })
             .collect();
@@ -266,16 +292,27 @@ fn open_side_by_side(dirs: &[PathBuf]) -> Vec<Option<io::Result<OpenedDisk>>> {
 
 /// Opens one disk: its id (written now on a blank one), its data directory, its journal
 /// replayed (its versions moved to `slot`).
-fn open_disk(dir: &Path, slot: usize, watch: &Watch) -> io::Result<OpenedDisk> {
+fn open_disk(
+    dir: &Path,
+    slot: usize,
+    watch: &Watch,
+    lock: Option<DiskLock>,
+    progress: Option<&LoadProgress>,
+) -> io::Result<OpenedDisk> {
     if !std::fs::metadata(dir)?.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a directory",
         ));
     }
+    // Before anything on the disk is read or written: another process may be using it.
+    let lock = match lock {
+        Some(lock) => lock,
+        None => DiskLock::try_take(dir)?,
+    };
     let id = disk_id(dir, watch)?;
     let (journal, index, replayed) =
-        JournalFile::open_on_slot(&dir.join("journal"), watch.clone(), Some(slot))?;
+        JournalFile::open_counted(&dir.join("journal"), watch.clone(), Some(slot), progress)?;
     log_recovered(dir, id, &journal, &index, &replayed);
     let capacity_bytes = rustix::fs::statvfs(dir)
         .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
@@ -288,6 +325,7 @@ fn open_disk(dir: &Path, slot: usize, watch: &Watch) -> io::Result<OpenedDisk> {
         },
         journal,
         index,
+        lock,
     ))
 }
 
@@ -386,7 +424,12 @@ fn write_id(dir: &Path, id: u64, watch: &Watch) -> io::Result<()> {
 /// opened at its end for appends (what the same disk's journal holds comes back at the next
 /// restart), and its offline marker removed. A directory holding another disk's id is
 /// refused. True when it was blank.
-pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile, bool)> {
+pub fn reopen_disk(
+    dir: &Path,
+    slot: usize,
+    id: u64,
+    held: &LockIdentity,
+) -> io::Result<(JournalFile, bool, Option<DiskLock>)> {
     if !std::fs::metadata(dir)?.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -401,12 +444,18 @@ pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile,
                 "it holds another disk's id (restart to add that disk)",
             ))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            write_id(dir, id, &None)?;
-            true
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => true,
         Err(e) => return Err(e),
     };
+    // The same disk's lock file is the one this process holds already; a replacement's is new.
+    let lock = match DiskLock::try_take(dir) {
+        Ok(lock) => Some(lock),
+        Err(_) if held.is_of(dir) => None,
+        Err(e) => return Err(e.into()),
+    };
+    if blank {
+        write_id(dir, id, &None)?;
+    }
     let data = dir.join("data");
     if !data.is_dir() {
         std::fs::create_dir_all(&data)?;
@@ -416,7 +465,7 @@ pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile,
     if dir.join(OFFLINE_FILE).exists() {
         mark_offline(dir, false)?;
     }
-    Ok((journal, blank))
+    Ok((journal, blank, lock))
 }
 
 /// Each disk's journal (index = slot), each on its disk's worker thread
@@ -427,6 +476,8 @@ pub fn reopen_disk(dir: &Path, slot: usize, id: u64) -> io::Result<(JournalFile,
 #[derive(Debug)]
 pub struct Journals {
     workers: Vec<DiskWorker>,
+    /// Each disk's lock (index = slot), held as long as the cache is open.
+    locks: Vec<DiskLock>,
     /// Workers of replaced disks that still hold an operation past its deadline.
     retired: Vec<DiskWorker>,
     /// Each disk's id and directory (index = slot).
@@ -657,13 +708,14 @@ impl Journals {
         let stuck = !worker.poll();
         let (tx, rx) = std::sync::mpsc::channel();
         let at = dir.to_path_buf();
+        let held = self.locks[slot].identity();
         std::thread::Builder::new()
             .name(format!("cache-reopen-{slot}"))
             .spawn(move || {
-                let _ = tx.send(reopen_disk(&at, slot, id));
+                let _ = tx.send(reopen_disk(&at, slot, id, &held));
             })
             .map_err(|e| e.to_string())?;
-        let (journal, blank) = match rx.recv_timeout(self.op_timeout) {
+        let (journal, blank, lock) = match rx.recv_timeout(self.op_timeout) {
             Ok(Ok(opened)) => opened,
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => {
@@ -682,6 +734,9 @@ impl Journals {
         }
         let new =
             DiskWorker::spawn(slot, journal, self.health.clone()).map_err(|e| e.to_string())?;
+        if let Some(lock) = lock {
+            self.locks[slot] = lock;
+        }
         // Back: off the list of failed disks (written at the I/O thread's next look).
         self.failed.remove(&id);
         let old = std::mem::replace(&mut self.workers[slot], new);
@@ -919,6 +974,7 @@ mod tests {
         // Ids stay; listed in another order, each disk's versions follow it to its new slot.
         let ids: Vec<u64> = o.disks.iter().map(|x| x.id).collect();
         let reordered = vec![d[2].clone(), d[0].clone(), d[1].clone()];
+        drop(o);
         let o = open_disks(&reordered, true, None).unwrap();
         assert_eq!(
             o.disks.iter().map(|x| x.id).collect::<Vec<_>>(),
@@ -1117,6 +1173,7 @@ mod tests {
         }
         // The second disk broken: its id unreadable.
         std::fs::write(d[1].join(DISK_ID_FILE), "not hex").unwrap();
+        drop(o);
         let o = open_disks(&d, false, None).unwrap();
         assert_eq!(o.disks.len(), 1);
         assert_eq!(o.missing.len(), 2);
@@ -1126,8 +1183,19 @@ mod tests {
         assert_eq!(o.index.keys(), on_first);
         assert!(on_first > 0 && on_first < 40);
         // The same disk twice is one disk.
+        drop(o);
         let twice = vec![d[0].clone(), d[0].clone()];
         assert_eq!(open_disks(&twice, false, None).unwrap().disks.len(), 1);
+        // A disk another process uses (its lock held) is never opened beside it.
+        let d = vec![d[0].clone()];
+        let theirs = DiskLock::try_take(&d[0]).unwrap();
+        let Err(err) = open_disks(&d, true, None) else {
+            panic!("a held disk should be refused");
+        };
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert!(err.to_string().contains("in use by process"), "{err}");
+        drop(theirs);
+        assert_eq!(open_disks(&d, true, None).unwrap().disks.len(), 1);
         assert!(open_disks(&[t.path().join("gone")], false, None).is_err());
     }
 
@@ -1152,6 +1220,7 @@ mod tests {
         o.journals.compact(&snap).unwrap();
         assert!(o.journals.len() < before);
         assert_eq!(o.journals.len(), snap.len() as u64);
+        drop(o);
         let again = open_disks(&d, true, None).unwrap();
         assert_eq!(again.index.keys(), 10);
         for (key, v) in written.iter().skip(1).step_by(2) {

@@ -12,6 +12,7 @@ use super::index::Index;
 use super::journal::{
     replay_capacity, replay_into_slot, Record, ReplayStats, FRAME_BYTES, MAX_RECORD_BYTES,
 };
+use super::load_progress::LoadProgress;
 use super::watch::{sync_dir, Watch};
 
 /// Bytes start-up reads of the journal at a time: replay holds this and one record cut at
@@ -52,6 +53,16 @@ impl JournalFile {
         watch: Watch,
         slot: Option<usize>,
     ) -> io::Result<(JournalFile, Index, ReplayStats)> {
+        Self::open_counted(path, watch, slot, None)
+    }
+
+    /// `open_on_slot`, counting the bytes to replay and replayed in `progress`.
+    pub fn open_counted(
+        path: &Path,
+        watch: Watch,
+        slot: Option<usize>,
+        progress: Option<&LoadProgress>,
+    ) -> io::Result<(JournalFile, Index, ReplayStats)> {
         let existed = path.exists();
         let mut file = OpenOptions::new()
             .read(true)
@@ -69,6 +80,9 @@ impl JournalFile {
             }
         }
         let on_disk = file.metadata()?.len();
+        if let Some(p) = progress {
+            p.add_total(on_disk);
+        }
         let mut index = Index::with_capacity(replay_capacity(on_disk));
         let mut stats = ReplayStats::default();
         let mut buf = vec![0u8; REPLAY_READ_BYTES + FRAME_BYTES + MAX_RECORD_BYTES];
@@ -79,6 +93,9 @@ impl JournalFile {
                 break;
             }
             held += n;
+            if let Some(p) = progress {
+                p.add_read(n as u64);
+            }
             let (used, damaged) = replay_into_slot(&buf[..held], &mut index, &mut stats, slot);
             if damaged {
                 break;

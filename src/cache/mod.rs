@@ -38,6 +38,7 @@
 pub mod blocks;
 pub mod coalesce;
 pub mod disk_health;
+pub mod disk_lock;
 pub mod disk_worker;
 pub mod disks;
 pub mod evict;
@@ -46,6 +47,7 @@ pub mod id_hash;
 pub mod index;
 pub mod journal;
 pub mod journal_file;
+pub mod load_progress;
 pub mod placement;
 pub mod prefill;
 pub mod record;

@@ -239,6 +239,10 @@ impl PowerDisk {
         let on_disk = list_files(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
         self.with(|files| {
             for path in &on_disk {
+                // A disk's lock file holds no cache state (the holder's pid, unsynced).
+                if path.file_name() == Some(crate::cache::disk_lock::LOCK_FILE.as_ref()) {
+                    continue;
+                }
                 let Some(model) = files.get(path).filter(|m| m.entry != Entry::Removed) else {
                     return Err(format!(
                         "{} is on disk but the model never saw it",
