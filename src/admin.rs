@@ -567,6 +567,9 @@ fn answer(buf: &[u8], state: &State) -> Option<(Reply, bool)> {
 
 /// The reply to a complete request that may go on (its method POST or GET/HEAD).
 fn dispatch(post: bool, path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
+    if path.starts_with(b"/cache/") && state.edge.as_ref().is_some_and(|e| e.loading()) {
+        return cache_loading();
+    }
     match (post, path) {
         (true, b"/cache/purge") => purge(query, state),
         (true, b"/cache/pin") => pin(query, state),
@@ -588,6 +591,18 @@ fn dispatch(post: bool, path: &[u8], query: Option<&[u8]>, state: &State) -> Rep
             ..Reply::text(405, "purge with POST\n")
         },
         (false, path) => route(path, query, state),
+    }
+}
+
+/// The reply to a `/cache/` request while the cache's disks load: 503, to be asked again.
+fn cache_loading() -> Reply {
+    Reply {
+        extra_headers: "Retry-After: 1\r\n",
+        ..Reply::text(
+            503,
+            "the cache is loading (shardline_cache_load_* in /metrics; /healthz says ok once \
+             it is done): ask again then\n",
+        )
     }
 }
 
@@ -1065,6 +1080,9 @@ fn route(path: &[u8], query: Option<&[u8]>, state: &State) -> Reply {
             }
         }
         b"/healthz" if state.shutdown.load(Ordering::Relaxed) => Reply::text(503, "draining\n"),
+        b"/healthz" if state.edge.as_ref().is_some_and(|e| e.loading()) => {
+            Reply::text(503, "loading\n")
+        }
         b"/healthz" => Reply::text(200, "ok\n"),
         _ => Reply::text(404, "not found (try /metrics or /healthz)\n"),
     }

@@ -73,9 +73,9 @@ macro_rules! counters {
             pub origin_first_byte_time: Histogram,
             /// Counters by `[[origin]]` entry (`OriginCounters`).
             pub origins: OriginCounters,
-            /// The cache's disks and their health, set once at start-up (rendered from shard
-            /// 0's: `render_cache_disks`).
-            pub cache_disks: std::sync::OnceLock<std::sync::Arc<crate::cache::disks::DiskReport>>,
+            /// The cache's load, and once done its disks and their health, set once at
+            /// start-up (rendered from shard 0's: `render_cache_load`, `render_cache_disks`).
+            pub cache_load: std::sync::OnceLock<std::sync::Arc<crate::cache::load_progress::LoadProgress>>,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -242,6 +242,8 @@ counters! {
     not_stored_status: Counter "cache_not_stored_total" { reason = "status" },
     /// ... the path is in its `[[origin]]`'s `never_cache`.
     not_stored_never_cache: Counter "cache_not_stored_total" { reason = "never-cache" },
+    /// ... the cache's index was still loading (`cache_ready_wait_ms`).
+    not_stored_loading: Counter "cache_not_stored_total" { reason = "loading" },
     /// Bytes of pulled responses sent to clients; they are read from the disk cache.
     cache_sent_bytes: Counter "cache_bytes_total" { source = "disk" },
     /// Bytes received from origins into the cache (heads included).
@@ -662,6 +664,39 @@ fn render_cache_disks(out: &mut String, report: &crate::cache::disks::DiskReport
     let _ = writeln!(out, "{name} {}", report.missing.len());
 }
 
+/// Appends the cache load's gauges: whether it goes on, its journal bytes, the disks whose
+/// lock another process holds.
+fn render_cache_load(out: &mut String, load: &crate::cache::load_progress::LoadProgress) {
+    let (read, total, waiting) = load.figures();
+    let gauges = [
+        (
+            "shardline_cache_loading",
+            u64::from(load.loading()),
+            "1 while the cache's index loads (pulled requests pass through unstored; /healthz \
+             says loading), else 0.",
+        ),
+        (
+            "shardline_cache_load_read_bytes",
+            read,
+            "Journal bytes replayed by the cache's load.",
+        ),
+        (
+            "shardline_cache_load_total_bytes",
+            total,
+            "Journal bytes the cache's load replays (over the disks opened so far).",
+        ),
+        (
+            "shardline_cache_load_waiting_disks",
+            waiting as u64,
+            "Cache disks whose lock another process holds (the load waits for it).",
+        ),
+    ];
+    for (name, value, help) in gauges {
+        write_family_header(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
 /// Requests answered, one counter per (method, status class).
 #[derive(Default, Debug)]
 pub struct RequestCounters {
@@ -794,7 +829,10 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
     }
 
     render_origins(&mut out, shards);
-    if let Some(d) = shards.first().and_then(|m| m.cache_disks.get()) {
+    if let Some(load) = shards.first().and_then(|m| m.cache_load.get()) {
+        render_cache_load(&mut out, load);
+    }
+    if let Some(d) = shards.first().and_then(|m| m.cache_load.get()?.disks()) {
         render_cache_disks(&mut out, d);
     }
 

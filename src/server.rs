@@ -577,21 +577,24 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
         libc::SIGHUP,
     ])
     .map_err(|e| ServeError::Runtime(format!("installing signal handlers: {e}")))?;
-    // The pull-through cache all shards share: its journal is replayed once, here.
+    // The pull-through cache all shards share: its journals are replayed once, on the
+    // loader's thread; past `cache_ready_wait_ms` the shards serve while it goes on.
     let disks = cfg.cache_disks();
     let edge = match disks.first() {
         Some(dir) if !cfg.origin.is_empty() => {
-            let started = std::time::Instant::now();
-            let shared = crate::fill::edge::SharedEdge::open(&disks, cpus.len(), &cfg)
-                .map_err(|e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display())))?;
-            tracing::info!(
-                cache_dir = %dir.display(),
-                disks = shared.disks.disks.len(),
-                disks_left_out = shared.disks.missing.len(),
-                origins = cfg.origin.len(),
-                rebuild_ms = started.elapsed().as_millis() as u64,
-                "pull-through cache open"
-            );
+            let in_dir = |e| ServeError::Runtime(format!("cache_dir {}: {e}", dir.display()));
+            let (shared, loader) =
+                crate::fill::edge::SharedEdge::open_loading(&disks, cpus.len(), &cfg)
+                    .map_err(in_dir)?;
+            match loader.wait_ms(cfg.cache_ready_wait_ms) {
+                Some(result) => result.map_err(in_dir)?,
+                None => tracing::warn!(
+                    cache_dir = %dir.display(),
+                    cache_ready_wait_ms = cfg.cache_ready_wait_ms,
+                    "serving while the cache loads: pulled requests pass through unstored and \
+                     /healthz says loading until it is done (shardline_cache_load_* in /metrics)"
+                ),
+            }
             Some(shared)
         }
         _ => None,
@@ -610,7 +613,7 @@ pub fn serve_with(mut cfg: Config, reloader: Reloader) -> Result<(), ServeError>
                 .collect(),
         );
         if let Some(e) = &edge {
-            let _ = metrics.cache_disks.set(e.disks.clone());
+            let _ = metrics.cache_load.set(e.load.clone());
         }
         all_metrics.push(metrics.clone());
         let params = ShardParams {

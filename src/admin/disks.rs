@@ -13,7 +13,9 @@ pub(super) fn status(state: &State) -> Reply {
     let Some(edge) = state.edge.as_ref() else {
         return Reply::text(404, "no pull-through cache here (no [[origin]])\n");
     };
-    let report = &edge.disks;
+    let Some(report) = edge.disks() else {
+        return super::cache_loading();
+    };
     let mut out = String::new();
     for (slot, d) in report.disks.iter().enumerate() {
         let errors: Vec<String> = ErrorKind::ALL
@@ -59,11 +61,14 @@ pub(super) fn set(query: Option<&[u8]>, state: &State, offline: bool) -> Reply {
             &format!("no disk {disk} was opened at start-up (GET /cache/disks lists them)\n"),
         );
     };
-    let d = &edge.disks.disks[slot];
+    let Some(report) = edge.disks() else {
+        return super::cache_loading();
+    };
+    let d = &report.disks[slot];
     if !offline {
         return online(edge, slot);
     }
-    edge.disks.health.set_offline(slot);
+    report.health.set_offline(slot);
     // The lock's release takes an offline disk's objects out of the index now.
     drop(crate::fill::cache_fill::lock(&edge.core));
     let marked = crate::cache::disks::mark_offline(&d.dir, true);
@@ -85,10 +90,13 @@ pub(super) fn set(query: Option<&[u8]>, state: &State, offline: bool) -> Reply {
 /// I/O on this thread: the disk may still stall) and brings it online; this waits
 /// `ONLINE_WAIT` for the outcome, then answers 202 (queued: ask again for the outcome).
 fn online(edge: &SharedEdge, slot: usize) -> Reply {
-    let d = &edge.disks.disks[slot];
+    let Some(report) = edge.disks() else {
+        return super::cache_loading();
+    };
+    let d = &report.disks[slot];
     let mut outcome = crate::fill::cache_fill::lock(&edge.core).reopen_outcome(slot);
     if outcome.is_none() {
-        if edge.disks.health.usable(slot) {
+        if report.health.usable(slot) {
             return Reply::text(200, &format!("{} online (it was)\n", d.dir.display()));
         }
         crate::fill::cache_fill::lock(&edge.core).reopen_disk(slot, &d.dir, d.id);
@@ -122,7 +130,7 @@ const ONLINE_POLL_MS: u64 = 10;
 
 /// The slot of the disk `disk` names: its directory, or its slot number.
 fn slot_of(edge: &SharedEdge, disk: &str) -> Option<usize> {
-    let disks = &edge.disks.disks;
+    let disks = &edge.disks()?.disks;
     if let Ok(slot) = disk.parse::<usize>() {
         return (slot < disks.len()).then_some(slot);
     }

@@ -11,7 +11,9 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use super::load_progress::LoadProgress;
 
 /// The lock file in each disk's directory.
 pub const LOCK_FILE: &str = "lock";
@@ -114,6 +116,46 @@ impl DiskLock {
     }
 }
 
+/// How often a waiting loader tries the locks again (`wait_for_locks`).
+pub const LOCK_POLL_MS: u64 = 50;
+
+/// Takes the lock of each of `dirs`, waiting while another process holds one (a restart
+/// handover's predecessor, until its drain ends), with the disks waited for counted in
+/// `progress`. A disk whose lock file cannot be opened gets None: opening it reports why.
+pub fn wait_for_locks(dirs: &[PathBuf], progress: &LoadProgress) -> Vec<Option<DiskLock>> {
+    let mut locks: Vec<Option<DiskLock>> = dirs.iter().map(|_| None).collect();
+    let mut settled = vec![false; dirs.len()];
+    let mut told = vec![false; dirs.len()];
+    loop {
+        let mut waiting = 0;
+        for (at, dir) in dirs.iter().enumerate() {
+            if settled[at] {
+                continue;
+            }
+            match DiskLock::try_take(dir) {
+                Ok(lock) => (locks[at], settled[at]) = (Some(lock), true),
+                Err(NotLocked::Io(_)) => settled[at] = true,
+                Err(held @ NotLocked::Held(_)) => {
+                    waiting += 1;
+                    if !std::mem::replace(&mut told[at], true) {
+                        tracing::warn!(
+                            disk = %dir.display(),
+                            holder = %held,
+                            "cache disk in use by another process: waiting for it (pulled \
+                             requests pass through meanwhile)"
+                        );
+                    }
+                }
+            }
+        }
+        progress.set_waiting_disks(waiting);
+        if waiting == 0 {
+            return locks;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(LOCK_POLL_MS));
+    }
+}
+
 /// The pid written in a held lock file.
 fn holder_pid(file: &mut File) -> Option<u32> {
     let mut text = String::new();
@@ -149,5 +191,37 @@ mod tests {
         // A directory that is not there is an I/O error, not "held".
         let gone = dir.path().join("missing");
         assert!(matches!(DiskLock::try_take(&gone), Err(NotLocked::Io(_))));
+    }
+
+    #[test]
+    fn a_loader_waits_for_a_held_disk_and_leaves_an_unopenable_one_to_the_open() {
+        let held_dir = tempfile::tempdir().unwrap();
+        let free_dir = tempfile::tempdir().unwrap();
+        let dirs = vec![
+            held_dir.path().to_path_buf(),
+            free_dir.path().to_path_buf(),
+            free_dir.path().join("missing"),
+        ];
+        let held = DiskLock::try_take(&dirs[0]).unwrap();
+        let progress = std::sync::Arc::new(LoadProgress::default());
+        let waiter = {
+            let (dirs, progress) = (dirs.clone(), progress.clone());
+            std::thread::spawn(move || wait_for_locks(&dirs, &progress))
+        };
+        // It waits for the held one, counted; the state, not a time, says so.
+        while progress.figures().2 != 1 {
+            assert!(!waiter.is_finished(), "it should wait for the held disk");
+            std::thread::yield_now();
+        }
+        assert!(!waiter.is_finished());
+        drop(held);
+        let locks = waiter.join().unwrap();
+        assert!(locks[0].is_some() && locks[1].is_some() && locks[2].is_none());
+        assert_eq!(progress.figures().2, 0);
+        // Both taken are held: another take is refused.
+        assert!(matches!(
+            DiskLock::try_take(&dirs[1]),
+            Err(NotLocked::Held(_))
+        ));
     }
 }

@@ -1,6 +1,7 @@
 //! The journal on disk: opened at start-up (read, replayed, a damaged tail cut off) and
-//! appended to. Start-up is the main thread's, before any shard runs, so plain blocking I/O is
-//! right here; appends during service go through a shard's ring in a later step, with the same
+//! appended to. Start-up is the cache loader's thread (`fill::edge::SharedEdge::open_loading`),
+//! never a shard's, so plain blocking I/O is right here; appends during service run on each disk's
+//! thread (`disks::Journals`), with the same
 //! framing (`Record::encode`) and the same rule: a record is written whole, after the bytes it
 //! vouches for.
 

@@ -1,7 +1,12 @@
 //! How far a cache's start-up load has come, read without a lock by `/healthz` and
-//! `/metrics` while the loader runs (`fill::edge::SharedEdge::open_loading`).
+//! `/metrics` while the loader runs (`fill::edge::SharedEdge::open_loading`), and the disks
+//! it opened once it is done.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::{Arc, OnceLock};
+
+use super::disks::DiskReport;
 
 /// The load is under way (waiting for a disk's lock, or replaying journals).
 const LOADING: u8 = 0;
@@ -20,30 +25,42 @@ pub struct LoadProgress {
     total_bytes: AtomicU64,
     /// Disks whose lock another process holds now (`cache::disk_lock`).
     waiting_disks: AtomicUsize,
+    /// The disks opened, once ready.
+    disks: OnceLock<Arc<DiskReport>>,
 }
 
 impl LoadProgress {
     /// Whether the load is still under way.
     pub fn loading(&self) -> bool {
-        self.state.load(std::sync::atomic::Ordering::Acquire) == LOADING
+        self.state.load(Acquire) == LOADING
     }
 
     /// Whether the index is whole.
     pub fn ready(&self) -> bool {
-        self.state.load(std::sync::atomic::Ordering::Acquire) == READY
+        self.state.load(Acquire) == READY
     }
 
     /// Whether the load failed.
     pub fn failed(&self) -> bool {
-        self.state.load(std::sync::atomic::Ordering::Acquire) == FAILED
+        self.state.load(Acquire) == FAILED
     }
 
-    /// Marks the load done: `ready` or failed.
-    pub fn finish(&self, ready: bool) {
+    /// Marks the load done: ready with the disks `disks` opened, or failed (None).
+    pub fn finish(&self, disks: Option<Arc<DiskReport>>) {
         self.waiting_disks.store(0, Relaxed);
-        let state = if ready { READY } else { FAILED };
-        self.state
-            .store(state, std::sync::atomic::Ordering::Release);
+        let state = match disks {
+            Some(d) => {
+                let _ = self.disks.set(d);
+                READY
+            }
+            None => FAILED,
+        };
+        self.state.store(state, Release);
+    }
+
+    /// The disks opened (None until ready).
+    pub fn disks(&self) -> Option<&Arc<DiskReport>> {
+        self.ready().then(|| self.disks.get()).flatten()
     }
 
     /// A journal of `bytes` is to be replayed.
@@ -83,11 +100,18 @@ mod tests {
         p.add_total(100);
         p.add_read(40);
         assert_eq!(p.figures(), (40, 100, 2));
-        p.finish(true);
+        assert!(p.disks().is_none());
+        let report = Arc::new(DiskReport {
+            disks: Vec::new(),
+            missing: Vec::new(),
+            health: Arc::new(crate::cache::disk_health::DiskHealth::new(1)),
+        });
+        p.finish(Some(report));
         assert!(p.ready() && !p.failed() && !p.loading());
+        assert!(p.disks().is_some());
         assert_eq!(p.figures(), (40, 100, 0), "nothing is waited for once done");
         let f = LoadProgress::default();
-        f.finish(false);
-        assert!(f.failed() && !f.ready());
+        f.finish(None);
+        assert!(f.failed() && !f.ready() && f.disks().is_none());
     }
 }

@@ -89,6 +89,19 @@ impl BlockStore {
         })
     }
 
+    /// The store of disks `dirs` that are not open yet (a loading cache's, whose core
+    /// holds no version to read or write through it): nothing is created or read.
+    pub fn not_open(dirs: &[PathBuf]) -> BlockStore {
+        assert!(!dirs.is_empty(), "a store needs its disks");
+        let ids: Vec<(u64, u64)> = (0..dirs.len() as u64).map(|i| (i, 1)).collect();
+        BlockStore {
+            health: Arc::new(DiskHealth::new(dirs.len())),
+            data: dirs.iter().map(|d| d.join("data")).collect(),
+            placement: Arc::new(Placement::new(&ids)),
+            watch: None,
+        }
+    }
+
     /// Disks the store spreads over.
     pub fn disks(&self) -> usize {
         self.data.len()

@@ -51,6 +51,12 @@ pub const DEFAULT_DISK_OP_TIMEOUT_MS: u64 = 5_000;
 pub const MIN_DISK_OP_TIMEOUT_MS: u64 = 100;
 /// Longest `cache_disk_op_timeout_ms` (ms).
 pub const MAX_DISK_OP_TIMEOUT_MS: u64 = 600_000;
+/// `cache_ready_wait_ms` when nothing sets it: a cache of a few hundred thousand objects
+/// is whole before the shards start; a larger one serves (pulled requests passing through)
+/// while it loads.
+pub const DEFAULT_CACHE_READY_WAIT_MS: u64 = 1_000;
+/// Longest `cache_ready_wait_ms` (ms).
+pub const MAX_CACHE_READY_WAIT_MS: u64 = 600_000;
 /// Slowest background scrub (`cache_scrub_bytes_per_s`, when on): 64 KiB/s.
 pub const MIN_SCRUB_BYTES_PER_S: u64 = 64 * 1024;
 /// Fastest background scrub: 10 GB/s (the rate is a cap; the scrub never goes ahead of
@@ -393,6 +399,10 @@ pub struct Config {
     /// create, a fill's write or sync): past it the disk is stalled, its clients go on from
     /// the origin (`cache::disk_health`).
     pub cache_disk_op_timeout_ms: u64,
+    /// Longest start-up waits for the cache's index (its disks' locks and journals) before
+    /// the shards serve without it: until it is whole, pulled requests pass through unstored
+    /// and `/healthz` says `loading` (`fill::edge::SharedEdge::open_loading`). 0: at once.
+    pub cache_ready_wait_ms: u64,
     /// Bytes of objects the cache keeps; past it, S3-FIFO evicts whole versions that no
     /// response is reading and no fetch is filling. 0: no budget (the directory grows).
     pub cache_max_bytes: u64,
@@ -491,6 +501,7 @@ impl Default for Config {
             cache_read_ahead_blocks: 256,
             cache_wait_timeout_ms: 60_000,
             cache_disk_op_timeout_ms: DEFAULT_DISK_OP_TIMEOUT_MS,
+            cache_ready_wait_ms: DEFAULT_CACHE_READY_WAIT_MS,
             cache_max_bytes: 0,
             cache_revalidate_s: DEFAULT_CACHE_REVALIDATE_S,
             cache_heuristic_max_s: DEFAULT_CACHE_HEURISTIC_MAX_S,
@@ -803,6 +814,12 @@ impl Config {
                 format!("must be {MIN_DISK_OP_TIMEOUT_MS}..={MAX_DISK_OP_TIMEOUT_MS}"),
             ));
         }
+        if self.cache_ready_wait_ms > MAX_CACHE_READY_WAIT_MS {
+            return Err(err(
+                "cache_ready_wait_ms",
+                format!("must be 0..={MAX_CACHE_READY_WAIT_MS}"),
+            ));
+        }
         if self.cache_revalidate_s > MAX_CACHE_REVALIDATE_S {
             return Err(err(
                 "cache_revalidate_s",
@@ -1064,6 +1081,7 @@ impl Config {
             cache_read_ahead_blocks,
             cache_wait_timeout_ms,
             cache_disk_op_timeout_ms,
+            cache_ready_wait_ms,
             cache_max_bytes,
             cache_revalidate_s,
             cache_heuristic_max_s,

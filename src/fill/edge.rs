@@ -134,10 +134,11 @@ pub struct EdgeCache {
 /// other when a fetch on one has news for waiters on another.
 #[derive(Clone)]
 pub struct SharedEdge {
-    /// The bookkeeping every shard locks.
+    /// The bookkeeping every shard locks (while the disks load, a loading core's:
+    /// `FillCore::loading`).
     pub core: Arc<Mutex<FillCore<Waiter>>>,
-    /// The cache's disks: those opened (index = slot), those left out, their health.
-    pub disks: Arc<crate::cache::disks::DiskReport>,
+    /// The disks' load: how far it came, and the disks opened once it is done.
+    pub load: Arc<crate::cache::load_progress::LoadProgress>,
     wakers: Arc<Vec<OwnedFd>>,
     /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
     /// (its thread stops with the last clone).
@@ -196,49 +197,92 @@ impl SharedEdge {
         io: CacheIo,
         watch: crate::cache::watch::Watch,
     ) -> std::io::Result<SharedEdge> {
-        let block_bytes = config.cache_block_bytes;
-        let cfg = FillConfig {
-            block_bytes,
-            read_ahead_blocks: config.cache_read_ahead_blocks,
-            max_run_blocks: RUN_BLOCKS,
-            slot_bytes: config.chunk_bytes,
-            align_bytes: crate::ring_api::ARENA_ALIGN_BYTES as usize,
-            max_attempts: FILL_ATTEMPTS,
-            sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
-            max_bytes: config.cache_max_bytes,
-            revalidate_s: config.cache_revalidate_s,
-            heuristic_max_s: config.cache_heuristic_max_s,
-            not_found_s: config.cache_404_s,
-            open_files: config.cache_open_files,
-            compact_min_bytes: super::cache_fill::COMPACT_MIN_BYTES,
-            origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
-            origin_policies: config
-                .origin
-                .iter()
-                .map(|o| super::cache_fill::OriginPolicy {
-                    cache_policy: o.cache_policy,
-                    ttl_s: o.ttl_s,
-                    stale_if_error_s: o.stale_if_error_s,
-                    purge_tag_header: o.tag_header(),
-                })
-                .collect(),
-        };
         let mut opened =
             crate::cache::disks::open_disks(cache_dirs, config.cache_require_all_disks, watch)?;
         opened
             .journals
             .set_op_timeout_ms(config.cache_disk_op_timeout_ms);
-        let disks = Arc::new(crate::cache::disks::DiskReport::of(&opened));
-        let core = FillCore::on_disks(opened, cfg, shards)?;
-        let wakers = (0..shards)
-            .map(|_| {
-                rustix::event::eventfd(
-                    0,
-                    rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
-                )
-                .map_err(std::io::Error::from)
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
+        let report = Arc::new(crate::cache::disks::DiskReport::of(&opened));
+        let core = FillCore::on_disks(opened, fill_config(config), shards)?;
+        let wakers = Arc::new(shard_wakers(shards)?);
+        let core = match io {
+            CacheIo::Thread => core.into_threaded(wakers.clone())?,
+            CacheIo::Inline => core.into_shared(),
+        };
+        let load = Arc::new(crate::cache::load_progress::LoadProgress::default());
+        load.finish(Some(report));
+        Self::around(core, load, wakers, config)
+    }
+
+    /// Opens the cache as `open` does, on a thread of its own (`cache-load`): the edge
+    /// returned serves at once, every pulled request passing through unstored
+    /// (`Outcome::Loading`), until the loaded core takes the loading one's place. The load
+    /// first waits for each disk's lock while another process holds it (a restart
+    /// handover's predecessor, `cache::disk_lock`). `Loader::wait_ms` gives its end.
+    pub fn open_loading(
+        cache_dirs: &[PathBuf],
+        shards: usize,
+        config: &crate::config::Config,
+    ) -> std::io::Result<(SharedEdge, Loader)> {
+        let cfg = fill_config(config);
+        let core = FillCore::loading(cache_dirs, cfg.clone(), shards).into_shared();
+        let wakers = Arc::new(shard_wakers(shards)?);
+        let load = Arc::new(crate::cache::load_progress::LoadProgress::default());
+        let edge = Self::around(core.clone(), load.clone(), wakers.clone(), config)?;
+        let loader = Loader {
+            end: Arc::new((Mutex::new(LoadEnd::Running), std::sync::Condvar::new())),
+        };
+        let end = loader.end.clone();
+        let dirs = cache_dirs.to_vec();
+        let (require_all, op_timeout_ms) = (
+            config.cache_require_all_disks,
+            config.cache_disk_op_timeout_ms,
+        );
+        let origins = config.origin.len();
+        std::thread::Builder::new()
+            .name("cache-load".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let result = (|| {
+                    let locks = crate::cache::disk_lock::wait_for_locks(&dirs, &load);
+                    let mut opened = crate::cache::disks::open_disks_with(
+                        &dirs,
+                        require_all,
+                        None,
+                        locks,
+                        Some(&load),
+                    )?;
+                    opened.journals.set_op_timeout_ms(op_timeout_ms);
+                    let report = Arc::new(crate::cache::disks::DiskReport::of(&opened));
+                    let loaded = FillCore::on_disks(opened, cfg, shards)?;
+                    loaded.install_threaded(&core, wakers)?;
+                    load.finish(Some(report.clone()));
+                    tracing::info!(
+                        cache_dir = %dirs[0].display(),
+                        disks = report.disks.len(),
+                        disks_left_out = report.missing.len(),
+                        origins,
+                        rebuild_ms = started.elapsed().as_millis() as u64,
+                        "pull-through cache open"
+                    );
+                    Ok(())
+                })();
+                if result.is_err() {
+                    load.finish(None);
+                }
+                Loader::ended(&end, result, &dirs[0]);
+            })?;
+        Ok((edge, loader))
+    }
+
+    /// The edge around `core`, its load `load` and the shards' `wakers`, with the
+    /// `[[origin]]` entries of `config`.
+    fn around(
+        core: Arc<Mutex<FillCore<Waiter>>>,
+        load: Arc<crate::cache::load_progress::LoadProgress>,
+        wakers: Arc<Vec<OwnedFd>>,
+        config: &crate::config::Config,
+    ) -> std::io::Result<SharedEdge> {
         let names = config
             .origin
             .iter()
@@ -247,14 +291,9 @@ impl SharedEdge {
             .map_err(std::io::Error::other)?;
         let ttl = std::time::Duration::from_secs(config.origin_resolve_ttl_s);
         let resolver = crate::origin::resolve::Resolver::spawn(names, ttl)?;
-        let wakers = Arc::new(wakers);
-        let core = match io {
-            CacheIo::Thread => core.into_threaded(wakers.clone())?,
-            CacheIo::Inline => core.into_shared(),
-        };
         Ok(SharedEdge {
             core,
-            disks,
+            load,
             wakers,
             resolver: Arc::new(resolver),
             read_ahead_blocks: config.cache_read_ahead_blocks,
@@ -275,6 +314,126 @@ impl SharedEdge {
             origins: config.origin.clone(),
         })
     }
+
+    /// The cache's disks: those opened (index = slot), those left out, their health. None
+    /// while they load.
+    pub fn disks(&self) -> Option<&Arc<crate::cache::disks::DiskReport>> {
+        self.load.disks()
+    }
+
+    /// Whether the disks are still loading (every pulled request passes through).
+    pub fn loading(&self) -> bool {
+        !self.load.ready()
+    }
+}
+
+/// How a cache load ended, for `Loader::wait_ms`.
+enum LoadEnd {
+    /// Under way, and waited for.
+    Running,
+    /// Under way, and nobody waits any more: a failure ends the process.
+    Detached,
+    /// Ended before anybody stopped waiting.
+    Done(std::io::Result<()>),
+}
+
+/// A cache load running on its own thread (`SharedEdge::open_loading`).
+pub struct Loader {
+    end: Arc<(Mutex<LoadEnd>, std::sync::Condvar)>,
+}
+
+/// The exit status of a process whose cache failed to load after its shards started (the
+/// status of a failed start).
+pub const LOAD_FAILED_EXIT: i32 = 1;
+
+impl Loader {
+    /// Waits up to `ms` for the load to end: its result, or None when it goes on. A load
+    /// that fails after that logs why and ends the process (`LOAD_FAILED_EXIT`), as a
+    /// failure before serving does.
+    pub fn wait_ms(self, ms: u64) -> Option<std::io::Result<()>> {
+        let (end, ended) = &*self.end;
+        let guard = end
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut guard, _) = ended
+            .wait_timeout_while(guard, std::time::Duration::from_millis(ms), |e| {
+                matches!(e, LoadEnd::Running)
+            })
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match std::mem::replace(&mut *guard, LoadEnd::Detached) {
+            LoadEnd::Done(result) => Some(result),
+            _ => None,
+        }
+    }
+
+    /// The loader's end: handed to the waiter, or, with none, a failure ends the process.
+    fn ended(
+        end: &(Mutex<LoadEnd>, std::sync::Condvar),
+        result: std::io::Result<()>,
+        dir: &std::path::Path,
+    ) {
+        let mut guard = end
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matches!(*guard, LoadEnd::Detached) {
+            if let Err(e) = result {
+                tracing::error!(
+                    cache_dir = %dir.display(),
+                    error = %e,
+                    "the pull-through cache failed to load: the process ends"
+                );
+                std::process::exit(LOAD_FAILED_EXIT);
+            }
+            return;
+        }
+        *guard = LoadEnd::Done(result);
+        end.1.notify_all();
+    }
+}
+
+/// The fill's settings from `config`.
+fn fill_config(config: &crate::config::Config) -> FillConfig {
+    let block_bytes = config.cache_block_bytes;
+    FillConfig {
+        block_bytes,
+        read_ahead_blocks: config.cache_read_ahead_blocks,
+        max_run_blocks: RUN_BLOCKS,
+        slot_bytes: config.chunk_bytes,
+        align_bytes: crate::ring_api::ARENA_ALIGN_BYTES as usize,
+        max_attempts: FILL_ATTEMPTS,
+        sync_every_blocks: (SYNC_EVERY_BYTES / block_bytes).max(1),
+        max_bytes: config.cache_max_bytes,
+        revalidate_s: config.cache_revalidate_s,
+        heuristic_max_s: config.cache_heuristic_max_s,
+        not_found_s: config.cache_404_s,
+        open_files: config.cache_open_files,
+        compact_min_bytes: super::cache_fill::COMPACT_MIN_BYTES,
+        origin_names: config.origin.iter().map(|o| o.url.clone()).collect(),
+        origin_policies: config
+            .origin
+            .iter()
+            .map(|o| super::cache_fill::OriginPolicy {
+                cache_policy: o.cache_policy,
+                ttl_s: o.ttl_s,
+                stale_if_error_s: o.stale_if_error_s,
+                purge_tag_header: o.tag_header(),
+            })
+            .collect(),
+    }
+}
+
+/// One wake-up eventfd per shard.
+fn shard_wakers(shards: usize) -> std::io::Result<Vec<OwnedFd>> {
+    (0..shards)
+        .map(|_| {
+            rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+            )
+            .map_err(std::io::Error::from)
+        })
+        .collect()
 }
 
 impl SharedEdge {

@@ -638,7 +638,9 @@ fn read_all_of(
                         r.pos = at + buf.len() as u64;
                     }
                     Outcome::Waiting => r.waiting = true,
-                    Outcome::Busy | Outcome::Refused(_) | Outcome::Pass => panic!("busy"),
+                    Outcome::Busy | Outcome::Refused(_) | Outcome::Pass | Outcome::Loading => {
+                        panic!("busy")
+                    }
                 }
             }
             let size = cf.index().current(key).map(|m| m.size);

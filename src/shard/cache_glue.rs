@@ -282,6 +282,9 @@ pub(super) struct Bypass {
 /// storable lately (hit-for-pass).
 const NOT_STORED_LATELY: &str = "not-stored";
 
+/// `Cache-Status` detail of a request passed because the cache's index is still loading.
+const LOADING: &str = "loading";
+
 /// Most times one response may meet a bad block and wait for it to be fetched again; past
 /// it the response is cut (a disk that corrupts every block it is given cannot be served
 /// from).
@@ -566,6 +569,8 @@ impl<R: RingOps> Shard<R> {
             }
             // Its replies may not be stored: its own fetch, unstored.
             (Outcome::Pass, _) => self.respond_bypass(c, req, origin, &path, NOT_STORED_LATELY),
+            // The index is still loading: its own fetch, unstored.
+            (Outcome::Loading, _) => self.respond_bypass(c, req, origin, &path, LOADING),
         }
         true
     }
@@ -822,7 +827,13 @@ impl<R: RingOps> Shard<R> {
             Some(Outcome::Ready(v)) if v == version => edge.fill.readable_end(v, file_offset),
             Some(Outcome::Waiting) => return,
             // Another version (the response began on this one) or too many waiting.
-            Some(Outcome::Ready(_) | Outcome::Busy | Outcome::Refused(_) | Outcome::Pass) => {
+            Some(
+                Outcome::Ready(_)
+                | Outcome::Busy
+                | Outcome::Refused(_)
+                | Outcome::Pass
+                | Outcome::Loading,
+            ) => {
                 return self.cache.pulls.aborts.push(waiter);
             }
             None => None,
@@ -908,6 +919,7 @@ impl<R: RingOps> Shard<R> {
         let Some(edge) = self.cache.edge.as_mut() else {
             return;
         };
+        edge.fill.catch_up_with_load();
         edge.fill.expire(self.clock.now_ms);
         edge.fill.resume_paced(&mut self.ring, self.clock.now_ms);
         self.expire_reads();
@@ -1298,7 +1310,7 @@ impl<R: RingOps> Shard<R> {
                 entry.refetch.push((slot, block));
                 ReadCheck::Hold { now: true }
             }
-            Outcome::Busy | Outcome::Refused(_) | Outcome::Pass => {
+            Outcome::Busy | Outcome::Refused(_) | Outcome::Pass | Outcome::Loading => {
                 tracing::warn!(shard = self.index, object = %key, version, block, "a cached block failed its checksum and cannot be fetched again for this response: it is cut");
                 Use(-libc::EIO)
             }

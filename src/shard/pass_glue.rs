@@ -99,6 +99,7 @@ impl<R: RingOps> Shard<R> {
             "authorization" => &m.not_stored_authorization,
             "status" => &m.not_stored_status,
             "never-cache" => &m.not_stored_never_cache,
+            "loading" => &m.not_stored_loading,
             // A hit whose data file the disk would not open (`read_failover`).
             "disk" => &m.cache_disk_failovers,
             _ => &m.not_stored_lately,

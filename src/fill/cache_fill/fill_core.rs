@@ -51,6 +51,9 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         waiter: W,
         now_s: u64,
     ) -> Option<Outcome> {
+        if self.loading {
+            return Some(Outcome::Loading);
+        }
         let shard = waiter.shard().min(self.notices.len() - 1);
         if self.not_found.holds(key, now_s) {
             return Some(Outcome::Refused(404));

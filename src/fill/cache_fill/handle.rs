@@ -74,7 +74,18 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     /// The lock if it is free now (what this shard owed the core handed over first); None
     /// when another thread holds it.
     fn try_core(&mut self) -> Option<Locked<'_, W>> {
-        try_lock_as(&self.core, self.shard, &mut self.pending)
+        let core = try_lock_as(&self.core, self.shard, &mut self.pending)?;
+        catch_up(&mut self.store, &mut self.signals, &core);
+        Some(core)
+    }
+
+    /// Takes the loaded core's store and signals once it replaced the loading one
+    /// (`FillCore::install_threaded`), if the lock is free now: called each tick until then,
+    /// so a shard with nothing to ask the cache still hears of fetches queued for it.
+    pub fn catch_up_with_load(&mut self) {
+        if self.signals.replaced() {
+            let _ = self.try_core();
+        }
     }
 
     /// Runs `f` on the shared fill under one hold of its lock, waiting for it: tests only.
@@ -344,6 +355,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         let Some(mut core) = try_lock_as(&self.core, self.shard, &mut self.pending) else {
             return;
         };
+        catch_up(&mut self.store, &mut self.signals, &core);
         core.pump(
             self.shard,
             &mut self.filler,
@@ -421,6 +433,7 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
         let Some(mut core) = try_lock_as(&self.core, self.shard, &mut self.pending) else {
             return;
         };
+        catch_up(&mut self.store, &mut self.signals, &core);
         if std::mem::take(&mut self.budget_freed) {
             core.wake_queued_shards();
         }
@@ -740,5 +753,18 @@ impl<W: Clone + PartialEq + Routed> CacheFill<W> {
     #[cfg(test)]
     pub fn verify_block(&mut self, version: u64, block: u32, buf: &mut Vec<u8>) -> bool {
         self.core().verify_block(version, block, buf)
+    }
+}
+
+/// A handle's copies of the core's store and signals, taken again from `core` (held) when
+/// the core they came from was replaced by the loaded one.
+fn catch_up<W: Clone + PartialEq + Routed>(
+    store: &mut BlockStore,
+    signals: &mut Arc<Signals>,
+    core: &FillCore<W>,
+) {
+    if signals.replaced() {
+        *store = core.store.clone();
+        *signals = core.signals.clone();
     }
 }

@@ -22,7 +22,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -230,6 +230,9 @@ pub enum Outcome {
     /// The key's replies may not be stored lately (`HIT_FOR_PASS_S`): the request makes its
     /// own origin fetch.
     Pass,
+    /// The cache's index is still loading (`FillCore::loading`): the request makes its own
+    /// origin fetch, and nothing is stored until the load is done.
+    Loading,
 }
 
 /// What a waiter hears.
@@ -412,6 +415,9 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     compacting: bool,
     /// Compactions finished.
     pub compactions: u64,
+    /// The core of a cache whose disks are still loading (`FillCore::loading`): no disk is
+    /// open, nothing is stored, every request passes through.
+    loading: bool,
 }
 
 /// Blocks a `CrcWindow` holds.
@@ -714,6 +720,9 @@ pub struct Signals {
     live_bytes: AtomicU64,
     /// Pauses each origin asked for (`FillCore::pauses_by_origin`).
     origin_pauses: Box<[AtomicU64]>,
+    /// The core these signals are of was replaced by the loaded one (`install_threaded`):
+    /// each shard takes the new one's store and signals at its next hold of the lock.
+    replaced: AtomicBool,
 }
 
 impl Signals {
@@ -731,7 +740,13 @@ impl Signals {
             origin_pauses: (0..crate::config::MAX_ORIGINS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            replaced: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the core these signals are of was replaced by the loaded one.
+    pub(super) fn replaced(&self) -> bool {
+        self.replaced.load(Ordering::Acquire)
     }
 }
 
@@ -817,13 +832,54 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         cfg: FillConfig,
         shards: usize,
     ) -> std::io::Result<FillCore<W>> {
-        assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
         let crate::cache::disks::Opened {
             store,
             journals: journal,
             index,
             ..
         } = opened;
+        let mut core = Self::assemble(cfg, store, Some(journal), index, shards);
+        // Start-up is the loader's: a journal mostly dead is rewritten now, in full.
+        if core.compaction_due() {
+            let mut snap = Vec::new();
+            core.snapshot(&mut snap);
+            let journal = core.journal.as_mut().expect("inline at start-up");
+            let result = cache_io::compact(journal, &snap);
+            let len = journal.len();
+            core.compacted(result, len);
+        }
+        // What the journal holds counts against the budget (a smaller budget evicts now).
+        let mut evicted = Vec::new();
+        if let Some(e) = core.evict.as_mut() {
+            e.reserve(core.index.versions());
+            for (version, size) in core.index.each_stored_bytes() {
+                e.insert(version, size, &mut evicted);
+            }
+        }
+        core.drop_versions(&evicted, true);
+        Ok(core)
+    }
+
+    /// The core of a cache on `dirs` whose disks are still loading
+    /// (`fill::edge::SharedEdge::open_loading`): no disk open, an empty index, and every
+    /// request answered `Outcome::Loading` (its own fetch, unstored) until the loaded core
+    /// takes its place (`install_threaded`).
+    pub fn loading(dirs: &[PathBuf], cfg: FillConfig, shards: usize) -> FillCore<W> {
+        let store = BlockStore::not_open(dirs);
+        let mut core = Self::assemble(cfg, store, None, Index::default(), shards);
+        core.loading = true;
+        core
+    }
+
+    /// A core over `store` and `journal` with `index` replayed, nothing in flight.
+    fn assemble(
+        cfg: FillConfig,
+        store: BlockStore,
+        journal: Option<Journals>,
+        index: Index,
+        shards: usize,
+    ) -> FillCore<W> {
+        assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
         // Numbers count over every disk (a version's slot is in its top bits).
         let next_version = index
             .each_version_id()
@@ -832,12 +888,12 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             .unwrap_or(0)
             + 1;
         let evict = (cfg.max_bytes > 0).then(|| S3Fifo::new(cfg.max_bytes));
-        let journal_bytes = journal.len();
-        let mut core = FillCore {
+        let journal_bytes = journal.as_ref().map_or(0, |j| j.len());
+        FillCore {
             blocks: Fills::new(cfg.max_attempts),
             cfg,
             store,
-            journal: Some(journal),
+            journal,
             journal_bytes,
             outbox: Outbox::default(),
             next_seq: 1,
@@ -887,26 +943,13 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             hot: HashMap::new(),
             compacting: false,
             compactions: 0,
-        };
-        // Start-up is the main thread's: a journal mostly dead is rewritten now, in full.
-        if core.compaction_due() {
-            let mut snap = Vec::new();
-            core.snapshot(&mut snap);
-            let journal = core.journal.as_mut().expect("inline at start-up");
-            let result = cache_io::compact(journal, &snap);
-            let len = journal.len();
-            core.compacted(result, len);
+            loading: false,
         }
-        // What the journal holds counts against the budget (a smaller budget evicts now).
-        let mut evicted = Vec::new();
-        if let Some(e) = core.evict.as_mut() {
-            e.reserve(core.index.versions());
-            for (version, size) in core.index.each_stored_bytes() {
-                e.insert(version, size, &mut evicted);
-            }
-        }
-        core.drop_versions(&evicted, true);
-        Ok(core)
+    }
+
+    /// Whether this is a loading cache's core (`loading`).
+    pub fn is_loading(&self) -> bool {
+        self.loading
     }
 
     /// This core shared by the shards, its journal written by whichever thread queues a
@@ -921,14 +964,49 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         mut self,
         wakers: Arc<Vec<OwnedFd>>,
     ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
-        let journal = self.journal.take().expect("opened inline");
-        let shards = self.notices.len();
-        let io = Arc::new(IoShared::new()?);
-        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
+        let (journal, io) = self.threaded_io(&wakers)?;
         let store = self.store.clone();
         let core = Arc::new(Mutex::new(self));
         cache_io::spawn(Arc::downgrade(&core), journal, store, io, wakers)?;
         Ok(core)
+    }
+
+    /// As `into_threaded`, in the place of the loading core `target` holds (`loading`): the
+    /// shards' handles take this core's store and signals at their next hold of the lock,
+    /// and each shard is woken for it.
+    pub fn install_threaded(
+        mut self,
+        target: &Arc<Mutex<FillCore<W>>>,
+        wakers: Arc<Vec<OwnedFd>>,
+    ) -> std::io::Result<()> {
+        let (journal, io) = self.threaded_io(&wakers)?;
+        let store = self.store.clone();
+        // Started first: until the swap, it sees the loading core, which has nothing to write.
+        cache_io::spawn(Arc::downgrade(target), journal, store, io, wakers.clone())?;
+        let loading = {
+            let mut core = target
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            assert!(core.loading, "installed over a loaded core");
+            std::mem::replace(&mut *core, self)
+        };
+        loading.signals.replaced.store(true, Ordering::Release);
+        for fd in wakers.iter() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// The journal out of the core for the I/O thread, and the signals that tell it of work.
+    fn threaded_io(
+        &mut self,
+        wakers: &Arc<Vec<OwnedFd>>,
+    ) -> std::io::Result<(Journals, Arc<IoShared>)> {
+        let journal = self.journal.take().expect("opened inline");
+        let shards = self.notices.len();
+        let io = Arc::new(IoShared::new()?);
+        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
+        Ok((journal, io))
     }
 
     /// Whether dead records have passed `COMPACT_DEAD_PERCENT` of a journal of at least
@@ -1615,6 +1693,48 @@ mod core_tests {
         let mut core: FillCore<usize> = FillCore::open(dir.path(), cfg, 1).unwrap();
         core.index = index;
         (core, dir)
+    }
+
+    /// A loading core answers every request `Loading` (its own fetch, unstored); the loaded
+    /// core then takes its place behind the same lock, the old signals say so, and every
+    /// shard is woken to take the new ones.
+    #[test]
+    fn a_loading_core_passes_everything_through_until_the_loaded_one_takes_its_place() {
+        let (loaded, dir) = core_with(0..200);
+        let dirs = [dir.path().to_path_buf()];
+        let target = FillCore::<usize>::loading(&dirs, loaded.cfg.clone(), 2).into_shared();
+        let old_signals = {
+            let mut core = lock(&target);
+            assert!(core.is_loading());
+            for key in [&b"\0\0k"[..], b"\0\0other"] {
+                let outcome = core.admit(key, 0, "/k", 0, true, 1, unix_now_s());
+                assert_eq!(outcome, Some(Outcome::Loading));
+            }
+            assert!(core.queue.is_empty() && core.index.keys() == 0);
+            core.signals.clone()
+        };
+        assert!(!old_signals.replaced());
+        let wakers: Vec<OwnedFd> = (0..2)
+            .map(|_| rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap())
+            .collect();
+        let wakers = Arc::new(wakers);
+        loaded.install_threaded(&target, wakers.clone()).unwrap();
+        assert!(old_signals.replaced());
+        let mut core = lock(&target);
+        assert!(!core.is_loading());
+        assert!(!Arc::ptr_eq(&core.signals, &old_signals));
+        assert!(!core.signals.replaced());
+        assert!(core.index.current(b"\0\0k").is_some());
+        // Fresh and whole: the request goes on to `want`, which finds it on disk.
+        assert_eq!(
+            core.admit(b"\0\0k", 0, "/k", 0, true, 1, unix_now_s()),
+            None
+        );
+        drop(core);
+        for fd in wakers.iter() {
+            let mut buf = [0u8; 8];
+            assert_eq!(rustix::io::read(fd, &mut buf), Ok(8), "each shard is woken");
+        }
     }
 
     fn queued(core: &FillCore<usize>) -> Vec<(u32, u32)> {
