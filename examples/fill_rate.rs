@@ -129,7 +129,9 @@ fn main() {
             {
                 Outcome::Ready(_) => pos = (pos / b + 1) * b,
                 Outcome::Waiting => waiting = true,
-                Outcome::Busy | Outcome::Refused(_) | Outcome::Pass => panic!("busy"),
+                Outcome::Busy | Outcome::Refused(_) | Outcome::Pass | Outcome::Loading => {
+                    panic!("busy")
+                }
             }
         }
         let now_ms = start.elapsed().as_millis() as u64;
