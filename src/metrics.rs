@@ -75,7 +75,7 @@ macro_rules! counters {
             pub origins: OriginCounters,
             /// The cache's load, and once done its disks and their health, set once at
             /// start-up (rendered from shard 0's: `render_cache_load`, `render_cache_disks`).
-            pub cache_load: std::sync::OnceLock<std::sync::Arc<crate::cache::load_progress::LoadProgress>>,
+            pub cache_load: std::sync::OnceLock<std::sync::Arc<crate::cache::disks::DiskLoad>>,
         }
 
         /// Every counter/gauge field, in rendering order.
@@ -830,7 +830,7 @@ pub fn render_prometheus(shards: &[std::sync::Arc<ShardMetrics>]) -> String {
 
     render_origins(&mut out, shards);
     if let Some(load) = shards.first().and_then(|m| m.cache_load.get()) {
-        render_cache_load(&mut out, load);
+        render_cache_load(&mut out, &load.progress);
     }
     if let Some(d) = shards.first().and_then(|m| m.cache_load.get()?.disks()) {
         render_cache_disks(&mut out, d);

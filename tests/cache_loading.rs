@@ -110,7 +110,10 @@ fn a_second_process_passes_through_until_the_first_lets_go_of_the_disk_then_hits
         r.status
     );
     let status = r.header("cache-status").unwrap_or_default().to_string();
-    assert!(status.contains("detail=loading"), "Cache-Status: {status}");
+    assert!(
+        status.contains("fwd=miss; detail=loading"),
+        "Cache-Status: {status}"
+    );
     assert_eq!(origin.requests(), requests + 1, "its own origin request");
     assert_eq!(
         metric_where(admin, "cache_not_stored_total", "reason=\"loading\""),

@@ -74,6 +74,31 @@ pub struct DiskReport {
     pub health: std::sync::Arc<DiskHealth>,
 }
 
+/// A cache's start-up load as `/healthz` and `/metrics` see it: how far it is, and the disks
+/// it opened once it is done (`fill::edge::SharedEdge::open_loading`).
+#[derive(Debug, Default)]
+pub struct DiskLoad {
+    /// How far it is.
+    pub progress: LoadProgress,
+    report: std::sync::OnceLock<Arc<DiskReport>>,
+}
+
+impl DiskLoad {
+    /// Marks the load done: with the disks `report` opened, or failed (None).
+    pub fn finish(&self, report: Option<Arc<DiskReport>>) {
+        let ready = report.is_some();
+        if let Some(r) = report {
+            let _ = self.report.set(r);
+        }
+        self.progress.finish(ready);
+    }
+
+    /// The disks opened (None until the load is done).
+    pub fn disks(&self) -> Option<&Arc<DiskReport>> {
+        self.report.get().filter(|_| self.progress.ready())
+    }
+}
+
 impl DiskReport {
     /// The report of `opened`.
     pub fn of(opened: &Opened) -> DiskReport {

@@ -1,12 +1,8 @@
 //! How far a cache's start-up load has come, read without a lock by `/healthz` and
-//! `/metrics` while the loader runs (`fill::edge::SharedEdge::open_loading`), and the disks
-//! it opened once it is done.
+//! `/metrics` while the loader runs (`fill::edge::SharedEdge::open_loading`).
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize};
-use std::sync::{Arc, OnceLock};
-
-use super::disks::DiskReport;
 
 /// The load is under way (waiting for a disk's lock, or replaying journals).
 const LOADING: u8 = 0;
@@ -25,8 +21,6 @@ pub struct LoadProgress {
     total_bytes: AtomicU64,
     /// Disks whose lock another process holds now (`cache::disk_lock`).
     waiting_disks: AtomicUsize,
-    /// The disks opened, once ready.
-    disks: OnceLock<Arc<DiskReport>>,
 }
 
 impl LoadProgress {
@@ -45,22 +39,11 @@ impl LoadProgress {
         self.state.load(Acquire) == FAILED
     }
 
-    /// Marks the load done: ready with the disks `disks` opened, or failed (None).
-    pub fn finish(&self, disks: Option<Arc<DiskReport>>) {
+    /// Marks the load done: `ready`, or failed.
+    pub fn finish(&self, ready: bool) {
         self.waiting_disks.store(0, Relaxed);
-        let state = match disks {
-            Some(d) => {
-                let _ = self.disks.set(d);
-                READY
-            }
-            None => FAILED,
-        };
-        self.state.store(state, Release);
-    }
-
-    /// The disks opened (None until ready).
-    pub fn disks(&self) -> Option<&Arc<DiskReport>> {
-        self.ready().then(|| self.disks.get()).flatten()
+        self.state
+            .store(if ready { READY } else { FAILED }, Release);
     }
 
     /// A journal of `bytes` is to be replayed.
@@ -100,18 +83,11 @@ mod tests {
         p.add_total(100);
         p.add_read(40);
         assert_eq!(p.figures(), (40, 100, 2));
-        assert!(p.disks().is_none());
-        let report = Arc::new(DiskReport {
-            disks: Vec::new(),
-            missing: Vec::new(),
-            health: Arc::new(crate::cache::disk_health::DiskHealth::new(1)),
-        });
-        p.finish(Some(report));
+        p.finish(true);
         assert!(p.ready() && !p.failed() && !p.loading());
-        assert!(p.disks().is_some());
         assert_eq!(p.figures(), (40, 100, 0), "nothing is waited for once done");
         let f = LoadProgress::default();
-        f.finish(None);
-        assert!(f.failed() && !f.ready() && f.disks().is_none());
+        f.finish(false);
+        assert!(f.failed() && !f.ready());
     }
 }

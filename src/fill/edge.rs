@@ -138,7 +138,7 @@ pub struct SharedEdge {
     /// `FillCore::loading`).
     pub core: Arc<Mutex<FillCore<Waiter>>>,
     /// The disks' load: how far it came, and the disks opened once it is done.
-    pub load: Arc<crate::cache::load_progress::LoadProgress>,
+    pub load: Arc<crate::cache::disks::DiskLoad>,
     wakers: Arc<Vec<OwnedFd>>,
     /// Looks every origin's name up again each `origin_resolve_ttl_s`, off the shard threads
     /// (its thread stops with the last clone).
@@ -209,7 +209,7 @@ impl SharedEdge {
             CacheIo::Thread => core.into_threaded(wakers.clone())?,
             CacheIo::Inline => core.into_shared(),
         };
-        let load = Arc::new(crate::cache::load_progress::LoadProgress::default());
+        let load = Arc::new(crate::cache::disks::DiskLoad::default());
         load.finish(Some(report));
         Self::around(core, load, wakers, config)
     }
@@ -227,7 +227,7 @@ impl SharedEdge {
         let cfg = fill_config(config);
         let core = FillCore::loading(cache_dirs, cfg.clone(), shards).into_shared();
         let wakers = Arc::new(shard_wakers(shards)?);
-        let load = Arc::new(crate::cache::load_progress::LoadProgress::default());
+        let load = Arc::new(crate::cache::disks::DiskLoad::default());
         let edge = Self::around(core.clone(), load.clone(), wakers.clone(), config)?;
         let loader = Loader {
             end: Arc::new((Mutex::new(LoadEnd::Running), std::sync::Condvar::new())),
@@ -244,13 +244,13 @@ impl SharedEdge {
             .spawn(move || {
                 let started = std::time::Instant::now();
                 let result = (|| {
-                    let locks = crate::cache::disk_lock::wait_for_locks(&dirs, &load);
+                    let locks = crate::cache::disk_lock::wait_for_locks(&dirs, &load.progress);
                     let mut opened = crate::cache::disks::open_disks_with(
                         &dirs,
                         require_all,
                         None,
                         locks,
-                        Some(&load),
+                        Some(&load.progress),
                     )?;
                     opened.journals.set_op_timeout_ms(op_timeout_ms);
                     let report = Arc::new(crate::cache::disks::DiskReport::of(&opened));
@@ -279,7 +279,7 @@ impl SharedEdge {
     /// `[[origin]]` entries of `config`.
     fn around(
         core: Arc<Mutex<FillCore<Waiter>>>,
-        load: Arc<crate::cache::load_progress::LoadProgress>,
+        load: Arc<crate::cache::disks::DiskLoad>,
         wakers: Arc<Vec<OwnedFd>>,
         config: &crate::config::Config,
     ) -> std::io::Result<SharedEdge> {
@@ -323,7 +323,7 @@ impl SharedEdge {
 
     /// Whether the disks are still loading (every pulled request passes through).
     pub fn loading(&self) -> bool {
-        !self.load.ready()
+        !self.load.progress.ready()
     }
 }
 

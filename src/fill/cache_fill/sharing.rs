@@ -1,0 +1,96 @@
+//! How the shards share a `FillCore`: inline (tests, tools, the simulator), with its I/O on
+//! the cache's I/O thread (the server), or in place of a loading core once the disks are
+//! loaded (`fill::edge::SharedEdge::open_loading`).
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use super::cache_io::{self, IoShared};
+use super::{FillConfig, FillCore, Routed, Signals};
+use crate::cache::disks::Journals;
+use crate::cache::index::Index;
+use crate::cache::store::BlockStore;
+
+impl<W: Clone + PartialEq + Routed> FillCore<W> {
+    /// The core of a cache on `dirs` whose disks are still loading
+    /// (`fill::edge::SharedEdge::open_loading`): no disk open, an empty index, and every
+    /// request answered `Outcome::Loading` (its own fetch, unstored) until the loaded core
+    /// takes its place (`install_threaded`).
+    pub fn loading(dirs: &[PathBuf], cfg: FillConfig, shards: usize) -> FillCore<W> {
+        let store = BlockStore::not_open(dirs);
+        let mut core = Self::assemble(cfg, store, None, Index::default(), shards);
+        core.loading = true;
+        core
+    }
+
+    /// Whether this is a loading cache's core (`loading`).
+    pub fn is_loading(&self) -> bool {
+        self.loading
+    }
+
+    /// This core shared by the shards, its journal written by whichever thread queues a
+    /// record (inline: tests, tools and the simulator).
+    pub fn into_shared(self) -> Arc<Mutex<FillCore<W>>> {
+        Arc::new(Mutex::new(self))
+    }
+
+    /// This core shared by the shards, its blocking I/O on the cache's I/O thread
+    /// (`cache_io`), which writes `wakers[shard]` when a shard has news.
+    pub fn into_threaded(
+        mut self,
+        wakers: Arc<Vec<OwnedFd>>,
+    ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
+        let (journal, io) = self.threaded_io(&wakers)?;
+        let store = self.store.clone();
+        let core = Arc::new(Mutex::new(self));
+        cache_io::spawn(Arc::downgrade(&core), journal, store, io, wakers)?;
+        Ok(core)
+    }
+
+    /// As `into_threaded`, in the place of the loading core `target` holds (`loading`): the
+    /// shards' handles take this core's store and signals at their next hold of the lock,
+    /// and each shard is woken for it.
+    pub fn install_threaded(
+        mut self,
+        target: &Arc<Mutex<FillCore<W>>>,
+        wakers: Arc<Vec<OwnedFd>>,
+    ) -> std::io::Result<()> {
+        let (journal, io) = self.threaded_io(&wakers)?;
+        let store = self.store.clone();
+        // Started first: until the swap, it sees the loading core, which has nothing to write.
+        cache_io::spawn(Arc::downgrade(target), journal, store, io, wakers.clone())?;
+        let loading = {
+            let mut core = target
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            assert!(core.loading, "installed over a loaded core");
+            std::mem::replace(&mut *core, self)
+        };
+        loading.signals.replaced.store(true, Ordering::Release);
+        for fd in wakers.iter() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// The journal out of the core for the I/O thread, and the signals that tell it of work.
+    fn threaded_io(
+        &mut self,
+        wakers: &Arc<Vec<OwnedFd>>,
+    ) -> std::io::Result<(Journals, Arc<IoShared>)> {
+        let journal = self.journal.take().expect("opened inline");
+        let shards = self.notices.len();
+        let io = Arc::new(IoShared::new()?);
+        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
+        Ok((journal, io))
+    }
+}
+
+impl Signals {
+    /// Whether the core these signals are of was replaced by the loaded one.
+    pub(super) fn replaced(&self) -> bool {
+        self.replaced.load(Ordering::Acquire)
+    }
+}
