@@ -14,7 +14,8 @@
 # replayed into a ready index. Reports bytes per object (VmRSS after the load minus before,
 # over the objects), peak RSS and time to ready, and a straight-line fit through the sizes
 # for 30 million. Then restarts a real edge (`shardline serve`, each build) over a cache of N
-# objects and times its first hit. Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
+# objects and times its first answer to a pulled request (a hit, or, while the cache loads,
+# a pass-through) and its first hit. Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -128,21 +129,25 @@ def rss_kib(pid):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
 def edge(side, cache):
-    """Starts the edge, waits for the object's first hit; (process, seconds, RSS KiB)."""
+    """Starts the edge, waits for the object's first hit; (process, seconds to the first
+    answer with the right bytes, seconds to the first hit, RSS KiB)."""
     cfg = f"{work}/edge.toml"
     open(cfg, "w").write(f'admin = ""\ncache_dir = "{cache}"\ncache_max_bytes = {1 << 50}\n'
                          f'[[origin]]\nprefix = "/pull/"\nurl = "http://127.0.0.1:{ORIGIN}"\n')
     t0 = time.monotonic()
+    answered = None
     p = subprocess.Popen([bins[side], "serve", "--root", origin_root, "--listen", f"127.0.0.1:{EDGE}",
                           "--shards", "2", "--config", cfg], stdout=log, stderr=log)
     while True:
         if p.poll() is not None:
             raise SystemExit(f"the {side} edge exited ({p.returncode}); see {work}/servers.log")
         got = get()
+        if got and got[1] and answered is None:
+            answered = time.monotonic() - t0
         if got and "hit" in got[0]:
             if not got[1]:
                 raise SystemExit("a hit with the wrong bytes")
-            return p, time.monotonic() - t0, rss_kib(p.pid)
+            return p, answered, time.monotonic() - t0, rss_kib(p.pid)
         if got is None:
             time.sleep(0.01)
         elif time.monotonic() - t0 > 600:
@@ -160,7 +165,7 @@ try:
         os.makedirs(cache)
         base_rss = {}
         for side in ("new", "base"):
-            p, _, base_rss[side] = edge(side, cache)
+            p, _, _, base_rss[side] = edge(side, cache)
             stop(p)
         out = subprocess.run([example, "append", f"{cache}/journal", str(n), blocks], check=True,
                              capture_output=True, text=True).stdout.strip()
@@ -168,11 +173,11 @@ try:
         for r in range(1, rounds + 1):
             for side in ("base", "new"):
                 subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
-                p, secs, rss = edge(side, cache)
+                p, answer, secs, rss = edge(side, cache)
                 stop(p)
                 per = max(rss - base_rss[side], 0) * 1024 // n
-                print(f"| {n} | {side} | {r} | {per} | {rss // 1024} | {secs:.2f} |")
-                print(f"edge {n} {side} round {r}: {per} B/object, first hit {secs:.2f} s", file=sys.stderr)
+                print(f"| {n} | {side} | {r} | {per} | {rss // 1024} | {secs:.2f} | {answer:.2f} |")
+                print(f"edge {n} {side} round {r}: {per} B/object, first hit {secs:.2f} s, first answer {answer:.2f} s", file=sys.stderr)
         shutil.rmtree(cache, ignore_errors=True)
 finally:
     stop(origin)
@@ -211,12 +216,12 @@ fit() {
   echo "- new: $(fit "${fit_new[@]}")"
   echo "- base: $(fit "${fit_old[@]}")"
   echo
-  echo "## A real edge's restart: time to the first hit"
+  echo "## A real edge's restart: time to the first answer and to the first hit"
   echo
-  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read). Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms. bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room)."
+  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read). Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room)."
   echo
-  echo "| objects | edge | round | bytes/object | RSS (MiB) | first hit (s) |"
-  echo "|---:|---|---:|---:|---:|---:|"
+  echo "| objects | edge | round | bytes/object | RSS (MiB) | first hit (s) | first answer (s) |"
+  echo "|---:|---|---:|---:|---:|---:|---:|"
   printf '%s\n' "$server_rows"
   echo
   echo "30 million objects, by the same fit over the rounds above (time: to the first hit):"
