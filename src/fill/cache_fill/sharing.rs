@@ -61,14 +61,16 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         let store = self.store.clone();
         // Started first: until the swap, it sees the loading core, which has nothing to write.
         cache_io::spawn(Arc::downgrade(target), journal, store, io, wakers.clone())?;
-        let loading = {
+        {
             let mut core = target
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             assert!(core.loading, "installed over a loaded core");
-            std::mem::replace(&mut *core, self)
-        };
-        loading.signals.replaced.store(true, Ordering::Release);
+            // Said under the lock: a shard that holds it next sees the new core and, through
+            // its old signals, that it must take the new store and signals first.
+            core.signals.replaced.store(true, Ordering::Release);
+            *core = self;
+        }
         for fd in wakers.iter() {
             let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
         }
