@@ -102,6 +102,32 @@ impl Fixture {
     }
 }
 
+/// Sum over every label (every shard included) of the samples of the metric family whose name
+/// ends with `name`, from the admin listener's `/metrics`.
+fn metric(admin: SocketAddr, name: &str) -> f64 {
+    metric_where(admin, name, "")
+}
+
+/// Like `metric`, only samples whose text contains `label` (such as `reason="timeout"`).
+fn metric_where(admin: SocketAddr, name: &str, label: &str) -> f64 {
+    let mut s = TcpStream::connect(admin).expect("admin connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut BufReader::new(s), false).expect("metrics");
+    assert_eq!(r.status, 200);
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        // One sample per shard (there is no pre-summed series): add them up.
+        .filter(|l| !l.starts_with('#') && l.contains(label))
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let family = key.split('{').next()?;
+            family.ends_with(name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 /// Completions that matched no live operation are a bug in the engine.
 fn assert_no_stray_completions(admin: SocketAddr) {
     let stray = metric(admin, "stray_completions_total");

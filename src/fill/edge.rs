@@ -166,35 +166,17 @@ pub struct ObjectState {
     pub cached: bool,
 }
 
-/// Where the cache's blocking I/O runs (`fill::cache_io`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheIo {
-    /// On the cache's I/O thread: no shard thread syncs, creates or unlinks (the server).
-    Thread,
-    /// On whichever thread queues it, at once (the simulator: one thread, deterministic).
-    Inline,
-}
-
 impl SharedEdge {
-    /// Opens the cache's disks `cache_dirs` (replaying each journal; a disk that cannot be
-    /// opened is left out unless `cache_require_all_disks`) for `shards` shards, with the
-    /// cache keys and `[[origin]]` entries of `config`; its journal, data-file creates and
-    /// unlinks run on the cache's I/O thread.
-    pub fn open(
+    /// Opens the cache's disks `cache_dirs` at once (replaying each journal; a disk that
+    /// cannot be opened is left out unless `cache_require_all_disks`) for `shards` shards,
+    /// with the cache keys and `[[origin]]` entries of `config`, its files written under
+    /// `watch` (a model of the disk, for power-loss crashes; None for the real disk). Its
+    /// I/O runs inline, on whichever thread queues it: the simulator's one thread, whose
+    /// runs repeat by seed. The server opens with `open_loading`.
+    pub fn open_inline(
         cache_dirs: &[PathBuf],
         shards: usize,
         config: &crate::config::Config,
-    ) -> std::io::Result<SharedEdge> {
-        Self::open_with(cache_dirs, shards, config, CacheIo::Thread, None)
-    }
-
-    /// As `open`, with the I/O run as `io` says and the files written under `watch` (a
-    /// model of the disk, for the simulator's power-loss crashes; None for the real disk).
-    pub fn open_with(
-        cache_dirs: &[PathBuf],
-        shards: usize,
-        config: &crate::config::Config,
-        io: CacheIo,
         watch: crate::cache::watch::Watch,
     ) -> std::io::Result<SharedEdge> {
         let mut opened =
@@ -205,17 +187,14 @@ impl SharedEdge {
         let report = Arc::new(crate::cache::disks::DiskReport::of(&opened));
         let core = FillCore::on_disks(opened, fill_config(config), shards)?;
         let wakers = Arc::new(shard_wakers(shards)?);
-        let core = match io {
-            CacheIo::Thread => core.into_threaded(wakers.clone())?,
-            CacheIo::Inline => core.into_shared(),
-        };
+        let core = core.into_shared();
         let load = Arc::new(crate::cache::disks::DiskLoad::default());
         load.finish(Some(report));
         Self::around(core, load, wakers, config)
     }
 
-    /// Opens the cache as `open` does, on a thread of its own (`cache-load`): the edge
-    /// returned serves at once, every pulled request passing through unstored
+    /// Opens the cache on a thread of its own (`cache-load`), its I/O on the cache's I/O
+    /// thread (no shard thread syncs, creates or unlinks): the edge returned serves at once, every pulled request passing through unstored
     /// (`Outcome::Loading`), until the loaded core takes the loading one's place. The load
     /// first waits for each disk's lock while another process holds it (a restart
     /// handover's predecessor, `cache::disk_lock`). `Loader::wait_ms` gives its end.

@@ -795,29 +795,3 @@ pub fn disk_cli(admin: SocketAddr, token: &AdminToken, args: &[&str]) -> String 
     assert_eq!(out.code, Some(0), "cache disk {args:?}: {}", out.stderr);
     out.stdout
 }
-
-/// Sum over every label (every shard included) of the samples of the metric family whose name
-/// ends with `name`, from the admin listener's `/metrics`.
-pub fn metric(admin: SocketAddr, name: &str) -> f64 {
-    metric_where(admin, name, "")
-}
-
-/// Like `metric`, only samples whose text contains `label` (such as `reason="timeout"`).
-pub fn metric_where(admin: SocketAddr, name: &str, label: &str) -> f64 {
-    let mut s = TcpStream::connect(admin).expect("admin connect");
-    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let r = read_response(&mut BufReader::new(s), false).expect("metrics");
-    assert_eq!(r.status, 200);
-    String::from_utf8_lossy(&r.body)
-        .lines()
-        // One sample per shard (there is no pre-summed series): add them up.
-        .filter(|l| !l.starts_with('#') && l.contains(label))
-        .filter_map(|l| {
-            let (key, value) = l.rsplit_once(' ')?;
-            let family = key.split('{').next()?;
-            family.ends_with(name).then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
-}

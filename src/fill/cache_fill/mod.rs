@@ -837,14 +837,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         } = opened;
         let mut core = Self::assemble(cfg, store, Some(journal), index, shards);
         // Start-up is the loader's: a journal mostly dead is rewritten now, in full.
-        if core.compaction_due() {
-            let mut snap = Vec::new();
-            core.snapshot(&mut snap);
-            let journal = core.journal.as_mut().expect("inline at start-up");
-            let result = cache_io::compact(journal, &snap);
-            let len = journal.len();
-            core.compacted(result, len);
-        }
+        core.compact_inline_if_due();
         // What the journal holds counts against the budget (a smaller budget evicts now).
         let mut evicted = Vec::new();
         if let Some(e) = core.evict.as_mut() {
@@ -943,6 +936,20 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             && dead * 100 > len * COMPACT_DEAD_PERCENT
     }
 
+    /// Inline mode (the journal held here): rewrites the journal as the live index now, on
+    /// this thread, when `compaction_due`.
+    fn compact_inline_if_due(&mut self) {
+        if !self.compaction_due() {
+            return;
+        }
+        let mut snap = Vec::new();
+        self.snapshot(&mut snap);
+        let journal = self.journal.as_mut().expect("inline");
+        let result = cache_io::compact(journal, &snap);
+        let len = journal.len();
+        self.compacted(result, len);
+    }
+
     /// Encodes the live index into `out` for a compaction (`compacted` ends it).
     pub(super) fn snapshot(&mut self, out: &mut Vec<u8>) {
         self.compacting = true;
@@ -1001,14 +1008,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             });
             self.io_done(done);
         }
-        if self.compaction_due() {
-            let mut snap = Vec::new();
-            self.snapshot(&mut snap);
-            let journal = self.journal.as_mut().expect("inline");
-            let result = cache_io::compact(journal, &snap);
-            let len = journal.len();
-            self.compacted(result, len);
-        }
+        self.compact_inline_if_due();
         self.flushing = false;
     }
 

@@ -1,6 +1,6 @@
-//! How the shards share a `FillCore`: inline (tests, tools, the simulator), with its I/O on
-//! the cache's I/O thread (the server), or in place of a loading core once the disks are
-//! loaded (`fill::edge::SharedEdge::open_loading`).
+//! How the shards share a `FillCore`: inline (tests, tools, the simulator), or, in the server,
+//! in place of a loading core once the disks are loaded (`fill::edge::SharedEdge::open_loading`),
+//! its I/O on the cache's I/O thread.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use super::cache_io::{self, IoShared};
 use super::{FillConfig, FillCore, Routed, Signals};
-use crate::cache::disks::Journals;
 use crate::cache::index::Index;
 use crate::cache::store::BlockStore;
 
@@ -36,28 +35,19 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
         Arc::new(Mutex::new(self))
     }
 
-    /// This core shared by the shards, its blocking I/O on the cache's I/O thread
-    /// (`cache_io`), which writes `wakers[shard]` when a shard has news.
-    pub fn into_threaded(
-        mut self,
-        wakers: Arc<Vec<OwnedFd>>,
-    ) -> std::io::Result<Arc<Mutex<FillCore<W>>>> {
-        let (journal, io) = self.threaded_io(&wakers)?;
-        let store = self.store.clone();
-        let core = Arc::new(Mutex::new(self));
-        cache_io::spawn(Arc::downgrade(&core), journal, store, io, wakers)?;
-        Ok(core)
-    }
-
-    /// As `into_threaded`, in the place of the loading core `target` holds (`loading`): the
-    /// shards' handles take this core's store and signals at their next hold of the lock,
-    /// and each shard is woken for it.
+    /// This core in the place of the loading core `target` holds (`loading`), its blocking
+    /// I/O on the cache's I/O thread (`cache_io`), which writes `wakers[shard]` when a shard
+    /// has news. The shards' handles take this core's store and signals at their next hold
+    /// of the lock, and each shard is woken for it.
     pub fn install_threaded(
         mut self,
         target: &Arc<Mutex<FillCore<W>>>,
         wakers: Arc<Vec<OwnedFd>>,
     ) -> std::io::Result<()> {
-        let (journal, io) = self.threaded_io(&wakers)?;
+        let journal = self.journal.take().expect("opened inline");
+        let io = Arc::new(IoShared::new()?);
+        let shards = self.notices.len();
+        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
         let store = self.store.clone();
         // Started first: until the swap, it sees the loading core, which has nothing to write.
         cache_io::spawn(Arc::downgrade(target), journal, store, io, wakers.clone())?;
@@ -75,18 +65,6 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
         }
         Ok(())
-    }
-
-    /// The journal out of the core for the I/O thread, and the signals that tell it of work.
-    fn threaded_io(
-        &mut self,
-        wakers: &Arc<Vec<OwnedFd>>,
-    ) -> std::io::Result<(Journals, Arc<IoShared>)> {
-        let journal = self.journal.take().expect("opened inline");
-        let shards = self.notices.len();
-        let io = Arc::new(IoShared::new()?);
-        self.signals = Arc::new(Signals::new(shards, Some(wakers.clone()), Some(io.clone())));
-        Ok((journal, io))
     }
 }
 

@@ -900,8 +900,7 @@ fn start_shard(
     let shared = match disks.is_empty() {
         false => {
             // Inline: the simulator is one thread, and its runs repeat by seed.
-            let io = crate::fill::edge::CacheIo::Inline;
-            let shared = crate::fill::edge::SharedEdge::open_with(&disks, 1, cfg, io, watch)
+            let shared = crate::fill::edge::SharedEdge::open_inline(&disks, 1, cfg, watch)
                 .map_err(|e| format!("cache: {e}"))?;
             shard.cache.edge = Some(
                 crate::fill::edge::EdgeCache::open(
