@@ -328,11 +328,16 @@ impl Stored {
     }
 
     fn get(&self, block: u32) -> Option<u32> {
+        self.get_of(block, self.blocks())
+    }
+
+    /// `get`, for a version of `blocks` blocks (the caller knows: nothing re-read).
+    fn get_of(&self, block: u32, blocks: u64) -> Option<u32> {
         if let Some(t) = &self.table {
             return t.get(block);
         }
         let i = block as usize;
-        (i < self.inline_blocks() && self.inline_present & (1 << i) != 0).then(|| {
+        (i < inline_blocks(blocks) && self.inline_present & (1 << i) != 0).then(|| {
             let at = self.crc_at(i);
             u32::from_le_bytes(self.data[at..at + 4].try_into().expect("4 bytes"))
         })
@@ -340,15 +345,19 @@ impl Stored {
 
     /// Sets block `block`'s checksum (it is within the object); true when it was not present.
     fn set(&mut self, block: u32, crc: u32) -> bool {
+        self.set_of(block, crc, self.blocks())
+    }
+
+    /// `set`, for a version of `blocks` blocks.
+    fn set_of(&mut self, block: u32, crc: u32, blocks: u64) -> bool {
         let i = block as usize;
-        if i < self.inline_blocks() {
+        if i < inline_blocks(blocks) {
             let at = self.crc_at(i);
             self.data[at..at + 4].copy_from_slice(&crc.to_le_bytes());
             let new = self.inline_present & (1 << i) == 0;
             self.inline_present |= 1 << i;
             return new;
         }
-        let blocks = self.blocks();
         assert!(
             blocks > INLINE_BLOCKS,
             "block {block} past its object's {blocks}"
@@ -406,13 +415,90 @@ impl Default for KeyHasher {
 }
 
 impl KeyHasher {
-    fn hash(&self, key: &[u8]) -> u128 {
+    fn hash(&self, key: &[u8]) -> KeyHash {
         use std::hash::BuildHasher;
         #[cfg(test)]
         if self.collide {
-            return 7;
+            return KeyHash([7, 0]);
         }
-        u128::from(self.keys[0].hash_one(key)) << 64 | u128::from(self.keys[1].hash_one(key))
+        KeyHash([self.keys[0].hash_one(key), self.keys[1].hash_one(key)])
+    }
+}
+
+/// A key's 128-bit hash as two words: a `u128` would align the table's slots to 16 bytes,
+/// 32 with the id where these take 24 (a tenth of the index's memory per object).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KeyHash([u64; 2]);
+
+impl std::hash::Hash for KeyHash {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u128(u128::from(self.0[0]) << 64 | u128::from(self.0[1]));
+    }
+}
+
+// The slot the comment above counts on: the hash and the id, no padding.
+const _: () = assert!(std::mem::size_of::<(KeyHash, u64)>() == 24);
+
+/// An object record's version, checked and in its allocation, ready to insert
+/// (`Index::insert_prepared`): the part of a replay that needs no table, so a reading
+/// thread does it while another inserts.
+#[derive(Debug)]
+pub struct Prepared {
+    version: u64,
+    stored: Stored,
+    /// The object's blocks (read once: each folded block checks against it).
+    blocks: u64,
+}
+
+impl Prepared {
+    /// The version `body_in` (an object record's body) holds, with its id moved to disk slot
+    /// `slot` when one is given. Err when `ObjectVersion::validate` refuses it.
+    pub fn from_body(body_in: &[u8], slot: Option<usize>) -> Result<Prepared, Invalid> {
+        let view = ObjectView::parse(body_in).ok_or(Invalid::Malformed)?;
+        view.validate()?;
+        let version = slot.map_or(view.version, |s| {
+            super::version_id::on_slot(view.version, s)
+        });
+        let mut body = Vec::with_capacity(body_in.len() + 4 * inline_blocks(view.blocks()));
+        body.extend_from_slice(body_in);
+        if version != view.version {
+            let at = BODY_KEY_AT + view.key.len();
+            body[at..at + 8].copy_from_slice(&version.to_le_bytes());
+        }
+        Ok(Prepared {
+            version,
+            stored: Stored::of_body(body),
+            blocks: view.blocks(),
+        })
+    }
+
+    /// The version's id (its slot included).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Takes the block record `(block, crc)` of this version into it before it is inserted,
+    /// when applying it after the insert would do the same: a block within the object and not
+    /// taken already. False (nothing taken) otherwise: the record is applied on its own.
+    pub fn fold_block(&mut self, block: u32, crc: u32) -> bool {
+        let (s, blocks) = (&mut self.stored, self.blocks);
+        if u64::from(block) >= blocks || s.get_of(block, blocks).is_some() {
+            return false;
+        }
+        let new = s.set_of(block, crc, blocks);
+        debug_assert!(new, "an absent block was set");
+        s.present += 1;
+        true
+    }
+
+    /// Block records taken in (`fold_block`).
+    pub fn folded_blocks(&self) -> u32 {
+        self.stored.present
+    }
+
+    /// The blocks taken in, as records: what a refused insert applies one by one.
+    pub fn folded(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.stored.each_block()
     }
 }
 
@@ -422,7 +508,7 @@ pub struct Index {
     /// Each key's current version, by the key's hash. Two keys of one hash (a 2^-128 chance
     /// for a pair) cannot both be current: the later takes the slot, the earlier becomes a
     /// miss, and no lookup returns a version of another key (`current` checks the key).
-    current: HashMap<u128, u64, Ids>,
+    current: HashMap<KeyHash, u64, Ids>,
     /// Held in the table's slots (40 bytes each): a version is one allocation, its `data`.
     versions: HashMap<u64, Stored, Ids>,
     key_hasher: KeyHasher,
@@ -476,19 +562,7 @@ impl Index {
                 version,
                 block,
                 crc,
-            } => {
-                let Some(s) = self.versions.get_mut(&version) else {
-                    return false;
-                };
-                if u64::from(block) >= s.blocks() {
-                    return false;
-                }
-                if s.set(block, crc) {
-                    s.present += 1;
-                    self.live_bytes += Record::BLOCK_BYTES;
-                }
-                true
-            }
+            } => self.apply_block(version, block, crc),
             Record::Drop { version } => {
                 let Some(s) = self.versions.remove(&version) else {
                     return false;
@@ -530,6 +604,23 @@ impl Index {
         }
     }
 
+    /// Applies a block record (`Record::Block`): replay's path for the commonest record, with
+    /// nothing decoded into a `Record`. False when it names no version held, or a block past
+    /// the version's end.
+    pub fn apply_block(&mut self, version: u64, block: u32, crc: u32) -> bool {
+        let Some(s) = self.versions.get_mut(&version) else {
+            return false;
+        };
+        if u64::from(block) >= s.blocks() {
+            return false;
+        }
+        if s.set(block, crc) {
+            s.present += 1;
+            self.live_bytes += Record::BLOCK_BYTES;
+        }
+        true
+    }
+
     /// Applies an object record's body as replay reads it (`Record::frame`), with its version
     /// moved to disk slot `slot` when one is given: `apply(Record::Object(..))` without
     /// decoding its strings, the body kept as it is. Err when `ObjectVersion::validate`
@@ -539,23 +630,26 @@ impl Index {
         body_in: &[u8],
         slot: Option<usize>,
     ) -> Result<bool, Invalid> {
-        let view = ObjectView::parse(body_in).ok_or(Invalid::Malformed)?;
-        view.validate()?;
-        let version = slot.map_or(view.version, |s| {
-            super::version_id::on_slot(view.version, s)
-        });
-        if self.versions.contains_key(&version) {
-            return Ok(false);
-        }
-        let mut body = Vec::with_capacity(body_in.len() + 4 * inline_blocks(view.blocks()));
-        body.extend_from_slice(body_in);
-        if version != view.version {
-            let at = BODY_KEY_AT + view.key.len();
-            body[at..at + 8].copy_from_slice(&version.to_le_bytes());
-        }
-        let stored = Stored::of_body(body);
-        self.insert(version, stored);
-        Ok(true)
+        let prepared = Prepared::from_body(body_in, slot)?;
+        Ok(self.insert_prepared(prepared).is_ok())
+    }
+
+    /// Inserts a version `Prepared::from_body` made (with the blocks folded into it), as its
+    /// key's current one; when its id is taken, changes nothing and gives it back. The key is
+    /// hashed here, on the thread that owns the index (replay's reader has the rest to do).
+    pub fn insert_prepared(&mut self, prepared: Prepared) -> Result<(), Prepared> {
+        // One probe of the versions' table finds the id free and takes its slot.
+        let std::collections::hash_map::Entry::Vacant(slot_of_id) =
+            self.versions.entry(prepared.version)
+        else {
+            return Err(prepared);
+        };
+        let stored = prepared.stored;
+        self.live_bytes += stored.record_bytes() + u64::from(stored.present) * Record::BLOCK_BYTES;
+        self.current
+            .insert(self.key_hasher.hash(stored.key()), prepared.version);
+        slot_of_id.insert(stored);
+        Ok(())
     }
 
     /// Moves version `version` of `from`, with its blocks, into this index as its key's

@@ -10,8 +10,8 @@
 //! skipped and counted: it never costs the records after it. Every field has a named bound,
 //! so a damaged length never makes replay allocate or read past the buffer.
 
-use super::index::Index;
-use super::record::KIND_OBJECT;
+use super::index::{Index, Prepared};
+use super::record::{BlockFields, KIND_BLOCK, KIND_OBJECT};
 pub use super::record::{
     Decoded, Framed, Invalid, ObjectVersion, Record, FRAME_BYTES, MAX_BLOCKS_PER_OBJECT,
     MAX_BLOCK_BYTES, MAX_FIELD_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES, MIN_BLOCK_BYTES,
@@ -98,37 +98,149 @@ pub fn replay_into_slot(
     stats: &mut ReplayStats,
     slot: Option<usize>,
 ) -> (usize, bool) {
+    let mut decoder = Decoder::new(slot);
+    let (used, damaged) = each_record(bytes, |body| {
+        decoder.decode(body);
+        // Kept while blocks may fold into it; applied before anything after it.
+        let keep = decoder.steps.len().min(1);
+        for step in decoder.steps.drain(..decoder.steps.len() - keep) {
+            step.apply(index, stats);
+        }
+    });
+    for step in decoder.steps.drain(..) {
+        step.apply(index, stats);
+    }
+    stats.valid_bytes += used as u64;
+    (used, damaged)
+}
+
+/// Calls `each` with the body of every whole record at the front of `bytes`, in order;
+/// returns the bytes they took, and whether what follows is damaged (a frame whose length or
+/// checksum is wrong) rather than a record cut short by the buffer's end.
+pub fn each_record(bytes: &[u8], mut each: impl FnMut(&[u8])) -> (usize, bool) {
     let mut at = 0;
     while at < bytes.len() {
-        let (body, used) = match Record::frame(&bytes[at..]) {
-            Framed::Body(body, used) => (body, used),
-            Framed::Incomplete => break,
-            Framed::Corrupt => {
-                stats.valid_bytes += at as u64;
-                return (at, true);
+        match Record::frame(&bytes[at..]) {
+            Framed::Body(body, used) => {
+                at += used;
+                each(body);
             }
-        };
-        at += used;
-        // An object record's body is kept as it is: its strings are not decoded one by one.
-        let applied = if body.first() == Some(&KIND_OBJECT) {
-            index.apply_object_body(body, slot)
-        } else {
-            Record::parse(body).map(|r| match slot {
-                Some(slot) => index.apply(super::version_id::rebase(r, slot)),
-                None => index.apply(r),
-            })
-        };
+            Framed::Incomplete => break,
+            Framed::Corrupt => return (at, true),
+        }
+    }
+    (at, false)
+}
+
+/// Decodes records into `Step`s, in order, each block record that directly follows its
+/// version's object record folded into it (`Prepared::fold_block`): applying the steps
+/// does what applying the records one by one does.
+pub struct Decoder {
+    slot: Option<usize>,
+    /// Decoded, not yet applied; the last may still take blocks.
+    pub steps: Vec<Step>,
+}
+
+impl Decoder {
+    /// A decoder of records whose versions move to disk `slot` (None: stay).
+    pub fn new(slot: Option<usize>) -> Decoder {
+        Decoder {
+            slot,
+            steps: Vec::new(),
+        }
+    }
+
+    /// Decodes one record's body (framed, checksum matched) onto `steps`.
+    pub fn decode(&mut self, body: &[u8]) {
+        let step = Step::decode(body, self.slot);
+        if let (Step::Block(b), Some(Step::Object(last))) = (&step, self.steps.last_mut()) {
+            if last.version() == b.version && last.fold_block(b.block, b.crc) {
+                return;
+            }
+        }
+        self.steps.push(step);
+    }
+}
+
+impl ReplayStats {
+    /// Counts one record's fate: applied, skipped (it named nothing held), or refused.
+    pub fn tally(&mut self, applied: Result<bool, Invalid>) {
         match applied {
-            Ok(true) => stats.records += 1,
-            Ok(false) => stats.skipped += 1,
+            Ok(true) => self.records += 1,
+            Ok(false) => self.skipped += 1,
             Err(why) => {
-                stats.refused += 1;
-                stats.first_refusal.get_or_insert(why);
+                self.refused += 1;
+                self.first_refusal.get_or_insert(why);
             }
         }
     }
-    stats.valid_bytes += at as u64;
-    (at, false)
+}
+
+/// One record decoded for the index, with everything done that needs no table (so a
+/// reading thread may decode while another applies, `JournalFile::open`). The common kinds
+/// are read in place: a `Record` is large to move.
+#[derive(Debug)]
+pub enum Step {
+    /// An object record's version, checked, hashed and allocated, with the block records
+    /// folded into it.
+    Object(Prepared),
+    /// A block record.
+    Block(BlockFields),
+    /// A drop record's version.
+    Drop(u64),
+    /// Any other record (a confirmation).
+    Other(Box<Record>),
+    /// A record replay refuses, and why.
+    Refused(Invalid),
+}
+
+impl Step {
+    /// The step a record's body (framed, checksum matched) asks for, its version moved to
+    /// disk slot `slot` when one is given.
+    pub fn decode(body: &[u8], slot: Option<usize>) -> Step {
+        let on_slot = |version| slot.map_or(version, |s| super::version_id::on_slot(version, s));
+        let step = match body.first() {
+            Some(&KIND_OBJECT) => Prepared::from_body(body, slot).map(Step::Object),
+            Some(&KIND_BLOCK) => BlockFields::read(body).map(|b| {
+                Step::Block(BlockFields {
+                    version: on_slot(b.version),
+                    ..b
+                })
+            }),
+            _ => Record::parse(body).map(|r| match r {
+                Record::Drop { version } => Step::Drop(on_slot(version)),
+                r => Step::Other(Box::new(match slot {
+                    Some(slot) => super::version_id::rebase(r, slot),
+                    None => r,
+                })),
+            }),
+        };
+        step.unwrap_or_else(Step::Refused)
+    }
+
+    /// Applies the step, counting each record it stands for in `stats` (`ReplayStats::tally`).
+    pub fn apply(self, index: &mut Index, stats: &mut ReplayStats) {
+        match self {
+            Step::Object(prepared) => {
+                let folded = u64::from(prepared.folded_blocks());
+                match index.insert_prepared(prepared) {
+                    Ok(()) => stats.records += 1 + folded,
+                    Err(refused) => {
+                        // The id is taken: the object record is skipped, and its blocks go
+                        // to the version that holds the id, as they would have one by one.
+                        stats.tally(Ok(false));
+                        for (block, crc) in refused.folded() {
+                            stats.tally(Ok(index.apply_block(refused.version(), block, crc)));
+                        }
+                    }
+                }
+            }
+            Step::Block(b) => stats.tally(Ok(index.apply_block(b.version, b.block, b.crc))),
+            Step::Drop(version) => stats.tally(Ok(index.apply(Record::Drop { version }))),
+            Step::Other(record) => stats.tally(Ok(index.apply(*record))),
+            Step::Refused(why) => stats.tally(Err(why)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -601,6 +713,73 @@ mod tests {
             "a forgotten block stays forgotten"
         );
         assert_eq!(again.live_bytes(), index.live_bytes());
+    }
+
+    /// One record of a random history: few keys and ids, so ids repeat, blocks land past
+    /// their object's end, after their version's drop, twice, and on objects kept inline
+    /// (at most 16 blocks) and in a table (more).
+    fn any_record() -> impl Strategy<Value = Record> {
+        prop_oneof![
+            3 => (0u8..4, 1u64..10, 1u64..24).prop_map(|(key, version, blocks)| {
+                Record::Object(object(&format!("key-{key}"), version, blocks << 20))
+            }),
+            6 => (1u64..10, 0u32..26, any::<u32>()).prop_map(|(version, block, crc)| {
+                Record::Block { version, block, crc }
+            }),
+            1 => (1u64..10).prop_map(|version| Record::Drop { version }),
+            1 => (1u64..10, 0u64..3).prop_map(|(version, t)| Record::Fresh {
+                version,
+                fetched_unix_s: 1_764_633_600 + t,
+                refresh: None,
+            }),
+        ]
+    }
+
+    /// A version as the tests compare it: its id, key, blocks and whether it is current.
+    type Held = (u64, Vec<u8>, Vec<(u32, u32)>, bool);
+
+    /// The index as the tests compare it: each version held, and the live bytes.
+    fn contents(index: &Index) -> (Vec<Held>, u64) {
+        let mut ids: Vec<u64> = index.each_version_id().collect();
+        ids.sort_unstable();
+        let versions = ids
+            .into_iter()
+            .map(|v| {
+                let key = index.key_of(v).expect("held").to_vec();
+                (v, key, index.each_block(v).collect(), index.is_current(v))
+            })
+            .collect();
+        (versions, index.live_bytes())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        /// Replay decodes records into steps, folding blocks into the object record before
+        /// them, and start-up does it on two threads: both end where applying every record
+        /// by itself (`Index::apply`) ends, with the same counts.
+        #[test]
+        fn replay_and_a_streamed_start_up_match_applying_record_by_record(
+            records in proptest::collection::vec(any_record(), 0..60),
+        ) {
+            let mut one_by_one = Index::default();
+            let mut applied = ReplayStats::default();
+            for r in &records {
+                applied.tally(Ok(one_by_one.apply(r.clone())));
+            }
+            let bytes = journal(&records);
+            let (replayed, stats) = replay(&bytes);
+            prop_assert_eq!((stats.records, stats.skipped), (applied.records, applied.skipped));
+            prop_assert_eq!(contents(&replayed), contents(&one_by_one));
+
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("journal");
+            std::fs::write(&path, &bytes).unwrap();
+            let (_, opened, opened_stats) =
+                crate::cache::journal_file::JournalFile::open(&path).unwrap();
+            prop_assert_eq!(opened_stats, stats);
+            prop_assert_eq!(contents(&opened), contents(&one_by_one));
+        }
     }
 
     /// What the writer would refuse, planted in the middle of a journal (a key over

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::index::Index;
 use super::journal::{
-    replay_capacity, replay_into_slot, Record, ReplayStats, FRAME_BYTES, MAX_RECORD_BYTES,
+    each_record, replay_capacity, Decoder, Record, ReplayStats, Step, FRAME_BYTES, MAX_RECORD_BYTES,
 };
 use super::load_progress::LoadProgress;
 use super::watch::{sync_dir, Watch};
@@ -19,6 +19,90 @@ use super::watch::{sync_dir, Watch};
 /// Bytes start-up reads of the journal at a time: replay holds this and one record cut at
 /// its end, whatever the journal's size.
 pub const REPLAY_READ_BYTES: usize = 1 << 20;
+
+/// Decoded records the reading thread hands the applying one at a time.
+const REPLAY_BATCH_RECORDS: usize = 4096;
+/// Batches in flight between them: what replay holds beyond its read buffer is bounded.
+const REPLAY_BATCHES_IN_FLIGHT: usize = 4;
+
+/// Replays `file` (from its start, `on_disk` bytes) into a new index, on two threads: this
+/// one reads, checks each frame and decodes (the object's allocation and key hash included,
+/// `Step::decode`), and a second applies the steps in order, since inserting into the tables
+/// is the half of replay that misses the caches. The result is `replay_into_slot`'s.
+fn replay_file(
+    file: &mut File,
+    on_disk: u64,
+    slot: Option<usize>,
+    progress: Option<&LoadProgress>,
+) -> io::Result<(Index, ReplayStats)> {
+    let index = Index::with_capacity(replay_capacity(on_disk));
+    let mut decoder = Decoder::new(slot);
+    let (to_applier, batches) =
+        std::sync::mpsc::sync_channel::<Vec<Step>>(REPLAY_BATCHES_IN_FLIGHT);
+    std::thread::scope(|scope| {
+        let applier = std::thread::Builder::new()
+            .name("cache-apply".into())
+            .spawn_scoped(scope, move || {
+                let (mut index, mut stats) = (index, ReplayStats::default());
+                for batch in batches {
+                    for step in batch {
+                        step.apply(&mut index, &mut stats);
+                    }
+                }
+                (index, stats)
+            })?;
+        let mut valid_bytes = 0u64;
+        let read = (|| -> io::Result<()> {
+            let mut buf = vec![0u8; REPLAY_READ_BYTES + FRAME_BYTES + MAX_RECORD_BYTES];
+            let mut held = 0;
+            loop {
+                let n = file.read(&mut buf[held..held + REPLAY_READ_BYTES])?;
+                if n == 0 {
+                    break;
+                }
+                held += n;
+                if let Some(p) = progress {
+                    p.add_read(n as u64);
+                }
+                let mut applier_gone = false;
+                let (used, damaged) = each_record(&buf[..held], |body| {
+                    decoder.decode(body);
+                    if decoder.steps.len() > REPLAY_BATCH_RECORDS && !applier_gone {
+                        // The last step stays: blocks may still fold into it.
+                        let last = decoder.steps.pop().expect("a full batch");
+                        let full = std::mem::replace(
+                            &mut decoder.steps,
+                            Vec::with_capacity(REPLAY_BATCH_RECORDS + 1),
+                        );
+                        decoder.steps.push(last);
+                        applier_gone = to_applier.send(full).is_err();
+                    }
+                });
+                valid_bytes += used as u64;
+                if damaged || applier_gone {
+                    break;
+                }
+                // What is left is one record cut by the read's end (at most a frame and a body).
+                buf.copy_within(used..held, 0);
+                held -= used;
+                assert!(
+                    held <= FRAME_BYTES + MAX_RECORD_BYTES,
+                    "a record over its bound"
+                );
+            }
+            // A gone applier panicked: its join below says so.
+            let _ = to_applier.send(std::mem::take(&mut decoder.steps));
+            Ok(())
+        })();
+        drop(to_applier);
+        let (index, mut stats) = applier
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        read?;
+        stats.valid_bytes = valid_bytes;
+        Ok((index, stats))
+    })
+}
 
 /// The cache's journal file, open for appending.
 #[derive(Debug)]
@@ -84,31 +168,7 @@ impl JournalFile {
         if let Some(p) = progress {
             p.add_total(on_disk);
         }
-        let mut index = Index::with_capacity(replay_capacity(on_disk));
-        let mut stats = ReplayStats::default();
-        let mut buf = vec![0u8; REPLAY_READ_BYTES + FRAME_BYTES + MAX_RECORD_BYTES];
-        let mut held = 0;
-        loop {
-            let n = file.read(&mut buf[held..held + REPLAY_READ_BYTES])?;
-            if n == 0 {
-                break;
-            }
-            held += n;
-            if let Some(p) = progress {
-                p.add_read(n as u64);
-            }
-            let (used, damaged) = replay_into_slot(&buf[..held], &mut index, &mut stats, slot);
-            if damaged {
-                break;
-            }
-            // What is left is one record cut by the read's end (at most a frame and a body).
-            buf.copy_within(used..held, 0);
-            held -= used;
-            assert!(
-                held <= FRAME_BYTES + MAX_RECORD_BYTES,
-                "a record over its bound"
-            );
-        }
+        let (mut index, mut stats) = replay_file(&mut file, on_disk, slot, progress)?;
         index.shrink_to_fit();
         stats.damaged_tail = stats.valid_bytes < on_disk;
         if stats.damaged_tail {

@@ -494,15 +494,52 @@ impl<'a> ObjectView<'a> {
     }
 }
 
+/// A block record's fields, read in place (replay's path: `Record::Block` without the move).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockFields {
+    /// The version's id, as journaled.
+    pub version: u64,
+    /// Block number.
+    pub block: u32,
+    /// The block's CRC-32C.
+    pub crc: u32,
+}
+
+impl BlockFields {
+    /// The fields of `body`, a block record's whole body (its kind first); what
+    /// `Record::parse` would refuse is refused alike.
+    pub fn read(body: &[u8]) -> Result<BlockFields, Invalid> {
+        let mut r = Reader(body);
+        if r.u8() != Some(KIND_BLOCK) {
+            return Err(Invalid::Malformed);
+        }
+        match Self::read_fields(&mut r) {
+            Some(b) if r.0.is_empty() => Ok(b),
+            _ => Err(Invalid::Malformed),
+        }
+    }
+
+    fn read_fields(r: &mut Reader<'_>) -> Option<BlockFields> {
+        Some(BlockFields {
+            version: r.u64()?,
+            block: r.u32()?,
+            crc: r.u32()?,
+        })
+    }
+}
+
 fn parse_body(body: &[u8]) -> Option<Record> {
     let mut r = Reader(body);
     let record = match r.u8()? {
         KIND_OBJECT => Record::Object(ObjectView::read(&mut r)?.to_owned()),
-        KIND_BLOCK => Record::Block {
-            version: r.u64()?,
-            block: r.u32()?,
-            crc: r.u32()?,
-        },
+        KIND_BLOCK => {
+            let b = BlockFields::read_fields(&mut r)?;
+            Record::Block {
+                version: b.version,
+                block: b.block,
+                crc: b.crc,
+            }
+        }
         KIND_DROP => Record::Drop { version: r.u64()? },
         KIND_FRESH => {
             let (version, fetched_unix_s) = (r.u64()?, r.u64()?);
