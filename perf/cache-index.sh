@@ -15,7 +15,8 @@
 # over the objects), peak RSS and time to ready, and a straight-line fit through the sizes
 # for 30 million. Then restarts a real edge (`shardline serve`, each build) over a cache of N
 # objects and times its first answer to a pulled request (a hit, or, while the cache loads,
-# a pass-through) and its first hit. Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
+# a pass-through) and its first hit; then again held out as a load balancer would (only
+# /healthz polled until it answers 200, then one request, which must be a hit). Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -90,7 +91,7 @@ import hashlib, http.client, os, shutil, signal, socket, subprocess, sys, time
 work, example, rounds, blocks = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 sizes = [int(n) for n in sys.argv[5:]]
 bins = {"base": f"{work}/shardline.base", "new": f"{work}/shardline.new"}
-EDGE, ORIGIN = 18190, 18191
+EDGE, ORIGIN, ADMIN = 18190, 18191, 18192
 origin_root = f"{work}/origin"
 os.makedirs(f"{origin_root}/pull", exist_ok=True)
 body = os.urandom(1 << 20)
@@ -103,11 +104,11 @@ def listening(port):
         return True
     except OSError:
         return False
-for port in (EDGE, ORIGIN):
+for port in (EDGE, ORIGIN, ADMIN):
     if listening(port):
         raise SystemExit(f"something listens on 127.0.0.1:{port} already")
 log = open(f"{work}/servers.log", "a")
-# No admin listener on either (both would take the default port).
+# No admin listener on the origin; the edge's is on ADMIN, for /healthz (the default port is left alone).
 open(f"{work}/origin.toml", "w").write('admin = ""\n')
 origin = subprocess.Popen([bins["new"], "serve", "--root", origin_root, "--listen",
                            f"127.0.0.1:{ORIGIN}", "--shards", "1", "--config",
@@ -128,11 +129,39 @@ def rss_kib(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
+def healthy():
+    """Whether the admin listener's /healthz answers 200 (503 while the cache loads)."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", ADMIN, timeout=60)
+        c.request("GET", "/healthz")
+        r = c.getresponse()
+        r.read()
+        return r.status == 200
+    except OSError:
+        return False
+def edge_held(side, cache):
+    """Starts the edge as a load balancer would see it: /healthz polled every 10 ms (no
+    pulled request while it loads), then the object, which must be a hit; (process, seconds
+    to that hit)."""
+    cfg = f"{work}/edge.toml"
+    t0 = time.monotonic()
+    p = subprocess.Popen([bins[side], "serve", "--root", origin_root, "--listen", f"127.0.0.1:{EDGE}",
+                          "--shards", "2", "--config", cfg], stdout=log, stderr=log)
+    while not healthy():
+        if p.poll() is not None:
+            raise SystemExit(f"the {side} edge exited ({p.returncode}); see {work}/servers.log")
+        if time.monotonic() - t0 > 600:
+            raise SystemExit("never healthy")
+        time.sleep(0.01)
+    got = get()
+    if not got or "hit" not in got[0] or not got[1]:
+        raise SystemExit(f"healthy, then not a hit with the right bytes: {got}")
+    return p, time.monotonic() - t0
 def edge(side, cache):
     """Starts the edge, waits for the object's first hit; (process, seconds to the first
     answer with the right bytes, seconds to the first hit, RSS KiB)."""
     cfg = f"{work}/edge.toml"
-    open(cfg, "w").write(f'admin = ""\ncache_dir = "{cache}"\ncache_max_bytes = {1 << 50}\n'
+    open(cfg, "w").write(f'admin = "127.0.0.1:{ADMIN}"\ncache_dir = "{cache}"\ncache_max_bytes = {1 << 50}\n'
                          f'[[origin]]\nprefix = "/pull/"\nurl = "http://127.0.0.1:{ORIGIN}"\n')
     t0 = time.monotonic()
     answered = None
@@ -175,9 +204,12 @@ try:
                 subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
                 p, answer, secs, rss = edge(side, cache)
                 stop(p)
+                subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
+                p, held = edge_held(side, cache)
+                stop(p)
                 per = max(rss - base_rss[side], 0) * 1024 // n
-                print(f"| {n} | {side} | {r} | {per} | {rss // 1024} | {secs:.2f} | {answer:.2f} |")
-                print(f"edge {n} {side} round {r}: {per} B/object, first hit {secs:.2f} s, first answer {answer:.2f} s", file=sys.stderr)
+                print(f"| {n} | {side} | {r} | {per} | {rss // 1024} | {secs:.2f} | {answer:.2f} | {held:.2f} |")
+                print(f"edge {n} {side} round {r}: {per} B/object, first hit {secs:.2f} s, first answer {answer:.2f} s, held until healthy then hit {held:.2f} s", file=sys.stderr)
         shutil.rmtree(cache, ignore_errors=True)
 finally:
     stop(origin)
@@ -218,16 +250,23 @@ fit() {
   echo
   echo "## A real edge's restart: time to the first answer and to the first hit"
   echo
-  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read). Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room)."
+  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read). Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. Held: the same restart as a load balancer sees it, \`/healthz\` polled every 10 ms and no pulled request until it answers 200, then the object, which must be a hit (the polled runs share the 2 CPUs with the pass-throughs they cause and the origin). bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room)."
   echo
-  echo "| objects | edge | round | bytes/object | RSS (MiB) | first hit (s) | first answer (s) |"
-  echo "|---:|---|---:|---:|---:|---:|---:|"
+  echo "| objects | edge | round | bytes/object | RSS (MiB) | first hit (s) | first answer (s) | held: healthy, then a hit (s) |"
+  echo "|---:|---|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "$server_rows"
   echo
   echo "30 million objects, by the same fit over the rounds above (time: to the first hit):"
   echo
   for side in new base; do
     mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " '$3 == s { print $2 + 0, $5 + 0, $7 + 0 }')
+    echo "- $side: $(fit "${pts[@]}")"
+  done
+  echo
+  echo "The same fit, time held (healthy, then a hit):"
+  echo
+  for side in new base; do
+    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " '$3 == s { print $2 + 0, $5 + 0, $9 + 0 }')
     echo "- $side: $(fit "${pts[@]}")"
   done
 } >"$OUT"

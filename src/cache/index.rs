@@ -621,19 +621,6 @@ impl Index {
         true
     }
 
-    /// Applies an object record's body as replay reads it (`Record::frame`), with its version
-    /// moved to disk slot `slot` when one is given: `apply(Record::Object(..))` without
-    /// decoding its strings, the body kept as it is. Err when `ObjectVersion::validate`
-    /// refuses it; Ok(false) when its id is taken.
-    pub fn apply_object_body(
-        &mut self,
-        body_in: &[u8],
-        slot: Option<usize>,
-    ) -> Result<bool, Invalid> {
-        let prepared = Prepared::from_body(body_in, slot)?;
-        Ok(self.insert_prepared(prepared).is_ok())
-    }
-
     /// Inserts a version `Prepared::from_body` made (with the blocks folded into it), as its
     /// key's current one; when its id is taken, changes nothing and gives it back. The key is
     /// hashed here, on the thread that owns the index (replay's reader has the rest to do).
@@ -1040,6 +1027,12 @@ mod tests {
         );
     }
 
+    /// Replay's way in for an object record's body: true when inserted, false when its id
+    /// is taken.
+    fn insert_body(ix: &mut Index, body: &[u8], slot: Option<usize>) -> Result<bool, Invalid> {
+        Prepared::from_body(body, slot).map(|p| ix.insert_prepared(p).is_ok())
+    }
+
     /// Replay's way in (an object record's body, kept as it is) gives what `apply` gives,
     /// moves the version to its disk's slot, and refuses what `validate` refuses.
     #[test]
@@ -1050,12 +1043,12 @@ mod tests {
         let mut body = Vec::new();
         m.encode_body(&mut body);
         let mut ix = Index::default();
-        assert_eq!(ix.apply_object_body(&body, None), Ok(true));
+        assert_eq!(insert_body(&mut ix, &body, None), Ok(true));
         assert_eq!(ix.current(b"origin/k").as_ref(), Some(&m));
-        assert_eq!(ix.apply_object_body(&body, None), Ok(false), "id taken");
+        assert_eq!(insert_body(&mut ix, &body, None), Ok(false), "id taken");
         let moved = crate::cache::version_id::on_slot(3, 2);
         let mut other = Index::default();
-        assert_eq!(other.apply_object_body(&body, Some(2)), Ok(true));
+        assert_eq!(insert_body(&mut other, &body, Some(2)), Ok(true));
         let got = other.current(b"origin/k").unwrap();
         assert_eq!((got.version, &got.headers), (moved, &m.headers));
         assert_eq!(other.blocks_of(moved), Some((5, 1 << 20)));
@@ -1064,11 +1057,11 @@ mod tests {
         let mut body = Vec::new();
         bad.encode_body(&mut body);
         assert_eq!(
-            ix.apply_object_body(&body, None),
+            insert_body(&mut ix, &body, None),
             Err(Invalid::BlockBytes(3))
         );
         assert_eq!(
-            ix.apply_object_body(&body[..body.len() - 1], None),
+            insert_body(&mut ix, &body[..body.len() - 1], None),
             Err(Invalid::Malformed)
         );
     }

@@ -101,13 +101,11 @@ pub fn replay_into_slot(
     let mut decoder = Decoder::new(slot);
     let (used, damaged) = each_record(bytes, |body| {
         decoder.decode(body);
-        // Kept while blocks may fold into it; applied before anything after it.
-        let keep = decoder.steps.len().min(1);
-        for step in decoder.steps.drain(..decoder.steps.len() - keep) {
+        for step in decoder.ready() {
             step.apply(index, stats);
         }
     });
-    for step in decoder.steps.drain(..) {
+    for step in decoder.finish() {
         step.apply(index, stats);
     }
     stats.valid_bytes += used as u64;
@@ -137,8 +135,8 @@ pub fn each_record(bytes: &[u8], mut each: impl FnMut(&[u8])) -> (usize, bool) {
 /// does what applying the records one by one does.
 pub struct Decoder {
     slot: Option<usize>,
-    /// Decoded, not yet applied; the last may still take blocks.
-    pub steps: Vec<Step>,
+    /// Decoded, not yet handed on; the last may still take blocks.
+    steps: Vec<Step>,
 }
 
 impl Decoder {
@@ -159,6 +157,36 @@ impl Decoder {
             }
         }
         self.steps.push(step);
+    }
+
+    /// Steps decoded and not handed on yet.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether every step decoded was handed on.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// The steps that are final, in order: all but the last, which blocks may still join.
+    pub fn ready(&mut self) -> std::vec::Drain<'_, Step> {
+        let keep = self.steps.len().min(1);
+        self.steps.drain(..self.steps.len() - keep)
+    }
+
+    /// `ready`, as a batch of its own (the last step starts the next one).
+    pub fn ready_batch(&mut self) -> Vec<Step> {
+        let last = self.steps.pop();
+        let room = self.steps.len() + 1;
+        let batch = std::mem::replace(&mut self.steps, Vec::with_capacity(room));
+        self.steps.extend(last);
+        batch
+    }
+
+    /// Every step left, the last included (the records have ended).
+    pub fn finish(&mut self) -> Vec<Step> {
+        std::mem::take(&mut self.steps)
     }
 }
 

@@ -67,15 +67,8 @@ fn replay_file(
                 let mut applier_gone = false;
                 let (used, damaged) = each_record(&buf[..held], |body| {
                     decoder.decode(body);
-                    if decoder.steps.len() > REPLAY_BATCH_RECORDS && !applier_gone {
-                        // The last step stays: blocks may still fold into it.
-                        let last = decoder.steps.pop().expect("a full batch");
-                        let full = std::mem::replace(
-                            &mut decoder.steps,
-                            Vec::with_capacity(REPLAY_BATCH_RECORDS + 1),
-                        );
-                        decoder.steps.push(last);
-                        applier_gone = to_applier.send(full).is_err();
+                    if decoder.len() > REPLAY_BATCH_RECORDS && !applier_gone {
+                        applier_gone = to_applier.send(decoder.ready_batch()).is_err();
                     }
                 });
                 valid_bytes += used as u64;
@@ -91,7 +84,7 @@ fn replay_file(
                 );
             }
             // A gone applier panicked: its join below says so.
-            let _ = to_applier.send(std::mem::take(&mut decoder.steps));
+            let _ = to_applier.send(decoder.finish());
             Ok(())
         })();
         drop(to_applier);
