@@ -26,9 +26,10 @@ const REPLAY_BATCH_RECORDS: usize = 4096;
 const REPLAY_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Replays `file` (from its start, `on_disk` bytes) into a new index, on two threads: this
-/// one reads, checks each frame and decodes (the object's allocation and key hash included,
-/// `Step::decode`), and a second applies the steps in order, since inserting into the tables
-/// is the half of replay that misses the caches. The result is `replay_into_slot`'s.
+/// one reads, checks each frame and decodes (each version's allocation included,
+/// `Step::decode`), and a second hashes the keys and applies the steps in order, since
+/// inserting into the tables is the half of replay that misses the caches. The result is
+/// `replay_into_slot`'s.
 fn replay_file(
     file: &mut File,
     on_disk: u64,
@@ -97,6 +98,15 @@ fn replay_file(
     })
 }
 
+/// Lets the page cache drop the journal's pages once replay has read them: a journal of tens
+/// of millions of objects is gigabytes, read once per start and only appended to after, and
+/// the page cache is the co-located services'. (Dropping each read's pages as replay goes
+/// does not work: the kernel keeps pages it has just read in.) Advice only: a refusal
+/// changes nothing but the cache.
+fn let_go_of_pages(file: &File) {
+    let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+}
+
 /// The cache's journal file, open for appending.
 #[derive(Debug)]
 pub struct JournalFile {
@@ -162,6 +172,7 @@ impl JournalFile {
             p.add_total(on_disk);
         }
         let (mut index, mut stats) = replay_file(&mut file, on_disk, slot, progress)?;
+        let_go_of_pages(&file);
         index.shrink_to_fit();
         stats.damaged_tail = stats.valid_bytes < on_disk;
         if stats.damaged_tail {
