@@ -184,11 +184,11 @@ const INLINE_BLOCKS: u64 = 16;
 /// A version as the index holds it, in one allocation (`data`): its object record's body
 /// (`ObjectVersion::encode_body`: the key and every string, decoded when asked for), then,
 /// for an object of at most `INLINE_BLOCKS` blocks, its blocks' checksums (4 bytes each).
+/// A larger object's checksums are in the index's `tables`, beside it: a slot of the table
+/// of versions is 32 bytes, not 40 for a pointer nearly every version leaves empty.
 #[derive(Debug)]
 struct Stored {
     data: Box<[u8]>,
-    /// The checksums of an object over `INLINE_BLOCKS` blocks.
-    table: Option<Box<BlockTable>>,
     /// Blocks on disk.
     present: u32,
     /// Bytes of `data` that are the body.
@@ -268,7 +268,6 @@ impl Stored {
         data.resize(body_len + 4 * inline, 0);
         Stored {
             data: data.into_boxed_slice(),
-            table: None,
             present: 0,
             body_len: u16::try_from(body_len).expect("a body within MAX_RECORD_BYTES"),
             inline_present: 0,
@@ -327,15 +326,14 @@ impl Stored {
         usize::from(self.body_len) + 4 * i
     }
 
-    fn get(&self, block: u32) -> Option<u32> {
-        self.get_of(block, self.blocks())
+    /// Whether its blocks' checksums are beside it, in the index's `tables`.
+    fn keeps_a_table(&self) -> bool {
+        self.blocks() > INLINE_BLOCKS
     }
 
-    /// `get`, for a version of `blocks` blocks (the caller knows: nothing re-read).
-    fn get_of(&self, block: u32, blocks: u64) -> Option<u32> {
-        if let Some(t) = &self.table {
-            return t.get(block);
-        }
+    /// Block `block`'s checksum, kept inline (an object of at most `INLINE_BLOCKS` blocks,
+    /// `blocks` of them).
+    fn get_inline(&self, block: u32, blocks: u64) -> Option<u32> {
         let i = block as usize;
         (i < inline_blocks(blocks) && self.inline_present & (1 << i) != 0).then(|| {
             let at = self.crc_at(i);
@@ -343,37 +341,23 @@ impl Stored {
         })
     }
 
-    /// Sets block `block`'s checksum (it is within the object); true when it was not present.
-    fn set(&mut self, block: u32, crc: u32) -> bool {
-        self.set_of(block, crc, self.blocks())
-    }
-
-    /// `set`, for a version of `blocks` blocks.
-    fn set_of(&mut self, block: u32, crc: u32, blocks: u64) -> bool {
+    /// Sets inline block `block`'s checksum (it is within the object, of `blocks` blocks, at
+    /// most `INLINE_BLOCKS`); true when it was not present.
+    fn set_inline(&mut self, block: u32, crc: u32, blocks: u64) -> bool {
         let i = block as usize;
-        if i < inline_blocks(blocks) {
-            let at = self.crc_at(i);
-            self.data[at..at + 4].copy_from_slice(&crc.to_le_bytes());
-            let new = self.inline_present & (1 << i) == 0;
-            self.inline_present |= 1 << i;
-            return new;
-        }
         assert!(
-            blocks > INLINE_BLOCKS,
-            "block {block} past its object's {blocks}"
+            i < inline_blocks(blocks),
+            "block {block} past its object's {blocks} inline"
         );
-        self.table.get_or_insert_default().set(block, crc, blocks)
+        let at = self.crc_at(i);
+        self.data[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        let new = self.inline_present & (1 << i) == 0;
+        self.inline_present |= 1 << i;
+        new
     }
 
-    /// Forgets block `block`; true when it was present.
-    fn take(&mut self, block: u32) -> bool {
-        if let Some(t) = self.table.as_mut() {
-            let took = t.take(block);
-            if t.pages().is_empty() {
-                self.table = None;
-            }
-            return took;
-        }
+    /// Forgets inline block `block`; true when it was present.
+    fn take_inline(&mut self, block: u32) -> bool {
         let i = block as usize;
         let was = i < self.inline_blocks() && self.inline_present & (1 << i) != 0;
         if was {
@@ -382,14 +366,22 @@ impl Stored {
         was
     }
 
-    /// The blocks present and their checksums, in order.
-    fn each_block(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
-        match &self.table {
-            Some(t) => Box::new(t.iter()),
-            None => Box::new(
-                (0..self.inline_blocks() as u32).filter_map(|b| self.get(b).map(|crc| (b, crc))),
-            ),
-        }
+    /// The inline blocks present and their checksums, in order.
+    fn each_inline(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let blocks = self.blocks();
+        (0..inline_blocks(blocks) as u32)
+            .filter_map(move |b| self.get_inline(b, blocks).map(|crc| (b, crc)))
+    }
+}
+
+/// A version's blocks: inline in it, or in the table beside it (`Stored::keeps_a_table`).
+fn blocks_of<'a>(
+    s: &'a Stored,
+    table: Option<&'a BlockTable>,
+) -> Box<dyn Iterator<Item = (u32, u32)> + 'a> {
+    match table {
+        Some(t) => Box::new(t.iter()),
+        None => Box::new(s.each_inline()),
     }
 }
 
@@ -448,6 +440,8 @@ pub struct Prepared {
     stored: Stored,
     /// The object's blocks (read once: each folded block checks against it).
     blocks: u64,
+    /// The checksums of an object over `INLINE_BLOCKS` blocks, folded in.
+    table: Option<BlockTable>,
 }
 
 impl Prepared {
@@ -469,6 +463,7 @@ impl Prepared {
             version,
             stored: Stored::of_body(body),
             blocks: view.blocks(),
+            table: None,
         })
     }
 
@@ -481,14 +476,19 @@ impl Prepared {
     /// when applying it after the insert would do the same: a block within the object and not
     /// taken already. False (nothing taken) otherwise: the record is applied on its own.
     pub fn fold_block(&mut self, block: u32, crc: u32) -> bool {
-        let (s, blocks) = (&mut self.stored, self.blocks);
-        if u64::from(block) >= blocks || s.get_of(block, blocks).is_some() {
+        let blocks = self.blocks;
+        if u64::from(block) >= blocks {
             return false;
         }
-        let new = s.set_of(block, crc, blocks);
-        debug_assert!(new, "an absent block was set");
-        s.present += 1;
-        true
+        let new = if blocks > INLINE_BLOCKS {
+            let table = self.table.get_or_insert_default();
+            table.get(block).is_none() && table.set(block, crc, blocks)
+        } else {
+            self.stored.get_inline(block, blocks).is_none()
+                && self.stored.set_inline(block, crc, blocks)
+        };
+        self.stored.present += u32::from(new);
+        new
     }
 
     /// Block records taken in (`fold_block`).
@@ -498,7 +498,7 @@ impl Prepared {
 
     /// The blocks taken in, as records: what a refused insert applies one by one.
     pub fn folded(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.stored.each_block()
+        blocks_of(&self.stored, self.table.as_ref())
     }
 }
 
@@ -509,8 +509,10 @@ pub struct Index {
     /// for a pair) cannot both be current: the later takes the slot, the earlier becomes a
     /// miss, and no lookup returns a version of another key (`current` checks the key).
     current: HashMap<KeyHash, u64, Ids>,
-    /// Held in the table's slots (40 bytes each): a version is one allocation, its `data`.
+    /// Held in the table's slots (32 bytes each): a version is one allocation, its `data`.
     versions: HashMap<u64, Stored, Ids>,
+    /// The block checksums of versions over `INLINE_BLOCKS` blocks with any on disk.
+    tables: HashMap<u64, BlockTable, Ids>,
     key_hasher: KeyHasher,
     /// Journal bytes a snapshot of every version held would take (`journal::snapshot`
     /// writes only the current ones, so this bounds it from above).
@@ -524,6 +526,7 @@ impl Index {
         Index {
             current: HashMap::with_capacity_and_hasher(versions, Ids::default()),
             versions: HashMap::with_capacity_and_hasher(versions, Ids::default()),
+            tables: HashMap::default(),
             key_hasher: KeyHasher::default(),
             live_bytes: 0,
         }
@@ -567,6 +570,7 @@ impl Index {
                 let Some(s) = self.versions.remove(&version) else {
                     return false;
                 };
+                self.tables.remove(&version);
                 self.live_bytes -= s.record_bytes() + u64::from(s.present) * Record::BLOCK_BYTES;
                 let hash = self.key_hasher.hash(s.key());
                 if self.current.get(&hash) == Some(&version) {
@@ -611,10 +615,19 @@ impl Index {
         let Some(s) = self.versions.get_mut(&version) else {
             return false;
         };
-        if u64::from(block) >= s.blocks() {
+        let blocks = s.blocks();
+        if u64::from(block) >= blocks {
             return false;
         }
-        if s.set(block, crc) {
+        let new = if blocks > INLINE_BLOCKS {
+            self.tables
+                .entry(version)
+                .or_default()
+                .set(block, crc, blocks)
+        } else {
+            s.set_inline(block, crc, blocks)
+        };
+        if new {
             s.present += 1;
             self.live_bytes += Record::BLOCK_BYTES;
         }
@@ -632,6 +645,9 @@ impl Index {
             return Err(prepared);
         };
         let stored = prepared.stored;
+        if let Some(table) = prepared.table {
+            self.tables.insert(prepared.version, table);
+        }
         self.live_bytes += stored.record_bytes() + u64::from(stored.present) * Record::BLOCK_BYTES;
         self.current
             .insert(self.key_hasher.hash(stored.key()), prepared.version);
@@ -652,6 +668,9 @@ impl Index {
         let hash = from.key_hasher.hash(stored.key());
         if from.current.get(&hash) == Some(&version) {
             from.current.remove(&hash);
+        }
+        if let Some(table) = from.tables.remove(&version) {
+            self.tables.insert(version, table);
         }
         let blocks_bytes = u64::from(stored.present) * Record::BLOCK_BYTES;
         from.live_bytes -= stored.record_bytes() + blocks_bytes;
@@ -739,7 +758,12 @@ impl Index {
 
     /// The checksum of block `block` of `version`, if that block is on disk.
     pub fn block_crc(&self, version: u64, block: u32) -> Option<u32> {
-        self.versions.get(&version)?.get(block)
+        let s = self.versions.get(&version)?;
+        if s.keeps_a_table() {
+            self.tables.get(&version)?.get(block)
+        } else {
+            s.get_inline(block, s.blocks())
+        }
     }
 
     /// The blocks of `version` on disk and their checksums, in order (empty when unknown).
@@ -747,7 +771,7 @@ impl Index {
         self.versions
             .get(&version)
             .into_iter()
-            .flat_map(|s| s.each_block())
+            .flat_map(move |s| blocks_of(s, self.tables.get(&version)))
     }
 
     /// Forgets block `block` of `version` in memory (its bytes failed their checksum): it is
@@ -756,7 +780,18 @@ impl Index {
         let Some(s) = self.versions.get_mut(&version) else {
             return false;
         };
-        let forgot = s.take(block);
+        let forgot = if s.keeps_a_table() {
+            let Some(t) = self.tables.get_mut(&version) else {
+                return false;
+            };
+            let took = t.take(block);
+            if t.pages().is_empty() {
+                self.tables.remove(&version);
+            }
+            took
+        } else {
+            s.take_inline(block)
+        };
         if forgot {
             s.present -= 1;
             self.live_bytes -= Record::BLOCK_BYTES;
@@ -1102,7 +1137,13 @@ mod tests {
             assert!(ix.forget_block(1, 0) && !ix.forget_block(1, 0));
             assert_eq!(ix.block_crc(1, 0), None);
             assert_eq!(ix.block_crc(1, last), (last != 0).then_some(8));
-            assert_eq!(ix.versions[&1].table.is_some(), inline == 0 && last != 0);
+            assert_eq!(ix.tables.contains_key(&1), inline == 0 && last != 0);
+            // Dropped, its checksums go with it: a new version under the id starts bare.
+            assert!(ix.apply(Record::Drop { version: 1 }));
+            assert!(ix.tables.is_empty(), "{blocks} blocks: a table left behind");
+            assert!(ix.apply(Record::Object(object("k", 1, blocks << 20))));
+            assert_eq!(ix.each_block(1).count(), 0, "{blocks} blocks");
+            assert_eq!(ix.block_crc(1, last), None);
         }
     }
 
@@ -1127,6 +1168,18 @@ mod tests {
         assert_eq!(a.each_block(4).collect::<Vec<_>>(), vec![(2, 6)]);
         assert_eq!(a.live_bytes(), before + moved);
         assert!(a.contains(2), "the older version stays until dropped");
+        // A large object's checksums, kept beside it, move with it.
+        let big = (INLINE_BLOCKS + 4) << 20;
+        assert!(b.apply(Record::Object(object("big", 9, big))));
+        assert!(b.apply(Record::Block {
+            version: 9,
+            block: 18,
+            crc: 3
+        }));
+        assert!(a.adopt(&mut b, 9));
+        assert!(b.tables.is_empty(), "no table left in b");
+        assert_eq!(a.each_block(9).collect::<Vec<_>>(), vec![(18, 3)]);
+        assert_eq!(a.block_crc(9, 18), Some(3));
     }
 
     /// Two keys of one hash: the later takes the slot, the earlier is a miss, and neither
