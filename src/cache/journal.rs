@@ -209,8 +209,8 @@ impl ReplayStats {
 /// are read in place: a `Record` is large to move.
 #[derive(Debug)]
 pub enum Step {
-    /// An object record's version, checked, hashed and allocated, with the block records
-    /// folded into it.
+    /// An object record's version, checked and allocated, with the block records folded into
+    /// it (its key is hashed as it is inserted).
     Object(Prepared),
     /// A block record.
     Block(BlockFields),
