@@ -98,11 +98,11 @@ fn replay_file(
     })
 }
 
-/// Lets the page cache drop the journal's pages once replay has read them: a journal of tens
-/// of millions of objects is gigabytes, read once per start and only appended to after, and
-/// the page cache is the co-located services'. (Dropping each read's pages as replay goes
-/// does not work: the kernel keeps pages it has just read in.) Advice only: a refusal
-/// changes nothing but the cache.
+/// Lets the page cache drop the journal's pages once replay has read them
+/// (`POSIX_FADV_DONTNEED`): a journal of tens of millions of objects is gigabytes, read once
+/// per start and only appended to after, and the page cache is the co-located services'.
+/// (Dropping each read's pages as replay goes does not work: the kernel keeps pages it has
+/// just read in.) Advice only: a refusal changes nothing but the cache.
 fn let_go_of_pages(file: &File) {
     let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
 }
