@@ -56,6 +56,16 @@ git -C "$WT" checkout -q -- examples/cache_restart.rs
 cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --bin shardline
 cp "$REPO/target/release/shardline" "$DIR/shardline.new"
 
+# server_fit COLUMN: the fit line of each build over the edge rows, time from table COLUMN
+# (awk's field number: 7 the first hit, 9 held).
+server_fit() {
+  local side pts
+  for side in new base; do
+    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " -v c="$1" '$3 == s { print $2 + 0, $5 + 0, $c + 0 }')
+    echo "- $side: $(fit "${pts[@]}")"
+  done
+}
+
 # field FILE REGEX: the first capture of REGEX (sed -E) in FILE.
 field() { sed -nE "s/$2/\1/p" "$1" | head -1; }
 
@@ -258,16 +268,10 @@ fit() {
   echo
   echo "30 million objects, by the same fit over the rounds above (time: to the first hit):"
   echo
-  for side in new base; do
-    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " '$3 == s { print $2 + 0, $5 + 0, $7 + 0 }')
-    echo "- $side: $(fit "${pts[@]}")"
-  done
+  server_fit 7
   echo
   echo "The same fit, time held (healthy, then a hit):"
   echo
-  for side in new base; do
-    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " '$3 == s { print $2 + 0, $5 + 0, $9 + 0 }')
-    echo "- $side: $(fit "${pts[@]}")"
-  done
+  server_fit 9
 } >"$OUT"
 log "wrote $OUT"

@@ -278,11 +278,6 @@ impl Stored {
         &self.data[..usize::from(self.body_len)]
     }
 
-    /// Blocks whose checksums live in `data` (0: a `BlockTable` holds them).
-    fn inline_blocks(&self) -> usize {
-        inline_blocks(self.blocks())
-    }
-
     fn key(&self) -> &[u8] {
         Fixed(&self.data).key()
     }
@@ -326,11 +321,6 @@ impl Stored {
         usize::from(self.body_len) + 4 * i
     }
 
-    /// Whether its blocks' checksums are beside it, in the index's `tables`.
-    fn keeps_a_table(&self) -> bool {
-        self.blocks() > INLINE_BLOCKS
-    }
-
     /// Block `block`'s checksum, kept inline (an object of at most `INLINE_BLOCKS` blocks,
     /// `blocks` of them).
     fn get_inline(&self, block: u32, blocks: u64) -> Option<u32> {
@@ -356,10 +346,11 @@ impl Stored {
         new
     }
 
-    /// Forgets inline block `block`; true when it was present.
-    fn take_inline(&mut self, block: u32) -> bool {
+    /// Forgets inline block `block` (of an object of `blocks` blocks); true when it was
+    /// present.
+    fn take_inline(&mut self, block: u32, blocks: u64) -> bool {
         let i = block as usize;
-        let was = i < self.inline_blocks() && self.inline_present & (1 << i) != 0;
+        let was = i < inline_blocks(blocks) && self.inline_present & (1 << i) != 0;
         if was {
             self.inline_present &= !(1 << i);
         }
@@ -374,7 +365,7 @@ impl Stored {
     }
 }
 
-/// A version's blocks: inline in it, or in the table beside it (`Stored::keeps_a_table`).
+/// A version's blocks: inline in it, or, over `INLINE_BLOCKS`, in the table beside it.
 fn blocks_of<'a>(
     s: &'a Stored,
     table: Option<&'a BlockTable>,
@@ -759,10 +750,12 @@ impl Index {
     /// The checksum of block `block` of `version`, if that block is on disk.
     pub fn block_crc(&self, version: u64, block: u32) -> Option<u32> {
         let s = self.versions.get(&version)?;
-        if s.keeps_a_table() {
+        // Read once: every block read checks its checksum here.
+        let blocks = s.blocks();
+        if blocks > INLINE_BLOCKS {
             self.tables.get(&version)?.get(block)
         } else {
-            s.get_inline(block, s.blocks())
+            s.get_inline(block, blocks)
         }
     }
 
@@ -780,7 +773,8 @@ impl Index {
         let Some(s) = self.versions.get_mut(&version) else {
             return false;
         };
-        let forgot = if s.keeps_a_table() {
+        let blocks = s.blocks();
+        let forgot = if blocks > INLINE_BLOCKS {
             let Some(t) = self.tables.get_mut(&version) else {
                 return false;
             };
@@ -790,7 +784,7 @@ impl Index {
             }
             took
         } else {
-            s.take_inline(block)
+            s.take_inline(block, blocks)
         };
         if forgot {
             s.present -= 1;
@@ -1108,7 +1102,7 @@ mod tests {
         for blocks in [1, INLINE_BLOCKS, INLINE_BLOCKS + 1, 1000] {
             let mut ix = Index::default();
             assert!(ix.apply(Record::Object(object("k", 1, blocks << 20))));
-            let inline = ix.versions[&1].inline_blocks();
+            let inline = inline_blocks(ix.versions[&1].blocks());
             assert_eq!(inline > 0, blocks <= INLINE_BLOCKS, "{blocks} blocks");
             let last = (blocks - 1) as u32;
             for (block, crc) in [(last, 7), (0, 5), (last, 8)] {
