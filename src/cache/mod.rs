@@ -47,6 +47,7 @@ pub mod id_hash;
 pub mod index;
 pub mod journal;
 pub mod journal_file;
+pub mod journal_read;
 pub mod load_progress;
 pub mod placement;
 pub mod prefill;
