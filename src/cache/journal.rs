@@ -65,7 +65,9 @@ pub struct ReplayStats {
 pub fn replay(bytes: &[u8]) -> (Index, ReplayStats) {
     let mut index = Index::with_capacity(replay_capacity(bytes.len() as u64));
     let mut stats = ReplayStats::default();
+    index.hold_current_changes();
     let (used, _) = replay_into(bytes, &mut index, &mut stats);
+    index.make_held_changes();
     index.shrink_to_fit();
     stats.damaged_tail = used < bytes.len();
     (index, stats)
@@ -203,6 +205,9 @@ impl ReplayStats {
         }
     }
 }
+
+// What `journal_file`'s bound on the steps in flight counts on.
+const _: () = assert!(std::mem::size_of::<Step>() <= 80);
 
 /// One record decoded for the index, with everything done that needs no table (so a
 /// reading thread may decode while another applies, `JournalFile::open`). The common kinds
@@ -766,8 +771,9 @@ mod tests {
     /// A version as the tests compare it: its id, key, blocks and whether it is current.
     type Held = (u64, Vec<u8>, Vec<(u32, u32)>, bool);
 
-    /// The index as the tests compare it: each version held, and the live bytes.
-    fn contents(index: &Index) -> (Vec<Held>, u64) {
+    /// The index as the tests compare it: each version held, the live bytes, and the keys
+    /// with a current version.
+    fn contents(index: &Index) -> (Vec<Held>, u64, usize) {
         let mut ids: Vec<u64> = index.each_version_id().collect();
         ids.sort_unstable();
         let versions = ids
@@ -777,7 +783,7 @@ mod tests {
                 (v, key, index.each_block(v).collect(), index.is_current(v))
             })
             .collect();
-        (versions, index.live_bytes())
+        (versions, index.live_bytes(), index.keys())
     }
 
     proptest! {

@@ -17,8 +17,10 @@ use super::watch::{sync_dir, Watch};
 
 /// Decoded records the reading thread hands the applying one at a time.
 const REPLAY_BATCH_RECORDS: usize = 4096;
-/// Batches in flight between them: what replay holds beyond its read buffer is bounded.
-const REPLAY_BATCHES_IN_FLIGHT: usize = 4;
+/// Batches in flight between them: what replay holds beyond its reads is bounded (at most
+/// 64 x 4096 steps of 80 bytes, 21 MiB), and deep enough that the decoding thread goes on
+/// while the applying one makes a batch of held-back changes (`Index::hold_current_changes`).
+const REPLAY_BATCHES_IN_FLIGHT: usize = 64;
 
 /// Replays `file` at `path` (from its start, `on_disk` bytes) into a new index, on three
 /// threads: `journal_read` reads ahead; this one checks each frame and decodes (each
@@ -42,11 +44,13 @@ fn replay_file(
             .name("cache-apply".into())
             .spawn_scoped(scope, move || {
                 let (mut index, mut stats) = (index, ReplayStats::default());
+                index.hold_current_changes();
                 for batch in batches {
                     for step in batch {
                         step.apply(&mut index, &mut stats);
                     }
                 }
+                index.make_held_changes();
                 (index, stats)
             })?;
         let mut applier_gone = false;
