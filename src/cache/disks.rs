@@ -202,7 +202,7 @@ pub fn open_disks_with(
                         disk_index.reserve(versions.saturating_sub(disk_index.versions()));
                         index = Some(disk_index);
                     }
-                    Some(all) => join(all, disk_index),
+                    Some(all) => all.join(disk_index),
                 }
                 disks.push(disk);
                 journals.push(journal);
@@ -380,25 +380,6 @@ fn log_recovered(
         torn_tail = replayed.damaged_tail,
         "cache index recovered"
     );
-}
-
-/// Adds `disk`'s current versions (and their blocks) to `all` through `Index::apply`, as a
-/// replay would. A key current on two disks (a disk that came back after its keys were
-/// filled again elsewhere) keeps the newer version; the older one is left out.
-fn join(all: &mut Index, mut disk: Index) {
-    let versions: Vec<u64> = disk.each_version_id().collect();
-    for version in versions {
-        let Some(key) = disk.key_of(version).filter(|_| disk.is_current(version)) else {
-            continue;
-        };
-        let newer = all.current_version(key).is_some_and(|v| {
-            super::version_id::file_number(v) > super::version_id::file_number(version)
-        });
-        if !newer {
-            // Moved whole: its body and block table, nothing decoded.
-            all.adopt(&mut disk, version);
-        }
-    }
 }
 
 /// The id written on `dir` (16 hex digits), written now if there is none: a random number,

@@ -378,7 +378,9 @@ fn blocks_of<'a>(
 
 /// A 128-bit hash of a cache key, keyed per process (a client cannot aim two keys at one
 /// slot): the table of current versions holds it instead of a copy of the key, and a lookup
-/// checks the key itself in the version it finds.
+/// checks the key itself in the version it finds. One key for the whole process, so every
+/// index hashes a key alike and a join of two moves hashes instead of hashing keys again
+/// (`Index::join`).
 #[derive(Clone, Debug)]
 struct KeyHasher {
     keys: [std::hash::RandomState; 2],
@@ -389,8 +391,11 @@ struct KeyHasher {
 
 impl Default for KeyHasher {
     fn default() -> KeyHasher {
+        static KEYS: std::sync::OnceLock<[std::hash::RandomState; 2]> = std::sync::OnceLock::new();
         KeyHasher {
-            keys: [std::hash::RandomState::new(), std::hash::RandomState::new()],
+            keys: KEYS
+                .get_or_init(|| [std::hash::RandomState::new(), std::hash::RandomState::new()])
+                .clone(),
             #[cfg(test)]
             collide: false,
         }
@@ -398,6 +403,17 @@ impl Default for KeyHasher {
 }
 
 impl KeyHasher {
+    /// Whether `other` hashes every key as this one does (always, but for tests' colliding
+    /// hashers).
+    fn same_as(&self, other: &KeyHasher) -> bool {
+        #[cfg(test)]
+        if self.collide != other.collide {
+            return false;
+        }
+        let _ = other;
+        true
+    }
+
     fn hash(&self, key: &[u8]) -> KeyHash {
         use std::hash::BuildHasher;
         #[cfg(test)]
@@ -720,6 +736,63 @@ impl Index {
         slot_of_id.insert(stored);
         self.change_current_or_hold(hash, prepared.version, true);
         Ok(())
+    }
+
+    /// Moves every current version of `from` (another disk's index: its ids on another
+    /// slot), with its body and blocks, into this index as its key's current version: what
+    /// `adopt` of each would do. A key current here in a newer version (a higher file
+    /// number: a disk that came back after its keys were filled again elsewhere) keeps it,
+    /// and `from`'s is left out, as are its versions that are not current.
+    ///
+    /// In batches of `HELD_CHANGES`: the keys in the order of `from`'s table of current
+    /// versions (every index hashes alike, so that is the order of this one's slots too),
+    /// then the versions in the order of their ids, so neither table is probed at random.
+    pub fn join(&mut self, mut from: Index) {
+        debug_assert!(self.held.is_none() && from.held.is_none());
+        let same_hasher = self.key_hasher.same_as(&from.key_hasher);
+        let current = std::mem::take(&mut from.current);
+        let mut keys = current.into_iter();
+        let mut batch: Vec<(KeyHash, u64)> = Vec::with_capacity(HELD_CHANGES);
+        let mut moving: Vec<u64> = Vec::with_capacity(HELD_CHANGES);
+        loop {
+            batch.clear();
+            batch.extend(keys.by_ref().take(HELD_CHANGES));
+            if batch.is_empty() {
+                break;
+            }
+            for &(hash, version) in &batch {
+                // `from`'s current versions are held, each under its key's hash.
+                let key = || from.versions[&version].key();
+                let hash = if same_hasher {
+                    hash
+                } else {
+                    self.key_hasher.hash(key())
+                };
+                if let Some(&here) = self.current.get(&hash) {
+                    let newer_here = self.versions.get(&here).is_some_and(|s| {
+                        s.key() == key()
+                            && super::version_id::file_number(here)
+                                > super::version_id::file_number(version)
+                    });
+                    if newer_here {
+                        continue;
+                    }
+                }
+                self.current.insert(hash, version);
+                moving.push(version);
+            }
+            moving.sort_unstable();
+            for version in moving.drain(..) {
+                let stored = from.versions.remove(&version).expect("held, above");
+                if let Some(table) = from.tables.remove(&version) {
+                    self.tables.insert(version, table);
+                }
+                self.live_bytes +=
+                    stored.record_bytes() + u64::from(stored.present) * Record::BLOCK_BYTES;
+                let before = self.versions.insert(version, stored);
+                assert!(before.is_none(), "two disks' versions share an id");
+            }
+        }
     }
 
     /// Moves version `version` of `from`, with its blocks, into this index as its key's
@@ -1309,5 +1382,88 @@ mod tests {
             }));
         }
         assert_eq!((ix.blocks_present(5), ix.block_crc(5, 1)), (1, Some(2)));
+    }
+
+    /// `join` as `adopt` of each current version one by one did it (`disks::join` before
+    /// the batches): the reference `join` is held to.
+    fn join_one_by_one(all: &mut Index, mut disk: Index) {
+        use crate::cache::version_id::file_number;
+        let versions: Vec<u64> = disk.each_version_id().collect();
+        for version in versions {
+            let Some(key) = disk.key_of(version).filter(|_| disk.is_current(version)) else {
+                continue;
+            };
+            let newer = all
+                .current_version(key)
+                .is_some_and(|v| file_number(v) > file_number(version));
+            if !newer {
+                all.adopt(&mut disk, version);
+            }
+        }
+    }
+
+    /// What two joins are compared by: each version held (id, key, blocks, current), the
+    /// live bytes and the keys with a current version.
+    type Joined = (Vec<(u64, Vec<u8>, Vec<(u32, u32)>, bool)>, u64, usize);
+
+    fn joined(ix: &Index) -> Joined {
+        let mut ids: Vec<u64> = ix.each_version_id().collect();
+        ids.sort_unstable();
+        let versions = ids
+            .into_iter()
+            .map(|v| {
+                let key = ix.key_of(v).expect("held").to_vec();
+                (v, key, ix.each_block(v).collect(), ix.is_current(v))
+            })
+            .collect();
+        (versions, ix.live_bytes(), ix.keys())
+    }
+
+    /// A record of disk `slot`'s journal: a few keys, so both disks hold some of the same,
+    /// in file numbers either side of the other's.
+    fn any_record_on(slot: usize) -> impl proptest::strategy::Strategy<Value = Record> {
+        use crate::cache::version_id::on_slot;
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0u8..5, 1u64..12, 1u64..24).prop_map(move |(key, version, blocks)| {
+                Record::Object(object(&format!("key-{key}"), on_slot(version, slot), blocks << 20))
+            }),
+            5 => (1u64..12, 0u32..24, any::<u32>()).prop_map(move |(version, block, crc)| {
+                Record::Block { version: on_slot(version, slot), block, crc }
+            }),
+            1 => (1u64..12).prop_map(move |version| Record::Drop { version: on_slot(version, slot) }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// Batched (`HELD_CHANGES` is 8 in tests), a join leaves what adopting each current
+        /// version did: newer versions kept on either side, large objects' tables moved, and
+        /// with hashers that collide (every key in one slot) there or on both sides.
+        #[test]
+        fn a_join_in_batches_matches_adopting_each_current_version(
+            here in proptest::collection::vec(any_record_on(0), 0..80),
+            there in proptest::collection::vec(any_record_on(1), 0..80),
+            collide_here: bool,
+            collide_there: bool,
+        ) {
+            // Two of `there`'s keys meeting in one slot here: which one keeps it is the order
+            // they come in, table order in either join (a 2^-128 chance per pair, outside tests).
+            proptest::prop_assume!(!collide_here || collide_there);
+            let build = |records: &[Record], collide: bool| {
+                let mut ix = Index::default();
+                ix.key_hasher.collide = collide;
+                for r in records {
+                    ix.apply(r.clone());
+                }
+                ix
+            };
+            let mut batched = build(&here, collide_here);
+            batched.join(build(&there, collide_there));
+            let mut one_by_one = build(&here, collide_here);
+            join_one_by_one(&mut one_by_one, build(&there, collide_there));
+            proptest::prop_assert_eq!(joined(&batched), joined(&one_by_one));
+        }
     }
 }
