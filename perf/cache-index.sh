@@ -13,8 +13,10 @@
 # cache and opens it with each build in a process of its own: the journal read from disk and
 # replayed into a ready index. Reports bytes per object (VmRSS after the load minus before,
 # over the objects), peak RSS and time to ready, and a straight-line fit through the sizes
-# for 30 million. Then restarts a real edge (`shardline serve`, each build) over a cache of N
-# objects and times its first answer to a pulled request (a hit, or, while the cache loads,
+# for 30 million. Then the same N on two disks of N/2 each (`cache_restart open-disks`: each
+# journal replayed on its own thread, then the indexes joined). Then restarts a real edge
+# (`shardline serve`, each build) over a cache of N objects and times its first answer to a
+# pulled request (a hit, or, while the cache loads,
 # a pass-through) and its first hit; then again held out as a load balancer would (only
 # /healthz polled until it answers 200, then one request, which must be a hit). Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
 set -euo pipefail
@@ -69,7 +71,7 @@ server_fit() {
 # field FILE REGEX: the first capture of REGEX (sed -E) in FILE.
 field() { sed -nE "s/$2/\1/p" "$1" | head -1; }
 
-rows=() fit_new=() fit_old=()
+rows=() fit_new=() fit_old=() disk_rows=()
 for n in $SIZES; do
   j=$DIR/n$n
   rm -rf "$j"
@@ -90,6 +92,26 @@ for n in $SIZES; do
     done
   done
   rm -rf "$j"
+  # The same N over two disks of N/2 (keys apart): each journal replayed on its own thread,
+  # then the two indexes joined into one (`Index::join`).
+  log "writing two journals of $((n / 2)) objects"
+  rm -rf "$j-a" "$j-b"
+  mkdir -p "$j-a" "$j-b"
+  "$NEW" append "$j-a/journal" $((n / 2)) "$BLOCKS" 0 >/dev/null
+  "$NEW" append "$j-b/journal" $((n / 2)) "$BLOCKS" $((n / 2)) >/dev/null
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for side in base new; do
+      bin=$OLD; [[ $side == new ]] && bin=$NEW
+      sync; echo 3 >/proc/sys/vm/drop_caches
+      f=$DIR/open-disks-$n-$side-$r.txt
+      "$bin" open-disks "$j-a" "$j-b" >"$f"
+      ready=$(field "$f" '.*ready in ([0-9.]+) s.*')
+      peak=$(field "$f" '.*peak RSS ([0-9]+) MiB.*')
+      disk_rows+=("| $n | $side | $r | $peak | $ready |")
+      log "$n objects on two disks, $side, round $r: peak $peak MiB, ready in $ready s"
+    done
+  done
+  rm -rf "$j-a" "$j-b"
 done
 
 # The same restart on a real edge: `shardline serve` over a cache of one real object (filled
@@ -257,6 +279,14 @@ fit() {
   echo
   echo "- new: $(fit "${fit_new[@]}")"
   echo "- base: $(fit "${fit_old[@]}")"
+  echo
+  echo "## Two disks: the same objects, half on each (\`cache_restart open-disks\`)"
+  echo
+  echo "Two journals of N/2 objects (keys apart), replayed side by side, a thread each, then joined into one index. Page cache dropped before each open."
+  echo
+  echo "| objects | index | round | peak RSS (MiB) | ready (s) |"
+  echo "|---:|---|---:|---:|---:|"
+  printf '%s\n' "${disk_rows[@]}"
   echo
   echo "## A real edge's restart: time to the first answer and to the first hit"
   echo
