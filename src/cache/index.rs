@@ -798,7 +798,9 @@ impl Index {
     /// Moves version `version` of `from`, with its blocks, into this index as its key's
     /// current version (what replaying its records here would do, with nothing decoded).
     /// False, and nothing moved, when `from` does not hold it or this index holds its id.
-    pub fn adopt(&mut self, from: &mut Index, version: u64) -> bool {
+    /// Tests: the one-by-one reference `join` is held to.
+    #[cfg(test)]
+    pub(crate) fn adopt(&mut self, from: &mut Index, version: u64) -> bool {
         if self.versions.contains_key(&version) {
             return false;
         }
@@ -997,6 +999,28 @@ impl Index {
     /// Keys with a current version.
     pub fn keys(&self) -> usize {
         self.current.len()
+    }
+}
+
+/// A version as tests compare it: its id, key, blocks and whether it is current.
+#[cfg(test)]
+pub(crate) type HeldForTests = (u64, Vec<u8>, Vec<(u32, u32)>, bool);
+
+#[cfg(test)]
+impl Index {
+    /// The index as tests compare two: each version held, the live bytes, and the keys with
+    /// a current version.
+    pub(crate) fn contents(&self) -> (Vec<HeldForTests>, u64, usize) {
+        let mut ids: Vec<u64> = self.each_version_id().collect();
+        ids.sort_unstable();
+        let versions = ids
+            .into_iter()
+            .map(|v| {
+                let key = self.key_of(v).expect("held").to_vec();
+                (v, key, self.each_block(v).collect(), self.is_current(v))
+            })
+            .collect();
+        (versions, self.live_bytes(), self.keys())
     }
 }
 
@@ -1402,23 +1426,6 @@ mod tests {
         }
     }
 
-    /// What two joins are compared by: each version held (id, key, blocks, current), the
-    /// live bytes and the keys with a current version.
-    type Joined = (Vec<(u64, Vec<u8>, Vec<(u32, u32)>, bool)>, u64, usize);
-
-    fn joined(ix: &Index) -> Joined {
-        let mut ids: Vec<u64> = ix.each_version_id().collect();
-        ids.sort_unstable();
-        let versions = ids
-            .into_iter()
-            .map(|v| {
-                let key = ix.key_of(v).expect("held").to_vec();
-                (v, key, ix.each_block(v).collect(), ix.is_current(v))
-            })
-            .collect();
-        (versions, ix.live_bytes(), ix.keys())
-    }
-
     /// A record of disk `slot`'s journal: a few keys, so both disks hold some of the same,
     /// in file numbers either side of the other's.
     fn any_record_on(slot: usize) -> impl proptest::strategy::Strategy<Value = Record> {
@@ -1463,7 +1470,7 @@ mod tests {
             batched.join(build(&there, collide_there));
             let mut one_by_one = build(&here, collide_here);
             join_one_by_one(&mut one_by_one, build(&there, collide_there));
-            proptest::prop_assert_eq!(joined(&batched), joined(&one_by_one));
+            proptest::prop_assert_eq!(batched.contents(), one_by_one.contents());
         }
     }
 }

@@ -768,24 +768,6 @@ mod tests {
         ]
     }
 
-    /// A version as the tests compare it: its id, key, blocks and whether it is current.
-    type Held = (u64, Vec<u8>, Vec<(u32, u32)>, bool);
-
-    /// The index as the tests compare it: each version held, the live bytes, and the keys
-    /// with a current version.
-    fn contents(index: &Index) -> (Vec<Held>, u64, usize) {
-        let mut ids: Vec<u64> = index.each_version_id().collect();
-        ids.sort_unstable();
-        let versions = ids
-            .into_iter()
-            .map(|v| {
-                let key = index.key_of(v).expect("held").to_vec();
-                (v, key, index.each_block(v).collect(), index.is_current(v))
-            })
-            .collect();
-        (versions, index.live_bytes(), index.keys())
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
@@ -804,7 +786,7 @@ mod tests {
             let bytes = journal(&records);
             let (replayed, stats) = replay(&bytes);
             prop_assert_eq!((stats.records, stats.skipped), (applied.records, applied.skipped));
-            prop_assert_eq!(contents(&replayed), contents(&one_by_one));
+            prop_assert_eq!(replayed.contents(), one_by_one.contents());
 
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("journal");
@@ -812,7 +794,7 @@ mod tests {
             let (_, opened, opened_stats) =
                 crate::cache::journal_file::JournalFile::open(&path).unwrap();
             prop_assert_eq!(opened_stats, stats);
-            prop_assert_eq!(contents(&opened), contents(&one_by_one));
+            prop_assert_eq!(opened.contents(), one_by_one.contents());
         }
     }
 
