@@ -80,7 +80,9 @@ fn replay_file(
 /// (`POSIX_FADV_DONTNEED`): a journal of tens of millions of objects is gigabytes, read once
 /// per start and only appended to after, and the page cache is the co-located services'.
 /// (Dropping each read's pages as replay goes does not work: the kernel keeps pages it has
-/// just read in.) Advice only: a refusal changes nothing but the cache.
+/// just read in.) Advice only: a refusal changes nothing but the cache. Read with
+/// `O_DIRECT` (`journal_read`), the journal left nothing to drop; this is for the file
+/// systems that refuse it, and costs one call otherwise.
 fn let_go_of_pages(file: &File) {
     let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
 }
