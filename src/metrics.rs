@@ -690,6 +690,12 @@ fn render_cache_load(out: &mut String, load: &crate::cache::load_progress::LoadP
             waiting as u64,
             "Cache disks whose lock another process holds (the load waits for it).",
         ),
+        (
+            "shardline_cache_load_uncounted_versions",
+            load.uncounted_versions(),
+            "Versions held at start-up that the eviction has yet to count (it counts them \
+             while the shards serve; until then none of them is evicted).",
+        ),
     ];
     for (name, value, help) in gauges {
         write_family_header(out, name, "gauge", help);

@@ -204,3 +204,66 @@ fn a_load_that_fails_after_the_shards_started_ends_the_process() {
         "the error names the disk: {log}"
     );
 }
+
+/// A restart under a smaller `cache_max_bytes` than its disk holds is healthy once its index
+/// is whole; the eviction then counts the versions held while the shards serve
+/// (`shardline_cache_load_uncounted_versions` down to 0) and evicts down to the budget: one
+/// object of three is left, on disk and in the journal, and every object answers right.
+#[test]
+fn a_restart_under_a_smaller_budget_serves_then_evicts_down_to_it() {
+    let names = ["a.bin", "b.bin", "c.bin"];
+    let origin_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+    for name in names {
+        common::write_pattern_file(&origin_root.path().join("pull").join(name), OBJECT_BYTES);
+    }
+    let work = tempfile::tempdir().unwrap();
+    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+    let dir = common::disk_tempdir();
+    let root = dir.path().join("root");
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&disk).unwrap();
+    let want = common::pattern_range(0, OBJECT_BYTES as usize);
+    let data_files = || std::fs::read_dir(disk.join("data")).map_or(0, |d| d.count());
+
+    let first_cfg = config(dir.path(), "first.toml", &disk, origin.addr, "");
+    let mut first = common::Server::start(&root, &["--config", first_cfg.to_str().unwrap()]);
+    for name in names {
+        for _ in 0..2 {
+            let r = get(&first, &format!("/pull/{name}"), &[]);
+            assert!(r.status == 200 && r.body == want, "{name}: {}", r.status);
+        }
+    }
+    assert_eq!(origin.requests(), 3, "each fetched once, then a hit");
+    assert!(first.terminate().success());
+    assert_eq!(data_files(), 3);
+
+    // Room for one object: the restart evicts two, after it serves.
+    let budget = format!("cache_max_bytes = {}\n", OBJECT_BYTES + 4096);
+    let second_cfg = config(dir.path(), "second.toml", &disk, origin.addr, &budget);
+    let (mut second, admin) = common::start_with_admin(
+        &root,
+        &["--config", second_cfg.to_str().unwrap(), "--shards", "2"],
+    );
+    wait_until("the restarted cache to load", || {
+        admin_get(admin, "/healthz").status == 200
+    });
+    wait_until("the eviction to count every version", || {
+        admin_metric(admin, "shardline_cache_load_uncounted_versions", "") == 0
+    });
+    wait_until("two evicted versions' files to go", || data_files() == 1);
+    wait_until("the log to say the count is done", || {
+        second
+            .log()
+            .contains("the eviction counts every version held")
+    });
+    for name in names {
+        let r = get(&second, &format!("/pull/{name}"), &[]);
+        assert!(r.status == 200 && r.body == want, "{name}: {}", r.status);
+    }
+    assert!(second.terminate().success());
+    let journal = std::fs::read(disk.join("journal")).unwrap();
+    let (index, _) = shardline::cache::journal::replay(&journal);
+    assert_eq!(index.versions(), 1, "one object fits the budget");
+}

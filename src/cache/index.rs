@@ -968,12 +968,6 @@ impl Index {
         self.versions.get(&version).map_or(0, Stored::stored_bytes)
     }
 
-    /// Every version held and `stored_bytes` of it, in one pass over the table (start-up
-    /// hands every version to the eviction).
-    pub fn each_stored_bytes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.versions.iter().map(|(&v, s)| (v, s.stored_bytes()))
-    }
-
     /// Blocks of `version` on disk.
     pub fn blocks_present(&self, version: u64) -> u64 {
         self.versions

@@ -21,6 +21,9 @@ pub struct LoadProgress {
     total_bytes: AtomicU64,
     /// Disks whose lock another process holds now (`cache::disk_lock`).
     waiting_disks: AtomicUsize,
+    /// Versions held at start-up that the eviction does not count yet (it counts them after
+    /// the shards serve: `fill::edge::EVICTION_COUNT_STEP`).
+    uncounted_versions: AtomicU64,
 }
 
 impl LoadProgress {
@@ -59,6 +62,16 @@ impl LoadProgress {
     /// Disks whose lock another process holds now.
     pub fn set_waiting_disks(&self, disks: usize) {
         self.waiting_disks.store(disks, Relaxed);
+    }
+
+    /// Versions the eviction has yet to count.
+    pub fn set_uncounted_versions(&self, versions: u64) {
+        self.uncounted_versions.store(versions, Relaxed);
+    }
+
+    /// Versions the eviction has yet to count.
+    pub fn uncounted_versions(&self) -> u64 {
+        self.uncounted_versions.load(Relaxed)
     }
 
     /// (journal bytes replayed, journal bytes to replay, disks waited for).

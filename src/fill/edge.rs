@@ -233,7 +233,9 @@ impl SharedEdge {
                     )?;
                     opened.journals.set_op_timeout_ms(op_timeout_ms);
                     let report = Arc::new(crate::cache::disks::DiskReport::of(&opened));
-                    let loaded = FillCore::on_disks(opened, cfg, shards)?;
+                    let loaded = FillCore::on_disks_uncounted(opened, cfg, shards)?;
+                    let uncounted = loaded.uncounted();
+                    load.progress.set_uncounted_versions(uncounted as u64);
                     loaded.install_threaded(&core, wakers)?;
                     load.finish(Some(report.clone()));
                     tracing::info!(
@@ -243,6 +245,14 @@ impl SharedEdge {
                         origins,
                         rebuild_ms = started.elapsed().as_millis() as u64,
                         "pull-through cache open"
+                    );
+                    let counting = std::time::Instant::now();
+                    count_for_eviction(Arc::downgrade(&core), &load.progress);
+                    drop(core);
+                    tracing::info!(
+                        versions = uncounted,
+                        count_ms = counting.elapsed().as_millis() as u64,
+                        "the eviction counts every version held"
                     );
                     Ok(())
                 })();
@@ -303,6 +313,31 @@ impl SharedEdge {
     /// Whether the disks are still loading (every pulled request passes through).
     pub fn loading(&self) -> bool {
         !self.load.progress.ready()
+    }
+}
+
+/// Start-up versions the eviction counts per hold of the shared lock, after the shards serve
+/// (`FillCore::count_for_eviction`): about a millisecond of a shard's wait for the lock.
+pub const EVICTION_COUNT_STEP: usize = 4096;
+
+/// Counts the versions a loaded core held at start-up for its eviction, `EVICTION_COUNT_STEP`
+/// at a time, the lock let go in between; stops early when the core is gone (a stop).
+fn count_for_eviction(
+    core: std::sync::Weak<Mutex<FillCore<Waiter>>>,
+    progress: &crate::cache::load_progress::LoadProgress,
+) {
+    loop {
+        let Some(core) = core.upgrade() else {
+            return;
+        };
+        let left = crate::fill::cache_fill::lock(&core).count_for_eviction(EVICTION_COUNT_STEP);
+        progress.set_uncounted_versions(left as u64);
+        if left == 0 {
+            return;
+        }
+        drop(core);
+        // The shards' turn at the lock.
+        std::thread::yield_now();
     }
 }
 

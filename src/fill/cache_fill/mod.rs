@@ -47,6 +47,7 @@ mod disk_failure;
 mod fill_core;
 mod handle;
 mod handover;
+mod opening;
 mod pins;
 mod purge;
 mod sharing;
@@ -378,6 +379,10 @@ pub struct FillCore<W: Clone + PartialEq + Routed> {
     /// Which versions go when the budget is passed (None: no `max_bytes`). Versions being
     /// read or filled are pinned and never evicted.
     evict: Option<S3Fifo<u64>>,
+    /// Versions held at start-up that `evict` does not count yet: a loaded edge serves
+    /// hits at once and counts them a step at a time (`count_for_eviction`), since hits
+    /// need the index, not the eviction's table.
+    uncounted: Vec<u64>,
     /// Versions evicted, for the metrics.
     pub versions_evicted: u64,
     /// Responses and fetches using each version (a retired version goes at its last unpin).
@@ -805,51 +810,6 @@ impl<W: Clone + PartialEq + Routed> std::ops::Deref for IndexGuard<'_, W> {
 }
 
 impl<W: Clone + PartialEq + Routed> FillCore<W> {
-    /// Opens the cache in `dir` (replays its journal) for `shards` shards.
-    pub fn open(dir: &Path, cfg: FillConfig, shards: usize) -> std::io::Result<FillCore<W>> {
-        Self::open_watched(dir, cfg, shards, None)
-    }
-
-    /// `open`, with the journal and data files written under `watch` (a model of the disk:
-    /// the simulator's power-loss crashes).
-    pub fn open_watched(
-        dir: &Path,
-        cfg: FillConfig,
-        shards: usize,
-        watch: crate::cache::watch::Watch,
-    ) -> std::io::Result<FillCore<W>> {
-        let opened = crate::cache::disks::open_disks(&[dir.to_path_buf()], true, watch)?;
-        Self::on_disks(opened, cfg, shards)
-    }
-
-    /// `open`, over the disks `opened` (`cache::disks::open_disks`: each disk's journal
-    /// replayed, one line each).
-    pub fn on_disks(
-        opened: crate::cache::disks::Opened,
-        cfg: FillConfig,
-        shards: usize,
-    ) -> std::io::Result<FillCore<W>> {
-        let crate::cache::disks::Opened {
-            store,
-            journals: journal,
-            index,
-            ..
-        } = opened;
-        let mut core = Self::assemble(cfg, store, Some(journal), index, shards);
-        // Start-up is the loader's: a journal mostly dead is rewritten now, in full.
-        core.compact_inline_if_due();
-        // What the journal holds counts against the budget (a smaller budget evicts now).
-        let mut evicted = Vec::new();
-        if let Some(e) = core.evict.as_mut() {
-            e.reserve(core.index.versions());
-            for (version, size) in core.index.each_stored_bytes() {
-                e.insert(version, size, &mut evicted);
-            }
-        }
-        core.drop_versions(&evicted, true);
-        Ok(core)
-    }
-
     /// A core over `store` and `journal` with `index` replayed, nothing in flight.
     fn assemble(
         cfg: FillConfig,
@@ -860,13 +820,20 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     ) -> FillCore<W> {
         assert!(cfg.max_run_blocks > 0 && cfg.max_attempts > 0 && shards > 0);
         // Numbers count over every disk (a version's slot is in its top bits).
-        let next_version = index
-            .each_version_id()
-            .map(crate::cache::version_id::file_number)
-            .max()
-            .unwrap_or(0)
-            + 1;
         let evict = (cfg.max_bytes > 0).then(|| S3Fifo::new(cfg.max_bytes));
+        // One pass over the versions: the largest number, and the list eviction counts.
+        let mut uncounted = Vec::new();
+        if evict.is_some() {
+            uncounted.reserve_exact(index.versions());
+        }
+        let mut last_number = 0;
+        for v in index.each_version_id() {
+            last_number = last_number.max(crate::cache::version_id::file_number(v));
+            if evict.is_some() {
+                uncounted.push(v);
+            }
+        }
+        let next_version = last_number + 1;
         let journal_bytes = journal.as_ref().map_or(0, |j| j.len());
         FillCore {
             blocks: Fills::new(cfg.max_attempts),
@@ -901,6 +868,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
             blocks_fetched: 0,
             blocks_corrupt: 0,
             evict,
+            uncounted,
             versions_evicted: 0,
             pins: HashMap::new(),
             retired: HashSet::new(),
@@ -1696,6 +1664,56 @@ mod core_tests {
         let meta = core.index.current(b"\0\0k").unwrap();
         let r = core.read_ahead(&meta, 100 * B, 100 * B, 100 * B, true, true);
         assert_eq!(r.past_end, 32, "capped at cache_read_ahead_blocks");
+    }
+
+    /// Start-up versions counted by the eviction after the core serves: a version pinned
+    /// before its count keeps its pins, one dropped meanwhile is not counted, and once all
+    /// are counted the budget holds as if they had been counted at once.
+    #[test]
+    fn versions_counted_for_eviction_later_keep_their_pins_and_the_budget() {
+        let (mut core, _dir) = core_with(0..0);
+        for v in 2..=7u64 {
+            let key = format!("\0\0k{v}").into_bytes();
+            assert!(core.index.apply(Record::Object(ObjectVersion {
+                key,
+                version: v,
+                size: B,
+                block_bytes: B as u32,
+                ..core.index.current(b"\0\0k").unwrap()
+            })));
+            assert!(core.index.apply(Record::Block {
+                version: v,
+                block: 0,
+                crc: 7
+            }));
+        }
+        core.evict = Some(S3Fifo::new(2 * B));
+        core.uncounted = (2..=7).collect();
+        // Meanwhile: a response reads 7 (twice), a prefill holds 6, 5 is dropped.
+        core.pin(7);
+        core.pin(7);
+        assert!(core.pin_until(b"\0\0k6", u64::MAX));
+        core.drop_versions(&[5], false);
+        assert_eq!(core.evict.as_ref().unwrap().bytes(), 0, "none counted yet");
+        assert_eq!(core.count_for_eviction(2), 4, "a step of two");
+        let ev = core.evict.as_ref().unwrap();
+        assert_eq!((ev.pins(&7), ev.pins(&6)), (2, 1), "the pins taken over");
+        assert_eq!(core.count_for_eviction(usize::MAX), 0);
+        assert!(core.uncounted.capacity() == 0, "the list's memory let go");
+        let ev = core.evict.as_ref().unwrap();
+        assert!(!ev.contains(&5), "a dropped version is not counted");
+        assert!(
+            core.index.contains(7) && core.index.contains(6),
+            "pinned: kept"
+        );
+        assert_eq!(ev.bytes(), 2 * B, "over budget until the pinned go");
+        assert!(
+            (2..=4).all(|v| !core.index.contains(v)),
+            "the rest evicted down to the budget"
+        );
+        core.unpin(7);
+        core.unpin(7);
+        assert_eq!(core.evict.as_ref().unwrap().pins(&7), 0, "the pins end");
     }
 
     #[test]
