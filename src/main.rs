@@ -7,6 +7,12 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use shardline::config::{Config, LogFormat, ShardCount};
 
+/// mimalloc, not glibc's malloc: the cache's start-up allocates one body per version on its
+/// loading threads, and glibc grows a thread's arena a page at a time, an mprotect each
+/// (248 000 for 10 million versions); with mimalloc they were ready about a quarter sooner.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// shardline: a shard-per-core io_uring HTTP/1.1 download engine for game-update CDN edges.
 #[derive(Parser)]
 #[command(name = "shardline", version, about, long_about = None)]
