@@ -50,25 +50,51 @@ fn config(dir: &Path, name: &str, disk: &Path, origin: SocketAddr, extra: &str) 
     cfg
 }
 
+/// An nginx origin serving `/pull/NAME` (`OBJECT_BYTES` of the test pattern each), and a
+/// server root and an empty cache disk in a temporary directory.
+struct Fixture {
+    origin: NginxOrigin,
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    disk: PathBuf,
+    _origin_root: tempfile::TempDir,
+    _work: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(names: &[&str]) -> Fixture {
+        let origin_root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(origin_root.path().join("pull")).unwrap();
+        for name in names {
+            common::write_pattern_file(&origin_root.path().join("pull").join(name), OBJECT_BYTES);
+        }
+        let work = tempfile::tempdir().unwrap();
+        let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
+        let dir = common::disk_tempdir();
+        let root = dir.path().join("root");
+        let disk = dir.path().join("disk");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(&disk).unwrap();
+        Fixture {
+            origin,
+            dir,
+            root,
+            disk,
+            _origin_root: origin_root,
+            _work: work,
+        }
+    }
+}
+
 #[test]
 fn a_second_process_passes_through_until_the_first_lets_go_of_the_disk_then_hits() {
-    let origin_root = tempfile::tempdir().unwrap();
-    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
-    for name in ["a.bin", "b.bin"] {
-        common::write_pattern_file(&origin_root.path().join("pull").join(name), OBJECT_BYTES);
-    }
-    let work = tempfile::tempdir().unwrap();
-    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
-    let dir = common::disk_tempdir();
-    let root = dir.path().join("root");
-    let disk = dir.path().join("disk");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::create_dir(&disk).unwrap();
+    let f = Fixture::new(&["a.bin", "b.bin"]);
+    let (origin, dir, root, disk) = (&f.origin, &f.dir, &f.root, &f.disk);
     let want = common::pattern_range(0, OBJECT_BYTES as usize);
 
     // The first process caches a.bin.
-    let first_cfg = config(dir.path(), "first.toml", &disk, origin.addr, "");
-    let mut first = common::Server::start(&root, &["--config", first_cfg.to_str().unwrap()]);
+    let first_cfg = config(dir.path(), "first.toml", disk, origin.addr, "");
+    let mut first = common::Server::start(root, &["--config", first_cfg.to_str().unwrap()]);
     for _ in 0..2 {
         let r = get(&first, "/pull/a.bin", &[]);
         assert!(r.status == 200 && r.body == want, "first: {}", r.status);
@@ -79,12 +105,12 @@ fn a_second_process_passes_through_until_the_first_lets_go_of_the_disk_then_hits
     let second_cfg = config(
         dir.path(),
         "second.toml",
-        &disk,
+        disk,
         origin.addr,
         "cache_ready_wait_ms = 0\n",
     );
     let (second, admin) = common::start_with_admin(
-        &root,
+        root,
         &["--config", second_cfg.to_str().unwrap(), "--shards", "2"],
     );
     wait_until("the second process to wait for the disk's lock", || {
@@ -212,23 +238,13 @@ fn a_load_that_fails_after_the_shards_started_ends_the_process() {
 #[test]
 fn a_restart_under_a_smaller_budget_serves_then_evicts_down_to_it() {
     let names = ["a.bin", "b.bin", "c.bin"];
-    let origin_root = tempfile::tempdir().unwrap();
-    std::fs::create_dir(origin_root.path().join("pull")).unwrap();
-    for name in names {
-        common::write_pattern_file(&origin_root.path().join("pull").join(name), OBJECT_BYTES);
-    }
-    let work = tempfile::tempdir().unwrap();
-    let origin = NginxOrigin::start(origin_root.path(), work.path(), "");
-    let dir = common::disk_tempdir();
-    let root = dir.path().join("root");
-    let disk = dir.path().join("disk");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::create_dir(&disk).unwrap();
+    let f = Fixture::new(&names);
+    let (origin, dir, root, disk) = (&f.origin, &f.dir, &f.root, &f.disk);
     let want = common::pattern_range(0, OBJECT_BYTES as usize);
     let data_files = || std::fs::read_dir(disk.join("data")).map_or(0, |d| d.count());
 
-    let first_cfg = config(dir.path(), "first.toml", &disk, origin.addr, "");
-    let mut first = common::Server::start(&root, &["--config", first_cfg.to_str().unwrap()]);
+    let first_cfg = config(dir.path(), "first.toml", disk, origin.addr, "");
+    let mut first = common::Server::start(root, &["--config", first_cfg.to_str().unwrap()]);
     for name in names {
         for _ in 0..2 {
             let r = get(&first, &format!("/pull/{name}"), &[]);
@@ -241,9 +257,9 @@ fn a_restart_under_a_smaller_budget_serves_then_evicts_down_to_it() {
 
     // Room for one object: the restart evicts two, after it serves.
     let budget = format!("cache_max_bytes = {}\n", OBJECT_BYTES + 4096);
-    let second_cfg = config(dir.path(), "second.toml", &disk, origin.addr, &budget);
+    let second_cfg = config(dir.path(), "second.toml", disk, origin.addr, &budget);
     let (mut second, admin) = common::start_with_admin(
-        &root,
+        root,
         &["--config", second_cfg.to_str().unwrap(), "--shards", "2"],
     );
     wait_until("the restarted cache to load", || {

@@ -247,13 +247,16 @@ impl SharedEdge {
                         "pull-through cache open"
                     );
                     let counting = std::time::Instant::now();
-                    count_for_eviction(Arc::downgrade(&core), &load.progress);
+                    // Held weakly from here: a stop that lets go of the core ends the count.
+                    let weak = Arc::downgrade(&core);
                     drop(core);
-                    tracing::info!(
-                        versions = uncounted,
-                        count_ms = counting.elapsed().as_millis() as u64,
-                        "the eviction counts every version held"
-                    );
+                    if count_for_eviction(weak, &load.progress) {
+                        tracing::info!(
+                            versions = uncounted,
+                            count_ms = counting.elapsed().as_millis() as u64,
+                            "the eviction counts every version held"
+                        );
+                    }
                     Ok(())
                 })();
                 if result.is_err() {
@@ -321,19 +324,20 @@ impl SharedEdge {
 pub const EVICTION_COUNT_STEP: usize = 4096;
 
 /// Counts the versions a loaded core held at start-up for its eviction, `EVICTION_COUNT_STEP`
-/// at a time, the lock let go in between; stops early when the core is gone (a stop).
+/// at a time, the lock let go in between: true once all are, false when the core went first
+/// (a stop).
 fn count_for_eviction(
     core: std::sync::Weak<Mutex<FillCore<Waiter>>>,
     progress: &crate::cache::load_progress::LoadProgress,
-) {
+) -> bool {
     loop {
         let Some(core) = core.upgrade() else {
-            return;
+            return false;
         };
         let left = crate::fill::cache_fill::lock(&core).count_for_eviction(EVICTION_COUNT_STEP);
         progress.set_uncounted_versions(left as u64);
         if left == 0 {
-            return;
+            return true;
         }
         drop(core);
         // The shards' turn at the lock.
