@@ -181,8 +181,9 @@ impl BlockTable {
 /// keeps them in a `BlockTable`, which grows with what is stored.
 const INLINE_BLOCKS: u64 = 16;
 
-/// A version as the index holds it, in one allocation (`data`): its object record's body
-/// (`ObjectVersion::encode_body`: the key and every string, decoded when asked for), then,
+/// A version as the index holds it, in one allocation (`data`): its object record's body in
+/// the index's form (`ObjectView::compact_body`: the key and every string, read in place when
+/// asked for, without the version its slot is keyed by), then,
 /// for an object of at most `INLINE_BLOCKS` blocks, its blocks' checksums (4 bytes each).
 /// A larger object's checksums are in the index's `tables`, beside it: a slot of the table
 /// of versions is 32 bytes, not 40 for a pointer nearly every version leaves empty.
@@ -191,7 +192,7 @@ struct Stored {
     data: Box<[u8]>,
     /// Blocks on disk.
     present: u32,
-    /// Bytes of `data` that are the body.
+    /// Bytes of `data` that are the body (in the index's form).
     body_len: u16,
     /// Which inline blocks are on disk (bit `i`: block `i`).
     inline_present: u16,
@@ -200,16 +201,17 @@ struct Stored {
 // A record's body fits `body_len`, and the inline blocks `inline_present`.
 const _: () = assert!(MAX_RECORD_BYTES <= u16::MAX as usize && INLINE_BLOCKS <= 16);
 
-/// Where the fixed fields sit in an object record's body, after its kind and key
-/// (`ObjectVersion::encode_body`'s order).
-const BODY_KEY_AT: usize = 1 + 2;
+/// Where the key sits in a body in the index's form (`ObjectView::compact_body`): after its
+/// length; the size, block size and fetch time follow it.
+const BODY_KEY_AT: usize = 2;
 
-/// The fields of an object record's body read in place (it was checked when it came in).
+/// The fixed fields of a body in the index's form, read in place (it was checked when it
+/// came in).
 struct Fixed<'a>(&'a [u8]);
 
 impl<'a> Fixed<'a> {
     fn key(&self) -> &'a [u8] {
-        let len = u16::from_le_bytes([self.0[1], self.0[2]]) as usize;
+        let len = u16::from_le_bytes([self.0[0], self.0[1]]) as usize;
         &self.0[BODY_KEY_AT..BODY_KEY_AT + len]
     }
 
@@ -220,11 +222,11 @@ impl<'a> Fixed<'a> {
     }
 
     fn size(&self) -> u64 {
-        self.u64_after_key(8)
+        self.u64_after_key(0)
     }
 
     fn block_bytes(&self) -> u32 {
-        let from = BODY_KEY_AT + self.key().len() + 16;
+        let from = BODY_KEY_AT + self.key().len() + 8;
         u32::from_le_bytes(self.0[from..from + 4].try_into().expect("4 bytes"))
     }
 
@@ -232,9 +234,9 @@ impl<'a> Fixed<'a> {
         self.size().div_ceil(u64::from(self.block_bytes()))
     }
 
-    /// Where `fetched_unix_s` sits (after the id, the size and the block size).
+    /// Where `fetched_unix_s` sits (after the size and the block size).
     fn fetched_at(&self) -> usize {
-        BODY_KEY_AT + self.key().len() + 8 + 8 + 4
+        BODY_KEY_AT + self.key().len() + 8 + 4
     }
 
     fn fetched_unix_s(&self) -> u64 {
@@ -254,13 +256,10 @@ fn inline_blocks(blocks: u64) -> usize {
 
 impl Stored {
     fn new(meta: &ObjectVersion) -> Stored {
-        let body_len = Record::object_bytes(meta) as usize - FRAME_BYTES;
-        let mut data = Vec::with_capacity(body_len + 4 * inline_blocks(meta.blocks()));
-        meta.encode_body(&mut data);
-        Stored::of_body(data)
+        Stored::of_body(compact(meta, 4 * inline_blocks(meta.blocks())))
     }
 
-    /// A version of the body `data` holds (an object record's, checked), with no block on
+    /// A version of the body `data` holds (in the index's form, checked), with no block on
     /// disk; the inline checksums follow it (room the caller reserved: nothing is moved).
     fn of_body(mut data: Vec<u8>) -> Stored {
         let body_len = data.len();
@@ -276,6 +275,11 @@ impl Stored {
 
     fn body(&self) -> &[u8] {
         &self.data[..usize::from(self.body_len)]
+    }
+
+    /// Version `version` (this one's id), read in place.
+    fn view(&self, version: u64) -> ObjectView<'_> {
+        ObjectView::parse_compact(self.body(), version).expect("a body the index checked")
     }
 
     fn key(&self) -> &[u8] {
@@ -294,8 +298,8 @@ impl Stored {
         Fixed(&self.data).blocks()
     }
 
-    fn meta(&self) -> ObjectVersion {
-        ObjectVersion::decode_body(self.body()).expect("a body the index encoded")
+    fn meta(&self, version: u64) -> ObjectVersion {
+        self.view(version).to_owned()
     }
 
     fn stored_bytes(&self) -> u64 {
@@ -304,14 +308,13 @@ impl Stored {
 
     /// Journal bytes its object record takes, framed.
     fn record_bytes(&self) -> u64 {
-        (FRAME_BYTES + usize::from(self.body_len)) as u64
+        (FRAME_BYTES + ObjectView::compact_record_len(self.body())) as u64
     }
 
     /// Its body replaced by `meta`'s (a confirmation's new lines), its blocks kept.
     fn rewrite(&mut self, meta: &ObjectVersion) {
-        let mut body = Vec::with_capacity(Record::object_bytes(meta) as usize - FRAME_BYTES);
-        meta.encode_body(&mut body);
         let crcs = &self.data[usize::from(self.body_len)..];
+        let mut body = compact(meta, crcs.len());
         self.body_len = u16::try_from(body.len()).expect("a body within MAX_RECORD_BYTES");
         body.extend_from_slice(crcs);
         self.data = body.into_boxed_slice();
@@ -363,6 +366,14 @@ impl Stored {
         (0..inline_blocks(blocks) as u32)
             .filter_map(move |b| self.get_inline(b, blocks).map(|crc| (b, crc)))
     }
+}
+
+/// `meta`'s body in the index's form (`ObjectView::compact_body`), with room for
+/// `room_after` bytes of checksums after it.
+fn compact(meta: &ObjectVersion, room_after: usize) -> Vec<u8> {
+    let mut body = Vec::with_capacity(Record::object_bytes(meta) as usize - FRAME_BYTES);
+    meta.encode_body(&mut body);
+    ObjectView::compact_body(&body, room_after)
 }
 
 /// A version's blocks: inline in it, or, over `INLINE_BLOCKS`, in the table beside it.
@@ -460,12 +471,8 @@ impl Prepared {
         let version = slot.map_or(view.version, |s| {
             super::version_id::on_slot(view.version, s)
         });
-        let mut body = Vec::with_capacity(body_in.len() + 4 * inline_blocks(view.blocks()));
-        body.extend_from_slice(body_in);
-        if version != view.version {
-            let at = BODY_KEY_AT + view.key.len();
-            body[at..at + 8].copy_from_slice(&version.to_le_bytes());
-        }
+        // The index keys the version by its id (moved to the slot), not holding it in the body.
+        let body = ObjectView::compact_body(body_in, 4 * inline_blocks(view.blocks()));
         Ok(Prepared {
             version,
             stored: Stored::of_body(body),
@@ -679,7 +686,7 @@ impl Index {
                     s.data[at..at + 8].copy_from_slice(&fetched_unix_s.to_le_bytes());
                     return true;
                 };
-                let mut meta = s.meta();
+                let mut meta = s.meta(version);
                 meta.fetched_unix_s = fetched_unix_s;
                 meta.freshness = r.freshness;
                 meta.headers = r.headers;
@@ -860,20 +867,19 @@ impl Index {
 
     /// Version `version`, read in place.
     pub fn view(&self, version: u64) -> Option<ObjectView<'_>> {
-        let s = self.versions.get(&version)?;
-        Some(ObjectView::parse(s.body()).expect("a body the index checked"))
+        Some(self.versions.get(&version)?.view(version))
     }
 
     /// What version `version` is (current or still being read).
     pub fn meta(&self, version: u64) -> Option<ObjectVersion> {
-        self.versions.get(&version).map(|s| s.meta())
+        self.versions.get(&version).map(|s| s.meta(version))
     }
 
     /// Appends `version`'s object record to `out`, framed, as `Record::encode` would write it
     /// (from the body held, not decoded); nothing when it is unknown.
     pub fn encode_version(&self, version: u64, out: &mut Vec<u8>) {
         if let Some(s) = self.versions.get(&version) {
-            super::record::encode_framed(s.body(), out);
+            ObjectView::encode_compact_framed(s.body(), version, out);
         }
     }
 
@@ -977,7 +983,7 @@ impl Index {
 
     /// Every version held, decoded, in no particular order.
     pub fn each_version(&self) -> impl Iterator<Item = ObjectVersion> + '_ {
-        self.versions.values().map(|s| s.meta())
+        self.versions.iter().map(|(&v, s)| s.meta(v))
     }
 
     /// The id of every version held, in no particular order.
@@ -1231,18 +1237,29 @@ mod tests {
         Prepared::from_body(body, slot).map(|p| ix.insert_prepared(p).is_ok())
     }
 
-    /// Replay's way in (an object record's body, kept as it is) gives what `apply` gives,
-    /// moves the version to its disk's slot, and refuses what `validate` refuses.
+    /// Replay's way in (an object record's body, held in the index's form) gives what
+    /// `apply` gives, writes the same record back, moves the version to its disk's slot, and
+    /// refuses what `validate` refuses.
     #[test]
-    fn a_body_from_the_journal_is_kept_as_it_is_and_checked_as_a_record_is() {
+    fn a_body_from_the_journal_is_held_compact_and_checked_as_a_record_is() {
         let mut m = object("origin/k", 3, 5 << 20);
         m.etag = "\"e\"".into();
+        m.content_type = "application/octet-stream".into();
         m.headers = "Cache-Control: max-age=9\r\n".into();
         let mut body = Vec::new();
         m.encode_body(&mut body);
         let mut ix = Index::default();
         assert_eq!(insert_body(&mut ix, &body, None), Ok(true));
         assert_eq!(ix.current(b"origin/k").as_ref(), Some(&m));
+        // Held without its kind, its id and the common type's text, but written back whole.
+        let held = usize::from(ix.versions[&3].body_len);
+        assert_eq!(held, body.len() - 1 - 8 - (2 + m.content_type.len() - 1));
+        let mut framed = Vec::new();
+        Record::Object(m.clone()).encode(&mut framed);
+        let mut written = Vec::new();
+        ix.encode_version(3, &mut written);
+        assert_eq!(written, framed);
+        assert_eq!(ix.live_bytes(), framed.len() as u64);
         assert_eq!(insert_body(&mut ix, &body, None), Ok(false), "id taken");
         let moved = crate::cache::version_id::on_slot(3, 2);
         let mut other = Index::default();

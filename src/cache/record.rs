@@ -26,6 +26,20 @@ pub const MAX_STORED_HEADER_BYTES: usize = 2048;
 /// Most blocks one object may have (a 16 TiB object at 1 MiB blocks).
 pub const MAX_BLOCKS_PER_OBJECT: u64 = 1 << 24;
 
+/// Content types a version the index holds keeps as one byte (`ObjectView::compact_body`):
+/// nearly every object of a game's depot or patch is one of these. Memory only, never
+/// journaled, so the list may change from one release to the next (at most 255).
+const SHORT_CONTENT_TYPES: [&str; 8] = [
+    "application/octet-stream",
+    "application/json",
+    "application/xml",
+    "application/zip",
+    "application/gzip",
+    "text/plain",
+    "text/html",
+    "text/xml",
+];
+
 /// Record kinds, the byte after the frame.
 pub(crate) const KIND_OBJECT: u8 = 1;
 pub(crate) const KIND_BLOCK: u8 = 2;
@@ -277,15 +291,6 @@ impl Record {
     }
 }
 
-/// Appends `body` (a record's bytes after its frame: its kind, then its fields) to `out`,
-/// framed as `Record::encode` frames it.
-pub(crate) fn encode_framed(body: &[u8], out: &mut Vec<u8>) {
-    assert!(body.len() <= MAX_RECORD_BYTES, "a record over its bound");
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&super::checksum(body).to_le_bytes());
-    out.extend_from_slice(body);
-}
-
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     assert!(
         b.len() <= usize::from(u16::MAX),
@@ -377,6 +382,29 @@ impl<'a> ObjectView<'a> {
         let block_bytes = r.u32()?;
         let fetched_unix_s = r.u64()?;
         let (etag, last_modified, content_type) = (r.str()?, r.str()?, r.str()?);
+        Self::read_after_content_type(
+            r,
+            ObjectView {
+                key,
+                version,
+                size,
+                block_bytes,
+                fetched_unix_s,
+                etag,
+                last_modified,
+                content_type,
+                freshness: Freshness::default(),
+                headers: "",
+                status: 200,
+                selecting: "",
+                tags: "",
+            },
+        )
+    }
+
+    /// `head` (its fields up to the content type read) with the fields after it read from `r`:
+    /// the same bytes in a record's body and in the index's form (`compact_body`).
+    fn read_after_content_type(r: &mut Reader<'a>, head: ObjectView<'a>) -> Option<ObjectView<'a>> {
         // Records journaled before the origin's contract was kept end here.
         let (freshness, headers) = if r.0.is_empty() {
             (Freshness::default(), "")
@@ -399,6 +427,70 @@ impl<'a> ObjectView<'a> {
             text
         };
         Some(ObjectView {
+            freshness,
+            headers,
+            status,
+            selecting,
+            tags,
+            ..head
+        })
+    }
+
+    /// An object record's body (one `parse` accepts) in the form the index holds in memory,
+    /// in an allocation of its length and `room_after` bytes more: without its kind byte and
+    /// its version (the index keys it by the version), its content type one byte when it is
+    /// one of `SHORT_CONTENT_TYPES`. The rest is the body's bytes as they are.
+    /// `encode_compact_framed` gives the record back.
+    pub fn compact_body(body: &[u8], room_after: usize) -> Vec<u8> {
+        let mut r = Reader(body);
+        let kind = r.u8();
+        assert_eq!(kind, Some(KIND_OBJECT), "an object record's body");
+        let checked = "a body `parse` accepted";
+        let key = r.bytes().expect(checked);
+        r.u64().expect(checked);
+        // Size, block size and fetch time, as they are.
+        let fixed = r.take(8 + 4 + 8).expect(checked);
+        let (etag, last_modified) = (r.bytes().expect(checked), r.bytes().expect(checked));
+        let content_type = r.bytes().expect(checked);
+        let short = SHORT_CONTENT_TYPES
+            .iter()
+            .position(|t| t.as_bytes() == content_type);
+        // Exactly its length: an allocator keeps a shrunk block in its size class.
+        let type_bytes = if short.is_some() {
+            1
+        } else {
+            1 + 2 + content_type.len()
+        };
+        let len = body.len() - 1 - 8 - (2 + content_type.len()) + type_bytes;
+        let mut out = Vec::with_capacity(len + room_after);
+        put_bytes(&mut out, key);
+        out.extend_from_slice(fixed);
+        put_bytes(&mut out, etag);
+        put_bytes(&mut out, last_modified);
+        match short {
+            Some(i) => out.push(i as u8 + 1),
+            None => {
+                out.push(0);
+                put_bytes(&mut out, content_type);
+            }
+        }
+        out.extend_from_slice(r.0);
+        debug_assert_eq!(out.len(), len);
+        out
+    }
+
+    /// The fields of version `version`'s body in the index's form (`compact_body`); None
+    /// when they do not parse.
+    pub fn parse_compact(held: &'a [u8], version: u64) -> Option<ObjectView<'a>> {
+        let mut r = Reader(held);
+        let key = r.bytes()?;
+        let (size, block_bytes, fetched_unix_s) = (r.u64()?, r.u32()?, r.u64()?);
+        let (etag, last_modified) = (r.str()?, r.str()?);
+        let content_type = match r.u8()? {
+            0 => r.str()?,
+            n => SHORT_CONTENT_TYPES.get(usize::from(n) - 1)?,
+        };
+        let head = ObjectView {
             key,
             version,
             size,
@@ -407,12 +499,55 @@ impl<'a> ObjectView<'a> {
             etag,
             last_modified,
             content_type,
-            freshness,
-            headers,
-            status,
-            selecting,
-            tags,
-        })
+            freshness: Freshness::default(),
+            headers: "",
+            status: 200,
+            selecting: "",
+            tags: "",
+        };
+        let view = Self::read_after_content_type(&mut r, head)?;
+        r.0.is_empty().then_some(view)
+    }
+
+    /// Appends version `version`'s object record body, framed, from its body in the index's
+    /// form (`compact_body`): the bytes `Record::encode` writes for it.
+    pub fn encode_compact_framed(held: &[u8], version: u64, out: &mut Vec<u8>) {
+        let frame_at = out.len();
+        out.extend_from_slice(&[0; FRAME_BYTES]);
+        let mut r = Reader(held);
+        let checked = "a body `compact_body` wrote";
+        out.push(KIND_OBJECT);
+        put_bytes(out, r.bytes().expect(checked));
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(r.take(8 + 4 + 8).expect(checked));
+        put_bytes(out, r.bytes().expect(checked));
+        put_bytes(out, r.bytes().expect(checked));
+        match r.u8().expect(checked) {
+            0 => put_bytes(out, r.bytes().expect(checked)),
+            n => put_bytes(out, SHORT_CONTENT_TYPES[usize::from(n) - 1].as_bytes()),
+        }
+        out.extend_from_slice(r.0);
+        let body = &out[frame_at + FRAME_BYTES..];
+        assert!(body.len() <= MAX_RECORD_BYTES, "a record over its bound");
+        let (len, crc) = (body.len() as u32, super::checksum(body));
+        out[frame_at..frame_at + 4].copy_from_slice(&len.to_le_bytes());
+        out[frame_at + 4..frame_at + FRAME_BYTES].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Bytes of the object record body a body in the index's form (`compact_body`) stands for.
+    pub fn compact_record_len(held: &[u8]) -> usize {
+        let mut r = Reader(held);
+        let checked = "a body `compact_body` wrote";
+        r.bytes().expect(checked);
+        r.take(8 + 4 + 8).expect(checked);
+        r.bytes().expect(checked);
+        r.bytes().expect(checked);
+        // The kind byte and the version are not held; a short content type is one byte.
+        let grows = match r.u8().expect(checked) {
+            0 => 0,
+            n => 2 + SHORT_CONTENT_TYPES[usize::from(n) - 1].len(),
+        };
+        held.len() + 1 + 8 - 1 + grows
     }
 
     /// The version, its strings copied.
@@ -766,5 +901,99 @@ impl ObjectVersion {
     /// Whether `validate` passes.
     pub fn is_valid(&self) -> bool {
         self.validate().is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A version with the given strings, the rest fixed.
+    fn version(content_type: String, etag: String, headers: String, tags: &str) -> ObjectVersion {
+        ObjectVersion {
+            key: b"\0\0depot/7/chunk/0a1b".to_vec(),
+            version: 0x1234_5678_9abc,
+            size: 5 << 20,
+            block_bytes: 1 << 20,
+            fetched_unix_s: 1_800_000_000,
+            etag,
+            last_modified: "Tue, 15 Nov 1994 12:45:26 GMT".into(),
+            content_type,
+            freshness: Freshness {
+                lifetime_s: Some(60),
+                ..Freshness::default()
+            },
+            headers,
+            status: 200,
+            selecting: String::new(),
+            tags: Tags::from_text(tags).unwrap_or_default(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+        /// The index's form of a body reads as the body does, gives the same record back byte
+        /// for byte, and counts its length; a common content type costs one byte.
+        #[test]
+        fn a_compact_body_reads_and_encodes_as_the_record_it_came_from(
+            content_type in prop_oneof![
+                proptest::sample::select(SHORT_CONTENT_TYPES.to_vec()).prop_map(String::from),
+                "[a-z/+.;= -]{0,40}",
+            ],
+            etag in "[a-z0-9\"-]{0,20}",
+            headers in prop_oneof![Just(String::new()), Just("Cache-Control: max-age=9\r\n".to_string())],
+            tags in prop_oneof![Just(""), Just("patch-7 depot")],
+            old_format: bool,
+        ) {
+            let m = version(content_type.clone(), etag, headers, tags);
+            let mut framed = Vec::new();
+            Record::Object(m.clone()).encode(&mut framed);
+            let mut body = framed[FRAME_BYTES..].to_vec();
+            if old_format {
+                // A record journaled before the origin's contract: it ends after the type.
+                let at = 1 + 2 + m.key.len() + 8 + 8 + 4 + 8 + 6
+                    + m.etag.len() + m.last_modified.len() + m.content_type.len();
+                body.truncate(at);
+                framed.truncate(FRAME_BYTES);
+                framed[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+                framed[4..].copy_from_slice(&crate::cache::checksum(&body).to_le_bytes());
+                framed.extend_from_slice(&body);
+            }
+            let view = ObjectView::parse(&body).expect("a record's body");
+            let held = ObjectView::compact_body(&body, 3);
+            prop_assert_eq!(held.capacity(), held.len() + 3);
+            let short = SHORT_CONTENT_TYPES.contains(&content_type.as_str());
+            let saved = 1 + 8 + if short { 2 + content_type.len() - 1 } else { 0 } - usize::from(!short);
+            prop_assert_eq!(held.len() + saved, body.len());
+            let back = ObjectView::parse_compact(&held, m.version).expect("the index's form");
+            prop_assert_eq!(back.to_owned(), view.to_owned());
+            prop_assert_eq!(ObjectView::compact_record_len(&held), body.len());
+            let mut again = Vec::new();
+            ObjectView::encode_compact_framed(&held, m.version, &mut again);
+            prop_assert_eq!(again, framed);
+            // Cut short, it does not parse (and never panics).
+            prop_assert!(ObjectView::parse_compact(&held[..held.len() - 1], m.version).is_none());
+        }
+    }
+
+    /// A tag past the list of short content types is refused, not a panic.
+    #[test]
+    fn an_unknown_short_content_type_does_not_parse() {
+        let m = version(
+            SHORT_CONTENT_TYPES[0].into(),
+            String::new(),
+            String::new(),
+            "",
+        );
+        let mut body = Vec::new();
+        m.encode_body(&mut body);
+        let mut held = ObjectView::compact_body(&body, 0);
+        let tag_at = 2 + m.key.len() + 8 + 4 + 8 + 2 + 2 + m.last_modified.len();
+        assert_eq!(held[tag_at], 1);
+        assert!(ObjectView::parse_compact(&held, m.version).is_some());
+        held[tag_at] = SHORT_CONTENT_TYPES.len() as u8 + 1;
+        assert!(ObjectView::parse_compact(&held, m.version).is_none());
     }
 }
