@@ -182,7 +182,7 @@ impl BlockTable {
 const INLINE_BLOCKS: u64 = 16;
 
 /// A version as the index holds it, in one allocation (`data`): its object record's body in
-/// the index's form (`ObjectView::compact_body`: the key and every string, read in place when
+/// the index's form (`ObjectView::compact`: the key and every string, read in place when
 /// asked for, without the version its slot is keyed by), then,
 /// for an object of at most `INLINE_BLOCKS` blocks, its blocks' checksums (4 bytes each).
 /// A larger object's checksums are in the index's `tables`, beside it: a slot of the table
@@ -201,7 +201,7 @@ struct Stored {
 // A record's body fits `body_len`, and the inline blocks `inline_present`.
 const _: () = assert!(MAX_RECORD_BYTES <= u16::MAX as usize && INLINE_BLOCKS <= 16);
 
-/// Where the key sits in a body in the index's form (`ObjectView::compact_body`): after its
+/// Where the key sits in a body in the index's form (`ObjectView::compact`): after its
 /// length; the size, block size and fetch time follow it.
 const BODY_KEY_AT: usize = 2;
 
@@ -368,12 +368,10 @@ impl Stored {
     }
 }
 
-/// `meta`'s body in the index's form (`ObjectView::compact_body`), with room for
+/// `meta`'s body in the index's form (`ObjectView::compact`), with room for
 /// `room_after` bytes of checksums after it.
 fn compact(meta: &ObjectVersion, room_after: usize) -> Vec<u8> {
-    let mut body = Vec::with_capacity(Record::object_bytes(meta) as usize - FRAME_BYTES);
-    meta.encode_body(&mut body);
-    ObjectView::compact_body(&body, room_after)
+    meta.view().compact(room_after)
 }
 
 /// A version's blocks: inline in it, or, over `INLINE_BLOCKS`, in the table beside it.
@@ -472,7 +470,7 @@ impl Prepared {
             super::version_id::on_slot(view.version, s)
         });
         // The index keys the version by its id (moved to the slot), not holding it in the body.
-        let body = ObjectView::compact_body(body_in, 4 * inline_blocks(view.blocks()));
+        let body = view.compact(4 * inline_blocks(view.blocks()));
         Ok(Prepared {
             version,
             stored: Stored::of_body(body),
@@ -1251,9 +1249,14 @@ mod tests {
         let mut ix = Index::default();
         assert_eq!(insert_body(&mut ix, &body, None), Ok(true));
         assert_eq!(ix.current(b"origin/k").as_ref(), Some(&m));
-        // Held without its kind, its id and the common type's text, but written back whole.
+        // Held without its kind, its id, the common type's text and the defaults (a flag byte,
+        // no number of the four), but written back whole.
         let held = usize::from(ix.versions[&3].body_len);
-        assert_eq!(held, body.len() - 1 - 8 - (2 + m.content_type.len() - 1));
+        let defaults = Freshness::BYTES + 2 + 2 - 1;
+        assert_eq!(
+            held,
+            body.len() - 1 - 8 - (2 + m.content_type.len() - 1) - defaults
+        );
         let mut framed = Vec::new();
         Record::Object(m.clone()).encode(&mut framed);
         let mut written = Vec::new();
