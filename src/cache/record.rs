@@ -554,9 +554,9 @@ impl<'a> ObjectView<'a> {
         flags |= u8::from(self.freshness.no_cache) * HELD_NO_CACHE;
         flags |= u8::from(self.freshness.must_revalidate) * HELD_MUST_REVALIDATE;
         flags |= u8::from(!self.headers.is_empty()) * HELD_HEADERS;
-        let more = u8::from(self.status != 200) * HELD_STATUS
-            | u8::from(!self.selecting.is_empty()) * HELD_SELECTING
-            | u8::from(!self.tags.is_empty()) * HELD_TAGS;
+        let more = (u8::from(self.status != 200) * HELD_STATUS)
+            | (u8::from(!self.selecting.is_empty()) * HELD_SELECTING)
+            | (u8::from(!self.tags.is_empty()) * HELD_TAGS);
         (flags | u8::from(more != 0) * HELD_MORE, more)
     }
 
