@@ -557,7 +557,7 @@ impl<'a> ObjectView<'a> {
         let more = (u8::from(self.status != 200) * HELD_STATUS)
             | (u8::from(!self.selecting.is_empty()) * HELD_SELECTING)
             | (u8::from(!self.tags.is_empty()) * HELD_TAGS);
-        (flags | u8::from(more != 0) * HELD_MORE, more)
+        (flags | (u8::from(more != 0) * HELD_MORE), more)
     }
 
     /// The fields of version `version` held in the index's form (`compact`); None when they
