@@ -40,6 +40,9 @@ const SHORT_CONTENT_TYPES: [&str; 8] = [
     "text/xml",
 ];
 
+// A short type is its index plus one in a byte (0: the type follows in full).
+const _: () = assert!(SHORT_CONTENT_TYPES.len() < u8::MAX as usize);
+
 /// `ObjectView::compact`'s first flag byte: bits 0-3 say which freshness numbers follow
 /// (lifetime, initial age, stale-while-revalidate, stale-if-error), then these.
 const HELD_NO_CACHE: u8 = 1 << 4;
