@@ -396,29 +396,6 @@ impl<'a> ObjectView<'a> {
         let block_bytes = r.u32()?;
         let fetched_unix_s = r.u64()?;
         let (etag, last_modified, content_type) = (r.str()?, r.str()?, r.str()?);
-        Self::read_after_content_type(
-            r,
-            ObjectView {
-                key,
-                version,
-                size,
-                block_bytes,
-                fetched_unix_s,
-                etag,
-                last_modified,
-                content_type,
-                freshness: Freshness::default(),
-                headers: "",
-                status: 200,
-                selecting: "",
-                tags: "",
-            },
-        )
-    }
-
-    /// `head` (its fields up to the content type read) with the fields after it read from `r`:
-    /// the same bytes in a record's body and in the index's form (`compact_body`).
-    fn read_after_content_type(r: &mut Reader<'a>, head: ObjectView<'a>) -> Option<ObjectView<'a>> {
         // Records journaled before the origin's contract was kept end here.
         let (freshness, headers) = if r.0.is_empty() {
             (Freshness::default(), "")
@@ -441,12 +418,19 @@ impl<'a> ObjectView<'a> {
             text
         };
         Some(ObjectView {
+            key,
+            version,
+            size,
+            block_bytes,
+            fetched_unix_s,
+            etag,
+            last_modified,
+            content_type,
             freshness,
             headers,
             status,
             selecting,
             tags,
-            ..head
         })
     }
 
