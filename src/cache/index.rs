@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::id_hash::Ids;
 
 pub use super::record::ObjectVersion;
-use super::record::{Invalid, ObjectView, Record, FRAME_BYTES, MAX_RECORD_BYTES};
+use super::record::{Invalid, ObjectView, Record, FRAME_BYTES};
 
 /// Blocks a page of a `BlockTable` covers at most.
 const PAGE_BLOCKS: u32 = 256;
@@ -167,6 +167,11 @@ impl BlockTable {
         true
     }
 
+    /// Blocks present.
+    fn present(&self) -> u32 {
+        self.pages().iter().map(|p| p.count).sum()
+    }
+
     /// The blocks present and their checksums, in order.
     fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.pages().iter().flat_map(|page| {
@@ -182,25 +187,36 @@ impl BlockTable {
 /// keeps them in a `BlockTable`, which grows with what is stored.
 const INLINE_BLOCKS: u64 = 16;
 
-/// A version as the index holds it, in one allocation (`data`): its object record's body in
-/// the index's form (`ObjectView::compact`: the key and every string, read in place when
-/// asked for, without the version its slot is keyed by), then,
-/// for an object of at most `INLINE_BLOCKS` blocks, its blocks' checksums (4 bytes each).
-/// A larger object's checksums are in the index's `tables`, beside it: a slot of the table
-/// of versions is 32 bytes, not 40 for a pointer nearly every version leaves empty.
+/// A version as the index holds it, one allocation and nothing beside it: its object
+/// record's body in the index's form (`ObjectView::compact`: the key and every string, read
+/// in place when asked for, without the version its slot is keyed by), then, for an object
+/// of at most `INLINE_BLOCKS` blocks, its blocks' checksums (4 bytes each) and which of them
+/// are on disk (`INLINE_PRESENT_BYTES`, bit `i`: block `i`). Where the body ends and how many
+/// blocks are on disk follow from the body's size fields and those bits, so a slot of the
+/// table of versions is 24 bytes: the id and the pointer. A larger object's checksums are in
+/// the index's `tables`, beside it.
 #[derive(Debug)]
 struct Stored {
     data: Box<[u8]>,
-    /// Blocks on disk.
-    present: u32,
-    /// Bytes of `data` that are the body (in the index's form).
-    body_len: u16,
-    /// Which inline blocks are on disk (bit `i`: block `i`).
-    inline_present: u16,
 }
 
-// A record's body fits `body_len`, and the inline blocks `inline_present`.
-const _: () = assert!(MAX_RECORD_BYTES <= u16::MAX as usize && INLINE_BLOCKS <= 16);
+/// Bytes of the inline blocks' presence bits, after their checksums.
+const INLINE_PRESENT_BYTES: usize = 2;
+
+// The inline blocks' presence bits fit their bytes.
+const _: () = assert!(INLINE_BLOCKS <= 8 * INLINE_PRESENT_BYTES as u64);
+
+// The slot the comment on `Stored` counts on.
+const _: () = assert!(std::mem::size_of::<(u64, Stored)>() == 24);
+
+/// Bytes after the body of a version keeping `inline` blocks' checksums in its allocation.
+fn inline_tail_bytes(inline: usize) -> usize {
+    if inline == 0 {
+        0
+    } else {
+        4 * inline + INLINE_PRESENT_BYTES
+    }
+}
 
 /// Where the key sits in a body in the index's form (`ObjectView::compact`): after its
 /// length; the size, block size and fetch time follow it.
@@ -257,25 +273,54 @@ fn inline_blocks(blocks: u64) -> usize {
 
 impl Stored {
     fn new(meta: &ObjectVersion) -> Stored {
-        Stored::of_body(compact(meta, 4 * inline_blocks(meta.blocks())))
+        Stored::of_body(compact(
+            meta,
+            inline_tail_bytes(inline_blocks(meta.blocks())),
+        ))
     }
 
     /// A version of the body `data` holds (in the index's form, checked), with no block on
     /// disk; the inline checksums follow it (room the caller reserved: nothing is moved).
     fn of_body(mut data: Vec<u8>) -> Stored {
-        let body_len = data.len();
         let inline = inline_blocks(Fixed(&data).blocks());
-        data.resize(body_len + 4 * inline, 0);
+        data.resize(data.len() + inline_tail_bytes(inline), 0);
         Stored {
             data: data.into_boxed_slice(),
-            present: 0,
-            body_len: u16::try_from(body_len).expect("a body within MAX_RECORD_BYTES"),
-            inline_present: 0,
         }
     }
 
+    /// Where the body ends (the inline checksums begin), for an object of `blocks` blocks.
+    fn body_len(&self, blocks: u64) -> usize {
+        self.data.len() - inline_tail_bytes(inline_blocks(blocks))
+    }
+
     fn body(&self) -> &[u8] {
-        &self.data[..usize::from(self.body_len)]
+        &self.data[..self.body_len(self.blocks())]
+    }
+
+    /// Which inline blocks are on disk (bit `i`: block `i`), of an object of `blocks` blocks.
+    fn inline_present(&self, blocks: u64) -> u16 {
+        if inline_blocks(blocks) == 0 {
+            return 0;
+        }
+        let at = self.data.len() - INLINE_PRESENT_BYTES;
+        u16::from_le_bytes([self.data[at], self.data[at + 1]])
+    }
+
+    fn set_inline_present(&mut self, bits: u16) {
+        let at = self.data.len() - INLINE_PRESENT_BYTES;
+        self.data[at..].copy_from_slice(&bits.to_le_bytes());
+    }
+
+    /// Blocks on disk: counted in the inline bits, or in `table` (this version's in the
+    /// index's `tables`, for an object over `INLINE_BLOCKS` blocks).
+    fn present(&self, table: Option<&BlockTable>) -> u32 {
+        let blocks = self.blocks();
+        if blocks > INLINE_BLOCKS {
+            table.map_or(0, BlockTable::present)
+        } else {
+            self.inline_present(blocks).count_ones()
+        }
     }
 
     /// Version `version` (this one's id), read in place.
@@ -303,8 +348,14 @@ impl Stored {
         self.view(version).to_owned()
     }
 
-    fn stored_bytes(&self) -> u64 {
-        (u64::from(self.present) * u64::from(self.block_bytes())).min(self.size())
+    /// Bytes on disk, with `present` blocks there.
+    fn stored_bytes(&self, present: u32) -> u64 {
+        (u64::from(present) * u64::from(self.block_bytes())).min(self.size())
+    }
+
+    /// Journal bytes its records take, framed: the object's and its `present` blocks'.
+    fn journal_bytes(&self, present: u32) -> u64 {
+        self.record_bytes() + u64::from(present) * Record::BLOCK_BYTES
     }
 
     /// Journal bytes its object record takes, framed.
@@ -314,23 +365,25 @@ impl Stored {
 
     /// Its body replaced by `meta`'s (a confirmation's new lines), its blocks kept.
     fn rewrite(&mut self, meta: &ObjectVersion) {
-        let crcs = &self.data[usize::from(self.body_len)..];
-        let mut body = compact(meta, crcs.len());
-        self.body_len = u16::try_from(body.len()).expect("a body within MAX_RECORD_BYTES");
-        body.extend_from_slice(crcs);
+        let blocks = self.blocks();
+        debug_assert_eq!(blocks, meta.blocks(), "a confirmation keeps the size");
+        let tail = &self.data[self.body_len(blocks)..];
+        let mut body = compact(meta, tail.len());
+        body.extend_from_slice(tail);
         self.data = body.into_boxed_slice();
     }
 
-    fn crc_at(&self, i: usize) -> usize {
-        usize::from(self.body_len) + 4 * i
+    /// Where inline block `i`'s checksum sits (of an object of `blocks` blocks).
+    fn crc_at(&self, i: usize, blocks: u64) -> usize {
+        self.body_len(blocks) + 4 * i
     }
 
     /// Block `block`'s checksum, kept inline (an object of at most `INLINE_BLOCKS` blocks,
     /// `blocks` of them).
     fn get_inline(&self, block: u32, blocks: u64) -> Option<u32> {
         let i = block as usize;
-        (i < inline_blocks(blocks) && self.inline_present & (1 << i) != 0).then(|| {
-            let at = self.crc_at(i);
+        (i < inline_blocks(blocks) && self.inline_present(blocks) & (1 << i) != 0).then(|| {
+            let at = self.crc_at(i, blocks);
             u32::from_le_bytes(self.data[at..at + 4].try_into().expect("4 bytes"))
         })
     }
@@ -343,20 +396,21 @@ impl Stored {
             i < inline_blocks(blocks),
             "block {block} past its object's {blocks} inline"
         );
-        let at = self.crc_at(i);
+        let at = self.crc_at(i, blocks);
         self.data[at..at + 4].copy_from_slice(&crc.to_le_bytes());
-        let new = self.inline_present & (1 << i) == 0;
-        self.inline_present |= 1 << i;
-        new
+        let bits = self.inline_present(blocks);
+        self.set_inline_present(bits | 1 << i);
+        bits & (1 << i) == 0
     }
 
     /// Forgets inline block `block` (of an object of `blocks` blocks); true when it was
     /// present.
     fn take_inline(&mut self, block: u32, blocks: u64) -> bool {
         let i = block as usize;
-        let was = i < inline_blocks(blocks) && self.inline_present & (1 << i) != 0;
+        let bits = self.inline_present(blocks);
+        let was = i < inline_blocks(blocks) && bits & (1 << i) != 0;
         if was {
-            self.inline_present &= !(1 << i);
+            self.set_inline_present(bits & !(1 << i));
         }
         was
     }
@@ -471,7 +525,7 @@ impl Prepared {
             super::version_id::on_slot(view.version, s)
         });
         // The index keys the version by its id (moved to the slot), not holding it in the body.
-        let body = view.compact(4 * inline_blocks(view.blocks()));
+        let body = view.compact(inline_tail_bytes(inline_blocks(view.blocks())));
         Ok(Prepared {
             version,
             stored: Stored::of_body(body),
@@ -500,13 +554,12 @@ impl Prepared {
             self.stored.get_inline(block, blocks).is_none()
                 && self.stored.set_inline(block, crc, blocks)
         };
-        self.stored.present += u32::from(new);
         new
     }
 
     /// Block records taken in (`fold_block`).
     pub fn folded_blocks(&self) -> u32 {
-        self.stored.present
+        self.stored.present(self.table.as_ref())
     }
 
     /// The blocks taken in, as records: what a refused insert applies one by one.
@@ -708,8 +761,8 @@ impl Index {
                 let Some(s) = self.versions.remove(&version) else {
                     return false;
                 };
-                self.tables.remove(&version);
-                self.live_bytes -= s.record_bytes() + u64::from(s.present) * Record::BLOCK_BYTES;
+                let table = self.tables.remove(&version);
+                self.live_bytes -= s.journal_bytes(s.present(table.as_ref()));
                 let hash = self.key_hasher.hash(s.key());
                 if self.held.is_some() {
                     self.dropped_while_held.insert(version);
@@ -767,7 +820,6 @@ impl Index {
             s.set_inline(block, crc, blocks)
         };
         if new {
-            s.present += 1;
             self.live_bytes += Record::BLOCK_BYTES;
         }
         true
@@ -784,10 +836,10 @@ impl Index {
             return Err(prepared);
         };
         let stored = prepared.stored;
+        self.live_bytes += stored.journal_bytes(stored.present(prepared.table.as_ref()));
         if let Some(table) = prepared.table {
             self.tables.insert(prepared.version, table);
         }
-        self.live_bytes += stored.record_bytes() + u64::from(stored.present) * Record::BLOCK_BYTES;
         let hash = self.key_hasher.hash(stored.key());
         slot_of_id.insert(stored);
         self.change_current_or_hold(hash, prepared.version, true);
@@ -852,11 +904,11 @@ impl Index {
             moving.sort_unstable();
             for version in moving.drain(..) {
                 let stored = from.versions.remove(&version).expect("held, above");
-                if let Some(table) = from.tables.remove(&version) {
+                let table = from.tables.remove(&version);
+                self.live_bytes += stored.journal_bytes(stored.present(table.as_ref()));
+                if let Some(table) = table {
                     self.tables.insert(version, table);
                 }
-                self.live_bytes +=
-                    stored.record_bytes() + u64::from(stored.present) * Record::BLOCK_BYTES;
                 let before = self.versions.insert(version, stored);
                 assert!(before.is_none(), "two disks' versions share an id");
             }
@@ -878,10 +930,11 @@ impl Index {
         let hash = from.key_hasher.hash(stored.key());
         debug_assert!(from.held.is_none(), "a lookup while changes are held back");
         from.unset_current(hash, version);
-        if let Some(table) = from.tables.remove(&version) {
+        let table = from.tables.remove(&version);
+        let blocks_bytes = u64::from(stored.present(table.as_ref())) * Record::BLOCK_BYTES;
+        if let Some(table) = table {
             self.tables.insert(version, table);
         }
-        let blocks_bytes = u64::from(stored.present) * Record::BLOCK_BYTES;
         from.live_bytes -= stored.record_bytes() + blocks_bytes;
         self.live_bytes += blocks_bytes;
         self.insert(version, stored);
@@ -1004,7 +1057,6 @@ impl Index {
             s.take_inline(block, blocks)
         };
         if forgot {
-            s.present -= 1;
             self.live_bytes -= Record::BLOCK_BYTES;
         }
         forgot
@@ -1033,14 +1085,16 @@ impl Index {
 
     /// Bytes of `version` on disk: its blocks present, at most its size (0 when unknown).
     pub fn stored_bytes(&self, version: u64) -> u64 {
-        self.versions.get(&version).map_or(0, Stored::stored_bytes)
+        self.versions
+            .get(&version)
+            .map_or(0, |s| s.stored_bytes(s.present(self.tables.get(&version))))
     }
 
     /// Blocks of `version` on disk.
     pub fn blocks_present(&self, version: u64) -> u64 {
         self.versions
             .get(&version)
-            .map_or(0, |s| u64::from(s.present))
+            .map_or(0, |s| u64::from(s.present(self.tables.get(&version))))
     }
 
     /// Every version held, decoded, in no particular order.
@@ -1315,11 +1369,16 @@ mod tests {
         assert_eq!(ix.current(b"origin/k").as_ref(), Some(&m));
         // Held without its kind, its id, the common type's text and the defaults (a flag byte,
         // no number of the four), but written back whole.
-        let held = usize::from(ix.versions[&3].body_len);
+        let held = ix.versions[&3].body().len();
         let defaults = Freshness::BYTES + 2 + 2 - 1;
         assert_eq!(
             held,
             body.len() - 1 - 8 - (2 + m.content_type.len() - 1) - defaults
+        );
+        // Then its 5 blocks' checksums and their presence bits, and nothing else.
+        assert_eq!(
+            ix.versions[&3].data.len(),
+            held + 4 * 5 + INLINE_PRESENT_BYTES
         );
         let mut framed = Vec::new();
         Record::Object(m.clone()).encode(&mut framed);
