@@ -592,7 +592,7 @@ pub struct Index {
     /// when the hash matches and its version holds the key (`current_id`), so two keys of one
     /// hash are both current, and no lookup returns another key's version.
     current: hashbrown::HashTable<Current>,
-    /// Held in the table's slots (32 bytes each): a version is one allocation, its `data`.
+    /// Held in the table's slots (24 bytes each: the id and `Stored`, one allocation).
     versions: HashMap<u64, Stored, Ids>,
     /// The block checksums of versions over `INLINE_BLOCKS` blocks with any on disk.
     tables: HashMap<u64, BlockTable, Ids>,
