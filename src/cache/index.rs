@@ -676,19 +676,19 @@ impl Index {
             true => versions.get(&v).map(Stored::key),
             false => None,
         };
-        let key = key_of(version);
+        // Keys are read only for a slot of the same hash: a replay's changes come in the
+        // order of their slots, and reading each version's key would miss the caches twice.
         let same_key = |c: &Current| {
             c.hash == hash
-                && match (key, key_of(c.version)) {
+                && match (key_of(version), key_of(c.version)) {
                     (Some(key), Some(here)) => here == key,
                     _ => true,
                 }
         };
-        match self.current.find_mut(hash, same_key) {
-            Some(c) => c.version = version,
-            None => {
-                self.current
-                    .insert_unique(hash, Current { hash, version }, current_hash);
+        match self.current.entry(hash, same_key, current_hash) {
+            hashbrown::hash_table::Entry::Occupied(mut slot) => slot.get_mut().version = version,
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(Current { hash, version });
             }
         }
     }
@@ -871,11 +871,13 @@ impl Index {
             for &Current { hash, version } in &batch {
                 // `from`'s current versions are held, each under its key's hash. A slot
                 // taken earlier in this batch names a version still in `from`.
-                let key = from.versions[&version].key();
+                // Read only for a slot of the same hash (or another hasher), so a batch in
+                // slot order does not miss the caches on each version's key.
+                let key = || from.versions[&version].key();
                 let hash = if same_hasher {
                     hash
                 } else {
-                    self.key_hasher.hash(key)
+                    self.key_hasher.hash(key())
                 };
                 let versions = (&self.versions, &from.versions);
                 let same_key = |c: &Current| {
@@ -884,19 +886,18 @@ impl Index {
                             .0
                             .get(&c.version)
                             .or_else(|| versions.1.get(&c.version))
-                            .is_some_and(|s| s.key() == key)
+                            .is_some_and(|s| s.key() == key())
                 };
-                match self.current.find_mut(hash, same_key) {
-                    Some(here) => {
+                match self.current.entry(hash, same_key, current_hash) {
+                    hashbrown::hash_table::Entry::Occupied(mut here) => {
                         use super::version_id::file_number;
-                        if file_number(here.version) > file_number(version) {
+                        if file_number(here.get().version) > file_number(version) {
                             continue;
                         }
-                        here.version = version;
+                        here.get_mut().version = version;
                     }
-                    None => {
-                        self.current
-                            .insert_unique(hash, Current { hash, version }, current_hash);
+                    hashbrown::hash_table::Entry::Vacant(slot) => {
+                        slot.insert(Current { hash, version });
                     }
                 }
                 moving.push(version);
