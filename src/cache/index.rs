@@ -513,6 +513,10 @@ pub struct Prepared {
     blocks: u64,
     /// The checksums of an object over `INLINE_BLOCKS` blocks, folded in.
     table: Option<BlockTable>,
+    /// Blocks folded in, and the journal bytes of the version's record: counted on the
+    /// reading thread, so the inserting one does not read the body again for them.
+    present: u32,
+    record_bytes: u32,
 }
 
 impl Prepared {
@@ -526,11 +530,15 @@ impl Prepared {
         });
         // The index keys the version by its id (moved to the slot), not holding it in the body.
         let body = view.compact(inline_tail_bytes(inline_blocks(view.blocks())));
+        let stored = Stored::of_body(body);
         Ok(Prepared {
             version,
-            stored: Stored::of_body(body),
+            // At most `MAX_RECORD_BYTES` and its frame.
+            record_bytes: stored.record_bytes() as u32,
+            stored,
             blocks: view.blocks(),
             table: None,
+            present: 0,
         })
     }
 
@@ -554,12 +562,14 @@ impl Prepared {
             self.stored.get_inline(block, blocks).is_none()
                 && self.stored.set_inline(block, crc, blocks)
         };
+        self.present += u32::from(new);
         new
     }
 
     /// Block records taken in (`fold_block`).
     pub fn folded_blocks(&self) -> u32 {
-        self.stored.present(self.table.as_ref())
+        debug_assert_eq!(self.present, self.stored.present(self.table.as_ref()));
+        self.present
     }
 
     /// The blocks taken in, as records: what a refused insert applies one by one.
@@ -835,8 +845,13 @@ impl Index {
         else {
             return Err(prepared);
         };
+        debug_assert_eq!(
+            u64::from(prepared.record_bytes),
+            prepared.stored.record_bytes()
+        );
+        self.live_bytes += u64::from(prepared.record_bytes)
+            + u64::from(prepared.folded_blocks()) * Record::BLOCK_BYTES;
         let stored = prepared.stored;
-        self.live_bytes += stored.journal_bytes(stored.present(prepared.table.as_ref()));
         if let Some(table) = prepared.table {
             self.tables.insert(prepared.version, table);
         }
