@@ -513,10 +513,8 @@ pub struct Prepared {
     blocks: u64,
     /// The checksums of an object over `INLINE_BLOCKS` blocks, folded in.
     table: Option<BlockTable>,
-    /// Blocks folded in, and the journal bytes of the version's record: counted on the
-    /// reading thread, so the inserting one does not read the body again for them.
+    /// Blocks folded in (counted as they are, not from the body and its bits again).
     present: u32,
-    record_bytes: u32,
 }
 
 impl Prepared {
@@ -530,12 +528,9 @@ impl Prepared {
         });
         // The index keys the version by its id (moved to the slot), not holding it in the body.
         let body = view.compact(inline_tail_bytes(inline_blocks(view.blocks())));
-        let stored = Stored::of_body(body);
         Ok(Prepared {
             version,
-            // At most `MAX_RECORD_BYTES` and its frame.
-            record_bytes: stored.record_bytes() as u32,
-            stored,
+            stored: Stored::of_body(body),
             blocks: view.blocks(),
             table: None,
             present: 0,
@@ -845,13 +840,9 @@ impl Index {
         else {
             return Err(prepared);
         };
-        debug_assert_eq!(
-            u64::from(prepared.record_bytes),
-            prepared.stored.record_bytes()
-        );
-        self.live_bytes += u64::from(prepared.record_bytes)
-            + u64::from(prepared.folded_blocks()) * Record::BLOCK_BYTES;
+        self.live_bytes += u64::from(prepared.folded_blocks()) * Record::BLOCK_BYTES;
         let stored = prepared.stored;
+        self.live_bytes += stored.record_bytes();
         if let Some(table) = prepared.table {
             self.tables.insert(prepared.version, table);
         }
