@@ -362,10 +362,7 @@ fn log_recovered(
     index: &Index,
     replayed: &ReplayStats,
 ) {
-    let blocks: u64 = index
-        .each_version_id()
-        .map(|v| index.blocks_present(v))
-        .sum();
+    let blocks = index.blocks_held();
     tracing::info!(
         dir = %dir.display(),
         disk_id = %format!("{id:016x}"),

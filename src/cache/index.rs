@@ -611,6 +611,9 @@ pub struct Index {
     /// Journal bytes a snapshot of every version held would take (`journal::snapshot`
     /// writes only the current ones, so this bounds it from above).
     live_bytes: u64,
+    /// Blocks on disk over every version held (a version's own count is read from its
+    /// allocation: summing those at start-up missed the caches once a version).
+    blocks_held: u64,
 }
 
 impl Index {
@@ -625,6 +628,7 @@ impl Index {
             held: None,
             dropped_while_held: Default::default(),
             live_bytes: 0,
+            blocks_held: 0,
         }
     }
 
@@ -767,7 +771,9 @@ impl Index {
                     return false;
                 };
                 let table = self.tables.remove(&version);
-                self.live_bytes -= s.journal_bytes(s.present(table.as_ref()));
+                let present = s.present(table.as_ref());
+                self.live_bytes -= s.journal_bytes(present);
+                self.blocks_held -= u64::from(present);
                 let hash = self.key_hasher.hash(s.key());
                 if self.held.is_some() {
                     self.dropped_while_held.insert(version);
@@ -826,6 +832,7 @@ impl Index {
         };
         if new {
             self.live_bytes += Record::BLOCK_BYTES;
+            self.blocks_held += 1;
         }
         true
     }
@@ -841,6 +848,7 @@ impl Index {
             return Err(prepared);
         };
         self.live_bytes += u64::from(prepared.folded_blocks()) * Record::BLOCK_BYTES;
+        self.blocks_held += u64::from(prepared.folded_blocks());
         let stored = prepared.stored;
         self.live_bytes += stored.record_bytes();
         if let Some(table) = prepared.table {
@@ -912,7 +920,9 @@ impl Index {
             for version in moving.drain(..) {
                 let stored = from.versions.remove(&version).expect("held, above");
                 let table = from.tables.remove(&version);
-                self.live_bytes += stored.journal_bytes(stored.present(table.as_ref()));
+                let present = stored.present(table.as_ref());
+                self.live_bytes += stored.journal_bytes(present);
+                self.blocks_held += u64::from(present);
                 if let Some(table) = table {
                     self.tables.insert(version, table);
                 }
@@ -938,12 +948,15 @@ impl Index {
         debug_assert!(from.held.is_none(), "a lookup while changes are held back");
         from.unset_current(hash, version);
         let table = from.tables.remove(&version);
-        let blocks_bytes = u64::from(stored.present(table.as_ref())) * Record::BLOCK_BYTES;
+        let present = stored.present(table.as_ref());
+        let blocks_bytes = u64::from(present) * Record::BLOCK_BYTES;
         if let Some(table) = table {
             self.tables.insert(version, table);
         }
         from.live_bytes -= stored.record_bytes() + blocks_bytes;
+        from.blocks_held -= u64::from(present);
         self.live_bytes += blocks_bytes;
+        self.blocks_held += u64::from(present);
         self.insert(version, stored);
         true
     }
@@ -1065,6 +1078,7 @@ impl Index {
         };
         if forgot {
             self.live_bytes -= Record::BLOCK_BYTES;
+            self.blocks_held -= 1;
         }
         forgot
     }
@@ -1072,6 +1086,11 @@ impl Index {
     /// Journal bytes the live index would take as records (what a compaction keeps, at most).
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes
+    }
+
+    /// Blocks on disk over every version held.
+    pub fn blocks_held(&self) -> u64 {
+        self.blocks_held
     }
 
     /// Whether `version` is its key's current version.
@@ -1143,6 +1162,12 @@ impl Index {
                 (v, key, self.each_block(v).collect(), self.is_current(v))
             })
             .collect();
+        let each: u64 = self.each_version_id().map(|v| self.blocks_present(v)).sum();
+        assert_eq!(
+            self.blocks_held(),
+            each,
+            "the blocks held are each version's"
+        );
         (versions, self.live_bytes(), self.keys())
     }
 }
@@ -1244,9 +1269,26 @@ mod tests {
         assert!(ix.forget_block(5, 1));
         assert!(!ix.forget_block(5, 1), "already absent");
         assert_eq!((ix.block_crc(5, 1), ix.blocks_present(5)), (None, 0));
+        assert_eq!(ix.blocks_held(), 0);
         assert!(ix.apply(block(8)));
         assert_eq!((ix.block_crc(5, 1), ix.blocks_present(5)), (Some(8), 1));
         assert_eq!(ix.max_version(), 5);
+        // A large object's table, forgotten from and dropped: the total follows each change.
+        let big = (INLINE_BLOCKS + 4) << 20;
+        assert!(ix.apply(Record::Object(object("big", 6, big))));
+        for b in [0, 17, 19] {
+            assert!(ix.apply(Record::Block {
+                version: 6,
+                block: b,
+                crc: b
+            }));
+        }
+        assert_eq!(ix.blocks_held(), 4);
+        assert!(ix.forget_block(6, 17));
+        assert_eq!((ix.blocks_present(6), ix.blocks_held()), (2, 3));
+        assert!(ix.apply(Record::Drop { version: 6 }));
+        assert_eq!(ix.blocks_held(), 1);
+        ix.contents();
     }
 
     /// A version's block table holds pages only where blocks are stored, each no longer than

@@ -1117,8 +1117,7 @@ impl<W: Clone + PartialEq + Routed> FillCore<W> {
     pub fn scrub_pass(&self) -> (Vec<u64>, u64) {
         let mut versions: Vec<u64> = self.index.each_version_id().collect();
         versions.sort_unstable();
-        let blocks = versions.iter().map(|&v| self.index.blocks_present(v)).sum();
-        (versions, blocks)
+        (versions, self.index.blocks_held())
     }
 
     /// The scrub's next run of `version` from block `from` on: the first block on disk among
