@@ -58,12 +58,12 @@ git -C "$WT" checkout -q -- examples/cache_restart.rs
 cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --bin shardline
 cp "$REPO/target/release/shardline" "$DIR/shardline.new"
 
-# server_fit COLUMN: the fit line of each build over the edge rows, time from table COLUMN
-# (awk's field number: 7 the first hit, 9 held).
+# server_fit COLUMN: the fit line of each build over the edge rows, bytes per object once
+# counted (field 6), time from table COLUMN (awk's field number: 8 the first hit, 10 held).
 server_fit() {
   local side pts
   for side in new base; do
-    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " -v c="$1" '$3 == s { print $2 + 0, $5 + 0, $c + 0 }')
+    mapfile -t pts < <(printf '%s\n' "$server_rows" | awk -F'|' -v s=" $side " -v c="$1" '$3 == s { print $2 + 0, $6 + 0, $c + 0 }')
     echo "- $side: $(fit "${pts[@]}")"
   done
 }
@@ -323,12 +323,12 @@ fit() {
   echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "$server_rows"
   echo
-  echo "30 million objects, by the same fit over the rounds above (time: to the first hit):"
+  echo "30 million objects, by the same fit over the rounds above (memory: bytes per object once counted; time: to the first hit):"
   echo
-  server_fit 7
+  server_fit 8
   echo
   echo "The same fit, time held (healthy, then a hit):"
   echo
-  server_fit 9
+  server_fit 10
 } >"$OUT"
 log "wrote $OUT"
