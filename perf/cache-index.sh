@@ -8,10 +8,11 @@
 #
 # Builds `examples/cache_restart.rs` (release) twice: from this tree, and from REV (default
 # ccea321, the landed code) with this tree's example file, so both run the same program on
-# their own index. For each size it writes one journal of N objects of B blocks (default 4,
-# no churn) with this tree's build, then, R times (default 2; the builds take turns going
-# first), drops the page cache and opens it with each build in a process of its own: the journal read from disk and
-# replayed into a ready index. Reports bytes per object (VmRSS after the load minus before,
+# their own index. For each size each build writes a journal of N objects of B blocks
+# (default 4, no churn) in its own format (the same records; a newer build may encode them in
+# fewer bytes), then, R times (default 2; the builds take turns going first), the page cache
+# is dropped and each build opens its journal in a process of its own: the journal read from
+# disk and replayed into a ready index. Reports bytes per object (VmRSS after the load minus before,
 # over the objects), peak RSS and time to ready, and a straight-line fit through the sizes
 # for 30 million. Then the same N on two disks of N/2 each (`cache_restart open-disks`: each
 # journal replayed on its own thread, then the indexes joined). Then restarts a real edge
@@ -76,18 +77,24 @@ order() { if (($1 % 2)); then echo base new; else echo new base; fi; }
 # field FILE REGEX: the first capture of REGEX (sed -E) in FILE.
 field() { sed -nE "s/$2/\1/p" "$1" | head -1; }
 
-rows=() fit_new=() fit_old=() disk_rows=()
+rows=() fit_new=() fit_old=() disk_rows=() sizes_rows=()
+declare -A journal_bytes
 for n in $SIZES; do
   j=$DIR/n$n
-  rm -rf "$j"
-  log "writing a journal of $n objects"
-  KEEP=1 "$NEW" "$j" "$n" "$BLOCKS" 1 >"$DIR/write-$n.txt"
+  for side in base new; do
+    bin=$OLD; [[ $side == new ]] && bin=$NEW
+    rm -rf "$j-$side"
+    log "writing a journal of $n objects ($side)"
+    KEEP=1 "$bin" "$j-$side" "$n" "$BLOCKS" 1 >"$DIR/write-$n-$side.txt"
+    journal_bytes[$side]=$(stat -c %s "$j-$side/journal")
+  done
+  sizes_rows+=("| $n | ${journal_bytes[base]} | ${journal_bytes[new]} |")
   for ((r = 1; r <= ROUNDS; r++)); do
     for side in $(order "$r"); do
       bin=$OLD; [[ $side == new ]] && bin=$NEW
       sync; echo 3 >/proc/sys/vm/drop_caches
       f=$DIR/open-$n-$side-$r.txt
-      "$bin" open "$j/journal" >"$f"
+      "$bin" open "$j-$side/journal" >"$f""
       ready=$(field "$f" '.*ready in ([0-9.]+) s.*')
       peak=$(field "$f" '.*peak RSS ([0-9]+) MiB.*')
       per=$(field "$f" '.*: ([0-9]+) bytes per object.*')
@@ -96,37 +103,42 @@ for n in $SIZES; do
       if [[ $side == new ]]; then fit_new+=("$n $per $ready"); else fit_old+=("$n $per $ready"); fi
     done
   done
-  rm -rf "$j"
+  rm -rf "$j-base" "$j-new"
   # The same N over two disks of N/2 (keys apart): each journal replayed on its own thread,
   # then the two indexes joined into one (`Index::join`).
   log "writing two journals of $((n / 2)) objects"
-  rm -rf "$j-a" "$j-b"
-  mkdir -p "$j-a" "$j-b"
-  "$NEW" append "$j-a/journal" $((n / 2)) "$BLOCKS" 0 >/dev/null
-  "$NEW" append "$j-b/journal" $((n / 2)) "$BLOCKS" $((n / 2)) >/dev/null
+  for side in base new; do
+    bin=$OLD; [[ $side == new ]] && bin=$NEW
+    rm -rf "$j-a-$side" "$j-b-$side"
+    mkdir -p "$j-a-$side" "$j-b-$side"
+    "$bin" append "$j-a-$side/journal" $((n / 2)) "$BLOCKS" 0 >/dev/null
+    "$bin" append "$j-b-$side/journal" $((n / 2)) "$BLOCKS" $((n / 2)) >/dev/null
+  done
   for ((r = 1; r <= ROUNDS; r++)); do
     for side in $(order "$r"); do
       bin=$OLD; [[ $side == new ]] && bin=$NEW
       sync; echo 3 >/proc/sys/vm/drop_caches
       f=$DIR/open-disks-$n-$side-$r.txt
-      "$bin" open-disks "$j-a" "$j-b" >"$f"
+      "$bin" open-disks "$j-a-$side" "$j-b-$side" >"$f""
       ready=$(field "$f" '.*ready in ([0-9.]+) s.*')
       peak=$(field "$f" '.*peak RSS ([0-9]+) MiB.*')
       disk_rows+=("| $n | $side | $r | $peak | $ready |")
       log "$n objects on two disks, $side, round $r: peak $peak MiB, ready in $ready s"
     done
   done
-  rm -rf "$j-a" "$j-b"
+  rm -rf "$j"-[ab]-*
 done
 
 # The same restart on a real edge: `shardline serve` over a cache of one real object (filled
 # from a second shardline as the origin) and N synthetic ones appended to its journal; the
 # time from the process's start to the real object's first hit (`Cache-Status: ...; hit`,
 # its bytes compared), and VmRSS then, against the same edge's over the one object alone.
-server_rows=$(python3 - "$DIR" "$NEW" "$ROUNDS" "$BLOCKS" $SIZES <<'PY'
+server_rows=$(python3 - "$DIR" "$NEW" "$OLD" "$ROUNDS" "$BLOCKS" $SIZES <<'PY'
 import hashlib, http.client, os, shutil, signal, socket, subprocess, sys, time
-work, example, rounds, blocks = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-sizes = [int(n) for n in sys.argv[5:]]
+work, rounds, blocks = sys.argv[1], int(sys.argv[4]), sys.argv[5]
+# Each build's cache is its own: filled by its edge, grown by its own example (its format).
+examples = {"new": sys.argv[2], "base": sys.argv[3]}
+sizes = [int(n) for n in sys.argv[6:]]
 bins = {"base": f"{work}/shardline.base", "new": f"{work}/shardline.new"}
 EDGE, ORIGIN, ADMIN = 18190, 18191, 18192
 origin_root = f"{work}/origin"
@@ -246,18 +258,19 @@ def stop(p):
         p.kill(); p.wait()
 try:
     for n in sizes:
-        cache = f"{work}/edge-cache"
-        shutil.rmtree(cache, ignore_errors=True)
-        os.makedirs(cache)
+        caches = {side: f"{work}/edge-cache-{side}" for side in ("new", "base")}
         base_rss = {}
-        for side in ("new", "base"):
+        for side, cache in caches.items():
+            shutil.rmtree(cache, ignore_errors=True)
+            os.makedirs(cache)
             p, _, _, base_rss[side] = edge(side, cache)
             stop(p)
-        out = subprocess.run([example, "append", f"{cache}/journal", str(n), blocks], check=True,
-                             capture_output=True, text=True).stdout.strip()
-        print(f"appended {n}: {out}", file=sys.stderr)
+            out = subprocess.run([examples[side], "append", f"{cache}/journal", str(n), blocks],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+            print(f"appended {n} ({side}): {out}", file=sys.stderr)
         for r in range(1, rounds + 1):
             for side in (("base", "new") if r % 2 else ("new", "base")):
+                cache = caches[side]
                 subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
                 p, answer, secs, rss = edge(side, cache)
                 counted = counted_rss_kib(p)
@@ -269,7 +282,8 @@ try:
                 per_counted = max(counted - base_rss[side], 0) * 1024 // n
                 print(f"| {n} | {side} | {r} | {per} | {per_counted} | {rss // 1024} | {secs:.2f} | {answer:.2f} | {held:.2f} |")
                 print(f"edge {n} {side} round {r}: {per} B/object at the first hit, {per_counted} once counted, first hit {secs:.2f} s, first answer {answer:.2f} s, held until healthy then hit {held:.2f} s", file=sys.stderr)
-        shutil.rmtree(cache, ignore_errors=True)
+        for cache in caches.values():
+            shutil.rmtree(cache, ignore_errors=True)
 finally:
     stop(origin)
 PY
@@ -291,10 +305,16 @@ fit() {
   echo "# The cache index at size: memory and time to ready (perf/cache-index.sh)"
   echo
   echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/cache-index.sh --base $BASE --sizes \"$SIZES\" --rounds $ROUNDS\`"
-  echo "- new: this tree ($(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src examples || echo ', with uncommitted changes')); base: $base_rev. Both run the same \`examples/cache_restart.rs\`, on the system allocator (glibc); the edge rows run each build's \`shardline\`, on its own global allocator (mimalloc since b6d8b44)."
+  echo "- new: this tree ($(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src examples || echo ', with uncommitted changes')); base: $base_rev. Both run the same \`examples/cache_restart.rs\` (each writes its own journals), on the system allocator (glibc); the edge rows run each build's \`shardline\`, on its own global allocator (mimalloc since b6d8b44)."
   echo "- Host: kernel $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo); journal on $(df -P "$DIR" | awk 'NR == 2 { print $1 }'), dropped from the page cache before each open"
   echo "- Workload: N objects of $BLOCKS blocks (a 59-byte key, an ETag, a content type), no churn; one process per open: the journal read from disk and replayed into a ready index"
   echo "- bytes/object: VmRSS after the load minus before, over the objects (the index, block checksums included, and what malloc holds); peak: VmHWM"
+  echo
+  echo "## The journals (bytes on disk, each build's own)"
+  echo
+  echo "| objects | base | new |"
+  echo "|---:|---:|---:|"
+  printf '%s\n' "${sizes_rows[@]}"
   echo
   echo "## The index alone (\`examples/cache_restart\`)"
   echo
@@ -317,7 +337,7 @@ fit() {
   echo
   echo "## A real edge's restart: time to the first answer and to the first hit"
   echo
-  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read). Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. Held: the same restart as a load balancer sees it, \`/healthz\` polled every 10 ms and no pulled request until it answers 200, then the object, which must be a hit (the polled runs share the 2 CPUs with the pass-throughs they cause and the origin). bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room); at the first hit, the eviction may still be counting the versions it loaded (\`shardline_cache_load_uncounted_versions\`), so the figure once counted (\`/metrics\` shows none left, polled every 10 ms) is the settled one."
+  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read); each build has its own cache, filled and grown by its own build. Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. Held: the same restart as a load balancer sees it, \`/healthz\` polled every 10 ms and no pulled request until it answers 200, then the object, which must be a hit (the polled runs share the 2 CPUs with the pass-throughs they cause and the origin). bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room); at the first hit, the eviction may still be counting the versions it loaded (\`shardline_cache_load_uncounted_versions\`), so the figure once counted (\`/metrics\` shows none left, polled every 10 ms) is the settled one."
   echo
   echo "| objects | edge | round | bytes/object at the first hit | bytes/object once counted | RSS at the first hit (MiB) | first hit (s) | first answer (s) | held: healthy, then a hit (s) |"
   echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"

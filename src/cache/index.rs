@@ -766,6 +766,18 @@ impl Index {
                 block,
                 crc,
             } => self.apply_block(version, block, crc),
+            Record::Blocks {
+                version,
+                first,
+                crcs,
+            } => {
+                // As its blocks' records one by one: applied when any names a block held.
+                let mut applied = false;
+                for (block, crc) in crcs.numbered(first) {
+                    applied |= self.apply_block(version, block, crc);
+                }
+                applied
+            }
             Record::Drop { version } => {
                 let Some(s) = self.versions.remove(&version) else {
                     return false;

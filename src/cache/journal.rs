@@ -11,11 +11,12 @@
 //! so a damaged length never makes replay allocate or read past the buffer.
 
 use super::index::{Index, Prepared};
-use super::record::{BlockFields, KIND_BLOCK, KIND_OBJECT};
 pub use super::record::{
-    Decoded, Framed, Invalid, ObjectVersion, Record, FRAME_BYTES, MAX_BLOCKS_PER_OBJECT,
-    MAX_BLOCK_BYTES, MAX_FIELD_BYTES, MAX_KEY_BYTES, MAX_RECORD_BYTES, MIN_BLOCK_BYTES,
+    encode_batch, BlockRun, Decoded, Framed, Invalid, ObjectVersion, Record, BLOCK_RUN_MAX,
+    FRAME_BYTES, MAX_BLOCKS_PER_OBJECT, MAX_BLOCK_BYTES, MAX_FIELD_BYTES, MAX_KEY_BYTES,
+    MAX_RECORD_BYTES, MIN_BLOCK_BYTES,
 };
+use super::record::{BlockFields, KIND_BLOCK, KIND_BLOCKS, KIND_OBJECT};
 
 /// Appends the live index to `out` as records: each current version's object record (with
 /// its latest confirmation time), then its blocks. Replaying them gives the same current
@@ -28,16 +29,17 @@ pub fn snapshot(index: &Index, out: &mut Vec<u8>) {
         .collect();
     // In id order: replay numbers new versions after the highest.
     versions.sort_unstable();
+    let mut blocks = Vec::new();
     for version in versions {
         index.encode_version(version, out);
-        for (block, crc) in index.each_block(version) {
-            Record::Block {
-                version,
-                block,
-                crc,
-            }
-            .encode(out);
-        }
+        blocks.clear();
+        blocks.extend(index.each_block(version).map(|(block, crc)| Record::Block {
+            version,
+            block,
+            crc,
+        }));
+        // Consecutive blocks as runs (`Record::Blocks`).
+        encode_batch(&blocks, out);
     }
 }
 
@@ -152,13 +154,40 @@ impl Decoder {
 
     /// Decodes one record's body (framed, checksum matched) onto `steps`.
     pub fn decode(&mut self, body: &[u8]) {
-        let step = Step::decode(body, self.slot);
+        if body.first() == Some(&KIND_BLOCKS) {
+            // A run: each of its blocks as its own block record would go.
+            match BlockRun::read(body) {
+                Ok((version, first, crcs)) => {
+                    let version = self.on_slot(version);
+                    for (block, crc) in crcs.numbered(first) {
+                        self.push(Step::Block(BlockFields {
+                            version,
+                            block,
+                            crc,
+                        }));
+                    }
+                }
+                Err(why) => self.steps.push(Step::Refused(why)),
+            }
+            return;
+        }
+        self.push(Step::decode(body, self.slot));
+    }
+
+    /// Pushes `step`, a block folded into its version's object step when that is the last.
+    fn push(&mut self, step: Step) {
         if let (Step::Block(b), Some(Step::Object(last))) = (&step, self.steps.last_mut()) {
             if last.version() == b.version && last.fold_block(b.block, b.crc) {
                 return;
             }
         }
         self.steps.push(step);
+    }
+
+    /// `version` moved to this decoder's disk slot, if it has one.
+    fn on_slot(&self, version: u64) -> u64 {
+        self.slot
+            .map_or(version, |s| super::version_id::on_slot(version, s))
     }
 
     /// Steps decoded and not handed on yet.
@@ -280,7 +309,7 @@ impl Step {
 mod tests {
     use super::*;
     use crate::cache::record::{
-        KIND_BLOCK, KIND_DROP, KIND_FRESH, KIND_OBJECT, MAX_STORED_HEADER_BYTES,
+        KIND_BLOCK, KIND_BLOCKS, KIND_DROP, KIND_FRESH, KIND_OBJECT, MAX_STORED_HEADER_BYTES,
     };
     use crate::cache::tags::{TagHeader, Tags, MAX_TAGS_PER_VERSION, MAX_TAG_BYTES};
     use proptest::prelude::*;
@@ -302,7 +331,7 @@ mod tests {
         #[test]
         fn any_framed_body_decodes_without_panic_and_round_trips(
             kind in prop_oneof![Just(KIND_OBJECT), Just(KIND_BLOCK), Just(KIND_DROP),
-                                Just(KIND_FRESH), any::<u8>()],
+                                Just(KIND_FRESH), Just(KIND_BLOCKS), any::<u8>()],
             rest in proptest::collection::vec(any::<u8>(), 0..96),
         ) {
             let mut body = vec![kind];
@@ -541,11 +570,10 @@ mod tests {
         }
     }
 
+    /// `records` as the writer journals them (runs of blocks as `Record::Blocks`).
     fn journal(records: &[Record]) -> Vec<u8> {
         let mut out = Vec::new();
-        for r in records {
-            r.encode(&mut out);
-        }
+        encode_batch(records, &mut out);
         out
     }
 
@@ -605,8 +633,10 @@ mod tests {
             block: 1,
             crc: 12,
         };
-        let whole = journal(&[head[0].clone(), head[1].clone(), last]);
+        // Two appends: the last block a record of its own.
         let head_len = journal(&head).len();
+        let mut whole = journal(&head);
+        whole.extend(journal(&[last]));
         for cut in head_len..whole.len() {
             let (index, stats) = replay(&whole[..cut]);
             assert_eq!(stats.valid_bytes, head_len as u64, "cut at {cut}");
@@ -622,6 +652,103 @@ mod tests {
         let (index, stats) = replay(&whole);
         assert!(!stats.damaged_tail);
         assert_eq!(index.block_crc(1, 1), Some(12));
+    }
+
+    #[test]
+    fn consecutive_blocks_of_a_version_are_journaled_as_runs_and_replay_as_their_blocks() {
+        // 20 blocks of version 1 (a run of 16, then 4), a lone block of version 2, then 1's
+        // blocks 20 and 22 (not consecutive with each other: a record each).
+        let mut records = vec![
+            Record::Object(object("a", 1, 23 << 20)),
+            Record::Object(object("b", 2, 1 << 20)),
+        ];
+        let block = |version, block, crc| Record::Block {
+            version,
+            block,
+            crc,
+        };
+        records.extend((0..20).map(|b| block(1, b, 100 + b)));
+        records.extend([block(2, 0, 7), block(1, 20, 120), block(1, 22, 122)]);
+        let bytes = journal(&records);
+        let mut decoded = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            match Record::decode(&bytes[at..]) {
+                Decoded::Record(r, used) => {
+                    decoded.push(r);
+                    at += used;
+                }
+                other => panic!("{other:?} at {at}"),
+            }
+        }
+        let run = |first: u32, crcs: std::ops::Range<u32>| Record::Blocks {
+            version: 1,
+            first,
+            crcs: BlockRun::new(&crcs.collect::<Vec<_>>()).expect("a run"),
+        };
+        assert_eq!(
+            decoded,
+            [
+                records[0].clone(),
+                records[1].clone(),
+                run(0, 100..116),
+                run(16, 116..120),
+                block(2, 0, 7),
+                block(1, 20, 120),
+                block(1, 22, 122),
+            ]
+        );
+        // Replay: as the records one by one, each block counted.
+        let (index, stats) = replay(&bytes);
+        let mut one_by_one = Index::default();
+        for r in records.iter().cloned() {
+            assert!(one_by_one.apply(r));
+        }
+        assert_eq!(index.contents(), one_by_one.contents());
+        assert_eq!(stats.records, records.len() as u64);
+        // A game chunk's 4 blocks: one frame of 38 bytes, not 4 of 25.
+        let mut four = Vec::new();
+        encode_batch(&records[2..6], &mut four);
+        assert_eq!((four.len(), 4 * Record::BLOCK_BYTES), (38, 100));
+        // Torn anywhere inside, a run is none of its blocks.
+        let head = journal(&records[..1]);
+        let mut whole = head.clone();
+        whole.extend(&four);
+        for cut in head.len()..whole.len() {
+            let (index, stats) = replay(&whole[..cut]);
+            assert_eq!(stats.valid_bytes, head.len() as u64, "cut at {cut}");
+            assert_eq!(index.each_block(1).count(), 0, "cut at {cut}");
+        }
+        assert_eq!(replay(&whole).0.each_block(1).count(), 4);
+    }
+
+    #[test]
+    fn a_run_that_does_not_fit_is_refused_and_costs_only_itself() {
+        let mut bytes = journal(&[Record::Object(object("a", 1, 3 << 20))]);
+        for (first, len) in [(0u32, 0usize), (0, BLOCK_RUN_MAX + 1), (u32::MAX, 2)] {
+            let crcs = vec![1u32; len];
+            let mut body = vec![KIND_BLOCKS];
+            body.extend_from_slice(&1u64.to_le_bytes());
+            body.extend_from_slice(&first.to_le_bytes());
+            body.push(len as u8);
+            for crc in &crcs {
+                body.extend_from_slice(&crc.to_le_bytes());
+            }
+            let framed = framed(&body);
+            assert!(
+                matches!(Record::decode(&framed), Decoded::Refused(Invalid::Malformed, n) if n == framed.len()),
+                "first {first}, {len} blocks"
+            );
+            bytes.extend(framed);
+        }
+        bytes.extend(journal(&[Record::Block {
+            version: 1,
+            block: 2,
+            crc: 9,
+        }]));
+        let (index, stats) = replay(&bytes);
+        assert_eq!((stats.refused, stats.damaged_tail), (3, false));
+        assert_eq!(index.each_block(1).collect::<Vec<_>>(), [(2, 9)]);
     }
 
     #[test]
@@ -725,7 +852,8 @@ mod tests {
         }
         let mut snap = Vec::new();
         snapshot(&index, &mut snap);
-        assert_eq!(snap.len() as u64, index.live_bytes());
+        // Blocks as runs: less than the records one by one (`live_bytes`, a bound).
+        assert!((snap.len() as u64) < index.live_bytes());
         let (again, stats) = replay(&snap);
         assert_eq!(
             (stats.refused, stats.skipped, stats.damaged_tail),

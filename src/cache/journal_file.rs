@@ -10,7 +10,9 @@ use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::index::Index;
-use super::journal::{each_record, replay_capacity, Decoder, Record, ReplayStats, Step};
+use super::journal::{
+    each_record, encode_batch, replay_capacity, Decoder, Record, ReplayStats, Step,
+};
 use super::journal_read::read_journal;
 use super::load_progress::LoadProgress;
 use super::watch::{sync_dir, Watch};
@@ -199,8 +201,8 @@ impl JournalFile {
             if let Err(why) = r.validate() {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, why.to_string()));
             }
-            r.encode(&mut self.buf);
         }
+        encode_batch(records.iter().filter(|r| keep(r)), &mut self.buf);
         self.file.write_all(&self.buf)?;
         if let Some(w) = &self.watch {
             w.wrote(&self.path, self.len, &self.buf);

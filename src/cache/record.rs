@@ -59,6 +59,10 @@ pub(crate) const KIND_OBJECT: u8 = 1;
 pub(crate) const KIND_BLOCK: u8 = 2;
 pub(crate) const KIND_DROP: u8 = 3;
 pub(crate) const KIND_FRESH: u8 = 4;
+pub(crate) const KIND_BLOCKS: u8 = 5;
+
+/// Most checksums one `Record::Blocks` holds: inline, so a run costs no allocation.
+pub const BLOCK_RUN_MAX: usize = 16;
 
 /// Why a record may not be journaled (the writer) or is refused (replay).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +118,17 @@ pub enum Record {
         /// CRC-32C of the block's bytes (the last block: of its bytes up to the object's end).
         crc: u32,
     },
+    /// Blocks `first`, `first + 1`, ... of a version are on disk with these checksums: the
+    /// block records of a run in one (`encode_batch` writes them so; replay applies each
+    /// block as its own record).
+    Blocks {
+        /// The version's id.
+        version: u64,
+        /// The run's first block number.
+        first: u32,
+        /// The run's checksums, in block order.
+        crcs: BlockRun,
+    },
     /// A version is gone (evicted, or replaced and no longer read).
     Drop {
         /// The version's id.
@@ -130,6 +145,79 @@ pub enum Record {
         /// the stored freshness and lines); None: unchanged (records from before issue 42).
         refresh: Option<Box<Refresh>>,
     },
+}
+
+/// The checksums of 1 to `BLOCK_RUN_MAX` consecutive blocks (`Record::Blocks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRun {
+    len: u8,
+    crcs: [u32; BLOCK_RUN_MAX],
+}
+
+impl BlockRun {
+    /// A run of `crcs` (None: empty, or over `BLOCK_RUN_MAX`).
+    pub fn new(crcs: &[u32]) -> Option<BlockRun> {
+        if crcs.is_empty() || crcs.len() > BLOCK_RUN_MAX {
+            return None;
+        }
+        let mut run = BlockRun {
+            len: 0,
+            crcs: [0; BLOCK_RUN_MAX],
+        };
+        for &crc in crcs {
+            run.push(crc);
+        }
+        Some(run)
+    }
+
+    /// The checksums, in block order.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.crcs[..usize::from(self.len)]
+    }
+
+    /// A run record's fields, read in place (replay's path: `Record::Blocks` without the
+    /// move): its version, first block and checksums. What `Record::parse` would refuse is
+    /// refused alike.
+    pub fn read(body: &[u8]) -> Result<(u64, u32, BlockRun), Invalid> {
+        let mut r = Reader(body);
+        if r.u8() != Some(KIND_BLOCKS) {
+            return Err(Invalid::Malformed);
+        }
+        match Self::read_fields(&mut r) {
+            Some(fields) if r.0.is_empty() => Ok(fields),
+            _ => Err(Invalid::Malformed),
+        }
+    }
+
+    fn read_fields(r: &mut Reader<'_>) -> Option<(u64, u32, BlockRun)> {
+        let (version, first, len) = (r.u64()?, r.u32()?, r.u8()?);
+        if !run_fits(first, usize::from(len)) {
+            return None;
+        }
+        let mut crcs = [0; BLOCK_RUN_MAX];
+        for crc in &mut crcs[..usize::from(len)] {
+            *crc = r.u32()?;
+        }
+        Some((version, first, BlockRun { len, crcs }))
+    }
+
+    /// Adds the next block's checksum; false when the run is full.
+    fn push(&mut self, crc: u32) -> bool {
+        let Some(slot) = self.crcs.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = crc;
+        self.len += 1;
+        true
+    }
+
+    /// Each block number from `first`, with its checksum.
+    pub fn numbered(&self, first: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+        // `validate` and `parse` keep `first + len - 1` within u32 (so the last may be
+        // u32::MAX, where a `first..` range would overflow).
+        let numbers = (0..u32::from(self.len)).map(move |i| first.wrapping_add(i));
+        numbers.zip(self.as_slice().iter().copied())
+    }
 }
 
 /// A version's contract as a revalidation renewed it (`Record::Fresh`).
@@ -210,7 +298,13 @@ impl Record {
             } if r.headers.len() > MAX_STORED_HEADER_BYTES || !are_header_lines(&r.headers) => {
                 Err(Invalid::FieldLength(r.headers.len()))
             }
-            Record::Block { .. } | Record::Drop { .. } | Record::Fresh { .. } => Ok(()),
+            Record::Blocks { first, crcs, .. } if !run_fits(*first, crcs.as_slice().len()) => {
+                Err(Invalid::Malformed)
+            }
+            Record::Block { .. }
+            | Record::Blocks { .. }
+            | Record::Drop { .. }
+            | Record::Fresh { .. } => Ok(()),
         }
     }
 
@@ -239,6 +333,19 @@ impl Record {
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&block.to_le_bytes());
                 out.extend_from_slice(&crc.to_le_bytes());
+            }
+            Record::Blocks {
+                version,
+                first,
+                crcs,
+            } => {
+                out.push(KIND_BLOCKS);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&first.to_le_bytes());
+                out.push(crcs.len);
+                for crc in crcs.as_slice() {
+                    out.extend_from_slice(&crc.to_le_bytes());
+                }
             }
             Record::Drop { version } => {
                 out.push(KIND_DROP);
@@ -799,6 +906,59 @@ impl BlockFields {
     }
 }
 
+/// Whether a run of `len` blocks from `first` is one `Record::Blocks` may hold: 1 to
+/// `BLOCK_RUN_MAX` of them, every number within u32.
+fn run_fits(first: u32, len: usize) -> bool {
+    (1..=BLOCK_RUN_MAX).contains(&len) && u64::from(first) + len as u64 <= 1 << 32
+}
+
+/// Appends `records`, framed, to `out` (each must pass `Record::validate`), each run of
+/// block records of one version with consecutive numbers as one `Record::Blocks`: a
+/// version's blocks cost the journal 38 bytes per 4 instead of 100, and replay one frame.
+pub fn encode_batch<'a>(records: impl IntoIterator<Item = &'a Record>, out: &mut Vec<u8>) {
+    let mut run: Option<(u64, u32, BlockRun)> = None;
+    for r in records {
+        if let Record::Block {
+            version,
+            block,
+            crc,
+        } = *r
+        {
+            if let Some((v, first, crcs)) = &mut run {
+                let next = u64::from(*first) + u64::from(crcs.len);
+                if *v == version && next == u64::from(block) && crcs.push(crc) {
+                    continue;
+                }
+            }
+            encode_run(run.take(), out);
+            run = Some((version, block, BlockRun::new(&[crc]).expect("one checksum")));
+            continue;
+        }
+        encode_run(run.take(), out);
+        r.encode(out);
+    }
+    encode_run(run, out);
+}
+
+/// A run as `encode_batch` writes it: a lone block as its block record.
+fn encode_run(run: Option<(u64, u32, BlockRun)>, out: &mut Vec<u8>) {
+    match run {
+        None => {}
+        Some((version, block, crcs)) if crcs.len == 1 => Record::Block {
+            version,
+            block,
+            crc: crcs.crcs[0],
+        }
+        .encode(out),
+        Some((version, first, crcs)) => Record::Blocks {
+            version,
+            first,
+            crcs,
+        }
+        .encode(out),
+    }
+}
+
 fn parse_body(body: &[u8]) -> Option<Record> {
     let mut r = Reader(body);
     let record = match r.u8()? {
@@ -809,6 +969,14 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 version: b.version,
                 block: b.block,
                 crc: b.crc,
+            }
+        }
+        KIND_BLOCKS => {
+            let (version, first, crcs) = BlockRun::read_fields(&mut r)?;
+            Record::Blocks {
+                version,
+                first,
+                crcs,
             }
         }
         KIND_DROP => Record::Drop { version: r.u64()? },

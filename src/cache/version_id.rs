@@ -32,6 +32,7 @@ pub fn record_version(record: &Record) -> u64 {
     match record {
         Record::Object(meta) => meta.version,
         Record::Block { version, .. }
+        | Record::Blocks { version, .. }
         | Record::Drop { version }
         | Record::Fresh { version, .. } => *version,
     }
@@ -42,6 +43,7 @@ pub fn rebase(mut record: Record, slot: usize) -> Record {
     match &mut record {
         Record::Object(meta) => meta.version = on_slot(meta.version, slot),
         Record::Block { version, .. }
+        | Record::Blocks { version, .. }
         | Record::Drop { version }
         | Record::Fresh { version, .. } => *version = on_slot(*version, slot),
     }
