@@ -94,7 +94,7 @@ for n in $SIZES; do
       bin=$OLD; [[ $side == new ]] && bin=$NEW
       sync; echo 3 >/proc/sys/vm/drop_caches
       f=$DIR/open-$n-$side-$r.txt
-      "$bin" open "$j-$side/journal" >"$f""
+      "$bin" open "$j-$side/journal" >"$f"
       ready=$(field "$f" '.*ready in ([0-9.]+) s.*')
       peak=$(field "$f" '.*peak RSS ([0-9]+) MiB.*')
       per=$(field "$f" '.*: ([0-9]+) bytes per object.*')
@@ -119,7 +119,7 @@ for n in $SIZES; do
       bin=$OLD; [[ $side == new ]] && bin=$NEW
       sync; echo 3 >/proc/sys/vm/drop_caches
       f=$DIR/open-disks-$n-$side-$r.txt
-      "$bin" open-disks "$j-a-$side" "$j-b-$side" >"$f""
+      "$bin" open-disks "$j-a-$side" "$j-b-$side" >"$f"
       ready=$(field "$f" '.*ready in ([0-9.]+) s.*')
       peak=$(field "$f" '.*peak RSS ([0-9]+) MiB.*')
       disk_rows+=("| $n | $side | $r | $peak | $ready |")
