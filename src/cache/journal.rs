@@ -854,8 +854,21 @@ mod tests {
         }
         let mut snap = Vec::new();
         snapshot(&index, &mut snap);
-        // Blocks as runs: less than the records one by one (`live_bytes`, a bound).
+        // Blocks as runs: less than the records one by one (`live_bytes`, a bound), one
+        // record per version and one per run of consecutive blocks (19's 0, then 2 and 3).
         assert!((snap.len() as u64) < index.live_bytes());
+        let runs: usize = index
+            .each_version()
+            .map(|m| {
+                let blocks: Vec<u32> = index.each_block(m.version).map(|(b, _)| b).collect();
+                (0..blocks.len())
+                    .filter(|&i| i == 0 || blocks[i - 1] + 1 != blocks[i])
+                    .count()
+            })
+            .sum();
+        let mut frames = 0;
+        each_record(&snap, |_| frames += 1);
+        assert_eq!(frames, index.versions() + runs);
         let (again, stats) = replay(&snap);
         assert_eq!(
             (stats.refused, stats.skipped, stats.damaged_tail),
