@@ -911,6 +911,24 @@ mod tests {
         ]
     }
 
+    /// A record of `any_record`, or a run of 2 to 19 consecutive blocks of one version (as a
+    /// fill's synced blocks come, some past their object's end or over `BLOCK_RUN_MAX`).
+    fn any_records() -> impl Strategy<Value = Vec<Record>> {
+        prop_oneof![
+            9 => any_record().prop_map(|r| vec![r]),
+            2 => (1u64..10, 0u32..26, 2u32..20, any::<u32>()).prop_map(|(version, first, n, crc)| {
+                (first..first + n)
+                    .map(|block| Record::Block { version, block, crc: crc ^ block })
+                    .collect()
+            }),
+        ]
+    }
+
+    /// Random histories, runs of blocks among them.
+    fn any_history() -> impl Strategy<Value = Vec<Record>> {
+        proptest::collection::vec(any_records(), 0..40).prop_map(|r| r.concat())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
@@ -919,7 +937,7 @@ mod tests {
         /// by itself (`Index::apply`) ends, with the same counts.
         #[test]
         fn replay_and_a_streamed_start_up_match_applying_record_by_record(
-            records in proptest::collection::vec(any_record(), 0..60),
+            records in any_history(),
         ) {
             let mut one_by_one = Index::default();
             let mut applied = ReplayStats::default();
@@ -938,6 +956,49 @@ mod tests {
                 crate::cache::journal_file::JournalFile::open(&path).unwrap();
             prop_assert_eq!(opened_stats, stats);
             prop_assert_eq!(opened.contents(), one_by_one.contents());
+        }
+
+        /// What the writer journals decodes to the same records, each run
+        /// (`Record::Blocks`) standing for its blocks in order, and no run could have been
+        /// longer: what follows a lone block or a run short of `BLOCK_RUN_MAX` never starts
+        /// at its next block.
+        #[test]
+        fn a_batch_decodes_to_its_records_with_runs_for_their_blocks(records in any_history()) {
+            let bytes = journal(&records);
+            let (mut back, mut at, mut last_run) = (Vec::new(), 0, None);
+            while at < bytes.len() {
+                let Decoded::Record(r, used) = Record::decode(&bytes[at..]) else {
+                    return Err(TestCaseError::fail(format!("no record at {at}")));
+                };
+                at += used;
+                // The record's version and first block, when it holds blocks.
+                let starts = match &r {
+                    Record::Block { version, block, .. } => Some((*version, *block)),
+                    Record::Blocks { version, first, .. } => Some((*version, *first)),
+                    _ => None,
+                };
+                prop_assert!(
+                    last_run.is_none() || starts != last_run,
+                    "blocks that could have joined the run before them"
+                );
+                last_run = None;
+                match r {
+                    Record::Block { version, block, crc } => {
+                        last_run = block.checked_add(1).map(|next| (version, next));
+                        back.push(Record::Block { version, block, crc });
+                    }
+                    Record::Blocks { version, first, crcs } => {
+                        let len = crcs.as_slice().len();
+                        prop_assert!(len >= 2, "a run of one");
+                        if len < BLOCK_RUN_MAX {
+                            last_run = Some((version, first + len as u32));
+                        }
+                        back.extend(crcs.numbered(first).map(|(block, crc)| Record::Block { version, block, crc }));
+                    }
+                    r => back.push(r),
+                }
+            }
+            prop_assert_eq!(back, records);
         }
     }
 
