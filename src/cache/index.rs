@@ -885,6 +885,10 @@ impl Index {
         debug_assert!(self.held.is_none() && from.held.is_none());
         let same_hasher = self.key_hasher.same_as(&from.key_hasher);
         let current = std::mem::take(&mut from.current);
+        // Every version of `from` current (how a replay ends but for a crash between a new
+        // version and its old one's drop): the versions move at the end, none read.
+        let all_current = current.len() == from.versions.len();
+        let mut kept_out: Vec<u64> = Vec::new();
         let mut keys = current.into_iter();
         let mut batch: Vec<Current> = Vec::with_capacity(HELD_CHANGES);
         let mut moving: Vec<u64> = Vec::with_capacity(HELD_CHANGES);
@@ -918,6 +922,7 @@ impl Index {
                     hashbrown::hash_table::Entry::Occupied(mut here) => {
                         use super::version_id::file_number;
                         if file_number(here.get().version) > file_number(version) {
+                            kept_out.push(version);
                             continue;
                         }
                         here.get_mut().version = version;
@@ -926,7 +931,9 @@ impl Index {
                         slot.insert(Current { hash, version });
                     }
                 }
-                moving.push(version);
+                if !all_current {
+                    moving.push(version);
+                }
             }
             moving.sort_unstable();
             for version in moving.drain(..) {
@@ -938,6 +945,38 @@ impl Index {
                 if let Some(table) = table {
                     self.tables.insert(version, table);
                 }
+                let before = self.versions.insert(version, stored);
+                assert!(before.is_none(), "two disks' versions share an id");
+            }
+        }
+        if all_current {
+            self.take_all_but(from, &kept_out);
+        }
+    }
+
+    /// The end of a `join` where every version of `from` was current: all of them but
+    /// `kept_out` (a newer version here keeps their keys) move, in the order of `from`'s
+    /// table, so this one's is filled in near order too (both hash ids alike), and none is
+    /// read: the bytes and blocks are `from`'s totals less those kept out. (Moved by id, each
+    /// version read for its counts, the join of two disks of 5 million objects took longer
+    /// than either replay.)
+    fn take_all_but(&mut self, mut from: Index, kept_out: &[u64]) {
+        let kept_out: std::collections::HashSet<u64, Ids> = kept_out.iter().copied().collect();
+        for &version in &kept_out {
+            let stored = &from.versions[&version];
+            let present = stored.present(from.tables.get(&version));
+            from.live_bytes -= stored.journal_bytes(present);
+            from.blocks_held -= u64::from(present);
+        }
+        self.live_bytes += from.live_bytes;
+        self.blocks_held += from.blocks_held;
+        for (version, table) in from.tables.drain() {
+            if !kept_out.contains(&version) {
+                self.tables.insert(version, table);
+            }
+        }
+        for (version, stored) in from.versions.drain() {
+            if !kept_out.contains(&version) {
                 let before = self.versions.insert(version, stored);
                 assert!(before.is_none(), "two disks' versions share an id");
             }
@@ -1180,6 +1219,13 @@ impl Index {
             each,
             "the blocks held are each version's"
         );
+        // What a join that moves every version counts on (`take_all_but`).
+        let bytes: u64 = self
+            .versions
+            .iter()
+            .map(|(v, s)| s.journal_bytes(s.present(self.tables.get(v))))
+            .sum();
+        assert_eq!(self.live_bytes, bytes, "the live bytes are each version's");
         (versions, self.live_bytes(), self.keys())
     }
 }
