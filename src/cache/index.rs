@@ -733,6 +733,12 @@ impl Index {
         self.versions.reserve(versions);
     }
 
+    /// Versions its tables hold without growing: (the table of versions, that of keys).
+    #[cfg(test)]
+    pub fn table_capacity(&self) -> (usize, usize) {
+        (self.versions.capacity(), self.current.capacity())
+    }
+
     /// Gives back the room its tables hold beyond what they need (replay sizes them from the
     /// journal's length, an estimate from above).
     pub fn shrink_to_fit(&mut self) {

@@ -26,7 +26,8 @@ const REPLAY_BATCH_RECORDS: usize = 1024;
 /// after a churn of 1 million objects.)
 const REPLAY_BATCHES_IN_FLIGHT: usize = 64;
 
-/// Replays `file` at `path` (from its start, `on_disk` bytes) into a new index, on three
+/// Replays `file` at `path` (from its start, `on_disk` bytes) into a new index with room for
+/// `capacity` versions, on three
 /// threads: `journal_read` reads ahead; this one checks each frame and decodes (each
 /// version's allocation included, `Step::decode`); and a second hashes the keys and applies
 /// the steps in order, since inserting into the tables is the half of replay that misses the
@@ -36,10 +37,11 @@ fn replay_file(
     path: &Path,
     file: &File,
     on_disk: u64,
+    capacity: usize,
     slot: Option<usize>,
     progress: Option<&LoadProgress>,
 ) -> io::Result<(Index, ReplayStats)> {
-    let index = Index::with_capacity(replay_capacity(on_disk));
+    let index = Index::with_capacity(capacity);
     let mut decoder = Decoder::new(slot);
     let (to_applier, batches) =
         std::sync::mpsc::sync_channel::<Vec<Step>>(REPLAY_BATCHES_IN_FLIGHT);
@@ -123,15 +125,20 @@ impl JournalFile {
         watch: Watch,
         slot: Option<usize>,
     ) -> io::Result<(JournalFile, Index, ReplayStats)> {
-        Self::open_counted(path, watch, slot, None)
+        Self::open_counted(path, watch, slot, None, 0)
     }
 
-    /// `open_on_slot`, counting the bytes to replay and replayed in `progress`.
+    /// `open_on_slot`, counting the bytes to replay and replayed in `progress`. With
+    /// `joins_bytes` (the journals of the disks whose indexes this one will take in,
+    /// `Index::join`), its tables are sized for theirs too and not shrunk: the caller gives
+    /// back the room left once they are in (`Index::shrink_to_fit`), and no table is grown
+    /// on the way.
     pub fn open_counted(
         path: &Path,
         watch: Watch,
         slot: Option<usize>,
         progress: Option<&LoadProgress>,
+        joins_bytes: u64,
     ) -> io::Result<(JournalFile, Index, ReplayStats)> {
         let existed = path.exists();
         let mut file = OpenOptions::new()
@@ -153,9 +160,12 @@ impl JournalFile {
         if let Some(p) = progress {
             p.add_total(on_disk);
         }
-        let (mut index, mut stats) = replay_file(path, &file, on_disk, slot, progress)?;
+        let capacity = replay_capacity(on_disk.saturating_add(joins_bytes));
+        let (mut index, mut stats) = replay_file(path, &file, on_disk, capacity, slot, progress)?;
         let_go_of_pages(&file);
-        index.shrink_to_fit();
+        if joins_bytes == 0 {
+            index.shrink_to_fit();
+        }
         stats.damaged_tail = stats.valid_bytes < on_disk;
         if stats.damaged_tail {
             tracing::warn!(
