@@ -305,7 +305,7 @@ fit() {
   echo "# The cache index at size: memory and time to ready (perf/cache-index.sh)"
   echo
   echo "- Date: $(date -u '+%Y-%m-%d %H:%M UTC'); command: \`perf/cache-index.sh --base $BASE --sizes \"$SIZES\" --rounds $ROUNDS\`"
-  echo "- new: this tree ($(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src examples || echo ', with uncommitted changes')); base: $base_rev. Both run the same \`examples/cache_restart.rs\` (each writes its own journals), on the system allocator (glibc); the edge rows run each build's \`shardline\`, on its own global allocator (mimalloc since b6d8b44)."
+  echo "- new: this tree ($(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src examples || echo ', with uncommitted changes')); base: $base_rev. Both run the same \`examples/cache_restart.rs\` (each writes its own journals), on the server's allocator (mimalloc; before 2026-12-08 the example ran on glibc's malloc, about a third slower at 10 million); the edge rows run each build's \`shardline\`, on its own global allocator (mimalloc since b6d8b44)."
   echo "- Host: kernel $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo); journal on $(df -P "$DIR" | awk 'NR == 2 { print $1 }'), dropped from the page cache before each open"
   echo "- Workload: N objects of $BLOCKS blocks (a 59-byte key, an ETag, a content type), no churn; one process per open: the journal read from disk and replayed into a ready index"
   echo "- bytes/object: VmRSS after the load minus before, over the objects (the index, block checksums included, and what malloc holds); peak: VmHWM"
