@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::id_hash::Ids;
 
 pub use super::record::ObjectVersion;
-use super::record::{Invalid, ObjectView, Record, FRAME_BYTES};
+use super::record::{group_journal_bytes, Invalid, ObjectView, Record, BLOCK_RUN_MAX, FRAME_BYTES};
 
 /// Blocks a page of a `BlockTable` covers at most.
 const PAGE_BLOCKS: u32 = 256;
@@ -170,6 +170,31 @@ impl BlockTable {
     /// Blocks present.
     fn present(&self) -> u32 {
         self.pages().iter().map(|p| p.count).sum()
+    }
+
+    /// Which blocks of `block`'s aligned group of `BLOCK_RUN_MAX` are present (bit `i`: the
+    /// group's block `i`). A page's presence word holds two groups (pages start at
+    /// multiples of 256).
+    fn group(&self, block: u32) -> u16 {
+        let Some(page) = self.page(block / PAGE_BLOCKS) else {
+            return 0;
+        };
+        let i = (block % PAGE_BLOCKS) as usize;
+        if i >= page.len as usize {
+            return 0;
+        }
+        let word = page.words[page.len as usize + i / 32];
+        (word >> (i / BLOCK_RUN_MAX % 2 * BLOCK_RUN_MAX)) as u16
+    }
+
+    /// Journal bytes its blocks take as a compaction writes them (`group_journal_bytes`
+    /// over each aligned group).
+    fn journal_bytes(&self) -> u64 {
+        self.pages()
+            .iter()
+            .flat_map(|p| &p.words[p.len as usize..])
+            .map(|&w| group_journal_bytes(w as u16) + group_journal_bytes((w >> 16) as u16))
+            .sum()
     }
 
     /// The blocks present and their checksums, in order.
@@ -353,9 +378,21 @@ impl Stored {
         (u64::from(present) * u64::from(self.block_bytes())).min(self.size())
     }
 
-    /// Journal bytes its records take, framed: the object's and its `present` blocks'.
-    fn journal_bytes(&self, present: u32) -> u64 {
-        self.record_bytes() + u64::from(present) * Record::BLOCK_BYTES
+    /// Journal bytes its records take as a compaction writes them, framed: the object's,
+    /// and its blocks' (those in `table` for a large object).
+    fn journal_bytes(&self, table: Option<&BlockTable>) -> u64 {
+        self.record_bytes() + self.blocks_journal_bytes(table)
+    }
+
+    /// Journal bytes its blocks take as a compaction writes them (runs, `encode_batch`).
+    fn blocks_journal_bytes(&self, table: Option<&BlockTable>) -> u64 {
+        let blocks = self.blocks();
+        if blocks > INLINE_BLOCKS {
+            table.map_or(0, BlockTable::journal_bytes)
+        } else {
+            // At most 16 blocks: one group.
+            group_journal_bytes(self.inline_present(blocks))
+        }
     }
 
     /// Journal bytes its object record takes, framed.
@@ -790,7 +827,7 @@ impl Index {
                 };
                 let table = self.tables.remove(&version);
                 let present = s.present(table.as_ref());
-                self.live_bytes -= s.journal_bytes(present);
+                self.live_bytes -= s.journal_bytes(table.as_ref());
                 self.blocks_held -= u64::from(present);
                 let hash = self.key_hasher.hash(s.key());
                 if self.held.is_some() {
@@ -840,16 +877,19 @@ impl Index {
         if u64::from(block) >= blocks {
             return false;
         }
-        let new = if blocks > INLINE_BLOCKS {
-            self.tables
-                .entry(version)
-                .or_default()
-                .set(block, crc, blocks)
+        let (new, group) = if blocks > INLINE_BLOCKS {
+            let table = self.tables.entry(version).or_default();
+            let group = table.group(block);
+            (table.set(block, crc, blocks), group)
         } else {
-            s.set_inline(block, crc, blocks)
+            let group = s.inline_present(blocks);
+            (s.set_inline(block, crc, blocks), group)
         };
         if new {
-            self.live_bytes += Record::BLOCK_BYTES;
+            // The block may join runs either side of it: its group is written anew.
+            let with = group | 1 << (block as usize % BLOCK_RUN_MAX);
+            self.live_bytes =
+                self.live_bytes + group_journal_bytes(with) - group_journal_bytes(group);
             self.blocks_held += 1;
         }
         true
@@ -865,7 +905,9 @@ impl Index {
         else {
             return Err(prepared);
         };
-        self.live_bytes += u64::from(prepared.folded_blocks()) * Record::BLOCK_BYTES;
+        self.live_bytes += prepared
+            .stored
+            .blocks_journal_bytes(prepared.table.as_ref());
         self.blocks_held += u64::from(prepared.folded_blocks());
         let stored = prepared.stored;
         self.live_bytes += stored.record_bytes();
@@ -946,7 +988,7 @@ impl Index {
                 let stored = from.versions.remove(&version).expect("held, above");
                 let table = from.tables.remove(&version);
                 let present = stored.present(table.as_ref());
-                self.live_bytes += stored.journal_bytes(present);
+                self.live_bytes += stored.journal_bytes(table.as_ref());
                 self.blocks_held += u64::from(present);
                 if let Some(table) = table {
                     self.tables.insert(version, table);
@@ -970,8 +1012,9 @@ impl Index {
         let kept_out: std::collections::HashSet<u64, Ids> = kept_out.iter().copied().collect();
         for &version in &kept_out {
             let stored = &from.versions[&version];
-            let present = stored.present(from.tables.get(&version));
-            from.live_bytes -= stored.journal_bytes(present);
+            let table = from.tables.get(&version);
+            let present = stored.present(table);
+            from.live_bytes -= stored.journal_bytes(table);
             from.blocks_held -= u64::from(present);
         }
         self.live_bytes += from.live_bytes;
@@ -1006,7 +1049,7 @@ impl Index {
         from.unset_current(hash, version);
         let table = from.tables.remove(&version);
         let present = stored.present(table.as_ref());
-        let blocks_bytes = u64::from(present) * Record::BLOCK_BYTES;
+        let blocks_bytes = stored.blocks_journal_bytes(table.as_ref());
         if let Some(table) = table {
             self.tables.insert(version, table);
         }
@@ -1121,26 +1164,32 @@ impl Index {
             return false;
         };
         let blocks = s.blocks();
-        let forgot = if blocks > INLINE_BLOCKS {
+        let (forgot, group) = if blocks > INLINE_BLOCKS {
             let Some(t) = self.tables.get_mut(&version) else {
                 return false;
             };
+            let group = t.group(block);
             let took = t.take(block);
             if t.pages().is_empty() {
                 self.tables.remove(&version);
             }
-            took
+            (took, group)
         } else {
-            s.take_inline(block, blocks)
+            let group = s.inline_present(blocks);
+            (s.take_inline(block, blocks), group)
         };
         if forgot {
-            self.live_bytes -= Record::BLOCK_BYTES;
+            let without = group & !(1 << (block as usize % BLOCK_RUN_MAX));
+            self.live_bytes =
+                self.live_bytes + group_journal_bytes(without) - group_journal_bytes(group);
             self.blocks_held -= 1;
         }
         forgot
     }
 
-    /// Journal bytes the live index would take as records (what a compaction keeps, at most).
+    /// Journal bytes the live index takes as a compaction writes it (`journal::snapshot`):
+    /// exactly that when every version held is its key's current one; more while an older
+    /// version is still held, which the snapshot leaves out.
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes
     }
@@ -1229,7 +1278,7 @@ impl Index {
         let bytes: u64 = self
             .versions
             .iter()
-            .map(|(v, s)| s.journal_bytes(s.present(self.tables.get(v))))
+            .map(|(v, s)| s.journal_bytes(self.tables.get(v)))
             .sum();
         assert_eq!(self.live_bytes, bytes, "the live bytes are each version's");
         (versions, self.live_bytes(), self.keys())

@@ -311,7 +311,8 @@ impl Step {
 mod tests {
     use super::*;
     use crate::cache::record::{
-        KIND_BLOCK, KIND_BLOCKS, KIND_DROP, KIND_FRESH, KIND_OBJECT, MAX_STORED_HEADER_BYTES,
+        group_journal_bytes, KIND_BLOCK, KIND_BLOCKS, KIND_DROP, KIND_FRESH, KIND_OBJECT,
+        MAX_STORED_HEADER_BYTES,
     };
     use crate::cache::tags::{TagHeader, Tags, MAX_TAGS_PER_VERSION, MAX_TAG_BYTES};
     use proptest::prelude::*;
@@ -712,6 +713,13 @@ mod tests {
         let mut four = Vec::new();
         encode_batch(&records[2..6], &mut four);
         assert_eq!((four.len(), 4 * Record::BLOCK_BYTES), (38, 100));
+        // A run stops at a multiple of 16: blocks 3..=19 are runs 3..=15 and 16..=19.
+        let mut unaligned = Vec::new();
+        encode_batch(&records[5..22], &mut unaligned);
+        let mut want = Vec::new();
+        run(3, 103..116).encode(&mut want);
+        run(16, 116..120).encode(&mut want);
+        assert_eq!(unaligned, want);
         // Torn anywhere inside, a run is none of its blocks.
         let head = journal(&records[..1]);
         let mut whole = head.clone();
@@ -722,6 +730,36 @@ mod tests {
             assert_eq!(index.each_block(1).count(), 0, "cut at {cut}");
         }
         assert_eq!(replay(&whole).0.each_block(1).count(), 4);
+    }
+
+    /// What `group_journal_bytes` says a group's blocks take is what `encode_batch`
+    /// writes for them, for every set of blocks of a group.
+    #[test]
+    fn a_groups_journal_bytes_are_what_its_blocks_are_written_in() {
+        let mut out = Vec::new();
+        let mut blocks = Vec::new();
+        for present in 0..=u16::MAX {
+            blocks.clear();
+            blocks.extend(
+                (0..16u32)
+                    .filter(|i| present & (1 << i) != 0)
+                    .map(|i| Record::Block {
+                        version: 7,
+                        block: 48 + i,
+                        crc: i,
+                    }),
+            );
+            out.clear();
+            encode_batch(&blocks, &mut out);
+            assert_eq!(
+                group_journal_bytes(present),
+                out.len() as u64,
+                "{present:016b}"
+            );
+        }
+        // A whole group is one run; two lone blocks are two block records.
+        assert_eq!(group_journal_bytes(u16::MAX), Record::RUN_FIXED_BYTES + 64);
+        assert_eq!(group_journal_bytes(0b101), 2 * Record::BLOCK_BYTES);
     }
 
     #[test]
@@ -854,15 +892,20 @@ mod tests {
         }
         let mut snap = Vec::new();
         snapshot(&index, &mut snap);
-        // Blocks as runs: less than the records one by one (`live_bytes`, a bound), one
-        // record per version and one per run of consecutive blocks (19's 0, then 2 and 3).
-        assert!((snap.len() as u64) < index.live_bytes());
+        // Blocks as runs, what the index counts as live (every version held is current): one
+        // record per version and one per run of consecutive blocks (19's 0, then 2 and 3),
+        // a run stopping at a multiple of `BLOCK_RUN_MAX`.
+        assert_eq!(snap.len() as u64, index.live_bytes());
         let runs: usize = index
             .each_version()
             .map(|m| {
                 let blocks: Vec<u32> = index.each_block(m.version).map(|(b, _)| b).collect();
                 (0..blocks.len())
-                    .filter(|&i| i == 0 || blocks[i - 1] + 1 != blocks[i])
+                    .filter(|&i| {
+                        i == 0
+                            || blocks[i - 1] + 1 != blocks[i]
+                            || (blocks[i] as usize).is_multiple_of(BLOCK_RUN_MAX)
+                    })
                     .count()
             })
             .sum();
@@ -958,6 +1001,48 @@ mod tests {
             prop_assert_eq!(opened.contents(), one_by_one.contents());
         }
 
+        /// What the index counts as live (`Index::live_bytes`, which the compaction's
+        /// trigger reads) is what a compaction writes for it: more while older versions are
+        /// held (the snapshot leaves them out), and exactly that once they are dropped;
+        /// blocks forgotten (a stretch cut in two, a run shortened) included.
+        #[test]
+        fn the_live_bytes_are_what_a_snapshot_of_the_index_takes(
+            records in any_history(),
+            forgotten in proptest::collection::vec(any::<proptest::sample::Index>(), 0..8),
+        ) {
+            let mut index = Index::default();
+            for r in &records {
+                index.apply(r.clone());
+            }
+            let versions: Vec<u64> = index.each_version_id().collect();
+            let present: Vec<(u64, u32)> = versions
+                .iter()
+                .flat_map(|&v| index.each_block(v).map(move |(b, _)| (v, b)))
+                .collect();
+            for i in forgotten {
+                if let Some(&(version, block)) = present.get(i.index(present.len().max(1))) {
+                    index.forget_block(version, block);
+                }
+            }
+            let snap_len = |index: &Index| {
+                let mut snap = Vec::new();
+                snapshot(index, &mut snap);
+                snap.len() as u64
+            };
+            let stale: Vec<u64> = versions.into_iter().filter(|&v| !index.is_current(v)).collect();
+            if !stale.is_empty() {
+                prop_assert!(snap_len(&index) < index.live_bytes());
+            }
+            for version in stale {
+                index.apply(Record::Drop { version });
+            }
+            prop_assert_eq!(snap_len(&index), index.live_bytes());
+            // And the snapshot replays to the same count.
+            let mut snap = Vec::new();
+            snapshot(&index, &mut snap);
+            prop_assert_eq!(replay(&snap).0.live_bytes(), snap.len() as u64);
+        }
+
         /// What the writer journals decodes to the same records, each run
         /// (`Record::Blocks`) standing for its blocks in order, and no run could have been
         /// longer: what follows a lone block or a run short of `BLOCK_RUN_MAX` never starts
@@ -984,14 +1069,22 @@ mod tests {
                 last_run = None;
                 match r {
                     Record::Block { version, block, crc } => {
-                        last_run = block.checked_add(1).map(|next| (version, next));
+                        // A run stops at a multiple of BLOCK_RUN_MAX: the next block there
+                        // could not have joined.
+                        last_run = block
+                            .checked_add(1)
+                            .filter(|next| !(*next as usize).is_multiple_of(BLOCK_RUN_MAX))
+                            .map(|next| (version, next));
                         back.push(Record::Block { version, block, crc });
                     }
                     Record::Blocks { version, first, crcs } => {
                         let len = crcs.as_slice().len();
                         prop_assert!(len >= 2, "a run of one");
-                        if len < BLOCK_RUN_MAX {
-                            last_run = Some((version, first + len as u32));
+                        let group = |b: u32| b as usize / BLOCK_RUN_MAX;
+                        prop_assert_eq!(group(first), group(first + len as u32 - 1), "a run across a group");
+                        let next = first + len as u32;
+                        if !(next as usize).is_multiple_of(BLOCK_RUN_MAX) {
+                            last_run = Some((version, next));
                         }
                         back.extend(crcs.numbered(first).map(|(block, crc)| Record::Block { version, block, crc }));
                     }

@@ -261,6 +261,10 @@ impl Record {
     /// Bytes a block record takes in the journal, framed.
     pub const BLOCK_BYTES: u64 = (FRAME_BYTES + 1 + 8 + 4 + 4) as u64;
 
+    /// Bytes a run record (`Record::Blocks`) takes in the journal, framed, besides its
+    /// checksums' 4 each.
+    pub const RUN_FIXED_BYTES: u64 = (FRAME_BYTES + 1 + 8 + 4 + 1) as u64;
+
     /// Bytes `o`'s object record takes in the journal, framed.
     pub fn object_bytes(o: &ObjectVersion) -> u64 {
         (FRAME_BYTES
@@ -915,6 +919,9 @@ fn run_fits(first: u32, len: usize) -> bool {
 /// Appends `records`, framed, to `out` (each must pass `Record::validate`), each run of
 /// block records of one version with consecutive numbers as one `Record::Blocks`: a
 /// version's blocks cost the journal 38 bytes per 4 instead of 100, and replay one frame.
+/// A run never crosses a multiple of `BLOCK_RUN_MAX`, so what a version's blocks take is
+/// the sum over those aligned groups (`group_journal_bytes`), which the index keeps up to
+/// date a block at a time (`Index::live_bytes`).
 pub fn encode_batch<'a>(records: impl IntoIterator<Item = &'a Record>, out: &mut Vec<u8>) {
     let mut run: Option<(u64, u32, BlockRun)> = None;
     for r in records {
@@ -926,7 +933,11 @@ pub fn encode_batch<'a>(records: impl IntoIterator<Item = &'a Record>, out: &mut
         {
             if let Some((v, first, crcs)) = &mut run {
                 let next = u64::from(*first) + u64::from(crcs.len);
-                if *v == version && next == u64::from(block) && crcs.push(crc) {
+                if *v == version
+                    && next == u64::from(block)
+                    && !(block as usize).is_multiple_of(BLOCK_RUN_MAX)
+                    && crcs.push(crc)
+                {
                     continue;
                 }
             }
@@ -939,6 +950,22 @@ pub fn encode_batch<'a>(records: impl IntoIterator<Item = &'a Record>, out: &mut
     }
     encode_run(run, out);
 }
+
+/// Journal bytes, framed, that the blocks of one aligned group of `BLOCK_RUN_MAX` take as
+/// `encode_batch` writes them in one batch (`present` bit `i`: the group's block `i`): a
+/// lone block as a block record, each longer stretch as one run.
+pub fn group_journal_bytes(present: u16) -> u64 {
+    // A stretch starts at a block whose previous one is absent, ends at one whose next is.
+    let starts = present & !(present << 1);
+    let ends = present & !(present >> 1);
+    let lone = u64::from((starts & ends).count_ones());
+    let stretches = u64::from(starts.count_ones());
+    let blocks = u64::from(present.count_ones());
+    lone * Record::BLOCK_BYTES + (stretches - lone) * Record::RUN_FIXED_BYTES + (blocks - lone) * 4
+}
+
+// One group's presence is a u16 (and an inline object's blocks are one group).
+const _: () = assert!(BLOCK_RUN_MAX == u16::BITS as usize);
 
 /// A run as `encode_batch` writes it: a lone block as its block record.
 fn encode_run(run: Option<(u64, u32, BlockRun)>, out: &mut Vec<u8>) {
