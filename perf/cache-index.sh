@@ -19,7 +19,9 @@
 # (`shardline serve`, each build) over a cache of N objects and times its first answer to a
 # pulled request (a hit, or, while the cache loads,
 # a pass-through) and its first hit; then again held out as a load balancer would (only
-# /healthz polled until it answers 200, then one request, which must be a hit). Needs root (drop_caches). Writes perf/CACHE-INDEX.md.
+# /healthz polled until it answers 200, then one request, which must be a hit), and the same
+# after that edge is killed with SIGKILL (a crash). Needs root (drop_caches). Writes
+# perf/CACHE-INDEX.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -277,11 +279,16 @@ try:
                 stop(p)
                 subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
                 p, held = edge_held(side, cache)
+                # A crash: killed, no shutdown of any kind; the restart replays what it
+                # finds, as after a clean stop (nothing is written at a stop to skip it).
+                p.kill(); p.wait()
+                subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3")
+                p, crashed = edge_held(side, cache)
                 stop(p)
                 per = max(rss - base_rss[side], 0) * 1024 // n
                 per_counted = max(counted - base_rss[side], 0) * 1024 // n
-                print(f"| {n} | {side} | {r} | {per} | {per_counted} | {rss // 1024} | {secs:.2f} | {answer:.2f} | {held:.2f} |")
-                print(f"edge {n} {side} round {r}: {per} B/object at the first hit, {per_counted} once counted, first hit {secs:.2f} s, first answer {answer:.2f} s, held until healthy then hit {held:.2f} s", file=sys.stderr)
+                print(f"| {n} | {side} | {r} | {per} | {per_counted} | {rss // 1024} | {secs:.2f} | {answer:.2f} | {held:.2f} | {crashed:.2f} |")
+                print(f"edge {n} {side} round {r}: {per} B/object at the first hit, {per_counted} once counted, first hit {secs:.2f} s, first answer {answer:.2f} s, held until healthy then hit {held:.2f} s, the same after kill -9 {crashed:.2f} s", file=sys.stderr)
         for cache in caches.values():
             shutil.rmtree(cache, ignore_errors=True)
 finally:
@@ -337,10 +344,10 @@ fit() {
   echo
   echo "## A real edge's restart: time to the first answer and to the first hit"
   echo
-  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read); each build has its own cache, filled and grown by its own build. Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. Held: the same restart as a load balancer sees it, \`/healthz\` polled every 10 ms and no pulled request until it answers 200, then the object, which must be a hit (the polled runs share the 2 CPUs with the pass-throughs they cause and the origin). bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room); at the first hit, the eviction may still be counting the versions it loaded (\`shardline_cache_load_uncounted_versions\`), so the figure once counted (\`/metrics\` shows none left, polled every 10 ms) is the settled one."
+  echo "\`shardline serve\` (2 shards) over one cache disk holding one real 1 MiB object (filled from a second shardline as the origin) and N synthetic objects appended to its journal (\`cache_restart append\`; their data files are never read); each build has its own cache, filled and grown by its own build. Page cache dropped, then the process started; first hit: the real object answered \`Cache-Status: shardline; hit\` with its bytes compared, polled every 10 ms; first answer: the first 200 with the object's bytes, a hit or (while the cache loads, past \`cache_ready_wait_ms\`, 1000 by default) a pass-through from the origin. Held: the same restart as a load balancer sees it, \`/healthz\` polled every 10 ms and no pulled request until it answers 200, then the object, which must be a hit (the polled runs share the 2 CPUs with the pass-throughs they cause and the origin). After kill -9: that held edge killed with SIGKILL (no shutdown), the page cache dropped, and the same held restart timed. bytes/object: VmRSS then, minus the same binary's over the one object alone, over N (the index, the eviction queues, the tables' room); at the first hit, the eviction may still be counting the versions it loaded (\`shardline_cache_load_uncounted_versions\`), so the figure once counted (\`/metrics\` shows none left, polled every 10 ms) is the settled one."
   echo
-  echo "| objects | edge | round | bytes/object at the first hit | bytes/object once counted | RSS at the first hit (MiB) | first hit (s) | first answer (s) | held: healthy, then a hit (s) |"
-  echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| objects | edge | round | bytes/object at the first hit | bytes/object once counted | RSS at the first hit (MiB) | first hit (s) | first answer (s) | held: healthy, then a hit (s) | held, after kill -9 (s) |"
+  echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "$server_rows"
   echo
   echo "30 million objects, by the same fit over the rounds above (memory: bytes per object once counted; time: to the first hit):"
@@ -350,5 +357,9 @@ fit() {
   echo "The same fit, time held (healthy, then a hit):"
   echo
   server_fit 10
+  echo
+  echo "The same fit, time held after kill -9:"
+  echo
+  server_fit 11
 } >"$OUT"
 log "wrote $OUT"
