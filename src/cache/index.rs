@@ -887,9 +887,7 @@ impl Index {
         };
         if new {
             // The block may join runs either side of it: its group is written anew.
-            let with = group | 1 << (block as usize % BLOCK_RUN_MAX);
-            self.live_bytes =
-                self.live_bytes + group_journal_bytes(with) - group_journal_bytes(group);
+            self.count_group_again(group, group | 1 << (block as usize % BLOCK_RUN_MAX));
             self.blocks_held += 1;
         }
         true
@@ -1179,12 +1177,18 @@ impl Index {
             (s.take_inline(block, blocks), group)
         };
         if forgot {
-            let without = group & !(1 << (block as usize % BLOCK_RUN_MAX));
-            self.live_bytes =
-                self.live_bytes + group_journal_bytes(without) - group_journal_bytes(group);
+            self.count_group_again(group, group & !(1 << (block as usize % BLOCK_RUN_MAX)));
             self.blocks_held -= 1;
         }
         forgot
+    }
+
+    /// Counts the live bytes of a group of blocks that was `before` and is `after` (its
+    /// presence bits): a block that comes or goes may join or split the runs beside it.
+    fn count_group_again(&mut self, before: u16, after: u16) {
+        // Added first: the count holds `before`'s bytes, so it never goes below zero.
+        self.live_bytes =
+            self.live_bytes + group_journal_bytes(after) - group_journal_bytes(before);
     }
 
     /// Journal bytes the live index takes as a compaction writes it (`journal::snapshot`):

@@ -179,14 +179,7 @@ impl BlockRun {
     /// move): its version, first block and checksums. What `Record::parse` would refuse is
     /// refused alike.
     pub fn read(body: &[u8]) -> Result<(u64, u32, BlockRun), Invalid> {
-        let mut r = Reader(body);
-        if r.u8() != Some(KIND_BLOCKS) {
-            return Err(Invalid::Malformed);
-        }
-        match Self::read_fields(&mut r) {
-            Some(fields) if r.0.is_empty() => Ok(fields),
-            _ => Err(Invalid::Malformed),
-        }
+        read_whole(body, KIND_BLOCKS, Self::read_fields)
     }
 
     fn read_fields(r: &mut Reader<'_>) -> Option<(u64, u32, BlockRun)> {
@@ -891,14 +884,7 @@ impl BlockFields {
     /// The fields of `body`, a block record's whole body (its kind first); what
     /// `Record::parse` would refuse is refused alike.
     pub fn read(body: &[u8]) -> Result<BlockFields, Invalid> {
-        let mut r = Reader(body);
-        if r.u8() != Some(KIND_BLOCK) {
-            return Err(Invalid::Malformed);
-        }
-        match Self::read_fields(&mut r) {
-            Some(b) if r.0.is_empty() => Ok(b),
-            _ => Err(Invalid::Malformed),
-        }
+        read_whole(body, KIND_BLOCK, Self::read_fields)
     }
 
     fn read_fields(r: &mut Reader<'_>) -> Option<BlockFields> {
@@ -907,6 +893,23 @@ impl BlockFields {
             block: r.u32()?,
             crc: r.u32()?,
         })
+    }
+}
+
+/// The fields `read_fields` takes from `body`, a whole record body of kind `kind`: Malformed
+/// for another kind, fields cut short, or bytes left after them.
+fn read_whole<T>(
+    body: &[u8],
+    kind: u8,
+    read_fields: impl FnOnce(&mut Reader<'_>) -> Option<T>,
+) -> Result<T, Invalid> {
+    let mut r = Reader(body);
+    if r.u8() != Some(kind) {
+        return Err(Invalid::Malformed);
+    }
+    match read_fields(&mut r) {
+        Some(fields) if r.0.is_empty() => Ok(fields),
+        _ => Err(Invalid::Malformed),
     }
 }
 
